@@ -1,0 +1,1 @@
+"""Meridian agents (see ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""Meridian chaos (see ARCHITECTURE.md)."""

@@ -1,0 +1,8 @@
+"""Meridian control plane: policy, catalog, coordination, CLI."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("meridian")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"

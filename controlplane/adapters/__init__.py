@@ -1,0 +1,1 @@
+"""Adapters: one module per external engine, each behind a port of `controlplane.ports`."""

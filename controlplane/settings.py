@@ -1,0 +1,106 @@
+"""Settings: the one place where `MERIDIAN_*` environment variables are read.
+
+Units are in the names (`lease_ttl_s`, `kafka_request_timeout_ms`). Flags of the
+CLI override the environment by passing keyword arguments to `load_settings`.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controlplane.errors import ConfigError
+
+DEFAULT_HOME = Path(".meridian")
+
+
+def parse_endpoints(raw: str, *, setting: str) -> list[tuple[str, int]]:
+    """Parse `host:port[,host:port...]` into pairs, or raise one clear ConfigError."""
+    endpoints: list[tuple[str, int]] = []
+    for part in raw.split(","):
+        item = part.strip()
+        if item.startswith("http://"):
+            item = item.removeprefix("http://")
+        host, sep, port_text = item.rpartition(":")
+        if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ConfigError(
+                f"{setting} holds {part.strip()!r}, which is not host:port; "
+                "give comma-separated endpoints such as 127.0.0.1:2379"
+            )
+        endpoints.append((host.strip("[]"), int(port_text)))
+    return endpoints
+
+
+class Settings(BaseSettings):
+    """Every knob of Meridian, read from `MERIDIAN_<NAME>` (case-insensitive)."""
+
+    model_config = SettingsConfigDict(env_prefix="MERIDIAN_", extra="ignore", frozen=True)
+
+    home: Path = Field(DEFAULT_HOME, description="folder for engines, run data and the catalog")
+    catalog: str = Field(
+        "sqlite:///.meridian/catalog.db", description="SQLAlchemy URL of the catalog"
+    )
+    etcd: str = Field("127.0.0.1:2379", description="comma-separated etcd endpoints")
+    kafka: str = Field("127.0.0.1:9092", description="comma-separated Kafka bootstrap servers")
+    toxiproxy: str = Field("127.0.0.1:8474", description="Toxiproxy API endpoint")
+    kafka_advertised_host: str = Field(
+        "127.0.0.1", description="host the local broker advertises to clients"
+    )
+    kafka_advertised_port: int | None = Field(
+        None, description="port the local broker advertises (a Toxiproxy listener in chaos tests)"
+    )
+    kafka_request_timeout_ms: int = Field(30_000, gt=0)
+    etcd_timeout_s: float = Field(5.0, gt=0)
+    lease_ttl_s: int = Field(5, ge=1, le=3600)
+    stack_etcd_port: int = Field(2379, gt=0, lt=65536)
+    stack_kafka_port: int = Field(9092, gt=0, lt=65536)
+    stack_toxiproxy_port: int = Field(8474, gt=0, lt=65536)
+    stack_postgres_port: int = Field(55432, gt=0, lt=65536)
+    stack_start_timeout_s: float = Field(120.0, gt=0)
+    log_level: str = Field("info", description="debug, info, warning or error")
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be one of debug, info, warning, error")
+        return value.lower()
+
+    @cached_property
+    def etcd_endpoints(self) -> list[tuple[str, int]]:
+        return parse_endpoints(self.etcd, setting="MERIDIAN_ETCD")
+
+    @cached_property
+    def kafka_bootstrap(self) -> list[tuple[str, int]]:
+        return parse_endpoints(self.kafka, setting="MERIDIAN_KAFKA")
+
+    @cached_property
+    def toxiproxy_endpoint(self) -> tuple[str, int]:
+        return parse_endpoints(self.toxiproxy, setting="MERIDIAN_TOXIPROXY")[0]
+
+    @property
+    def stack_dir(self) -> Path:
+        return self.home / "stack"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.home / "cache"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment, apply non-None overrides, validate endpoints."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        settings = Settings(**given)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(
+            f"setting {name} (MERIDIAN_{name.upper()}) is invalid: {first['msg']}"
+        ) from exc
+    # Touch the parsed forms so a malformed endpoint fails here, at start, once.
+    _ = settings.etcd_endpoints, settings.kafka_bootstrap, settings.toxiproxy_endpoint
+    return settings

@@ -1,0 +1,1 @@
+"""The local stack: real etcd, Kafka (KRaft), Toxiproxy and PostgreSQL on loopback."""

@@ -1,0 +1,1 @@
+"""Meridian replicator (see ARCHITECTURE.md)."""
