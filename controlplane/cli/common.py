@@ -7,7 +7,7 @@ import io
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -17,7 +17,7 @@ from rich.table import Table
 from controlplane.settings import Settings, load_settings
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     table = "table"
     json = "json"
     csv = "csv"
