@@ -89,6 +89,13 @@ class ManagedProcess:
             except OSError as exc:
                 raise StackError(f"{self.name} could not be started ({argv[0]}): {exc}") from exc
         self.pid_file.write_text(f"{proc.pid}\n")
+        # Until exec() happens the child's command line is still ours (Python's), so the
+        # marker check would call it gone; wait for the exec, or for an early death.
+        deadline = time.monotonic() + 5
+        while self.marker not in _cmdline(proc.pid) and time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.01)
         return proc.pid
 
     def stop(self, timeout_s: float = 15.0) -> bool:
