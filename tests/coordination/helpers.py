@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
 from controlplane.coordination.sources import PlacementInfo, RegionInfo
 
 REGIONS = [
@@ -28,3 +32,17 @@ def critical(
         failover_mode=mode,
         failover_order=order,
     )
+
+
+async def wait_until(
+    pred: Callable[[], Awaitable[bool]], timeout_s: float, step_s: float = 0.05
+) -> bool:
+    """Poll `pred` until true or `timeout_s` passes (bounded in time and count)."""
+    deadline = time.monotonic() + timeout_s
+    for _ in range(int(timeout_s / step_s) + 2):
+        if await pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(step_s)
+    return False
