@@ -35,7 +35,8 @@ def test_a_row_round_trips(database_url: str) -> None:
         with engine.connect() as conn:
             rows = conn.execute(select(table.c.id, table.c.region)).all()
         assert [tuple(r) for r in rows] == [(1, "eu-west")]
-        assert engine.dialect.name == database_url.split(":")[0].split("+")[0]
+        expected_dialect = database_url.split(":", maxsplit=1)[0].split("+", maxsplit=1)[0]
+        assert engine.dialect.name == expected_dialect
     finally:
         metadata.drop_all(engine)
         engine.dispose()

@@ -32,7 +32,7 @@ def test_defaults_point_at_the_local_stack(monkeypatch: pytest.MonkeyPatch) -> N
 
 @pytest.mark.parametrize("raw", ["localhost", "host:", ":2379", "host:99999", "a:1,b"])
 def test_malformed_endpoint_is_one_clear_error(raw: str) -> None:
-    with pytest.raises(ConfigError, match="MERIDIAN_ETCD holds .* not host:port"):
+    with pytest.raises(ConfigError, match=r"MERIDIAN_ETCD holds .* not host:port"):
         parse_endpoints(raw, setting="MERIDIAN_ETCD")
 
 
