@@ -14,9 +14,10 @@ from typing import Any, Self
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
-from controlplane.errors import ConfigError, MeridianError, UnavailableError
+from controlplane.errors import ConfigError, MeridianError, NotFoundError, UnavailableError
 from controlplane.ports.changelog import Delivery, Record, TopicSpec
 
 TOPIC_ALREADY_EXISTS = 36
@@ -103,6 +104,27 @@ class KafkaAdmin(_Lifecycle):
         except KafkaError as exc:
             raise _unavailable("describe the cluster", self.bootstrap, exc) from exc
         return len(meta.get("brokers", []))
+
+    async def list_topics(self) -> list[str]:
+        try:
+            return list(await self._client.list_topics())
+        except KafkaError as exc:
+            raise _unavailable("list topics", self.bootstrap, exc) from exc
+
+    async def describe_topic_config(self, topic: str) -> dict[str, str]:
+        """The effective configuration of a topic, as the broker reports it."""
+        try:
+            responses = await self._client.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic)]
+            )
+        except KafkaError as exc:
+            raise _unavailable(f"describe topic {topic}", self.bootstrap, exc) from exc
+        config: dict[str, str] = {}
+        for response in responses:
+            for resource in response.to_object()["resources"]:
+                for entry in resource["config_entries"]:
+                    config[entry["config_names"]] = entry["config_value"]
+        return config
 
     async def ensure_topics(self, topics: Sequence[TopicSpec]) -> list[str]:
         try:
@@ -200,8 +222,10 @@ class KafkaConsumer(_Lifecycle):
         group_id: str,
         client_id: str = "meridian",
         session_timeout_ms: int = 10_000,
+        request_timeout_ms: int = 30_000,
     ) -> None:
         self.bootstrap = _bootstrap(bootstrap)
+        self.topics = list(topics)
         self._consumer = AIOKafkaConsumer(
             *topics,
             bootstrap_servers=self.bootstrap,
@@ -210,12 +234,18 @@ class KafkaConsumer(_Lifecycle):
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             session_timeout_ms=session_timeout_ms,
+            request_timeout_ms=request_timeout_ms,
             isolation_level="read_committed",
         )
 
     async def _do_start(self) -> None:
         try:
             await self._consumer.start()
+        except UnknownTopicOrPartitionError as exc:
+            raise NotFoundError(
+                f"Kafka at {self.bootstrap} has no topic {', '.join(self.topics)}; topics are "
+                "created by the project (auto-create is off): run `meridian stack up` or create it"
+            ) from exc
         except KafkaError as exc:
             raise _unavailable("start a consumer", self.bootstrap, exc) from exc
 
