@@ -8,7 +8,12 @@ bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
 started_stack=0
-cleanup() { [ "$started_stack" = 1 ] && meridian stack down >&2 || true; }
+# MERIDIAN_KEEP_STACK=1 leaves the stack running afterwards (for a developer's loop).
+cleanup() {
+  if [ "$started_stack" = 1 ] && [ "${MERIDIAN_KEEP_STACK:-0}" != 1 ]; then
+    meridian stack down >&2 || true
+  fi
+}
 trap cleanup EXIT
 
 status=0
