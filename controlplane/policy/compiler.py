@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.catalog.records import Placement
-from controlplane.policy.documents import Parsed, parse_document
+from controlplane.policy.documents import Parsed, parse_document, salvage_regions
 from controlplane.policy.loader import RawDocument, load_file, load_text
 from controlplane.policy.models import DatasetDoc, ReplicationPolicy, Topology
 from controlplane.policy.planner import place
@@ -151,6 +151,11 @@ def check_documents(
         problems.extend(check_topology(topologies[0]))
         assert isinstance(topologies[0].model, Topology)
         regions = {r.name: r.jurisdiction for r in topologies[0].model.spec.regions}
+    elif len(topology_kinds) == 1:
+        raw_topology = next(
+            r for r in raws if isinstance(r.data, dict) and r.data.get("kind") == "Topology"
+        )
+        regions = salvage_regions(raw_topology) or None
     for doc in policies:
         problems.extend(check_policy(doc, regions))
     problems.extend(check_policy_set(policies))

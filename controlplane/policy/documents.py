@@ -12,7 +12,14 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from controlplane.policy.loader import PathKey, RawDocument
-from controlplane.policy.models import API_VERSION, KINDS, DatasetDoc, ReplicationPolicy, Topology
+from controlplane.policy.models import (
+    API_VERSION,
+    KINDS,
+    DatasetDoc,
+    RegionSpec,
+    ReplicationPolicy,
+    Topology,
+)
 from controlplane.policy.problems import Problem
 
 
@@ -91,6 +98,21 @@ def _message(err: ErrorDetails, model: type[BaseModel]) -> tuple[str, bool]:
     return f"{_dotted(loc)}: {msg}", False
 
 
+def salvage_regions(raw: RawDocument) -> dict[str, str]:
+    """The well-formed regions of a topology that failed validation elsewhere, so that
+    policies can still be checked against them in the same run."""
+    spec = raw.data.get("spec") if isinstance(raw.data, dict) else None
+    items = spec.get("regions") if isinstance(spec, dict) else None
+    regions: dict[str, str] = {}
+    for item in items if isinstance(items, list) else []:
+        try:
+            region = RegionSpec.model_validate(item)
+        except ValidationError:
+            continue
+        regions.setdefault(region.name, region.jurisdiction)
+    return regions
+
+
 def parse_document(raw: RawDocument) -> tuple[Parsed | None, list[Problem]]:
     """Check apiVersion and kind, then validate against the model of that kind."""
     data = raw.data
@@ -126,6 +148,9 @@ def parse_document(raw: RawDocument) -> tuple[Parsed | None, list[Problem]]:
         for err in exc.errors():
             message, at_key = _message(err, model)
             loc: PathKey = tuple(err["loc"])
+            if err["type"] == "missing":
+                # Point at the key of the mapping that lacks the field.
+                loc, at_key = loc[:-1], True
             problems.append(raw.problem(loc, message, key=at_key))
         return None, problems
     assert isinstance(parsed, Topology | ReplicationPolicy | DatasetDoc)
