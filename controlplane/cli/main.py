@@ -87,7 +87,7 @@ def run(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return _fail("interrupted.", 130)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the edge turns any failure into one sentence
         detail = str(exc) or type(exc).__name__
         return _fail(f"internal error: {detail} (run with --debug for the traceback)", 1)
     return result if isinstance(result, int) else 0
