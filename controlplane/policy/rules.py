@@ -197,7 +197,9 @@ def check_policy_set(policies: list[Parsed]) -> list[Problem]:
     return problems
 
 
-def check_datasets(datasets: list[Parsed], policies: list[Parsed]) -> list[Problem]:
+def check_datasets(
+    datasets: list[Parsed], policies: list[Parsed], *, all_policies: bool = True
+) -> list[Problem]:
     """Rule 12: every declared dataset selected by some policy; no duplicate names."""
     problems: list[Problem] = []
     seen: set[str] = set()
@@ -210,7 +212,7 @@ def check_datasets(datasets: list[Parsed], policies: list[Parsed]) -> list[Probl
                 doc.raw.problem(("metadata", "name"), f"duplicate dataset {meta.name!r}")
             )
         seen.add(meta.name)
-        if not any(selects(spec, meta.name, meta.labels) for spec in specs):
+        if all_policies and not any(selects(spec, meta.name, meta.labels) for spec in specs):
             problems.append(
                 doc.raw.problem(
                     ("metadata", "name"), f"dataset {meta.name!r} is selected by no policy"
