@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from controlplane import __version__
-from controlplane.cli import stack
+from controlplane.cli import audit, db, policy, stack
 from controlplane.errors import MeridianError
 from controlplane.logs import configure_logging
 
@@ -27,6 +27,9 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(stack.app, name="stack")
+app.add_typer(policy.app, name="policy")
+app.add_typer(db.app, name="db")
+app.add_typer(audit.app, name="audit")
 
 _debug = False
 
