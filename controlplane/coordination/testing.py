@@ -31,9 +31,8 @@ def policy_yaml(datasets: int, *, manual: int = 1) -> str:
     """A topology of four regions; `datasets` critical ckpt/dNNN homed in eu-west
     (failover order eu-central, eu-north), and `manual` ones in manual failover mode."""
     regions = "\n".join(f"    - name: {n}\n      jurisdiction: {j}" for n, j in REGIONS)
-    docs = [
-        f"apiVersion: meridian/v1\nkind: Topology\nmetadata:\n  name: test\nspec:\n  regions:\n{regions}\n"
-    ]
+    head = "apiVersion: meridian/v1\nkind: Topology\nmetadata:\n  name: test\n"
+    docs = [f"{head}spec:\n  regions:\n{regions}\n"]
     for name, glob, mode in (
         ("checkpoints", "ckpt/*", "automatic"),
         ("pinned", "pinned/*", "manual"),
