@@ -336,14 +336,21 @@ class RegionController:
         view = await read_view(self.coord)
         dead = {o.region for o in view.owners.values() if not view.is_alive(o.region)}
         for region in sorted(dead - {self.config.region}):
-            await self.fail_over(region, detected_at_monotonic=time.monotonic())
+            await self.fail_over(region, detected_at_monotonic=time.monotonic(), quiet=True)
 
-    async def fail_over(self, region: str, *, detected_at_monotonic: float) -> int:
-        """Race every dataset of a dead `region` to its successor; returns how many we won."""
+    async def fail_over(
+        self, region: str, *, detected_at_monotonic: float, quiet: bool = False
+    ) -> int:
+        """Race every dataset of a dead `region` to its successor; returns how many we won.
+
+        `quiet` (the periodic sweep) logs nothing when there is nothing to move, so a
+        dataset in manual mode is reported once per death, not once per second.
+        """
         detected = utcnow()
         view = await read_view(self.coord)
         if view.maintenance:
-            log.warning("failover_paused", region=region, reason="maintenance mode is on")
+            if not quiet:
+                log.warning("failover_paused", region=region, reason="maintenance mode is on")
             return 0
         if view.is_alive(region):
             log.info("failover_skipped", region=region, reason="the region is alive again")
@@ -351,6 +358,8 @@ class RegionController:
         plan = plan_moves(
             view, self._placements, self._jurisdictions, source=region, automatic=True
         )
+        if quiet and not plan.moves:
+            return 0
         for r in plan.rejected:
             log.info(
                 "failover_candidate_rejected",
