@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.controller.daemon import ControllerConfig, RegionController
@@ -70,10 +71,18 @@ async def test_home_claims_then_failover_moves_every_automatic_dataset(
             assert await wait_until(lambda: _owned(own, "eu-west", 6), 10)
             assert await wait_until(lambda: _true(len(west.owned) == 6), 5)
             await asyncio.sleep(0.5)  # let canary writes flow
+            exposition = generate_latest(west.metrics.registry).decode()
+            assert "meridian_controller_active 1.0" in exposition
+            assert "meridian_controller_datasets_owned 6.0" in exposition
+            assert "meridian_controller_claims_total 6.0" in exposition
         # eu-west stopped: its lease is revoked, eu-central takes the automatic ones.
         assert await wait_until(lambda: _owned(own, "eu-central", 5), 10)
         assert await wait_until(lambda: _true(len(central.owned) == 5), 5)
         await asyncio.sleep(0.5)
+        assert (
+            "meridian_controller_failovers_total 5.0"
+            in generate_latest(central.metrics.registry).decode()
+        )
         manual = await own.get("ckpt/manual")
         assert manual is not None and manual.region == "eu-west"
     stop_sampling.set()

@@ -124,6 +124,7 @@ def test_bad_input_gets_one_sentence_and_changes_nothing(
         (["failover", "--from", "eu-west", "--to", "us-east", "--force", "--yes"], "residency"),
         (["region", "drain", "mars-1", "--yes"], "unknown"),
         (["--etcd", "127.0.0.1:1", "region", "list"], "unreachable"),
+        (["--etcd", "127.0.0.1:1", "controller", "run", "--region", "eu-west"], "unreachable"),
     ]
     for args, needle in cases:
         code, _, err = cli(capsys, *args)
