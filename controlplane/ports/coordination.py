@@ -30,6 +30,18 @@ Safety contract every implementation must honour
   no gaps, resuming transparently across reconnects; a compacted start revision
   raises instead of silently skipping events.
 
+Why a lock without fencing is unsafe
+------------------------------------
+A lease-backed lock (or ownership key) only says who *should* act. A holder that
+is paused longer than its lease (GC, SIGSTOP, a VM migration, a slow disk) wakes
+up still believing it holds the lock while etcd has already granted it to
+someone else: two writers act at once and no check inside the lock can prevent
+it, because the paused holder runs no code until its next write. Safety therefore
+comes from the resource: each grant carries a token that only grows (the key's
+`create_revision` for a lock, the owner key's `mod_revision` for a dataset epoch),
+every write presents it, and the resource refuses a token older than the newest
+it has seen (`controlplane.coordination.fencing.FencedResource`).
+
 Timing-critical methods: `keep_alive` (renewal cadence decides failover time) and
 `watch` (delivery latency of a liveness key's deletion starts every failover).
 

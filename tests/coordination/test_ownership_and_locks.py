@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination.fencing import (
+    DatasetHandingOverError,
+    FencedResource,
+    StaleEpochError,
+)
+from controlplane.coordination.follow import follow_ownership
 from controlplane.coordination.locks import GlobalLock, LockLostError
 from controlplane.coordination.ownership import Ownership
-from controlplane.errors import ConflictError, OperationTimeoutError
+from controlplane.errors import ConflictError, MeridianError, OperationTimeoutError
+
+from .helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -103,3 +112,37 @@ async def test_lock_waiter_whose_lease_expired_is_not_granted(coord: EtcdCoordin
 async def _hold_once(lock: GlobalLock) -> None:
     async with lock.hold():
         pass
+
+
+async def test_followed_resource_freezes_during_handover_then_fences_the_old_owner(
+    coord: EtcdCoordination,
+) -> None:
+    own = Ownership(coord)
+    e1 = await own.claim("ckpt/f", "a", expect_epoch=0, reason="t", actor="test")
+    resource = FencedResource()
+    ready = asyncio.Event()
+    follower = asyncio.create_task(follow_ownership(coord, resource, ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 5)
+        resource.admit("ckpt/f", e1)
+        owner = await own.get("ckpt/f")
+        assert owner is not None
+        ho = await own.begin_handover("ckpt/f", owner, "b", "test")
+        assert await wait_until(lambda: _refuses(resource, e1, DatasetHandingOverError), 3)
+        e2 = await own.complete_handover(ho, reason="t", actor="test")
+        assert await wait_until(lambda: _refuses(resource, e1, StaleEpochError), 3)
+        resource.admit("ckpt/f", e2)  # the new owner writes
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+
+
+async def _refuses(resource: FencedResource, epoch: int, error: type[Exception]) -> bool:
+    try:
+        resource.admit("ckpt/f", epoch)
+    except error:
+        return True
+    except MeridianError:
+        return False
+    return False
