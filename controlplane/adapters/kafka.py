@@ -8,16 +8,16 @@ errors in this module only.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
-from controlplane.errors import ConfigError, MeridianError, NotFoundError, UnavailableError
+from controlplane.errors import ConfigError, NotFoundError, UnavailableError
+from controlplane.lifecycle import Lifecycle
 from controlplane.ports.changelog import Delivery, Record, TopicSpec
 
 TOPIC_ALREADY_EXISTS = 36
@@ -40,47 +40,7 @@ def _unavailable(what: str, bootstrap: str, exc: BaseException) -> UnavailableEr
     return UnavailableError(f"Kafka at {bootstrap} failed to {what}: {exc or type(exc).__name__}")
 
 
-class _Lifecycle:
-    """start() once, stop() any number of times, `async with` (STYLE.md item 3)."""
-
-    _started = False
-    _stopped = False
-
-    async def _do_start(self) -> None:
-        raise NotImplementedError
-
-    async def _do_stop(self) -> None:
-        raise NotImplementedError
-
-    async def start(self) -> None:
-        if self._started:
-            raise MeridianError(f"{type(self).__name__} was already started")
-        self._started = True
-        try:
-            await self._do_start()
-        except BaseException:
-            await self.stop()
-            raise
-
-    async def stop(self) -> None:
-        if self._started and not self._stopped:
-            self._stopped = True
-            await self._do_stop()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-
-class KafkaAdmin(_Lifecycle):
+class KafkaAdmin(Lifecycle):
     def __init__(
         self, bootstrap: Sequence[tuple[str, int]] | str, request_timeout_ms: int = 30_000
     ) -> None:
@@ -155,7 +115,7 @@ class KafkaAdmin(_Lifecycle):
         return created
 
 
-class KafkaProducer(_Lifecycle):
+class KafkaProducer(Lifecycle):
     """Idempotent, acks=all producer; `send` returns once the record is durable."""
 
     def __init__(
@@ -211,7 +171,7 @@ class KafkaProducer(_Lifecycle):
         return [Delivery(m.topic, m.partition, m.offset) for m in metas]
 
 
-class KafkaConsumer(_Lifecycle):
+class KafkaConsumer(Lifecycle):
     """Group consumer with manual commits only (at least once)."""
 
     def __init__(

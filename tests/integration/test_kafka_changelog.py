@@ -9,8 +9,12 @@ from collections import defaultdict
 import pytest
 
 from controlplane.adapters.kafka import KafkaAdmin, KafkaConsumer, KafkaProducer
+from controlplane.adapters.toxiproxy import ToxiproxyClient
 from controlplane.errors import NotFoundError
 from controlplane.ports.changelog import Record, TopicSpec
+from controlplane.settings import Settings
+from controlplane.stack.kafka import wan_proxy_port
+from controlplane.stack.manager import KAFKA_WAN_PROXY
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +95,28 @@ async def test_unknown_topic_is_not_auto_created(kafka_bootstrap: str) -> None:
     await consumer.stop()
     async with KafkaAdmin(kafka_bootstrap) as admin:
         assert topic not in await admin.list_topics()
+
+
+async def test_clients_bootstrapped_through_the_wan_proxy_stay_on_it(
+    stack_settings: Settings, toxiproxy_url: str
+) -> None:
+    """The WAN listener advertises the proxy, so reconnects cannot bypass injected faults."""
+    wan = f"127.0.0.1:{wan_proxy_port(stack_settings)}"
+    faults = ToxiproxyClient(toxiproxy_url)
+    topic = f"test.wan.{uuid.uuid4().hex[:8]}"
+    async with KafkaAdmin(stack_settings.kafka) as admin:
+        await admin.ensure_topics([TopicSpec(topic, partitions=1)])
+    async with KafkaProducer(wan, client_id="test-wan") as producer:
+        await producer.send(topic, b"k", b"warm-up")  # metadata fetched, broker connected
+        t0 = time.perf_counter()
+        await producer.send(topic, b"k", b"fast")
+        fast = time.perf_counter() - t0
+        faults.add_latency(KAFKA_WAN_PROXY, latency_ms=100)
+        try:
+            t0 = time.perf_counter()
+            await producer.send(topic, b"k", b"slow")
+            slow = time.perf_counter() - t0
+        finally:
+            faults.remove_toxics(KAFKA_WAN_PROXY)
+    # Had the client reconnected to the broker's direct address, it would not pay the toxic.
+    assert slow - fast >= 0.2
