@@ -94,6 +94,9 @@ class EtcdKeepAlive:
         interval = max(0.25, min(1.0, self.lease.ttl_s / 3))
         last_ok = time.monotonic()
         while True:
+            # Count a renewal from when it was *sent*: etcd restarted the TTL no
+            # earlier than that, so our idea of expiry is never later than etcd's.
+            sent = time.monotonic()
             try:
                 ttl = await self._coord.refresh(self.lease.id)
             except MeridianError as exc:
@@ -105,7 +108,7 @@ class EtcdKeepAlive:
                 self._lost.set()
                 return
             if ttl is not None:
-                last_ok = now
+                last_ok = sent
             elif now - last_ok >= self.lease.ttl_s:
                 log.warning("lease_lost", lease=f"{self.lease.id:x}", why="no renewal for a TTL")
                 self._lost.set()
