@@ -8,15 +8,16 @@ errors in this module only.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
-from controlplane.errors import ConfigError, MeridianError, UnavailableError
+from controlplane.errors import ConfigError, NotFoundError, UnavailableError
+from controlplane.lifecycle import Lifecycle
 from controlplane.ports.changelog import Delivery, Record, TopicSpec
 
 TOPIC_ALREADY_EXISTS = 36
@@ -39,47 +40,7 @@ def _unavailable(what: str, bootstrap: str, exc: BaseException) -> UnavailableEr
     return UnavailableError(f"Kafka at {bootstrap} failed to {what}: {exc or type(exc).__name__}")
 
 
-class _Lifecycle:
-    """start() once, stop() any number of times, `async with` (STYLE.md item 3)."""
-
-    _started = False
-    _stopped = False
-
-    async def _do_start(self) -> None:
-        raise NotImplementedError
-
-    async def _do_stop(self) -> None:
-        raise NotImplementedError
-
-    async def start(self) -> None:
-        if self._started:
-            raise MeridianError(f"{type(self).__name__} was already started")
-        self._started = True
-        try:
-            await self._do_start()
-        except BaseException:
-            await self.stop()
-            raise
-
-    async def stop(self) -> None:
-        if self._started and not self._stopped:
-            self._stopped = True
-            await self._do_stop()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-
-class KafkaAdmin(_Lifecycle):
+class KafkaAdmin(Lifecycle):
     def __init__(
         self, bootstrap: Sequence[tuple[str, int]] | str, request_timeout_ms: int = 30_000
     ) -> None:
@@ -103,6 +64,27 @@ class KafkaAdmin(_Lifecycle):
         except KafkaError as exc:
             raise _unavailable("describe the cluster", self.bootstrap, exc) from exc
         return len(meta.get("brokers", []))
+
+    async def list_topics(self) -> list[str]:
+        try:
+            return list(await self._client.list_topics())
+        except KafkaError as exc:
+            raise _unavailable("list topics", self.bootstrap, exc) from exc
+
+    async def describe_topic_config(self, topic: str) -> dict[str, str]:
+        """The effective configuration of a topic, as the broker reports it."""
+        try:
+            responses = await self._client.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic)]
+            )
+        except KafkaError as exc:
+            raise _unavailable(f"describe topic {topic}", self.bootstrap, exc) from exc
+        config: dict[str, str] = {}
+        for response in responses:
+            for resource in response.to_object()["resources"]:
+                for entry in resource["config_entries"]:
+                    config[entry["config_names"]] = entry["config_value"]
+        return config
 
     async def ensure_topics(self, topics: Sequence[TopicSpec]) -> list[str]:
         try:
@@ -133,7 +115,7 @@ class KafkaAdmin(_Lifecycle):
         return created
 
 
-class KafkaProducer(_Lifecycle):
+class KafkaProducer(Lifecycle):
     """Idempotent, acks=all producer; `send` returns once the record is durable."""
 
     def __init__(
@@ -189,7 +171,7 @@ class KafkaProducer(_Lifecycle):
         return [Delivery(m.topic, m.partition, m.offset) for m in metas]
 
 
-class KafkaConsumer(_Lifecycle):
+class KafkaConsumer(Lifecycle):
     """Group consumer with manual commits only (at least once)."""
 
     def __init__(
@@ -200,8 +182,10 @@ class KafkaConsumer(_Lifecycle):
         group_id: str,
         client_id: str = "meridian",
         session_timeout_ms: int = 10_000,
+        request_timeout_ms: int = 30_000,
     ) -> None:
         self.bootstrap = _bootstrap(bootstrap)
+        self.topics = list(topics)
         self._consumer = AIOKafkaConsumer(
             *topics,
             bootstrap_servers=self.bootstrap,
@@ -210,12 +194,18 @@ class KafkaConsumer(_Lifecycle):
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             session_timeout_ms=session_timeout_ms,
+            request_timeout_ms=request_timeout_ms,
             isolation_level="read_committed",
         )
 
     async def _do_start(self) -> None:
         try:
             await self._consumer.start()
+        except UnknownTopicOrPartitionError as exc:
+            raise NotFoundError(
+                f"Kafka at {self.bootstrap} has no topic {', '.join(self.topics)}; topics are "
+                "created by the project (auto-create is off): run `meridian stack up` or create it"
+            ) from exc
         except KafkaError as exc:
             raise _unavailable("start a consumer", self.bootstrap, exc) from exc
 

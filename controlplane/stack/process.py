@@ -54,6 +54,12 @@ def _is_zombie(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
+# Popen objects of the services this process started. Keeping them lets `stop` reap
+# the child (no zombie in a long test run) and keeps Popen.__del__ from warning that
+# a daemon we meant to outlive the call is "still running".
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
 @dataclass(frozen=True)
 class ManagedProcess:
     """A service process identified by its pid file and a marker in its command line."""
@@ -88,6 +94,7 @@ class ManagedProcess:
                 )
             except OSError as exc:
                 raise StackError(f"{self.name} could not be started ({argv[0]}): {exc}") from exc
+        _CHILDREN[proc.pid] = proc
         self.pid_file.write_text(f"{proc.pid}\n")
         # Until exec() happens the child's command line is still ours (Python's), so the
         # marker check would call it gone; wait for the exec, or for an early death.
@@ -113,6 +120,7 @@ class ManagedProcess:
             kill_deadline = time.monotonic() + 5
             while time.monotonic() < kill_deadline and self.pid() is not None:
                 time.sleep(0.05)
+        _reap(pid)
         self.pid_file.unlink(missing_ok=True)
         return True
 
@@ -120,6 +128,13 @@ class ManagedProcess:
 def _signal(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
+
+
+def _reap(pid: int) -> None:
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
 
 
 def wait_healthy(
