@@ -50,7 +50,7 @@ def test_bulk_rows_read_back_like_api_rows(catalog_url: str) -> None:
 def test_bulk_load_refuses_broken_foreign_keys_and_loads_nothing(catalog_url: str) -> None:
     cat = open_catalog(catalog_url)
     try:
-        with pytest.raises(Exception, match="(?i)foreign"):
+        with pytest.raises(Exception, match=r"(?i)foreign"):
             bulk_load(cat.engine, "objects", ["id", "dataset", "key"], [(1, "missing", "k")],
                       defer_checks=True)  # fmt: skip
         with cat.session() as s:
