@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from controlplane import __version__
-from controlplane.cli import stack
+from controlplane.cli import delta, stack
 from controlplane.errors import MeridianError
 from controlplane.logs import configure_logging
 
@@ -27,6 +27,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(stack.app, name="stack")
+app.add_typer(delta.app, name="delta")
 
 _debug = False
 
