@@ -89,7 +89,10 @@ def _input_fd(obj: Source, role: str) -> Iterator[int]:
                 f"{path}: cannot open the {role}: {exc.strerror}.", exc.errno or 0
             ) from exc
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise InvalidInputError(f"{path}: the {role} is a folder, not a file.")
+            if not stat.S_ISREG(mode):
                 # pipes and devices: the engine needs a regular file (size, random reads)
                 with tempfile.TemporaryFile() as spool, os.fdopen(os.dup(fd), "rb") as src:
                     shutil.copyfileobj(src, spool, 1 << 20)
@@ -148,8 +151,14 @@ def _output_fd(obj: Source, role: str) -> Iterator[int]:
     with tempfile.TemporaryFile() as spool:
         yield spool.fileno()
         os.lseek(spool.fileno(), 0, os.SEEK_SET)
-        shutil.copyfileobj(spool, stream, 1 << 20)
-        stream.flush()
+        try:
+            shutil.copyfileobj(spool, stream, 1 << 20)
+            stream.flush()
+        except OSError as exc:
+            where = _name(obj, role)
+            raise DeltaIOError(
+                f"{where}: cannot write the {role}: {exc.strerror}.", exc.errno or 0
+            ) from exc
 
 
 def _check_threads(threads: int) -> int:

@@ -71,6 +71,7 @@ int md_write_full(int fd, const void *buf, size_t len) {
 }
 
 int md_writer_init(md_writer *w, int fd, size_t cap) {
+    memset(w, 0, sizeof *w);
     w->fd = fd;
     w->len = 0;
     w->cap = cap;
@@ -80,13 +81,50 @@ int md_writer_init(md_writer *w, int fd, size_t cap) {
     return w->buf ? 0 : -1;
 }
 
+#define HOLE_GRAIN ((size_t)64 << 10)
+
+static int all_zero(const uint8_t *p, size_t n) {
+    if (!n || p[0]) return n == 0;
+    return memcmp(p, p + 1, n - 1) == 0;
+}
+
+/* Writes out, turning whole all-zero grains into holes when the output is sparse. */
+static int emit(md_writer *w, const uint8_t *p, size_t len) {
+    if (!w->sparse) return md_write_full(w->fd, p, len);
+    while (len) {
+        size_t take = len < HOLE_GRAIN ? len : HOLE_GRAIN;
+        if (take == HOLE_GRAIN && all_zero(p, take)) {
+            if (lseek(w->fd, (off_t)take, SEEK_CUR) < 0) return -1;
+            w->ends_in_hole = 1;
+        } else {
+            if (md_write_full(w->fd, p, take) != 0) return -1;
+            w->ends_in_hole = 0;
+        }
+        p += take;
+        len -= take;
+    }
+    return 0;
+}
+
 int md_writer_flush(md_writer *w) {
     if (w->failed_errno) return -1;
-    if (w->len && md_write_full(w->fd, w->buf, w->len) != 0) {
+    if (w->len && emit(w, w->buf, w->len) != 0) {
         w->failed_errno = errno;
         return -1;
     }
     w->len = 0;
+    return 0;
+}
+
+int md_writer_finish(md_writer *w) {
+    if (md_writer_flush(w) != 0) return -1;
+    if (w->sparse && w->ends_in_hole) {
+        off_t end = lseek(w->fd, 0, SEEK_CUR);
+        if (end < 0 || ftruncate(w->fd, end) != 0) {
+            w->failed_errno = errno;
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -96,7 +134,7 @@ int md_writer_put(md_writer *w, const void *data, size_t len) {
     w->total += len;
     if (len >= w->cap) {
         if (md_writer_flush(w) != 0) return -1;
-        if (md_write_full(w->fd, p, len) != 0) {
+        if (emit(w, p, len) != 0) {
             w->failed_errno = errno;
             return -1;
         }

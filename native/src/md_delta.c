@@ -340,6 +340,7 @@ static void encode_task(void *arg, size_t i, uint32_t worker) {
     md_put_u32(o + 8, f->lit_len);
     md_put_u32(o + 12, (uint32_t)stored);
     md_put_u64(o + 16, x->first_seq + i);
+    md_put_u64(o + 24, XXH3_64bits(o, 24));
     size_t body = MD_FRAME_HDR_LEN + cmd_len + stored;
     md_put_u64(o + body, XXH3_64bits(o, body));
     f->out_len = body + 8;
@@ -481,6 +482,7 @@ md_status md_delta(int sig_fd, int new_fd, int delta_fd, const md_options *opt, 
         end[0] = MD_FRAME_END;
         md_put_u32(end + 4, MD_END_PAYLOAD_LEN);
         md_put_u64(end + 16, fr.seq);
+        md_put_u64(end + 24, XXH3_64bits(end, 24));
         md_put_u64(end + MD_FRAME_HDR_LEN, base);
         md_digest_final(&dg, end + MD_FRAME_HDR_LEN + 8);
         md_put_u64(end + MD_FRAME_HDR_LEN + MD_END_PAYLOAD_LEN,

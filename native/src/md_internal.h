@@ -18,7 +18,7 @@
 #define MD_CHUNK_LEN ((uint64_t)4 << 20)     /* digest chunk and delta segment */
 #define MD_FRAME_MAX_LIT ((uint32_t)1 << 20)  /* literal bytes per delta frame */
 #define MD_FRAME_MAX_CMD ((uint32_t)1 << 20)  /* command bytes per delta frame */
-#define MD_FRAME_HDR_LEN 24u
+#define MD_FRAME_HDR_LEN 32u /* 24 bytes of fields + their own XXH3-64 */
 #define MD_FRAME_DATA 1u
 #define MD_FRAME_END 2u
 #define MD_CODEC_RAW 0u
@@ -69,10 +69,14 @@ typedef struct md_writer {
     size_t len, cap;
     uint64_t total;
     int failed_errno;
+    int sparse;       /* regular output file: all-zero runs become holes */
+    int ends_in_hole; /* the last bytes were skipped: md_writer_finish sets the length */
 } md_writer;
 int md_writer_init(md_writer *w, int fd, size_t cap);
 int md_writer_put(md_writer *w, const void *data, size_t len);
 int md_writer_flush(md_writer *w);
+/* Flushes and, for a sparse output, sets the file length; call once at the end. */
+int md_writer_finish(md_writer *w);
 void md_writer_free(md_writer *w);
 
 /* ---- tree digest: XXH3-128 over the XXH3-128 of each 4 MiB chunk, then the length ---- */

@@ -215,6 +215,12 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
         rc = md_fail(err, MD_E_NOMEM, "out of memory while patching.");
         goto done;
     }
+    {
+        /* A regular output that we write from its start may get holes for zeros. */
+        struct stat ost;
+        w.sparse = fstat(out_fd, &ost) == 0 && S_ISREG(ost.st_mode) && ost.st_size == 0 &&
+                   lseek(out_fd, 0, SEEK_CUR) == 0;
+    }
     for (uint64_t seq = 0;; seq++) {
         got = md_read_full(delta_fd, fbuf, MD_FRAME_HDR_LEN);
         if (got < 0) {
@@ -223,6 +229,12 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
         }
         if (got < MD_FRAME_HDR_LEN) {
             rc = truncated(err);
+            goto done;
+        }
+        /* The header has its own checksum, so a damaged length reads as corruption,
+         * never as a truncated file, and is never used to size a read. */
+        if (MD_VERIFY_CHECKSUMS && md_get_u64(fbuf + 24) != XXH3_64bits(fbuf, 24)) {
+            rc = corrupt(err, "a frame header fails its checksum");
             goto done;
         }
         uint8_t type = fbuf[0], codec = fbuf[1];
@@ -263,7 +275,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
         const uint8_t *cp = fbuf + MD_FRAME_HDR_LEN;
         if (type == MD_FRAME_END) {
             uint8_t digest[16], probe;
-            if (md_writer_flush(&w) != 0) {
+            if (md_writer_finish(&w) != 0) {
                 rc = md_fail_io(err, w.failed_errno, "writing the output");
                 goto done;
             }

@@ -168,8 +168,7 @@ static void corruption(void) {
     for (size_t i = 0; i < delta.n; i = sample_next(i, delta.n)) {
         delta.p[i] ^= 0x5a;
         md_status rc = apply(&old, &delta, &out, &e);
-        CHECK(rc == MD_E_CORRUPT_DELTA || rc == MD_E_TRUNCATED_DELTA || rc == MD_E_WRONG_BASIS,
-              "corrupt byte %zu accepted (rc %d)", i, rc);
+        CHECK(rc == MD_E_CORRUPT_DELTA, "corrupt byte %zu gave %d", i, rc);
         delta.p[i] ^= 0x5a;
         free(out.p);
     }
