@@ -151,43 +151,111 @@ void md_writer_free(md_writer *w) {
     w->buf = NULL;
 }
 
+/* ---- XXH3-128 dispatch ---- */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MD_HAVE_AVX2_PATH 1
+void md_avx2_h128(const void *p, size_t n, uint8_t out[16]);
+void *md_avx2_state_new(void);
+void md_avx2_state_free(void *s);
+void md_avx2_state_reset(void *s);
+void md_avx2_state_update(void *s, const void *p, size_t n);
+void md_avx2_state_digest(void *s, uint8_t out[16]);
+static int have_avx2(void);
+#else
+#define MD_HAVE_AVX2_PATH 0
+static int have_avx2(void) { return 0; }
+#endif
+
+void md_h128(const void *p, size_t n, uint8_t out[16]) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_h128(p, n, out);
+        return;
+    }
+#endif
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(p, n));
+    memcpy(out, c.digest, 16);
+}
+void *md_h128_new(void) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) return md_avx2_state_new();
+#endif
+    return XXH3_createState();
+}
+void md_h128_free(void *s) {
+    if (!s) return;
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_state_free(s);
+        return;
+    }
+#endif
+    XXH3_freeState((XXH3_state_t *)s);
+}
+void md_h128_reset(void *s) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_state_reset(s);
+        return;
+    }
+#endif
+    XXH3_128bits_reset((XXH3_state_t *)s);
+}
+void md_h128_update(void *s, const void *p, size_t n) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_state_update(s, p, n);
+        return;
+    }
+#endif
+    XXH3_128bits_update((XXH3_state_t *)s, p, n);
+}
+void md_h128_digest(void *s, uint8_t out[16]) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_state_digest(s, out);
+        return;
+    }
+#endif
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest((XXH3_state_t *)s));
+    memcpy(out, c.digest, 16);
+}
+
 /* ---- digest ---- */
 int md_digest_init(md_digest *d) {
-    d->top = XXH3_createState();
-    d->chunk = XXH3_createState();
+    d->top = md_h128_new();
+    d->chunk = md_h128_new();
     d->in_chunk = 0;
     d->total = 0;
     if (!d->top || !d->chunk) {
         md_digest_free(d);
         return -1;
     }
-    XXH3_128bits_reset((XXH3_state_t *)d->top);
-    XXH3_128bits_reset((XXH3_state_t *)d->chunk);
+    md_h128_reset(d->top);
+    md_h128_reset(d->chunk);
     return 0;
 }
 
 void md_digest_free(md_digest *d) {
-    if (d->top) XXH3_freeState((XXH3_state_t *)d->top);
-    if (d->chunk) XXH3_freeState((XXH3_state_t *)d->chunk);
+    md_h128_free(d->top);
+    md_h128_free(d->chunk);
     d->top = d->chunk = NULL;
 }
 
-void md_chunk_digest(const uint8_t *p, size_t len, uint8_t out[16]) {
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits(p, len));
-    memcpy(out, c.digest, 16);
-}
+void md_chunk_digest(const uint8_t *p, size_t len, uint8_t out[16]) { md_h128(p, len, out); }
 
 void md_digest_add_chunk(md_digest *d, const uint8_t chunk_digest[16], uint64_t chunk_len) {
-    XXH3_128bits_update((XXH3_state_t *)d->top, chunk_digest, 16);
+    md_h128_update(d->top, chunk_digest, 16);
     d->total += chunk_len;
 }
 
 static void close_chunk(md_digest *d) {
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest((XXH3_state_t *)d->chunk));
-    XXH3_128bits_update((XXH3_state_t *)d->top, c.digest, 16);
-    XXH3_128bits_reset((XXH3_state_t *)d->chunk);
+    uint8_t c[16];
+    md_h128_digest(d->chunk, c);
+    md_h128_update(d->top, c, 16);
+    md_h128_reset(d->chunk);
     d->in_chunk = 0;
 }
 
@@ -195,7 +263,7 @@ void md_digest_update(md_digest *d, const uint8_t *p, size_t len) {
     while (len) {
         uint64_t room = MD_CHUNK_LEN - d->in_chunk;
         size_t take = len < room ? len : (size_t)room;
-        XXH3_128bits_update((XXH3_state_t *)d->chunk, p, take);
+        md_h128_update(d->chunk, p, take);
         d->in_chunk += take;
         d->total += take;
         p += take;
@@ -206,12 +274,10 @@ void md_digest_update(md_digest *d, const uint8_t *p, size_t len) {
 
 void md_digest_final(md_digest *d, uint8_t out[16]) {
     uint8_t lenbuf[8];
-    XXH128_canonical_t c;
     if (d->in_chunk) close_chunk(d);
     md_put_u64(lenbuf, d->total);
-    XXH3_128bits_update((XXH3_state_t *)d->top, lenbuf, 8);
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest((XXH3_state_t *)d->top));
-    memcpy(out, c.digest, 16);
+    md_h128_update(d->top, lenbuf, 8);
+    md_h128_digest(d->top, out);
 }
 
 /* ---- parallel for ---- */

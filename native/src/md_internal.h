@@ -93,6 +93,13 @@ void md_digest_update(md_digest *d, const uint8_t *p, size_t len);
 /* Parallel use: add one whole chunk's digest (16 bytes, canonical) and its length. */
 void md_digest_add_chunk(md_digest *d, const uint8_t chunk_digest[16], uint64_t chunk_len);
 void md_chunk_digest(const uint8_t *p, size_t len, uint8_t out[16]);
+/* XXH3-128 (canonical bytes) and its streaming state, on the fastest kernel available. */
+void md_h128(const void *p, size_t n, uint8_t out[16]);
+void *md_h128_new(void);
+void md_h128_free(void *s);
+void md_h128_reset(void *s);
+void md_h128_update(void *s, const void *p, size_t n);
+void md_h128_digest(void *s, uint8_t out[16]);
 void md_digest_final(md_digest *d, uint8_t out[16]);
 
 /* ---- parallel for: calls fn(arg, i, worker) for i in [0, n) on up to `threads` threads;

@@ -43,9 +43,9 @@ uint32_t md_strong_len_for(uint64_t file_len, uint32_t block_len) {
 }
 
 void md_strong(const uint8_t *p, size_t n, uint32_t strong_len, uint8_t *out) {
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits(p, n));
-    memcpy(out, c.digest, strong_len);
+    uint8_t full[16];
+    md_h128(p, n, full);
+    memcpy(out, full, strong_len);
 }
 
 static uint64_t header_checksum(const uint8_t *hdr) { return XXH3_64bits(hdr, 56); }
