@@ -240,13 +240,11 @@ class Catalog:
         s.execute(
             self._insert_ignore(CatalogObject, {"dataset": dataset, "key": key}, ["dataset", "key"])
         )
-        oid = s.scalar(
+        return s.execute(
             select(CatalogObject.id).where(
                 CatalogObject.dataset == dataset, CatalogObject.key == key
             )
-        )
-        assert oid is not None
-        return oid
+        ).scalar_one()
 
     def register_version(
         self,

@@ -26,7 +26,8 @@ def _utc(value: Any) -> datetime | None:
         return None
     if isinstance(value, str):  # SQLite returns view columns untyped
         value = datetime.fromisoformat(value)
-    assert isinstance(value, datetime)
+    if not isinstance(value, datetime):
+        raise TypeError(f"expected a timestamp from the catalog, got {value!r}")
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 

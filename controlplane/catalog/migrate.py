@@ -30,7 +30,8 @@ def alembic_config(url: str) -> Config:
 
 def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
-    assert head is not None, "migrations package has no revisions"  # packaging bug, not input
+    if head is None:
+        raise RuntimeError("the migrations package holds no revisions")  # packaging bug
     return head
 
 

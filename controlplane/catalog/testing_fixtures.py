@@ -27,23 +27,6 @@ def server_postgres_url(request: pytest.FixtureRequest) -> str:
         return url
 
 
-def server_etcd_endpoint(request: pytest.FixtureRequest) -> str:
-    """The stack's etcd (session fixture `etcd_endpoint`), else MERIDIAN_TEST_ETCD."""
-    try:
-        return str(request.getfixturevalue("etcd_endpoint"))
-    except pytest.FixtureLookupError:
-        endpoint = os.environ.get("MERIDIAN_TEST_ETCD")
-        if not endpoint:
-            pytest.fail("no etcd: start the stack or set MERIDIAN_TEST_ETCD")
-        return endpoint
-
-
-@pytest.fixture
-def etcd_for_policy(request: pytest.FixtureRequest) -> str:
-    """host:port of a real etcd."""
-    return server_etcd_endpoint(request)
-
-
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)]
 
 

@@ -62,7 +62,8 @@ def _compile(files: list[Path], output: Output | None, *, quiet_ok: bool) -> Pol
             f"{len(problems)} problem(s) in {len({p.file for p in problems})} file(s); "
             "nothing was changed"
         )
-    assert policy is not None
+    if policy is None:  # compile_files returns a set exactly when there are no problems
+        raise PolicyInvalidError("the policy files could not be compiled")
     return policy
 
 

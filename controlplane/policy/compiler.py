@@ -142,41 +142,42 @@ def check_documents(
     complete = not any(
         p.message.startswith(("YAML does not parse", "cannot read")) for p in read_problems
     )
-    problems.extend(check_topology_count(parsed, topology_kinds, first_file, complete=complete))
-    topologies = [d for d in parsed if isinstance(d.model, Topology)]
-    policies = [d for d in parsed if isinstance(d.model, ReplicationPolicy)]
-    datasets = [d for d in parsed if isinstance(d.model, DatasetDoc)]
+    problems.extend(check_topology_count(topology_kinds, first_file, complete=complete))
+    topologies = [(d.raw, d.model) for d in parsed if isinstance(d.model, Topology)]
+    policies = [(d.raw, d.model) for d in parsed if isinstance(d.model, ReplicationPolicy)]
+    datasets = [(d.raw, d.model) for d in parsed if isinstance(d.model, DatasetDoc)]
     regions: dict[str, str] | None = None
     if len(topologies) == 1 and len(topology_kinds) == 1:
-        problems.extend(check_topology(topologies[0]))
-        assert isinstance(topologies[0].model, Topology)
-        regions = {r.name: r.jurisdiction for r in topologies[0].model.spec.regions}
+        problems.extend(check_topology(*topologies[0]))
+        regions = {r.name: r.jurisdiction for r in topologies[0][1].spec.regions}
     elif len(topology_kinds) == 1:
         raw_topology = next(
             r for r in raws if isinstance(r.data, dict) and r.data.get("kind") == "Topology"
         )
         regions = salvage_regions(raw_topology) or None
-    for doc in policies:
-        problems.extend(check_policy(doc, regions))
+    for raw, policy in policies:
+        problems.extend(check_policy(raw, policy, regions))
     problems.extend(check_policy_set(policies))
     raw_policies = sum(
         1 for r in raws if isinstance(r.data, dict) and r.data.get("kind") == "ReplicationPolicy"
     )
     # A policy that failed to parse might select a dataset: do not claim that none does.
     problems.extend(
-        check_datasets(datasets, policies, all_policies=complete and raw_policies == len(policies))
+        check_datasets(
+            datasets,
+            [p for _, p in policies],
+            all_policies=complete and raw_policies == len(policies),
+        )
     )
 
     problems = sorted(set(problems))
-    if problems:
+    if problems or len(topologies) != 1:
         return None, problems
-    topo = topologies[0].model
-    assert isinstance(topo, Topology)
     return (
         PolicySet(
-            topology=topo,
-            policies=tuple(d.model for d in policies if isinstance(d.model, ReplicationPolicy)),
-            datasets=tuple(d.model for d in datasets if isinstance(d.model, DatasetDoc)),
+            topology=topologies[0][1],
+            policies=tuple(p for _, p in policies),
+            datasets=tuple(d for _, d in datasets),
         ),
         [],
     )

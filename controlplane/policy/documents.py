@@ -153,5 +153,6 @@ def parse_document(raw: RawDocument) -> tuple[Parsed | None, list[Problem]]:
                 loc, at_key = loc[:-1], True
             problems.append(raw.problem(loc, message, key=at_key))
         return None, problems
-    assert isinstance(parsed, Topology | ReplicationPolicy | DatasetDoc)
+    if not isinstance(parsed, Topology | ReplicationPolicy | DatasetDoc):
+        raise TypeError(f"unexpected model {type(parsed).__name__}")  # KINDS holds only these
     return Parsed(raw, parsed), []

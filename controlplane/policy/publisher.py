@@ -52,7 +52,8 @@ class EtcdPolicyPublisher:
         client = Etcd3Client(self._endpoints, rpc_max_attempts=2)
         try:
             await client.connect()
-            assert client.kv is not None
+            if client.kv is None:
+                raise RuntimeError("etcd3aio client did not connect")
             await asyncio.wait_for(
                 client.kv.put(POLICY_KEY, value.to_json(), timeout=self._timeout_s),
                 self._timeout_s * 2,

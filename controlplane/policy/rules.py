@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
-from controlplane.policy.documents import Parsed, did_you_mean
+from controlplane.policy.documents import did_you_mean
+from controlplane.policy.loader import RawDocument
 from controlplane.policy.models import DatasetDoc, PolicySpec, ReplicationPolicy, Topology
 from controlplane.policy.problems import Problem
 
@@ -22,7 +23,7 @@ def selects(spec: PolicySpec, dataset: str, labels: dict[str, str]) -> bool:
 
 
 def check_topology_count(
-    parsed: list[Parsed], kinds_seen: list[tuple[str, int, int]], first_file: str, *, complete: bool
+    kinds_seen: list[tuple[str, int, int]], first_file: str, *, complete: bool
 ) -> list[Problem]:
     """Rule 3: exactly one Topology. `kinds_seen` holds (file, line, col) of each
     `kind: Topology` node, valid or not, so an invalid topology is not reported as absent."""
@@ -36,11 +37,9 @@ def check_topology_count(
     ]
 
 
-def check_topology(doc: Parsed) -> list[Problem]:
+def check_topology(raw: RawDocument, model: Topology) -> list[Problem]:
     """Rules 4 and 5 within the topology: duplicate regions, bad links."""
-    assert isinstance(doc.model, Topology)
-    spec = doc.model.spec
-    raw = doc.raw
+    spec = model.spec
     problems: list[Problem] = []
     seen: set[str] = set()
     for i, region in enumerate(spec.regions):
@@ -67,13 +66,13 @@ def check_topology(doc: Parsed) -> list[Problem]:
     return problems
 
 
-def check_policy(doc: Parsed, regions: dict[str, str] | None) -> list[Problem]:
+def check_policy(
+    raw: RawDocument, model: ReplicationPolicy, regions: dict[str, str] | None
+) -> list[Problem]:
     """Rules 5 to 9 for one policy. `regions` maps name -> jurisdiction (None if the
     topology is missing or invalid: the region-dependent rules are then skipped)."""
-    assert isinstance(doc.model, ReplicationPolicy)
-    spec = doc.model.spec
-    name = doc.model.metadata.name
-    raw = doc.raw
+    spec = model.spec
+    name = model.metadata.name
     problems: list[Problem] = []
     critical = spec.class_ == "critical"
 
@@ -168,26 +167,23 @@ def check_policy(doc: Parsed, regions: dict[str, str] | None) -> list[Problem]:
     return problems
 
 
-def check_policy_set(policies: list[Parsed]) -> list[Problem]:
+def check_policy_set(policies: list[tuple[RawDocument, ReplicationPolicy]]) -> list[Problem]:
     """Rules 4 and 10 across policies: duplicate names, equal priority with the same glob."""
     problems: list[Problem] = []
-    by_name: dict[str, Parsed] = {}
+    names: set[str] = set()
     globs: dict[tuple[int, str], str] = {}
-    for doc in policies:
-        assert isinstance(doc.model, ReplicationPolicy)
-        name = doc.model.metadata.name
-        if name in by_name:
-            problems.append(
-                doc.raw.problem(("metadata", "name"), f"duplicate policy name {name!r}")
-            )
-        by_name.setdefault(name, doc)
-        spec = doc.model.spec
+    for raw, model in policies:
+        name = model.metadata.name
+        if name in names:
+            problems.append(raw.problem(("metadata", "name"), f"duplicate policy name {name!r}"))
+        names.add(name)
+        spec = model.spec
         for i, glob in enumerate(spec.selector.datasets):
             key = (spec.priority, glob)
             other = globs.get(key)
             if other is not None and other != name:
                 problems.append(
-                    doc.raw.problem(
+                    raw.problem(
                         ("spec", "selector", "datasets", i),
                         f"policies {other!r} and {name!r} have equal priority "
                         f"{spec.priority} and the same dataset glob {glob!r}",
@@ -198,24 +194,22 @@ def check_policy_set(policies: list[Parsed]) -> list[Problem]:
 
 
 def check_datasets(
-    datasets: list[Parsed], policies: list[Parsed], *, all_policies: bool = True
+    datasets: list[tuple[RawDocument, DatasetDoc]],
+    policies: list[ReplicationPolicy],
+    *,
+    all_policies: bool = True,
 ) -> list[Problem]:
     """Rule 12: every declared dataset selected by some policy; no duplicate names."""
     problems: list[Problem] = []
     seen: set[str] = set()
-    specs = [p.model.spec for p in policies if isinstance(p.model, ReplicationPolicy)]
-    for doc in datasets:
-        assert isinstance(doc.model, DatasetDoc)
-        meta = doc.model.metadata
+    specs = [p.spec for p in policies]
+    for raw, model in datasets:
+        meta = model.metadata
         if meta.name in seen:
-            problems.append(
-                doc.raw.problem(("metadata", "name"), f"duplicate dataset {meta.name!r}")
-            )
+            problems.append(raw.problem(("metadata", "name"), f"duplicate dataset {meta.name!r}"))
         seen.add(meta.name)
         if all_policies and not any(selects(spec, meta.name, meta.labels) for spec in specs):
             problems.append(
-                doc.raw.problem(
-                    ("metadata", "name"), f"dataset {meta.name!r} is selected by no policy"
-                )
+                raw.problem(("metadata", "name"), f"dataset {meta.name!r} is selected by no policy")
             )
     return problems

@@ -151,14 +151,14 @@ def test_concurrent_applies_never_interleave(cat: Catalog) -> None:
 
 
 @pytest.mark.integration
-def test_apply_publishes_to_etcd(cat: Catalog, etcd_for_policy: str) -> None:
-    host, port = etcd_for_policy.rsplit(":", 1)
+def test_apply_publishes_to_etcd(cat: Catalog, private_etcd: str) -> None:
+    host, port = private_etcd.rsplit(":", 1)
     publisher = EtcdPolicyPublisher([(host, int(port))])
     result = apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=publisher)
     assert result.published
 
     async def read() -> dict[str, object]:
-        client = Etcd3Client([etcd_for_policy])
+        client = Etcd3Client([private_etcd])
         await client.connect()
         try:
             assert client.kv is not None

@@ -144,7 +144,7 @@ def test_db_upgrade_and_current(empty_catalog_url: str, capsys: pytest.CaptureFi
 
 @pytest.mark.integration
 def test_apply_publishes_when_etcd_given(
-    catalog_url: str, etcd_for_policy: str, capsys: pytest.CaptureFixture[str]
+    catalog_url: str, private_etcd: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = [
         "--catalog",
@@ -153,7 +153,7 @@ def test_apply_publishes_when_etcd_given(
         "apply",
         "--yes",
         "--etcd",
-        etcd_for_policy,
+        private_etcd,
         "-o",
         "json",
         str(EXAMPLE),
