@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import sys
 import tempfile
@@ -50,7 +51,6 @@ PATTERNS = [
 PLANTED_REPLICAS = 7
 PLANTED_TRANSFERS = 5
 PENDING_EVERY = 50  # one object in 50 has its latest version still pending on replicas
-SLOT_PRIME = 1_000_003  # spreads transfers over the 30 days in a scrambled order
 DEFAULT_PG = "postgresql+psycopg://meridian@127.0.0.1:55432/meridian"
 
 
@@ -167,6 +167,12 @@ class Synth:
     def transfers(self) -> Iterator[tuple[Any, ...]]:
         total = self.shape.versions * 3
         step = timedelta(days=30) / max(1, total)
+        # Scatter each dataset's transfers over the 30 days: t -> t * spread mod total is
+        # a permutation (spread is coprime to total) close to the golden ratio, so any
+        # run of consecutive t lands evenly across the whole window.
+        spread = int(total * 0.6180339887) | 1
+        while math.gcd(spread, total) != 1:
+            spread += 2
         t = 0
         for vid, oid, i, _ in self._version_ids():
             residency, holders = PATTERNS[i % 4]
@@ -193,7 +199,7 @@ class Synth:
                     JUR[src] != JUR[dst],
                     JUR[dst] in residency,
                     residency,
-                    self.start + step * ((t * SLOT_PRIME) % total),
+                    self.start + step * ((t * spread) % total),
                 )
         for p in range(PLANTED_TRANSFERS):
             i = (p * 37) % self.shape.datasets

@@ -24,6 +24,7 @@ from controlplane.catalog.models import Base
 from controlplane.catalog.types import UTCDateTime
 
 BATCH_ROWS = 50_000
+LOAD_CACHE_KIB = 256 * 1024
 SERIAL_TABLES = frozenset({"objects", "object_versions", "replicas", "policy_revisions"})
 _IDENT_OK = frozenset("abcdefghijklmnopqrstuvwxyz_0123456789")
 
@@ -154,6 +155,9 @@ def _load_postgres(
     raw = engine.raw_connection()
     try:
         cur = raw.cursor()
+        # Room to sort in memory when rebuilding indexes; local to this transaction.
+        cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
+        cur.execute("SET LOCAL synchronous_commit = off")
         for fk in fks:
             cur.execute(f"ALTER TABLE {name} DROP CONSTRAINT {_ident(str(fk.name))}")
         for ix in indexes:
@@ -195,11 +199,16 @@ def _load_sqlite(
     saved = driver.isolation_level
     driver.isolation_level = None  # explicit BEGIN/COMMIT so DDL joins the transaction
     cur = driver.cursor()
+    cache: int | None = None
     try:
         if fks:
             cur.execute("PRAGMA foreign_keys=OFF")  # only outside a transaction
         # WAL with synchronous=NORMAL cannot corrupt; it only defers the fsync.
         cur.execute("PRAGMA synchronous=NORMAL")
+        # Room to sort in memory when rebuilding indexes (restored below).
+        cache = int(cur.execute("PRAGMA cache_size").fetchone()[0])
+        cur.execute(f"PRAGMA cache_size={-LOAD_CACHE_KIB}")
+        cur.execute("PRAGMA temp_store=MEMORY")
         cur.execute("BEGIN IMMEDIATE")
         try:
             for ix in indexes:
@@ -223,6 +232,9 @@ def _load_sqlite(
     finally:
         if fks:
             cur.execute("PRAGMA foreign_keys=ON")
+        if cache is not None:
+            cur.execute(f"PRAGMA cache_size={cache}")
+            cur.execute("PRAGMA temp_store=DEFAULT")
         cur.close()
         driver.isolation_level = saved
         raw.close()
