@@ -23,8 +23,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.catalog.engine import check_migrated, make_engine, redacted
-from controlplane.catalog.errors import CatalogInputError, CatalogUnavailableError
+from controlplane.catalog.engine import check_migrated, make_engine, redacted, sqlite_file
+from controlplane.catalog.errors import (
+    CatalogInputError,
+    CatalogNotMigratedError,
+    CatalogUnavailableError,
+)
 from controlplane.catalog.models import (
     CatalogObject,
     Dataset,
@@ -451,6 +455,12 @@ def placement_columns(p: Placement) -> dict[str, Any]:
 def open_catalog(url: str) -> Catalog:
     """Open the catalog at `url`; raise one sentence if it is unreachable or not migrated
     (naming `meridian db upgrade`)."""
+    missing = sqlite_file(url)
+    if missing is not None and not missing.exists():
+        # Opening would create an empty file; only `db upgrade` should create a catalog.
+        raise CatalogNotMigratedError(
+            f"the catalog file {missing} does not exist; run `meridian db upgrade` to create it"
+        )
     engine = make_engine(url)
     try:
         check_migrated(engine, url)
