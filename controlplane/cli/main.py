@@ -15,7 +15,17 @@ from typing import Annotated
 import typer
 
 from controlplane import __version__
-from controlplane.cli import audit, db, policy, stack
+from controlplane.cli import (
+    audit,
+    controller,
+    dataset,
+    db,
+    delta,
+    policy,
+    region,
+    runbook,
+    stack,
+)
 from controlplane.errors import MeridianError
 from controlplane.logs import configure_logging
 
@@ -30,6 +40,11 @@ app.add_typer(stack.app, name="stack")
 app.add_typer(policy.app, name="policy")
 app.add_typer(db.app, name="db")
 app.add_typer(audit.app, name="audit")
+app.add_typer(region.app, name="region")
+app.add_typer(dataset.app, name="dataset")
+app.add_typer(controller.app, name="controller")
+runbook.register(app)
+app.add_typer(delta.app, name="delta")
 
 _debug = False
 

@@ -24,8 +24,7 @@ from controlplane.errors import StackError
 from controlplane.ports.changelog import TopicSpec
 from controlplane.settings import Settings
 from controlplane.stack import install
-from controlplane.stack.model import ServiceStatus
-from controlplane.stack.process import ManagedProcess, require_free_ports, wait_healthy
+from controlplane.stack.single import SingleProcessService
 
 LOG4J_CONFIG = Path(__file__).parent / "kafka" / "log4j2.properties"
 HEALTH_TOPIC = TopicSpec("meridian.healthcheck", partitions=1)
@@ -71,20 +70,14 @@ def broker_properties(settings: Settings, data_dir: Path) -> str:
     )
 
 
-class KafkaService:
+class KafkaService(SingleProcessService):
     name = "kafka"
+    stop_timeout_s = 30.0  # Kafka flushes and closes its logs on SIGTERM
 
     def __init__(self, settings: Settings, run_dir: Path) -> None:
-        self.settings = settings
-        self.run_dir = (run_dir / "kafka").resolve()
+        super().__init__(settings, run_dir)
         self.data_dir = self.run_dir / "data"
         self.config = self.run_dir / "server.properties"
-        self.process = ManagedProcess(
-            name="kafka",
-            pid_file=self.run_dir / "kafka.pid",
-            log_file=self.run_dir / "kafka.log",
-            marker=str(self.config),
-        )
 
     @property
     def endpoint(self) -> str:
@@ -126,7 +119,7 @@ class KafkaService:
                 f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}"
             )
 
-    def _health(self) -> None:
+    def health(self) -> None:
         async def check() -> None:
             async with KafkaAdmin(self.endpoint, request_timeout_ms=5000) as admin:
                 if await admin.cluster_brokers() < 1:
@@ -143,31 +136,11 @@ class KafkaService:
         finally:
             quiet.setLevel(level)
 
-    def start(self) -> bool:
-        if self.process.pid() is not None:
-            wait_healthy("kafka", self.process, self._health, self.settings.stack_start_timeout_s)
-            return False
+    def ports(self) -> list[int]:
         port = self.settings.stack_kafka_port
-        require_free_ports("kafka", [port, port + 1, port + 2])
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        return [port, port + 1, port + 2]
+
+    def prepare(self) -> list[str]:
         self.config.write_text(broker_properties(self.settings, self.data_dir))
         self._format_storage()
-        self.process.start(self._java("kafka.Kafka", str(self.config)))
-        try:
-            wait_healthy("kafka", self.process, self._health, self.settings.stack_start_timeout_s)
-        except Exception:
-            self.process.stop()
-            raise
-        return True
-
-    def status(self) -> list[ServiceStatus]:
-        pid = self.process.pid()
-        return [
-            ServiceStatus(
-                "kafka", "up" if pid else "down", self.endpoint, pid, str(self.process.log_file)
-            )
-        ]
-
-    def stop(self) -> bool:
-        # Kafka flushes and closes its logs on SIGTERM; give it time before SIGKILL.
-        return self.process.stop(timeout_s=30)
+        return self._java("kafka.Kafka", str(self.config))

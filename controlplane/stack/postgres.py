@@ -18,8 +18,7 @@ import psycopg
 from controlplane.errors import StackError
 from controlplane.settings import Settings
 from controlplane.stack import install
-from controlplane.stack.model import ServiceStatus
-from controlplane.stack.process import ManagedProcess, require_free_ports, wait_healthy
+from controlplane.stack.single import SingleProcessService
 
 DB_USER = "meridian"
 DB_NAME = "meridian"
@@ -29,19 +28,17 @@ def postgres_url(port: int, database: str = DB_NAME) -> str:
     return f"postgresql+psycopg://{DB_USER}@127.0.0.1:{port}/{database}"
 
 
-class PostgresService:
+class PostgresService(SingleProcessService):
     name = "postgres"
+    stop_timeout_s = 30.0
 
     def __init__(self, settings: Settings, run_dir: Path) -> None:
-        self.settings = settings
-        self.run_dir = (run_dir / "postgres").resolve()
+        super().__init__(settings, run_dir)
         self.data_dir = self.run_dir / "data"
-        self.process = ManagedProcess(
-            name="postgres",
-            pid_file=self.run_dir / "postgres.pid",
-            log_file=self.run_dir / "postgres.log",
-            marker=str(self.data_dir),
-        )
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     @property
     def port(self) -> int:
@@ -60,7 +57,6 @@ class PostgresService:
         return ["setpriv", "--reuid=postgres", "--regid=postgres", "--clear-groups", *argv]
 
     def _prepare(self, bin_dir: Path) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             try:
                 owner = pwd.getpwnam("postgres")
@@ -99,7 +95,7 @@ class PostgresService:
                 f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}"
             )
 
-    def _health(self) -> None:
+    def health(self) -> None:
         with psycopg.connect(
             host="127.0.0.1",
             port=self.port,
@@ -115,55 +111,29 @@ class PostgresService:
             if exists is None:
                 conn.execute(f'CREATE DATABASE "{DB_NAME}"')
 
-    def start(self) -> bool:
-        if self.process.pid() is not None:
-            wait_healthy("postgres", self.process, self._health, 30)
-            return False
-        require_free_ports("postgres", [self.port])
+    def ports(self) -> list[int]:
+        return [self.port]
+
+    def prepare(self) -> list[str]:
         bin_dir = install.postgres_bin_dir()
         self._prepare(bin_dir)
-        self.process.start(
-            self._as_owner(
-                [
-                    str(bin_dir / "postgres"),
-                    "-D",
-                    str(self.data_dir),
-                    "-p",
-                    str(self.port),
-                    "-k",
-                    str(self.data_dir),
-                    "-c",
-                    "listen_addresses=127.0.0.1",
-                    "-c",
-                    "max_connections=200",
-                    "-c",
-                    "shared_buffers=256MB",
-                ]
-            )
+        return self._as_owner(
+            [
+                str(bin_dir / "postgres"),
+                "-D",
+                str(self.data_dir),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.data_dir),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=200",
+                "-c",
+                "shared_buffers=256MB",
+            ]
         )
-        try:
-            wait_healthy(
-                "postgres", self.process, self._health, self.settings.stack_start_timeout_s
-            )
-        except Exception:
-            self.process.stop()
-            raise
-        return True
-
-    def status(self) -> list[ServiceStatus]:
-        pid = self.process.pid()
-        return [
-            ServiceStatus(
-                "postgres",
-                "up" if pid else "down",
-                f"127.0.0.1:{self.port}",
-                pid,
-                str(self.process.log_file),
-            )
-        ]
-
-    def stop(self) -> bool:
-        return self.process.stop(timeout_s=30)
 
 
 def _traversable_by(path: Path, uid: int) -> bool:

@@ -118,5 +118,6 @@ async def test_clients_bootstrapped_through_the_wan_proxy_stay_on_it(
             slow = time.perf_counter() - t0
         finally:
             faults.remove_toxics(KAFKA_WAN_PROXY)
-    # Had the client reconnected to the broker's direct address, it would not pay the toxic.
-    assert slow - fast >= 0.2
+    # A round trip through the proxy pays 100 ms each way; had the client reconnected to the
+    # broker's direct address after bootstrap, it would have stayed as fast as before.
+    assert slow >= 0.2 > fast

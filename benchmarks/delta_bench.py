@@ -1,0 +1,367 @@
+"""Benchmark of the native delta engine against rdiff (librsync), xdelta3 and zstd.
+
+    python benchmarks/delta_bench.py [--scale 1.0] [--json FILE] [--workdir DIR]
+
+Generates three workloads in a temporary folder (checkpoint: 1 GiB of fp16-like
+data with 2% of its 64 KiB regions rewritten and a small insertion near the start;
+corpus: 512 MiB of text-like data with 5,000 scattered small inserts and deletes;
+unrelated: two independent 256 MiB random files), runs every tool as its own
+process under /usr/bin/time (wall time and peak RSS), checks that every patch
+reproduces NEW, prints a table and the ratios against the targets, and writes JSON.
+
+Our engine runs through its CPython binding on plain descriptors (as rdiff does:
+no fsync); the atomic front in native/delta.py adds an fsync of each output.
+`--scale` shrinks every workload for a quick try.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MIB = 1 << 20
+CHUNK = 64 * MIB
+ZSTD_MAX = 2 << 30  # zstd --patch-from refuses larger files
+
+
+# ---------------------------------------------------------------- workloads
+
+
+def _fp16_like(rng: random.Random, n: int) -> bytes:
+    """Little-endian fp16 of values around N(0, 0.02): random mantissa, skewed exponents."""
+    raw = rng.randbytes(n)
+    # high byte: sign bit + exponent concentrated on 2^-10..2^-4 (like trained weights)
+    weights = [0] * 256
+    for exp in range(31):
+        w = max(0.0, 1.0 - abs(exp - 10) / 5.0)
+        for top in range(2):  # two high mantissa bits go with the exponent byte
+            for sign in (0, 128):
+                weights[sign | (exp << 2) | top] = int(w * 100)
+    pool = [b for b, w in enumerate(weights) for _ in range(w)]
+    table = bytes(pool[(i * len(pool)) // 256] for i in range(256))
+    out = bytearray(raw)
+    out[1::2] = raw[1::2].translate(table)
+    return bytes(out)
+
+
+def _text_like(rng: random.Random, n: int) -> bytes:
+    """Bytes with the letter, space and punctuation frequencies of English text."""
+    freq = {
+        " ": 180, "e": 102, "t": 75, "a": 65, "o": 62, "i": 57, "n": 57, "s": 53, "h": 50,
+        "r": 50, "d": 34, "l": 33, "u": 23, "c": 22, "m": 20, "w": 19, "f": 18, "g": 16,
+        "y": 16, "p": 15, "b": 12, ",": 10, ".": 9, "v": 8, "k": 6, "\n": 5, "T": 4,
+        "I": 3, "A": 3, "S": 2, "x": 2, "j": 1, "q": 1, "z": 1, "0": 1, "1": 1,
+    }
+    pool = "".join(ch * w for ch, w in freq.items()).encode()
+    table = bytes(pool[(i * len(pool)) // 256] for i in range(256))
+    return rng.randbytes(n).translate(table)
+
+
+def make_checkpoint(folder: Path, size: int, seed: int = 1) -> tuple[Path, Path]:
+    rng = random.Random(seed)
+    old, new = folder / "checkpoint.old", folder / "checkpoint.new"
+    region = 64 << 10
+    with old.open("wb") as fo, new.open("wb") as fn:
+        for start in range(0, size, CHUNK):
+            data = _fp16_like(rng, min(CHUNK, size - start))
+            fo.write(data)
+            changed = bytearray(data)
+            for r in range(0, len(data), region):
+                if rng.random() < 0.02:
+                    changed[r : r + region] = _fp16_like(rng, len(changed[r : r + region]))
+            if start == 0:  # a small insertion near the start
+                changed[4096 + 7 : 4096 + 7] = _fp16_like(rng, 100)
+            fn.write(changed)
+    return old, new
+
+
+def make_corpus(folder: Path, size: int, edits: int = 5000, seed: int = 2) -> tuple[Path, Path]:
+    rng = random.Random(seed)
+    old, new = folder / "corpus.old", folder / "corpus.new"
+    chunks = max(1, size // CHUNK)
+    per_chunk = edits // chunks
+    with old.open("wb") as fo, new.open("wb") as fn:
+        for c in range(chunks):
+            n = size // chunks if c < chunks - 1 else size - (chunks - 1) * (size // chunks)
+            data = _text_like(rng, n)
+            fo.write(data)
+            count = per_chunk if c < chunks - 1 else edits - per_chunk * (chunks - 1)
+            cuts = sorted(rng.sample(range(n), count))
+            pieces: list[bytes] = []
+            at = 0
+            for pos in cuts:
+                if pos < at:
+                    continue
+                pieces.append(data[at:pos])
+                if rng.random() < 0.5:  # insert 1..64 bytes
+                    pieces.append(_text_like(rng, rng.randint(1, 64)))
+                    at = pos
+                else:  # delete 1..64 bytes
+                    at = pos + rng.randint(1, 64)
+            pieces.append(data[at:])
+            fn.write(b"".join(pieces))
+    return old, new
+
+
+def make_unrelated(folder: Path, size: int, seed: int = 3) -> tuple[Path, Path]:
+    rng = random.Random(seed)
+    old, new = folder / "unrelated.old", folder / "unrelated.new"
+    for path in (old, new):
+        with path.open("wb") as f:
+            for start in range(0, size, CHUNK):
+                f.write(rng.randbytes(min(CHUNK, size - start)))
+    return old, new
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class Run:
+    tool: str
+    op: str
+    seconds: float
+    peak_rss_kib: int
+    input_bytes: int
+    output_bytes: int
+
+    @property
+    def mb_s(self) -> float:
+        return self.input_bytes / 1e6 / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class Result:
+    workload: str
+    old_bytes: int
+    new_bytes: int
+    runs: list[Run] = field(default_factory=list)
+
+    def get(self, tool: str, op: str) -> Run | None:
+        return next((r for r in self.runs if r.tool == tool and r.op == op), None)
+
+
+def timed(cmd: list[str]) -> tuple[float, int]:
+    """Runs cmd under /usr/bin/time; returns (wall seconds, peak RSS KiB)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            ["/usr/bin/time", "-o", tf.name, "-f", "%M", *cmd],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+        return wall, int(tf.read().strip().splitlines()[-1])
+
+
+def digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as f:
+        while block := f.read(16 * MIB):
+            h.update(block)
+    return h.hexdigest()
+
+
+# The engine runs in a bare interpreter (-S, the extension loaded by path) so that
+# interpreter start-up (~20 ms) rather than package imports is all we add to it.
+_RUNNER = """
+import importlib.machinery as m, importlib.util as u, json, os, sys
+spec = u.spec_from_file_location("native._delta", sys.argv[1], loader=m.ExtensionFileLoader("native._delta", sys.argv[1]))
+mod = u.module_from_spec(spec); spec.loader.exec_module(mod)
+op, threads, paths = sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+fds = [os.open(p, os.O_RDONLY) for p in paths[:-1]]
+fds.append(os.open(paths[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+print(json.dumps(getattr(mod, op)(*fds, threads=threads)))
+"""
+
+
+def _extension() -> str:
+    import native._delta
+
+    return str(native._delta.__file__)
+
+
+def ours(op: str, threads: int) -> list[str]:
+    return [sys.executable, "-S", "-c", _RUNNER, _extension(), op, str(threads)]
+
+
+def tools(threads: int) -> dict[str, dict[str, Callable[..., list[str]]]]:
+    return {
+        "meridian-1t": {
+            "signature": lambda o, s: [*ours("signature", 1), str(o), str(s)],
+            "delta": lambda s, n, d: [*ours("delta", 1), str(s), str(n), str(d)],
+            "patch": lambda o, d, out: [*ours("patch", 1), str(o), str(d), str(out)],
+        },
+        f"meridian-{threads}t": {
+            "signature": lambda o, s: [*ours("signature", threads), str(o), str(s)],
+            "delta": lambda s, n, d: [*ours("delta", threads), str(s), str(n), str(d)],
+            "patch": lambda o, d, out: [*ours("patch", threads), str(o), str(d), str(out)],
+        },
+        "rdiff": {
+            "signature": lambda o, s: ["rdiff", "-f", "signature", str(o), str(s)],
+            "delta": lambda s, n, d: ["rdiff", "-f", "delta", str(s), str(n), str(d)],
+            "patch": lambda o, d, out: ["rdiff", "-f", "patch", str(o), str(d), str(out)],
+        },
+        "xdelta3": {
+            "delta": lambda o, n, d: ["xdelta3", "-e", "-f", "-s", str(o), str(n), str(d)],
+            "patch": lambda o, d, out: ["xdelta3", "-d", "-f", "-s", str(o), str(d), str(out)],
+        },
+        "zstd": {
+            "delta": lambda o, n, d: ["zstd", "-q", "-f", f"--patch-from={o}", str(n), "-o", str(d)],
+            "patch": lambda o, d, out: [
+                "zstd", "-q", "-d", "-f", "--long=31", f"--patch-from={o}", str(d), "-o", str(out)
+            ],
+        },
+    }
+
+
+def run_workload(name: str, old: Path, new: Path, folder: Path, threads: int) -> Result:
+    res = Result(name, old.stat().st_size, new.stat().st_size)
+    want = digest(new)
+    for tool, ops in tools(threads).items():
+        if tool == "zstd" and max(res.old_bytes, res.new_bytes) > ZSTD_MAX:
+            continue
+        sig, dlt, out = folder / f"{tool}.sig", folder / f"{tool}.delta", folder / f"{tool}.out"
+        if "signature" in ops:
+            s, rss = timed(ops["signature"](old, sig))
+            res.runs.append(Run(tool, "signature", s, rss, res.old_bytes, sig.stat().st_size))
+            s, rss = timed(ops["delta"](sig, new, dlt))
+        else:
+            s, rss = timed(ops["delta"](old, new, dlt))
+        res.runs.append(Run(tool, "delta", s, rss, res.new_bytes, dlt.stat().st_size))
+        s, rss = timed(ops["patch"](old, dlt, out))
+        res.runs.append(Run(tool, "patch", s, rss, res.new_bytes, out.stat().st_size))
+        if digest(out) != want:
+            raise RuntimeError(f"{tool} did not reproduce NEW on {name}")
+        for p in (sig, out):
+            p.unlink(missing_ok=True)
+        print(f"  {name}: {tool} done", file=sys.stderr, flush=True)
+    return res
+
+
+# ---------------------------------------------------------------- report
+
+
+def table(results: list[Result]) -> str:
+    head = f"{'workload':<10} {'tool':<13} {'sig MB/s':>9} {'delta MB/s':>10} {'patch MB/s':>10} "
+    head += f"{'delta bytes':>13} {'sig bytes':>11} {'peak RSS MiB (sig/delta/patch)':>31}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        for tool in dict.fromkeys(run.tool for run in r.runs):
+            sig, dlt, pat = r.get(tool, "signature"), r.get(tool, "delta"), r.get(tool, "patch")
+            rss = "/".join(f"{x.peak_rss_kib / 1024:.0f}" if x else "-" for x in (sig, dlt, pat))
+            lines.append(
+                f"{r.workload:<10} {tool:<13} "
+                f"{(f'{sig.mb_s:.0f}' if sig else '-'):>9} "
+                f"{(f'{dlt.mb_s:.0f}' if dlt else '-'):>10} "
+                f"{(f'{pat.mb_s:.0f}' if pat else '-'):>10} "
+                f"{(dlt.output_bytes if dlt else 0):>13,} "
+                f"{(f'{sig.output_bytes:,}' if sig else '-'):>11} {rss:>31}"
+            )
+    return "\n".join(lines)
+
+
+def targets(results: list[Result]) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+
+    def add(workload: str, measure: str, value: float, target: str, ok: bool) -> None:
+        rows.append(
+            {"workload": workload, "measure": measure, "value": round(value, 3), "target": target,
+             "met": ok}
+        )
+
+    for r in results:
+        m, rd, xd = "meridian-1t", "rdiff", "xdelta3"
+        ms, rs = r.get(m, "signature"), r.get(rd, "signature")
+        md, rdd, xdd = r.get(m, "delta"), r.get(rd, "delta"), r.get(xd, "delta")
+        mp, rp = r.get(m, "patch"), r.get(rd, "patch")
+        assert ms and rs and md and rdd and mp and rp and xdd
+        add(r.workload, "signature throughput / rdiff", ms.mb_s / rs.mb_s, ">= 5", ms.mb_s >= 5 * rs.mb_s)
+        need = 5 if r.workload == "unrelated" else 3
+        add(r.workload, "delta throughput / rdiff", md.mb_s / rdd.mb_s, f">= {need}",
+            md.mb_s >= need * rdd.mb_s)
+        add(r.workload, "patch throughput / rdiff", mp.mb_s / rp.mb_s, ">= 2", mp.mb_s >= 2 * rp.mb_s)
+        add(r.workload, "delta size / rdiff", md.output_bytes / rdd.output_bytes, "<= 1",
+            md.output_bytes <= rdd.output_bytes)
+        if r.workload == "checkpoint":
+            add(r.workload, "delta size / xdelta3", md.output_bytes / xdd.output_bytes, "<= 1.1",
+                md.output_bytes <= 1.1 * xdd.output_bytes)
+        bound_kib = 64 * 1024 + ms.output_bytes / 1024
+        for tool in (m, next(t for t in (x.tool for x in r.runs) if t.startswith("meridian-") and t != m)):
+            peak = max(x.peak_rss_kib for x in r.runs if x.tool == tool)
+            add(r.workload, f"peak RSS MiB ({tool}, incl. the Python interpreter)", peak / 1024,
+                f"<= {bound_kib / 1024:.1f}", peak <= bound_kib)
+    return rows
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def workloads(scale: float) -> Iterator[tuple[str, Callable[[Path], tuple[Path, Path]]]]:
+    yield "checkpoint", lambda d: make_checkpoint(d, int((1 << 30) * scale))
+    yield "corpus", lambda d: make_corpus(d, int((512 * MIB) * scale), edits=max(10, int(5000 * scale)))
+    yield "unrelated", lambda d: make_unrelated(d, int((256 * MIB) * scale))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full sizes")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", type=Path, default=Path("delta_bench.json"))
+    ap.add_argument("--workdir", type=Path, default=None, help="where to generate (default: $TMPDIR)")
+    ap.add_argument("--only", default=None, help="comma-separated workloads to run")
+    args = ap.parse_args()
+    for exe in ("rdiff", "xdelta3", "zstd", "/usr/bin/time"):
+        if not shutil.which(exe):
+            print(f"error: {exe} is not installed.", file=sys.stderr)
+            return 1
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="delta-bench-", dir=args.workdir) as tmp:
+        folder = Path(tmp)
+        for name, make in workloads(args.scale):
+            if args.only and name not in args.only.split(","):
+                continue
+            t0 = time.perf_counter()
+            old, new = make(folder)
+            print(f"{name}: generated in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            results.append(run_workload(name, old, new, folder, args.threads))
+            for p in folder.iterdir():
+                p.unlink()
+    print(table(results))
+    rows = targets(results)
+    print()
+    for row in rows:
+        mark = "met" if row["met"] else "NOT MET"
+        print(f"{row['workload']:<10} {row['measure']:<58} {row['value']:>9} {row['target']:>9}  {mark}")
+    payload = {
+        "threads": args.threads,
+        "scale": args.scale,
+        "results": [
+            {**{k: v for k, v in asdict(r).items() if k != "runs"},
+             "runs": [{**asdict(x), "mb_s": round(x.mb_s, 1)} for x in r.runs]}
+            for r in results
+        ],
+        "targets": rows,
+    }
+    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

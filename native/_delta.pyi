@@ -1,0 +1,49 @@
+"""Typed stubs of the CPython binding `native._delta` (see native/python/_deltamodule.c)."""
+
+from typing import TypedDict
+
+from _typeshed import WriteableBuffer
+
+class Stats(TypedDict):
+    input_bytes: int
+    output_bytes: int
+    copy_bytes: int
+    literal_bytes: int
+    block_len: int
+    strong_len: int
+
+class EngineError(Exception):
+    """args: (code, message, errno)."""
+
+E_IO: int
+E_CORRUPT_SIGNATURE: int
+E_CORRUPT_DELTA: int
+E_TRUNCATED_DELTA: int
+E_WRONG_BASIS: int
+E_INVALID: int
+E_NOMEM: int
+MIN_BLOCK_LEN: int
+MAX_BLOCK_LEN: int
+
+def signature(
+    old_fd: int,
+    sig_fd: int,
+    threads: int = 1,
+    block_len: int = 0,
+    progress: WriteableBuffer | None = None,
+) -> Stats: ...
+def delta(
+    sig_fd: int,
+    new_fd: int,
+    delta_fd: int,
+    threads: int = 1,
+    progress: WriteableBuffer | None = None,
+) -> Stats: ...
+def patch(
+    old_fd: int,
+    delta_fd: int,
+    out_fd: int,
+    threads: int = 1,
+    progress: WriteableBuffer | None = None,
+) -> Stats: ...
+def default_block_len(size: int, /) -> int: ...

@@ -1,0 +1,386 @@
+/* Errors, buffered I/O, the tree digest and the parallel-for used by the engine. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "md_internal.h"
+
+md_status md_fail(md_error *err, md_status st, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+        err->sys_errno = 0;
+    }
+    return st;
+}
+
+md_status md_fail_io(md_error *err, int sys_errno, const char *what) {
+    if (err) {
+        snprintf(err->message, sizeof err->message, "%s failed: %s", what, strerror(sys_errno));
+        err->sys_errno = sys_errno;
+    }
+    return MD_E_IO;
+}
+
+int64_t md_read_full(int fd, void *buf, size_t len) {
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = read(fd, (uint8_t *)buf + got, len - got);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (int64_t)got;
+}
+
+int64_t md_pread_full(int fd, void *buf, size_t len, uint64_t off) {
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, (uint8_t *)buf + got, len - got, (off_t)(off + got));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (int64_t)got;
+}
+
+int md_write_full(int fd, const void *buf, size_t len) {
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = write(fd, (const uint8_t *)buf + done, len - done);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        done += (size_t)r;
+    }
+    return 0;
+}
+
+int md_writer_init(md_writer *w, int fd, size_t cap) {
+    memset(w, 0, sizeof *w);
+    w->fd = fd;
+    w->len = 0;
+    w->cap = cap;
+    w->total = 0;
+    w->failed_errno = 0;
+    w->buf = malloc(cap);
+    return w->buf ? 0 : -1;
+}
+
+#define HOLE_GRAIN ((size_t)64 << 10)
+
+static int all_zero(const uint8_t *p, size_t n) {
+    if (!n || p[0]) return n == 0;
+    return memcmp(p, p + 1, n - 1) == 0;
+}
+
+/* Writes out, turning whole all-zero grains into holes when the output is sparse. */
+static int emit(md_writer *w, const uint8_t *p, size_t len) {
+    if (!w->sparse) return md_write_full(w->fd, p, len);
+    while (len) {
+        size_t take = len < HOLE_GRAIN ? len : HOLE_GRAIN;
+        if (take == HOLE_GRAIN && all_zero(p, take)) {
+            if (lseek(w->fd, (off_t)take, SEEK_CUR) < 0) return -1;
+            w->ends_in_hole = 1;
+        } else {
+            if (md_write_full(w->fd, p, take) != 0) return -1;
+            w->ends_in_hole = 0;
+        }
+        p += take;
+        len -= take;
+    }
+    return 0;
+}
+
+int md_writer_flush(md_writer *w) {
+    if (w->failed_errno) return -1;
+    if (w->len && emit(w, w->buf, w->len) != 0) {
+        w->failed_errno = errno;
+        return -1;
+    }
+    w->len = 0;
+    return 0;
+}
+
+int md_writer_finish(md_writer *w) {
+    if (md_writer_flush(w) != 0) return -1;
+    if (w->sparse && w->ends_in_hole) {
+        off_t end = lseek(w->fd, 0, SEEK_CUR);
+        if (end < 0 || ftruncate(w->fd, end) != 0) {
+            w->failed_errno = errno;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int md_writer_put(md_writer *w, const void *data, size_t len) {
+    const uint8_t *p = data;
+    if (w->failed_errno) return -1;
+    w->total += len;
+    if (len >= w->cap) {
+        if (md_writer_flush(w) != 0) return -1;
+        if (emit(w, p, len) != 0) {
+            w->failed_errno = errno;
+            return -1;
+        }
+        return 0;
+    }
+    if (w->len + len > w->cap && md_writer_flush(w) != 0) return -1;
+    memcpy(w->buf + w->len, p, len);
+    w->len += len;
+    return 0;
+}
+
+void md_writer_free(md_writer *w) {
+    free(w->buf);
+    w->buf = NULL;
+}
+
+/* ---- XXH3-128 dispatch ---- */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MD_HAVE_AVX2_PATH 1
+void md_avx2_h128(const void *p, size_t n, uint8_t out[16]);
+void *md_avx2_state_new(void);
+void md_avx2_state_free(void *s);
+void md_avx2_state_reset(void *s);
+void md_avx2_state_update(void *s, const void *p, size_t n);
+void md_avx2_state_digest(void *s, uint8_t out[16]);
+static int have_avx2(void);
+#else
+#define MD_HAVE_AVX2_PATH 0
+static int have_avx2(void) { return 0; }
+#endif
+
+void md_h128(const void *p, size_t n, uint8_t out[16]) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_h128(p, n, out);
+        return;
+    }
+#endif
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(p, n));
+    memcpy(out, c.digest, 16);
+}
+void *md_h128_new(void) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) return md_avx2_state_new();
+#endif
+    return XXH3_createState();
+}
+void md_h128_free(void *s) {
+    if (!s) return;
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_state_free(s);
+        return;
+    }
+#endif
+    XXH3_freeState((XXH3_state_t *)s);
+}
+void md_h128_reset(void *s) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_state_reset(s);
+        return;
+    }
+#endif
+    XXH3_128bits_reset((XXH3_state_t *)s);
+}
+void md_h128_update(void *s, const void *p, size_t n) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_state_update(s, p, n);
+        return;
+    }
+#endif
+    XXH3_128bits_update((XXH3_state_t *)s, p, n);
+}
+void md_h128_digest(void *s, uint8_t out[16]) {
+#if MD_HAVE_AVX2_PATH
+    if (have_avx2()) {
+        md_avx2_state_digest(s, out);
+        return;
+    }
+#endif
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest((XXH3_state_t *)s));
+    memcpy(out, c.digest, 16);
+}
+
+/* ---- digest ---- */
+int md_digest_init(md_digest *d) {
+    d->top = md_h128_new();
+    d->chunk = md_h128_new();
+    d->in_chunk = 0;
+    d->total = 0;
+    if (!d->top || !d->chunk) {
+        md_digest_free(d);
+        return -1;
+    }
+    md_h128_reset(d->top);
+    md_h128_reset(d->chunk);
+    return 0;
+}
+
+void md_digest_free(md_digest *d) {
+    md_h128_free(d->top);
+    md_h128_free(d->chunk);
+    d->top = d->chunk = NULL;
+}
+
+void md_chunk_digest(const uint8_t *p, size_t len, uint8_t out[16]) { md_h128(p, len, out); }
+
+void md_digest_add_chunk(md_digest *d, const uint8_t chunk_digest[16], uint64_t chunk_len) {
+    md_h128_update(d->top, chunk_digest, 16);
+    d->total += chunk_len;
+}
+
+static void close_chunk(md_digest *d) {
+    uint8_t c[16];
+    md_h128_digest(d->chunk, c);
+    md_h128_update(d->top, c, 16);
+    md_h128_reset(d->chunk);
+    d->in_chunk = 0;
+}
+
+void md_digest_update(md_digest *d, const uint8_t *p, size_t len) {
+    while (len) {
+        uint64_t room = MD_CHUNK_LEN - d->in_chunk;
+        size_t take = len < room ? len : (size_t)room;
+        md_h128_update(d->chunk, p, take);
+        d->in_chunk += take;
+        d->total += take;
+        p += take;
+        len -= take;
+        if (d->in_chunk == MD_CHUNK_LEN) close_chunk(d);
+    }
+}
+
+void md_digest_final(md_digest *d, uint8_t out[16]) {
+    uint8_t lenbuf[8];
+    if (d->in_chunk) close_chunk(d);
+    md_put_u64(lenbuf, d->total);
+    md_h128_update(d->top, lenbuf, 8);
+    md_h128_digest(d->top, out);
+}
+
+/* ---- parallel for ---- */
+typedef struct pf_shared {
+    md_task_fn fn;
+    uint32_t next_worker;
+    void *arg;
+    size_t n;
+    size_t next; /* guarded by the atomic builtins */
+} pf_shared;
+
+static void *pf_worker(void *p) {
+    pf_shared *s = p;
+    uint32_t worker = __atomic_fetch_add(&s->next_worker, 1, __ATOMIC_RELAXED);
+    for (;;) {
+        size_t i = __atomic_fetch_add(&s->next, 1, __ATOMIC_RELAXED);
+        if (i >= s->n) break;
+        s->fn(s->arg, i, worker);
+    }
+    return NULL;
+}
+
+int md_parallel_for(uint32_t threads, size_t n, md_task_fn fn, void *arg) {
+    pf_shared s = {fn, 0, arg, n, 0};
+    pthread_t tids[MD_MAX_THREADS];
+    uint32_t started = 0;
+    if (threads > MD_MAX_THREADS) threads = MD_MAX_THREADS;
+    if (threads > n) threads = (uint32_t)n;
+    /* The calling thread works too, so `threads` workers need threads - 1 extra. */
+    for (uint32_t t = 1; t < threads; t++) {
+        if (pthread_create(&tids[started], NULL, pf_worker, &s) != 0) break;
+        started++;
+    }
+    pf_worker(&s);
+    for (uint32_t t = 0; t < started; t++) pthread_join(tids[t], NULL);
+    return 0;
+}
+
+/* ---- weak sums of a block ---- */
+/* Over a prefix of m bytes keep S1 = sum x_i and W = sum (m - i) x_i. Appending one
+ * byte gives S1 += x, W += S1; appending 32 bytes gives W += 32 * S1_before +
+ * sum (32 - j) x_j, which is what the AVX2 path computes. All mod 2^32. */
+static void weak_scalar(const uint8_t *p, size_t n, uint32_t *s1, uint32_t *w) {
+    uint32_t a = *s1, b = *w;
+    for (size_t i = 0; i < n; i++) {
+        a += p[i];
+        b += a;
+    }
+    *s1 = a;
+    *w = b;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+__attribute__((target("avx2"))) static size_t weak_avx2(const uint8_t *p, size_t n, uint32_t *s1,
+                                                        uint32_t *w) {
+    const __m256i weights = _mm256_setr_epi8(32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19,
+                                             18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3,
+                                             2, 1);
+    const __m256i ones = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
+    __m256i vs1 = zero, vps = zero, vs2 = zero;
+    size_t blocks = n / 32;
+    for (size_t i = 0; i < blocks; i++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 * i));
+        vps = _mm256_add_epi32(vps, vs1);
+        vs1 = _mm256_add_epi32(vs1, _mm256_sad_epu8(v, zero));
+        vs2 = _mm256_add_epi32(vs2, _mm256_madd_epi16(_mm256_maddubs_epi16(v, weights), ones));
+    }
+    uint32_t l1[8], lp[8], l2[8];
+    _mm256_storeu_si256((__m256i *)l1, vs1);
+    _mm256_storeu_si256((__m256i *)lp, vps);
+    _mm256_storeu_si256((__m256i *)l2, vs2);
+    uint32_t a = 0, ps = 0, b = 0;
+    for (int i = 0; i < 8; i++) {
+        a += l1[i];
+        ps += lp[i];
+        b += l2[i];
+    }
+    /* prefix before this call contributes S1_before * (32 * blocks) to W */
+    *w += *s1 * (uint32_t)(32 * blocks) + 32u * ps + b;
+    *s1 += a;
+    return blocks * 32;
+}
+static int have_avx2(void) {
+    static int cached = -1;
+    int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (c < 0) {
+        __builtin_cpu_init();
+        c = __builtin_cpu_supports("avx2") ? 1 : 0;
+        __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
+    }
+    return c;
+}
+#endif
+
+void md_weak_block(const uint8_t *p, size_t n, uint32_t *s1_out, uint32_t *s2_out) {
+    uint32_t s1 = 0, w = 0;
+    size_t done = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (have_avx2()) done = weak_avx2(p, n, &s1, &w);
+#endif
+    weak_scalar(p + done, n - done, &s1, &w);
+    uint32_t nn = (uint32_t)n;
+    *s1_out = s1 + nn * MD_ROLL_OFFSET;
+    *s2_out = w + MD_ROLL_OFFSET * (uint32_t)(((uint64_t)nn * (nn + 1u)) / 2u);
+}

@@ -1,0 +1,174 @@
+/* Internals shared by the engine's translation units: format constants,
+ * little-endian codecs, error helpers, buffered I/O, the tree digest and a
+ * tiny parallel-for. Nothing here is part of the public API. */
+#ifndef MD_INTERNAL_H
+#define MD_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "meridian_delta.h"
+
+/* ---- format constants (native/FORMAT.md) ---- */
+#define MD_SIG_MAGIC "MRDNSIG\x01"
+#define MD_DELTA_MAGIC "MRDNDLT\x01"
+#define MD_HEADER_LEN 64u
+#define MD_SIG_FRAME_ENTRIES 4096u
+#define MD_CHUNK_LEN ((uint64_t)4 << 20)     /* digest chunk and delta segment */
+#define MD_FRAME_MAX_LIT ((uint32_t)1 << 20)  /* literal bytes per delta frame */
+#define MD_FRAME_MAX_CMD ((uint32_t)1 << 20)  /* command bytes per delta frame */
+#define MD_FRAME_HDR_LEN 32u /* 24 bytes of fields + their own XXH3-64 */
+#define MD_FRAME_DATA 1u
+#define MD_FRAME_END 2u
+#define MD_CODEC_RAW 0u
+#define MD_CODEC_ZSTD 1u
+#define MD_END_PAYLOAD_LEN 24u
+#define MD_MAX_THREADS 64u
+#define MD_ROUND_CHUNKS_MAX 4u /* chunks read per round: bounds the window */
+#define MD_ROLL_OFFSET 31u
+#define MD_BITMAP_MUL 0x9E3779B97F4A7C15ull     /* added to each byte so runs of zeros still move the sums */
+
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+#define MD_VERIFY_CHECKSUMS 0
+#else
+#define MD_VERIFY_CHECKSUMS 1
+#endif
+
+static inline void md_put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void md_put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t md_get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static inline uint64_t md_get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* ---- errors ---- */
+md_status md_fail(md_error *err, md_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+md_status md_fail_io(md_error *err, int sys_errno, const char *what);
+
+/* ---- I/O ---- */
+/* Reads up to len bytes, retrying short reads; returns bytes read (< len only at EOF) or -1. */
+int64_t md_read_full(int fd, void *buf, size_t len);
+int64_t md_pread_full(int fd, void *buf, size_t len, uint64_t off);
+int md_write_full(int fd, const void *buf, size_t len);
+
+typedef struct md_writer {
+    int fd;
+    uint8_t *buf;
+    size_t len, cap;
+    uint64_t total;
+    int failed_errno;
+    int sparse;       /* regular output file: all-zero runs become holes */
+    int ends_in_hole; /* the last bytes were skipped: md_writer_finish sets the length */
+} md_writer;
+int md_writer_init(md_writer *w, int fd, size_t cap);
+int md_writer_put(md_writer *w, const void *data, size_t len);
+int md_writer_flush(md_writer *w);
+/* Flushes and, for a sparse output, sets the file length; call once at the end. */
+int md_writer_finish(md_writer *w);
+void md_writer_free(md_writer *w);
+
+/* ---- tree digest: XXH3-128 over the XXH3-128 of each 4 MiB chunk, then the length ---- */
+typedef struct md_digest {
+    void *top;          /* XXH3_state_t for the chunk digests */
+    void *chunk;        /* XXH3_state_t for the current chunk (streaming use) */
+    uint64_t in_chunk;  /* bytes in the current chunk */
+    uint64_t total;
+} md_digest;
+int md_digest_init(md_digest *d);
+void md_digest_free(md_digest *d);
+/* Streaming: feed bytes in order. */
+void md_digest_update(md_digest *d, const uint8_t *p, size_t len);
+/* Parallel use: add one whole chunk's digest (16 bytes, canonical) and its length. */
+void md_digest_add_chunk(md_digest *d, const uint8_t chunk_digest[16], uint64_t chunk_len);
+void md_chunk_digest(const uint8_t *p, size_t len, uint8_t out[16]);
+/* XXH3-128 (canonical bytes) and its streaming state, on the fastest kernel available. */
+void md_h128(const void *p, size_t n, uint8_t out[16]);
+void *md_h128_new(void);
+void md_h128_free(void *s);
+void md_h128_reset(void *s);
+void md_h128_update(void *s, const void *p, size_t n);
+void md_h128_digest(void *s, uint8_t out[16]);
+void md_digest_final(md_digest *d, uint8_t out[16]);
+
+/* ---- parallel for: calls fn(arg, i, worker) for i in [0, n) on up to `threads` threads;
+ * worker < threads identifies the calling thread (for per-thread scratch). ---- */
+typedef void (*md_task_fn)(void *arg, size_t i, uint32_t worker);
+int md_parallel_for(uint32_t threads, size_t n, md_task_fn fn, void *arg);
+
+/* ---- rolling weak sum: Adler-style pair over bytes + MD_ROLL_OFFSET, mod 2^32 ---- */
+/* Sums of a whole block: s1 = sum x_i, s2 = sum (n - i) x_i with x_i = p[i] + MD_ROLL_OFFSET.
+ * Vectorized where the CPU allows (md_common.c); identical results everywhere. */
+void md_weak_block(const uint8_t *p, size_t n, uint32_t *s1_out, uint32_t *s2_out);
+static inline uint64_t md_weak_key(uint32_t s1, uint32_t s2) {
+    return ((uint64_t)s2 << 32) | s1;
+}
+static inline uint64_t md_weak_mix(uint64_t k) {
+    k ^= k >> 29;
+    k *= 0x9E3779B97F4A7C15ull;
+    return k ^ (k >> 32);
+}
+
+/* ---- signature in memory ---- */
+struct md_sig {
+    uint32_t block_len;
+    uint32_t strong_len;
+    uint64_t file_len;
+    uint64_t block_count;
+    uint8_t digest[16];
+    uint32_t *s1;       /* per block */
+    uint32_t *s2;
+    uint8_t *strong;    /* block_count * strong_len */
+    /* search structures (built by md_sig_index) */
+    uint64_t *sorted_key;  /* distinct (weak, strong) entries sorted by weak key */
+    uint32_t *sorted_idx;
+    uint64_t n_sorted;
+    uint32_t *slots;    /* open addressing over sorted: index of the first entry of a weak key */
+    uint64_t slot_mask;
+    uint64_t *bitmap;
+    uint64_t bitmap_mask; /* in bits */
+    unsigned bitmap_shift; /* bit index = (key * MD_BITMAP_MUL) >> bitmap_shift */
+};
+md_status md_sig_index(md_sig *sig, md_error *err);
+uint32_t md_strong_len_for(uint64_t file_len, uint32_t block_len);
+void md_strong(const uint8_t *p, size_t n, uint32_t strong_len, uint8_t *out);
+
+/* ---- varints ---- */
+static inline size_t md_put_varint(uint8_t *p, uint64_t v) {
+    size_t i = 0;
+    while (v >= 0x80) {
+        p[i++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[i++] = (uint8_t)v;
+    return i;
+}
+/* Returns bytes consumed, 0 on overflow or running off the end. */
+static inline size_t md_get_varint(const uint8_t *p, size_t avail, uint64_t *out) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < avail && i < 10; i++) {
+        uint64_t b = p[i];
+        if (i == 9 && b > 1) return 0;
+        v |= (b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *out = v;
+            return i + 1;
+        }
+    }
+    return 0;
+}
+static inline uint64_t md_zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
+static inline int64_t md_unzigzag(uint64_t v) { return (int64_t)(v >> 1) ^ -(int64_t)(v & 1); }
+
+#endif

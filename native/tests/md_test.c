@@ -1,0 +1,253 @@
+/* C tests of the delta engine: round trips over edge cases, thread-count
+ * invariance, and rejection of every single-byte corruption and every
+ * truncation of small deltas and signatures. Run plain and under ASan+UBSan.
+ *   md_test                       run the tests
+ *   md_test --write-seeds SIG DLT write fuzz seed corpora into two folders */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "meridian_delta.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, "\n");                                              \
+            failures++;                                                         \
+        }                                                                       \
+    } while (0)
+
+typedef struct buf {
+    uint8_t *p;
+    size_t n;
+} buf;
+
+static int mem_fd(const buf *b) {
+    int fd = memfd_create("md", 0);
+    if (fd < 0) abort();
+    if (b && b->n && write(fd, b->p, b->n) != (ssize_t)b->n) abort();
+    lseek(fd, 0, SEEK_SET);
+    return fd;
+}
+
+static buf fd_contents(int fd) {
+    buf b = {0};
+    off_t end = lseek(fd, 0, SEEK_END);
+    b.n = (size_t)end;
+    b.p = malloc(b.n ? b.n : 1);
+    if (b.n && pread(fd, b.p, b.n, 0) != (ssize_t)b.n) abort();
+    return b;
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static buf random_buf(size_t n) {
+    buf b = {malloc(n ? n : 1), n};
+    for (size_t i = 0; i < n; i++) b.p[i] = (uint8_t)rnd();
+    return b;
+}
+
+static md_status make_sig(const buf *old, uint32_t threads, uint32_t block, buf *sig) {
+    md_options o = {threads, block, NULL};
+    md_error e;
+    int a = mem_fd(old), s = mem_fd(NULL);
+    md_status rc = md_signature(a, s, &o, NULL, &e);
+    *sig = fd_contents(s);
+    close(a);
+    close(s);
+    return rc;
+}
+
+static md_status make_delta(const buf *sig, const buf *nw, uint32_t threads, buf *delta, md_error *e) {
+    md_options o = {threads, 0, NULL};
+    int s = mem_fd(sig), n = mem_fd(nw), d = mem_fd(NULL);
+    md_status rc = md_delta(s, n, d, &o, NULL, e);
+    *delta = fd_contents(d);
+    close(s);
+    close(n);
+    close(d);
+    return rc;
+}
+
+static md_status apply(const buf *old, const buf *delta, buf *out, md_error *e) {
+    md_options o = {2, 0, NULL};
+    int a = mem_fd(old), d = mem_fd(delta), w = mem_fd(NULL);
+    md_status rc = md_patch(a, d, w, &o, NULL, e);
+    *out = fd_contents(w);
+    close(a);
+    close(d);
+    close(w);
+    return rc;
+}
+
+static void round_trip(const char *name, const buf *old, const buf *nw, uint32_t block, size_t max_delta) {
+    buf sig1, sig3, d1, d3, out;
+    md_error e;
+    CHECK(make_sig(old, 1, block, &sig1) == MD_OK, "%s: signature", name);
+    CHECK(make_sig(old, 3, block, &sig3) == MD_OK, "%s: signature 3 threads", name);
+    CHECK(sig1.n == sig3.n && memcmp(sig1.p, sig3.p, sig1.n) == 0, "%s: signature differs by threads", name);
+    CHECK(make_delta(&sig1, nw, 1, &d1, &e) == MD_OK, "%s: delta: %s", name, e.message);
+    CHECK(make_delta(&sig1, nw, 3, &d3, &e) == MD_OK, "%s: delta 3: %s", name, e.message);
+    CHECK(d1.n == d3.n && memcmp(d1.p, d3.p, d1.n) == 0, "%s: delta differs by threads", name);
+    CHECK(apply(old, &d1, &out, &e) == MD_OK, "%s: patch: %s", name, e.message);
+    CHECK(out.n == nw->n && (out.n == 0 || memcmp(out.p, nw->p, out.n) == 0), "%s: round trip", name);
+    if (max_delta) CHECK(d1.n <= max_delta, "%s: delta %zu > %zu bytes", name, d1.n, max_delta);
+    free(sig1.p);
+    free(sig3.p);
+    free(d1.p);
+    free(d3.p);
+    free(out.p);
+}
+
+static void edge_cases(void) {
+    buf empty = {malloc(1), 0};
+    buf one = random_buf(1);
+    buf r = random_buf(3 << 20);
+    buf zeros = {calloc(1, 1 << 20), 1 << 20};
+    round_trip("empty/empty", &empty, &empty, 0, 256);
+    round_trip("empty/one", &empty, &one, 0, 512);
+    round_trip("one/empty", &one, &empty, 0, 512);
+    round_trip("one/one", &one, &one, 0, 512);
+    buf small = {r.p, 300};
+    round_trip("small identical", &small, &small, 1024, 512);
+    buf exact = {r.p, 4096};
+    round_trip("exact multiple", &exact, &exact, 1024, 512);
+    round_trip("identical", &r, &r, 0, 1024);
+    round_trip("identical 4k blocks", &r, &r, 4096, 1024);
+    round_trip("zeros", &zeros, &zeros, 0, 1024);
+    buf other = random_buf(1 << 20);
+    round_trip("unrelated", &r, &other, 0, 0);
+    /* an insertion, a deletion and an overwrite */
+    buf ed = {malloc(r.n + 100), 0};
+    memcpy(ed.p, r.p, 5000);
+    memcpy(ed.p + 5000, "inserted!", 9);
+    memcpy(ed.p + 5009, r.p + 5000, 1000000);
+    memcpy(ed.p + 1005009, r.p + 1100000, r.n - 1100000);
+    ed.n = 1005009 + r.n - 1100000;
+    memset(ed.p + 2000000, 7, 1000);
+    round_trip("edits", &r, &ed, 0, 40000);
+    /* 5 MiB of zeros: spans segments of the delta */
+    buf bigz = {calloc(1, 5 << 20), 5 << 20};
+    round_trip("zeros over segments", &bigz, &bigz, 0, 1024);
+    free(bigz.p);
+    free(ed.p);
+    free(other.p);
+    free(empty.p);
+    free(one.p);
+    free(r.p);
+    free(zeros.p);
+}
+
+/* Every position near either end, a prime stride in between (keeps ASan runs short). */
+static size_t sample_next(size_t i, size_t n) {
+    if (i < 160 || i + 160 >= n) return i + 1;
+    return i + 31 < n - 160 ? i + 31 : n - 160;
+}
+
+static void corruption(void) {
+    buf old = random_buf(20000), nw = random_buf(30000), sig, delta, out;
+    memcpy(nw.p + 5000, old.p, 15000);
+    md_error e;
+    make_sig(&old, 1, 1024, &sig);
+    make_delta(&sig, &nw, 1, &delta, &e);
+    CHECK(apply(&old, &delta, &out, &e) == MD_OK, "clean patch: %s", e.message);
+    free(out.p);
+    /* single-byte changes of the delta are rejected: every byte of the header
+     * and of the last frames, a stride through the rest */
+    for (size_t i = 0; i < delta.n; i = sample_next(i, delta.n)) {
+        delta.p[i] ^= 0x5a;
+        md_status rc = apply(&old, &delta, &out, &e);
+        CHECK(rc == MD_E_CORRUPT_DELTA, "corrupt byte %zu gave %d", i, rc);
+        delta.p[i] ^= 0x5a;
+        free(out.p);
+    }
+    /* truncations are rejected as truncated */
+    for (size_t n = 0; n < delta.n; n = sample_next(n, delta.n)) {
+        buf t = {delta.p, n};
+        md_status rc = apply(&old, &t, &out, &e);
+        CHECK(rc == MD_E_TRUNCATED_DELTA, "truncation at %zu gave %d", n, rc);
+        free(out.p);
+    }
+    /* the wrong basis is refused */
+    old.p[100] ^= 1;
+    CHECK(apply(&old, &delta, &out, &e) == MD_E_WRONG_BASIS, "wrong basis accepted");
+    free(out.p);
+    buf shorter = {old.p, old.n - 1};
+    CHECK(apply(&shorter, &delta, &out, &e) == MD_E_WRONG_BASIS, "short basis accepted");
+    free(out.p);
+    old.p[100] ^= 1;
+    /* every single-byte change and truncation of the signature is rejected */
+    for (size_t i = 0; i < sig.n; i = sample_next(i, sig.n)) {
+        buf d2;
+        sig.p[i] ^= 0x21;
+        md_status rc = make_delta(&sig, &nw, 1, &d2, &e);
+        CHECK(rc == MD_E_CORRUPT_SIGNATURE, "signature corruption at %zu gave %d", i, rc);
+        sig.p[i] ^= 0x21;
+        free(d2.p);
+    }
+    for (size_t n = 0; n < sig.n; n = sample_next(n, sig.n)) {
+        buf d2, t = {sig.p, n};
+        md_status rc = make_delta(&t, &nw, 1, &d2, &e);
+        CHECK(rc == MD_E_CORRUPT_SIGNATURE, "signature truncation at %zu gave %d", n, rc);
+        free(d2.p);
+    }
+    free(old.p);
+    free(nw.p);
+    free(sig.p);
+    free(delta.p);
+}
+
+static void write_file(const char *dir, const char *name, const buf *b) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) abort();
+    fwrite(b->p, 1, b->n, f);
+    fclose(f);
+}
+
+/* Seeds: small valid signatures and deltas (against the basis fuzz_delta uses). */
+static int write_seeds(const char *sig_dir, const char *delta_dir) {
+    buf old = {malloc(4096), 4096}, sig, delta;
+    md_error e;
+    for (size_t i = 0; i < old.n; i++) old.p[i] = (uint8_t)(i * 7 + i / 256);
+    make_sig(&old, 1, 256, &sig);
+    write_file(sig_dir, "seed1", &sig);
+    buf nw = random_buf(3000);
+    memcpy(nw.p + 1000, old.p + 512, 1024);
+    make_delta(&sig, &nw, 1, &delta, &e);
+    write_file(delta_dir, "seed1", &delta);
+    free(delta.p);
+    make_delta(&sig, &old, 1, &delta, &e);
+    write_file(delta_dir, "seed2", &delta);
+    free(delta.p);
+    free(sig.p);
+    free(nw.p);
+    free(old.p);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--write-seeds") == 0) return write_seeds(argv[2], argv[3]);
+    CHECK(md_default_block_len(0) == MD_MIN_BLOCK_LEN, "default block of empty");
+    CHECK(md_default_block_len((uint64_t)1 << 30) == 32768, "default block of 1 GiB");
+    edge_cases();
+    corruption();
+    if (failures) {
+        fprintf(stderr, "%d failures\n", failures);
+        return 1;
+    }
+    printf("md_test: all passed\n");
+    return 0;
+}
