@@ -146,8 +146,12 @@ def apply(
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         changes = plan_changes(cat, policy)
         if changes and not yes:
-            _print_changes(changes, Output.table)
-            typer.confirm("apply these changes?", abort=True, err=True)
+            # The plan goes to stderr with the question, so stdout keeps one document.
+            for row in _rows(changes):
+                typer.echo(
+                    f"  {row['action']} {row['kind']} {row['name']}: {row['fields']}", err=True
+                )
+            typer.confirm(f"apply these {len(changes)} change(s)?", abort=True, err=True)
         result = apply_policy(cat, policy, source=describe_source(files), publisher=publisher)
     if fmt is Output.json:
         emit(
