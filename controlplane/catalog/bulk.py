@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -93,25 +94,42 @@ def _converter(column: Column[Any], dialect: str) -> Callable[[Any], Any] | None
     return None  # bool is an int, which SQLite stores as its BOOLEAN
 
 
-def _converted(
+_ISO = operator.methodcaller("isoformat", " ", "microseconds")
+_NAIVE_LEN = len("2026-01-01 00:00:00.000000")
+
+
+def _convert_column(values: tuple[Any, ...], conv: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """One column of a batch, converted; C-level mapping on the common paths."""
+    if conv is _sqlite_time and None not in values:
+        # Naive timestamps (UTC) format in C; any aware ones are redone one by one.
+        out = tuple(map(_ISO, values))
+        if set(map(len, out)) == {_NAIVE_LEN}:
+            return out
+        return tuple(map(_sqlite_time, values))
+    if None in values:
+        return tuple(None if v is None else conv(v) for v in values)
+    return tuple(map(conv, values))
+
+
+def _batches(
     rows: Iterable[Sequence[Any]], table: str, columns: Sequence[str], dialect: str
-) -> Iterator[Sequence[Any]]:
-    """Rows with each column converted as its SQL type needs; NULLs stay NULL."""
+) -> Iterator[list[Sequence[Any]]]:
+    """Batches of rows with each column converted as its SQL type needs (NULLs stay);
+    conversion works column by column, which keeps the per-row Python cost low."""
     meta = Base.metadata.tables[table]
     convs = [
         (i, conv)
         for i, name in enumerate(columns)
         if (conv := _converter(meta.c[name], dialect)) is not None
     ]
-    if not convs:
-        yield from rows
-        return
-    for row in rows:
-        out = list(row)
-        for i, conv in convs:
-            if out[i] is not None:
-                out[i] = conv(out[i])
-        yield out
+    it = iter(rows)
+    while batch := list(itertools.islice(it, BATCH_ROWS)):
+        if convs:
+            cols = list(zip(*batch, strict=True))
+            for i, conv in convs:
+                cols[i] = _convert_column(cols[i], conv)
+            batch = list(zip(*cols, strict=True))
+        yield batch
 
 
 def bulk_load(
@@ -171,9 +189,10 @@ def _load_postgres(
         # Binary COPY: the server skips text parsing, the client skips formatting.
         with cur.copy(f"COPY {name} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types([_pg_type(Base.metadata.tables[table].c[c], dialect) for c in columns])
-            for row in _converted(rows, table, columns, "postgresql"):
-                copy.write_row(row)
-                count += 1
+            for batch in _batches(rows, table, columns, "postgresql"):
+                for row in batch:
+                    copy.write_row(row)
+                count += len(batch)
         for ix in indexes:
             cur.execute(str(CreateIndex(ix).compile(dialect=dialect)))
         for fk in fks:  # validates every row once
@@ -221,8 +240,7 @@ def _load_sqlite(
                 cur.execute(f"DROP INDEX {_ident(str(ix.name))}")
             marks = ", ".join("?" for _ in columns)
             sql = f"INSERT INTO {name} ({cols}) VALUES ({marks})"  # noqa: S608 - checked names
-            it = _converted(rows, table, columns, "sqlite")
-            while batch := list(itertools.islice(it, BATCH_ROWS)):
+            for batch in _batches(rows, table, columns, "sqlite"):
                 cur.executemany(sql, batch)
                 count += len(batch)
             for ix in indexes:
