@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Insert, and_, func, select, update
+from sqlalchemy import Engine, Insert, and_, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -314,15 +314,7 @@ class Catalog:
                 f"replica state {state!r} is not one of {', '.join(REPLICA_STATES)}"
             )
         with self._tx() as s:
-            vid = s.scalar(
-                select(ObjectVersion.id)
-                .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
-                .where(
-                    CatalogObject.dataset == dataset,
-                    CatalogObject.key == key,
-                    ObjectVersion.version == version,
-                )
-            )
+            vid = _version_id(s, dataset, key, version)
             if vid is None:
                 raise CatalogInputError(f"version {version} of {dataset}/{key} is not registered")
             jurisdiction, allowed = self._judge(s, dataset, region)
@@ -350,19 +342,11 @@ class Catalog:
     def remove_replica(self, dataset: str, key: str, version: str, region: str) -> None:
         """Forget the replica of a version in `region` (its bytes were deleted there)."""
         with self._tx() as s:
-            vid = s.scalar(
-                select(ObjectVersion.id)
-                .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
-                .where(
-                    CatalogObject.dataset == dataset,
-                    CatalogObject.key == key,
-                    ObjectVersion.version == version,
-                )
-            )
+            vid = _version_id(s, dataset, key, version)
             if vid is not None:
-                s.query(Replica).filter(
-                    Replica.version_id == vid, Replica.region == region
-                ).delete()
+                s.execute(
+                    delete(Replica).where(Replica.version_id == vid, Replica.region == region)
+                )
 
     def _judge(self, s: Session, dataset: str, region: str) -> tuple[str, bool]:
         """(jurisdiction of region, whether the dataset's residency allows it)."""
@@ -438,6 +422,18 @@ class Catalog:
                     ["id"],
                 )
             )
+
+
+def _version_id(s: Session, dataset: str, key: str, version: str) -> int | None:
+    return s.scalar(
+        select(ObjectVersion.id)
+        .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
+        .where(
+            CatalogObject.dataset == dataset,
+            CatalogObject.key == key,
+            ObjectVersion.version == version,
+        )
+    )
 
 
 def placement_columns(p: Placement) -> dict[str, Any]:
