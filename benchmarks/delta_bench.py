@@ -58,10 +58,42 @@ def _fp16_like(rng: random.Random, n: int) -> bytes:
 def _text_like(rng: random.Random, n: int) -> bytes:
     """Bytes with the letter, space and punctuation frequencies of English text."""
     freq = {
-        " ": 180, "e": 102, "t": 75, "a": 65, "o": 62, "i": 57, "n": 57, "s": 53, "h": 50,
-        "r": 50, "d": 34, "l": 33, "u": 23, "c": 22, "m": 20, "w": 19, "f": 18, "g": 16,
-        "y": 16, "p": 15, "b": 12, ",": 10, ".": 9, "v": 8, "k": 6, "\n": 5, "T": 4,
-        "I": 3, "A": 3, "S": 2, "x": 2, "j": 1, "q": 1, "z": 1, "0": 1, "1": 1,
+        " ": 180,
+        "e": 102,
+        "t": 75,
+        "a": 65,
+        "o": 62,
+        "i": 57,
+        "n": 57,
+        "s": 53,
+        "h": 50,
+        "r": 50,
+        "d": 34,
+        "l": 33,
+        "u": 23,
+        "c": 22,
+        "m": 20,
+        "w": 19,
+        "f": 18,
+        "g": 16,
+        "y": 16,
+        "p": 15,
+        "b": 12,
+        ",": 10,
+        ".": 9,
+        "v": 8,
+        "k": 6,
+        "\n": 5,
+        "T": 4,
+        "I": 3,
+        "A": 3,
+        "S": 2,
+        "x": 2,
+        "j": 1,
+        "q": 1,
+        "z": 1,
+        "0": 1,
+        "1": 1,
     }
     pool = "".join(ch * w for ch, w in freq.items()).encode()
     table = bytes(pool[(i * len(pool)) // 256] for i in range(256))
@@ -222,9 +254,25 @@ def tools(threads: int) -> dict[str, dict[str, Callable[..., list[str]]]]:
             "patch": lambda o, d, out: ["xdelta3", "-d", "-f", "-s", str(o), str(d), str(out)],
         },
         "zstd": {
-            "delta": lambda o, n, d: ["zstd", "-q", "-f", f"--patch-from={o}", str(n), "-o", str(d)],
+            "delta": lambda o, n, d: [
+                "zstd",
+                "-q",
+                "-f",
+                f"--patch-from={o}",
+                str(n),
+                "-o",
+                str(d),
+            ],
             "patch": lambda o, d, out: [
-                "zstd", "-q", "-d", "-f", "--long=31", f"--patch-from={o}", str(d), "-o", str(out)
+                "zstd",
+                "-q",
+                "-d",
+                "-f",
+                "--long=31",
+                f"--patch-from={o}",
+                str(d),
+                "-o",
+                str(out),
             ],
         },
     }
@@ -281,8 +329,13 @@ def targets(results: list[Result]) -> list[dict[str, object]]:
 
     def add(workload: str, measure: str, value: float, target: str, ok: bool) -> None:
         rows.append(
-            {"workload": workload, "measure": measure, "value": round(value, 3), "target": target,
-             "met": ok}
+            {
+                "workload": workload,
+                "measure": measure,
+                "value": round(value, 3),
+                "target": target,
+                "met": ok,
+            }
         )
 
     for r in results:
@@ -291,21 +344,56 @@ def targets(results: list[Result]) -> list[dict[str, object]]:
         md, rdd, xdd = r.get(m, "delta"), r.get(rd, "delta"), r.get(xd, "delta")
         mp, rp = r.get(m, "patch"), r.get(rd, "patch")
         assert ms and rs and md and rdd and mp and rp and xdd
-        add(r.workload, "signature throughput / rdiff", ms.mb_s / rs.mb_s, ">= 5", ms.mb_s >= 5 * rs.mb_s)
+        add(
+            r.workload,
+            "signature throughput / rdiff",
+            ms.mb_s / rs.mb_s,
+            ">= 5",
+            ms.mb_s >= 5 * rs.mb_s,
+        )
         need = 5 if r.workload == "unrelated" else 3
-        add(r.workload, "delta throughput / rdiff", md.mb_s / rdd.mb_s, f">= {need}",
-            md.mb_s >= need * rdd.mb_s)
-        add(r.workload, "patch throughput / rdiff", mp.mb_s / rp.mb_s, ">= 2", mp.mb_s >= 2 * rp.mb_s)
-        add(r.workload, "delta size / rdiff", md.output_bytes / rdd.output_bytes, "<= 1",
-            md.output_bytes <= rdd.output_bytes)
+        add(
+            r.workload,
+            "delta throughput / rdiff",
+            md.mb_s / rdd.mb_s,
+            f">= {need}",
+            md.mb_s >= need * rdd.mb_s,
+        )
+        add(
+            r.workload,
+            "patch throughput / rdiff",
+            mp.mb_s / rp.mb_s,
+            ">= 2",
+            mp.mb_s >= 2 * rp.mb_s,
+        )
+        add(
+            r.workload,
+            "delta size / rdiff",
+            md.output_bytes / rdd.output_bytes,
+            "<= 1",
+            md.output_bytes <= rdd.output_bytes,
+        )
         if r.workload == "checkpoint":
-            add(r.workload, "delta size / xdelta3", md.output_bytes / xdd.output_bytes, "<= 1.1",
-                md.output_bytes <= 1.1 * xdd.output_bytes)
+            add(
+                r.workload,
+                "delta size / xdelta3",
+                md.output_bytes / xdd.output_bytes,
+                "<= 1.1",
+                md.output_bytes <= 1.1 * xdd.output_bytes,
+            )
         bound_kib = 64 * 1024 + ms.output_bytes / 1024
-        for tool in (m, next(t for t in (x.tool for x in r.runs) if t.startswith("meridian-") and t != m)):
+        for tool in (
+            m,
+            next(t for t in (x.tool for x in r.runs) if t.startswith("meridian-") and t != m),
+        ):
             peak = max(x.peak_rss_kib for x in r.runs if x.tool == tool)
-            add(r.workload, f"peak RSS MiB ({tool}, incl. the Python interpreter)", peak / 1024,
-                f"<= {bound_kib / 1024:.1f}", peak <= bound_kib)
+            add(
+                r.workload,
+                f"peak RSS MiB ({tool}, incl. the Python interpreter)",
+                peak / 1024,
+                f"<= {bound_kib / 1024:.1f}",
+                peak <= bound_kib,
+            )
     return rows
 
 
@@ -314,7 +402,10 @@ def targets(results: list[Result]) -> list[dict[str, object]]:
 
 def workloads(scale: float) -> Iterator[tuple[str, Callable[[Path], tuple[Path, Path]]]]:
     yield "checkpoint", lambda d: make_checkpoint(d, int((1 << 30) * scale))
-    yield "corpus", lambda d: make_corpus(d, int((512 * MIB) * scale), edits=max(10, int(5000 * scale)))
+    yield (
+        "corpus",
+        lambda d: make_corpus(d, int((512 * MIB) * scale), edits=max(10, int(5000 * scale))),
+    )
     yield "unrelated", lambda d: make_unrelated(d, int((256 * MIB) * scale))
 
 
@@ -323,7 +414,9 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full sizes")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", type=Path, default=Path("delta_bench.json"))
-    ap.add_argument("--workdir", type=Path, default=None, help="where to generate (default: $TMPDIR)")
+    ap.add_argument(
+        "--workdir", type=Path, default=None, help="where to generate (default: $TMPDIR)"
+    )
     ap.add_argument("--only", default=None, help="comma-separated workloads to run")
     args = ap.parse_args()
     for exe in ("rdiff", "xdelta3", "zstd", "/usr/bin/time"):
@@ -347,13 +440,17 @@ def main() -> int:
     print()
     for row in rows:
         mark = "met" if row["met"] else "NOT MET"
-        print(f"{row['workload']:<10} {row['measure']:<58} {row['value']:>9} {row['target']:>9}  {mark}")
+        print(
+            f"{row['workload']:<10} {row['measure']:<58} {row['value']:>9} {row['target']:>9}  {mark}"
+        )
     payload = {
         "threads": args.threads,
         "scale": args.scale,
         "results": [
-            {**{k: v for k, v in asdict(r).items() if k != "runs"},
-             "runs": [{**asdict(x), "mb_s": round(x.mb_s, 1)} for x in r.runs]}
+            {
+                **{k: v for k, v in asdict(r).items() if k != "runs"},
+                "runs": [{**asdict(x), "mb_s": round(x.mb_s, 1)} for x in r.runs],
+            }
             for r in results
         ],
         "targets": rows,
