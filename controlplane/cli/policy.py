@@ -177,7 +177,11 @@ def apply(
 
 @app.command()
 def schema() -> None:
-    """Print the JSON Schema of policy documents (for yaml-language-server)."""
+    """Print the JSON Schema of policy documents, for editors.
+
+    Save it (`meridian policy schema > meridian-policy.schema.json`) and start each
+    policy file with `# yaml-language-server: $schema=meridian-policy.schema.json`.
+    """
     doc = TypeAdapter(Document).json_schema(by_alias=True)
     doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     doc["title"] = "Meridian policy document"
