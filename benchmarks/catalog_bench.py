@@ -456,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
             with scratch_catalog(backend, Path(tmp), pg) as url:
                 results += bench_backend(backend, url, shape, log)
     print(table(results))
+    load1, load5, _ = os.getloadavg()
+    print(
+        f"\n{shape.versions:,} object versions; machine: {os.cpu_count()} CPUs, load average "
+        f"{load1:.1f} (1 min) / {load5:.1f} (5 min) at the end, from all users"
+    )
     return 0 if all(r.ok for r in results) else 1
 
 
