@@ -28,9 +28,14 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # Resolve sys.stderr at each use, not once: tests and the CLI may swap it.
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
+
+
+def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
+    return structlog.PrintLogger(file=sys.stderr)
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -85,7 +85,7 @@ def emit(
         return
     table = Table(title=title)
     for col in cols:
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # wrap, never hide a path or an id
     for row in rows:
         table.add_row(*[_cell(row.get(c)) for c in cols])
     Console(soft_wrap=True).print(table)

@@ -15,7 +15,17 @@ from typing import Annotated
 import typer
 
 from controlplane import __version__
-from controlplane.cli import delta, stack
+from controlplane.cli import (
+    audit,
+    controller,
+    dataset,
+    db,
+    delta,
+    policy,
+    region,
+    runbook,
+    stack,
+)
 from controlplane.errors import MeridianError
 from controlplane.logs import configure_logging
 
@@ -27,6 +37,13 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(stack.app, name="stack")
+app.add_typer(policy.app, name="policy")
+app.add_typer(db.app, name="db")
+app.add_typer(audit.app, name="audit")
+app.add_typer(region.app, name="region")
+app.add_typer(dataset.app, name="dataset")
+app.add_typer(controller.app, name="controller")
+runbook.register(app)
 app.add_typer(delta.app, name="delta")
 
 _debug = False
@@ -85,7 +102,7 @@ def run(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return _fail("interrupted.", 130)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the edge turns any failure into one sentence
         detail = str(exc) or type(exc).__name__
         return _fail(f"internal error: {detail} (run with --debug for the traceback)", 1)
     return result if isinstance(result, int) else 0

@@ -2,8 +2,57 @@
 
 from __future__ import annotations
 
+import time
+from typing import Annotated
+
 import typer
+from rich.console import Console
+
+from controlplane.cli.common import OutputOpt, emit, settings_from
+from controlplane.stack.manager import Stack, endpoints
 
 app = typer.Typer(
     help="Start, inspect and stop the local stack of real engines.", no_args_is_help=True
 )
+_err = Console(stderr=True)
+
+
+@app.command()
+def up(
+    ctx: typer.Context,
+    etcd_members: Annotated[
+        int, typer.Option("--etcd-members", help="1 or 3 etcd members", min=1, max=5)
+    ] = 1,
+    postgres: Annotated[bool, typer.Option("--postgres", help="also start PostgreSQL")] = False,
+) -> None:
+    """Install (first time) and start etcd, Kafka (KRaft) and Toxiproxy; wait until healthy."""
+
+    settings = settings_from(ctx)
+    t0 = time.monotonic()
+    report = Stack(settings).up(
+        etcd_members=etcd_members, postgres=postgres, progress=lambda m: _err.print(f"[dim]{m}[/]")
+    )
+    for name, where in endpoints(settings).items():
+        if name != "postgres" or postgres:
+            typer.echo(f"{name:32} {where}")
+    _err.print(
+        f"stack up in {time.monotonic() - t0:.1f} s "
+        f"(started: {', '.join(report.started) or 'none'}; "
+        f"already up: {', '.join(report.already_up) or 'none'})"
+    )
+
+
+@app.command()
+def status(ctx: typer.Context, output: OutputOpt = None) -> None:
+    """Each service: up or down, endpoint, pid, log file."""
+
+    rows = [row.as_json() for row in Stack(settings_from(ctx)).status()]
+    emit(rows, output, columns=["service", "state", "endpoint", "pid", "log"])
+
+
+@app.command()
+def down(ctx: typer.Context) -> None:
+    """Stop only what `stack up` started (idempotent)."""
+
+    stopped = Stack(settings_from(ctx)).down()
+    typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")

@@ -1,0 +1,355 @@
+"""The etcd v3 adapter of the coordination port, over `etcd3aio` (asyncio gRPC).
+
+Guarantees are the port's (`controlplane.ports.coordination`). This module adds:
+every call has a deadline (`timeout_s`, covering etcd3aio's own retries of
+UNAVAILABLE / DEADLINE_EXCEEDED); gRPC and etcd3aio errors become Meridian errors
+here and nowhere else; reads are linearizable (never `serializable`); a watch whose
+start revision was compacted raises instead of skipping events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import grpc
+import grpc.aio
+from etcd3aio import Etcd3Client, EtcdConnectionError, EtcdError, EtcdTransientError
+from etcd3aio.kv import KVService, prefix_range_end
+
+from controlplane.errors import (
+    MeridianError,
+    NotFoundError,
+    OperationTimeoutError,
+    UnavailableError,
+)
+from controlplane.logs import get_logger
+from controlplane.ports.coordination import (
+    Cmp,
+    Compare,
+    Delete,
+    EventType,
+    Get,
+    KeyValue,
+    Lease,
+    Op,
+    Put,
+    Target,
+    TxnResult,
+    WatchEvent,
+)
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+# etcdserverpb.Compare enums (CompareResult, CompareTarget).
+_RESULT = {Cmp.EQUAL: 0, Cmp.GREATER: 1, Cmp.LESS: 2, Cmp.NOT_EQUAL: 3}
+_TARGET = {Target.VERSION: 0, Target.CREATE: 1, Target.MOD: 2, Target.VALUE: 3}
+_FIELD = {
+    Target.VERSION: "version",
+    Target.CREATE: "create_revision",
+    Target.MOD: "mod_revision",
+    Target.VALUE: "value",
+}
+_EVENT_DELETE = 1
+
+
+class EtcdWatchCompactedError(MeridianError):
+    """A watch asked for history that etcd has already compacted away."""
+
+
+def _kv(raw: Any) -> KeyValue:
+    return KeyValue(
+        key=bytes(raw.key).decode(),
+        value=bytes(raw.value),
+        create_revision=int(raw.create_revision),
+        mod_revision=int(raw.mod_revision),
+        version=int(raw.version),
+        lease=int(raw.lease),
+    )
+
+
+class EtcdKeepAlive:
+    """Renews one lease every third of its TTL; sets `lost` as the port describes."""
+
+    def __init__(self, coord: EtcdCoordination, lease: Lease) -> None:
+        self.lease = lease
+        self._coord = coord
+        self._lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = asyncio.create_task(
+            self._run(), name=f"etcd-keepalive-{lease.id:x}"
+        )
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self._lost
+
+    async def _run(self) -> None:
+        # Renew at a third of the TTL (at least every second) so that two renewals
+        # can fail before expiry; give up once a full TTL passed without success.
+        interval = max(0.25, min(1.0, self.lease.ttl_s / 3))
+        last_ok = time.monotonic()
+        while True:
+            # Count a renewal from when it was *sent*: etcd restarted the TTL no
+            # earlier than that, so our idea of expiry is never later than etcd's.
+            sent = time.monotonic()
+            try:
+                ttl = await self._coord.refresh(self.lease.id)
+            except MeridianError as exc:
+                log.warning("lease_renewal_failed", lease=f"{self.lease.id:x}", error=str(exc))
+                ttl = None
+            now = time.monotonic()
+            if ttl is not None and ttl <= 0:
+                log.warning("lease_lost", lease=f"{self.lease.id:x}", why="expired in etcd")
+                self._lost.set()
+                return
+            if ttl is not None:
+                last_ok = sent
+            elif now - last_ok >= self.lease.ttl_s:
+                log.warning("lease_lost", lease=f"{self.lease.id:x}", why="no renewal for a TTL")
+                self._lost.set()
+                return
+            await asyncio.sleep(interval)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class EtcdCoordination:
+    """The coordination port on an etcd v3 cluster.
+
+    `endpoints` are "host:port" strings; calls are balanced round-robin over them
+    and retried by etcd3aio on transient codes within `timeout_s`.
+    """
+
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 5.0) -> None:
+        if not endpoints:
+            raise NotFoundError("no etcd endpoint was given; set MERIDIAN_ETCD or --etcd")
+        self.endpoints = list(endpoints)
+        self.timeout_s = timeout_s
+        self._client = Etcd3Client(
+            self.endpoints,
+            rpc_max_attempts=4,
+            watch_reconnect_backoff_seconds=0.1,
+            watch_max_reconnect_backoff_seconds=0.5,
+        )
+        self._connected = False
+        self._keepalives: set[EtcdKeepAlive] = set()
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def connect(self) -> None:
+        """Open the channel and prove etcd answers (a linearizable read)."""
+        if self._connected:
+            return
+        await self._client.connect()
+        self._connected = True
+        try:
+            await self.revision()
+        except MeridianError:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        for ka in list(self._keepalives):
+            await ka.stop()
+        self._keepalives.clear()
+        if self._connected:
+            self._connected = False
+            await self._client.close()
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- error edge --------------------------------------------------------------
+    def _where(self) -> str:
+        return ",".join(self.endpoints)
+
+    async def _call(self, what: str, fn: Callable[[float], Awaitable[T]]) -> T:
+        if not self._connected:
+            raise UnavailableError(f"etcd at {self._where()} is not connected (call connect())")
+        try:
+            return await fn(self.timeout_s)
+        except (TimeoutError, EtcdTransientError) as exc:
+            raise OperationTimeoutError(
+                f"etcd at {self._where()} did not answer {what} within {self.timeout_s:g} s"
+            ) from exc
+        except EtcdConnectionError as exc:
+            raise UnavailableError(
+                f"etcd at {self._where()} is unreachable ({what} failed); "
+                "check that it runs and MERIDIAN_ETCD points at it"
+            ) from exc
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise NotFoundError(f"etcd {what}: {exc.details()}") from exc
+            raise UnavailableError(
+                f"etcd at {self._where()} refused {what}: {exc.code().name} {exc.details()}"
+            ) from exc
+        except EtcdError as exc:
+            raise UnavailableError(f"etcd at {self._where()} failed {what}: {exc}") from exc
+
+    @property
+    def _svc(self) -> Any:
+        return self._client
+
+    # -- kv ------------------------------------------------------------------
+    async def get(self, key: str) -> KeyValue | None:
+        resp = await self._call(f"get {key}", lambda t: self._svc.kv.get(key, timeout=t))
+        return _kv(resp.kvs[0]) if resp.kvs else None
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        end = prefix_range_end(prefix)
+        resp = await self._call(
+            f"get {prefix}*", lambda t: self._svc.kv.get(prefix, range_end=end, timeout=t)
+        )
+        kvs = sorted((_kv(k) for k in resp.kvs), key=lambda k: k.key)
+        return kvs, int(resp.header.revision)
+
+    async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
+        resp = await self._call(
+            f"put {key}", lambda t: self._svc.kv.put(key, value, lease=lease, timeout=t)
+        )
+        return int(resp.header.revision)
+
+    async def delete(self, key: str, *, prefix: bool = False) -> int:
+        end = prefix_range_end(key) if prefix else None
+        resp = await self._call(
+            f"delete {key}", lambda t: self._svc.kv.delete(key, range_end=end, timeout=t)
+        )
+        return int(resp.deleted)
+
+    async def revision(self) -> int:
+        resp = await self._call(
+            "a revision read", lambda t: self._svc.kv.get("/meridian/", limit=1, timeout=t)
+        )
+        return int(resp.header.revision)
+
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        from etcd3aio._protobuf import Compare as PbCompare
+
+        pb_compares = []
+        for c in compares:
+            operand = c.operand
+            pb = PbCompare(result=_RESULT[c.cmp], target=_TARGET[c.target], key=c.key.encode())
+            setattr(pb, _FIELD[c.target], operand)
+            pb_compares.append(pb)
+        ok_ops = [self._op(o) for o in success]
+        ko_ops = [self._op(o) for o in failure]
+        keys = ",".join(sorted({c.key for c in compares})) or "keys"
+        resp = await self._call(
+            f"a transaction on {keys}",
+            lambda t: self._svc.kv.txn(pb_compares, ok_ops, ko_ops, timeout=t),
+        )
+        branch = success if resp.succeeded else failure
+        reads = [
+            [_kv(k) for k in r.response_range.kvs]
+            for op, r in zip(branch, resp.responses, strict=True)
+            if isinstance(op, Get)
+        ]
+        return TxnResult(bool(resp.succeeded), int(resp.header.revision), reads)
+
+    @staticmethod
+    def _op(op: Op) -> Any:
+        if isinstance(op, Put):
+            return KVService.txn_op_put(op.key, op.value, lease=op.lease)
+        if isinstance(op, Delete):
+            end = prefix_range_end(op.key) if op.prefix else None
+            return KVService.txn_op_delete(op.key, range_end=end)
+        end = prefix_range_end(op.key) if op.prefix else None
+        return KVService.txn_op_get(op.key, range_end=end)
+
+    # -- leases --------------------------------------------------------------
+    async def grant(self, ttl_s: int) -> Lease:
+        resp = await self._call(
+            f"a {ttl_s} s lease grant", lambda t: self._svc.lease.grant(ttl_s, timeout=t)
+        )
+        return Lease(int(resp.ID), int(resp.TTL))
+
+    async def revoke(self, lease_id: int) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self._call(
+                f"revoke of lease {lease_id:x}",
+                lambda t: self._svc.lease.revoke(lease_id, timeout=t),
+            )
+
+    async def lease_ttl(self, lease_id: int) -> int:
+        resp = await self._call(
+            f"TTL of lease {lease_id:x}",
+            lambda t: self._svc.lease.time_to_live(lease_id, timeout=t),
+        )
+        return int(resp.TTL)
+
+    async def refresh(self, lease_id: int) -> int:
+        async def once(deadline_s: float) -> int:
+            stream = self._svc.lease.keep_alive(lease_id)
+            try:
+                async with asyncio.timeout(deadline_s):
+                    async for resp in stream:
+                        return int(resp.TTL)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    raise EtcdConnectionError(str(exc.details())) from exc
+                raise
+            finally:
+                stream.cancel()
+            return -1
+
+        return await self._call(f"renewal of lease {lease_id:x}", once)
+
+    def keep_alive(self, lease: Lease) -> EtcdKeepAlive:
+        ka = EtcdKeepAlive(self, lease)
+        self._keepalives.add(ka)
+        return ka
+
+    # -- watch ---------------------------------------------------------------
+    async def watch(
+        self, key: str, *, prefix: bool = False, start_revision: int = 0
+    ) -> AsyncIterator[WatchEvent]:
+        if not self._connected:
+            raise UnavailableError(f"etcd at {self._where()} is not connected (call connect())")
+        end = prefix_range_end(key) if prefix else None
+        stream = self._svc.watch.watch(key, range_end=end, start_revision=start_revision)
+        try:
+            async for resp in stream:
+                if resp.compact_revision > 0:
+                    raise EtcdWatchCompactedError(
+                        f"the watch on {key} asked for revision {start_revision}, but etcd "
+                        f"compacted history up to {resp.compact_revision}; re-read and re-watch"
+                    )
+                for ev in resp.events:
+                    kind = EventType.DELETE if ev.type == _EVENT_DELETE else EventType.PUT
+                    yield WatchEvent(kind, _kv(ev.kv), int(ev.kv.mod_revision))
+        except grpc.aio.AioRpcError as exc:
+            raise UnavailableError(
+                f"the etcd watch on {key} failed: {exc.code().name} {exc.details()}"
+            ) from exc
+        finally:
+            await stream.aclose()
+
+
+async def connect_etcd(
+    endpoints: Sequence[tuple[str, int]] | Sequence[str], timeout_s: float
+) -> EtcdCoordination:
+    """Connect to etcd and prove it answers, or raise one clear UnavailableError."""
+    eps = [e if isinstance(e, str) else f"{e[0]}:{e[1]}" for e in endpoints]
+    coord = EtcdCoordination(eps, timeout_s=timeout_s)
+    await coord.connect()
+    return coord

@@ -1,0 +1,246 @@
+"""Bulk loading into the catalog: COPY on PostgreSQL, executemany on SQLite.
+
+For imports and benchmarks, not for the online write path (which is `Catalog`).
+Rows are tuples in the order of `columns`; Python values are converted the way the
+ORM would store them (UTC timestamps, booleans, JSON lists), so rows loaded here
+read back exactly like rows written through the API. The caller computes the
+denormalised columns (`replicas.jurisdiction/allowed`, `transfers.cross_border/
+allowed`) with the same rule the API uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, Engine, ForeignKeyConstraint, Index, text
+from sqlalchemy.engine import Dialect
+from sqlalchemy.schema import AddConstraint, CreateIndex
+
+from controlplane.catalog.models import Base
+from controlplane.catalog.types import UTCDateTime
+
+BATCH_ROWS = 50_000
+SERIAL_TABLES = frozenset({"objects", "object_versions", "replicas", "policy_revisions"})
+_IDENT_OK = frozenset("abcdefghijklmnopqrstuvwxyz_0123456789")
+
+
+def _ident(name: str) -> str:
+    if not name or not set(name) <= _IDENT_OK:
+        raise ValueError(f"{name!r} is not a plain lower-case SQL identifier")
+    return name
+
+
+def _sqlite_time(value: datetime) -> str:
+    """SQLAlchemy's SQLite DATETIME storage: UTC, no zone, always with microseconds."""
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.isoformat(" ", "microseconds")[:26]  # drop "+00:00"
+
+
+def _json_converter() -> Callable[[Any], str]:
+    cache: dict[tuple[str, ...], str] = {}
+
+    def convert(value: Any) -> str:
+        if not isinstance(value, list) or len(cache) > 10_000:
+            return json.dumps(value)
+        key = tuple(value)
+        text_ = cache.get(key)
+        if text_ is None:
+            text_ = cache[key] = json.dumps(value)
+        return text_
+
+    return convert
+
+
+_PG_TYPES = {
+    "BIGINT": "int8",
+    "INTEGER": "int4",
+    "BOOLEAN": "bool",
+    "TEXT": "text",
+    # JSON goes as its text: binary json and text share one wire form, and the rows
+    # arrive already serialised (memoised, since bulk rows repeat the same lists).
+    "JSON": "text",
+    "TIMESTAMP WITH TIME ZONE": "timestamptz",
+}
+
+
+def _pg_type(column: Column[Any], dialect: Dialect) -> str:
+    """The PostgreSQL type name psycopg's binary COPY needs for a column."""
+    name = str(column.type.compile(dialect=dialect)).upper()
+    if name.startswith("VARCHAR"):
+        return "varchar"
+    return _PG_TYPES[name]
+
+
+def _converter(column: Column[Any], dialect: str) -> Callable[[Any], Any] | None:
+    """How to turn a column's Python values into driver values (None: as they are)."""
+    kind = column.type
+    if isinstance(kind, JSON):
+        return _json_converter()
+    if dialect == "sqlite" and isinstance(kind, UTCDateTime):
+        return _sqlite_time
+    return None  # bool is an int, which SQLite stores as its BOOLEAN
+
+
+def _converted(
+    rows: Iterable[Sequence[Any]], table: str, columns: Sequence[str], dialect: str
+) -> Iterator[Sequence[Any]]:
+    """Rows with each column converted as its SQL type needs; NULLs stay NULL."""
+    meta = Base.metadata.tables[table]
+    convs = [
+        (i, conv)
+        for i, name in enumerate(columns)
+        if (conv := _converter(meta.c[name], dialect)) is not None
+    ]
+    if not convs:
+        yield from rows
+        return
+    for row in rows:
+        out = list(row)
+        for i, conv in convs:
+            if out[i] is not None:
+                out[i] = conv(out[i])
+        yield out
+
+
+def bulk_load(
+    engine: Engine,
+    table: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    defer_checks: bool = False,
+) -> int:
+    """Insert every row into `table` in one transaction; return how many were loaded.
+
+    With `defer_checks`, the table's secondary (non-unique) indexes are dropped and
+    its foreign keys are not checked row by row; within the same transaction the
+    indexes are rebuilt once and the foreign keys checked once over the whole table
+    (a violation rolls everything back). Primary and unique keys always stay, so
+    duplicates are refused as usual. Building an index from all rows at once is far
+    cheaper than maintaining it per row. Use it on a catalog no one else is writing
+    (an import, a benchmark): on PostgreSQL it holds an exclusive lock on the table.
+    """
+    if engine.dialect.name == "postgresql":
+        return _load_postgres(engine, table, columns, rows, defer_checks)
+    return _load_sqlite(engine, table, columns, rows, defer_checks)
+
+
+def _deferred(table: str, defer: bool) -> tuple[list[Index], list[ForeignKeyConstraint]]:
+    if not defer:
+        return [], []
+    meta = Base.metadata.tables[table]
+    indexes = sorted((ix for ix in meta.indexes if not ix.unique), key=lambda ix: str(ix.name))
+    fks = sorted(meta.foreign_key_constraints, key=lambda fk: str(fk.name))
+    return indexes, fks
+
+
+def _load_postgres(
+    engine: Engine,
+    table: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    defer: bool,
+) -> int:
+    cols = ", ".join(_ident(c) for c in columns)
+    name = _ident(table)
+    indexes, fks = _deferred(table, defer)
+    dialect = engine.dialect
+    count = 0
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        for fk in fks:
+            cur.execute(f"ALTER TABLE {name} DROP CONSTRAINT {_ident(str(fk.name))}")
+        for ix in indexes:
+            cur.execute(f"DROP INDEX {_ident(str(ix.name))}")
+        # Binary COPY: the server skips text parsing, the client skips formatting.
+        with cur.copy(f"COPY {name} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types([_pg_type(Base.metadata.tables[table].c[c], dialect) for c in columns])
+            for row in _converted(rows, table, columns, "postgresql"):
+                copy.write_row(row)
+                count += 1
+        for ix in indexes:
+            cur.execute(str(CreateIndex(ix).compile(dialect=dialect)))
+        for fk in fks:  # validates every row once
+            cur.execute(str(AddConstraint(fk).compile(dialect=dialect)))
+        raw.commit()
+    except BaseException:
+        raw.rollback()
+        raise
+    finally:
+        raw.close()
+    return count
+
+
+def _load_sqlite(
+    engine: Engine,
+    table: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    defer: bool,
+) -> int:
+    cols = ", ".join(_ident(c) for c in columns)
+    name = _ident(table)
+    indexes, fks = _deferred(table, defer)
+    count = 0
+    raw = engine.raw_connection()
+    driver = raw.driver_connection
+    if driver is None:
+        raise RuntimeError("SQLite connection is closed")
+    saved = driver.isolation_level
+    driver.isolation_level = None  # explicit BEGIN/COMMIT so DDL joins the transaction
+    cur = driver.cursor()
+    try:
+        if fks:
+            cur.execute("PRAGMA foreign_keys=OFF")  # only outside a transaction
+        # WAL with synchronous=NORMAL cannot corrupt; it only defers the fsync.
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            for ix in indexes:
+                cur.execute(f"DROP INDEX {_ident(str(ix.name))}")
+            marks = ", ".join("?" for _ in columns)
+            sql = f"INSERT INTO {name} ({cols}) VALUES ({marks})"  # noqa: S608 - checked names
+            it = _converted(rows, table, columns, "sqlite")
+            while batch := list(itertools.islice(it, BATCH_ROWS)):
+                cur.executemany(sql, batch)
+                count += len(batch)
+            for ix in indexes:
+                cur.execute(str(CreateIndex(ix).compile(dialect=engine.dialect)))
+            if fks:
+                bad = cur.execute(f"PRAGMA foreign_key_check({name})").fetchmany(3)
+                if bad:
+                    raise ValueError(f"bulk rows of {name} break foreign keys: {bad}")
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+    finally:
+        if fks:
+            cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+        driver.isolation_level = saved
+        raw.close()
+    return count
+
+
+def after_load(engine: Engine, tables: Sequence[str]) -> None:
+    """Advance PostgreSQL id sequences past loaded ids and refresh planner statistics."""
+    with engine.begin() as conn:
+        for table in tables:
+            name = _ident(table)
+            if engine.dialect.name == "postgresql" and name in SERIAL_TABLES:
+                seq = conn.execute(
+                    text("SELECT pg_get_serial_sequence(:t, 'id')"), {"t": name}
+                ).scalar()
+                if seq:
+                    conn.execute(
+                        text(f"SELECT setval(:s, (SELECT COALESCE(MAX(id), 1) FROM {name}))"),  # noqa: S608
+                        {"s": seq},
+                    )
+            conn.execute(text(f"ANALYZE {name}"))

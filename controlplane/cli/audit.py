@@ -1,0 +1,177 @@
+"""`meridian audit residency | transfers | dataset | failovers`: compliance answers.
+
+`audit residency` exits 3 when it finds any violation, so CI and cron jobs can alert.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+import typer
+
+from controlplane.catalog import audit as queries
+from controlplane.catalog.api import open_catalog
+from controlplane.cli.common import CatalogOpt, OutputOpt, emit, settings_from
+from controlplane.errors import InvalidInputError
+
+app = typer.Typer(
+    help="Answer auditors: residency, transfers, datasets, failovers.", no_args_is_help=True
+)
+
+VIOLATIONS_EXIT = 3
+_SINCE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+SinceOpt = Annotated[
+    str | None,
+    typer.Option("--since", help="only the last DURATION (30m, 12h, 7d), or an RFC 3339 time"),
+]
+
+
+def parse_since(text: str | None, *, now: datetime | None = None) -> datetime | None:
+    """`7d` -> now - 7 days; an RFC 3339 time as is; one clear sentence otherwise."""
+    if text is None:
+        return None
+    match = _SINCE.match(text.strip())
+    if match:
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+        return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+    try:
+        stamp = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        stamp = None
+    if stamp is None or stamp.tzinfo is None:
+        raise InvalidInputError(
+            f"--since {text!r} is neither a duration (30m, 12h, 7d) nor an RFC 3339 time "
+            "with a zone"
+        )
+    return stamp.astimezone(UTC)
+
+
+RESIDENCY_COLUMNS = [
+    "kind",
+    "dataset",
+    "object",
+    "version",
+    "region",
+    "jurisdiction",
+    "allowed",
+    "state",
+    "at",
+]
+TRANSFER_COLUMNS = [
+    "id",
+    "dataset",
+    "object",
+    "from",
+    "to",
+    "from_jurisdiction",
+    "to_jurisdiction",
+    "logical_bytes",
+    "wire_bytes",
+    "at",
+    "outcome",
+]
+FAILOVER_COLUMNS = [
+    "id",
+    "dataset",
+    "from",
+    "to",
+    "epoch",
+    "reason",
+    "actor",
+    "started_at",
+    "completed_at",
+]
+
+
+@app.command()
+def residency(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
+    """Every replica and past transfer outside its dataset's residency (exit 3 if any)."""
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
+        rows = queries.residency_violations(s)
+    emit(rows, output, columns=RESIDENCY_COLUMNS, title="residency violations")
+    if rows:
+        raise typer.Exit(VIOLATIONS_EXIT)
+
+
+@app.command()
+def transfers(
+    ctx: typer.Context,
+    since: SinceOpt = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", help="dataset glob")] = None,
+    cross_border: Annotated[
+        bool, typer.Option("--cross-border", help="only transfers between jurisdictions")
+    ] = False,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="at most N rows")] = None,
+    catalog: CatalogOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Who copied what, from where to where, when, how many bytes."""
+    start = parse_since(since)
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
+        rows = queries.transfers(
+            s, since=start, dataset_glob=dataset, cross_border=cross_border, limit=limit
+        )
+    emit(rows, output, columns=TRANSFER_COLUMNS, title="transfers")
+
+
+@app.command("dataset")
+def dataset_cmd(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="dataset name")],
+    catalog: CatalogOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Where each version of each object lives, with digests and states."""
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
+        rows = queries.dataset_locations(s, name)
+    emit(
+        rows,
+        output,
+        columns=[
+            "object",
+            "version",
+            "digest",
+            "size",
+            "region",
+            "jurisdiction",
+            "state",
+            "allowed",
+            "at",
+        ],
+        title=name,
+    )
+
+
+@app.command()
+def failovers(
+    ctx: typer.Context,
+    since: SinceOpt = None,
+    catalog: CatalogOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """The failover journal, oldest first."""
+    start = parse_since(since)
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
+        records = cat.list_failovers(start)
+    rows = [
+        {
+            "id": r.id,
+            "dataset": r.dataset,
+            "from": r.from_region,
+            "to": r.to_region,
+            "epoch": r.epoch,
+            "kind": r.kind,
+            "reason": r.reason,
+            "actor": r.actor,
+            "detected_at": queries.rfc3339(r.detected_at),
+            "started_at": queries.rfc3339(r.started_at),
+            "completed_at": queries.rfc3339(r.completed_at),
+            "rpo_versions": r.rpo_versions,
+        }
+        for r in records
+    ]
+    emit(rows, output, columns=FAILOVER_COLUMNS, title="failovers")

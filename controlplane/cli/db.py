@@ -1,0 +1,62 @@
+"""`meridian db upgrade | current`: the catalog's Alembic migrations."""
+
+from __future__ import annotations
+
+import typer
+from sqlalchemy.exc import OperationalError
+
+from controlplane.catalog import migrate
+from controlplane.catalog.engine import redacted
+from controlplane.catalog.errors import CatalogUnavailableError
+from controlplane.cli.common import (
+    CatalogOpt,
+    Output,
+    OutputOpt,
+    emit,
+    resolve_output,
+    settings_from,
+)
+
+app = typer.Typer(help="Migrate the catalog's schema.", no_args_is_help=True)
+
+
+def _unreachable(url: str, exc: OperationalError) -> CatalogUnavailableError:
+    first = str(getattr(exc, "orig", exc)).strip().splitlines()
+    return CatalogUnavailableError(
+        f"the catalog at {redacted(url)} is unreachable ({first[0] if first else exc}); "
+        "check --catalog / MERIDIAN_CATALOG"
+    )
+
+
+@app.command()
+def upgrade(
+    ctx: typer.Context,
+    catalog: CatalogOpt = None,
+    revision: str = typer.Option("head", help="target migration"),
+) -> None:
+    """Create or upgrade the catalog schema (idempotent)."""
+    url = settings_from(ctx, catalog=catalog).catalog
+    try:
+        migrate.upgrade(url, revision)
+        now = migrate.current(url)
+    except OperationalError as exc:
+        raise _unreachable(url, exc) from exc
+    typer.echo(f"catalog {redacted(url)} is at migration {now}")
+
+
+@app.command()
+def current(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
+    """Print the catalog's migration and the newest one this Meridian knows."""
+    url = settings_from(ctx, catalog=catalog).catalog
+    try:
+        now = migrate.current(url)
+    except OperationalError as exc:
+        raise _unreachable(url, exc) from exc
+    head = migrate.head_revision()
+    if resolve_output(output) is Output.table:
+        state = "up to date" if now == head else "run `meridian db upgrade`"
+        typer.echo(f"catalog {redacted(url)}: migration {now or 'none'} (head {head}, {state})")
+        return
+    emit(
+        {"catalog": redacted(url), "current": now, "head": head, "up_to_date": now == head}, output
+    )

@@ -1,0 +1,180 @@
+"""`meridian policy validate | plan | apply | schema` (spec/policy.md, spec/cli.md).
+
+Exit statuses: validate 0/1; plan 0 (no change), 2 (changes), 1 (error);
+apply 0 (applied or nothing to do), 1 (error or refused).
+
+Publishing: `apply` writes `/meridian/policy/current` in etcd when an etcd endpoint
+is configured explicitly (`--etcd` on the command or on `meridian`, or
+MERIDIAN_ETCD in the environment); `--publish` forces it with the default
+endpoint, `--no-publish` skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import TypeAdapter
+
+from controlplane.catalog.api import open_catalog
+from controlplane.cli.common import (
+    CatalogOpt,
+    EtcdOpt,
+    Output,
+    OutputOpt,
+    emit,
+    resolve_output,
+    settings_from,
+)
+from controlplane.errors import InvalidInputError
+from controlplane.policy.apply import apply_policy, describe_source, plan_changes
+from controlplane.policy.compiler import PolicySet, compile_files
+from controlplane.policy.models import Document
+from controlplane.policy.plan import Change
+from controlplane.policy.publisher import EtcdPolicyPublisher, PolicyPublisher
+
+app = typer.Typer(help="Validate, plan and apply replication policy.", no_args_is_help=True)
+
+FilesArg = Annotated[
+    list[Path], typer.Argument(help="policy YAML files", exists=False, dir_okay=False)
+]
+
+
+class PolicyInvalidError(InvalidInputError):
+    """The policy files have problems (already printed one per line)."""
+
+
+def _compile(files: list[Path], output: Output | None, *, quiet_ok: bool) -> PolicySet:
+    """Compile; on problems print them (lines on stderr, or JSON) and fail with status 1."""
+    policy, problems = compile_files(files)
+    fmt = output or Output.table
+    if fmt is Output.json and (problems or not quiet_ok):
+        sys.stdout.write(json.dumps([p.as_json() for p in problems], indent=2) + "\n")
+    if problems:
+        if fmt is not Output.json:
+            for problem in problems:
+                sys.stderr.write(f"{problem}\n")
+        raise PolicyInvalidError(
+            f"{len(problems)} problem(s) in {len({p.file for p in problems})} file(s); "
+            "nothing was changed"
+        )
+    if policy is None:  # compile_files returns a set exactly when there are no problems
+        raise PolicyInvalidError("the policy files could not be compiled")
+    return policy
+
+
+@app.command()
+def validate(files: FilesArg, output: OutputOpt = None) -> None:
+    """Check policy files against every rule; print each problem as FILE:LINE:COLUMN."""
+    policy = _compile(files, output, quiet_ok=False)
+    if (output or Output.table) is not Output.json:
+        typer.echo(
+            f"valid: {len(policy.policies)} polic{'y' if len(policy.policies) == 1 else 'ies'}, "
+            f"{len(policy.regions)} regions, {len(policy.datasets)} declared datasets"
+        )
+
+
+def _rows(changes: list[Change]) -> list[dict[str, Any]]:
+    return [
+        {
+            "action": c.action,
+            "kind": c.kind,
+            "name": c.name,
+            "fields": "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in c.fields.items()),
+        }
+        for c in changes
+    ]
+
+
+def _print_changes(changes: list[Change], output: Output | None) -> None:
+    if resolve_output(output) is Output.json:
+        emit([c.as_json() for c in changes], Output.json)
+    elif not changes:
+        typer.echo("no changes: the catalog matches these files")
+    else:
+        emit(_rows(changes), output, columns=["action", "kind", "name", "fields"], title="plan")
+
+
+@app.command()
+def plan(
+    ctx: typer.Context, files: FilesArg, catalog: CatalogOpt = None, output: OutputOpt = None
+) -> None:
+    """Show what apply would change. Exit 0: no change, 2: changes, 1: error."""
+    policy = _compile(files, output, quiet_ok=True)
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
+        changes = plan_changes(cat, policy)
+    _print_changes(changes, output)
+    raise typer.Exit(2 if changes else 0)
+
+
+def _publisher(
+    ctx: typer.Context, etcd: str | None, publish: bool | None
+) -> PolicyPublisher | None:
+    root_etcd = (ctx.find_root().obj or {}).get("overrides", {}).get("etcd")
+    explicit = etcd is not None or root_etcd is not None or "MERIDIAN_ETCD" in os.environ
+    if publish is False or (publish is None and not explicit):
+        return None
+    settings = settings_from(ctx, etcd=etcd)
+    return EtcdPolicyPublisher(settings.etcd_endpoints, settings.etcd_timeout_s)
+
+
+@app.command()
+def apply(
+    ctx: typer.Context,
+    files: FilesArg,
+    catalog: CatalogOpt = None,
+    etcd: EtcdOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    publish: Annotated[
+        bool | None,
+        typer.Option(
+            "--publish/--no-publish",
+            help="write /meridian/policy/current to etcd (default: when --etcd or "
+            "MERIDIAN_ETCD is given)",
+        ),
+    ] = None,
+    output: OutputOpt = None,
+) -> None:
+    """Apply policy files to the catalog as one revision, and publish it to etcd."""
+    policy = _compile(files, output, quiet_ok=True)
+    publisher = _publisher(ctx, etcd, publish)
+    fmt = resolve_output(output)
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
+        changes = plan_changes(cat, policy)
+        if changes and not yes:
+            _print_changes(changes, Output.table)
+            typer.confirm("apply these changes?", abort=True, err=True)
+        result = apply_policy(cat, policy, source=describe_source(files), publisher=publisher)
+    if fmt is Output.json:
+        emit(
+            {
+                "revision": result.revision,
+                "digest": result.digest,
+                "applied_at": result.applied_at.isoformat().replace("+00:00", "Z"),
+                "changes": [c.as_json() for c in result.changes],
+                "published": result.published,
+            },
+            Output.json,
+        )
+        return
+    where = " and published it to etcd" if result.published else ""
+    if result.changes:
+        typer.echo(
+            f"applied revision {result.revision} ({len(result.changes)} change(s), "
+            f"digest {result.digest[:12]}){where}"
+        )
+    else:
+        typer.echo(f"nothing to do: revision {result.revision} is current{where}")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of policy documents (for yaml-language-server)."""
+    doc = TypeAdapter(Document).json_schema(by_alias=True)
+    doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    doc["title"] = "Meridian policy document"
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")

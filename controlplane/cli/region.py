@@ -1,0 +1,78 @@
+"""`meridian region list | drain | undrain`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+from controlplane.cli.common import OutputOpt, emit, settings_from
+from controlplane.cli.runbook import DryRunOpt, ReasonOpt, YesOpt, confirm, emit_results, print_plan
+from controlplane.coordination.session import open_session
+
+app = typer.Typer(
+    help="Regions: liveness, state, ownership; drain and undrain.", no_args_is_help=True
+)
+
+
+@app.command("list")
+def list_regions(ctx: typer.Context, output: OutputOpt = None) -> None:
+    """Regions, jurisdiction, state, liveness, datasets owned."""
+
+    async def go() -> list[dict[str, object]]:
+        async with open_session(settings_from(ctx)) as s:
+            c = await s.runbooks.context()
+        return [
+            {
+                "name": name,
+                "jurisdiction": jur,
+                "state": c.view.state_of(name).value,
+                "alive": c.view.is_alive(name),
+                "owns": c.view.owned_by(name),
+            }
+            for name, jur in sorted(c.jurisdictions.items())
+        ]
+
+    emit(asyncio.run(go()), output, columns=["name", "jurisdiction", "state", "alive", "owns"])
+
+
+@app.command()
+def drain(
+    ctx: typer.Context,
+    region: Annotated[str, typer.Argument(help="the region to drain")],
+    dry_run: DryRunOpt = False,
+    yes: YesOpt = False,
+    reason: ReasonOpt = None,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", help="seconds each switchover may wait to catch up")
+    ] = 30.0,
+    output: OutputOpt = None,
+) -> None:
+    """Switch every dataset it owns elsewhere, and stop it taking ownership."""
+
+    async def go() -> None:
+        async with open_session(settings_from(ctx)) as s:
+            plan, _ = await s.runbooks.plan_drain(region)
+            print_plan(plan, f"drain of {region}", output, dry_run=dry_run)
+            if dry_run:
+                return
+            confirm(f"Drain {region} ({len(plan.moves)} dataset(s) to move)?", yes)
+            results = await s.runbooks.run_drain(
+                region, plan, reason=reason or f"drain of {region}", timeout_s=timeout_s
+            )
+            emit_results(results, output)
+
+    asyncio.run(go())
+
+
+@app.command()
+def undrain(ctx: typer.Context, region: Annotated[str, typer.Argument()]) -> None:
+    """Let the region take ownership again."""
+
+    async def go() -> None:
+        async with open_session(settings_from(ctx)) as s:
+            await s.runbooks.undrain(region)
+
+    asyncio.run(go())
+    typer.echo(f"{region} is active again")

@@ -1,0 +1,225 @@
+"""Top-level runbook commands: switchover, failover, pause, resume, history.
+
+Every runbook prints its plan first (moves with the epoch they start from, and
+every rejected candidate with its reason), changes nothing with `--dry-run`, asks
+for confirmation unless `--yes`, and journals `--reason` with the OS user.
+With `--output json` the plan (dry run) or the result is the only thing on stdout;
+the plan and the prompt then go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
+from controlplane.coordination.decide import Plan
+from controlplane.coordination.failover import MoveResult
+from controlplane.coordination.session import open_session
+from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.errors import InvalidInputError
+
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and change nothing")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")]
+ReasonOpt = Annotated[
+    str | None, typer.Option("--reason", help="why, for the journal (default: the command)")
+]
+
+
+def print_plan(plan: Plan, title: str, output: Output | None, *, dry_run: bool) -> None:
+    """The plan: JSON on stdout for a JSON dry run, else a table (on stderr if JSON follows)."""
+    fmt = resolve_output(output)
+    if dry_run and fmt is Output.json:
+        emit(plan.as_json(), output)
+        return
+    console = Console(stderr=fmt is not Output.table, soft_wrap=True)
+    moves = Table(title=title)
+    for col in ("dataset", "from", "to", "epoch before"):
+        moves.add_column(col)
+    for m in plan.moves:
+        moves.add_row(m.dataset, m.from_region, m.to_region, str(m.epoch_before))
+    console.print(moves if plan.moves else f"{title}: nothing to move")
+    if plan.rejected:
+        rej = Table(title="rejected candidates")
+        for col in ("dataset", "region", "reason"):
+            rej.add_column(col)
+        for r in plan.rejected:
+            rej.add_row(r.dataset, r.region, r.reason)
+        console.print(rej)
+    if plan.unmoved:
+        console.print(f"not moved (no eligible candidate): {', '.join(plan.unmoved)}")
+
+
+def confirm(question: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise InvalidInputError(f"{question} needs confirmation: pass --yes when not on a terminal")
+    if not typer.confirm(question, err=True):
+        raise typer.Abort()
+
+
+def emit_results(results: list[MoveResult], output: Output | None) -> None:
+    rows = [
+        {
+            "dataset": r.move.dataset,
+            "from": r.move.from_region,
+            "to": r.move.to_region,
+            "epoch_before": r.move.epoch_before,
+            "epoch": r.epoch,
+            "rpo_versions": r.entry.rpo_versions,
+        }
+        for r in results
+    ]
+    emit(rows, output, columns=["dataset", "from", "to", "epoch_before", "epoch", "rpo_versions"])
+
+
+def switchover(
+    ctx: typer.Context,
+    dataset: Annotated[str, typer.Option("--dataset", help="the critical dataset to move")],
+    to: Annotated[str, typer.Option("--to", help="the region that takes ownership")],
+    dry_run: DryRunOpt = False,
+    yes: YesOpt = False,
+    reason: ReasonOpt = None,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", help="seconds to wait for the target to catch up")
+    ] = 30.0,
+    output: OutputOpt = None,
+) -> None:
+    """Planned: freeze writes, wait until the target caught up, move ownership, unfreeze."""
+
+    async def go() -> None:
+        async with open_session(settings_from(ctx)) as s:
+            plan, _ = await s.runbooks.plan_switchover(dataset, to)
+            print_plan(plan, f"switchover of {dataset}", output, dry_run=dry_run)
+            if dry_run:
+                return
+            confirm(f"Switch {dataset} over to {to}?", yes)
+            result = await s.runbooks.run_switchover(
+                plan.moves[0],
+                reason=reason or f"switchover to {to}",
+                timeout_s=timeout_s,
+            )
+            emit_results([result], output)
+
+    asyncio.run(go())
+
+
+def failover(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Option("--from", help="the dead region")],
+    to: Annotated[
+        str | None, typer.Option("--to", help="the one target (default: each failover.order)")
+    ] = None,
+    dry_run: DryRunOpt = False,
+    yes: YesOpt = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="fail over even though the source is alive")
+    ] = False,
+    reason: ReasonOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Emergency: move every dataset a dead region owns; names each rejected candidate."""
+
+    async def go() -> None:
+        async with open_session(settings_from(ctx)) as s:
+            plan, pctx = await s.runbooks.plan_failover(source, to=to, force=force)
+            print_plan(plan, f"failover of {source}", output, dry_run=dry_run)
+            if dry_run:
+                return
+            confirm(f"Fail over {len(plan.moves)} dataset(s) from {source}?", yes)
+            results = await s.runbooks.run_failover(
+                plan, pctx, reason=reason or f"operator failover from {source}", force=force
+            )
+            emit_results(results, output)
+
+    asyncio.run(go())
+
+
+def pause(
+    ctx: typer.Context,
+    reason: ReasonOpt = None,
+) -> None:
+    """Maintenance mode: automatic failover off (operators' runbooks still work)."""
+
+    async def go() -> None:
+        async with open_session(settings_from(ctx)) as s:
+            await s.runbooks.pause(reason or "maintenance")
+
+    asyncio.run(go())
+    typer.echo("automatic failover paused")
+
+
+def resume(ctx: typer.Context) -> None:
+    """Leave maintenance mode: automatic failover on again."""
+
+    async def go() -> None:
+        async with open_session(settings_from(ctx)) as s:
+            await s.runbooks.resume()
+
+    asyncio.run(go())
+    typer.echo("automatic failover resumed")
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+
+
+def parse_duration(text: str) -> timedelta:
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise InvalidInputError(
+            f"--since {text!r} is not a duration; give a number with s, m, h or d, such as 24h"
+        )
+    value, unit = float(match.group(1)), match.group(2)
+    return timedelta(seconds=value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
+
+
+def history(
+    ctx: typer.Context,
+    since: Annotated[str | None, typer.Option("--since", help="e.g. 30m, 24h, 7d")] = None,
+    output: OutputOpt = None,
+) -> None:
+    """The failover journal: every ownership move, who made it, why, and when."""
+    start = utcnow() - parse_duration(since) if since else None
+    from controlplane.coordination.catalog_bridge import CatalogBridge
+
+    catalog = CatalogBridge.open(settings_from(ctx).catalog)
+    try:
+        entries = catalog.since(start)
+    finally:
+        catalog.close()
+    rows = [
+        {
+            "id": e.id,
+            "dataset": e.dataset,
+            "from": e.from_region,
+            "to": e.to_region,
+            "epoch": e.epoch,
+            "kind": e.kind,
+            "reason": e.reason,
+            "actor": e.actor,
+            "started_at": rfc3339(e.started_at),
+            "completed_at": rfc3339(e.completed_at),
+            "rpo_versions": e.rpo_versions,
+            "aborted": bool(e.details.get("aborted", False)),
+        }
+        for e in entries
+    ]
+    emit(
+        rows,
+        output,
+        columns=["dataset", "from", "to", "epoch", "kind", "reason", "actor", "started_at"],
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Mount the runbooks as top-level commands of `meridian`."""
+    for fn in (switchover, failover, pause, resume, history):
+        app.command(fn.__name__)(fn)

@@ -1,0 +1,1 @@
+"""The region controller daemon: liveness lease, election, claims, automatic failover."""

@@ -1,0 +1,400 @@
+"""The region controller: one active per region, elected through etcd.
+
+Lifecycle (aiokafka-style): `start()` refuses to run twice, `stop()` is idempotent,
+`async with` works, every task is owned and awaited. While active, the
+controller:
+
+* holds the region's election lock and, under the same lease, the liveness key
+  `/meridian/regions/<region>/alive`;
+* claims every critical dataset homed in its region that has no owner (on start,
+  on every `/meridian/policy/current` change, and every `reconcile_interval_s`);
+* watches liveness keys: when another region's key is deleted and maintenance
+  mode is off, it races one guarded transaction per dataset of that region to
+  its successor (exactly one racer wins each; see `coordination.failover`);
+* tracks the datasets its region owns (an ownership watch) and, with a fence
+  directory, writes a canary through `FencedResource` for each, so a paused
+  controller that wakes up after losing ownership is refused and steps down.
+
+Losing the lease (keepalive reports it gone) cancels all of that: the
+controller logs `step_down`, forgets what it owned and campaigns again.
+Every decision is one structured log event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+from controlplane.controller.metrics import ControllerMetrics
+from controlplane.coordination import keys
+from controlplane.coordination.decide import plan_moves
+from controlplane.coordination.failover import apply_move, automatic_guards
+from controlplane.coordination.fencing import (
+    DatasetHandingOverError,
+    DirectoryEpochs,
+    FencedResource,
+    StaleEpochError,
+)
+from controlplane.coordination.locks import GlobalLock, HeldLock, LockLostError
+from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.sources import (
+    CatchUpProbe,
+    FailoverJournal,
+    PlacementInfo,
+    PlacementSource,
+)
+from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.coordination.view import RegionState, read_view
+from controlplane.errors import ConflictError, MeridianError, NotFoundError
+from controlplane.logs import get_logger
+from controlplane.ports.coordination import Cmp, Compare, Coordination, EventType, Put, Target
+
+log = get_logger("meridian.controller")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    region: str
+    controller_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    lease_ttl_s: int = 5
+    reconcile_interval_s: float = 1.0
+    canary_interval_s: float = 0.2
+    fence_dir: Path | None = None
+
+
+class RegionController:
+    """One region controller; see the module docstring."""
+
+    def __init__(
+        self,
+        coord: Coordination,
+        source: PlacementSource,
+        journal: FailoverJournal,
+        probe: CatchUpProbe | None,
+        config: ControllerConfig,
+    ) -> None:
+        self.coord = coord
+        self.ownership = Ownership(self.coord)
+        self.source = source
+        self.journal = journal
+        self.probe = probe
+        self.config = config
+        self.metrics = ControllerMetrics(config.region)
+        self.fence = FencedResource(DirectoryEpochs(config.fence_dir)) if config.fence_dir else None
+        self.active = asyncio.Event()
+        self.owned: dict[str, int] = {}
+        self._placements: list[PlacementInfo] = []
+        self._jurisdictions: dict[str, str] = {}
+        self._held: HeldLock | None = None
+        self._alive_create_revision = 0
+        self._active_since = 0.0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopping = False
+        self.actor = f"controller {config.region}/{config.controller_id}"
+
+    # -- lifecycle -------------------------------------------------------------
+    async def start(self) -> None:
+        """Check the region exists, then run in the background; refuses a second start."""
+        if self._started:
+            raise RuntimeError("controller already started")
+        await self._load_placements()
+        if self.config.region not in self._jurisdictions:
+            known = ", ".join(sorted(self._jurisdictions)) or "none (apply a policy first)"
+            raise NotFoundError(
+                f"region {self.config.region!r} is not in the applied topology (it has: {known})"
+            )
+        self._started = True
+        self._task = asyncio.create_task(self._run(), name=f"controller-{self.config.region}")
+        log.info("controller_started", region=self.config.region, id=self.config.controller_id)
+
+    async def stop(self) -> None:
+        """Stop, revoking the lease so a standby (or a failover) need not wait a TTL."""
+        if self._stopping or self._task is None:
+            return
+        self._stopping = True
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self.active.clear()
+        self.metrics.active.set(0)
+        log.info("controller_stopped", region=self.config.region, id=self.config.controller_id)
+
+    async def wait(self) -> None:
+        """Until the controller stops (or fails with an error, which is raised)."""
+        if self._task is not None:
+            await self._task
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+    # -- main loop -----------------------------------------------------------------
+    async def _run(self) -> None:
+        election = GlobalLock(
+            self.coord,
+            f"controller-{self.config.region}",
+            ttl_s=self.config.lease_ttl_s,
+            prefix=keys.election(self.config.region),
+        )
+        value = json.dumps({"id": self.config.controller_id}).encode()
+        while True:
+            try:
+                async with election.hold(value=value) as held:
+                    await self._serve(held)
+            except LockLostError as exc:
+                self._step_down(str(exc))
+            except MeridianError as exc:
+                # etcd unreachable or a race: campaign again after a short pause.
+                self._step_down(f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(min(1.0, self.config.lease_ttl_s / 5))
+
+    def _step_down(self, why: str) -> None:
+        if self.active.is_set():
+            self.metrics.step_downs.inc()
+        log.warning("step_down", region=self.config.region, id=self.config.controller_id, why=why)
+        self.active.clear()
+        self.owned.clear()
+        self._held = None
+        self.metrics.active.set(0)
+        self.metrics.owned.set(0)
+
+    async def _serve(self, held: HeldLock) -> None:
+        self._held = held
+        alive_value = json.dumps(
+            {"controller": self.config.controller_id, "since": rfc3339(utcnow())}
+        ).encode()
+        res = await self.coord.txn(
+            [], [Put(keys.alive(self.config.region), alive_value, held.lease.id)]
+        )
+        self._alive_create_revision = 0
+        kv = await self.coord.get(keys.alive(self.config.region))
+        if kv is None or kv.lease != held.lease.id:
+            raise LockLostError("our liveness key vanished right after it was written")
+        self._alive_create_revision = kv.create_revision
+        self._active_since = time.monotonic()
+        view = await read_view(self.coord)
+        self.owned = {d: o.epoch for d, o in view.owners.items() if o.region == self.config.region}
+        for d, e in self.owned.items():
+            self._observe_epoch(d, e)
+        self.metrics.owned.set(len(self.owned))
+        self.active.set()
+        self.metrics.active.set(1)
+        log.info(
+            "became_active",
+            region=self.config.region,
+            id=self.config.controller_id,
+            lease=f"{held.lease.id:x}",
+            owns=len(self.owned),
+            revision=res.revision,
+        )
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._watch_owners(view.revision + 1))
+            tg.create_task(self._watch_regions(view.revision + 1))
+            tg.create_task(self._watch_policy(view.revision + 1))
+            tg.create_task(self._reconcile_loop())
+            if self.fence is not None:
+                tg.create_task(self._canary_loop())
+
+    # -- placements --------------------------------------------------------------
+    async def _load_placements(self) -> None:
+        regions, placements = await asyncio.gather(
+            asyncio.to_thread(self.source.regions), asyncio.to_thread(self.source.placements)
+        )
+        self._jurisdictions = {r.name: r.jurisdiction for r in regions}
+        self._placements = placements
+
+    async def _watch_policy(self, start: int) -> None:
+        async for _ev in self.coord.watch(keys.POLICY_CURRENT, start_revision=start):
+            log.info("policy_changed", region=self.config.region)
+            self._wake.set()
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self._load_placements()
+            await self._claim_unowned()
+            await self._sweep_dead_regions()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.reconcile_interval_s):
+                    await self._wake.wait()
+
+    async def _claim_unowned(self) -> None:
+        view = await read_view(self.coord)
+        me = self.config.region
+        if view.state_of(me) is not RegionState.ACTIVE:
+            return
+        for p in self._placements:
+            if p.dataset_class != "critical" or p.home != me or p.dataset in view.owners:
+                continue
+            guards = [
+                Compare(keys.alive(me), Target.CREATE, Cmp.EQUAL, self._alive_create_revision),
+                Compare(keys.state(me), Target.MOD, Cmp.EQUAL, view.state_revisions.get(me, 0)),
+            ]
+            try:
+                epoch = await self.ownership.claim(
+                    p.dataset,
+                    me,
+                    expect_epoch=0,
+                    reason="home region claims an unowned dataset",
+                    actor=self.actor,
+                    guards=guards,
+                )
+            except ConflictError:
+                log.info("claim_lost", dataset=p.dataset, region=me)
+                continue
+            self.metrics.claims.inc()
+            self._gain(p.dataset, epoch)
+            log.info("claimed", dataset=p.dataset, region=me, epoch=epoch)
+
+    # -- ownership tracking ----------------------------------------------------------
+    def _observe_epoch(self, dataset: str, epoch: int) -> None:
+        if self.fence is not None:
+            self.fence.observe(dataset, epoch)
+
+    def _gain(self, dataset: str, epoch: int) -> None:
+        if self.owned.get(dataset, 0) < epoch:
+            self.owned[dataset] = epoch
+            self._observe_epoch(dataset, epoch)
+            self.metrics.owned.set(len(self.owned))
+
+    async def _watch_owners(self, start: int) -> None:
+        async for dataset, owner in self.ownership.watch(start):
+            if owner is not None and owner.region == self.config.region:
+                self._gain(dataset, owner.epoch)
+            elif dataset in self.owned:
+                del self.owned[dataset]
+                self.metrics.owned.set(len(self.owned))
+                log.info(
+                    "ownership_lost",
+                    dataset=dataset,
+                    region=self.config.region,
+                    to=owner.region if owner else None,
+                    epoch=owner.epoch if owner else None,
+                )
+
+    async def _canary_loop(self) -> None:
+        fence = self.fence
+        if fence is None:
+            return
+        seq = 0
+        while True:
+            await asyncio.sleep(self.config.canary_interval_s)
+            seq += 1
+            for dataset, epoch in list(self.owned.items()):
+                try:
+                    await asyncio.to_thread(
+                        fence.write,
+                        dataset,
+                        epoch,
+                        {"seq": seq, "region": self.config.region},
+                        self.config.controller_id,
+                    )
+                except DatasetHandingOverError:
+                    continue
+                except StaleEpochError as exc:
+                    self.metrics.fenced.inc()
+                    self.owned.pop(dataset, None)
+                    self.metrics.owned.set(len(self.owned))
+                    log.warning(
+                        "fenced",
+                        dataset=dataset,
+                        region=self.config.region,
+                        epoch=epoch,
+                        error=str(exc),
+                        action="stepping down from this dataset",
+                    )
+
+    # -- failover -------------------------------------------------------------------
+    async def _watch_regions(self, start: int) -> None:
+        async for ev in self.coord.watch(keys.REGIONS, prefix=True, start_revision=start):
+            parsed = keys.region_of(ev.kv.key)
+            if ev.type is not EventType.DELETE or parsed is None or parsed[1] != "alive":
+                continue
+            region = parsed[0]
+            if region == self.config.region:
+                continue
+            log.info("region_lease_expired", region=region, observer=self.config.region)
+            await self.fail_over(region, detected_at_monotonic=time.monotonic())
+
+    async def _sweep_dead_regions(self) -> None:
+        # Catch-up for deletions we could not see (we were not active yet), once we
+        # have been active for a whole TTL, so a cold start does not grab everything.
+        if time.monotonic() - self._active_since < self.config.lease_ttl_s + 1:
+            return
+        view = await read_view(self.coord)
+        dead = {o.region for o in view.owners.values() if not view.is_alive(o.region)}
+        for region in sorted(dead - {self.config.region}):
+            await self.fail_over(region, detected_at_monotonic=time.monotonic(), quiet=True)
+
+    async def fail_over(
+        self, region: str, *, detected_at_monotonic: float, quiet: bool = False
+    ) -> int:
+        """Race every dataset of a dead `region` to its successor; returns how many we won.
+
+        `quiet` (the periodic sweep) logs nothing when there is nothing to move, so a
+        dataset in manual mode is reported once per death, not once per second.
+        """
+        detected = utcnow()
+        view = await read_view(self.coord)
+        if view.maintenance:
+            if not quiet:
+                log.warning("failover_paused", region=region, reason="maintenance mode is on")
+            return 0
+        if view.is_alive(region):
+            log.info("failover_skipped", region=region, reason="the region is alive again")
+            return 0
+        plan = plan_moves(
+            view, self._placements, self._jurisdictions, source=region, automatic=True
+        )
+        if quiet and not plan.moves:
+            return 0
+        for r in plan.rejected:
+            log.info(
+                "failover_candidate_rejected",
+                dataset=r.dataset,
+                candidate=r.region,
+                reason=r.reason,
+            )
+        for d in plan.unmoved:
+            log.warning("failover_not_moved", dataset=d, region=region)
+        results = await asyncio.gather(
+            *(
+                apply_move(
+                    self.ownership,
+                    m,
+                    guards=automatic_guards(m, view),
+                    kind="automatic",
+                    reason="lease expired",
+                    actor=self.actor,
+                    journal=self.journal,
+                    probe=self.probe,
+                    detected_at=detected,
+                    started_at=detected,
+                )
+                for m in plan.moves
+            ),
+            return_exceptions=True,
+        )
+        won = 0
+        for m, outcome in zip(plan.moves, results, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("failover_move_failed", dataset=m.dataset, error=str(outcome))
+            elif outcome is not None:
+                won += 1
+        self.metrics.failovers.inc(won)
+        if plan.moves:
+            self.metrics.failover_seconds.observe(time.monotonic() - detected_at_monotonic)
+        log.info("failover_done", region=region, moves=len(plan.moves), won=won)
+        return won

@@ -1,0 +1,1 @@
+"""Coordination on the coordination port: liveness, fenced ownership, locks, failover, runbooks."""

@@ -1,0 +1,130 @@
+"""Carry out ownership moves: one guarded transaction per dataset, then a journal row.
+
+Several live controllers may run `apply_move` for the same dataset at once; the
+transaction compares the owner's epoch, so exactly one wins and the others get
+`ConflictError` (which they treat as "someone else did it"). Automatic moves also
+guard, in the same transaction, that the source region is still dead, that
+maintenance mode is still off, that the target is still alive and its state has
+not changed: a decision taken on a stale view fails instead of moving anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+
+from controlplane.coordination import keys
+from controlplane.coordination.decide import Move
+from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.sources import CatchUpProbe, FailoverJournal, JournalEntry
+from controlplane.coordination.timeutil import utcnow
+from controlplane.coordination.view import ClusterView
+from controlplane.errors import ConflictError
+from controlplane.logs import get_logger
+from controlplane.ports.coordination import Cmp, Compare, Target
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MoveResult:
+    move: Move
+    epoch: int
+    entry: JournalEntry
+
+
+def source_dead_guard(move: Move) -> Compare:
+    return Compare(keys.alive(move.from_region), Target.CREATE, Cmp.EQUAL, 0)
+
+
+def automatic_guards(move: Move, view: ClusterView) -> list[Compare]:
+    """The facts an automatic failover relied on, as transaction compares."""
+    guards = [
+        Compare(keys.alive(move.from_region), Target.CREATE, Cmp.EQUAL, 0),
+        Compare(keys.MAINTENANCE, Target.CREATE, Cmp.EQUAL, 0),
+        Compare(keys.alive(move.to_region), Target.VERSION, Cmp.GREATER, 0),
+        Compare(
+            keys.state(move.to_region),
+            Target.MOD,
+            Cmp.EQUAL,
+            view.state_revisions.get(move.to_region, 0),
+        ),
+    ]
+    return guards
+
+
+def target_guards(move: Move, view: ClusterView) -> list[Compare]:
+    """Guards of an operator's move: the target is still alive and in the same state."""
+    return [
+        Compare(keys.alive(move.to_region), Target.VERSION, Cmp.GREATER, 0),
+        Compare(
+            keys.state(move.to_region),
+            Target.MOD,
+            Cmp.EQUAL,
+            view.state_revisions.get(move.to_region, 0),
+        ),
+    ]
+
+
+async def apply_move(
+    ownership: Ownership,
+    move: Move,
+    *,
+    guards: list[Compare],
+    kind: str,
+    reason: str,
+    actor: str,
+    journal: FailoverJournal,
+    probe: CatchUpProbe | None,
+    detected_at: datetime | None,
+    started_at: datetime | None = None,
+) -> MoveResult | None:
+    """Race the move's transaction; on a win, journal it and return the result.
+
+    Returns None when another actor moved the dataset first or a guard failed.
+    """
+    started = started_at or utcnow()
+    try:
+        epoch = await ownership.claim(
+            move.dataset,
+            move.to_region,
+            expect_epoch=move.epoch_before,
+            reason=reason,
+            actor=actor,
+            guards=guards,
+        )
+    except ConflictError:
+        log.info("move_lost_race", dataset=move.dataset, to=move.to_region, kind=kind)
+        return None
+    completed = utcnow()
+    missing: list[str] = []
+    if probe is not None:
+        missing = await asyncio.to_thread(probe.incomplete_versions, move.dataset, move.to_region)
+    entry = JournalEntry(
+        id=f"{move.dataset}@{epoch}",
+        dataset=move.dataset,
+        from_region=move.from_region,
+        to_region=move.to_region,
+        epoch=epoch,
+        kind=kind,
+        reason=reason,
+        actor=actor,
+        detected_at=detected_at,
+        started_at=started,
+        completed_at=completed,
+        rpo_versions=len(missing),
+        details={"epoch_before": move.epoch_before, "incomplete_versions": missing[:100]},
+    )
+    await asyncio.to_thread(journal.append, entry)
+    log.info(
+        "ownership_moved",
+        dataset=move.dataset,
+        from_region=move.from_region,
+        to=move.to_region,
+        epoch=epoch,
+        kind=kind,
+        reason=reason,
+        rpo_versions=len(missing),
+    )
+    return MoveResult(move, epoch, entry)

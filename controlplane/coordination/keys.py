@@ -1,0 +1,43 @@
+"""The etcd key layout of ARCHITECTURE.md, in one place (prefix `/meridian/`)."""
+
+from __future__ import annotations
+
+ROOT = "/meridian/"
+REGIONS = ROOT + "regions/"
+OWNERS = ROOT + "owners/"
+HANDOVER = ROOT + "handover/"
+LOCKS = ROOT + "locks/"
+POLICY_CURRENT = ROOT + "policy/current"
+MAINTENANCE = ROOT + "maintenance"
+
+
+def alive(region: str) -> str:
+    return f"{REGIONS}{region}/alive"
+
+
+def state(region: str) -> str:
+    return f"{REGIONS}{region}/state"
+
+
+def election(region: str) -> str:
+    return f"{REGIONS}{region}/election/"
+
+
+def owner(dataset: str) -> str:
+    return OWNERS + dataset
+
+
+def handover(dataset: str) -> str:
+    return HANDOVER + dataset
+
+
+def lock(name: str) -> str:
+    return f"{LOCKS}{name}/"
+
+
+def region_of(key: str) -> tuple[str, str] | None:
+    """("eu-west", "alive") for "/meridian/regions/eu-west/alive", else None."""
+    if not key.startswith(REGIONS):
+        return None
+    name, _, rest = key.removeprefix(REGIONS).partition("/")
+    return (name, rest) if name and rest else None

@@ -1,0 +1,157 @@
+"""Global locks: a lease-backed etcd mutex that hands out fencing tokens.
+
+Why a lock alone is unsafe, and what the token is for
+-----------------------------------------------------
+A lock holder can be paused (GC, SIGSTOP, a VM migration, a slow disk) for longer
+than its lease. etcd then expires the lease, grants the lock to the next waiter,
+and the first holder wakes up still *believing* it holds the lock: two writers
+act at once and nothing in the lock can stop them, because the paused holder has
+no chance to check anything before its next write. The fix is on the resource
+side: each grant carries a **fencing token** that only grows (here the etcd
+`create_revision` of the holder's key), every write presents it, and the
+resource refuses a token older than the newest it has seen
+(`fencing.FencedResource`). A lock without fencing only makes a conflict
+unlikely; a fenced lock makes a stale write impossible.
+
+Protocol (etcd's linearizable mutex): grant a lease, create
+`/meridian/locks/<name>/<lease-hex>` under it, and wait until that key has the
+lowest `create_revision` under the prefix (watching only its predecessor, so a
+release wakes one waiter). After acquiring, the lease is **re-checked** with a
+`TimeToLive` call and the key re-read: etcd issue 11456 showed a lock granted on a
+lease that had already expired while the waiter was blocked.
+
+While held, a monitor watches the keepalive and the holder's key; when the lease
+is lost or the key deleted (revoked by an operator), `HeldLock.lost` is set and
+the task inside `async with` is cancelled; it sees `LockLostError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from controlplane.coordination import keys
+from controlplane.errors import FencedError, OperationTimeoutError
+from controlplane.logs import get_logger
+from controlplane.ports.coordination import (
+    Cmp,
+    Compare,
+    Coordination,
+    EventType,
+    KeepAlive,
+    Lease,
+    Put,
+    Target,
+)
+
+log = get_logger(__name__)
+
+
+class LockLostError(FencedError):
+    """The lease behind a held lock expired or was revoked; the holder must stop."""
+
+
+@dataclass
+class HeldLock:
+    """A granted lock: present `token` with every write it protects."""
+
+    name: str
+    key: str
+    token: int
+    lease: Lease
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class GlobalLock:
+    """A named mutex over the coordination port (see the module docstring)."""
+
+    def __init__(
+        self, coord: Coordination, name: str, *, ttl_s: int = 5, prefix: str | None = None
+    ) -> None:
+        self.coord = coord
+        self.name = name
+        self.ttl_s = ttl_s
+        self.prefix = prefix if prefix is not None else keys.lock(name)
+
+    async def _wait_first(self, my_key: str) -> int:
+        """Block until `my_key` is the oldest under the prefix; returns its create revision."""
+        while True:
+            kvs, rev = await self.coord.get_prefix(self.prefix)
+            kvs.sort(key=lambda kv: kv.create_revision)
+            mine = next((i for i, kv in enumerate(kvs) if kv.key == my_key), None)
+            if mine is None:
+                raise LockLostError(
+                    f"lock {self.name}: our key vanished while waiting (the lease expired)"
+                )
+            if mine == 0:
+                return kvs[0].create_revision
+            pred = kvs[mine - 1].key
+            async for ev in self.coord.watch(pred, start_revision=rev + 1):
+                if ev.type is EventType.DELETE:
+                    break
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self, *, timeout_s: float | None = None, value: bytes = b""
+    ) -> AsyncIterator[HeldLock]:
+        """Acquire (waiting at most `timeout_s`), yield the grant, release on exit."""
+        lease = await self.coord.grant(self.ttl_s)
+        ka: KeepAlive = self.coord.keep_alive(lease)
+        my_key = f"{self.prefix}{lease.id:016x}"
+        monitor: asyncio.Task[None] | None = None
+        try:
+            await self.coord.txn(
+                [Compare(my_key, Target.CREATE, Cmp.EQUAL, 0)], [Put(my_key, value, lease.id)]
+            )
+            try:
+                async with asyncio.timeout(timeout_s):
+                    token = await self._wait_first(my_key)
+            except TimeoutError as exc:
+                raise OperationTimeoutError(
+                    f"lock {self.name} not granted within {timeout_s:g} s: another holder has it"
+                ) from exc
+            # etcd issue 11456: the grant may have come on a lease that expired meanwhile.
+            if await self.coord.lease_ttl(lease.id) <= 0 or ka.lost.is_set():
+                raise LockLostError(f"lock {self.name} was granted on an expired lease")
+            held = HeldLock(self.name, my_key, token, lease)
+            holder = asyncio.current_task()
+            if holder is None:
+                raise RuntimeError("GlobalLock.hold must run inside a task")
+            monitor = asyncio.create_task(self._monitor(held, ka, holder), name=f"lock-{self.name}")
+            try:
+                yield held
+            except asyncio.CancelledError:
+                if held.lost.is_set() and holder.uncancel() == 0:
+                    raise LockLostError(
+                        f"lock {self.name} (token {token}) lost: its lease expired or was revoked"
+                    ) from None
+                raise
+        finally:
+            if monitor is not None:
+                monitor.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await monitor
+            await ka.stop()
+            with contextlib.suppress(Exception):
+                await self.coord.revoke(lease.id)
+
+    async def _monitor(self, held: HeldLock, ka: KeepAlive, holder: asyncio.Task[object]) -> None:
+        async def key_deleted() -> None:
+            async for ev in self.coord.watch(held.key, start_revision=held.token + 1):
+                if ev.type is EventType.DELETE:
+                    return
+
+        waiters = [asyncio.create_task(ka.lost.wait()), asyncio.create_task(key_deleted())]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+            for w in waiters:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await w
+        log.warning("lock_lost", lock=self.name, token=held.token)
+        held.lost.set()
+        holder.cancel(f"lock {self.name} lost")

@@ -1,0 +1,200 @@
+"""Dataset ownership with epochs, written only by compare-and-set transactions.
+
+`/meridian/owners/<dataset>` holds `{"region", "reason", "actor", "at"}`. Its
+`mod_revision` is the dataset's **epoch**: the etcd revision of the transaction that
+last moved ownership. Because etcd revisions only grow, so do epochs, and no two
+owners can ever share one. Every write of the key compares the `mod_revision` the
+writer read, so two racing writers cannot both win.
+
+A planned switchover first writes `/meridian/handover/<dataset>` (`{"to", "from",
+"epoch", ...}`): while it exists, writes to the dataset are refused with a
+retriable `HandingOverError` (see `fencing.FencedResource`); the move itself
+deletes it in the same transaction that rewrites the owner, and an abort deletes it
+alone, leaving owner and epoch untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from controlplane.coordination import keys
+from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.errors import ConflictError
+from controlplane.ports.coordination import (
+    Cmp,
+    Compare,
+    Coordination,
+    Delete,
+    EventType,
+    Get,
+    Op,
+    Put,
+    Target,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who owns a dataset, since which epoch, and whether a handover is under way."""
+
+    dataset: str
+    region: str
+    epoch: int
+    reason: str = ""
+    actor: str = ""
+    at: str = ""
+    handing_over_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    dataset: str
+    from_region: str
+    to_region: str
+    epoch: int
+    create_revision: int
+
+
+def _decode_owner(dataset: str, value: bytes, epoch: int, handover: str | None) -> Owner:
+    doc = json.loads(value)
+    return Owner(
+        dataset=dataset,
+        region=str(doc["region"]),
+        epoch=epoch,
+        reason=str(doc.get("reason", "")),
+        actor=str(doc.get("actor", "")),
+        at=str(doc.get("at", "")),
+        handing_over_to=handover,
+    )
+
+
+def owner_value(region: str, reason: str, actor: str) -> bytes:
+    doc = {"region": region, "reason": reason, "actor": actor, "at": rfc3339(utcnow())}
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+class Ownership:
+    """Read, claim, move and watch dataset owners through the coordination port."""
+
+    def __init__(self, coord: Coordination) -> None:
+        self.coord = coord
+
+    async def get(self, dataset: str) -> Owner | None:
+        kv = await self.coord.get(keys.owner(dataset))
+        if kv is None:
+            return None
+        ho = await self.coord.get(keys.handover(dataset))
+        to = str(json.loads(ho.value)["to"]) if ho is not None else None
+        return _decode_owner(dataset, kv.value, kv.mod_revision, to)
+
+    async def list(self) -> dict[str, Owner]:
+        """Every owned dataset, as of one consistent read."""
+        res = await self.coord.txn(
+            [], [Get(keys.OWNERS, prefix=True), Get(keys.HANDOVER, prefix=True)]
+        )
+        owners_kv, handover_kv = res.reads
+        handing = {
+            kv.key.removeprefix(keys.HANDOVER): str(json.loads(kv.value)["to"])
+            for kv in handover_kv
+        }
+        out: dict[str, Owner] = {}
+        for kv in owners_kv:
+            ds = kv.key.removeprefix(keys.OWNERS)
+            out[ds] = _decode_owner(ds, kv.value, kv.mod_revision, handing.get(ds))
+        return out
+
+    async def claim(
+        self,
+        dataset: str,
+        region: str,
+        *,
+        expect_epoch: int,
+        reason: str,
+        actor: str,
+        guards: Sequence[Compare] = (),
+    ) -> int:
+        """Make `region` the owner if the key is still at `expect_epoch` (0: unowned).
+
+        Returns the new epoch. Raises `ConflictError` (retriable: re-read first) if
+        the key moved or any extra guard (e.g. "the source region is still dead")
+        failed. A pending handover is cleared by the same transaction.
+        """
+        compares = [Compare(keys.owner(dataset), Target.MOD, Cmp.EQUAL, expect_epoch), *guards]
+        ops: list[Op] = [
+            Put(keys.owner(dataset), owner_value(region, reason, actor)),
+            Delete(keys.handover(dataset)),
+        ]
+        res = await self.coord.txn(compares, ops)
+        if not res.succeeded:
+            raise ConflictError(
+                f"ownership of {dataset} changed since epoch {expect_epoch} was read "
+                "(or a guard failed); re-read it and decide again"
+            )
+        return res.revision
+
+    async def begin_handover(
+        self, dataset: str, owner: Owner, to_region: str, actor: str
+    ) -> Handover:
+        """Freeze writes: mark `dataset` as handing over from its owner at `owner.epoch`."""
+        value = json.dumps(
+            {
+                "to": to_region,
+                "from": owner.region,
+                "epoch": owner.epoch,
+                "actor": actor,
+                "at": rfc3339(utcnow()),
+            }
+        ).encode()
+        res = await self.coord.txn(
+            [
+                Compare(keys.owner(dataset), Target.MOD, Cmp.EQUAL, owner.epoch),
+                Compare(keys.handover(dataset), Target.CREATE, Cmp.EQUAL, 0),
+            ],
+            [Put(keys.handover(dataset), value)],
+        )
+        if not res.succeeded:
+            raise ConflictError(
+                f"{dataset} is already handing over, or its owner changed since epoch "
+                f"{owner.epoch}; re-read it and try again"
+            )
+        return Handover(dataset, owner.region, to_region, owner.epoch, res.revision)
+
+    async def abort_handover(self, handover: Handover) -> bool:
+        """Unfreeze without moving; True if our handover mark was still there."""
+        res = await self.coord.txn(
+            [
+                Compare(
+                    keys.handover(handover.dataset),
+                    Target.CREATE,
+                    Cmp.EQUAL,
+                    handover.create_revision,
+                )
+            ],
+            [Delete(keys.handover(handover.dataset))],
+        )
+        return res.succeeded
+
+    async def complete_handover(self, handover: Handover, *, reason: str, actor: str) -> int:
+        """Move ownership to the handover's target and unfreeze, atomically; the new epoch."""
+        guard = Compare(
+            keys.handover(handover.dataset), Target.CREATE, Cmp.EQUAL, handover.create_revision
+        )
+        return await self.claim(
+            handover.dataset,
+            handover.to_region,
+            expect_epoch=handover.epoch,
+            reason=reason,
+            actor=actor,
+            guards=[guard],
+        )
+
+    async def watch(self, start_revision: int = 0) -> AsyncIterator[tuple[str, Owner | None]]:
+        """(dataset, owner or None when released) for every ownership change after a revision."""
+        async for ev in self.coord.watch(keys.OWNERS, prefix=True, start_revision=start_revision):
+            ds = ev.kv.key.removeprefix(keys.OWNERS)
+            if ev.type is EventType.DELETE:
+                yield ds, None
+            else:
+                yield ds, _decode_owner(ds, ev.kv.value, ev.kv.mod_revision, None)

@@ -1,0 +1,319 @@
+"""Operator runbooks: switchover, failover, drain, undrain, pause, resume.
+
+Each runbook is split into `plan_*` (reads only, raises one clear sentence on bad
+input, returns a `Plan` naming every rejected candidate and why) and `run_*` (carries
+out a plan through guarded transactions and journals each move with the reason
+and the operator). The CLI prints the plan, asks, then runs; `--dry-run` stops
+after the plan, so nothing is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from controlplane.coordination.decide import (
+    Move,
+    Plan,
+    Rejection,
+    candidate_rejection,
+    plan_moves,
+)
+from controlplane.coordination.failover import (
+    MoveResult,
+    apply_move,
+    source_dead_guard,
+    target_guards,
+)
+from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.sources import (
+    CatchUpProbe,
+    FailoverJournal,
+    JournalEntry,
+    PlacementInfo,
+    PlacementSource,
+)
+from controlplane.coordination.timeutil import utcnow
+from controlplane.coordination.view import (
+    ClusterView,
+    RegionState,
+    read_view,
+    set_maintenance,
+    set_region_state,
+)
+from controlplane.errors import (
+    ConflictError,
+    NotFoundError,
+    OperationTimeoutError,
+    RefusedError,
+)
+from controlplane.logs import get_logger
+from controlplane.ports.coordination import Coordination
+
+log = get_logger(__name__)
+
+
+class SwitchoverAbortedError(OperationTimeoutError):
+    """The target did not catch up in time; the previous owner was restored."""
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What one runbook invocation reads: the topology and placements, at one instant."""
+
+    view: ClusterView
+    jurisdictions: dict[str, str]
+    placements: dict[str, PlacementInfo]
+
+
+class Runbooks:
+    def __init__(
+        self,
+        coord: Coordination,
+        source: PlacementSource,
+        journal: FailoverJournal,
+        probe: CatchUpProbe,
+        *,
+        actor: str,
+    ) -> None:
+        self.coord = coord
+        self.ownership = Ownership(coord)
+        self.source = source
+        self.journal = journal
+        self.probe = probe
+        self.actor = actor
+
+    async def context(self) -> Context:
+        regions, placements = await asyncio.gather(
+            asyncio.to_thread(self.source.regions), asyncio.to_thread(self.source.placements)
+        )
+        view = await read_view(self.coord)
+        return Context(
+            view,
+            {r.name: r.jurisdiction for r in regions},
+            {p.dataset: p for p in placements},
+        )
+
+    @staticmethod
+    def _region(ctx: Context, region: str, role: str) -> None:
+        if region not in ctx.jurisdictions:
+            known = ", ".join(sorted(ctx.jurisdictions)) or "none"
+            raise NotFoundError(
+                f"unknown {role} region {region!r}: the applied topology has {known}"
+            )
+
+    # -- switchover ------------------------------------------------------------
+    async def plan_switchover(self, dataset: str, to: str) -> tuple[Plan, Context]:
+        ctx = await self.context()
+        placement = ctx.placements.get(dataset)
+        if placement is None:
+            raise NotFoundError(f"unknown dataset {dataset!r}: no applied policy places it")
+        self._region(ctx, to, "target")
+        if placement.dataset_class != "critical":
+            raise RefusedError(
+                f"{dataset} is a standard (active-active) dataset: it has no owner to switch over"
+            )
+        owner = ctx.view.owners.get(dataset)
+        if owner is None:
+            raise RefusedError(
+                f"{dataset} has no owner yet: its home controller has not claimed it"
+            )
+        if owner.region == to:
+            raise RefusedError(f"{to} already owns {dataset} (epoch {owner.epoch})")
+        if owner.handing_over_to is not None:
+            raise RefusedError(f"{dataset} is already handing over to {owner.handing_over_to}")
+        why = candidate_rejection(placement, to, ctx.view, ctx.jurisdictions, source=owner.region)
+        if why is not None:
+            raise RefusedError(f"switchover of {dataset} to {to} refused: {why}")
+        return Plan(moves=[Move(dataset, owner.region, to, owner.epoch)]), ctx
+
+    async def run_switchover(
+        self,
+        move: Move,
+        *,
+        reason: str,
+        timeout_s: float,
+        poll_s: float = 0.05,
+        kind: str = "switchover",
+    ) -> MoveResult:
+        """Freeze writes, wait for the target to complete every version, move, unfreeze.
+
+        On timeout the handover mark is removed, so the previous owner keeps the
+        dataset at its previous epoch, and `SwitchoverAbortedError` is raised.
+        """
+        started = utcnow()
+        owner = await self.ownership.get(move.dataset)
+        if owner is None or owner.epoch != move.epoch_before or owner.region != move.from_region:
+            raise ConflictError(
+                f"ownership of {move.dataset} changed since the plan was made; plan again"
+            )
+        handover = await self.ownership.begin_handover(
+            move.dataset, owner, move.to_region, self.actor
+        )
+        log.info("handover_started", dataset=move.dataset, to=move.to_region, epoch=owner.epoch)
+        deadline = time.monotonic() + timeout_s
+        missing: list[str] = []
+        try:
+            while True:
+                missing = await asyncio.to_thread(
+                    self.probe.incomplete_versions, move.dataset, move.to_region
+                )
+                if not missing or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(poll_s)
+            if missing:
+                raise SwitchoverAbortedError(
+                    f"switchover of {move.dataset} to {move.to_region} aborted: "
+                    f"{len(missing)} version(s) were still incomplete there after {timeout_s:g} s; "
+                    f"{move.from_region} still owns it at epoch {move.epoch_before}"
+                )
+            epoch = await self.ownership.complete_handover(
+                handover, reason=reason, actor=self.actor
+            )
+        except BaseException:
+            restored = await self.ownership.abort_handover(handover)
+            entry = JournalEntry(
+                id=f"{move.dataset}@{move.epoch_before}-abort-{handover.create_revision}",
+                dataset=move.dataset,
+                from_region=move.from_region,
+                to_region=move.to_region,
+                epoch=move.epoch_before,
+                kind=kind,
+                reason=reason,
+                actor=self.actor,
+                detected_at=None,
+                started_at=started,
+                completed_at=utcnow(),
+                rpo_versions=len(missing),
+                details={
+                    "aborted": True,
+                    "restored": restored,
+                    "incomplete_versions": missing[:100],
+                },
+            )
+            await asyncio.to_thread(self.journal.append, entry)
+            log.warning("switchover_aborted", dataset=move.dataset, to=move.to_region)
+            raise
+        entry = JournalEntry(
+            id=f"{move.dataset}@{epoch}",
+            dataset=move.dataset,
+            from_region=move.from_region,
+            to_region=move.to_region,
+            epoch=epoch,
+            kind=kind,
+            reason=reason,
+            actor=self.actor,
+            detected_at=None,
+            started_at=started,
+            completed_at=utcnow(),
+            rpo_versions=0,
+            details={"epoch_before": move.epoch_before},
+        )
+        await asyncio.to_thread(self.journal.append, entry)
+        log.info(
+            "ownership_moved",
+            dataset=move.dataset,
+            to=move.to_region,
+            epoch=epoch,
+            kind=kind,
+        )
+        return MoveResult(move, epoch, entry)
+
+    # -- failover --------------------------------------------------------------
+    async def plan_failover(
+        self, source: str, *, to: str | None, force: bool
+    ) -> tuple[Plan, Context]:
+        ctx = await self.context()
+        self._region(ctx, source, "source")
+        if to is not None:
+            self._region(ctx, to, "target")
+        if ctx.view.is_alive(source) and not force:
+            raise RefusedError(
+                f"region {source} is still alive (its controller holds the liveness lease); "
+                "use a switchover or drain, or pass --force if it is alive but unusable"
+            )
+        plan = plan_moves(
+            ctx.view,
+            list(ctx.placements.values()),
+            ctx.jurisdictions,
+            source=source,
+            to=to,
+            automatic=False,
+        )
+        if to is not None and plan.unmoved:
+            reasons = "; ".join(f"{r.dataset}: {r.reason}" for r in plan.rejected)
+            raise RefusedError(f"failover of {source} to {to} refused: {reasons}")
+        return plan, ctx
+
+    async def run_failover(
+        self, plan: Plan, ctx: Context, *, reason: str, force: bool
+    ) -> list[MoveResult]:
+        detected = utcnow()
+
+        async def one(move: Move) -> MoveResult | None:
+            # An operator may fail over during maintenance; without --force the source
+            # must still be dead when the transaction runs.
+            guards = target_guards(move, ctx.view)
+            if not force:
+                guards.append(source_dead_guard(move))
+            return await apply_move(
+                self.ownership,
+                move,
+                guards=guards,
+                kind="failover",
+                reason=reason,
+                actor=self.actor,
+                journal=self.journal,
+                probe=self.probe,
+                detected_at=detected,
+            )
+
+        results = await asyncio.gather(*(one(m) for m in plan.moves))
+        return [r for r in results if r is not None]
+
+    # -- drain -----------------------------------------------------------------
+    async def plan_drain(self, region: str) -> tuple[Plan, Context]:
+        ctx = await self.context()
+        self._region(ctx, region, "")
+        plan = Plan()
+        for dataset in ctx.view.owned_by(region):
+            placement = ctx.placements.get(dataset)
+            if placement is None:
+                continue
+            owner = ctx.view.owners[dataset]
+            chosen = None
+            for cand in placement.failover_order:
+                why = candidate_rejection(
+                    placement, cand, ctx.view, ctx.jurisdictions, source=region
+                )
+                if why is None:
+                    chosen = cand
+                    break
+                plan.rejected.append(Rejection(dataset, cand, why))
+            if chosen is None:
+                plan.unmoved.append(dataset)
+            else:
+                plan.moves.append(Move(dataset, region, chosen, owner.epoch))
+        return plan, ctx
+
+    async def run_drain(
+        self, region: str, plan: Plan, *, reason: str, timeout_s: float
+    ) -> list[MoveResult]:
+        # Draining first: from now on the region takes no new ownership.
+        await set_region_state(self.coord, region, RegionState.DRAINING)
+        return [
+            await self.run_switchover(m, reason=reason, timeout_s=timeout_s, kind="drain")
+            for m in plan.moves
+        ]
+
+    async def undrain(self, region: str) -> None:
+        ctx = await self.context()
+        self._region(ctx, region, "")
+        await set_region_state(self.coord, region, RegionState.ACTIVE)
+
+    async def pause(self, reason: str) -> None:
+        await set_maintenance(self.coord, True, reason=reason, actor=self.actor)
+
+    async def resume(self) -> None:
+        await set_maintenance(self.coord, False, reason="", actor=self.actor)

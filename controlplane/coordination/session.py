@@ -1,0 +1,49 @@
+"""Open what a runbook or daemon needs (etcd and the catalog) from settings, and who acts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination.catalog_bridge import CatalogBridge
+from controlplane.coordination.runbooks import Runbooks
+from controlplane.settings import Settings
+
+
+def os_actor() -> str:
+    """The operating-system user and host, as journaled with every runbook move."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass
+class Session:
+    coord: EtcdCoordination
+    catalog: CatalogBridge
+    runbooks: Runbooks
+
+
+@contextlib.asynccontextmanager
+async def open_session(settings: Settings, *, actor: str | None = None) -> AsyncIterator[Session]:
+    """Connect to etcd (proving it answers) and open the catalog; close both on exit."""
+    catalog = await asyncio.to_thread(CatalogBridge.open, settings.catalog)
+    try:
+        coord = EtcdCoordination(
+            [f"{h}:{p}" for h, p in settings.etcd_endpoints], timeout_s=settings.etcd_timeout_s
+        )
+        await coord.connect()
+        try:
+            runbooks = Runbooks(coord, catalog, catalog, catalog, actor=actor or os_actor())
+            yield Session(coord, catalog, runbooks)
+        finally:
+            await coord.close()
+    finally:
+        await asyncio.to_thread(catalog.close)

@@ -1,0 +1,103 @@
+"""An immutable snapshot of the coordination state, read in one transaction.
+
+Decisions (failover, runbooks, the controller's reconcile) are taken on a
+`ClusterView` and then applied by transactions that re-check the revisions they
+relied on, so a decision taken on a stale view fails instead of doing harm.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+
+from controlplane.coordination import keys
+from controlplane.coordination.ownership import Owner
+from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.ports.coordination import Coordination, Get, KeyValue
+
+
+class RegionState(StrEnum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    FENCED = "fenced"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    revision: int
+    alive: dict[str, KeyValue]
+    states: dict[str, RegionState]
+    state_revisions: dict[str, int]
+    maintenance: bool
+    owners: dict[str, Owner]
+
+    def is_alive(self, region: str) -> bool:
+        return region in self.alive
+
+    def state_of(self, region: str) -> RegionState:
+        return self.states.get(region, RegionState.ACTIVE)
+
+    def owned_by(self, region: str) -> list[str]:
+        return sorted(d for d, o in self.owners.items() if o.region == region)
+
+
+async def read_view(coord: Coordination) -> ClusterView:
+    res = await coord.txn(
+        [],
+        [
+            Get(keys.REGIONS, prefix=True),
+            Get(keys.OWNERS, prefix=True),
+            Get(keys.HANDOVER, prefix=True),
+            Get(keys.MAINTENANCE),
+        ],
+    )
+    region_kvs, owner_kvs, handover_kvs, maint = res.reads
+    alive: dict[str, KeyValue] = {}
+    states: dict[str, RegionState] = {}
+    state_revs: dict[str, int] = {}
+    for kv in region_kvs:
+        parsed = keys.region_of(kv.key)
+        if parsed is None:
+            continue
+        region, what = parsed
+        if what == "alive":
+            alive[region] = kv
+        elif what == "state":
+            try:
+                states[region] = RegionState(kv.value.decode())
+            except ValueError:
+                states[region] = RegionState.FENCED  # unreadable: safest is "do not use"
+            state_revs[region] = kv.mod_revision
+    handing = {
+        kv.key.removeprefix(keys.HANDOVER): str(json.loads(kv.value)["to"]) for kv in handover_kvs
+    }
+    owners: dict[str, Owner] = {}
+    for kv in owner_kvs:
+        ds = kv.key.removeprefix(keys.OWNERS)
+        doc = json.loads(kv.value)
+        owners[ds] = Owner(
+            dataset=ds,
+            region=str(doc["region"]),
+            epoch=kv.mod_revision,
+            reason=str(doc.get("reason", "")),
+            actor=str(doc.get("actor", "")),
+            at=str(doc.get("at", "")),
+            handing_over_to=handing.get(ds),
+        )
+    return ClusterView(res.revision, alive, states, state_revs, bool(maint), owners)
+
+
+async def set_region_state(coord: Coordination, region: str, state: RegionState) -> int:
+    if state is RegionState.ACTIVE:
+        await coord.delete(keys.state(region))
+        return await coord.revision()
+    return await coord.put(keys.state(region), state.value.encode())
+
+
+async def set_maintenance(coord: Coordination, on: bool, *, reason: str, actor: str) -> None:
+    if on:
+        doc = {"reason": reason, "actor": actor, "since": rfc3339(utcnow())}
+        await coord.put(keys.MAINTENANCE, json.dumps(doc).encode())
+    else:
+        await coord.delete(keys.MAINTENANCE)

@@ -1,0 +1,152 @@
+"""YAML loading that keeps the file, line and column of every node.
+
+Documents are composed (not constructed) with ruamel.yaml, then turned into plain
+Python values by hand so that every mapping key and value keeps its position and a
+duplicate key is reported as a problem instead of silently overwriting the first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from controlplane.policy.problems import Problem
+
+PathKey = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Pos:
+    line: int  # 1-based
+    column: int  # 1-based
+
+
+@dataclass
+class RawDocument:
+    """One YAML document as plain data, with positions of every value and key by path."""
+
+    file: str
+    data: Any
+    values: dict[PathKey, Pos] = field(default_factory=dict)
+    keys: dict[PathKey, Pos] = field(default_factory=dict)
+
+    def pos(self, path: PathKey, *, key: bool = False) -> Pos:
+        """The position of the node at `path` (its key when `key`), else its nearest parent."""
+        table = self.keys if key else self.values
+        p = path
+        while p:
+            if p in table:
+                return table[p]
+            if p in self.values:
+                return self.values[p]
+            p = p[:-1]
+        return self.values.get((), Pos(1, 1))
+
+    def problem(self, path: PathKey, message: str, *, key: bool = False) -> Problem:
+        where = self.pos(path, key=key)
+        return Problem(self.file, where.line, where.column, message)
+
+
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_BOOL = "tag:yaml.org,2002:bool"
+_NULL = "tag:yaml.org,2002:null"
+
+
+def _scalar(node: ScalarNode) -> Any:
+    tag, text = node.tag, node.value
+    tag_s = str(getattr(tag, "value", tag))
+    try:
+        if tag_s == _INT:
+            return (
+                int(text.replace("_", ""), 0)
+                if text[:2].lower() in ("0x", "0o")
+                else int(text.replace("_", ""))
+            )
+        if tag_s == _FLOAT:
+            return float(text.replace("_", ""))
+    except ValueError:
+        return text
+    if tag_s == _BOOL:
+        return text.lower() in ("true", "yes", "on")
+    if tag_s == _NULL:
+        return None
+    return text
+
+
+def _mark(node: Node) -> Pos:
+    return Pos(node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+class _Builder:
+    def __init__(self, file: str) -> None:
+        self.doc = RawDocument(file=file, data=None)
+        self.problems: list[Problem] = []
+
+    def build(self, node: Node, path: PathKey) -> Any:
+        self.doc.values[path] = _mark(node)
+        if isinstance(node, MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = self.build_key(key_node)
+                if key in out:
+                    first = self.doc.keys[(*path, key)]
+                    self.problems.append(
+                        Problem(
+                            self.doc.file,
+                            _mark(key_node).line,
+                            _mark(key_node).column,
+                            f"duplicate key {key!r} (first given on line {first.line})",
+                        )
+                    )
+                    continue
+                self.doc.keys[(*path, key)] = _mark(key_node)
+                out[key] = self.build(value_node, (*path, key))
+            return out
+        if isinstance(node, SequenceNode):
+            return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+        if isinstance(node, ScalarNode):
+            return _scalar(node)
+        return None
+
+    def build_key(self, node: Node) -> str:
+        if isinstance(node, ScalarNode):
+            return str(node.value)
+        return str(self.build(node, ("<key>",)))
+
+
+def load_file(path: Path, display: str | None = None) -> tuple[list[RawDocument], list[Problem]]:
+    """Every document of one file, and the problems met while reading it."""
+    name = display or str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [], [Problem(name, 1, 1, f"cannot read the file: {exc}")]
+    return load_text(text, name)
+
+
+def load_text(text: str, name: str) -> tuple[list[RawDocument], list[Problem]]:
+    yaml = YAML(typ="rt")
+    docs: list[RawDocument] = []
+    problems: list[Problem] = []
+    try:
+        for node in yaml.compose_all(text):
+            if node is None:
+                continue
+            builder = _Builder(name)
+            builder.doc.data = builder.build(node, ())
+            docs.append(builder.doc)
+            problems.extend(builder.problems)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        what = " ".join(p for p in (exc.context, exc.problem) if p)
+        problems.append(Problem(name, line, col, f"YAML does not parse: {what}"))
+    except YAMLError as exc:
+        problems.append(Problem(name, 1, 1, f"YAML does not parse: {exc}"))
+    return docs, problems

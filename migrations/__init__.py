@@ -1,0 +1,1 @@
+"""Alembic migrations of the Meridian catalog (configured in `controlplane.catalog.migrate`)."""

@@ -1,0 +1,54 @@
+"""Session fixtures: the real engines, started with the same code as `meridian stack up`.
+
+If the stack is already up (as in CI, where .ci/run starts it), the fixtures only
+health-check it; what they start themselves they stop at the end. A service that
+cannot start fails the tests that need it: nothing is ever skipped for a missing
+engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from controlplane.settings import Settings, load_settings
+from controlplane.stack.manager import Stack
+from controlplane.stack.postgres import postgres_url as make_postgres_url
+
+
+@pytest.fixture(scope="session")
+def stack_settings() -> Iterator[Settings]:
+    base = load_settings()
+    stack = Stack(base)
+    report = stack.up(postgres=True)
+    settings = load_settings(
+        etcd=f"127.0.0.1:{base.stack_etcd_port}",
+        kafka=f"127.0.0.1:{base.stack_kafka_port}",
+        toxiproxy=f"127.0.0.1:{base.stack_toxiproxy_port}",
+    )
+    yield settings
+    services = stack.services()
+    for name in reversed(report.started):
+        services[name].stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint(stack_settings: Settings) -> str:
+    host, port = stack_settings.etcd_endpoints[0]
+    return f"{host}:{port}"
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(stack_settings: Settings) -> str:
+    return stack_settings.kafka
+
+
+@pytest.fixture(scope="session")
+def toxiproxy_url(stack_settings: Settings) -> str:
+    return f"http://{stack_settings.toxiproxy}"
+
+
+@pytest.fixture(scope="session")
+def postgres_url(stack_settings: Settings) -> str:
+    return make_postgres_url(stack_settings.stack_postgres_port)

@@ -1,0 +1,48 @@
+"""Shared topology and placements of the coordination tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from controlplane.coordination.sources import PlacementInfo, RegionInfo
+
+REGIONS = [
+    RegionInfo("eu-west", "EU"),
+    RegionInfo("eu-central", "EU"),
+    RegionInfo("eu-north", "EU"),
+    RegionInfo("us-east", "US"),
+]
+
+
+def critical(
+    name: str,
+    home: str = "eu-west",
+    order: tuple[str, ...] = ("eu-central", "eu-north"),
+    mode: str = "automatic",
+) -> PlacementInfo:
+    return PlacementInfo(
+        dataset=name,
+        policy="checkpoints",
+        dataset_class="critical",
+        home=home,
+        replicas=order,
+        residency=("EU",),
+        failover_mode=mode,
+        failover_order=order,
+    )
+
+
+async def wait_until(
+    pred: Callable[[], Awaitable[bool]], timeout_s: float, step_s: float = 0.05
+) -> bool:
+    """Poll `pred` until true or `timeout_s` passes (bounded in time and count)."""
+    deadline = time.monotonic() + timeout_s
+    for _ in range(int(timeout_s / step_s) + 2):
+        if await pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(step_s)
+    return False

@@ -1,0 +1,147 @@
+"""The region controller through its in-process API, against real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.controller.daemon import ControllerConfig, RegionController
+from controlplane.coordination.fencing import DirectoryEpochs
+from controlplane.coordination.invariants import epoch_violations, split_brain
+from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.sources import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from controlplane.coordination.view import read_view
+from controlplane.errors import NotFoundError
+from controlplane.stack.etcd import EtcdCluster
+
+from .helpers import wait_until
+
+pytestmark = pytest.mark.integration
+
+World = tuple[MemoryPlacements, MemoryJournal, MemoryCatchUp]
+
+
+@contextlib.asynccontextmanager
+async def controller(
+    etcd3: EtcdCluster, world: World, region: str, fence_dir: Path | None = None, ttl: int = 2
+) -> AsyncIterator[RegionController]:
+    coord = EtcdCoordination(etcd3.endpoints, timeout_s=3)
+    await coord.connect()
+    source, journal, probe = world
+    ctl = RegionController(
+        coord,
+        source,
+        journal,
+        probe,
+        ControllerConfig(
+            region=region, controller_id=f"{region}-t", lease_ttl_s=ttl, fence_dir=fence_dir
+        ),
+    )
+    try:
+        async with ctl:
+            yield ctl
+    finally:
+        await coord.close()
+
+
+async def test_home_claims_then_failover_moves_every_automatic_dataset(
+    coord: EtcdCoordination, etcd3: EtcdCluster, world: World, fence_dir: Path
+) -> None:
+    own = Ownership(coord)
+    samples: list[dict[str, tuple[str, int]]] = []
+    stop_sampling = asyncio.Event()
+
+    async def sample() -> None:
+        for _ in range(2000):
+            if stop_sampling.is_set():
+                return
+            owners = await own.list()
+            samples.append({d: (o.region, o.epoch) for d, o in owners.items()})
+            await asyncio.sleep(0.02)
+
+    sampler = asyncio.create_task(sample())
+    async with controller(etcd3, world, "eu-central", fence_dir) as central:
+        async with controller(etcd3, world, "eu-west", fence_dir) as west:
+            assert await wait_until(lambda: _owned(own, "eu-west", 6), 10)
+            assert await wait_until(lambda: _true(len(west.owned) == 6), 5)
+            await asyncio.sleep(0.5)  # let canary writes flow
+            exposition = generate_latest(west.metrics.registry).decode()
+            assert "meridian_controller_active 1.0" in exposition
+            assert "meridian_controller_datasets_owned 6.0" in exposition
+            assert "meridian_controller_claims_total 6.0" in exposition
+        # eu-west stopped: its lease is revoked, eu-central takes the automatic ones.
+        assert await wait_until(lambda: _owned(own, "eu-central", 5), 10)
+        assert await wait_until(lambda: _true(len(central.owned) == 5), 5)
+        await asyncio.sleep(0.5)
+        assert (
+            "meridian_controller_failovers_total 5.0"
+            in generate_latest(central.metrics.registry).decode()
+        )
+        manual = await own.get("ckpt/manual")
+        assert manual is not None and manual.region == "eu-west"
+    stop_sampling.set()
+    await sampler
+    assert len(samples) > 20
+    assert epoch_violations(samples) == []
+    assert split_brain(DirectoryEpochs(fence_dir).read_log()) == []
+    _, journal, _ = world
+    entries = journal.since(None)
+    assert sorted(e.dataset for e in entries) == [f"ckpt/m{i}" for i in range(5)]
+    for e in entries:
+        assert (e.from_region, e.to_region, e.reason, e.kind) == (
+            "eu-west",
+            "eu-central",
+            "lease expired",
+            "automatic",
+        )
+        assert e.actor.startswith("controller eu-central/")
+        assert e.detected_at is not None and e.completed_at is not None
+        assert e.epoch > e.details["epoch_before"]  # type: ignore[operator]
+
+
+async def test_pause_stops_automatic_failover(
+    coord: EtcdCoordination, etcd3: EtcdCluster, world: World
+) -> None:
+    own = Ownership(coord)
+    async with controller(etcd3, world, "eu-central"):
+        async with controller(etcd3, world, "eu-west"):
+            assert await wait_until(lambda: _owned(own, "eu-west", 6), 10)
+            await coord.put("/meridian/maintenance", b"{}")
+        await asyncio.sleep(4)  # two TTLs and more
+        owners = await own.list()
+        assert {o.region for o in owners.values()} == {"eu-west"}
+
+
+async def test_two_controllers_of_one_region_elect_one_active(
+    coord: EtcdCoordination, etcd3: EtcdCluster, world: World
+) -> None:
+    async with controller(etcd3, world, "eu-west") as a, controller(etcd3, world, "eu-west") as b:
+        assert await wait_until(lambda: _true(a.active.is_set() or b.active.is_set()), 5)
+        await asyncio.sleep(0.5)
+        assert a.active.is_set() != b.active.is_set()
+        first, second = (a, b) if a.active.is_set() else (b, a)
+        await first.stop()
+        assert await wait_until(lambda: _true(second.active.is_set()), 5)
+        view = await read_view(coord)
+        assert view.is_alive("eu-west")
+
+
+async def test_unknown_region_is_refused_at_start(etcd3: EtcdCluster, world: World) -> None:
+    with pytest.raises(NotFoundError, match="not in the applied topology"):
+        async with controller(etcd3, world, "mars-1"):
+            pass
+
+
+async def _owned(own: Ownership, region: str, n: int) -> bool:
+    owners = await own.list()
+    return sum(1 for o in owners.values() if o.region == region) == n
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -1,0 +1,122 @@
+"""Unit tests: FencedResource rules and the pure failover decisions (no I/O)."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from controlplane.coordination.decide import plan_moves
+from controlplane.coordination.fencing import (
+    DatasetHandingOverError,
+    DirectoryEpochs,
+    FencedResource,
+    StaleEpochError,
+)
+from controlplane.coordination.ownership import Owner
+from controlplane.coordination.view import ClusterView, RegionState
+from controlplane.ports.coordination import KeyValue
+
+from .helpers import REGIONS, critical
+
+JURIS = {r.name: r.jurisdiction for r in REGIONS}
+
+
+def test_fenced_resource_accepts_newest_and_rejects_older() -> None:
+    res = FencedResource()
+    res.admit("d", 10)
+    res.admit("d", 10)
+    res.admit("d", 12)
+    with pytest.raises(StaleEpochError) as info:
+        res.admit("d", 11)
+    assert not info.value.retriable
+    assert "epoch 11" in str(info.value) and "12" in str(info.value)
+    assert res.highest_epoch("d") == 12
+    res.admit("other", 1)  # per dataset
+
+
+def test_handing_over_refuses_with_a_retriable_error_until_a_newer_epoch() -> None:
+    res = FencedResource()
+    res.observe("d", 5, handing_over=True)
+    with pytest.raises(DatasetHandingOverError) as info:
+        res.admit("d", 5)
+    assert info.value.retriable
+    res.admit("d", 9)  # the new owner's epoch goes through
+    with pytest.raises(StaleEpochError):
+        res.admit("d", 5)
+
+
+def _admit_many(root: str, epoch: int, n: int) -> None:
+    res = FencedResource(DirectoryEpochs(Path(root)))
+    for _ in range(n):
+        with contextlib.suppress(StaleEpochError):
+            res.write("d", epoch, {}, f"w{epoch}")
+
+
+def test_directory_epochs_are_atomic_across_processes(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_admit_many, args=(str(tmp_path), e, 40)) for e in (3, 7)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    log = DirectoryEpochs(tmp_path).read_log()
+    assert len(log) == 80
+    # Once epoch 7 was accepted, no write of epoch 3 was accepted after it.
+    first7 = next(i for i, r in enumerate(log) if r["epoch"] == 7 and r["accepted"])
+    assert not any(r["accepted"] for r in log[first7:] if r["epoch"] == 3)
+
+
+def _view(
+    alive: set[str], owners: dict[str, str], states: dict[str, RegionState] | None = None
+) -> ClusterView:
+    kvs = {r: KeyValue(f"/a/{r}", b"", 1, 1, 1) for r in alive}
+    own = {d: Owner(d, r, 100 + i) for i, (d, r) in enumerate(sorted(owners.items()))}
+    return ClusterView(200, kvs, states or {}, {}, False, own)
+
+
+def test_plan_names_every_rejected_candidate_and_why() -> None:
+    placements = [
+        critical("a", order=("us-east", "eu-central", "eu-north")),
+        critical("m", mode="manual"),
+    ]
+    view = _view(
+        {"eu-north", "us-east"}, {"a": "eu-west", "m": "eu-west"}, {"eu-north": RegionState.ACTIVE}
+    )
+    plan = plan_moves(view, placements, JURIS, source="eu-west", automatic=True)
+    assert [(m.dataset, m.to_region, m.epoch_before) for m in plan.moves] == [
+        ("a", "eu-north", 100)
+    ]
+    reasons = {(r.dataset, r.region): r.reason for r in plan.rejected}
+    assert reasons[("a", "us-east")].startswith("residency")
+    assert reasons[("a", "eu-central")].startswith("dead")
+    assert reasons[("m", "*")].startswith("manual mode")
+    assert plan.unmoved == ["m"]
+
+
+def test_plan_skips_draining_and_fenced_regions() -> None:
+    placements = [critical("a", order=("eu-central", "eu-north"))]
+    view = _view(
+        {"eu-central", "eu-north"},
+        {"a": "eu-west"},
+        {"eu-central": RegionState.DRAINING, "eu-north": RegionState.FENCED},
+    )
+    plan = plan_moves(view, placements, JURIS, source="eu-west", automatic=True)
+    assert plan.moves == [] and plan.unmoved == ["a"]
+    assert [r.reason.split(":")[0] for r in plan.rejected] == ["draining", "fenced"]
+
+
+def test_operator_may_move_a_manual_dataset_by_naming_the_target() -> None:
+    view = _view({"eu-central"}, {"m": "eu-west"})
+    plan = plan_moves(
+        view,
+        [critical("m", mode="manual")],
+        JURIS,
+        source="eu-west",
+        to="eu-central",
+        automatic=False,
+    )
+    assert [m.to_region for m in plan.moves] == ["eu-central"]

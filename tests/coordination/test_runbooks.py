@@ -1,0 +1,177 @@
+"""Runbooks (switchover, failover, drain, pause) against real etcd, catalog faked in memory."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination import keys
+from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.runbooks import Runbooks, SwitchoverAbortedError
+from controlplane.coordination.sources import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from controlplane.errors import NotFoundError, RefusedError
+
+from .helpers import REGIONS, critical
+
+pytestmark = pytest.mark.integration
+
+
+async def seed(coord: EtcdCoordination, alive: list[str], owners: dict[str, str]) -> int:
+    lease = await coord.grant(60)
+    for r in alive:
+        await coord.put(keys.alive(r), b"{}", lease=lease.id)
+    own = Ownership(coord)
+    for d, r in owners.items():
+        await own.claim(d, r, expect_epoch=0, reason="seed", actor="test")
+    return lease.id
+
+
+def runbooks(
+    coord: EtcdCoordination, probe: MemoryCatchUp | None = None
+) -> tuple[Runbooks, MemoryJournal]:
+    placements = [
+        critical("ckpt/a"),
+        critical("ckpt/b", order=("us-east", "eu-north")),
+        critical("ckpt/m", mode="manual"),
+    ]
+    journal = MemoryJournal()
+    rb = Runbooks(
+        coord,
+        MemoryPlacements(REGIONS, placements),
+        journal,
+        probe or MemoryCatchUp(),
+        actor="op@host",
+    )
+    return rb, journal
+
+
+OWNERS = {"ckpt/a": "eu-west", "ckpt/b": "eu-west", "ckpt/m": "eu-west"}
+
+
+async def test_plans_change_nothing(coord: EtcdCoordination) -> None:
+    await seed(coord, ["eu-west", "eu-central", "eu-north", "us-east"], OWNERS)
+    rb, journal = runbooks(coord)
+    before = await coord.revision()
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    assert [(m.from_region, m.to_region) for m in plan.moves] == [("eu-west", "eu-central")]
+    await rb.plan_drain("eu-west")
+    await rb.plan_failover("eu-west", to=None, force=True)
+    assert await coord.revision() == before
+    assert journal.since(None) == []
+
+
+async def test_switchover_moves_and_journals_with_reason_and_actor(coord: EtcdCoordination) -> None:
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    rb, journal = runbooks(coord)
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    result = await rb.run_switchover(plan.moves[0], reason="rebalance", timeout_s=5)
+    owner = await Ownership(coord).get("ckpt/a")
+    assert owner is not None and owner.region == "eu-central" and owner.epoch == result.epoch
+    assert owner.handing_over_to is None
+    [entry] = journal.since(None)
+    assert (entry.kind, entry.reason, entry.actor, entry.epoch) == (
+        "switchover",
+        "rebalance",
+        "op@host",
+        result.epoch,
+    )
+    assert entry.epoch > plan.moves[0].epoch_before
+
+
+async def test_switchover_aborted_on_timeout_restores_the_previous_owner(
+    coord: EtcdCoordination,
+) -> None:
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    probe = MemoryCatchUp()
+    probe.missing[("ckpt/a", "eu-central")] = ["obj@v9"]
+    rb, journal = runbooks(coord, probe)
+    before = await Ownership(coord).get("ckpt/a")
+    assert before is not None
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    with pytest.raises(SwitchoverAbortedError, match="1 version"):
+        await rb.run_switchover(plan.moves[0], reason="t", timeout_s=0.5)
+    after = await Ownership(coord).get("ckpt/a")
+    assert after == before  # same owner, same epoch, no handover mark left
+    [entry] = journal.since(None)
+    assert entry.details["aborted"] is True and entry.epoch == before.epoch
+
+
+async def test_switchover_waits_for_the_target_to_catch_up(coord: EtcdCoordination) -> None:
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    probe = MemoryCatchUp()
+    probe.missing[("ckpt/a", "eu-central")] = ["obj@v9"]
+    rb, _ = runbooks(coord, probe)
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    task = asyncio.create_task(rb.run_switchover(plan.moves[0], reason="t", timeout_s=5))
+    await asyncio.sleep(0.5)
+    frozen = await Ownership(coord).get("ckpt/a")
+    assert frozen is not None and frozen.region == "eu-west"
+    assert frozen.handing_over_to == "eu-central"  # writes are frozen meanwhile
+    probe.missing.clear()
+    result = await asyncio.wait_for(task, 5)
+    assert result.move.to_region == "eu-central"
+
+
+async def test_bad_targets_are_refused_with_their_reason(coord: EtcdCoordination) -> None:
+    await seed(coord, ["eu-west", "eu-central", "us-east"], OWNERS)
+    rb, _ = runbooks(coord)
+    with pytest.raises(RefusedError, match="residency: jurisdiction US"):
+        await rb.plan_switchover("ckpt/a", "us-east")
+    with pytest.raises(RefusedError, match="dead"):
+        await rb.plan_switchover("ckpt/a", "eu-north")
+    with pytest.raises(NotFoundError, match="unknown dataset 'ckpt/zz'"):
+        await rb.plan_switchover("ckpt/zz", "eu-central")
+    with pytest.raises(NotFoundError, match="unknown target region 'mars'"):
+        await rb.plan_switchover("ckpt/a", "mars")
+
+
+async def test_failover_refuses_a_live_source_and_names_rejected_candidates(
+    coord: EtcdCoordination,
+) -> None:
+    lease = await seed(coord, ["eu-west", "eu-central", "us-east"], OWNERS)
+    rb, journal = runbooks(coord)
+    with pytest.raises(RefusedError, match="still alive"):
+        await rb.plan_failover("eu-west", to=None, force=False)
+    await coord.delete(keys.alive("eu-west"))
+    plan, ctx = await rb.plan_failover("eu-west", to=None, force=False)
+    assert {(m.dataset, m.to_region) for m in plan.moves} == {("ckpt/a", "eu-central")}
+    reasons = {(r.dataset, r.region): r.reason for r in plan.rejected}
+    assert reasons[("ckpt/b", "us-east")].startswith("residency")
+    assert reasons[("ckpt/b", "eu-north")].startswith("dead")
+    assert reasons[("ckpt/m", "*")].startswith("manual mode")
+    results = await rb.run_failover(plan, ctx, reason="region on fire", force=False)
+    assert [r.move.dataset for r in results] == ["ckpt/a"]
+    [entry] = journal.since(None)
+    assert (entry.kind, entry.reason, entry.from_region, entry.to_region) == (
+        "failover",
+        "region on fire",
+        "eu-west",
+        "eu-central",
+    )
+    with pytest.raises(RefusedError, match="residency"):
+        await rb.plan_failover("eu-west", to="us-east", force=False)
+    await coord.revoke(lease)
+
+
+async def test_drain_moves_everything_and_stops_ownership(coord: EtcdCoordination) -> None:
+    await seed(
+        coord, ["eu-west", "eu-central", "eu-north"], {"ckpt/a": "eu-west", "ckpt/b": "eu-west"}
+    )
+    rb, journal = runbooks(coord)
+    plan, _ = await rb.plan_drain("eu-west")
+    assert {(m.dataset, m.to_region) for m in plan.moves} == {
+        ("ckpt/a", "eu-central"),
+        ("ckpt/b", "eu-north"),
+    }
+    await rb.run_drain("eu-west", plan, reason="maintenance", timeout_s=5)
+    owners = await Ownership(coord).list()
+    assert {o.region for o in owners.values()} == {"eu-central", "eu-north"}
+    kv = await coord.get(keys.state("eu-west"))
+    assert kv is not None and kv.value == b"draining"
+    assert {e.kind for e in journal.since(None)} == {"drain"}
+    with pytest.raises(RefusedError, match="draining"):
+        await rb.plan_switchover("ckpt/a", "eu-west")
+    await rb.undrain("eu-west")
+    assert await coord.get(keys.state("eu-west")) is None

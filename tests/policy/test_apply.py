@@ -1,0 +1,185 @@
+"""plan and apply against a real catalog (SQLite and PostgreSQL) and a real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from etcd3aio import Etcd3Client
+from sqlalchemy import select
+
+from controlplane.catalog.api import Catalog, open_catalog
+from controlplane.catalog.errors import CatalogConflictError
+from controlplane.catalog.models import PolicyRevision
+from controlplane.errors import ConflictError, UnavailableError
+from controlplane.policy.apply import StrandedReplicasError, apply_policy, plan_changes
+from controlplane.policy.compiler import PolicySet, compile_files, compile_text
+from controlplane.policy.publisher import POLICY_KEY, EtcdPolicyPublisher
+
+DATA = Path(__file__).parent / "data"
+EXAMPLE = (DATA / "example.yaml").read_text()
+
+
+def policy_of(text: str) -> PolicySet:
+    policy, problems = compile_text(text)
+    assert policy is not None, problems
+    return policy
+
+
+@pytest.fixture
+def cat(catalog_url: str) -> Iterator[Catalog]:
+    catalog = open_catalog(catalog_url)
+    yield catalog
+    catalog.close()
+
+
+def revisions(cat: Catalog) -> list[tuple[int, int, str, str]]:
+    with cat.session() as s:
+        rows = s.scalars(select(PolicyRevision).order_by(PolicyRevision.id)).all()
+        return [(r.id, r.parent, r.digest, r.applied_by) for r in rows]
+
+
+def test_apply_is_idempotent_and_records_the_revision(cat: Catalog) -> None:
+    policy = policy_of(EXAMPLE)
+    first = apply_policy(cat, policy, source="git:abc", publisher=None, applied_by="alice")
+    assert first.changes and first.revision == 1
+    again = apply_policy(cat, policy, source="git:abc", publisher=None, applied_by="alice")
+    assert again.changes == [] and again.revision == 1
+    assert revisions(cat) == [(1, 0, policy.digest, "alice")]
+    assert plan_changes(cat, policy) == []
+    with cat.session() as s:
+        rev = s.get(PolicyRevision, 1)
+        assert rev is not None and rev.source == "git:abc"
+
+
+def test_reformatted_files_are_no_change(cat: Catalog) -> None:
+    apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
+    docs = EXAMPLE.split("---\n")
+    reordered = "---\n".join([docs[2], docs[0], docs[3], docs[1]])  # comments kept, order moved
+    assert plan_changes(cat, policy_of(reordered)) == []
+
+
+def test_plan_names_changed_fields(cat: Catalog) -> None:
+    apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
+    cat.register_version("corpus/web", "a", "v1", "d")
+    changed = EXAMPLE.replace("rpo: 30s", "rpo: 60s").replace("count: 2", "count: 1")
+    changes = {(c.action, c.kind, c.name): c.fields for c in plan_changes(cat, policy_of(changed))}
+    assert changes[("change", "ReplicationPolicy", "web-corpus")] == {
+        "replicas.count": (2, 1),
+        "rpo": ("30s", "60s"),
+    }
+    assert changes[("change", "Placement", "corpus/web")] == {
+        "failover_order": (["eu-west", "eu-central"], ["eu-west"]),
+        "replicas": (["eu-west", "eu-central"], ["eu-west"]),
+    }
+    result = apply_policy(cat, policy_of(changed), source="b", publisher=None)
+    assert result.revision == 2
+    placement = cat.get_placement("corpus/web")
+    assert placement is not None and placement.replicas == ("eu-west",)
+    assert [r[1] for r in revisions(cat)] == [0, 1]
+
+
+def test_apply_refuses_to_strand_replicas_and_changes_nothing(cat: Catalog) -> None:
+    apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
+    cat.register_version("corpus/web", "shard-1", "v1", "d")
+    cat.set_replica_state("corpus/web", "shard-1", "v1", "us-east", "completed")
+    eu_only = (
+        EXAMPLE.replace("residency: [EU, US]", "residency: [EU]")
+        .replace("home: us-east", "home: eu-west")
+        .replace("count: 2", "count: 1")
+    )
+    with pytest.raises(StrandedReplicasError, match=r"corpus/web/shard-1@v1 in us-east \(US\)"):
+        apply_policy(cat, policy_of(eu_only), source="b", publisher=None)
+    assert len(revisions(cat)) == 1
+    placement = cat.get_placement("corpus/web")
+    assert placement is not None and placement.residency == ("EU", "US")
+    # Once the replica is removed, the same change applies.
+    cat.remove_replica("corpus/web", "shard-1", "v1", "us-east")
+    assert apply_policy(cat, policy_of(eu_only), source="b", publisher=None).revision == 2
+
+
+def test_widening_residency_clears_violations(cat: Catalog) -> None:
+    apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
+    cat.register_version("ckpt/llama-70b", "a", "v1", "d")
+    cat.set_replica_state("ckpt/llama-70b", "a", "v1", "us-east", "completed")  # a violation
+    from controlplane.catalog.audit import residency_violations
+
+    with cat.session() as s:
+        assert [v["region"] for v in residency_violations(s)] == ["us-east"]
+    wider = EXAMPLE.replace("residency: [EU]   ", "residency: [EU, US]")
+    assert wider != EXAMPLE
+    apply_policy(cat, policy_of(wider), source="b", publisher=None)
+    with cat.session() as s:
+        assert residency_violations(s) == []
+
+
+def test_concurrent_applies_never_interleave(cat: Catalog) -> None:
+    """Two applies at once: each either commits on top of the other or is refused."""
+    variants = [EXAMPLE.replace("rpo: 30s", f"rpo: {n}s") for n in (31, 32, 33, 34)]
+    outcomes: list[object] = []
+
+    def run(text: str) -> None:
+        catalog = open_catalog(cat.url)
+        try:
+            outcomes.append(apply_policy(catalog, policy_of(text), source="t", publisher=None))
+        except ConflictError as exc:
+            outcomes.append(exc)
+        finally:
+            catalog.close()
+
+    threads = [threading.Thread(target=run, args=(v,)) for v in variants]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(outcomes) == 4
+    revs = revisions(cat)
+    # Each revision's parent is the one before it: a chain, never two on one head.
+    assert [parent for _, parent, _, _ in revs] == [0] + [rid for rid, *_ in revs[:-1]]
+    applied = [o for o in outcomes if not isinstance(o, CatalogConflictError)]
+    assert len(applied) == len(revs) >= 1
+    # The catalog holds exactly what the last revision says.
+    with cat.session() as s:
+        head = s.scalars(select(PolicyRevision).order_by(PolicyRevision.id.desc())).first()
+        assert head is not None
+        last_rpo = head.document["policies"]["web-corpus"]["rpo"]
+    assert plan_changes(cat, policy_of(EXAMPLE.replace("rpo: 30s", f"rpo: {last_rpo}"))) == []
+
+
+@pytest.mark.integration
+def test_apply_publishes_to_etcd(cat: Catalog, private_etcd: str) -> None:
+    host, port = private_etcd.rsplit(":", 1)
+    publisher = EtcdPolicyPublisher([(host, int(port))])
+    result = apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=publisher)
+    assert result.published
+
+    async def read() -> dict[str, object]:
+        client = Etcd3Client([private_etcd])
+        await client.connect()
+        try:
+            assert client.kv is not None
+            resp = await client.kv.get(POLICY_KEY)
+            return json.loads(resp.kvs[0].value)  # type: ignore[no-any-return]
+        finally:
+            await client.close()
+
+    value = asyncio.run(read())
+    assert value["digest"] == result.digest
+    assert value["revision"] == result.revision
+    assert str(value["applied_at"]).endswith("Z")
+
+
+def test_unreachable_etcd_keeps_revision_and_says_so(cat: Catalog) -> None:
+    publisher = EtcdPolicyPublisher([("127.0.0.1", 1)], timeout_s=1.0)
+    with pytest.raises(UnavailableError, match="re-run `meridian policy apply`"):
+        apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=publisher)
+    assert len(revisions(cat)) == 1
+
+
+def test_spec_example_file_compiles() -> None:
+    policy, problems = compile_files([DATA / "example.yaml"])
+    assert problems == [] and policy is not None

@@ -1,0 +1,164 @@
+"""`meridian policy ...` and `meridian db ...` through the CLI edge (exit statuses, shapes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controlplane.cli.main import run
+
+DATA = Path(__file__).parent / "data"
+EXAMPLE = DATA / "example.yaml"
+
+
+def line_of(path: Path, needle: str) -> int:
+    text = path.read_text()
+    return text.count("\n", 0, text.index(needle)) + 1
+
+
+def bad_file(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        EXAMPLE.read_text().replace("priority: 100", "prioirty: 100").replace("rpo: 30s", "rpo: 0s")
+    )
+    return path
+
+
+def test_validate_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["policy", "validate", str(EXAMPLE)]) == 0
+    assert "valid: 2 policies, 3 regions" in capsys.readouterr().out
+
+
+def test_validate_reports_file_line_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = bad_file(tmp_path)
+    assert run(["policy", "validate", str(path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    typo, rpo = line_of(path, "prioirty"), line_of(path, "rpo: 0s\n  failover:\n    mode: manual")
+    assert (
+        f"{path}:{typo}:3: error: unknown field 'prioirty' in spec; did you mean 'priority'?" in err
+    )
+    assert any(
+        line.startswith(f"{path}:{rpo}:8: error: ") and "rpo must be > 0s" in line for line in err
+    )
+    assert err[-1].startswith("error: 2 problem(s) in 1 file(s)")
+
+
+def test_validate_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["policy", "validate", "-o", "json", str(EXAMPLE)]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    path = bad_file(tmp_path)
+    assert run(["policy", "validate", "--output", "json", str(path)]) == 1
+    problems = json.loads(capsys.readouterr().out)
+    assert {
+        "file": str(path),
+        "line": line_of(path, "prioirty"),
+        "column": 3,
+        "message": "unknown field 'prioirty' in spec; did you mean 'priority'?",
+    } in problems
+    assert all(set(p) == {"file", "line", "column", "message"} for p in problems)
+
+
+def test_missing_file_is_a_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["policy", "validate", str(tmp_path / "nope.yaml")]) == 1
+    assert "nope.yaml:1:1: error: cannot read the file" in capsys.readouterr().err
+
+
+def test_schema_is_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["policy", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["$schema"].startswith("https://json-schema.org/")
+    kinds = json.dumps(schema)
+    for word in ("Topology", "ReplicationPolicy", "Dataset", "residency", "failover"):
+        assert word in kinds
+    assert "class" in schema["$defs"]["PolicySpec"]["properties"]
+    assert schema["$defs"]["PolicySpec"]["additionalProperties"] is False
+
+
+def test_plan_apply_cycle(catalog_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--catalog", catalog_url, "policy"]
+    assert run([*base, "plan", "-o", "json", str(EXAMPLE)]) == 2
+    plan = json.loads(capsys.readouterr().out)
+    assert {
+        "action": "add",
+        "kind": "Region",
+        "name": "us-east",
+        "fields": {"jurisdiction": [None, "US"]},
+    } in plan
+    assert all(set(c) == {"action", "kind", "name", "fields"} for c in plan)
+    assert run([*base, "apply", "--yes", "-o", "json", str(EXAMPLE)]) == 0
+    applied = json.loads(capsys.readouterr().out)
+    assert applied["revision"] == 1 and applied["published"] is False
+    assert run([*base, "plan", "-o", "json", str(EXAMPLE)]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert run([*base, "apply", "--yes", "-o", "table", str(EXAMPLE)]) == 0
+    assert "nothing to do: revision 1 is current" in capsys.readouterr().out
+
+
+def test_invalid_apply_changes_nothing(
+    catalog_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--catalog", catalog_url, "policy"]
+    assert run([*base, "apply", "--yes", str(bad_file(tmp_path))]) == 1
+    assert "nothing was changed" in capsys.readouterr().err
+    assert run([*base, "plan", "-o", "json", str(EXAMPLE)]) == 2  # still everything to add
+    assert run([*base, "plan", str(bad_file(tmp_path))]) == 1
+
+
+def test_apply_without_yes_aborts_on_no(
+    catalog_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    assert run(["--catalog", catalog_url, "policy", "apply", str(EXAMPLE)]) == 1
+    assert run(["--catalog", catalog_url, "policy", "plan", "-o", "json", str(EXAMPLE)]) == 2
+
+
+def test_unmigrated_catalog_message(
+    empty_catalog_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["--catalog", empty_catalog_url, "policy", "plan", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run `meridian db upgrade`" in err
+
+
+def test_unreachable_catalog_message(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "postgresql+psycopg://nobody@127.0.0.1:1/x"
+    assert run(["policy", "plan", "--catalog", url, str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: the catalog at") and "is unreachable" in err
+
+
+def test_db_upgrade_and_current(empty_catalog_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["db", "current", "--catalog", empty_catalog_url, "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["current"] is None
+    assert run(["db", "upgrade", "--catalog", empty_catalog_url]) == 0
+    assert "is at migration 0002" in capsys.readouterr().out
+    assert run(["db", "current", "--catalog", empty_catalog_url, "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["up_to_date"] is True
+
+
+@pytest.mark.integration
+def test_apply_publishes_when_etcd_given(
+    catalog_url: str, private_etcd: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--catalog",
+        catalog_url,
+        "policy",
+        "apply",
+        "--yes",
+        "--etcd",
+        private_etcd,
+        "-o",
+        "json",
+        str(EXAMPLE),
+    ]
+    assert run(argv) == 0
+    assert json.loads(capsys.readouterr().out)["published"] is True
+    assert run([*argv[:4], "--no-publish", *argv[4:]]) == 0
+    assert json.loads(capsys.readouterr().out)["published"] is False

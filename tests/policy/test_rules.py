@@ -1,0 +1,433 @@
+"""Every rejection rule of spec/policy.md, each with at least two failing cases,
+checking the reported line (and column where it is unambiguous)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controlplane.policy.compiler import compile_files, compile_text
+
+TOPOLOGY = """\
+apiVersion: meridian/v1
+kind: Topology
+metadata:
+  name: prod
+spec:
+  regions:
+    - name: eu-west
+      jurisdiction: EU
+    - name: eu-central
+      jurisdiction: EU
+    - name: us-east
+      jurisdiction: US
+  links:
+    - between: [eu-west, eu-central]
+      rtt: 12ms
+      bandwidth: 10Gbps
+"""
+
+POLICY = """\
+apiVersion: meridian/v1
+kind: ReplicationPolicy
+metadata:
+  name: checkpoints
+spec:
+  priority: 100
+  selector:
+    datasets: ["ckpt/*"]
+  class: critical
+  home: eu-west
+  replicas:
+    regions: [eu-central]
+  residency: [EU]
+  rpo: 0s
+  ack: quorum
+  failover:
+    mode: automatic
+    order: [eu-central]
+"""
+
+STANDARD = """\
+apiVersion: meridian/v1
+kind: ReplicationPolicy
+metadata:
+  name: corpus
+spec:
+  selector:
+    datasets: ["corpus/*"]
+  class: standard
+  home: us-east
+  replicas:
+    count: 2
+  residency: [EU, US]
+  rpo: 30s
+"""
+
+DATASET = """\
+apiVersion: meridian/v1
+kind: Dataset
+metadata:
+  name: ckpt/llama
+"""
+
+
+def join(*docs: str) -> str:
+    return "---\n".join(docs)
+
+
+def line_of(text: str, needle: str, nth: int = 1) -> int:
+    """1-based line of the nth occurrence of needle."""
+    start = -1
+    for _ in range(nth):
+        start = text.index(needle, start + 1)
+    return text.count("\n", 0, start) + 1
+
+
+def problems_of(text: str) -> list[tuple[int, int, str]]:
+    policy, problems = compile_text(text, "p.yaml")
+    assert (policy is None) == bool(problems)
+    return [(p.line, p.column, p.message) for p in problems]
+
+
+def assert_problem(text: str, needle: str, fragment: str, nth: int = 1) -> None:
+    found = problems_of(text)
+    line = line_of(text, needle, nth)
+    assert any(ln == line and fragment in msg for ln, _, msg in found), (line, fragment, found)
+
+
+def test_valid_base_set() -> None:
+    assert problems_of(join(TOPOLOGY, POLICY, STANDARD, DATASET)) == []
+
+
+def test_spec_example_validates() -> None:
+    policy, problems = compile_files([Path(__file__).parent / "data" / "example.yaml"])
+    assert problems == []
+    assert policy is not None and len(policy.policies) == 2
+
+
+# Rule 1: YAML that does not parse; duplicate keys.
+@pytest.mark.parametrize(
+    ("text", "needle", "fragment"),
+    [
+        (TOPOLOGY + "  bad: [unclosed\n", "bad:", "YAML does not parse"),
+        (
+            join(TOPOLOGY, POLICY.replace("  rpo: 0s\n", "  rpo: 0s\n  rpo: 0s\n")),
+            "rpo: 0s",
+            "duplicate key 'rpo'",
+        ),
+        (
+            join(TOPOLOGY.replace("  name: prod\n", "  name: prod\n  name: again\n"), POLICY),
+            "name: again",
+            "duplicate key 'name'",
+        ),
+    ],
+)
+def test_rule1_parse_and_duplicate_keys(text: str, needle: str, fragment: str) -> None:
+    found = problems_of(text)
+    assert any(fragment in m for _, _, m in found), found
+    if "duplicate" in fragment:
+        nth = 2 if needle == "rpo: 0s" else 1
+        assert_problem(text, needle, fragment, nth)
+    else:
+        # The parser reports where it gave up: at or after the broken line.
+        assert min(ln for ln, _, m in found if fragment in m) >= line_of(text, needle)
+
+
+def test_rule1_duplicate_key_column() -> None:
+    text = join(TOPOLOGY, POLICY.replace("  home: eu-west\n", "  home: eu-west\n  home: us-east\n"))
+    found = problems_of(text)
+    line = line_of(text, "home: us-east")
+    assert (line, 3, f"duplicate key 'home' (first given on line {line - 1})") in found
+
+
+# Rule 2: unknown apiVersion/kind; unknown field with "did you mean"; missing; wrong type.
+@pytest.mark.parametrize(
+    ("text", "needle", "fragment"),
+    [
+        (
+            join(TOPOLOGY, POLICY.replace("apiVersion: meridian/v1", "apiVersion: meridian/v2")),
+            "meridian/v2",
+            "unknown apiVersion",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("kind: ReplicationPolicy", "kind: ReplicationPolcy")),
+            "ReplicationPolcy",
+            "did you mean 'ReplicationPolicy'",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("  priority: 100", "  prioirty: 100")),
+            "prioirty",
+            "unknown field 'prioirty' in spec; did you mean 'priority'?",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("    mode: automatic", "    mdoe: automatic")),
+            "mdoe",
+            "did you mean 'mode'?",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("  home: eu-west\n", "")),
+            "spec:\n  priority",
+            "missing required field 'spec.home'",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("priority: 100", "priority: high")),
+            "priority: high",
+            "spec.priority",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("class: critical", "class: [critical]")),
+            "class: [critical]",
+            "spec.class",
+        ),
+    ],
+)
+def test_rule2_schema(text: str, needle: str, fragment: str) -> None:
+    assert_problem(text, needle, fragment)
+
+
+def test_rule2_unknown_field_points_at_key_column() -> None:
+    text = join(TOPOLOGY, POLICY.replace("  priority: 100", "  prioirty: 100"))
+    line = line_of(text, "prioirty")
+    assert any(ln == line and col == 3 for ln, col, _ in problems_of(text))
+
+
+# Rule 3: no Topology, or more than one.
+def test_rule3_no_topology() -> None:
+    found = problems_of(join(POLICY, STANDARD))
+    assert found == [(1, 1, "no Topology document: exactly one is required")]
+
+
+def test_rule3_two_topologies() -> None:
+    text = join(TOPOLOGY, POLICY, TOPOLOGY)
+    assert_problem(text, "kind: Topology", "more than one Topology", nth=2)
+    assert all(ln != line_of(text, "kind: Topology") for ln, _, _ in problems_of(text))
+
+
+def test_rule3_invalid_topology_is_not_reported_as_missing() -> None:
+    found = problems_of(join(TOPOLOGY.replace("regions:", "regons:"), POLICY))
+    assert not any("no Topology" in m for _, _, m in found)
+    assert any("did you mean 'regions'" in m for _, _, m in found)
+
+
+# Rule 4: duplicate region names; duplicate policy names.
+def test_rule4_duplicate_region() -> None:
+    text = join(TOPOLOGY.replace("name: us-east", "name: eu-west"), POLICY)
+    assert_problem(text, "name: eu-west", "duplicate region 'eu-west'", nth=2)
+
+
+def test_rule4_duplicate_policy() -> None:
+    text = join(TOPOLOGY, POLICY, POLICY.replace('"ckpt/*"', '"other/*"'))
+    assert_problem(text, "name: checkpoints", "duplicate policy name 'checkpoints'", nth=2)
+
+
+# Rule 5: unknown regions in links/home/replicas/failover order; link to itself.
+@pytest.mark.parametrize(
+    ("text", "needle", "fragment"),
+    [
+        (
+            join(TOPOLOGY.replace("[eu-west, eu-central]", "[eu-west, eu-centrl]"), POLICY),
+            "eu-centrl",
+            "did you mean 'eu-central'",
+        ),
+        (
+            join(TOPOLOGY.replace("[eu-west, eu-central]", "[eu-west, eu-west]"), POLICY),
+            "[eu-west, eu-west]",
+            "link from region 'eu-west' to itself",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("home: eu-west", "home: eu-wset")),
+            "home: eu-wset",
+            "home 'eu-wset' of policy 'checkpoints' is not a region",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("regions: [eu-central]", "regions: [eu-north]")),
+            "[eu-north]",
+            "replica region 'eu-north'",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("order: [eu-central]", "order: [ap-south]")),
+            "[ap-south]",
+            "failover candidate 'ap-south'",
+        ),
+    ],
+)
+def test_rule5_unknown_regions(text: str, needle: str, fragment: str) -> None:
+    assert_problem(text, needle, fragment)
+
+
+# Rule 6: residency of home, replicas and failover candidates.
+@pytest.mark.parametrize(
+    ("text", "needle", "fragment"),
+    [
+        (
+            join(TOPOLOGY, POLICY.replace("home: eu-west", "home: us-east")),
+            "home: us-east",
+            "home 'us-east' (jurisdiction US) is outside the residency ['EU'] "
+            "of policy 'checkpoints'",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("regions: [eu-central]", "regions: [us-east]")),
+            "regions: [us-east]",
+            "replica region 'us-east' (jurisdiction US)",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("order: [eu-central]", "order: [eu-central, us-east]")),
+            "order: [eu-central, us-east]",
+            "failover candidate 'us-east' (jurisdiction US)",
+        ),
+    ],
+)
+def test_rule6_residency(text: str, needle: str, fragment: str) -> None:
+    assert_problem(text, needle, fragment)
+
+
+# Rule 7: count too large; both or neither of count and regions.
+@pytest.mark.parametrize(
+    ("text", "needle", "fragment"),
+    [
+        (
+            join(TOPOLOGY, STANDARD.replace("count: 2", "count: 3")),
+            "count: 3",
+            "replicas.count is 3 but residency ['EU', 'US'] allows only 2",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("regions: [eu-central]", "count: 2")),
+            "count: 2",
+            "allows only 1 region",
+        ),
+        (
+            join(TOPOLOGY, STANDARD.replace("count: 2", "count: 1\n    regions: [eu-west]")),
+            "replicas:",
+            "not both",
+        ),
+        (
+            join(TOPOLOGY, STANDARD.replace("    count: 2\n", "    {}\n")),
+            "replicas:",
+            "give one of replicas.count or replicas.regions",
+        ),
+    ],
+)
+def test_rule7_count(text: str, needle: str, fragment: str) -> None:
+    line = line_of(text, needle, 1)
+    found = problems_of(text)
+    if needle == "replicas:":
+        line = line_of(text, "replicas:", 1) + 1  # the mapping's first node
+    assert any(ln == line and fragment in m for ln, _, m in found), (line, found)
+
+
+# Rule 8: class against rpo and ack.
+@pytest.mark.parametrize(
+    ("text", "needle", "fragment"),
+    [
+        (join(TOPOLOGY, POLICY.replace("rpo: 0s", "rpo: 5s")), "rpo: 5s", "rpo must be 0s"),
+        (join(TOPOLOGY, STANDARD.replace("rpo: 30s", "rpo: 0s")), "rpo: 0s", "must be > 0s"),
+        (join(TOPOLOGY, STANDARD.replace("rpo: 30s", "rpo: 0ms")), "rpo: 0ms", "must be > 0s"),
+        (join(TOPOLOGY, STANDARD + "  ack: all\n"), "ack: all", "ack applies only to critical"),
+    ],
+)
+def test_rule8_class(text: str, needle: str, fragment: str) -> None:
+    assert_problem(text, needle, fragment)
+
+
+# Rule 9: home in its own replicas or failover order.
+@pytest.mark.parametrize(
+    ("text", "needle", "fragment"),
+    [
+        (
+            join(
+                TOPOLOGY, POLICY.replace("regions: [eu-central]", "regions: [eu-central, eu-west]")
+            ),
+            "regions: [eu-central, eu-west]",
+            "home 'eu-west' is listed in its own replicas",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("order: [eu-central]", "order: [eu-west]")),
+            "order: [eu-west]",
+            "home 'eu-west' is listed in its own failover.order",
+        ),
+    ],
+)
+def test_rule9_home_listed(text: str, needle: str, fragment: str) -> None:
+    assert_problem(text, needle, fragment)
+
+
+# Rule 10: equal priority and identical glob.
+def test_rule10_equal_priority_same_glob() -> None:
+    other = POLICY.replace("name: checkpoints", "name: other")
+    text = join(TOPOLOGY, POLICY, other)
+    assert_problem(text, '"ckpt/*"', "equal priority 100 and the same dataset glob 'ckpt/*'", 2)
+
+
+def test_rule10_default_priority() -> None:
+    other = STANDARD.replace("name: corpus", "name: corpus-2").replace(
+        '["corpus/*"]', '["x/*", "corpus/*"]'
+    )
+    text = join(TOPOLOGY, STANDARD, other)
+    assert_problem(text, '"corpus/*"', "equal priority 0", 2)
+
+
+def test_rule10_different_priority_is_fine() -> None:
+    other = POLICY.replace("name: checkpoints", "name: other").replace("100", "50")
+    assert problems_of(join(TOPOLOGY, POLICY, other)) == []
+
+
+# Rule 11: malformed durations, bandwidths, names, jurisdictions.
+@pytest.mark.parametrize(
+    ("text", "needle", "fragment"),
+    [
+        (join(TOPOLOGY.replace("rtt: 12ms", "rtt: 12 msec"), POLICY), "12 msec", "duration"),
+        (join(TOPOLOGY, STANDARD.replace("rpo: 30s", "rpo: 30")), "rpo: 30", "unit"),
+        (join(TOPOLOGY.replace("10Gbps", "10 gigabits"), POLICY), "10 gigabits", "bandwidth"),
+        (
+            join(TOPOLOGY.replace("name: us-east", "name: US_East"), POLICY),
+            "US_East",
+            "malformed region name",
+        ),
+        (
+            join(TOPOLOGY.replace("jurisdiction: US", "jurisdiction: usa"), POLICY),
+            "usa",
+            "malformed jurisdiction",
+        ),
+        (
+            join(TOPOLOGY, POLICY.replace("residency: [EU]", "residency: [E]")),
+            "[E]",
+            "malformed jurisdiction",
+        ),
+    ],
+)
+def test_rule11_malformed(text: str, needle: str, fragment: str) -> None:
+    assert_problem(text, needle, fragment)
+
+
+# Rule 12: declared dataset selected by no policy; duplicate declared datasets.
+def test_rule12_unselected_dataset() -> None:
+    text = join(TOPOLOGY, POLICY, DATASET.replace("ckpt/llama", "logs/app"))
+    assert_problem(text, "name: logs/app", "dataset 'logs/app' is selected by no policy")
+
+
+def test_rule12_label_mismatch() -> None:
+    policy = POLICY.replace('["ckpt/*"]\n', '["ckpt/*"]\n    labels: {team: pretrain}\n')
+    text = join(TOPOLOGY, policy, DATASET + "  labels: {team: infer}\n")
+    assert_problem(text, "name: ckpt/llama", "selected by no policy")
+
+
+def test_rule12_duplicate_dataset() -> None:
+    text = join(TOPOLOGY, POLICY, DATASET, DATASET)
+    assert_problem(text, "name: ckpt/llama", "duplicate dataset 'ckpt/llama'", 2)
+
+
+def test_all_problems_in_all_files_reported(tmp_path: Path) -> None:
+    a = tmp_path / "a.yaml"
+    b = tmp_path / "b.yaml"
+    a.write_text(
+        join(TOPOLOGY.replace("rtt: 12ms", "rtt: soon"), POLICY.replace("rpo: 0s", "rpo: 1s"))
+    )
+    b.write_text(STANDARD.replace("count: 2", "count: 9").replace("home: us-east", "home: mars"))
+    policy, problems = compile_files([a, b])
+    assert policy is None
+    files = {p.file for p in problems}
+    assert files == {str(a), str(b)}
+    assert len(problems) >= 4
+    assert all(str(p).startswith(f"{p.file}:{p.line}:{p.column}: error: ") for p in problems)

@@ -1,0 +1,46 @@
+"""The shared lifecycle: start once, stop idempotent, stop after a failed start."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.errors import MeridianError
+from controlplane.lifecycle import Lifecycle
+
+
+class Recorder(Lifecycle):
+    def __init__(self, fail_start: bool = False) -> None:
+        self.calls: list[str] = []
+        self.fail_start = fail_start
+
+    async def _do_start(self) -> None:
+        self.calls.append("start")
+        if self.fail_start:
+            raise RuntimeError("boom")
+
+    async def _do_stop(self) -> None:
+        self.calls.append("stop")
+
+
+async def test_start_twice_is_refused_and_stop_is_idempotent() -> None:
+    component = Recorder()
+    async with component:
+        assert component.running
+        with pytest.raises(MeridianError, match="already started"):
+            await component.start()
+    await component.stop()
+    assert component.calls == ["start", "stop"]
+    assert not component.running
+
+
+async def test_a_failed_start_still_stops() -> None:
+    component = Recorder(fail_start=True)
+    with pytest.raises(RuntimeError):
+        await component.start()
+    assert component.calls == ["start", "stop"]
+
+
+async def test_stop_before_start_does_nothing() -> None:
+    component = Recorder()
+    await component.stop()
+    assert component.calls == []

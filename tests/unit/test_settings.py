@@ -1,0 +1,56 @@
+"""Settings: one prefix, units in names, one clear error for a malformed value."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.errors import ConfigError
+from controlplane.settings import load_settings, parse_endpoints
+
+
+def test_environment_with_prefix_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MERIDIAN_ETCD", "10.0.0.1:2379, 10.0.0.2:2379")
+    monkeypatch.setenv("MERIDIAN_LEASE_TTL_S", "7")
+    monkeypatch.setenv("ETCD", "ignored:1")
+    settings = load_settings()
+    assert settings.etcd_endpoints == [("10.0.0.1", 2379), ("10.0.0.2", 2379)]
+    assert settings.lease_ttl_s == 7
+
+
+def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MERIDIAN_KAFKA", "a:1")
+    assert load_settings(kafka="b:2", etcd=None).kafka_bootstrap == [("b", 2)]
+
+
+def test_defaults_point_at_the_local_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("MERIDIAN_ETCD", "MERIDIAN_KAFKA", "MERIDIAN_CATALOG"):
+        monkeypatch.delenv(name, raising=False)
+    settings = load_settings()
+    assert settings.etcd_endpoints == [("127.0.0.1", 2379)]
+    assert settings.catalog.startswith("sqlite:///")
+
+
+@pytest.mark.parametrize("raw", ["localhost", "host:", ":2379", "host:99999", "a:1,b"])
+def test_malformed_endpoint_is_one_clear_error(raw: str) -> None:
+    with pytest.raises(ConfigError, match=r"MERIDIAN_ETCD holds .* not host:port"):
+        parse_endpoints(raw, setting="MERIDIAN_ETCD")
+
+
+def test_malformed_endpoint_from_environment_fails_at_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MERIDIAN_KAFKA", "broker-without-port")
+    with pytest.raises(ConfigError, match="MERIDIAN_KAFKA"):
+        load_settings()
+
+
+def test_wrong_type_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MERIDIAN_LEASE_TTL_S", "five")
+    with pytest.raises(ConfigError, match=r"lease_ttl_s \(MERIDIAN_LEASE_TTL_S\) is invalid"):
+        load_settings()
+
+
+def test_out_of_range_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MERIDIAN_LEASE_TTL_S", "0")
+    with pytest.raises(ConfigError, match="LEASE_TTL_S"):
+        load_settings()
