@@ -56,7 +56,10 @@ def _delta(files: Path) -> bytes:
         (lambda d: d[: len(d) // 2], "the delta is truncated"),
         (lambda d: d[:100] + bytes([d[100] ^ 4]) + d[101:], "the delta is corrupt"),
         (lambda d: d[:-40] + bytes([d[-40] ^ 1]) + d[-39:], "the delta is corrupt"),
-        (lambda d: b"not a delta at all, but long enough to hold a header" * 2, "not a Meridian delta"),
+        (
+            lambda d: b"not a delta at all, but long enough to hold a header" * 2,
+            "not a Meridian delta",
+        ),
     ],
     ids=["truncated", "corrupt-frame", "corrupt-end", "not-a-delta"],
 )
@@ -78,7 +81,9 @@ def test_wrong_basis_exits_1(files: Path, capsys: pytest.CaptureFixture[str]) ->
     before = listing(files)
     capsys.readouterr()
     assert _meridian("patch", files / "new", files / "delta", files / "out") == 1
-    assert "OLD is not the file this delta was made against" in _one_sentence(capsys.readouterr().err)
+    assert "OLD is not the file this delta was made against" in _one_sentence(
+        capsys.readouterr().err
+    )
     assert listing(files) == before
 
 
