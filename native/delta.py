@@ -177,7 +177,7 @@ def _run(call: Callable[[bytearray], _delta.Stats], progress: Progress | None) -
     def work() -> None:
         try:
             box["stats"] = call(counter)
-        except BaseException as exc:  # re-raised on the calling thread below
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread below
             box["error"] = exc
 
     worker = threading.Thread(target=work, name="meridian-delta", daemon=True)

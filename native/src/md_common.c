@@ -132,7 +132,9 @@ int md_writer_put(md_writer *w, const void *data, size_t len) {
     const uint8_t *p = data;
     if (w->failed_errno) return -1;
     w->total += len;
-    if (len >= w->cap) {
+    /* Large pieces go straight to the file: copying them into the buffer first
+     * would only add a trip through memory. */
+    if (len >= w->cap / 4) {
         if (md_writer_flush(w) != 0) return -1;
         if (emit(w, p, len) != 0) {
             w->failed_errno = errno;

@@ -94,6 +94,59 @@ static int lookup(const md_sig *sig, uint32_t s1, uint32_t s2, const uint8_t *p,
     }
 }
 
+/* The miss path, where nearly every byte of unrelated data goes. Eight bytes are
+ * rolled and tested against the small filter without a branch; only a batch
+ * with a candidate looks further (the second filter), so the loop takes one
+ * well-predicted branch per eight bytes. Returns the first position in
+ * (p, end] whose sums pass both filters, with the sums of that position, or end. */
+static uint64_t roll_until_hit(const uint8_t *d, uint64_t p, uint64_t end, uint32_t n,
+                               uint32_t *s1p, uint32_t *s2p, const md_sig *sig) {
+    const uint64_t *bm = sig->bitmap, *f2 = sig->filter2;
+    const unsigned shift = sig->bitmap_shift, shift2 = sig->filter2_shift;
+    uint32_t s1 = *s1p, s2 = *s2p;
+    const uint32_t n_off = n * MD_ROLL_OFFSET;
+    const uint8_t *out = d + p, *stop = d + end;
+    while (stop - out >= 8) {
+        uint32_t a1[8], a2[8];
+        unsigned mask = 0;
+        for (int k = 0; k < 8; k++) {
+            uint32_t o = out[k], c = out[k + n];
+            s1 += c - o;
+            s2 += s1 - n * o - n_off;
+            a1[k] = s1;
+            a2[k] = s2;
+            uint64_t bit = ((((uint64_t)s2 << 32) | s1) * MD_BITMAP_MUL) >> shift;
+            mask |= (unsigned)((bm[bit >> 6] >> (bit & 63)) & 1) << k;
+        }
+        while (__builtin_expect(mask != 0, 0)) {
+            int k = __builtin_ctz(mask);
+            mask &= mask - 1;
+            uint64_t bit2 = ((((uint64_t)a2[k] << 32) | a1[k]) * MD_FILTER2_MUL) >> shift2;
+            if ((f2[bit2 >> 6] >> (bit2 & 63)) & 1) {
+                *s1p = a1[k];
+                *s2p = a2[k];
+                return (uint64_t)(out - d) + (uint64_t)k + 1;
+            }
+        }
+        out += 8;
+    }
+    while (out < stop) {
+        uint32_t o = *out, c = out[n];
+        out++;
+        s1 += c - o;
+        s2 += s1 - n * o - n_off;
+        uint64_t key = ((uint64_t)s2 << 32) | s1;
+        uint64_t bit = (key * MD_BITMAP_MUL) >> shift;
+        if ((bm[bit >> 6] >> (bit & 63)) & 1) {
+            uint64_t bit2 = (key * MD_FILTER2_MUL) >> shift2;
+            if ((f2[bit2 >> 6] >> (bit2 & 63)) & 1) break;
+        }
+    }
+    *s1p = s1;
+    *s2p = s2;
+    return (uint64_t)(out - d);
+}
+
 static void scan_task(void *arg, size_t i, uint32_t worker) {
     (void)worker;
     scan_round *r = arg;
@@ -147,16 +200,7 @@ static void scan_task(void *arg, size_t i, uint32_t worker) {
             p++;
             break;
         }
-        const uint32_t nn = (uint32_t)n;
-        do {
-            uint32_t xo = (uint32_t)d[p] + MD_ROLL_OFFSET;
-            uint32_t xi = (uint32_t)d[p + n] + MD_ROLL_OFFSET;
-            s1 += xi - xo;
-            s2 += s1 - nn * xo;
-            p++;
-            uint64_t bit = (md_weak_key(s1, s2) * MD_BITMAP_MUL) >> shift;
-            if ((bm[bit >> 6] >> (bit & 63)) & 1) break;
-        } while (p < roll_end);
+        p = roll_until_hit(d, p, roll_end, (uint32_t)n, &s1, &s2, sig);
         if (p >= e) break;
     }
 finish:

@@ -27,7 +27,8 @@
 #define MD_MAX_THREADS 64u
 #define MD_ROUND_CHUNKS_MAX 4u /* chunks read per round: bounds the window */
 #define MD_ROLL_OFFSET 31u
-#define MD_BITMAP_MUL 0x9E3779B97F4A7C15ull     /* added to each byte so runs of zeros still move the sums */
+#define MD_BITMAP_MUL 0x9E3779B97F4A7C15ull
+#define MD_FILTER2_MUL 0xC2B2AE3D27D4EB4Full     /* added to each byte so runs of zeros still move the sums */
 
 #ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 #define MD_VERIFY_CHECKSUMS 0
@@ -139,6 +140,10 @@ struct md_sig {
     uint64_t *bitmap;
     uint64_t bitmap_mask; /* in bits */
     unsigned bitmap_shift; /* bit index = (key * MD_BITMAP_MUL) >> bitmap_shift */
+    /* Two filters in front of the table: a small one that stays in L1 (tested at
+     * every byte) and a larger one with an independent hash (tested on its hits). */
+    uint64_t *filter2;
+    unsigned filter2_shift; /* bit index = (key * MD_FILTER2_MUL) >> filter2_shift */
 };
 md_status md_sig_index(md_sig *sig, md_error *err);
 uint32_t md_strong_len_for(uint64_t file_len, uint32_t block_len);

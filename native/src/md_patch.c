@@ -99,6 +99,7 @@ done:
  * straight from the page cache (one memory copy instead of two), and only the
  * window is ever mapped, so RSS stays bounded whatever the size of OLD. */
 #define WINDOW_LEN ((uint64_t)16 << 20)
+#define COPY_PIECE ((uint64_t)256 << 10)
 typedef struct old_view {
     int fd;
     uint64_t len;
@@ -141,6 +142,9 @@ static md_status copy_range(old_view *v, uint64_t off, uint64_t len, md_writer *
         uint64_t take = len;
         const uint8_t *src = view_get(v, off, &take);
         if (src) {
+            /* Hash then write piece by piece, so the write reads what the hash
+             * just brought into the cache: one trip through memory, not two. */
+            if (take > COPY_PIECE) take = COPY_PIECE;
             md_digest_update(dg, src, (size_t)take);
             if (md_writer_put(w, src, (size_t)take) != 0)
                 return md_fail_io(err, w->failed_errno, "writing the output");
