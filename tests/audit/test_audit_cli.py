@@ -100,6 +100,8 @@ def test_residency_finds_exactly_the_planted(
 def test_residency_clean_exits_zero(catalog_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["audit", "residency", "--catalog", catalog_url, "-o", "json"]) == 0
     assert _json(capsys) == []
+    assert run(["audit", "residency", "--catalog", catalog_url, "-o", "table"]) == 0
+    assert "no residency violations" in capsys.readouterr().out
 
 
 def test_residency_csv_and_table(
