@@ -419,7 +419,8 @@ md_status md_delta(int sig_fd, int new_fd, int delta_fd, const md_options *opt, 
         return rc;
     }
     uint32_t threads = opt && opt->threads ? opt->threads : 1;
-    if (threads > MD_MAX_THREADS) threads = MD_MAX_THREADS;
+    /* More workers than chunks per round would only add memory (see md_internal.h). */
+    if (threads > MD_ROUND_CHUNKS_MAX) threads = MD_ROUND_CHUNKS_MAX;
     uint32_t k = threads < MD_ROUND_CHUNKS_MAX ? threads : MD_ROUND_CHUNKS_MAX;
     uint64_t n = sig->block_len;
     uint64_t round_bytes = (uint64_t)k * MD_CHUNK_LEN;
