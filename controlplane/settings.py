@@ -14,7 +14,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.errors import ConfigError
 
-DEFAULT_HOME = Path(".meridian")
+HOME_DIR_NAME = ".meridian"
+
+
+def find_home(start: Path | None = None) -> Path:
+    """The nearest `.meridian` folder at or above the working directory (as git finds .git),
+    so `meridian stack status` works from any subfolder; `./.meridian` if there is none."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / HOME_DIR_NAME).is_dir():
+            return folder / HOME_DIR_NAME
+    return Path(HOME_DIR_NAME)
 
 
 def parse_endpoints(raw: str, *, setting: str) -> list[tuple[str, int]]:
@@ -39,7 +49,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MERIDIAN_", extra="ignore", frozen=True)
 
-    home: Path = Field(DEFAULT_HOME, description="folder for engines, run data and the catalog")
+    home: Path = Field(
+        default_factory=find_home, description="folder for engines and the stack's run data"
+    )
     catalog: str = Field(
         "sqlite:///.meridian/catalog.db", description="SQLAlchemy URL of the catalog"
     )

@@ -116,6 +116,7 @@ class EtcdKeepAlive:
             await asyncio.sleep(interval)
 
     async def stop(self) -> None:
+        self._coord.forget(self)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -313,6 +314,10 @@ class EtcdCoordination:
             return -1
 
         return await self._call(f"renewal of lease {lease_id:x}", once)
+
+    def forget(self, keepalive: EtcdKeepAlive) -> None:
+        """Drop a stopped keepalive from those `close()` stops."""
+        self._keepalives.discard(keepalive)
 
     def keep_alive(self, lease: Lease) -> EtcdKeepAlive:
         ka = EtcdKeepAlive(self, lease)

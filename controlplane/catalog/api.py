@@ -18,13 +18,17 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Insert, and_, func, select, update
+from sqlalchemy import Engine, Insert, and_, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.catalog.engine import check_migrated, make_engine, redacted
-from controlplane.catalog.errors import CatalogInputError, CatalogUnavailableError
+from controlplane.catalog.engine import check_migrated, make_engine, redacted, sqlite_file
+from controlplane.catalog.errors import (
+    CatalogInputError,
+    CatalogNotMigratedError,
+    CatalogUnavailableError,
+)
 from controlplane.catalog.models import (
     CatalogObject,
     Dataset,
@@ -310,15 +314,7 @@ class Catalog:
                 f"replica state {state!r} is not one of {', '.join(REPLICA_STATES)}"
             )
         with self._tx() as s:
-            vid = s.scalar(
-                select(ObjectVersion.id)
-                .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
-                .where(
-                    CatalogObject.dataset == dataset,
-                    CatalogObject.key == key,
-                    ObjectVersion.version == version,
-                )
-            )
+            vid = _version_id(s, dataset, key, version)
             if vid is None:
                 raise CatalogInputError(f"version {version} of {dataset}/{key} is not registered")
             jurisdiction, allowed = self._judge(s, dataset, region)
@@ -346,19 +342,11 @@ class Catalog:
     def remove_replica(self, dataset: str, key: str, version: str, region: str) -> None:
         """Forget the replica of a version in `region` (its bytes were deleted there)."""
         with self._tx() as s:
-            vid = s.scalar(
-                select(ObjectVersion.id)
-                .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
-                .where(
-                    CatalogObject.dataset == dataset,
-                    CatalogObject.key == key,
-                    ObjectVersion.version == version,
-                )
-            )
+            vid = _version_id(s, dataset, key, version)
             if vid is not None:
-                s.query(Replica).filter(
-                    Replica.version_id == vid, Replica.region == region
-                ).delete()
+                s.execute(
+                    delete(Replica).where(Replica.version_id == vid, Replica.region == region)
+                )
 
     def _judge(self, s: Session, dataset: str, region: str) -> tuple[str, bool]:
         """(jurisdiction of region, whether the dataset's residency allows it)."""
@@ -436,6 +424,18 @@ class Catalog:
             )
 
 
+def _version_id(s: Session, dataset: str, key: str, version: str) -> int | None:
+    return s.scalar(
+        select(ObjectVersion.id)
+        .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
+        .where(
+            CatalogObject.dataset == dataset,
+            CatalogObject.key == key,
+            ObjectVersion.version == version,
+        )
+    )
+
+
 def placement_columns(p: Placement) -> dict[str, Any]:
     return {
         "policy": p.policy,
@@ -451,6 +451,12 @@ def placement_columns(p: Placement) -> dict[str, Any]:
 def open_catalog(url: str) -> Catalog:
     """Open the catalog at `url`; raise one sentence if it is unreachable or not migrated
     (naming `meridian db upgrade`)."""
+    missing = sqlite_file(url)
+    if missing is not None and not missing.exists():
+        # Opening would create an empty file; only `db upgrade` should create a catalog.
+        raise CatalogNotMigratedError(
+            f"the catalog file {missing} does not exist; run `meridian db upgrade` to create it"
+        )
     engine = make_engine(url)
     try:
         check_migrated(engine, url)

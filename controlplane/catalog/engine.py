@@ -28,6 +28,23 @@ def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a file-backed SQLite URL, else None."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"catalog URL {url!r} is not a SQLAlchemy URL") from exc
+    db = parsed.database
+    if (
+        parsed.get_backend_name() != "sqlite"
+        or not db
+        or db == ":memory:"
+        or db.startswith("file:")
+    ):
+        return None
+    return Path(db).expanduser()
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`; creates the parent folder of a SQLite file; never connects."""
     try:

@@ -85,19 +85,17 @@ def run(argv: list[str] | None = None) -> int:
     global _debug  # noqa: PLW0603
     _debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=argv, prog_name="meridian", standalone_mode=False)
     except MeridianError as exc:
         return _fail(str(exc), exc.exit_code)
     except typer.Abort:
         return _fail("aborted.", 1)
     except typer.TyperException as exc:
-        # Usage errors: typer's own message (with the usage line) is the clearest.
-        show = getattr(exc, "show", None)
-        if callable(show):
-            show()
-        else:
-            sys.stderr.write(f"error: {exc.format_message()}\n")
-        return exc.exit_code
+        # A usage error is an error like any other: one sentence, exit 1. (Click's own
+        # status 2 would read as "changes pending" to a CI job running `policy plan`.)
+        ctx = getattr(exc, "ctx", None)
+        hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
+        return _fail(f"{exc.format_message().rstrip('.')}{hint}", 1)
     except typer.Exit as exc:
         return exc.exit_code
     except KeyboardInterrupt:

@@ -48,19 +48,19 @@ class PolicyInvalidError(InvalidInputError):
     """The policy files have problems (already printed one per line)."""
 
 
-def _compile(files: list[Path], output: Output | None, *, quiet_ok: bool) -> PolicySet:
+def _compile(files: list[Path], output: Output | None, *, validating: bool) -> PolicySet:
     """Compile; on problems print them (lines on stderr, or JSON) and fail with status 1."""
     policy, problems = compile_files(files)
     fmt = output or Output.table
-    if fmt is Output.json and (problems or not quiet_ok):
+    if fmt is Output.json and (problems or validating):
         sys.stdout.write(json.dumps([p.as_json() for p in problems], indent=2) + "\n")
     if problems:
         if fmt is not Output.json:
             for problem in problems:
                 sys.stderr.write(f"{problem}\n")
+        tail = "" if validating else "; nothing was changed"
         raise PolicyInvalidError(
-            f"{len(problems)} problem(s) in {len({p.file for p in problems})} file(s); "
-            "nothing was changed"
+            f"{len(problems)} problem(s) in {len({p.file for p in problems})} file(s){tail}"
         )
     if policy is None:  # compile_files returns a set exactly when there are no problems
         raise PolicyInvalidError("the policy files could not be compiled")
@@ -70,7 +70,7 @@ def _compile(files: list[Path], output: Output | None, *, quiet_ok: bool) -> Pol
 @app.command()
 def validate(files: FilesArg, output: OutputOpt = None) -> None:
     """Check policy files against every rule; print each problem as FILE:LINE:COLUMN."""
-    policy = _compile(files, output, quiet_ok=False)
+    policy = _compile(files, output, validating=True)
     if (output or Output.table) is not Output.json:
         typer.echo(
             f"valid: {len(policy.policies)} polic{'y' if len(policy.policies) == 1 else 'ies'}, "
@@ -104,7 +104,7 @@ def plan(
     ctx: typer.Context, files: FilesArg, catalog: CatalogOpt = None, output: OutputOpt = None
 ) -> None:
     """Show what apply would change. Exit 0: no change, 2: changes, 1: error."""
-    policy = _compile(files, output, quiet_ok=True)
+    policy = _compile(files, output, validating=False)
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         changes = plan_changes(cat, policy)
     _print_changes(changes, output)
@@ -140,14 +140,18 @@ def apply(
     output: OutputOpt = None,
 ) -> None:
     """Apply policy files to the catalog as one revision, and publish it to etcd."""
-    policy = _compile(files, output, quiet_ok=True)
+    policy = _compile(files, output, validating=False)
     publisher = _publisher(ctx, etcd, publish)
     fmt = resolve_output(output)
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         changes = plan_changes(cat, policy)
         if changes and not yes:
-            _print_changes(changes, Output.table)
-            typer.confirm("apply these changes?", abort=True, err=True)
+            # The plan goes to stderr with the question, so stdout keeps one document.
+            for row in _rows(changes):
+                typer.echo(
+                    f"  {row['action']} {row['kind']} {row['name']}: {row['fields']}", err=True
+                )
+            typer.confirm(f"apply these {len(changes)} change(s)?", abort=True, err=True)
         result = apply_policy(cat, policy, source=describe_source(files), publisher=publisher)
     if fmt is Output.json:
         emit(
@@ -173,7 +177,11 @@ def apply(
 
 @app.command()
 def schema() -> None:
-    """Print the JSON Schema of policy documents (for yaml-language-server)."""
+    """Print the JSON Schema of policy documents, for editors.
+
+    Save it (`meridian policy schema > meridian-policy.schema.json`) and start each
+    policy file with `# yaml-language-server: $schema=meridian-policy.schema.json`.
+    """
     doc = TypeAdapter(Document).json_schema(by_alias=True)
     doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     doc["title"] = "Meridian policy document"

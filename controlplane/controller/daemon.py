@@ -199,13 +199,21 @@ class RegionController:
             owns=len(self.owned),
             revision=res.revision,
         )
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._watch_owners(view.revision + 1))
-            tg.create_task(self._watch_regions(view.revision + 1))
-            tg.create_task(self._watch_policy(view.revision + 1))
-            tg.create_task(self._reconcile_loop())
-            if self.fence is not None:
-                tg.create_task(self._canary_loop())
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._watch_owners(view.revision + 1))
+                tg.create_task(self._watch_regions(view.revision + 1))
+                tg.create_task(self._watch_policy(view.revision + 1))
+                tg.create_task(self._reconcile_loop())
+                if self.fence is not None:
+                    tg.create_task(self._canary_loop())
+        except ExceptionGroup as group:
+            # A dependency failed in one duty (etcd unreachable, a watch compacted):
+            # surface it as itself so `_run` steps down and campaigns again.
+            first = _first_meridian_error(group)
+            if first is None:
+                raise
+            raise first from group
 
     # -- placements --------------------------------------------------------------
     async def _load_placements(self) -> None:
@@ -235,28 +243,40 @@ class RegionController:
         me = self.config.region
         if view.state_of(me) is not RegionState.ACTIVE:
             return
-        for p in self._placements:
-            if p.dataset_class != "critical" or p.home != me or p.dataset in view.owners:
-                continue
-            guards = [
-                Compare(keys.alive(me), Target.CREATE, Cmp.EQUAL, self._alive_create_revision),
-                Compare(keys.state(me), Target.MOD, Cmp.EQUAL, view.state_revisions.get(me, 0)),
-            ]
-            try:
-                epoch = await self.ownership.claim(
-                    p.dataset,
-                    me,
-                    expect_epoch=0,
-                    reason="home region claims an unowned dataset",
-                    actor=self.actor,
-                    guards=guards,
-                )
-            except ConflictError:
-                log.info("claim_lost", dataset=p.dataset, region=me)
-                continue
+        todo = [
+            p.dataset
+            for p in self._placements
+            if p.dataset_class == "critical" and p.home == me and p.dataset not in view.owners
+        ]
+        guards = [
+            Compare(keys.alive(me), Target.CREATE, Cmp.EQUAL, self._alive_create_revision),
+            Compare(keys.state(me), Target.MOD, Cmp.EQUAL, view.state_revisions.get(me, 0)),
+        ]
+        # Claims are independent transactions: run them concurrently (bounded), so a
+        # WAN round trip is paid once per batch, not once per dataset.
+        limit = asyncio.Semaphore(32)
+
+        async def claim(dataset: str) -> None:
+            async with limit:
+                try:
+                    epoch = await self.ownership.claim(
+                        dataset,
+                        me,
+                        expect_epoch=0,
+                        reason="home region claims an unowned dataset",
+                        actor=self.actor,
+                        guards=guards,
+                    )
+                except ConflictError:
+                    log.info("claim_lost", dataset=dataset, region=me)
+                    return
             self.metrics.claims.inc()
-            self._gain(p.dataset, epoch)
-            log.info("claimed", dataset=p.dataset, region=me, epoch=epoch)
+            self._gain(dataset, epoch)
+            log.info("claimed", dataset=dataset, region=me, epoch=epoch)
+
+        async with asyncio.TaskGroup() as tg:
+            for dataset in todo:
+                tg.create_task(claim(dataset))
 
     # -- ownership tracking ----------------------------------------------------------
     def _observe_epoch(self, dataset: str, epoch: int) -> None:
@@ -398,3 +418,14 @@ class RegionController:
             self.metrics.failover_seconds.observe(time.monotonic() - detected_at_monotonic)
         log.info("failover_done", region=region, moves=len(plan.moves), won=won)
         return won
+
+
+def _first_meridian_error(group: BaseExceptionGroup[BaseException]) -> MeridianError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, MeridianError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            inner = _first_meridian_error(exc)
+            if inner is not None:
+                return inner
+    return None

@@ -82,11 +82,13 @@ class Ownership:
         self.coord = coord
 
     async def get(self, dataset: str) -> Owner | None:
-        kv = await self.coord.get(keys.owner(dataset))
-        if kv is None:
+        # One read for both keys: consistent, and one round trip on a WAN.
+        res = await self.coord.txn([], [Get(keys.owner(dataset)), Get(keys.handover(dataset))])
+        owner_kvs, handover_kvs = res.reads
+        if not owner_kvs:
             return None
-        ho = await self.coord.get(keys.handover(dataset))
-        to = str(json.loads(ho.value)["to"]) if ho is not None else None
+        kv = owner_kvs[0]
+        to = str(json.loads(handover_kvs[0].value)["to"]) if handover_kvs else None
         return _decode_owner(dataset, kv.value, kv.mod_revision, to)
 
     async def list(self) -> dict[str, Owner]:

@@ -93,6 +93,7 @@ class ControllerProcess:
     fence_dir: Path | None = None
     lease_ttl_s: int = 5
     controller_id: str = ""
+    metrics_addr: str | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> ControllerProcess:
@@ -101,6 +102,8 @@ class ControllerProcess:
         args += ["--lease-ttl", str(self.lease_ttl_s)]
         if self.fence_dir is not None:
             args += ["--fence-dir", str(self.fence_dir)]
+        if self.metrics_addr is not None:
+            args += ["--metrics", self.metrics_addr]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

@@ -96,7 +96,8 @@ def _stranded(
 ) -> list[str]:
     """'dataset/object@version in region (J)' for replicas outside their new residency."""
     new_j = policy.regions
-    changed_regions = {r for r, j in state.regions.items() if new_j.get(r, j) != j}
+    # Regions whose jurisdiction changed or which left the topology.
+    changed_regions = {r for r, j in state.regions.items() if new_j.get(r) != j}
     suspects = [
         name
         for name, p in placements.items()
@@ -122,8 +123,8 @@ def _stranded(
             .limit(MAX_NAMED + 1 - len(found))
         ).all()
         for region, key, version in rows:
-            j = new_j.get(region, state.regions.get(region, "?"))
-            found.append(f"{name}/{key}@{version} in {region} ({j})")
+            where = f"({new_j[region]})" if region in new_j else "(no longer in the topology)"
+            found.append(f"{name}/{key}@{version} in {region} {where}")
         if len(found) > MAX_NAMED:
             break
     return found

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sqlalchemy import inspect
 
@@ -65,3 +67,12 @@ def test_unreachable_catalog_is_one_sentence() -> None:
         open_catalog(url)
     assert "\n" not in str(info.value)
     assert info.value.retriable
+
+
+def test_missing_sqlite_file_is_not_created(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "catalog.db"
+    with pytest.raises(CatalogNotMigratedError, match="does not exist; run `meridian db upgrade`"):
+        open_catalog(f"sqlite:///{path}")
+    assert not path.exists() and not path.parent.exists()
+    migrate.upgrade(f"sqlite:///{path}")
+    open_catalog(f"sqlite:///{path}").close()

@@ -14,9 +14,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.catalog.api import open_catalog
 from controlplane.coordination.fencing import DirectoryEpochs
 from controlplane.coordination.invariants import epoch_violations, split_brain
 from controlplane.coordination.ownership import Ownership
@@ -28,6 +30,7 @@ from .helpers import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TTL = 5
+METRICS = "127.0.0.1:39401"
 AUTOMATIC = [f"ckpt/d{i:03d}" for i in range(5)]
 
 
@@ -46,10 +49,20 @@ def procs() -> Iterator[list[ControllerProcess]]:
 
 
 def spawn(
-    procs: list[ControllerProcess], env: dict[str, str], tmp: Path, region: str, fence: Path
+    procs: list[ControllerProcess],
+    env: dict[str, str],
+    tmp: Path,
+    region: str,
+    fence: Path,
+    metrics: str | None = None,
 ) -> ControllerProcess:
     p = ControllerProcess(
-        region, env, tmp / f"{region}-{len(procs)}.log", fence, lease_ttl_s=TTL
+        region,
+        env,
+        tmp / f"{region}-{len(procs)}.log",
+        fence,
+        lease_ttl_s=TTL,
+        metrics_addr=metrics,
     ).start()
     procs.append(p)
     return p
@@ -97,10 +110,18 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
     coord: EtcdCoordination, env: dict[str, str], procs: list[ControllerProcess], tmp_path: Path
 ) -> None:
     fence = tmp_path / "fence"
-    spawn(procs, env, tmp_path, "eu-central", fence)
+    central = spawn(procs, env, tmp_path, "eu-central", fence, metrics=METRICS)
     spawn(procs, env, tmp_path, "eu-north", fence)
     west = spawn(procs, env, tmp_path, "eu-west", fence)
     assert await wait_until(lambda: all_owned_by(coord, "eu-west", [*AUTOMATIC, "pinned/p0"]), 20)
+    # RPO exposure: eu-central has not completed the latest version of d000.
+    catalog = open_catalog(env["MERIDIAN_CATALOG"])
+    try:
+        catalog.register_version(AUTOMATIC[0], "shard-0", "v7", "sha256:77")
+        catalog.set_replica_state(AUTOMATIC[0], "shard-0", "v7", "eu-west", "completed")
+        catalog.set_replica_state(AUTOMATIC[0], "shard-0", "v7", "eu-central", "pending")
+    finally:
+        catalog.close()
     sampler = Sampler(coord)
     with sampler:
         await asyncio.sleep(1)
@@ -110,10 +131,14 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
         moved_after = time.monotonic() - killed
         assert moved_after <= TTL + 1.5, f"failover took {moved_after:.2f} s"
         assert (await owners_of(coord))["pinned/p0"] == "eu-west"  # manual mode: not moved
+        async with httpx.AsyncClient(timeout=5) as http:
+            metrics = (await http.get(f"http://{METRICS}/metrics")).text
+        assert "meridian_controller_active 1.0" in metrics
+        assert "meridian_controller_datasets_owned 5.0" in metrics
+        assert central.has_event("failover_not_moved")  # the manual one, reported
 
         # Maintenance mode: kill the new owner; nothing moves while paused.
         assert run_cli(["pause", "--reason", "test"], env).returncode == 0
-        central = procs[0]
         central.kill()
         await asyncio.sleep(TTL + 2)
         assert await all_owned_by(coord, "eu-central", AUTOMATIC)
@@ -125,6 +150,9 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
     assert epoch_violations(sampler.samples) == []
     assert split_brain(DirectoryEpochs(fence).read_log()) == []
     history = json.loads(run_cli(["history", "--output", "json"], env).stdout)
+    rpo = {(h["dataset"], h["to"]): h["rpo_versions"] for h in history}
+    assert rpo[(AUTOMATIC[0], "eu-central")] == 1
+    assert rpo[(AUTOMATIC[1], "eu-central")] == 0
     moves = [(h["dataset"], h["from"], h["to"], h["reason"]) for h in history]
     assert sorted(moves) == sorted(
         [(d, "eu-west", "eu-central", "lease expired") for d in AUTOMATIC]

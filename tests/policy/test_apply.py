@@ -102,6 +102,24 @@ def test_apply_refuses_to_strand_replicas_and_changes_nothing(cat: Catalog) -> N
     assert apply_policy(cat, policy_of(eu_only), source="b", publisher=None).revision == 2
 
 
+def test_removing_a_region_that_holds_replicas_is_refused(cat: Catalog) -> None:
+    apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
+    cat.register_version("ckpt/llama-70b", "a", "v1", "d")
+    cat.set_replica_state("ckpt/llama-70b", "a", "v1", "eu-central", "completed")
+    without = (
+        EXAMPLE.replace("    - name: eu-central\n      jurisdiction: EU\n", "")
+        .replace(
+            "    - between: [eu-west, eu-central]\n      rtt: 12ms\n      bandwidth: 10Gbps\n", ""
+        )
+        .replace("regions: [eu-central]", "regions: []")
+        .replace("order: [eu-central]", "order: []")
+        .replace("count: 2", "count: 1")
+    )
+    with pytest.raises(StrandedReplicasError, match=r"in eu-central \(no longer in the topology\)"):
+        apply_policy(cat, policy_of(without), source="b", publisher=None)
+    assert len(revisions(cat)) == 1
+
+
 def test_widening_residency_clears_violations(cat: Catalog) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
     cat.register_version("ckpt/llama-70b", "a", "v1", "d")

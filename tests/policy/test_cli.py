@@ -114,8 +114,14 @@ def test_apply_without_yes_aborts_on_no(
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
-    assert run(["--catalog", catalog_url, "policy", "apply", str(EXAMPLE)]) == 1
+    assert run(["--catalog", catalog_url, "policy", "apply", "-o", "json", str(EXAMPLE)]) == 1
+    out, err = capsys.readouterr()
+    assert out.strip() == "" and "add Region us-east: jurisdiction: None -> 'US'" in err
     assert run(["--catalog", catalog_url, "policy", "plan", "-o", "json", str(EXAMPLE)]) == 2
+    assert json.loads(capsys.readouterr().out)  # nothing was applied
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    assert run(["--catalog", catalog_url, "policy", "apply", "-o", "json", str(EXAMPLE)]) == 0
+    assert json.loads(capsys.readouterr().out)["revision"] == 1
 
 
 def test_unmigrated_catalog_message(

@@ -72,9 +72,12 @@ def test_success_exits_zero(
     assert capsys.readouterr().out == "fine\n"
 
 
-def test_usage_error_exits_two(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main.run(["stack", "status", "--output", "yaml"]) == 2
-    assert "yaml" in capsys.readouterr().err
+def test_usage_error_is_one_sentence_and_exits_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.run(["stack", "status", "--output", "yaml"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "'yaml'" in err
+    assert err.endswith("see `meridian stack status --help`\n")
+    assert err.count("\n") == 1
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

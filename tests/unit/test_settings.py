@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from controlplane.errors import ConfigError
-from controlplane.settings import load_settings, parse_endpoints
+from controlplane.settings import find_home, load_settings, parse_endpoints
 
 
 def test_environment_with_prefix_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,3 +56,13 @@ def test_out_of_range_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MERIDIAN_LEASE_TTL_S", "0")
     with pytest.raises(ConfigError, match="LEASE_TTL_S"):
         load_settings()
+
+
+def test_home_is_found_from_a_subfolder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".meridian").mkdir()
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    monkeypatch.delenv("MERIDIAN_HOME", raising=False)
+    monkeypatch.chdir(deep)
+    assert load_settings().home == tmp_path.resolve() / ".meridian"
+    assert find_home(tmp_path / "a") == tmp_path.resolve() / ".meridian"
