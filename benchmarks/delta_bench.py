@@ -386,6 +386,17 @@ def targets(results: list[Result]) -> list[dict[str, object]]:
             ">= 2",
             mp.mb_s >= 2 * rp.mb_s,
         )
+        for op, ours_run, ref in (("signature", ms, rs), ("delta", md, rdd), ("patch", mp, rp)):
+            if ours_run.cpu_seconds > 0:
+                rows.append(
+                    {
+                        "workload": r.workload,
+                        "measure": f"(info) {op}: rdiff CPU s / our CPU s",
+                        "value": round(ref.cpu_seconds / ours_run.cpu_seconds, 3),
+                        "target": "-",
+                        "met": None,
+                    }
+                )
         add(
             r.workload,
             "delta size / rdiff",
