@@ -131,6 +131,22 @@ def _publisher(
     return EtcdPolicyPublisher(settings.etcd_endpoints, settings.etcd_timeout_s)
 
 
+def _confirm(question: str, action: str) -> None:
+    """Ask on the terminal; refuse (like the runbooks) when stdin is not one, so that a
+    piped `yes` or a CI job never applies policy without an explicit --yes."""
+    if not sys.stdin.isatty():
+        raise InvalidInputError(
+            f"{action} needs confirmation: pass --yes when not on a terminal; nothing was changed"
+        )
+    try:
+        agreed = typer.confirm(question, err=True)
+    except typer.Abort:
+        sys.stderr.write("\n")  # end of input: the prompt's line was never ended
+        raise
+    if not agreed:
+        raise typer.Abort()
+
+
 @app.command()
 def apply(
     ctx: typer.Context,
@@ -160,7 +176,7 @@ def apply(
                 typer.echo(
                     f"  {row['action']} {row['kind']} {row['name']}: {row['fields']}", err=True
                 )
-            typer.confirm(f"apply these {len(changes)} change(s)?", abort=True, err=True)
+            _confirm(f"apply these {len(changes)} change(s)?", f"applying {len(changes)} change(s)")
         result = apply_policy(cat, policy, source=describe_source(files), publisher=publisher)
     if fmt is Output.json:
         emit(

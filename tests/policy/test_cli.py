@@ -110,20 +110,46 @@ def test_invalid_apply_changes_nothing(
     assert run([*base, "plan", str(bad_file(tmp_path))]) == 1
 
 
+class TerminalInput(io.StringIO):
+    """Typed answers, as if from a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_apply_without_yes_aborts_on_no(
     catalog_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import io
-
-    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    monkeypatch.setattr("sys.stdin", TerminalInput("n\n"))
     assert run(["--catalog", catalog_url, "policy", "apply", "-o", "json", str(EXAMPLE)]) == 1
     out, err = capsys.readouterr()
     assert out.strip() == "" and "add Region us-east: jurisdiction: None -> 'US'" in err
     assert run(["--catalog", catalog_url, "policy", "plan", "-o", "json", str(EXAMPLE)]) == 2
     assert json.loads(capsys.readouterr().out)  # nothing was applied
-    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    monkeypatch.setattr("sys.stdin", TerminalInput("y\n"))
     assert run(["--catalog", catalog_url, "policy", "apply", "-o", "json", str(EXAMPLE)]) == 0
     assert json.loads(capsys.readouterr().out)["revision"] == 1
+
+
+def test_apply_refuses_a_non_terminal_without_yes(
+    catalog_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review P3: a piped "y" does not apply; the refusal is one sentence on its own line."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    assert run(["--catalog", catalog_url, "policy", "apply", str(EXAMPLE)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines()[-1] == (
+        "error: applying 9 change(s) needs confirmation: pass --yes when not on a terminal; "
+        "nothing was changed"
+    )
+    assert run(["--catalog", catalog_url, "policy", "plan", "-o", "json", str(EXAMPLE)]) == 2
+    capsys.readouterr()
+    # End of input at the prompt on a terminal: the error starts on a line of its own.
+    monkeypatch.setattr("sys.stdin", TerminalInput(""))
+    assert run(["--catalog", catalog_url, "policy", "apply", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-2:] == ["apply these 9 change(s)? [y/N]:", "error: aborted."], err
 
 
 def test_unmigrated_catalog_message(
