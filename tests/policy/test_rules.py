@@ -568,3 +568,15 @@ def test_wrong_api_version_does_not_hide_the_rest() -> None:
             ("rpo: 1s", 8, "is critical, so its rpo must be 0s"),
         ],
     )
+
+
+def test_empty_documents_are_ignored() -> None:
+    """Review P2: a trailing `---`, an empty or comment-only document are well formed."""
+    text = "---\n# a comment only\n---\n" + join(TOPOLOGY, "", POLICY) + "---\n...\n---\n"
+    assert problems_of(text) == []
+    assert problems_of(join(TOPOLOGY, POLICY) + "---\n") == []
+
+
+def test_null_document_is_not_empty() -> None:
+    text = join(TOPOLOGY, POLICY, "~\n")
+    assert_problem(text, "~", "a policy document must be a mapping")
