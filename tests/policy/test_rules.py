@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from controlplane.policy.compiler import compile_files, compile_text
 
@@ -399,6 +400,50 @@ def test_rule10_different_priority_is_fine() -> None:
 )
 def test_rule11_malformed(text: str, needle: str, fragment: str) -> None:
     assert_problem(text, needle, fragment)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "column", "fragment"),
+    [
+        # Review P6: a number and its unit are written together, for every unit.
+        ("rtt: 12ms", "rtt: 12 ms", 12, "malformed duration '12 ms'"),
+        ("bandwidth: 10Gbps", "bandwidth: 10 Gbps", 18, "malformed bandwidth '10 Gbps'"),
+        ("bandwidth: 10Gbps", "bandwidth: 0B/s", 18, "bandwidth '0B/s' must be greater than 0"),
+        ("bandwidth: 10Gbps", "bandwidth: 0.0MiB/s", 18, "must be greater than 0"),
+    ],
+)
+def test_rule11_units_spacing_and_zero_bandwidth(
+    old: str, new: str, column: int, fragment: str
+) -> None:
+    text = join(TOPOLOGY.replace(old, new), POLICY)
+    found = problems_of(text)
+    assert len(found) == 1 and found[0][:2] == (line_of(text, new), column), found
+    assert fragment in found[0][2]
+
+
+def test_schema_patterns_agree_with_the_validator() -> None:
+    """The JSON Schema's unit patterns accept exactly what `validate` accepts."""
+    import re
+
+    from controlplane.policy.models import Bandwidth, Duration
+
+    schema = {
+        name: re.compile(TypeAdapter(kind).json_schema()["pattern"])
+        for name, kind in (("d", Duration), ("b", Bandwidth))
+    }
+    samples = {
+        "d": ["0s", "12ms", "1.5h", "12 ms", "12", "ms", "-1s", " 1s"],
+        "b": ["500MiB/s", "0.5Gbps", "0B/s", "0.0KB/s", "500 MiB/s", "10gbps", "1e3B/s"],
+    }
+    for name, values in samples.items():
+        adapter = TypeAdapter(Duration if name == "d" else Bandwidth)
+        for value in values:
+            try:
+                adapter.validate_python(value)
+                accepted = True
+            except ValidationError:
+                accepted = False
+            assert accepted == bool(schema[name].search(value)), (name, value)
 
 
 # Rule 12: declared dataset selected by no policy; duplicate declared datasets.
