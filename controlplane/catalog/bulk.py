@@ -12,6 +12,8 @@ allowed`) with the same rule the API uses.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import json
 import operator
@@ -49,19 +51,8 @@ def _pg_time(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def _json_converter() -> Callable[[Any], str]:
-    cache: dict[tuple[str, ...], str] = {}
-
-    def convert(value: Any) -> str:
-        if not isinstance(value, list) or len(cache) > 10_000:
-            return json.dumps(value)
-        key = tuple(value)
-        text_ = cache.get(key)
-        if text_ is None:
-            text_ = cache[key] = json.dumps(value)
-        return text_
-
-    return convert
+def _json_text(value: Any) -> str:
+    return json.dumps(value)
 
 
 _PG_TYPES = {
@@ -88,7 +79,7 @@ def _converter(column: Column[Any], dialect: str) -> Callable[[Any], Any] | None
     """How to turn a column's Python values into driver values (None: as they are)."""
     kind = column.type
     if isinstance(kind, JSON):
-        return _json_converter()
+        return _json_text
     if isinstance(kind, UTCDateTime):
         return _sqlite_time if dialect == "sqlite" else _pg_time
     return None  # bool is an int, which SQLite stores as its BOOLEAN
@@ -98,8 +89,21 @@ _ISO = operator.methodcaller("isoformat", " ", "microseconds")
 _NAIVE_LEN = len("2026-01-01 00:00:00.000000")
 
 
+def _json_column(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """JSON text of each value, serialising each distinct object of the batch once.
+
+    Bulk rows mostly share a few list objects (a residency, a replica set), so the
+    memo is keyed by object identity, which is safe here: the batch keeps every value
+    alive while it is converted. NULL stays NULL. Every step maps in C."""
+    by_id = dict(zip(map(id, values), values, strict=True))
+    memo = {key: (None if obj is None else json.dumps(obj)) for key, obj in by_id.items()}
+    return tuple(map(memo.__getitem__, map(id, values)))
+
+
 def _convert_column(values: tuple[Any, ...], conv: Callable[[Any], Any]) -> tuple[Any, ...]:
     """One column of a batch, converted; C-level mapping on the common paths."""
+    if conv is _json_text:
+        return _json_column(values)
     if conv is _sqlite_time and None not in values:
         # Naive timestamps (UTC) format in C; any aware ones are redone one by one.
         out = tuple(map(_ISO, values))
@@ -150,9 +154,25 @@ def bulk_load(
     cheaper than maintaining it per row. Use it on a catalog no one else is writing
     (an import, a benchmark): on PostgreSQL it holds an exclusive lock on the table.
     """
-    if engine.dialect.name == "postgresql":
-        return _load_postgres(engine, table, columns, rows, defer_checks)
-    return _load_sqlite(engine, table, columns, rows, defer_checks)
+    with _no_cyclic_gc():
+        if engine.dialect.name == "postgresql":
+            return _load_postgres(engine, table, columns, rows, defer_checks)
+        return _load_sqlite(engine, table, columns, rows, defer_checks)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause Python's cycle collector for the load. Every batch allocates hundreds of
+    thousands of tuples, which would trigger a collection every few hundred rows, each
+    scanning the whole batch; rows hold no reference cycles, so nothing is lost by
+    collecting once afterwards. (Process-wide: this is an import tool, not a server.)"""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _deferred(table: str, defer: bool) -> tuple[list[Index], list[ForeignKeyConstraint]]:
