@@ -21,7 +21,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Engine, ForeignKeyConstraint, Index, text
+from sqlalchemy import (
+    JSON,
+    Column,
+    Engine,
+    ForeignKeyConstraint,
+    Index,
+    PrimaryKeyConstraint,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import AddConstraint, CreateIndex
 
@@ -149,10 +158,12 @@ def bulk_load(
     With `defer_checks`, the table's secondary (non-unique) indexes are dropped and
     its foreign keys are not checked row by row; within the same transaction the
     indexes are rebuilt once and the foreign keys checked once over the whole table
-    (a violation rolls everything back). Primary and unique keys always stay, so
-    duplicates are refused as usual. Building an index from all rows at once is far
-    cheaper than maintaining it per row. Use it on a catalog no one else is writing
-    (an import, a benchmark): on PostgreSQL it holds an exclusive lock on the table.
+    (a violation rolls everything back). Duplicates are always refused: keys stay in
+    place, except on PostgreSQL those no foreign key refers to, which are rebuilt
+    with the indexes (a duplicate then rolls everything back). Building an index from
+    all rows at once is far cheaper than maintaining it per row. Use it on a catalog
+    no one else is writing (an import, a benchmark): on PostgreSQL it holds an
+    exclusive lock on the table.
     """
     with _no_cyclic_gc():
         if engine.dialect.name == "postgresql":
@@ -184,6 +195,29 @@ def _deferred(table: str, defer: bool) -> tuple[list[Index], list[ForeignKeyCons
     return indexes, fks
 
 
+def _deferred_keys(table: str, defer: bool) -> list[PrimaryKeyConstraint | UniqueConstraint]:
+    """The primary and unique keys of `table` that no foreign key refers to: PostgreSQL
+    can drop these for the load and rebuild them once (a sort instead of a B-tree
+    descent per row; with text keys each descent compares under the database's
+    collation). A duplicate then fails the rebuild, which rolls back the whole load."""
+    if not defer:
+        return []
+    meta = Base.metadata.tables[table]
+    referenced = {
+        frozenset(el.column.name for el in fk.elements)
+        for other in Base.metadata.tables.values()
+        for fk in other.foreign_key_constraints
+        if fk.referred_table is meta
+    }
+    keys: list[PrimaryKeyConstraint | UniqueConstraint] = [
+        c
+        for c in meta.constraints
+        if isinstance(c, PrimaryKeyConstraint | UniqueConstraint)
+        and frozenset(col.name for col in c.columns) not in referenced
+    ]
+    return sorted(keys, key=lambda c: str(c.name))
+
+
 def _load_postgres(
     engine: Engine,
     table: str,
@@ -194,6 +228,7 @@ def _load_postgres(
     cols = ", ".join(_ident(c) for c in columns)
     name = _ident(table)
     indexes, fks = _deferred(table, defer)
+    keys = _deferred_keys(table, defer)
     dialect = engine.dialect
     count = 0
     raw = engine.raw_connection()
@@ -206,6 +241,8 @@ def _load_postgres(
             cur.execute(f"ALTER TABLE {name} DROP CONSTRAINT {_ident(str(fk.name))}")
         for ix in indexes:
             cur.execute(f"DROP INDEX {_ident(str(ix.name))}")
+        for key in keys:
+            cur.execute(f"ALTER TABLE {name} DROP CONSTRAINT {_ident(str(key.name))}")
         # Binary COPY: the server skips text parsing, the client skips formatting.
         with cur.copy(f"COPY {name} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types([_pg_type(Base.metadata.tables[table].c[c], dialect) for c in columns])
@@ -213,6 +250,8 @@ def _load_postgres(
                 for row in batch:
                     copy.write_row(row)
                 count += len(batch)
+        for key in keys:  # refuses duplicates, as the key would have row by row
+            cur.execute(str(AddConstraint(key).compile(dialect=dialect)))
         for ix in indexes:
             cur.execute(str(CreateIndex(ix).compile(dialect=dialect)))
         for fk in fks:  # validates every row once
