@@ -98,21 +98,29 @@ _ISO = operator.methodcaller("isoformat", " ", "microseconds")
 _NAIVE_LEN = len("2026-01-01 00:00:00.000000")
 
 
-def _json_column(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """JSON text of each value, serialising each distinct object of the batch once.
+def _by_identity(
+    values: tuple[Any, ...], conv: Callable[[Any], Any], *, always: bool
+) -> tuple[Any, ...] | None:
+    """Each value converted once per distinct object of the batch (NULL stays NULL).
 
-    Bulk rows mostly share a few list objects (a residency, a replica set), so the
-    memo is keyed by object identity, which is safe here: the batch keeps every value
-    alive while it is converted. NULL stays NULL. Every step maps in C."""
+    Bulk rows often share objects (one residency list, one timestamp for a whole
+    table), so the memo is keyed by object identity, which is safe here: the batch
+    keeps every value alive while it is converted. Every step maps in C. Returns None,
+    unless `always`, when fewer than half of the values repeat (the memo would not pay).
+    """
     by_id = dict(zip(map(id, values), values, strict=True))
-    memo = {key: (None if obj is None else json.dumps(obj)) for key, obj in by_id.items()}
+    if not always and len(by_id) * 2 > len(values):
+        return None
+    memo = {key: (None if obj is None else conv(obj)) for key, obj in by_id.items()}
     return tuple(map(memo.__getitem__, map(id, values)))
 
 
 def _convert_column(values: tuple[Any, ...], conv: Callable[[Any], Any]) -> tuple[Any, ...]:
     """One column of a batch, converted; C-level mapping on the common paths."""
-    if conv is _json_text:
-        return _json_column(values)
+    # JSON is always memoised: serialising costs far more than the memo.
+    shared = _by_identity(values, conv, always=conv is _json_text)
+    if shared is not None:
+        return shared
     if conv is _sqlite_time and None not in values:
         # Naive timestamps (UTC) format in C; any aware ones are redone one by one.
         out = tuple(map(_ISO, values))
