@@ -146,7 +146,7 @@ def parse_document(raw: RawDocument) -> Checked:
                 # Point at the key of the mapping that lacks the field.
                 loc, at_key = loc[:-1], True
             problems.append(raw.problem(loc, message, key=at_key))
-        blanked = blank_out(data, errors, sorted(meant))
+        blanked = blank_out(data, errors, list(meant))
         return Checked(raw, None, read_loose(kind, blanked), blanked, problems)
     if not isinstance(parsed, Topology | ReplicationPolicy | DatasetDoc):
         raise TypeError(f"unexpected model {type(parsed).__name__}")  # KINDS holds only these
