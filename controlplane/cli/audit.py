@@ -44,7 +44,12 @@ def parse_since(text: str | None, *, now: datetime | None = None) -> datetime | 
     match = _SINCE.match(text.strip())
     if match:
         seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
-        return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+        try:
+            return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+        except OverflowError:
+            raise InvalidInputError(
+                f"--since {text!r} reaches back before the year 1; give a shorter duration"
+            ) from None
     try:
         stamp = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
