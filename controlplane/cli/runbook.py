@@ -22,6 +22,7 @@ from rich.table import Table
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
 from controlplane.coordination.decide import Plan
 from controlplane.coordination.failover import MoveResult
+from controlplane.coordination.runbooks import NotMovedError
 from controlplane.coordination.session import open_session
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.errors import InvalidInputError
@@ -53,8 +54,8 @@ def print_plan(plan: Plan, title: str, output: Output | None, *, dry_run: bool) 
         for r in plan.rejected:
             rej.add_row(r.dataset, r.region, r.reason)
         console.print(rej)
-    if plan.unmoved:
-        console.print(f"not moved (no eligible candidate): {', '.join(plan.unmoved)}")
+    for u in plan.unmoved:
+        console.print(f"not movable: {u.dataset}: {u.reason}")
 
 
 def confirm(question: str, yes: bool) -> None:
@@ -134,11 +135,20 @@ def failover(
             print_plan(plan, f"failover of {source}", output, dry_run=dry_run)
             if dry_run:
                 return
-            confirm(f"Fail over {len(plan.moves)} dataset(s) from {source}?", yes)
-            results = await s.runbooks.run_failover(
-                plan, pctx, reason=reason or f"operator failover from {source}", force=force
-            )
+            results: list[MoveResult] = []
+            if plan.moves:
+                confirm(f"Fail over {len(plan.moves)} dataset(s) from {source}?", yes)
+                results = await s.runbooks.run_failover(
+                    plan, pctx, reason=reason or f"operator failover from {source}", force=force
+                )
             emit_results(results, output)
+            # An emergency moves what it can; whatever the dead region still owns is a
+            # failure of the command, named with its reason.
+            left = await s.runbooks.left_behind(source, plan)
+            if left:
+                raise NotMovedError(
+                    f"failover of {source} is incomplete, {source} still owns them", left
+                )
 
     asyncio.run(go())
 

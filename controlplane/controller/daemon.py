@@ -391,8 +391,8 @@ class RegionController:
                 candidate=r.region,
                 reason=r.reason,
             )
-        for d in plan.unmoved:
-            log.warning("failover_not_moved", dataset=d, region=region)
+        for u in plan.unmoved:
+            log.warning("failover_not_moved", dataset=u.dataset, region=region, reason=u.reason)
         results = await asyncio.gather(
             *(
                 apply_move(

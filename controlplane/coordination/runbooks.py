@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from controlplane.coordination.decide import (
     Move,
     Plan,
-    Rejection,
+    Unmoved,
     candidate_rejection,
     plan_moves,
 )
@@ -44,6 +44,7 @@ from controlplane.coordination.view import (
 )
 from controlplane.errors import (
     ConflictError,
+    InvalidInputError,
     NotFoundError,
     OperationTimeoutError,
     RefusedError,
@@ -56,6 +57,21 @@ log = get_logger(__name__)
 
 class SwitchoverAbortedError(OperationTimeoutError):
     """The target did not catch up in time; the previous owner was restored."""
+
+
+class NotMovedError(RefusedError):
+    """A failover or drain cannot move (or did not move) some datasets away from a region."""
+
+    def __init__(self, what: str, left: list[Unmoved]) -> None:
+        self.left = left
+        items = "; ".join(f"{u.dataset}: {u.reason}" for u in left)
+        super().__init__(f"{what}: {len(left)} dataset(s) not moved ({items})")
+
+
+NOT_COMMITTED = (
+    "its move did not commit (the target's liveness or state changed after the plan "
+    "was made); run the command again"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +245,10 @@ class Runbooks:
         self._region(ctx, source, "source")
         if to is not None:
             self._region(ctx, to, "target")
+            if to == source:
+                raise InvalidInputError(
+                    f"--to {to} is the region being failed over; name another region"
+                )
         if ctx.view.is_alive(source) and not force:
             raise RefusedError(
                 f"region {source} is still alive (its controller holds the liveness lease); "
@@ -243,7 +263,7 @@ class Runbooks:
             automatic=False,
         )
         if to is not None and plan.unmoved:
-            reasons = "; ".join(f"{r.dataset}: {r.reason}" for r in plan.rejected)
+            reasons = "; ".join(f"{u.dataset}: {u.reason}" for u in plan.unmoved)
             raise RefusedError(f"failover of {source} to {to} refused: {reasons}")
         return plan, ctx
 
@@ -275,27 +295,18 @@ class Runbooks:
 
     # -- drain -----------------------------------------------------------------
     async def plan_drain(self, region: str) -> tuple[Plan, Context]:
+        """Planned moves of everything `region` owns (manual-mode datasets too: an
+        operator asked for the drain); candidates are home, then failover.order."""
         ctx = await self.context()
         self._region(ctx, region, "")
-        plan = Plan()
-        for dataset in ctx.view.owned_by(region):
-            placement = ctx.placements.get(dataset)
-            if placement is None:
-                continue
-            owner = ctx.view.owners[dataset]
-            chosen = None
-            for cand in placement.failover_order:
-                why = candidate_rejection(
-                    placement, cand, ctx.view, ctx.jurisdictions, source=region
-                )
-                if why is None:
-                    chosen = cand
-                    break
-                plan.rejected.append(Rejection(dataset, cand, why))
-            if chosen is None:
-                plan.unmoved.append(dataset)
-            else:
-                plan.moves.append(Move(dataset, region, chosen, owner.epoch))
+        plan = plan_moves(
+            ctx.view,
+            list(ctx.placements.values()),
+            ctx.jurisdictions,
+            source=region,
+            automatic=False,
+            move_manual=True,
+        )
         return plan, ctx
 
     async def run_drain(
@@ -307,6 +318,13 @@ class Runbooks:
             await self.run_switchover(m, reason=reason, timeout_s=timeout_s, kind="drain")
             for m in plan.moves
         ]
+
+    async def left_behind(self, region: str, plan: Plan) -> list[Unmoved]:
+        """The datasets `region` still owns after a failover or drain ran, with why:
+        the plan's reason for those it could not move, else that the move did not commit."""
+        view = await read_view(self.coord)
+        why = {u.dataset: u.reason for u in plan.unmoved}
+        return [Unmoved(d, why.get(d, NOT_COMMITTED)) for d in view.owned_by(region)]
 
     async def undrain(self, region: str) -> None:
         ctx = await self.context()

@@ -234,3 +234,46 @@ def test_controller_for_an_unknown_region_exits_nonzero(
     code, _, err = cli(capsys, "controller", "run", "--region", "mars-1")
     assert code != 0
     assert "region 'mars-1' is not in the applied topology" in err
+
+
+def test_home_region_takes_a_dataset_back_and_unmovable_datasets_fail_the_command(
+    world: dict[str, str], etcd3: EtcdCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """C1: home is a candidate; a runbook that cannot move a dataset exits 1 naming it."""
+    switch = ["switchover", "--dataset", "ckpt/d000", "--to", "eu-central", "--yes"]
+    assert cli(capsys, *switch)[0] == 0
+    # Draining eu-central sends ckpt/d000 home (failover.order has only eu-central/-north).
+    code, out, err = cli(capsys, "region", "drain", "eu-central", "--yes", "-o", "json")
+    assert code == 0, err
+    assert [(m["dataset"], m["to"]) for m in json.loads(out)] == [("ckpt/d000", "eu-west")]
+    assert cli(capsys, "region", "undrain", "eu-central")[0] == 0
+    assert cli(capsys, *switch)[0] == 0
+    asyncio.run(_cleanup_key(etcd3.endpoints, keys.alive("eu-central")))  # eu-central dies
+    code, out, _ = cli(capsys, "failover", "--from", "eu-central", "--dry-run", "-o", "json")
+    plan = json.loads(out)
+    assert code == 0 and plan["moves"][0]["to"] == "eu-west"
+    assert all(r["region"] != "eu-central" for r in plan["rejected"])
+    code, out, err = cli(capsys, "failover", "--from", "eu-central", "--yes", "-o", "json")
+    assert code == 0, err
+    assert [(m["dataset"], m["to"]) for m in json.loads(out)] == [("ckpt/d000", "eu-west")]
+    # Now eu-west owns everything and both EU alternatives are dead: nothing can move.
+    before = asyncio.run(_owners(etcd3.endpoints))
+    code, out, err = cli(capsys, "region", "drain", "eu-west", "--yes", "-o", "json")
+    last = err.splitlines()[-1]  # the plan went to stderr first (stdout is for JSON)
+    assert code == 1 and out == ""
+    assert last.startswith("error: drain of eu-west refused, nothing changed: 3 dataset(s)")
+    assert "ckpt/d000: no eligible candidate (eu-central: dead, eu-north: dead)" in last
+    assert "pinned/p0" in last
+    code, out, err = cli(capsys, "failover", "--from", "eu-west", "--force", "--yes", "-o", "json")
+    last = err.splitlines()[-1]
+    assert code == 1 and json.loads(out) == []
+    assert "failover of eu-west is incomplete" in last and "ckpt/d001: no eligible" in last
+    assert "pinned/p0: manual mode" in last
+    assert asyncio.run(_owners(etcd3.endpoints)) == before
+    code, out, _ = cli(capsys, "region", "list", "-o", "json")
+    assert {r["name"]: r["state"] for r in json.loads(out)}["eu-west"] == "active"
+
+
+async def _cleanup_key(endpoints: list[str], key: str) -> None:
+    async with EtcdCoordination(endpoints, timeout_s=5) as c:
+        await c.delete(key)
