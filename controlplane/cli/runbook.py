@@ -22,7 +22,7 @@ from rich.table import Table
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
 from controlplane.coordination.decide import Plan
 from controlplane.coordination.failover import MoveResult
-from controlplane.coordination.runbooks import NotMovedError
+from controlplane.coordination.runbooks import NotMovedError, outcome_of
 from controlplane.coordination.session import open_session
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.errors import InvalidInputError
@@ -191,6 +191,21 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
 
 
+HISTORY_COLUMNS = [
+    "id",
+    "dataset",
+    "from",
+    "to",
+    "epoch",
+    "kind",
+    "outcome",
+    "reason",
+    "actor",
+    "started_at",
+    "completed_at",
+]
+
+
 def history(
     ctx: typer.Context,
     since: Annotated[str | None, typer.Option("--since", help="e.g. 30m, 24h, 7d")] = None,
@@ -218,15 +233,12 @@ def history(
             "started_at": rfc3339(e.started_at),
             "completed_at": rfc3339(e.completed_at),
             "rpo_versions": e.rpo_versions,
-            "aborted": bool(e.details.get("aborted", False)),
+            "outcome": outcome_of(e),
+            "aborted": outcome_of(e) == "aborted",
         }
         for e in entries
     ]
-    emit(
-        rows,
-        output,
-        columns=["dataset", "from", "to", "epoch", "kind", "reason", "actor", "started_at"],
-    )
+    emit(rows, output, columns=HISTORY_COLUMNS)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,8 +2,10 @@
 
 Imports the catalog lazily so that coordination's unit tests do not need a
 database. `kind` values follow the catalog's journal (`automatic`, `switchover`,
-`failover`, `drain`); an aborted switchover is journaled as `switchover` with
-`details.aborted = true`, its epoch the unchanged one.
+`failover`, `drain`). The journal has no outcome column, so an aborted switchover
+(see `runbooks.aborted_entry`) is journaled with its kind, `to` = the region that
+kept ownership, no `completed_at`, a reason starting "aborted: ", its epoch the
+unchanged one, and `details.aborted = true`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from controlplane.coordination.decide import (
     Move,
@@ -34,7 +35,7 @@ from controlplane.coordination.sources import (
     PlacementInfo,
     PlacementSource,
 )
-from controlplane.coordination.timeutil import utcnow
+from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.coordination.view import (
     ClusterView,
     RegionState,
@@ -72,6 +73,70 @@ NOT_COMMITTED = (
     "its move did not commit (the target's liveness or state changed after the plan "
     "was made); run the command again"
 )
+
+
+ABORTED_PREFIX = "aborted: "
+
+
+def aborted_entry(
+    move: Move,
+    handover_revision: int,
+    *,
+    kind: str,
+    reason: str,
+    actor: str,
+    started: datetime,
+    missing: list[str],
+    why: str,
+    restored: bool,
+) -> JournalEntry:
+    """The journal row of a switchover that did not move ownership.
+
+    The catalog's journal has no outcome column (and its `kind` is one of
+    automatic/switchover/failover/drain), so the outcome is written in the fields
+    every output format of `history` and `audit failovers` shows: `to` is the region
+    that kept ownership (no move happened), `completed_at` is empty (the move never
+    completed), and `reason` starts with "aborted: " and names the intended target and
+    why. `details` keeps the structured facts (aborted, intended_to, ended_at, ...).
+    """
+    kept = (
+        f"{move.from_region} kept ownership at epoch {move.epoch_before}"
+        if restored
+        else "its handover mark was already gone"
+    )
+    return JournalEntry(
+        id=f"{move.dataset}@{move.epoch_before}-abort-{handover_revision}",
+        dataset=move.dataset,
+        from_region=move.from_region,
+        to_region=move.from_region,
+        epoch=move.epoch_before,
+        kind=kind,
+        reason=(
+            f"{ABORTED_PREFIX}{kind} to {move.to_region} not done, {why}; {kept} "
+            f"(reason given: {reason})"
+        ),
+        actor=actor,
+        detected_at=None,
+        started_at=started,
+        completed_at=None,
+        rpo_versions=len(missing),
+        details={
+            "aborted": True,
+            "outcome": "aborted",
+            "intended_to": move.to_region,
+            "reason_given": reason,
+            "ended_at": rfc3339(utcnow()),
+            "restored": restored,
+            "incomplete_versions": missing[:100],
+        },
+    )
+
+
+def outcome_of(entry: JournalEntry) -> str:
+    """ "aborted" for a switchover that did not move ownership, else "moved"."""
+    if entry.details.get("aborted") or entry.reason.startswith(ABORTED_PREFIX):
+        return "aborted"
+    return "moved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,26 +253,22 @@ class Runbooks:
             epoch = await self.ownership.complete_handover(
                 handover, reason=reason, actor=self.actor
             )
-        except BaseException:
+        except BaseException as exc:
             restored = await self.ownership.abort_handover(handover)
-            entry = JournalEntry(
-                id=f"{move.dataset}@{move.epoch_before}-abort-{handover.create_revision}",
-                dataset=move.dataset,
-                from_region=move.from_region,
-                to_region=move.to_region,
-                epoch=move.epoch_before,
+            entry = aborted_entry(
+                move,
+                handover.create_revision,
                 kind=kind,
                 reason=reason,
                 actor=self.actor,
-                detected_at=None,
-                started_at=started,
-                completed_at=utcnow(),
-                rpo_versions=len(missing),
-                details={
-                    "aborted": True,
-                    "restored": restored,
-                    "incomplete_versions": missing[:100],
-                },
+                started=started,
+                missing=missing,
+                why=(
+                    f"{len(missing)} version(s) still incomplete there after {timeout_s:g} s"
+                    if isinstance(exc, SwitchoverAbortedError)
+                    else f"interrupted ({type(exc).__name__}: {exc})"
+                ),
+                restored=restored,
             )
             await asyncio.to_thread(self.journal.append, entry)
             log.warning("switchover_aborted", dataset=move.dataset, to=move.to_region)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,7 +138,10 @@ def test_bad_input_gets_one_sentence_and_changes_nothing(
 
 
 def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
-    world: dict[str, str], etcd3: EtcdCluster, capsys: pytest.CaptureFixture[str]
+    world: dict[str, str],
+    etcd3: EtcdCluster,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     catalog = open_catalog(world["MERIDIAN_CATALOG"])
     try:
@@ -180,11 +185,16 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
     assert moved["to"] == "eu-central" and moved["epoch"] > before[1]
     code, out, _ = cli(capsys, "history", "-o", "json")
     history = json.loads(out)
-    assert [(h["kind"], h["aborted"], h["reason"]) for h in history] == [
-        ("switchover", True, "rebalance"),
-        ("switchover", False, "rebalance"),
+    assert [(h["kind"], h["outcome"], h["to"], h["completed_at"] is None) for h in history] == [
+        ("switchover", "aborted", "eu-west", True),  # no move: eu-west kept it
+        ("switchover", "moved", "eu-central", False),
     ]
+    assert history[0]["reason"].startswith("aborted: switchover to eu-central not done, 1 ")
+    assert history[0]["reason"].endswith("(reason given: rebalance)")
+    assert history[1]["reason"] == "rebalance"
     assert all("@" in h["actor"] for h in history)  # the OS user and host
+    monkeypatch.setenv("COLUMNS", "1000")  # a wide table, so its cells are not folded
+    _assert_aborted_row_is_visible_in_every_format(capsys, history[0]["id"])
     code, out, _ = cli(capsys, "dataset", "list", "-o", "json")
     rows = {r["name"]: r for r in json.loads(out)}
     assert (
@@ -277,3 +287,24 @@ def test_home_region_takes_a_dataset_back_and_unmovable_datasets_fail_the_comman
 async def _cleanup_key(endpoints: list[str], key: str) -> None:
     async with EtcdCoordination(endpoints, timeout_s=5) as c:
         await c.delete(key)
+
+
+def _assert_aborted_row_is_visible_in_every_format(
+    capsys: pytest.CaptureFixture[str], aborted_id: str
+) -> None:
+    """C3: an auditor tells the aborted switchover from a move in csv, json and table."""
+    contract = ["id", "dataset", "from", "to", "epoch", "reason", "actor", "started_at"]
+    for command in (["history"], ["audit", "failovers"]):
+        code, out, _ = cli(capsys, *command, "-o", "csv")
+        assert code == 0
+        rows = list(csv.DictReader(io.StringIO(out)))
+        assert set(rows[0]) >= {*contract, "completed_at"}, command
+        [aborted] = [r for r in rows if r["id"] == aborted_id]
+        assert aborted["from"] == aborted["to"] == "eu-west", command
+        assert aborted["reason"].startswith("aborted: switchover to eu-central"), command
+        assert aborted["completed_at"] == "", command
+        code, out, _ = cli(capsys, *command, "-o", "table")
+        assert code == 0 and "aborted: switchover to eu-central" in out, command
+        code, out, _ = cli(capsys, *command, "-o", "json")
+        [row] = [r for r in json.loads(out) if r["id"] == aborted_id]
+        assert row["to"] == "eu-west" and row["completed_at"] is None, command

@@ -96,6 +96,10 @@ async def test_switchover_aborted_on_timeout_restores_the_previous_owner(
     assert after == before  # same owner, same epoch, no handover mark left
     [entry] = journal.since(None)
     assert entry.details["aborted"] is True and entry.epoch == before.epoch
+    # No move happened: the row says so in the fields every output format shows.
+    assert (entry.from_region, entry.to_region, entry.completed_at) == ("eu-west", "eu-west", None)
+    assert entry.reason.startswith("aborted: switchover to eu-central not done")
+    assert entry.details["intended_to"] == "eu-central"
 
 
 async def test_switchover_waits_for_the_target_to_catch_up(coord: EtcdCoordination) -> None:
