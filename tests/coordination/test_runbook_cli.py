@@ -7,6 +7,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,47 @@ def _assert_aborted_row_is_visible_in_every_format(
         code, out, _ = cli(capsys, *command, "-o", "json")
         [row] = [r for r in json.loads(out) if r["id"] == aborted_id]
         assert row["to"] == "eu-west" and row["completed_at"] is None, command
+
+
+def test_dataset_list_and_show_cover_unplaced_datasets_exact_names_and_lag(
+    world: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """C2: unplaced datasets are listed, `show` takes an exact name, lag_s is measured."""
+    catalog = open_catalog(world["MERIDIAN_CATALOG"])
+    try:
+        catalog.register_dataset("scratch/x")  # no applied policy selects scratch/*
+        written = datetime.now(UTC) - timedelta(seconds=30)
+        catalog.register_version(
+            "ckpt/d000", "shard-0", "v1", "sha256:aa", origin_region="eu-west", created_at=written
+        )
+        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-west", "completed")
+        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-central", "completed")
+        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-north", "pending")
+    finally:
+        catalog.close()
+    code, out, _ = cli(capsys, "dataset", "list", "-o", "json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0 and set(rows) == {"ckpt/d000", "ckpt/d001", "pinned/p0", "scratch/x"}
+    assert (rows["scratch/x"]["class"], rows["scratch/x"]["policy"]) == (None, None)
+    assert rows["scratch/x"]["lag_s"] is None and rows["scratch/x"]["replicas"] == []
+    assert 29 <= rows["ckpt/d000"]["lag_s"] < 120  # eu-north has not completed v1
+    assert rows["ckpt/d001"]["lag_s"] == 0.0  # nothing written: nothing behind
+    code, out, _ = cli(capsys, "dataset", "list", "--glob", "scratch/*", "-o", "json")
+    assert [r["name"] for r in json.loads(out)] == ["scratch/x"]
+    code, _, err = cli(capsys, "dataset", "show", "*")
+    assert code == 1 and "unknown dataset '*'" in err
+    code, out, _ = cli(capsys, "dataset", "show", "scratch/x", "-o", "json")
+    assert code == 0 and json.loads(out)["objects"] == []
+    monkeypatch.setenv("COLUMNS", "300")
+    code, out, _ = cli(capsys, "dataset", "show", "ckpt/d000", "-o", "table")
+    assert code == 0 and "where each version lives" in out and "eu-north" in out
+    assert not out.lstrip().startswith("{")
+    code, out, _ = cli(capsys, "dataset", "show", "ckpt/d000", "-o", "csv")
+    shown = list(csv.DictReader(io.StringIO(out)))
+    assert {(r["name"], r["region"], r["state"]) for r in shown} == {
+        ("ckpt/d000", "eu-west", "completed"),
+        ("ckpt/d000", "eu-central", "completed"),
+        ("ckpt/d000", "eu-north", "pending"),
+    }
