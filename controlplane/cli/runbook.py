@@ -10,9 +10,7 @@ the plan and the prompt then go to stderr.
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
-from datetime import timedelta
 from typing import Annotated
 
 import typer
@@ -20,11 +18,12 @@ from rich.console import Console
 from rich.table import Table
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
+from controlplane.cli.since import parse_since
 from controlplane.coordination.decide import Plan
 from controlplane.coordination.failover import MoveResult
 from controlplane.coordination.runbooks import NotMovedError, outcome_of
 from controlplane.coordination.session import open_session
-from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.coordination.timeutil import rfc3339
 from controlplane.errors import InvalidInputError
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and change nothing")]
@@ -178,19 +177,6 @@ def resume(ctx: typer.Context) -> None:
     typer.echo("automatic failover resumed")
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
-
-
-def parse_duration(text: str) -> timedelta:
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise InvalidInputError(
-            f"--since {text!r} is not a duration; give a number with s, m, h or d, such as 24h"
-        )
-    value, unit = float(match.group(1)), match.group(2)
-    return timedelta(seconds=value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
-
-
 HISTORY_COLUMNS = [
     "id",
     "dataset",
@@ -208,11 +194,14 @@ HISTORY_COLUMNS = [
 
 def history(
     ctx: typer.Context,
-    since: Annotated[str | None, typer.Option("--since", help="e.g. 30m, 24h, 7d")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="only the last DURATION (30m, 12h, 7d), or an RFC 3339 time"),
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
     """The failover journal: every ownership move, who made it, why, and when."""
-    start = utcnow() - parse_duration(since) if since else None
+    start = parse_since(since)
     from controlplane.coordination.catalog_bridge import CatalogBridge
 
     catalog = CatalogBridge.open(settings_from(ctx).catalog)

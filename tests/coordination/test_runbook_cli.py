@@ -237,6 +237,17 @@ def test_region_list_pause_resume_and_undrain(
     assert cli(capsys, "region", "undrain", "eu-west")[0] == 0
     code, out, _ = cli(capsys, "history", "-o", "json")
     assert {h["kind"] for h in json.loads(out)} == {"drain"}
+    # C4: one --since parser for history and audit: durations and RFC 3339, bounded.
+    for command in (["history"], ["audit", "failovers"]):
+        for since, count in (("2026-01-01T00:00:00Z", 3), ("2999-01-01T00:00:00Z", 0)):
+            code, out, err = cli(capsys, *command, "--since", since, "-o", "json")
+            assert code == 0 and len(json.loads(out)) == count, (command, since, err)
+        code, out, _ = cli(capsys, *command, "--since", "1h", "-o", "json")
+        assert code == 0 and len(json.loads(out)) == 3
+        for bad, needle in (("99999999999d", "more than 36500 days"), ("yesterday", "neither")):
+            code, _, err = cli(capsys, *command, "--since", bad)
+            assert code == 1 and needle in err and err.count("\n") == 1, (command, err)
+            assert "internal error" not in err
 
 
 def test_controller_for_an_unknown_region_exits_nonzero(
