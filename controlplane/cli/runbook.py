@@ -24,6 +24,7 @@ from controlplane.coordination.failover import MoveResult
 from controlplane.coordination.runbooks import NotMovedError, outcome_of
 from controlplane.coordination.session import open_session
 from controlplane.coordination.timeutil import rfc3339
+from controlplane.coordination.view import Maintenance
 from controlplane.errors import InvalidInputError
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and change nothing")]
@@ -158,12 +159,16 @@ def pause(
 ) -> None:
     """Maintenance mode: automatic failover off (operators' runbooks still work)."""
 
-    async def go() -> None:
+    async def go() -> Maintenance | None:
         async with open_session(settings_from(ctx)) as s:
-            await s.runbooks.pause(reason or "maintenance")
+            return await s.runbooks.pause(reason or "maintenance")
 
-    asyncio.run(go())
-    typer.echo("automatic failover paused")
+    earlier = asyncio.run(go())
+    if earlier is None:
+        typer.echo("automatic failover paused")
+    else:
+        # Keep the first pause's reason, actor and time: they say why it is paused.
+        typer.echo(f"automatic failover was already paused {earlier.describe()}; left as it was")
 
 
 def resume(ctx: typer.Context) -> None:

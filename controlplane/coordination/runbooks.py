@@ -38,6 +38,7 @@ from controlplane.coordination.sources import (
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.coordination.view import (
     ClusterView,
+    Maintenance,
     RegionState,
     read_view,
     set_maintenance,
@@ -392,8 +393,9 @@ class Runbooks:
         self._region(ctx, region, "")
         await set_region_state(self.coord, region, RegionState.ACTIVE)
 
-    async def pause(self, reason: str) -> None:
-        await set_maintenance(self.coord, True, reason=reason, actor=self.actor)
+    async def pause(self, reason: str) -> Maintenance | None:
+        """Pause automatic failover; the earlier pause (left as it was) if already paused."""
+        return await set_maintenance(self.coord, True, reason=reason, actor=self.actor)
 
     async def resume(self) -> None:
         await set_maintenance(self.coord, False, reason="", actor=self.actor)

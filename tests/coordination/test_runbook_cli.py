@@ -228,7 +228,14 @@ def test_region_list_pause_resume_and_undrain(
     assert regions["eu-west"]["owns"] == ["ckpt/d000", "ckpt/d001", "pinned/p0"]
     assert regions["eu-north"]["alive"] is False and regions["eu-west"]["state"] == "active"
     assert cli(capsys, "pause", "--reason", "upgrade")[0] == 0
+    first = asyncio.run(_get(etcd3.endpoints, keys.MAINTENANCE))
+    # C5: a second pause keeps the first one's reason, actor and time, and says so.
+    code, out, _ = cli(capsys, "pause", "--reason", "another")
+    assert code == 0 and "already paused since" in out and "(upgrade)" in out
+    assert asyncio.run(_get(etcd3.endpoints, keys.MAINTENANCE)) == first
+    assert first is not None and json.loads(first)["reason"] == "upgrade"
     assert cli(capsys, "resume")[0] == 0
+    assert asyncio.run(_get(etcd3.endpoints, keys.MAINTENANCE)) is None
     code, _, _ = cli(capsys, "region", "drain", "eu-west", "--yes", "-o", "json")
     assert code == 0
     code, out, _ = cli(capsys, "region", "list", "-o", "json")
@@ -364,3 +371,9 @@ def test_dataset_list_and_show_cover_unplaced_datasets_exact_names_and_lag(
         ("ckpt/d000", "eu-central", "completed"),
         ("ckpt/d000", "eu-north", "pending"),
     }
+
+
+async def _get(endpoints: list[str], key: str) -> bytes | None:
+    async with EtcdCoordination(endpoints, timeout_s=5) as c:
+        kv = await c.get(key)
+        return None if kv is None else kv.value
