@@ -125,7 +125,9 @@ def test_bad_input_gets_one_sentence_and_changes_nothing(
         ),
         (["failover", "--from", "eu-west", "--yes"], "still alive"),
         (["failover", "--from", "eu-west", "--to", "us-east", "--force", "--yes"], "residency"),
-        (["region", "drain", "mars-1", "--yes"], "unknown"),
+        (["region", "drain", "mars-1", "--yes"], "error: unknown region 'mars-1': the"),
+        (["region", "undrain", "mars-1"], "error: unknown region 'mars-1': the"),
+        (["failover", "--from", "eu-north", "--to", "eu-north", "--yes"], "--to eu-north is the"),
         (["--etcd", "127.0.0.1:1", "region", "list"], "unreachable"),
         (["--etcd", "127.0.0.1:1", "controller", "run", "--region", "eu-west"], "unreachable"),
     ]
