@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -170,6 +171,20 @@ class CatalogBridge:
         if oldest is None:
             return 0.0
         return round(max(0.0, (now - oldest).total_seconds()), 3)
+
+    def missing(self, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` have no row in the failover journal (primary-key lookups)."""
+        from sqlalchemy import select
+
+        from controlplane.catalog.models import Failover
+
+        wanted = list(dict.fromkeys(ids))
+        found: set[str] = set()
+        with self.catalog.session() as s:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                found.update(s.scalars(select(Failover.id).where(Failover.id.in_(chunk))))
+        return set(wanted) - found
 
     def locations(self, dataset: str) -> list[dict[str, Any]]:
         """Where each version of each object of `dataset` lives (the audit query)."""

@@ -34,6 +34,7 @@ from controlplane.coordination.sources import (
     JournalEntry,
     PlacementInfo,
     PlacementSource,
+    journal_id,
 )
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.coordination.view import (
@@ -106,7 +107,7 @@ def aborted_entry(
         else "its handover mark was already gone"
     )
     return JournalEntry(
-        id=f"{move.dataset}@{move.epoch_before}-abort-{handover_revision}",
+        id=journal_id(move.dataset, move.epoch_before, f"-abort-{handover_revision}"),
         dataset=move.dataset,
         from_region=move.from_region,
         to_region=move.from_region,
@@ -252,7 +253,7 @@ class Runbooks:
                     f"{move.from_region} still owns it at epoch {move.epoch_before}"
                 )
             epoch = await self.ownership.complete_handover(
-                handover, reason=reason, actor=self.actor
+                handover, reason=reason, actor=self.actor, kind=kind
             )
         except BaseException as exc:
             restored = await self.ownership.abort_handover(handover)
@@ -275,7 +276,7 @@ class Runbooks:
             log.warning("switchover_aborted", dataset=move.dataset, to=move.to_region)
             raise
         entry = JournalEntry(
-            id=f"{move.dataset}@{epoch}",
+            id=journal_id(move.dataset, epoch),
             dataset=move.dataset,
             from_region=move.from_region,
             to_region=move.to_region,

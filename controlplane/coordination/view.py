@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from controlplane.coordination import keys
-from controlplane.coordination.ownership import Owner
+from controlplane.coordination.ownership import Owner, decode_owner
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.ports.coordination import (
     Cmp,
@@ -83,16 +83,7 @@ async def read_view(coord: Coordination) -> ClusterView:
     owners: dict[str, Owner] = {}
     for kv in owner_kvs:
         ds = kv.key.removeprefix(keys.OWNERS)
-        doc = json.loads(kv.value)
-        owners[ds] = Owner(
-            dataset=ds,
-            region=str(doc["region"]),
-            epoch=kv.mod_revision,
-            reason=str(doc.get("reason", "")),
-            actor=str(doc.get("actor", "")),
-            at=str(doc.get("at", "")),
-            handing_over_to=handing.get(ds),
-        )
+        owners[ds] = decode_owner(ds, kv.value, kv.mod_revision, handing.get(ds))
     return ClusterView(res.revision, alive, states, state_revs, bool(maint), owners)
 
 

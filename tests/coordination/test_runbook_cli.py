@@ -16,6 +16,7 @@ from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
 from controlplane.cli.main import run
 from controlplane.coordination import keys
+from controlplane.coordination.catalog_bridge import CatalogBridge
 from controlplane.coordination.ownership import Ownership
 from controlplane.coordination.testing import prepare_catalog
 from controlplane.stack.etcd import EtcdCluster
@@ -196,6 +197,12 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
     assert history[0]["reason"].endswith("(reason given: rebalance)")
     assert history[1]["reason"] == "rebalance"
     assert all("@" in h["actor"] for h in history)  # the OS user and host
+    bridge = CatalogBridge.open(world["MERIDIAN_CATALOG"])
+    try:  # the journal lookup the controller's backfill relies on
+        ids = [h["id"] for h in history]
+        assert bridge.missing([*ids, "ckpt/d000@1"]) == {"ckpt/d000@1"}
+    finally:
+        bridge.close()
     monkeypatch.setenv("COLUMNS", "1000")  # a wide table, so its cells are not folded
     _assert_aborted_row_is_visible_in_every_format(capsys, history[0]["id"])
     code, out, _ = cli(capsys, "dataset", "list", "-o", "json")
