@@ -112,6 +112,26 @@ def _input_fd(obj: Source, role: str) -> Iterator[int]:
         yield spool.fileno()
 
 
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask would race other threads)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
+def _mode_for(dest: Path) -> int:
+    """The mode of the file being replaced, else what open(..., 'w') would give."""
+    try:
+        return stat.S_IMODE(dest.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 @contextlib.contextmanager
 def _output_fd(obj: Source, role: str) -> Iterator[int]:
     """A writable descriptor whose bytes reach `obj` only if the block exits cleanly."""
@@ -129,6 +149,8 @@ def _output_fd(obj: Source, role: str) -> Iterator[int]:
                 f"{dest}: cannot create the {role}: {exc.strerror}.", exc.errno or 0
             ) from exc
         try:
+            # mkstemp makes the file 0600; give it what a plain create would get
+            os.fchmod(fd, _mode_for(dest))
             yield fd
             os.fsync(fd)
             os.close(fd)

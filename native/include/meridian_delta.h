@@ -49,7 +49,8 @@ typedef struct md_error {
 } md_error;
 
 typedef struct md_options {
-    uint32_t threads;          /* worker threads, 0 or 1 = run on the calling thread */
+    uint32_t threads;          /* worker threads, 0 or 1 = the calling thread only; at most 4
+                                  are used (the memory bound), more are accepted */
     uint32_t block_len;        /* signature only: 0 = chosen from the file size */
     volatile uint64_t *progress; /* optional: bytes of the main input consumed so far */
 } md_options;

@@ -3,6 +3,9 @@
  * x86-64 baseline (SSE2) and hashes about 3x slower. md_common.c picks this
  * or the shared library at run time; both compute the same XXH3-128. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* xxhash.h only includes the intrinsics when __AVX2__ is set, which GCC's target
+ * pragma does and clang's attribute does not: include them ourselves. */
+#include <immintrin.h>
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
 #else

@@ -25,7 +25,9 @@
 #define MD_CODEC_ZSTD 1u
 #define MD_END_PAYLOAD_LEN 24u
 #define MD_MAX_THREADS 64u
-#define MD_ROUND_CHUNKS_MAX 4u /* chunks read per round: bounds the window */
+/* Chunks read per round, and so the most workers an operation uses: this is what
+ * keeps the working set near 40 MiB whatever the thread count asked for. */
+#define MD_ROUND_CHUNKS_MAX 4u
 #define MD_ROLL_OFFSET 31u
 #define MD_BITMAP_MUL 0x9E3779B97F4A7C15ull
 #define MD_FILTER2_MUL 0xC2B2AE3D27D4EB4Full     /* added to each byte so runs of zeros still move the sums */

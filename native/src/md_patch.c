@@ -173,7 +173,8 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
     uint8_t hdr[MD_HEADER_LEN];
     md_status rc = MD_OK;
     uint32_t threads = opt && opt->threads ? opt->threads : 1;
-    if (threads > MD_MAX_THREADS) threads = MD_MAX_THREADS;
+    /* More workers than chunks per round would only add memory (see md_internal.h). */
+    if (threads > MD_ROUND_CHUNKS_MAX) threads = MD_ROUND_CHUNKS_MAX;
     int64_t got = md_read_full(delta_fd, hdr, sizeof hdr);
     if (got < 0) return md_fail_io(err, errno, "reading the delta");
     if (got < (int64_t)sizeof hdr) {

@@ -113,7 +113,8 @@ md_status md_signature(int old_fd, int sig_fd, const md_options *opt, md_stats *
         return md_fail(err, MD_E_INVALID, "OLD must be a regular file.");
     uint64_t file_len = (uint64_t)st.st_size;
     uint32_t threads = opt && opt->threads ? opt->threads : 1;
-    if (threads > MD_MAX_THREADS) threads = MD_MAX_THREADS;
+    /* More workers than chunks per round would only add memory (see md_internal.h). */
+    if (threads > MD_ROUND_CHUNKS_MAX) threads = MD_ROUND_CHUNKS_MAX;
     uint32_t n = opt && opt->block_len ? opt->block_len : md_default_block_len(file_len);
     if (n < MD_MIN_BLOCK_LEN || n > MD_MAX_BLOCK_LEN)
         return md_fail(err, MD_E_INVALID, "block size %u is outside %u..%u bytes.", n,

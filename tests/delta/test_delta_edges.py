@@ -222,3 +222,14 @@ def test_output_replaces_an_existing_file_atomically(tmp_path: Path) -> None:
     round_trip(tmp_path, DATA[:10_000], DATA[:5_000])
     assert (tmp_path / "out").read_bytes() == DATA[:5_000]
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_output_gets_the_usual_file_mode(tmp_path: Path) -> None:
+    (tmp_path / "old").write_bytes(b"abc")
+    native.signature(tmp_path / "old", tmp_path / "sig")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (tmp_path / "sig").stat().st_mode & 0o777 == 0o666 & ~umask
+    os.chmod(tmp_path / "sig", 0o640)
+    native.signature(tmp_path / "old", tmp_path / "sig")
+    assert (tmp_path / "sig").stat().st_mode & 0o777 == 0o640
