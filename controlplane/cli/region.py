@@ -63,11 +63,11 @@ def drain(
                 # target would stay, writable, on a region the operator is emptying.
                 raise NotMovedError(f"drain of {region} refused, nothing changed", plan.unmoved)
             confirm(f"Drain {region} ({len(plan.moves)} dataset(s) to move)?", yes)
-            results = await s.runbooks.run_drain(
+            results, failed = await s.runbooks.run_drain(
                 region, plan, reason=reason or f"drain of {region}", timeout_s=timeout_s
             )
             emit_results(results, output)
-            left = await s.runbooks.left_behind(region, plan)
+            left = await s.runbooks.left_behind(region, plan, failed)
             if left:
                 raise NotMovedError(f"drain of {region} is incomplete", left)
 

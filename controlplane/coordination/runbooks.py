@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -374,19 +375,34 @@ class Runbooks:
 
     async def run_drain(
         self, region: str, plan: Plan, *, reason: str, timeout_s: float
-    ) -> list[MoveResult]:
+    ) -> tuple[list[MoveResult], list[Unmoved]]:
+        """Mark `region` draining, then switch each planned dataset over in turn.
+
+        A switchover that aborts (its target did not catch up) or loses a race does
+        not stop the others: the drain moves everything it can and returns, beside
+        the moves, each dataset it could not move with why.
+        """
         # Draining first: from now on the region takes no new ownership.
         await set_region_state(self.coord, region, RegionState.DRAINING)
-        return [
-            await self.run_switchover(m, reason=reason, timeout_s=timeout_s, kind="drain")
-            for m in plan.moves
-        ]
+        results: list[MoveResult] = []
+        failed: list[Unmoved] = []
+        for m in plan.moves:
+            try:
+                results.append(
+                    await self.run_switchover(m, reason=reason, timeout_s=timeout_s, kind="drain")
+                )
+            except (SwitchoverAbortedError, ConflictError) as exc:
+                failed.append(Unmoved(m.dataset, str(exc)))
+        return results, failed
 
-    async def left_behind(self, region: str, plan: Plan) -> list[Unmoved]:
+    async def left_behind(
+        self, region: str, plan: Plan, failed: Sequence[Unmoved] = ()
+    ) -> list[Unmoved]:
         """The datasets `region` still owns after a failover or drain ran, with why:
-        the plan's reason for those it could not move, else that the move did not commit."""
+        the run's or the plan's reason for those it could not move, else that the
+        move did not commit."""
         view = await read_view(self.coord)
-        why = {u.dataset: u.reason for u in plan.unmoved}
+        why = {u.dataset: u.reason for u in (*plan.unmoved, *failed)}
         return [Unmoved(d, why.get(d, NOT_COMMITTED)) for d in view.owned_by(region)]
 
     async def undrain(self, region: str) -> None:
