@@ -68,6 +68,9 @@ def confirm(question: str, yes: bool) -> None:
 
 
 def emit_results(results: list[MoveResult], output: Output | None) -> None:
+    """The moves made: a table (none when nothing moved: the plan said so), or JSON/CSV rows."""
+    if not results and resolve_output(output) is Output.table:
+        return
     rows = [
         {
             "dataset": r.move.dataset,
