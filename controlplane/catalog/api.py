@@ -364,6 +364,7 @@ class Catalog:
         """Record one cross-region copy; idempotent on `rec.id`. Jurisdictions and
         whether the destination lies inside the residency in force are stored with it."""
         with self._tx() as s:
+            self._ensure_dataset(s, rec.dataset, {})  # audits find transfers by dataset
             from_j = s.scalar(select(Region.jurisdiction).where(Region.name == rec.from_region))
             to_j, allowed = self._judge(s, rec.dataset, rec.to_region)
             if from_j is None:

@@ -43,6 +43,9 @@ def rfc3339(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+MAX_IN_LIST = 500
+
+
 def residency_violations(s: Session) -> list[dict[str, Any]]:
     """Every replica, and every past transfer, outside its dataset's residency."""
     rows = s.execute(
@@ -83,22 +86,35 @@ def transfers(
     cross_border: bool = False,
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Who copied what, from where to where, when, and how many bytes; oldest first."""
+    """Who copied what, from where to where, when, and how many bytes; oldest first.
+
+    A dataset glob is resolved against the datasets table first (every transfer's
+    dataset is registered there), so the query is an index range per dataset on
+    (dataset, at) on both databases; a glob matching very many datasets falls back
+    to a LIKE prefilter."""
     t = Transfer
     query = select(t)
     if cross_border:
         query = query.where(t.cross_border)
     if since is not None:
         query = query.where(t.at >= since)
+    post_filter = False
     if dataset_glob:
-        query = query.where(t.dataset.like(glob_to_like(dataset_glob), escape="\\"))
+        names = [n for n in s.scalars(select(Dataset.name)) if fnmatchcase(n, dataset_glob)]
+        if len(names) <= MAX_IN_LIST:
+            query = query.where(t.dataset.in_(names))
+        else:
+            query = query.where(t.dataset.like(glob_to_like(dataset_glob), escape="\\"))
+            post_filter = True
     query = query.order_by(t.at, t.id)
-    if limit is not None:
+    if limit is not None and not post_filter:
         query = query.limit(limit)
     out: list[dict[str, Any]] = []
     for row in s.scalars(query):
-        if dataset_glob and not fnmatchcase(row.dataset, dataset_glob):
+        if post_filter and not fnmatchcase(row.dataset, dataset_glob or "*"):
             continue
+        if limit is not None and len(out) >= limit:
+            break
         out.append(
             {
                 "id": row.id,

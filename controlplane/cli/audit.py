@@ -13,7 +13,14 @@ import typer
 
 from controlplane.catalog import audit as queries
 from controlplane.catalog.api import open_catalog
-from controlplane.cli.common import CatalogOpt, OutputOpt, emit, settings_from
+from controlplane.cli.common import (
+    CatalogOpt,
+    Output,
+    OutputOpt,
+    emit,
+    resolve_output,
+    settings_from,
+)
 from controlplane.errors import InvalidInputError
 
 app = typer.Typer(
@@ -92,6 +99,9 @@ def residency(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt 
     """Every replica and past transfer outside its dataset's residency (exit 3 if any)."""
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
         rows = queries.residency_violations(s)
+    if not rows and resolve_output(output) is Output.table:
+        typer.echo("no residency violations: every replica and transfer is inside its residency")
+        return
     emit(rows, output, columns=RESIDENCY_COLUMNS, title="residency violations")
     if rows:
         raise typer.Exit(VIOLATIONS_EXIT)

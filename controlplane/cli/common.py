@@ -88,4 +88,5 @@ def emit(
         table.add_column(col, overflow="fold")  # wrap, never hide a path or an id
     for row in rows:
         table.add_row(*[_cell(row.get(c)) for c in cols])
-    Console(soft_wrap=True).print(table)
+    # Off a terminal rich would assume 80 columns; a file or pipe gets the whole table.
+    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240).print(table)

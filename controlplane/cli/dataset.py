@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from controlplane.cli.common import OutputOpt, emit, settings_from
+from controlplane.coordination.catalog_bridge import CatalogBridge
 from controlplane.coordination.session import open_session
 from controlplane.errors import NotFoundError
 
@@ -54,8 +55,18 @@ def list_datasets(
 def show(
     ctx: typer.Context, name: Annotated[str, typer.Argument()], output: OutputOpt = None
 ) -> None:
-    """One dataset: the same fields as `list`."""
-    rows = asyncio.run(_rows(ctx, name))
+    """One dataset: the fields of `list`, with its objects and where each version lives."""
+    rows = asyncio.run(_rows(ctx, glob_escape(name)))
     if not rows:
         raise NotFoundError(f"unknown dataset {name!r}: no applied policy places it")
-    emit(rows[0] if rows else {}, output)
+    catalog = CatalogBridge.open(settings_from(ctx).catalog)
+    try:
+        objects = catalog.locations(name)
+    finally:
+        catalog.close()
+    emit({**rows[0], "objects": objects}, output)
+
+
+def glob_escape(name: str) -> str:
+    """`name` as a glob matching only itself."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)

@@ -42,6 +42,7 @@ from controlplane.coordination.fencing import (
     FencedResource,
     StaleEpochError,
 )
+from controlplane.coordination.follow import follow_ownership
 from controlplane.coordination.locks import GlobalLock, HeldLock, LockLostError
 from controlplane.coordination.ownership import Ownership
 from controlplane.coordination.sources import (
@@ -206,6 +207,9 @@ class RegionController:
                 tg.create_task(self._watch_policy(view.revision + 1))
                 tg.create_task(self._reconcile_loop())
                 if self.fence is not None:
+                    # The fence learns epochs and handover freezes from etcd itself,
+                    # as an agent's would, not only from what this controller owns.
+                    tg.create_task(follow_ownership(self.coord, self.fence))
                     tg.create_task(self._canary_loop())
         except ExceptionGroup as group:
             # A dependency failed in one duty (etcd unreachable, a watch compacted):

@@ -95,6 +95,13 @@ class CatalogBridge:
             )
         return out
 
+    def locations(self, dataset: str) -> list[dict[str, Any]]:
+        """Where each version of each object of `dataset` lives (the audit query)."""
+        from controlplane.catalog.audit import dataset_locations
+
+        with self.catalog.session() as s:
+            return dataset_locations(s, dataset)
+
     def incomplete_versions(self, dataset: str, region: str) -> list[str]:
         return [
             f"{v.object}@{v.version}" for v in self.catalog.incomplete_versions(dataset, region)

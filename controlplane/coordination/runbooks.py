@@ -68,6 +68,8 @@ class Context:
 
 
 class Runbooks:
+    """The operator's runbooks over etcd and the catalog; `actor` is journaled with each move."""
+
     def __init__(
         self,
         coord: Coordination,
@@ -99,9 +101,8 @@ class Runbooks:
     def _region(ctx: Context, region: str, role: str) -> None:
         if region not in ctx.jurisdictions:
             known = ", ".join(sorted(ctx.jurisdictions)) or "none"
-            raise NotFoundError(
-                f"unknown {role} region {region!r}: the applied topology has {known}"
-            )
+            what = f"{role} region" if role else "region"
+            raise NotFoundError(f"unknown {what} {region!r}: the applied topology has {known}")
 
     # -- switchover ------------------------------------------------------------
     async def plan_switchover(self, dataset: str, to: str) -> tuple[Plan, Context]:

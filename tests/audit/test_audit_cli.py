@@ -100,6 +100,8 @@ def test_residency_finds_exactly_the_planted(
 def test_residency_clean_exits_zero(catalog_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["audit", "residency", "--catalog", catalog_url, "-o", "json"]) == 0
     assert _json(capsys) == []
+    assert run(["audit", "residency", "--catalog", catalog_url, "-o", "table"]) == 0
+    assert "no residency violations" in capsys.readouterr().out
 
 
 def test_residency_csv_and_table(
@@ -199,3 +201,17 @@ def test_parse_since() -> None:
     for bad in ("yesterday", "5 days", "2026-01-01T00:00:00"):
         with pytest.raises(InvalidInputError, match="--since"):
             parse_since(bad)
+
+
+def test_transfers_glob_like_fallback_gives_the_same_rows(
+    seeded: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = ["audit", "transfers", "--catalog", seeded, "-o", "json", "--dataset", "c*/l?ama-70b"]
+    assert run(base) == 0
+    direct = _json(capsys)
+    monkeypatch.setattr("controlplane.catalog.audit.MAX_IN_LIST", 0)
+    assert run([*base, "--limit", "1"]) == 0
+    assert [r["id"] for r in _json(capsys)] == ["t-old"]  # type: ignore[union-attr]
+    assert run(base) == 0
+    assert _json(capsys) == direct
+    assert [r["id"] for r in direct] == ["t-old", "t-bad"]  # type: ignore[union-attr]

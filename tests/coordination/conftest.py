@@ -1,13 +1,15 @@
 """Fixtures of the coordination tests: a private three-member etcd cluster and helpers.
 
-The cluster uses ports 32379/32389/32399 (peers 32380/32390/32400) so that it never
-collides with the stack's etcd on 2379. It is started once per session with the
-stack's own code (`start_etcd_cluster`); a missing etcd binary is a failure.
+The cluster uses ports 32379/32389/32399 (peers 32380/32390/32400), or the next free
+block of 100 above, so that it never collides with the stack's etcd on 2379. It is
+started once per session with the stack's own code (`start_etcd_cluster`); a missing
+etcd binary is a failure.
 """
 
 from __future__ import annotations
 
 import shutil
+import socket
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,7 +23,24 @@ from controlplane.stack.etcd import EtcdCluster, start_etcd_cluster
 from .helpers import REGIONS, critical
 
 CLIENT_PORT = 32379
-PEER_PORT = 32380
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base() -> int:
+    """The first base port (32379, 32479, ...) whose six cluster ports are all free, so
+    two runs of this suite on one machine (a developer's and CI's) do not collide."""
+    for base in range(CLIENT_PORT, CLIENT_PORT + 2000, 100):
+        if all(_free(base + 10 * i + d) for i in range(3) for d in (0, 1)):
+            return base
+    raise RuntimeError("no free ports for a three-member etcd cluster above 32379")
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +50,8 @@ def etcd3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
         # The stack launcher drops its Popen handles on purpose (the members outlive
         # it, tracked by pid files); Popen.__del__ then warns that they still run.
         warnings.simplefilter("ignore", ResourceWarning)
-        cluster = start_etcd_cluster(base, members=3, client_port=CLIENT_PORT, peer_port=PEER_PORT)
+        port = free_base()
+        cluster = start_etcd_cluster(base, members=3, client_port=port, peer_port=port + 1)
     try:
         yield cluster
     finally:

@@ -25,12 +25,11 @@ from controlplane.coordination.ownership import Ownership
 from controlplane.coordination.testing import ControllerProcess, prepare_catalog, run_cli
 from controlplane.stack.etcd import EtcdCluster
 
-from .helpers import wait_until
+from .helpers import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TTL = 5
-METRICS = "127.0.0.1:39401"
 AUTOMATIC = [f"ckpt/d{i:03d}" for i in range(5)]
 
 
@@ -110,7 +109,8 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
     coord: EtcdCoordination, env: dict[str, str], procs: list[ControllerProcess], tmp_path: Path
 ) -> None:
     fence = tmp_path / "fence"
-    central = spawn(procs, env, tmp_path, "eu-central", fence, metrics=METRICS)
+    metrics_addr = f"127.0.0.1:{free_port()}"
+    central = spawn(procs, env, tmp_path, "eu-central", fence, metrics=metrics_addr)
     spawn(procs, env, tmp_path, "eu-north", fence)
     west = spawn(procs, env, tmp_path, "eu-west", fence)
     assert await wait_until(lambda: all_owned_by(coord, "eu-west", [*AUTOMATIC, "pinned/p0"]), 20)
@@ -132,7 +132,7 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
         assert moved_after <= TTL + 1.5, f"failover took {moved_after:.2f} s"
         assert (await owners_of(coord))["pinned/p0"] == "eu-west"  # manual mode: not moved
         async with httpx.AsyncClient(timeout=5) as http:
-            metrics = (await http.get(f"http://{METRICS}/metrics")).text
+            metrics = (await http.get(f"http://{metrics_addr}/metrics")).text
         assert "meridian_controller_active 1.0" in metrics
         assert "meridian_controller_datasets_owned 5.0" in metrics
         assert central.has_event("failover_not_moved")  # the manual one, reported

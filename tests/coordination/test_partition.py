@@ -13,22 +13,22 @@ from controlplane.coordination.ownership import Ownership
 from controlplane.coordination.sources import MemoryCatchUp, MemoryJournal, MemoryPlacements
 from controlplane.stack.etcd import EtcdCluster
 
-from .helpers import wait_until
+from .helpers import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 World = tuple[MemoryPlacements, MemoryJournal, MemoryCatchUp]
-PROXY = "coord-partition-etcd"
-LISTEN = "127.0.0.1:37379"
 
 
 async def test_partitioned_owner_steps_down_and_its_datasets_move(
     coord: EtcdCoordination, etcd3: EtcdCluster, world: World, toxiproxy_url: str
 ) -> None:
     toxi = ToxiproxyClient(toxiproxy_url, timeout_s=5)
-    await asyncio.to_thread(toxi.create_proxy, PROXY, LISTEN, etcd3.endpoints[0])
+    port = free_port()
+    listen, proxy = f"127.0.0.1:{port}", f"coord-partition-{port}"
+    await asyncio.to_thread(toxi.create_proxy, proxy, listen, etcd3.endpoints[0])
     source, journal, probe = world
-    west_coord = EtcdCoordination([LISTEN], timeout_s=1)
+    west_coord = EtcdCoordination([listen], timeout_s=1)
     central_coord = EtcdCoordination(etcd3.endpoints, timeout_s=3)
     await west_coord.connect()
     await central_coord.connect()
@@ -42,20 +42,20 @@ async def test_partitioned_owner_steps_down_and_its_datasets_move(
     try:
         async with central, west:
             assert await wait_until(lambda: _count(own, "eu-west", 6), 10)
-            await asyncio.to_thread(toxi.disable, PROXY)
+            await asyncio.to_thread(toxi.disable, proxy)
             # eu-west cannot renew: it steps down within about a TTL and forgets
             # what it owned, while eu-central takes the automatic datasets.
             assert await wait_until(lambda: _true(not west.active.is_set()), 6)
             assert west.owned == {}
             assert await wait_until(lambda: _count(own, "eu-central", 5), 6)
-            await asyncio.to_thread(toxi.enable, PROXY)
+            await asyncio.to_thread(toxi.enable, proxy)
             assert await wait_until(lambda: _true(west.active.is_set()), 10)
             await asyncio.sleep(0.5)
             assert sorted(west.owned) == ["ckpt/manual"]  # only what is still its own
     finally:
         await west_coord.close()
         await central_coord.close()
-        await asyncio.to_thread(toxi.delete_proxy, PROXY)
+        await asyncio.to_thread(toxi.delete_proxy, proxy)
 
 
 async def _count(own: Ownership, region: str, n: int) -> bool:

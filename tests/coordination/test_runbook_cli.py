@@ -190,6 +190,13 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
     assert (
         rows["ckpt/d000"]["owner"] == "eu-central" and rows["ckpt/d000"]["epoch"] == moved["epoch"]
     )
+    code, out, _ = cli(capsys, "dataset", "show", "ckpt/d000", "-o", "json")
+    shown = json.loads(out)
+    assert shown["owner"] == "eu-central"
+    assert {(o["object"], o["region"], o["state"]) for o in shown["objects"]} == {
+        ("shard-0", "eu-west", "completed"),
+        ("shard-0", "eu-central", "completed"),
+    }
     assert set(rows["ckpt/d000"]) >= {
         "name",
         "class",

@@ -139,7 +139,13 @@ def test_unreachable_catalog_message(capsys: pytest.CaptureFixture[str]) -> None
     assert err.startswith("error: the catalog at") and "is unreachable" in err
 
 
-def test_db_upgrade_and_current(empty_catalog_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_db_upgrade_and_current(
+    empty_catalog_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # Alembic is configured in code, not from the working directory
     assert run(["db", "current", "--catalog", empty_catalog_url, "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["current"] is None
     assert run(["db", "upgrade", "--catalog", empty_catalog_url]) == 0

@@ -1,0 +1,1 @@
+"""The SQL catalog: models, migrations helpers, the read/write API, audit queries."""

@@ -1,0 +1,1 @@
+"""Replication policy as code: loading, validation, planning, plan/apply, publishing."""
