@@ -14,8 +14,11 @@
  *     never make the engine read outside OLD, write outside the output, or
  *     allocate more than a bounded multiple of the bytes it has actually read.
  *   - md_patch refuses an OLD whose length or digest differs from the one the
- *     delta was made against (MD_E_WRONG_BASIS) before writing anything, and
- *     verifies the digest of what it wrote against the delta's trailer.
+ *     delta was made against (MD_E_WRONG_BASIS), and verifies the digest of what
+ *     it wrote against the delta's trailer. The length is checked before writing
+ *     anything. Into a regular output that starts empty the digest of OLD is
+ *     computed during the patch, and on any failure the output is truncated back
+ *     to empty; into anything else it is checked before writing anything.
  *   - Memory: a working set of at most about 40 MiB plus the signature table.
  * The functions are thread-safe (no global state) and never call back into the
  * caller; progress is published through an optional counter (bytes of input

@@ -134,7 +134,7 @@ int md_writer_put(md_writer *w, const void *data, size_t len) {
     w->total += len;
     /* Large pieces go straight to the file: copying them into the buffer first
      * would only add a trip through memory. */
-    if (len >= w->cap / 4) {
+    if (len >= w->cap / 32) {
         if (md_writer_flush(w) != 0) return -1;
         if (emit(w, p, len) != 0) {
             w->failed_errno = errno;

@@ -169,6 +169,7 @@ static void corruption(void) {
         delta.p[i] ^= 0x5a;
         md_status rc = apply(&old, &delta, &out, &e);
         CHECK(rc == MD_E_CORRUPT_DELTA, "corrupt byte %zu gave %d", i, rc);
+        CHECK(out.n == 0, "corrupt byte %zu left %zu output bytes", i, out.n);
         delta.p[i] ^= 0x5a;
         free(out.p);
     }
@@ -182,6 +183,13 @@ static void corruption(void) {
     /* the wrong basis is refused */
     old.p[100] ^= 1;
     CHECK(apply(&old, &delta, &out, &e) == MD_E_WRONG_BASIS, "wrong basis accepted");
+    CHECK(out.n == 0, "the wrong basis left %zu output bytes", out.n);
+    free(out.p);
+    /* a damaged delta on the wrong basis is still the wrong basis, and leaves nothing */
+    delta.p[delta.n - 1] ^= 0x5a;
+    CHECK(apply(&old, &delta, &out, &e) == MD_E_WRONG_BASIS, "wrong basis + corrupt delta");
+    CHECK(out.n == 0, "wrong basis + corrupt delta left %zu output bytes", out.n);
+    delta.p[delta.n - 1] ^= 0x5a;
     free(out.p);
     buf shorter = {old.p, old.n - 1};
     CHECK(apply(&shorter, &delta, &out, &e) == MD_E_WRONG_BASIS, "short basis accepted");
