@@ -56,7 +56,13 @@ typedef struct md_options {
                                   are used (the memory bound), more are accepted */
     uint32_t block_len;        /* signature only: 0 = chosen from the file size */
     volatile uint64_t *progress; /* optional: bytes of the main input consumed so far */
+    uint32_t flags;            /* MD_DURABLE, or 0 */
 } md_options;
+
+/* md_patch: the caller will fsync the output, so start its writeback while patching
+ * (sync_file_range every 8 MiB) and the final fsync waits only for the tail. Costs
+ * CPU when nobody fsyncs, hence opt-in. */
+#define MD_DURABLE 1u
 
 typedef struct md_stats {
     uint64_t input_bytes;      /* OLD for signature, NEW for delta, DELTA for patch */

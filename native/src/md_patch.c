@@ -312,6 +312,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
     }
     /* A regular output that we write from its start may get holes for zeros. */
     w.sparse = rewindable;
+    w.durable = opt && (opt->flags & MD_DURABLE);
     for (uint64_t seq = 0;; seq++) {
         got = md_read_full(delta_fd, fbuf, MD_FRAME_HDR_LEN);
         if (got < 0) {
