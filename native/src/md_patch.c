@@ -3,6 +3,7 @@
  * before any of its commands runs; every length and offset is bounded against
  * the frame and against OLD; the output is verified against the END frame. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -205,6 +206,38 @@ static md_status basis_finish(basis_cursor *bc, old_view *main, uint64_t len, co
     return MD_OK;
 }
 
+/* With two or more threads the basis check runs on its own thread instead, in
+ * parallel with the patch (the main thread then hashes only the output). */
+typedef struct basis_helper {
+    pthread_t tid;
+    int started;
+    int fd;
+    uint64_t len;
+    uint8_t digest[16];
+    md_status rc;
+    md_error err;
+} basis_helper;
+
+static void *basis_helper_main(void *arg) {
+    basis_helper *h = arg;
+    h->rc = basis_digest(h->fd, h->len, 1, h->digest, &h->err);
+    return NULL;
+}
+
+/* Joins the helper; MD_OK if OLD's digest is `want`. */
+static md_status basis_helper_finish(basis_helper *h, const uint8_t want[16], md_error *err) {
+    pthread_join(h->tid, NULL);
+    h->started = 0;
+    if (h->rc != MD_OK) {
+        if (err) *err = h->err;
+        return h->rc;
+    }
+    if (MD_VERIFY_CHECKSUMS && memcmp(h->digest, want, 16) != 0)
+        return md_fail(err, MD_E_WRONG_BASIS,
+                       "OLD is not the file this delta was made against: its digest differs.");
+    return MD_OK;
+}
+
 /* Copies OLD[off, off + len) to the output. */
 static md_status copy_range(old_view *v, uint64_t off, uint64_t len, md_writer *w, md_digest *dg,
                             basis_cursor *bc, md_error *err) {
@@ -301,7 +334,12 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
     basis_cursor bc = {0};
     bc.view = (old_view){old_fd, basis_len, NULL, 0, 0, 0};
     int ok = fbuf && lit && dctx && md_writer_init(&w, out_fd, 1 << 20) == 0 && md_digest_init(&dg) == 0;
-    if (ok && rewindable) {
+    basis_helper helper = {0};
+    helper.fd = old_fd;
+    helper.len = basis_len;
+    if (ok && rewindable && threads >= 2)
+        helper.started = pthread_create(&helper.tid, NULL, basis_helper_main, &helper) == 0;
+    if (ok && rewindable && !helper.started) {
         bc.scratch = malloc(CATCHUP_BUF);
         ok = bc.scratch && md_digest_init(&bc.dg) == 0;
         bc.on = ok;
@@ -369,6 +407,10 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
             uint8_t digest[16], probe;
             if (bc.on) {
                 rc = basis_finish(&bc, &view, basis_len, hdr + 24, err);
+                if (rc != MD_OK) goto done;
+            }
+            if (helper.started) {
+                rc = basis_helper_finish(&helper, hdr + 24, err);
                 if (rc != MD_OK) goto done;
             }
             if (md_writer_finish(&w) != 0) {
@@ -463,8 +505,11 @@ done:
         /* The deferred check has not finished: a damaged delta applied to the wrong
          * OLD is reported as the wrong basis, as the up-front check would have. */
         md_error basis_err;
-        if (bc.on && (rc == MD_E_CORRUPT_DELTA || rc == MD_E_TRUNCATED_DELTA) &&
-            basis_finish(&bc, &view, basis_len, hdr + 24, &basis_err) == MD_E_WRONG_BASIS) {
+        int damaged = rc == MD_E_CORRUPT_DELTA || rc == MD_E_TRUNCATED_DELTA;
+        md_status brc = MD_OK;
+        if (helper.started) brc = basis_helper_finish(&helper, hdr + 24, &basis_err);
+        else if (bc.on && damaged) brc = basis_finish(&bc, &view, basis_len, hdr + 24, &basis_err);
+        if (damaged && brc == MD_E_WRONG_BASIS) {
             rc = MD_E_WRONG_BASIS;
             if (err) *err = basis_err;
         }
