@@ -45,5 +45,6 @@ def patch(
     out_fd: int,
     threads: int = 1,
     progress: WriteableBuffer | None = None,
+    durable: bool = False,
 ) -> Stats: ...
 def default_block_len(size: int, /) -> int: ...

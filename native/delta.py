@@ -299,6 +299,8 @@ def patch(
         _output_fd(out, "output") as wfd,
     ):
         try:
-            return _run(lambda c: _delta.patch(ofd, dfd, wfd, threads, c), progress)
+            # a path output is fsynced: let the engine start its writeback early
+            durable = _is_path(out)
+            return _run(lambda c: _delta.patch(ofd, dfd, wfd, threads, c, durable), progress)
         except _delta.EngineError as exc:
             raise _translate(exc, where) from None

@@ -14,8 +14,11 @@
  *     never make the engine read outside OLD, write outside the output, or
  *     allocate more than a bounded multiple of the bytes it has actually read.
  *   - md_patch refuses an OLD whose length or digest differs from the one the
- *     delta was made against (MD_E_WRONG_BASIS) before writing anything, and
- *     verifies the digest of what it wrote against the delta's trailer.
+ *     delta was made against (MD_E_WRONG_BASIS), and verifies the digest of what
+ *     it wrote against the delta's trailer. The length is checked before writing
+ *     anything. Into a regular output that starts empty the digest of OLD is
+ *     computed during the patch, and on any failure the output is truncated back
+ *     to empty; into anything else it is checked before writing anything.
  *   - Memory: a working set of at most about 40 MiB plus the signature table.
  * The functions are thread-safe (no global state) and never call back into the
  * caller; progress is published through an optional counter (bytes of input
@@ -53,7 +56,13 @@ typedef struct md_options {
                                   are used (the memory bound), more are accepted */
     uint32_t block_len;        /* signature only: 0 = chosen from the file size */
     volatile uint64_t *progress; /* optional: bytes of the main input consumed so far */
+    uint32_t flags;            /* MD_DURABLE, or 0 */
 } md_options;
+
+/* md_patch: the caller will fsync the output, so start its writeback while patching
+ * (sync_file_range every 8 MiB) and the final fsync waits only for the tail. Costs
+ * CPU when nobody fsyncs, hence opt-in. */
+#define MD_DURABLE 1u
 
 typedef struct md_stats {
     uint64_t input_bytes;      /* OLD for signature, NEW for delta, DELTA for patch */

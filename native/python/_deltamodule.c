@@ -79,19 +79,22 @@ static PyObject *py_signature(PyObject *self, PyObject *args, PyObject *kw) {
 typedef md_status (*three_fd_fn)(int, int, int, const md_options *, md_stats *, md_error *);
 
 static PyObject *three_fd(three_fd_fn fn, PyObject *args, PyObject *kw, char **kwlist) {
-    int a, b, c, threads = 1;
+    int a, b, c, threads = 1, durable = 0;
     PyObject *prog = NULL;
     Py_buffer view;
     md_options opt = {0};
     md_stats st = {0};
     md_error err = {0};
     md_status rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iii|iO", kwlist, &a, &b, &c, &threads, &prog))
+    /* only patch takes `durable` (its kwlist has the extra name) */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fn == md_patch ? "iii|iOp" : "iii|iO", kwlist, &a, &b,
+                                     &c, &threads, &prog, &durable))
         return NULL;
     if (check_threads(threads) != 0) return NULL;
     int held = get_progress(prog, &view, &opt.progress);
     if (held < 0) return NULL;
     opt.threads = (uint32_t)threads;
+    opt.flags = durable ? MD_DURABLE : 0;
     Py_BEGIN_ALLOW_THREADS
     rc = fn(a, b, c, &opt, &st, &err);
     Py_END_ALLOW_THREADS
@@ -107,7 +110,7 @@ static PyObject *py_delta(PyObject *self, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *py_patch(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"old_fd", "delta_fd", "out_fd", "threads", "progress", NULL};
+    static char *kwlist[] = {"old_fd", "delta_fd", "out_fd", "threads", "progress", "durable", NULL};
     (void)self;
     return three_fd(md_patch, args, kw, kwlist);
 }
@@ -125,7 +128,7 @@ static PyMethodDef methods[] = {
     {"delta", (PyCFunction)(void (*)(void))py_delta, METH_VARARGS | METH_KEYWORDS,
      "delta(sig_fd, new_fd, delta_fd, threads=1, progress=None) -> dict"},
     {"patch", (PyCFunction)(void (*)(void))py_patch, METH_VARARGS | METH_KEYWORDS,
-     "patch(old_fd, delta_fd, out_fd, threads=1, progress=None) -> dict"},
+     "patch(old_fd, delta_fd, out_fd, threads=1, progress=None, durable=False) -> dict"},
     {"default_block_len", py_default_block_len, METH_O, "default_block_len(size) -> int"},
     {NULL, NULL, 0, NULL},
 };

@@ -74,6 +74,8 @@ typedef struct md_writer {
     int failed_errno;
     int sparse;       /* regular output file: all-zero runs become holes */
     int ends_in_hole; /* the last bytes were skipped: md_writer_finish sets the length */
+    int durable;      /* start writeback as we go (MD_DURABLE): the caller's fsync is shorter */
+    uint64_t emitted, kicked; /* bytes handed to the file; bytes whose writeback was started */
 } md_writer;
 int md_writer_init(md_writer *w, int fd, size_t cap);
 int md_writer_put(md_writer *w, const void *data, size_t len);

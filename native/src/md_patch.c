@@ -3,6 +3,7 @@
  * before any of its commands runs; every length and offset is bounded against
  * the frame and against OLD; the output is verified against the END frame. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -135,9 +136,111 @@ static const uint8_t *view_get(old_view *v, uint64_t off, uint64_t *len) {
     return v->map + (off - v->map_off);
 }
 
+/* The deferred basis check. When the output is a regular file written from its
+ * start, OLD's digest is computed during the patch instead of before it: the
+ * cursor hashes OLD in order, taking the bytes of each copy that continues where
+ * it stopped while they are still in the CPU cache from the copy itself, and
+ * reading only the gaps (and whatever no copy touched, at the end). So OLD goes
+ * through memory about once instead of twice. A mismatch is still refused as the
+ * wrong basis, and the output is then truncated to nothing (see md_patch). */
+#define CATCHUP_BUF ((size_t)1 << 20)
+typedef struct basis_cursor {
+    int on;
+    uint64_t pos; /* OLD[0, pos) has gone into dg */
+    md_digest dg;
+    old_view view;    /* its own window, for long gaps only (unmapped after each) */
+    uint8_t *scratch; /* short gaps, or when OLD cannot be mapped */
+} basis_cursor;
+
+/* Hashes OLD[pos, upto). `main` is the copy path's window: a gap it already maps costs no I/O. */
+static md_status basis_catch_up(basis_cursor *bc, old_view *main, uint64_t upto, md_error *err) {
+    while (bc->pos < upto) {
+        uint64_t want = upto - bc->pos, take = want;
+        const uint8_t *src = NULL;
+        if (main->map && bc->pos >= main->map_off && bc->pos < main->map_off + main->map_len) {
+            src = main->map + (bc->pos - main->map_off);
+            uint64_t avail = main->map_off + main->map_len - bc->pos;
+            if (take > avail) take = avail;
+        } else if (want >= CATCHUP_BUF * 4 && !bc->view.no_mmap) {
+            src = view_get(&bc->view, bc->pos, &take);
+        }
+        if (!src) {
+            take = want < CATCHUP_BUF ? want : CATCHUP_BUF;
+            int64_t got = md_pread_full(bc->view.fd, bc->scratch, (size_t)take, bc->pos);
+            if (got < 0) return md_fail_io(err, errno, "reading OLD");
+            if ((uint64_t)got != take) return md_fail(err, MD_E_IO, "OLD shrank while it was being read.");
+            src = bc->scratch;
+        }
+        md_digest_update(&bc->dg, src, (size_t)take);
+        bc->pos += take;
+    }
+    view_unmap(&bc->view);
+    return MD_OK;
+}
+
+/* OLD[off, off + len), at src, has just been copied: feed what continues the cursor. */
+static md_status basis_feed(basis_cursor *bc, old_view *main, uint64_t off, uint64_t len,
+                            const uint8_t *src, md_error *err) {
+    if (!bc->on || off + len <= bc->pos) return MD_OK;
+    if (off > bc->pos) {
+        md_status rc = basis_catch_up(bc, main, off, err);
+        if (rc != MD_OK) return rc;
+    }
+    uint64_t skip = bc->pos - off;
+    md_digest_update(&bc->dg, src + skip, (size_t)(len - skip));
+    bc->pos = off + len;
+    return MD_OK;
+}
+
+/* Finishes the deferred check: MD_OK if OLD's digest is `want`. */
+static md_status basis_finish(basis_cursor *bc, old_view *main, uint64_t len, const uint8_t want[16],
+                              md_error *err) {
+    uint8_t have[16];
+    md_status rc = basis_catch_up(bc, main, len, err);
+    if (rc != MD_OK) return rc;
+    md_digest_final(&bc->dg, have);
+    bc->on = 0;
+    if (MD_VERIFY_CHECKSUMS && memcmp(have, want, 16) != 0)
+        return md_fail(err, MD_E_WRONG_BASIS,
+                       "OLD is not the file this delta was made against: its digest differs.");
+    return MD_OK;
+}
+
+/* With two or more threads the basis check runs on its own thread instead, in
+ * parallel with the patch (the main thread then hashes only the output). */
+typedef struct basis_helper {
+    pthread_t tid;
+    int started;
+    int fd;
+    uint64_t len;
+    uint8_t digest[16];
+    md_status rc;
+    md_error err;
+} basis_helper;
+
+static void *basis_helper_main(void *arg) {
+    basis_helper *h = arg;
+    h->rc = basis_digest(h->fd, h->len, 1, h->digest, &h->err);
+    return NULL;
+}
+
+/* Joins the helper; MD_OK if OLD's digest is `want`. */
+static md_status basis_helper_finish(basis_helper *h, const uint8_t want[16], md_error *err) {
+    pthread_join(h->tid, NULL);
+    h->started = 0;
+    if (h->rc != MD_OK) {
+        if (err) *err = h->err;
+        return h->rc;
+    }
+    if (MD_VERIFY_CHECKSUMS && memcmp(h->digest, want, 16) != 0)
+        return md_fail(err, MD_E_WRONG_BASIS,
+                       "OLD is not the file this delta was made against: its digest differs.");
+    return MD_OK;
+}
+
 /* Copies OLD[off, off + len) to the output. */
 static md_status copy_range(old_view *v, uint64_t off, uint64_t len, md_writer *w, md_digest *dg,
-                            md_error *err) {
+                            basis_cursor *bc, md_error *err) {
     while (len) {
         uint64_t take = len;
         const uint8_t *src = view_get(v, off, &take);
@@ -146,6 +249,8 @@ static md_status copy_range(old_view *v, uint64_t off, uint64_t len, md_writer *
              * just brought into the cache: one trip through memory, not two. */
             if (take > COPY_PIECE) take = COPY_PIECE;
             md_digest_update(dg, src, (size_t)take);
+            md_status rc = basis_feed(bc, v, off, take, src, err);
+            if (rc != MD_OK) return rc;
             if (md_writer_put(w, src, (size_t)take) != 0)
                 return md_fail_io(err, w->failed_errno, "writing the output");
             off += take;
@@ -160,6 +265,8 @@ static md_status copy_range(old_view *v, uint64_t off, uint64_t len, md_writer *
         if (got < 0) return md_fail_io(err, errno, "reading OLD");
         if ((uint64_t)got != take) return md_fail(err, MD_E_IO, "OLD shrank while it was being read.");
         md_digest_update(dg, w->buf + w->len, (size_t)take);
+        md_status rc = basis_feed(bc, v, off, take, w->buf + w->len, err);
+        if (rc != MD_OK) return rc;
         w->len += (size_t)take;
         w->total += take;
         off += take;
@@ -198,7 +305,16 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
                        "OLD is not the file this delta was made against: it has %llu bytes, "
                        "the delta expects %llu.",
                        (unsigned long long)st.st_size, (unsigned long long)basis_len);
-    if (MD_VERIFY_CHECKSUMS) {
+    /* A regular output that we write from its start can be truncated back to
+     * nothing, so there the basis check may run alongside the patch (see
+     * basis_cursor); anywhere else (a pipe, say) it must finish before writing. */
+    int rewindable;
+    {
+        struct stat ost;
+        rewindable = fstat(out_fd, &ost) == 0 && S_ISREG(ost.st_mode) && ost.st_size == 0 &&
+                     lseek(out_fd, 0, SEEK_CUR) == 0;
+    }
+    if (MD_VERIFY_CHECKSUMS && !rewindable) {
         uint8_t have[16];
         rc = basis_digest(old_fd, basis_len, threads, have, err);
         if (rc != MD_OK) return rc;
@@ -215,17 +331,26 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
     md_digest dg = {0};
     uint64_t in_bytes = sizeof hdr;
     old_view view = {old_fd, basis_len, NULL, 0, 0, 0};
+    basis_cursor bc = {0};
+    bc.view = (old_view){old_fd, basis_len, NULL, 0, 0, 0};
     int ok = fbuf && lit && dctx && md_writer_init(&w, out_fd, 1 << 20) == 0 && md_digest_init(&dg) == 0;
+    basis_helper helper = {0};
+    helper.fd = old_fd;
+    helper.len = basis_len;
+    if (ok && rewindable && threads >= 2)
+        helper.started = pthread_create(&helper.tid, NULL, basis_helper_main, &helper) == 0;
+    if (ok && rewindable && !helper.started) {
+        bc.scratch = malloc(CATCHUP_BUF);
+        ok = bc.scratch && md_digest_init(&bc.dg) == 0;
+        bc.on = ok;
+    }
     if (!ok) {
         rc = md_fail(err, MD_E_NOMEM, "out of memory while patching.");
         goto done;
     }
-    {
-        /* A regular output that we write from its start may get holes for zeros. */
-        struct stat ost;
-        w.sparse = fstat(out_fd, &ost) == 0 && S_ISREG(ost.st_mode) && ost.st_size == 0 &&
-                   lseek(out_fd, 0, SEEK_CUR) == 0;
-    }
+    /* A regular output that we write from its start may get holes for zeros. */
+    w.sparse = rewindable;
+    w.durable = opt && (opt->flags & MD_DURABLE);
     for (uint64_t seq = 0;; seq++) {
         got = md_read_full(delta_fd, fbuf, MD_FRAME_HDR_LEN);
         if (got < 0) {
@@ -280,6 +405,14 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
         const uint8_t *cp = fbuf + MD_FRAME_HDR_LEN;
         if (type == MD_FRAME_END) {
             uint8_t digest[16], probe;
+            if (bc.on) {
+                rc = basis_finish(&bc, &view, basis_len, hdr + 24, err);
+                if (rc != MD_OK) goto done;
+            }
+            if (helper.started) {
+                rc = basis_helper_finish(&helper, hdr + 24, err);
+                if (rc != MD_OK) goto done;
+            }
             if (md_writer_finish(&w) != 0) {
                 rc = md_fail_io(err, w.failed_errno, "writing the output");
                 goto done;
@@ -352,7 +485,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
                 rc = corrupt(err, "a copy reaches outside OLD");
                 goto done;
             }
-            rc = copy_range(&view, off, len, &w, &dg, err);
+            rc = copy_range(&view, off, len, &w, &dg, &bc, err);
             if (rc != MD_OK) goto done;
             prev_copy_end = off + len;
         }
@@ -368,7 +501,26 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
         stats->output_bytes = w.total;
     }
 done:
+    if (rc != MD_OK && rewindable) {
+        /* The deferred check has not finished: a damaged delta applied to the wrong
+         * OLD is reported as the wrong basis, as the up-front check would have. */
+        md_error basis_err;
+        int damaged = rc == MD_E_CORRUPT_DELTA || rc == MD_E_TRUNCATED_DELTA;
+        md_status brc = MD_OK;
+        if (helper.started) brc = basis_helper_finish(&helper, hdr + 24, &basis_err);
+        else if (bc.on && damaged) brc = basis_finish(&bc, &view, basis_len, hdr + 24, &basis_err);
+        if (damaged && brc == MD_E_WRONG_BASIS) {
+            rc = MD_E_WRONG_BASIS;
+            if (err) *err = basis_err;
+        }
+        /* Leave no output behind: the file was empty when we started. */
+        if (ftruncate(out_fd, 0) != 0) { /* the error already reported matters more */
+        }
+    }
     view_unmap(&view);
+    view_unmap(&bc.view);
+    free(bc.scratch);
+    if (bc.dg.top) md_digest_free(&bc.dg);
     free(fbuf);
     free(lit);
     ZSTD_freeDCtx(dctx);

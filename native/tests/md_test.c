@@ -59,7 +59,7 @@ static buf random_buf(size_t n) {
 }
 
 static md_status make_sig(const buf *old, uint32_t threads, uint32_t block, buf *sig) {
-    md_options o = {threads, block, NULL};
+    md_options o = {threads, block, NULL, 0};
     md_error e;
     int a = mem_fd(old), s = mem_fd(NULL);
     md_status rc = md_signature(a, s, &o, NULL, &e);
@@ -70,7 +70,7 @@ static md_status make_sig(const buf *old, uint32_t threads, uint32_t block, buf 
 }
 
 static md_status make_delta(const buf *sig, const buf *nw, uint32_t threads, buf *delta, md_error *e) {
-    md_options o = {threads, 0, NULL};
+    md_options o = {threads, 0, NULL, 0};
     int s = mem_fd(sig), n = mem_fd(nw), d = mem_fd(NULL);
     md_status rc = md_delta(s, n, d, &o, NULL, e);
     *delta = fd_contents(d);
@@ -81,7 +81,7 @@ static md_status make_delta(const buf *sig, const buf *nw, uint32_t threads, buf
 }
 
 static md_status apply(const buf *old, const buf *delta, buf *out, md_error *e) {
-    md_options o = {2, 0, NULL};
+    md_options o = {2, 0, NULL, 0};
     int a = mem_fd(old), d = mem_fd(delta), w = mem_fd(NULL);
     md_status rc = md_patch(a, d, w, &o, NULL, e);
     *out = fd_contents(w);
@@ -169,6 +169,7 @@ static void corruption(void) {
         delta.p[i] ^= 0x5a;
         md_status rc = apply(&old, &delta, &out, &e);
         CHECK(rc == MD_E_CORRUPT_DELTA, "corrupt byte %zu gave %d", i, rc);
+        CHECK(out.n == 0, "corrupt byte %zu left %zu output bytes", i, out.n);
         delta.p[i] ^= 0x5a;
         free(out.p);
     }
@@ -182,6 +183,13 @@ static void corruption(void) {
     /* the wrong basis is refused */
     old.p[100] ^= 1;
     CHECK(apply(&old, &delta, &out, &e) == MD_E_WRONG_BASIS, "wrong basis accepted");
+    CHECK(out.n == 0, "the wrong basis left %zu output bytes", out.n);
+    free(out.p);
+    /* a damaged delta on the wrong basis is still the wrong basis, and leaves nothing */
+    delta.p[delta.n - 1] ^= 0x5a;
+    CHECK(apply(&old, &delta, &out, &e) == MD_E_WRONG_BASIS, "wrong basis + corrupt delta");
+    CHECK(out.n == 0, "wrong basis + corrupt delta left %zu output bytes", out.n);
+    delta.p[delta.n - 1] ^= 0x5a;
     free(out.p);
     buf shorter = {old.p, old.n - 1};
     CHECK(apply(&shorter, &delta, &out, &e) == MD_E_WRONG_BASIS, "short basis accepted");
@@ -238,12 +246,50 @@ static int write_seeds(const char *sig_dir, const char *delta_dir) {
     return 0;
 }
 
+/* MD_DURABLE into a real file (writeback started as it goes) gives the same bytes,
+ * and a wrong basis still leaves the file empty. */
+static void durable(void) {
+    buf old = random_buf(20 << 20), nw = random_buf(20 << 20), sig, delta, out;
+    md_error e;
+    memcpy(nw.p + (1 << 20), old.p, 18 << 20);
+    CHECK(make_sig(&old, 1, 0, &sig) == MD_OK, "durable: signature");
+    CHECK(make_delta(&sig, &nw, 1, &delta, &e) == MD_OK, "durable: delta: %s", e.message);
+    char path[] = "/tmp/md_test_durable_XXXXXX";
+    for (int wrong = 0; wrong < 2; wrong++) {
+        int w = mkstemp(path);
+        CHECK(w >= 0, "durable: mkstemp");
+        unlink(path);
+        old.p[7] ^= (uint8_t)wrong;
+        int a = mem_fd(&old), d = mem_fd(&delta);
+        old.p[7] ^= (uint8_t)wrong;
+        md_options o = {1, 0, NULL, MD_DURABLE};
+        md_status rc = md_patch(a, d, w, &o, NULL, &e);
+        out = fd_contents(w);
+        if (wrong) {
+            CHECK(rc == MD_E_WRONG_BASIS && out.n == 0, "durable: wrong basis gave %d, %zu bytes", rc, out.n);
+        } else {
+            CHECK(rc == MD_OK, "durable: patch: %s", e.message);
+            CHECK(out.n == nw.n && memcmp(out.p, nw.p, nw.n) == 0, "durable: round trip");
+        }
+        free(out.p);
+        close(a);
+        close(d);
+        close(w);
+        memcpy(path + strlen(path) - 6, "XXXXXX", 6);
+    }
+    free(old.p);
+    free(nw.p);
+    free(sig.p);
+    free(delta.p);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--write-seeds") == 0) return write_seeds(argv[2], argv[3]);
     CHECK(md_default_block_len(0) == MD_MIN_BLOCK_LEN, "default block of empty");
     CHECK(md_default_block_len((uint64_t)1 << 30) == 32768, "default block of 1 GiB");
     edge_cases();
     corruption();
+    durable();
     if (failures) {
         fprintf(stderr, "%d failures\n", failures);
         return 1;
