@@ -14,8 +14,8 @@ from sqlalchemy import text
 
 from controlplane.catalog.api import Catalog, open_catalog
 from controlplane.catalog.records import FailoverRecord, TransferRecord
-from controlplane.cli.since import parse_since
 from controlplane.cli.main import run
+from controlplane.cli.since import parse_since
 from controlplane.errors import InvalidInputError
 from controlplane.policy.apply import apply_policy
 from controlplane.policy.compiler import compile_files
