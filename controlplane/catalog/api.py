@@ -455,8 +455,10 @@ def open_catalog(url: str) -> Catalog:
     missing = sqlite_file(url)
     if missing is not None and not missing.exists():
         # Opening would create an empty file; only `db upgrade` should create a catalog.
+        folder = "" if missing.parent.is_dir() else f" (nor does its folder {missing.parent})"
         raise CatalogNotMigratedError(
-            f"the catalog file {missing} does not exist; run `meridian db upgrade` to create it"
+            f"the catalog file {missing} does not exist{folder}; "
+            "run `meridian db upgrade` to create it"
         )
     engine = make_engine(url)
     try:

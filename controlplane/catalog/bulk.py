@@ -12,6 +12,8 @@ allowed`) with the same rule the API uses.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import json
 import operator
@@ -19,7 +21,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Engine, ForeignKeyConstraint, Index, text
+from sqlalchemy import (
+    JSON,
+    Column,
+    Engine,
+    ForeignKeyConstraint,
+    Index,
+    PrimaryKeyConstraint,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import AddConstraint, CreateIndex
 
@@ -49,19 +60,8 @@ def _pg_time(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def _json_converter() -> Callable[[Any], str]:
-    cache: dict[tuple[str, ...], str] = {}
-
-    def convert(value: Any) -> str:
-        if not isinstance(value, list) or len(cache) > 10_000:
-            return json.dumps(value)
-        key = tuple(value)
-        text_ = cache.get(key)
-        if text_ is None:
-            text_ = cache[key] = json.dumps(value)
-        return text_
-
-    return convert
+def _json_text(value: Any) -> str:
+    return json.dumps(value)
 
 
 _PG_TYPES = {
@@ -88,7 +88,7 @@ def _converter(column: Column[Any], dialect: str) -> Callable[[Any], Any] | None
     """How to turn a column's Python values into driver values (None: as they are)."""
     kind = column.type
     if isinstance(kind, JSON):
-        return _json_converter()
+        return _json_text
     if isinstance(kind, UTCDateTime):
         return _sqlite_time if dialect == "sqlite" else _pg_time
     return None  # bool is an int, which SQLite stores as its BOOLEAN
@@ -98,8 +98,29 @@ _ISO = operator.methodcaller("isoformat", " ", "microseconds")
 _NAIVE_LEN = len("2026-01-01 00:00:00.000000")
 
 
+def _by_identity(
+    values: tuple[Any, ...], conv: Callable[[Any], Any], *, always: bool
+) -> tuple[Any, ...] | None:
+    """Each value converted once per distinct object of the batch (NULL stays NULL).
+
+    Bulk rows often share objects (one residency list, one timestamp for a whole
+    table), so the memo is keyed by object identity, which is safe here: the batch
+    keeps every value alive while it is converted. Every step maps in C. Returns None,
+    unless `always`, when fewer than half of the values repeat (the memo would not pay).
+    """
+    by_id = dict(zip(map(id, values), values, strict=True))
+    if not always and len(by_id) * 2 > len(values):
+        return None
+    memo = {key: (None if obj is None else conv(obj)) for key, obj in by_id.items()}
+    return tuple(map(memo.__getitem__, map(id, values)))
+
+
 def _convert_column(values: tuple[Any, ...], conv: Callable[[Any], Any]) -> tuple[Any, ...]:
     """One column of a batch, converted; C-level mapping on the common paths."""
+    # JSON is always memoised: serialising costs far more than the memo.
+    shared = _by_identity(values, conv, always=conv is _json_text)
+    if shared is not None:
+        return shared
     if conv is _sqlite_time and None not in values:
         # Naive timestamps (UTC) format in C; any aware ones are redone one by one.
         out = tuple(map(_ISO, values))
@@ -145,14 +166,32 @@ def bulk_load(
     With `defer_checks`, the table's secondary (non-unique) indexes are dropped and
     its foreign keys are not checked row by row; within the same transaction the
     indexes are rebuilt once and the foreign keys checked once over the whole table
-    (a violation rolls everything back). Primary and unique keys always stay, so
-    duplicates are refused as usual. Building an index from all rows at once is far
-    cheaper than maintaining it per row. Use it on a catalog no one else is writing
-    (an import, a benchmark): on PostgreSQL it holds an exclusive lock on the table.
+    (a violation rolls everything back). Duplicates are always refused: keys stay in
+    place, except on PostgreSQL those no foreign key refers to, which are rebuilt
+    with the indexes (a duplicate then rolls everything back). Building an index from
+    all rows at once is far cheaper than maintaining it per row. Use it on a catalog
+    no one else is writing (an import, a benchmark): on PostgreSQL it holds an
+    exclusive lock on the table.
     """
-    if engine.dialect.name == "postgresql":
-        return _load_postgres(engine, table, columns, rows, defer_checks)
-    return _load_sqlite(engine, table, columns, rows, defer_checks)
+    with _no_cyclic_gc():
+        if engine.dialect.name == "postgresql":
+            return _load_postgres(engine, table, columns, rows, defer_checks)
+        return _load_sqlite(engine, table, columns, rows, defer_checks)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause Python's cycle collector for the load. Every batch allocates hundreds of
+    thousands of tuples, which would trigger a collection every few hundred rows, each
+    scanning the whole batch; rows hold no reference cycles, so nothing is lost by
+    collecting once afterwards. (Process-wide: this is an import tool, not a server.)"""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _deferred(table: str, defer: bool) -> tuple[list[Index], list[ForeignKeyConstraint]]:
@@ -162,6 +201,29 @@ def _deferred(table: str, defer: bool) -> tuple[list[Index], list[ForeignKeyCons
     indexes = sorted((ix for ix in meta.indexes if not ix.unique), key=lambda ix: str(ix.name))
     fks = sorted(meta.foreign_key_constraints, key=lambda fk: str(fk.name))
     return indexes, fks
+
+
+def _deferred_keys(table: str, defer: bool) -> list[PrimaryKeyConstraint | UniqueConstraint]:
+    """The primary and unique keys of `table` that no foreign key refers to: PostgreSQL
+    can drop these for the load and rebuild them once (a sort instead of a B-tree
+    descent per row; with text keys each descent compares under the database's
+    collation). A duplicate then fails the rebuild, which rolls back the whole load."""
+    if not defer:
+        return []
+    meta = Base.metadata.tables[table]
+    referenced = {
+        frozenset(el.column.name for el in fk.elements)
+        for other in Base.metadata.tables.values()
+        for fk in other.foreign_key_constraints
+        if fk.referred_table is meta
+    }
+    keys: list[PrimaryKeyConstraint | UniqueConstraint] = [
+        c
+        for c in meta.constraints
+        if isinstance(c, PrimaryKeyConstraint | UniqueConstraint)
+        and frozenset(col.name for col in c.columns) not in referenced
+    ]
+    return sorted(keys, key=lambda c: str(c.name))
 
 
 def _load_postgres(
@@ -174,6 +236,7 @@ def _load_postgres(
     cols = ", ".join(_ident(c) for c in columns)
     name = _ident(table)
     indexes, fks = _deferred(table, defer)
+    keys = _deferred_keys(table, defer)
     dialect = engine.dialect
     count = 0
     raw = engine.raw_connection()
@@ -186,6 +249,8 @@ def _load_postgres(
             cur.execute(f"ALTER TABLE {name} DROP CONSTRAINT {_ident(str(fk.name))}")
         for ix in indexes:
             cur.execute(f"DROP INDEX {_ident(str(ix.name))}")
+        for key in keys:
+            cur.execute(f"ALTER TABLE {name} DROP CONSTRAINT {_ident(str(key.name))}")
         # Binary COPY: the server skips text parsing, the client skips formatting.
         with cur.copy(f"COPY {name} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types([_pg_type(Base.metadata.tables[table].c[c], dialect) for c in columns])
@@ -193,6 +258,8 @@ def _load_postgres(
                 for row in batch:
                     copy.write_row(row)
                 count += len(batch)
+        for key in keys:  # refuses duplicates, as the key would have row by row
+            cur.execute(str(AddConstraint(key).compile(dialect=dialect)))
         for ix in indexes:
             cur.execute(str(CreateIndex(ix).compile(dialect=dialect)))
         for fk in fks:  # validates every row once

@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 
 import migrations
-from controlplane.catalog.engine import make_engine
+from controlplane.catalog.engine import make_engine, sqlite_file
 
 
 def alembic_config(url: str) -> Config:
@@ -61,6 +61,11 @@ def downgrade(url: str, revision: str) -> None:
 
 
 def current(url: str) -> str | None:
+    """The catalog's migration; None when it has none, or is a SQLite file that does not
+    exist (which is not created: only `upgrade` creates a catalog)."""
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        return None
     engine = make_engine(url)
     try:
         with engine.connect() as conn:

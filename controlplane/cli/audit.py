@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import re
-from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
@@ -21,40 +19,18 @@ from controlplane.cli.common import (
     resolve_output,
     settings_from,
 )
-from controlplane.errors import InvalidInputError
+from controlplane.cli.since import parse_since
 
 app = typer.Typer(
     help="Answer auditors: residency, transfers, datasets, failovers.", no_args_is_help=True
 )
 
 VIOLATIONS_EXIT = 3
-_SINCE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 SinceOpt = Annotated[
     str | None,
     typer.Option("--since", help="only the last DURATION (30m, 12h, 7d), or an RFC 3339 time"),
 ]
-
-
-def parse_since(text: str | None, *, now: datetime | None = None) -> datetime | None:
-    """`7d` -> now - 7 days; an RFC 3339 time as is; one clear sentence otherwise."""
-    if text is None:
-        return None
-    match = _SINCE.match(text.strip())
-    if match:
-        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
-        return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
-    try:
-        stamp = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        stamp = None
-    if stamp is None or stamp.tzinfo is None:
-        raise InvalidInputError(
-            f"--since {text!r} is neither a duration (30m, 12h, 7d) nor an RFC 3339 time "
-            "with a zone"
-        )
-    return stamp.astimezone(UTC)
 
 
 RESIDENCY_COLUMNS = [

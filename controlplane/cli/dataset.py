@@ -1,43 +1,53 @@
-"""`meridian dataset list | show`: placements joined with live owners and epochs."""
+"""`meridian dataset list | show`: the catalog's datasets joined with live owners and epochs.
+
+Every dataset in the catalog is listed, also one no applied policy places (registered
+on first write, or its policy was removed): its class, policy and home are then
+null, and it keeps whatever owner etcd still records. `lag_s` is the catalog's view
+of replication lag (see `CatalogBridge.lag_seconds`); null for an unplaced dataset.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import fnmatch
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from controlplane.cli.common import OutputOpt, emit, settings_from
+from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
 from controlplane.coordination.catalog_bridge import CatalogBridge
 from controlplane.coordination.session import open_session
+from controlplane.coordination.timeutil import utcnow
 from controlplane.errors import NotFoundError
 
 app = typer.Typer(help="Datasets: class, policy, home, owner and epoch.", no_args_is_help=True)
 COLUMNS = ["name", "class", "policy", "home", "owner", "epoch", "replicas", "lag_s"]
+OBJECT_COLUMNS = ["object", "version", "digest", "size", "region", "jurisdiction", "state", "at"]
 
 
 async def _rows(ctx: typer.Context, pattern: str) -> list[dict[str, object]]:
     async with open_session(settings_from(ctx)) as s:
-        c = await s.runbooks.context()
-    rows: list[dict[str, object]] = []
-    for name, p in sorted(c.placements.items()):
-        if not fnmatch.fnmatchcase(name, pattern):
-            continue
-        owner = c.view.owners.get(name)
-        rows.append(
-            {
-                "name": name,
-                "class": p.dataset_class,
-                "policy": p.policy,
-                "home": p.home,
-                "owner": owner.region if owner else None,
-                "epoch": owner.epoch if owner else None,
-                "replicas": list(p.replicas),
-                "lag_s": None,  # replication lag is the replicator's metric (issue 3)
-                "handing_over_to": owner.handing_over_to if owner else None,
-            }
-        )
+        datasets = await asyncio.to_thread(s.catalog.datasets, pattern)
+        view = await s.runbooks.context()
+        now = utcnow()
+        rows: list[dict[str, object]] = []
+        for name, p in datasets:
+            owner = view.view.owners.get(name)
+            lag = None if p is None else await asyncio.to_thread(s.catalog.lag_seconds, p, now)
+            rows.append(
+                {
+                    "name": name,
+                    "class": p.dataset_class if p else None,
+                    "policy": p.policy if p else None,
+                    "home": p.home if p else None,
+                    "owner": owner.region if owner else None,
+                    "epoch": owner.epoch if owner else None,
+                    "replicas": list(p.replicas) if p else [],
+                    "lag_s": lag,
+                    "handing_over_to": owner.handing_over_to if owner else None,
+                }
+            )
     return rows
 
 
@@ -47,24 +57,54 @@ def list_datasets(
     glob: Annotated[str, typer.Option("--glob", help="shell-style filter on names")] = "*",
     output: OutputOpt = None,
 ) -> None:
-    """Every dataset: class, policy, home, current owner and epoch, replica regions."""
+    """Every dataset: class, policy, home, current owner and epoch, replica regions, lag."""
     emit(asyncio.run(_rows(ctx, glob)), output, columns=COLUMNS)
 
 
 @app.command()
 def show(
-    ctx: typer.Context, name: Annotated[str, typer.Argument()], output: OutputOpt = None
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="the exact dataset name (not a glob)")],
+    output: OutputOpt = None,
 ) -> None:
     """One dataset: the fields of `list`, with its objects and where each version lives."""
     rows = asyncio.run(_rows(ctx, glob_escape(name)))
     if not rows:
-        raise NotFoundError(f"unknown dataset {name!r}: no applied policy places it")
+        raise NotFoundError(f"unknown dataset {name!r}: the catalog has no dataset of that name")
     catalog = CatalogBridge.open(settings_from(ctx).catalog)
     try:
         objects = catalog.locations(name)
     finally:
         catalog.close()
-    emit({**rows[0], "objects": objects}, output)
+    fmt = resolve_output(output)
+    if fmt is Output.json:
+        emit({**rows[0], "objects": objects}, output)
+    elif fmt is Output.csv:
+        # One row per (object version, region), each carrying the dataset's fields.
+        head = {k: v for k, v in rows[0].items() if k in COLUMNS}
+        emit([{**head, **o} for o in objects] or [head], output, columns=COLUMNS + OBJECT_COLUMNS)
+    else:
+        _print_show(rows[0], objects)
+
+
+def _print_show(row: dict[str, object], objects: list[dict[str, Any]]) -> None:
+    console = Console(soft_wrap=True)
+    fields = Table(title=str(row["name"]), show_header=False)
+    fields.add_column("field")
+    fields.add_column("value", overflow="fold")
+    for key in [*COLUMNS[1:], "handing_over_to"]:
+        value = row.get(key)
+        fields.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
+    console.print(fields)
+    if not objects:
+        console.print("no objects yet")
+        return
+    table = Table(title="objects: where each version lives")
+    for col in OBJECT_COLUMNS:
+        table.add_column(col, overflow="fold")
+    for o in objects:
+        table.add_row(*["" if o.get(c) is None else str(o.get(c)) for c in OBJECT_COLUMNS])
+    console.print(table)
 
 
 def glob_escape(name: str) -> str:

@@ -33,6 +33,7 @@ def upgrade(
     ctx: typer.Context,
     catalog: CatalogOpt = None,
     revision: str = typer.Option("head", help="target migration"),
+    output: OutputOpt = None,
 ) -> None:
     """Create or upgrade the catalog schema (idempotent)."""
     url = settings_from(ctx, catalog=catalog).catalog
@@ -41,7 +42,22 @@ def upgrade(
         now = migrate.current(url)
     except OperationalError as exc:
         raise _unreachable(url, exc) from exc
-    typer.echo(f"catalog {redacted(url)} is at migration {now}")
+    if resolve_output(output) is Output.table:
+        typer.echo(f"catalog {redacted(url)} is at migration {now}")
+        return
+    _emit_state(url, now, output)
+
+
+STATE_COLUMNS = ["catalog", "current", "head", "up_to_date"]
+
+
+def _emit_state(url: str, now: str | None, output: Output | None) -> None:
+    head = migrate.head_revision()
+    row = {"catalog": redacted(url), "current": now, "head": head, "up_to_date": now == head}
+    if resolve_output(output) is Output.csv:
+        emit([row], Output.csv, columns=STATE_COLUMNS)
+    else:
+        emit(row, output)
 
 
 @app.command()
@@ -52,11 +68,9 @@ def current(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = 
         now = migrate.current(url)
     except OperationalError as exc:
         raise _unreachable(url, exc) from exc
-    head = migrate.head_revision()
     if resolve_output(output) is Output.table:
+        head = migrate.head_revision()
         state = "up to date" if now == head else "run `meridian db upgrade`"
         typer.echo(f"catalog {redacted(url)}: migration {now or 'none'} (head {head}, {state})")
         return
-    emit(
-        {"catalog": redacted(url), "current": now, "head": head, "up_to_date": now == head}, output
-    )
+    _emit_state(url, now, output)

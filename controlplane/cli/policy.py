@@ -48,14 +48,19 @@ class PolicyInvalidError(InvalidInputError):
     """The policy files have problems (already printed one per line)."""
 
 
+PROBLEM_COLUMNS = ["file", "line", "column", "message"]
+
+
 def _compile(files: list[Path], output: Output | None, *, validating: bool) -> PolicySet:
-    """Compile; on problems print them (lines on stderr, or JSON) and fail with status 1."""
+    """Compile; on problems print them and fail with status 1. As a table (the default)
+    they are `FILE:LINE:COLUMN: error: MESSAGE` lines on stderr; as JSON or CSV they are
+    rows on stdout (also when there are none, for `validate`)."""
     policy, problems = compile_files(files)
     fmt = output or Output.table
-    if fmt is Output.json and (problems or validating):
-        sys.stdout.write(json.dumps([p.as_json() for p in problems], indent=2) + "\n")
+    if fmt is not Output.table and (problems or validating):
+        emit([p.as_json() for p in problems], fmt, columns=PROBLEM_COLUMNS)
     if problems:
-        if fmt is not Output.json:
+        if fmt is Output.table:
             for problem in problems:
                 sys.stderr.write(f"{problem}\n")
         tail = "" if validating else "; nothing was changed"
@@ -71,7 +76,7 @@ def _compile(files: list[Path], output: Output | None, *, validating: bool) -> P
 def validate(files: FilesArg, output: OutputOpt = None) -> None:
     """Check policy files against every rule; print each problem as FILE:LINE:COLUMN."""
     policy = _compile(files, output, validating=True)
-    if (output or Output.table) is not Output.json:
+    if (output or Output.table) is Output.table:
         typer.echo(
             f"valid: {len(policy.policies)} polic{'y' if len(policy.policies) == 1 else 'ies'}, "
             f"{len(policy.regions)} regions, {len(policy.datasets)} declared datasets"
@@ -90,13 +95,17 @@ def _rows(changes: list[Change]) -> list[dict[str, Any]]:
     ]
 
 
+CHANGE_COLUMNS = ["action", "kind", "name", "fields"]
+
+
 def _print_changes(changes: list[Change], output: Output | None) -> None:
-    if resolve_output(output) is Output.json:
+    fmt = resolve_output(output)
+    if fmt is Output.json:
         emit([c.as_json() for c in changes], Output.json)
-    elif not changes:
+    elif not changes and fmt is Output.table:
         typer.echo("no changes: the catalog matches these files")
     else:
-        emit(_rows(changes), output, columns=["action", "kind", "name", "fields"], title="plan")
+        emit(_rows(changes), fmt, columns=CHANGE_COLUMNS, title="plan")
 
 
 @app.command()
@@ -120,6 +129,22 @@ def _publisher(
         return None
     settings = settings_from(ctx, etcd=etcd)
     return EtcdPolicyPublisher(settings.etcd_endpoints, settings.etcd_timeout_s)
+
+
+def _confirm(question: str, action: str) -> None:
+    """Ask on the terminal; refuse (like the runbooks) when stdin is not one, so that a
+    piped `yes` or a CI job never applies policy without an explicit --yes."""
+    if not sys.stdin.isatty():
+        raise InvalidInputError(
+            f"{action} needs confirmation: pass --yes when not on a terminal; nothing was changed"
+        )
+    try:
+        agreed = typer.confirm(question, err=True)
+    except typer.Abort:
+        sys.stderr.write("\n")  # end of input: the prompt's line was never ended
+        raise
+    if not agreed:
+        raise typer.Abort()
 
 
 @app.command()
@@ -151,7 +176,7 @@ def apply(
                 typer.echo(
                     f"  {row['action']} {row['kind']} {row['name']}: {row['fields']}", err=True
                 )
-            typer.confirm(f"apply these {len(changes)} change(s)?", abort=True, err=True)
+            _confirm(f"apply these {len(changes)} change(s)?", f"applying {len(changes)} change(s)")
         result = apply_policy(cat, policy, source=describe_source(files), publisher=publisher)
     if fmt is Output.json:
         emit(
@@ -165,6 +190,17 @@ def apply(
             Output.json,
         )
         return
+    if fmt is Output.csv:
+        # One row per applied change (none when there was nothing to do).
+        emit(
+            [
+                {**row, "revision": result.revision, "digest": result.digest}
+                for row in _rows(result.changes)
+            ],
+            Output.csv,
+            columns=["revision", "digest", *CHANGE_COLUMNS],
+        )
+        return
     where = " and published it to etcd" if result.published else ""
     if result.changes:
         typer.echo(
@@ -176,12 +212,17 @@ def apply(
 
 
 @app.command()
-def schema() -> None:
-    """Print the JSON Schema of policy documents, for editors.
+def schema(output: OutputOpt = None) -> None:
+    """Print the JSON Schema of policy documents, for editors (JSON only).
 
     Save it (`meridian policy schema > meridian-policy.schema.json`) and start each
     policy file with `# yaml-language-server: $schema=meridian-policy.schema.json`.
     """
+    if output not in (None, Output.json):
+        raise InvalidInputError(
+            f"policy schema prints a JSON Schema, which has no {output} form: "
+            "use --output json or leave --output out"
+        )
     doc = TypeAdapter(Document).json_schema(by_alias=True)
     doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     doc["title"] = "Meridian policy document"

@@ -9,6 +9,7 @@ import typer
 
 from controlplane.cli.common import OutputOpt, emit, settings_from
 from controlplane.cli.runbook import DryRunOpt, ReasonOpt, YesOpt, confirm, emit_results, print_plan
+from controlplane.coordination.runbooks import NotMovedError
 from controlplane.coordination.session import open_session
 
 app = typer.Typer(
@@ -57,11 +58,18 @@ def drain(
             print_plan(plan, f"drain of {region}", output, dry_run=dry_run)
             if dry_run:
                 return
+            if plan.unmoved:
+                # A planned drain does all or nothing: a dataset with no eligible
+                # target would stay, writable, on a region the operator is emptying.
+                raise NotMovedError(f"drain of {region} refused, nothing changed", plan.unmoved)
             confirm(f"Drain {region} ({len(plan.moves)} dataset(s) to move)?", yes)
-            results = await s.runbooks.run_drain(
+            results, failed = await s.runbooks.run_drain(
                 region, plan, reason=reason or f"drain of {region}", timeout_s=timeout_s
             )
             emit_results(results, output)
+            left = await s.runbooks.left_behind(region, plan, failed)
+            if left:
+                raise NotMovedError(f"drain of {region} is incomplete", left)
 
     asyncio.run(go())
 

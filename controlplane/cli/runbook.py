@@ -10,9 +10,7 @@ the plan and the prompt then go to stderr.
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
-from datetime import timedelta
 from typing import Annotated
 
 import typer
@@ -20,10 +18,13 @@ from rich.console import Console
 from rich.table import Table
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
+from controlplane.cli.since import parse_since
 from controlplane.coordination.decide import Plan
 from controlplane.coordination.failover import MoveResult
+from controlplane.coordination.runbooks import NotMovedError, outcome_of
 from controlplane.coordination.session import open_session
-from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.coordination.timeutil import rfc3339
+from controlplane.coordination.view import Maintenance
 from controlplane.errors import InvalidInputError
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and change nothing")]
@@ -53,8 +54,8 @@ def print_plan(plan: Plan, title: str, output: Output | None, *, dry_run: bool) 
         for r in plan.rejected:
             rej.add_row(r.dataset, r.region, r.reason)
         console.print(rej)
-    if plan.unmoved:
-        console.print(f"not moved (no eligible candidate): {', '.join(plan.unmoved)}")
+    for u in plan.unmoved:
+        console.print(f"not movable: {u.dataset}: {u.reason}")
 
 
 def confirm(question: str, yes: bool) -> None:
@@ -67,6 +68,9 @@ def confirm(question: str, yes: bool) -> None:
 
 
 def emit_results(results: list[MoveResult], output: Output | None) -> None:
+    """The moves made: a table (none when nothing moved: the plan said so), or JSON/CSV rows."""
+    if not results and resolve_output(output) is Output.table:
+        return
     rows = [
         {
             "dataset": r.move.dataset,
@@ -134,11 +138,20 @@ def failover(
             print_plan(plan, f"failover of {source}", output, dry_run=dry_run)
             if dry_run:
                 return
-            confirm(f"Fail over {len(plan.moves)} dataset(s) from {source}?", yes)
-            results = await s.runbooks.run_failover(
-                plan, pctx, reason=reason or f"operator failover from {source}", force=force
-            )
+            results: list[MoveResult] = []
+            if plan.moves:
+                confirm(f"Fail over {len(plan.moves)} dataset(s) from {source}?", yes)
+                results = await s.runbooks.run_failover(
+                    plan, pctx, reason=reason or f"operator failover from {source}", force=force
+                )
             emit_results(results, output)
+            # An emergency moves what it can; whatever the dead region still owns is a
+            # failure of the command, named with its reason.
+            left = await s.runbooks.left_behind(source, plan)
+            if left:
+                raise NotMovedError(
+                    f"failover of {source} is incomplete, {source} still owns them", left
+                )
 
     asyncio.run(go())
 
@@ -149,12 +162,16 @@ def pause(
 ) -> None:
     """Maintenance mode: automatic failover off (operators' runbooks still work)."""
 
-    async def go() -> None:
+    async def go() -> Maintenance | None:
         async with open_session(settings_from(ctx)) as s:
-            await s.runbooks.pause(reason or "maintenance")
+            return await s.runbooks.pause(reason or "maintenance")
 
-    asyncio.run(go())
-    typer.echo("automatic failover paused")
+    earlier = asyncio.run(go())
+    if earlier is None:
+        typer.echo("automatic failover paused")
+    else:
+        # Keep the first pause's reason, actor and time: they say why it is paused.
+        typer.echo(f"automatic failover was already paused {earlier.describe()}; left as it was")
 
 
 def resume(ctx: typer.Context) -> None:
@@ -168,26 +185,31 @@ def resume(ctx: typer.Context) -> None:
     typer.echo("automatic failover resumed")
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
-
-
-def parse_duration(text: str) -> timedelta:
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise InvalidInputError(
-            f"--since {text!r} is not a duration; give a number with s, m, h or d, such as 24h"
-        )
-    value, unit = float(match.group(1)), match.group(2)
-    return timedelta(seconds=value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
+HISTORY_COLUMNS = [
+    "id",
+    "dataset",
+    "from",
+    "to",
+    "epoch",
+    "kind",
+    "outcome",
+    "reason",
+    "actor",
+    "started_at",
+    "completed_at",
+]
 
 
 def history(
     ctx: typer.Context,
-    since: Annotated[str | None, typer.Option("--since", help="e.g. 30m, 24h, 7d")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="only the last DURATION (30m, 12h, 7d), or an RFC 3339 time"),
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
     """The failover journal: every ownership move, who made it, why, and when."""
-    start = utcnow() - parse_duration(since) if since else None
+    start = parse_since(since)
     from controlplane.coordination.catalog_bridge import CatalogBridge
 
     catalog = CatalogBridge.open(settings_from(ctx).catalog)
@@ -208,15 +230,12 @@ def history(
             "started_at": rfc3339(e.started_at),
             "completed_at": rfc3339(e.completed_at),
             "rpo_versions": e.rpo_versions,
-            "aborted": bool(e.details.get("aborted", False)),
+            "outcome": outcome_of(e),
+            "aborted": outcome_of(e) == "aborted",
         }
         for e in entries
     ]
-    emit(
-        rows,
-        output,
-        columns=["dataset", "from", "to", "epoch", "kind", "reason", "actor", "started_at"],
-    )
+    emit(rows, output, columns=HISTORY_COLUMNS)
 
 
 def register(app: typer.Typer) -> None:

@@ -44,14 +44,16 @@ from controlplane.coordination.fencing import (
 )
 from controlplane.coordination.follow import follow_ownership
 from controlplane.coordination.locks import GlobalLock, HeldLock, LockLostError
-from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.ownership import Owner, Ownership
 from controlplane.coordination.sources import (
     CatchUpProbe,
     FailoverJournal,
+    JournalEntry,
     PlacementInfo,
     PlacementSource,
+    journal_id,
 )
-from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.coordination.timeutil import parse_rfc3339, rfc3339, utcnow
 from controlplane.coordination.view import RegionState, read_view
 from controlplane.errors import ConflictError, MeridianError, NotFoundError
 from controlplane.logs import get_logger
@@ -68,6 +70,10 @@ class ControllerConfig:
     reconcile_interval_s: float = 1.0
     canary_interval_s: float = 0.2
     fence_dir: Path | None = None
+    # A move whose journal row is still missing this long after it was first seen
+    # missing is journaled from its owner record (the mover crashed in between).
+    journal_grace_s: float = 15.0
+    journal_check_interval_s: float = 5.0
 
 
 class RegionController:
@@ -97,6 +103,8 @@ class RegionController:
         self._alive_create_revision = 0
         self._active_since = 0.0
         self._wake = asyncio.Event()
+        self._next_journal_check = 0.0
+        self._journal_missing_since: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._stopping = False
@@ -237,6 +245,7 @@ class RegionController:
             await self._load_placements()
             await self._claim_unowned()
             await self._sweep_dead_regions()
+            await self.backfill_journal()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.reconcile_interval_s):
@@ -340,6 +349,55 @@ class RegionController:
                         action="stepping down from this dataset",
                     )
 
+    # -- journal backfill -------------------------------------------------------------
+    async def backfill_journal(self, *, force: bool = False) -> int:
+        """Journal every move into this region whose journal row is missing; how many.
+
+        A mover (a controller or a runbook) that crashes between winning the ownership
+        transaction and appending its journal row would lose the row. The owner record
+        keeps the move's kind, source, reason, actor and time, and the row's id is
+        deterministic (`dataset@epoch`), so the new owner's controller rebuilds it.
+        A row is only rebuilt once it has been missing for `journal_grace_s`, so a
+        mover still about to write it (with its RPO exposure) is not pre-empted; a
+        race is harmless anyway, as appends are idempotent on the id.
+        """
+        now = time.monotonic()
+        if not force and now < self._next_journal_check:
+            return 0
+        self._next_journal_check = now + self.config.journal_check_interval_s
+        view = await read_view(self.coord)
+        moves = {
+            journal_id(d, o.epoch): o
+            for d, o in view.owners.items()
+            if o.region == self.config.region and o.kind is not None
+        }
+        missing = await asyncio.to_thread(self.journal.missing, list(moves)) if moves else set()
+        self._journal_missing_since = {
+            i: t for i, t in self._journal_missing_since.items() if i in missing
+        }
+        written = 0
+        for jid in sorted(missing):
+            first = self._journal_missing_since.setdefault(jid, now)
+            if now - first < self.config.journal_grace_s:
+                continue
+            entry = _backfilled_entry(jid, moves[jid], self.actor)
+            try:
+                await asyncio.to_thread(self.journal.append, entry)
+            except MeridianError as exc:
+                log.warning("journal_backfill_failed", id=jid, error=str(exc))
+                continue
+            del self._journal_missing_since[jid]
+            written += 1
+            log.warning(
+                "journal_backfilled",
+                dataset=entry.dataset,
+                epoch=entry.epoch,
+                kind=entry.kind,
+                from_region=entry.from_region,
+                to=entry.to_region,
+            )
+        return written
+
     # -- failover -------------------------------------------------------------------
     async def _watch_regions(self, start: int) -> None:
         async for ev in self.coord.watch(keys.REGIONS, prefix=True, start_revision=start):
@@ -391,8 +449,8 @@ class RegionController:
                 candidate=r.region,
                 reason=r.reason,
             )
-        for d in plan.unmoved:
-            log.warning("failover_not_moved", dataset=d, region=region)
+        for u in plan.unmoved:
+            log.warning("failover_not_moved", dataset=u.dataset, region=region, reason=u.reason)
         results = await asyncio.gather(
             *(
                 apply_move(
@@ -422,6 +480,37 @@ class RegionController:
             self.metrics.failover_seconds.observe(time.monotonic() - detected_at_monotonic)
         log.info("failover_done", region=region, moves=len(plan.moves), won=won)
         return won
+
+
+def _backfilled_entry(jid: str, owner: Owner, actor: str) -> JournalEntry:
+    """The journal row of a move, rebuilt from its owner record."""
+    try:
+        at = parse_rfc3339(owner.at)
+    except ValueError:
+        at = utcnow()  # an unreadable time: when it was noticed is the best we know
+    return JournalEntry(
+        id=jid,
+        dataset=owner.dataset,
+        from_region=owner.from_region,
+        to_region=owner.region,
+        epoch=owner.epoch,
+        kind=owner.kind or "automatic",
+        reason=(
+            f"{owner.reason} (journaled late by {actor}: the mover stopped before writing "
+            "this row; RPO exposure not measured)"
+        ),
+        actor=owner.actor,
+        detected_at=None,
+        started_at=at,
+        completed_at=at,
+        rpo_versions=0,
+        details={
+            "backfilled": True,
+            "backfilled_by": actor,
+            "epoch_before": owner.epoch_before,
+            "rpo_versions_unknown": True,
+        },
+    )
 
 
 def _first_meridian_error(group: BaseExceptionGroup[BaseException]) -> MeridianError | None:

@@ -2,13 +2,17 @@
 
 Imports the catalog lazily so that coordination's unit tests do not need a
 database. `kind` values follow the catalog's journal (`automatic`, `switchover`,
-`failover`, `drain`); an aborted switchover is journaled as `switchover` with
-`details.aborted = true`, its epoch the unchanged one.
+`failover`, `drain`). The journal has no outcome column, so an aborted switchover
+(see `runbooks.aborted_entry`) is journaled with its kind, `to` = the region that
+kept ownership, no `completed_at`, a reason starting "aborted: ", its epoch the
+unchanged one, and `details.aborted = true`.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -34,19 +38,20 @@ class CatalogBridge:
         return [RegionInfo(r.name, r.jurisdiction) for r in self.catalog.list_regions()]
 
     def placements(self) -> list[PlacementInfo]:
-        return [
-            PlacementInfo(
-                dataset=p.dataset,
-                policy=p.policy,
-                dataset_class=p.dataset_class,
-                home=p.home,
-                replicas=tuple(p.replicas),
-                residency=tuple(p.residency),
-                failover_mode=p.failover_mode,
-                failover_order=tuple(p.failover_order),
-            )
-            for p in self.catalog.list_placements()
-        ]
+        return [self._info(p) for p in self.catalog.list_placements()]
+
+    @staticmethod
+    def _info(p: Any) -> PlacementInfo:
+        return PlacementInfo(
+            dataset=p.dataset,
+            policy=p.policy,
+            dataset_class=p.dataset_class,
+            home=p.home,
+            replicas=tuple(p.replicas),
+            residency=tuple(p.residency),
+            failover_mode=p.failover_mode,
+            failover_order=tuple(p.failover_order),
+        )
 
     def append(self, entry: JournalEntry) -> None:
         from controlplane.catalog.records import FailoverRecord
@@ -94,6 +99,92 @@ class CatalogBridge:
                 )
             )
         return out
+
+    def datasets(self, pattern: str = "*") -> list[tuple[str, PlacementInfo | None]]:
+        """Every dataset in the catalog whose name matches the glob `pattern`, with its
+        placement, or None when no applied policy places it (registered on first write,
+        or its policy was removed): `dataset list` shows those too."""
+        from sqlalchemy import select
+
+        from controlplane.catalog.api import placement_of
+        from controlplane.catalog.audit import glob_to_like
+        from controlplane.catalog.models import Dataset
+
+        query = select(Dataset).order_by(Dataset.name)
+        if pattern != "*":
+            # LIKE narrows the scan; fnmatch decides (LIKE's escapes differ per dialect).
+            query = query.where(Dataset.name.like(glob_to_like(pattern), escape="\\"))
+        with self.catalog.session() as s:
+            rows = s.scalars(query).all()
+            out: list[tuple[str, PlacementInfo | None]] = []
+            for row in rows:
+                if not fnmatch.fnmatchcase(row.name, pattern):
+                    continue
+                p = placement_of(row)
+                out.append((row.name, None if p is None else self._info(p)))
+            return out
+
+    def lag_seconds(self, placement: PlacementInfo, now: datetime) -> float:
+        """Replication lag of a placed dataset, from the catalog: the age of the oldest
+        latest version of an object that some region of the placement (home and
+        replicas, other than the version's origin) has not completed; 0.0 when every
+        region has completed every object's latest version (or there is none)."""
+        from sqlalchemy import and_, func, or_, select
+
+        from controlplane.catalog.models import CatalogObject, ObjectVersion, Replica
+
+        latest = (
+            select(func.max(ObjectVersion.id).label("vid"))
+            .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
+            .where(CatalogObject.dataset == placement.dataset)
+            .group_by(ObjectVersion.object_id)
+            .subquery()
+        )
+        oldest: datetime | None = None
+        with self.catalog.session() as s:
+            for region in dict.fromkeys((placement.home, *placement.replicas)):
+                done = (
+                    select(Replica.id)
+                    .where(
+                        and_(
+                            Replica.version_id == ObjectVersion.id,
+                            Replica.region == region,
+                            Replica.state == "completed",
+                        )
+                    )
+                    .exists()
+                )
+                query = (
+                    select(func.min(ObjectVersion.created_at))
+                    .join(latest, latest.c.vid == ObjectVersion.id)
+                    .where(
+                        ~done,
+                        or_(
+                            ObjectVersion.origin_region.is_(None),
+                            ObjectVersion.origin_region != region,
+                        ),
+                    )
+                )
+                at = s.scalar(query)
+                if at is not None and (oldest is None or at < oldest):
+                    oldest = at
+        if oldest is None:
+            return 0.0
+        return round(max(0.0, (now - oldest).total_seconds()), 3)
+
+    def missing(self, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` have no row in the failover journal (primary-key lookups)."""
+        from sqlalchemy import select
+
+        from controlplane.catalog.models import Failover
+
+        wanted = list(dict.fromkeys(ids))
+        found: set[str] = set()
+        with self.catalog.session() as s:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                found.update(s.scalars(select(Failover.id).where(Failover.id.in_(chunk))))
+        return set(wanted) - found
 
     def locations(self, dataset: str) -> list[dict[str, Any]]:
         """Where each version of each object of `dataset` lives (the audit query)."""

@@ -2,6 +2,11 @@
 
 No I/O here: the inputs are a `ClusterView`, the placements and the topology, so
 every rule is unit-testable and every refusal carries its reason.
+
+The candidates of a dataset are its home region first (a dataset that was moved
+away from home goes back there when its current owner is lost or drained), then
+its `failover.order`; the region being moved away from is never a candidate, so it
+is never listed as a "rejected candidate" either.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from dataclasses import dataclass, field
 
 from controlplane.coordination.sources import PlacementInfo
 from controlplane.coordination.view import ClusterView, RegionState
+
+MANUAL_REASON = "manual mode: failover.mode is manual; name --to to move it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +35,24 @@ class Rejection:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Unmoved:
+    """A dataset the plan cannot move, and why (one clause, for a sentence)."""
+
+    dataset: str
+    reason: str
+
+
 @dataclass
 class Plan:
     """What a runbook or the controller would do: moves, and every rejected candidate."""
 
     moves: list[Move] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
-    unmoved: list[str] = field(default_factory=list)  # datasets with no eligible candidate
+    unmoved: list[Unmoved] = field(default_factory=list)
+
+    def unmoved_names(self) -> list[str]:
+        return [u.dataset for u in self.unmoved]
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -51,8 +69,17 @@ class Plan:
                 {"region": r.region, "reason": r.reason, "dataset": r.dataset}
                 for r in self.rejected
             ],
-            "unmoved": list(self.unmoved),
+            "unmoved": [{"dataset": u.dataset, "reason": u.reason} for u in self.unmoved],
         }
+
+
+def candidates(placement: PlacementInfo, source: str) -> list[str]:
+    """Home first, then `failover.order`, without repeats and without `source`."""
+    out: list[str] = []
+    for region in (placement.home, *placement.failover_order):
+        if region != source and region not in out:
+            out.append(region)
+    return out
 
 
 def candidate_rejection(
@@ -82,6 +109,17 @@ def candidate_rejection(
     return None
 
 
+def _unmoved_reason(rejections: Sequence[Rejection], placement: PlacementInfo) -> str:
+    if not rejections:
+        return (
+            f"no candidate region: its home {placement.home} is the region being moved "
+            "away from and its failover.order names no other region"
+        )
+    # The short label of each rejection; the full reasons are in `Plan.rejected`.
+    each = ", ".join(f"{r.region}: {r.reason.split(':')[0]}" for r in rejections)
+    return f"no eligible candidate ({each})"
+
+
 def plan_moves(
     view: ClusterView,
     placements: Sequence[PlacementInfo],
@@ -90,12 +128,16 @@ def plan_moves(
     source: str,
     to: str | None = None,
     automatic: bool,
+    move_manual: bool = False,
 ) -> Plan:
-    """Choose a successor for every critical dataset `source` owns.
+    """Choose a successor for every dataset `source` owns.
 
-    Candidates are `to` when given, else the dataset's `failover.order`. Datasets
-    in `manual` failover mode are only moved by an operator naming `--to`; an
-    automatic decision reports them as rejected with reason "manual mode".
+    Candidates are `to` when given, else `candidates()` (home, then
+    `failover.order`). Datasets in `manual` failover mode are moved only by an
+    operator naming `--to`, or by a drain (`move_manual`); otherwise they are
+    reported as rejected with reason "manual mode". Every dataset that stays with
+    `source` is in `unmoved` with its reason, including one no applied policy
+    places any more (it has no candidates).
     """
     plan = Plan()
     by_name = {p.dataset: p for p in placements}
@@ -103,25 +145,31 @@ def plan_moves(
         placement = by_name.get(dataset)
         owner = view.owners[dataset]
         if placement is None or placement.dataset_class != "critical":
-            continue
-        if placement.failover_mode == "manual" and (automatic or to is None):
-            plan.rejected.append(
-                Rejection(
-                    dataset, "*", "manual mode: failover.mode is manual; name --to to move it"
+            plan.unmoved.append(
+                Unmoved(
+                    dataset,
+                    "no applied policy places it as a critical dataset, so it has no "
+                    "candidate region",
                 )
             )
-            plan.unmoved.append(dataset)
             continue
-        candidates = [to] if to is not None else list(placement.failover_order)
+        manual_blocked = automatic or (to is None and not move_manual)
+        if placement.failover_mode == "manual" and manual_blocked:
+            plan.rejected.append(Rejection(dataset, "*", MANUAL_REASON))
+            plan.unmoved.append(Unmoved(dataset, MANUAL_REASON))
+            continue
+        regions = [to] if to is not None else candidates(placement, source)
         chosen: str | None = None
-        for region in candidates:
+        rejections: list[Rejection] = []
+        for region in regions:
             why = candidate_rejection(placement, region, view, jurisdictions, source=source)
             if why is None:
                 chosen = region
                 break
-            plan.rejected.append(Rejection(dataset, region, why))
+            rejections.append(Rejection(dataset, region, why))
+        plan.rejected.extend(rejections)
         if chosen is None:
-            plan.unmoved.append(dataset)
+            plan.unmoved.append(Unmoved(dataset, _unmoved_reason(rejections, placement)))
         else:
             plan.moves.append(Move(dataset, source, chosen, owner.epoch))
     return plan

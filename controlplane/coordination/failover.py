@@ -16,8 +16,13 @@ from datetime import datetime
 
 from controlplane.coordination import keys
 from controlplane.coordination.decide import Move
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.sources import CatchUpProbe, FailoverJournal, JournalEntry
+from controlplane.coordination.ownership import MoveFacts, Ownership
+from controlplane.coordination.sources import (
+    CatchUpProbe,
+    FailoverJournal,
+    JournalEntry,
+    journal_id,
+)
 from controlplane.coordination.timeutil import utcnow
 from controlplane.coordination.view import ClusterView
 from controlplane.errors import ConflictError
@@ -93,6 +98,7 @@ async def apply_move(
             reason=reason,
             actor=actor,
             guards=guards,
+            move=MoveFacts(kind, move.from_region),
         )
     except ConflictError:
         log.info("move_lost_race", dataset=move.dataset, to=move.to_region, kind=kind)
@@ -102,7 +108,7 @@ async def apply_move(
     if probe is not None:
         missing = await asyncio.to_thread(probe.incomplete_versions, move.dataset, move.to_region)
     entry = JournalEntry(
-        id=f"{move.dataset}@{epoch}",
+        id=journal_id(move.dataset, epoch),
         dataset=move.dataset,
         from_region=move.from_region,
         to_region=move.to_region,

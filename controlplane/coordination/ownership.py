@@ -1,6 +1,8 @@
 """Dataset ownership with epochs, written only by compare-and-set transactions.
 
-`/meridian/owners/<dataset>` holds `{"region", "reason", "actor", "at"}`. Its
+`/meridian/owners/<dataset>` holds `{"region", "reason", "actor", "at"}`, and for a
+move also `{"kind", "from", "epoch_before"}`, so that the journal row of a move can be
+rebuilt from the record alone if the mover crashed before writing it. Its
 `mod_revision` is the dataset's **epoch**: the etcd revision of the transaction that
 last moved ownership. Because etcd revisions only grow, so do epochs, and no two
 owners can ever share one. Every write of the key compares the `mod_revision` the
@@ -46,6 +48,17 @@ class Owner:
     actor: str = ""
     at: str = ""
     handing_over_to: str | None = None
+    kind: str | None = None  # set for a move (not for a home region's first claim)
+    from_region: str | None = None
+    epoch_before: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MoveFacts:
+    """What a move writes into the owner record beside the new owner (see the module doc)."""
+
+    kind: str
+    from_region: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +70,7 @@ class Handover:
     create_revision: int
 
 
-def _decode_owner(dataset: str, value: bytes, epoch: int, handover: str | None) -> Owner:
+def decode_owner(dataset: str, value: bytes, epoch: int, handover: str | None) -> Owner:
     doc = json.loads(value)
     return Owner(
         dataset=dataset,
@@ -67,11 +80,23 @@ def _decode_owner(dataset: str, value: bytes, epoch: int, handover: str | None) 
         actor=str(doc.get("actor", "")),
         at=str(doc.get("at", "")),
         handing_over_to=handover,
+        kind=str(doc["kind"]) if doc.get("kind") else None,
+        from_region=str(doc["from"]) if doc.get("from") else None,
+        epoch_before=int(doc.get("epoch_before", 0)),
     )
 
 
-def owner_value(region: str, reason: str, actor: str) -> bytes:
-    doc = {"region": region, "reason": reason, "actor": actor, "at": rfc3339(utcnow())}
+def owner_value(
+    region: str, reason: str, actor: str, move: MoveFacts | None = None, epoch_before: int = 0
+) -> bytes:
+    doc: dict[str, object] = {
+        "region": region,
+        "reason": reason,
+        "actor": actor,
+        "at": rfc3339(utcnow()),
+    }
+    if move is not None:
+        doc.update(kind=move.kind, epoch_before=epoch_before, **{"from": move.from_region})
     return json.dumps(doc, sort_keys=True).encode()
 
 
@@ -89,7 +114,7 @@ class Ownership:
             return None
         kv = owner_kvs[0]
         to = str(json.loads(handover_kvs[0].value)["to"]) if handover_kvs else None
-        return _decode_owner(dataset, kv.value, kv.mod_revision, to)
+        return decode_owner(dataset, kv.value, kv.mod_revision, to)
 
     async def list(self) -> dict[str, Owner]:
         """Every owned dataset, as of one consistent read."""
@@ -104,7 +129,7 @@ class Ownership:
         out: dict[str, Owner] = {}
         for kv in owners_kv:
             ds = kv.key.removeprefix(keys.OWNERS)
-            out[ds] = _decode_owner(ds, kv.value, kv.mod_revision, handing.get(ds))
+            out[ds] = decode_owner(ds, kv.value, kv.mod_revision, handing.get(ds))
         return out
 
     async def claim(
@@ -116,6 +141,7 @@ class Ownership:
         reason: str,
         actor: str,
         guards: Sequence[Compare] = (),
+        move: MoveFacts | None = None,
     ) -> int:
         """Make `region` the owner if the key is still at `expect_epoch` (0: unowned).
 
@@ -125,7 +151,7 @@ class Ownership:
         """
         compares = [Compare(keys.owner(dataset), Target.MOD, Cmp.EQUAL, expect_epoch), *guards]
         ops: list[Op] = [
-            Put(keys.owner(dataset), owner_value(region, reason, actor)),
+            Put(keys.owner(dataset), owner_value(region, reason, actor, move, expect_epoch)),
             Delete(keys.handover(dataset)),
         ]
         res = await self.coord.txn(compares, ops)
@@ -178,7 +204,9 @@ class Ownership:
         )
         return res.succeeded
 
-    async def complete_handover(self, handover: Handover, *, reason: str, actor: str) -> int:
+    async def complete_handover(
+        self, handover: Handover, *, reason: str, actor: str, kind: str = "switchover"
+    ) -> int:
         """Move ownership to the handover's target and unfreeze, atomically; the new epoch."""
         guard = Compare(
             keys.handover(handover.dataset), Target.CREATE, Cmp.EQUAL, handover.create_revision
@@ -190,6 +218,7 @@ class Ownership:
             reason=reason,
             actor=actor,
             guards=[guard],
+            move=MoveFacts(kind, handover.from_region),
         )
 
     async def watch(self, start_revision: int = 0) -> AsyncIterator[tuple[str, Owner | None]]:
@@ -199,4 +228,4 @@ class Ownership:
             if ev.type is EventType.DELETE:
                 yield ds, None
             else:
-                yield ds, _decode_owner(ds, ev.kv.value, ev.kv.mod_revision, None)
+                yield ds, decode_owner(ds, ev.kv.value, ev.kv.mod_revision, None)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from controlplane.coordination.decide import (
     Move,
     Plan,
-    Rejection,
+    Unmoved,
     candidate_rejection,
     plan_moves,
 )
@@ -33,10 +35,12 @@ from controlplane.coordination.sources import (
     JournalEntry,
     PlacementInfo,
     PlacementSource,
+    journal_id,
 )
-from controlplane.coordination.timeutil import utcnow
+from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.coordination.view import (
     ClusterView,
+    Maintenance,
     RegionState,
     read_view,
     set_maintenance,
@@ -44,6 +48,7 @@ from controlplane.coordination.view import (
 )
 from controlplane.errors import (
     ConflictError,
+    InvalidInputError,
     NotFoundError,
     OperationTimeoutError,
     RefusedError,
@@ -56,6 +61,85 @@ log = get_logger(__name__)
 
 class SwitchoverAbortedError(OperationTimeoutError):
     """The target did not catch up in time; the previous owner was restored."""
+
+
+class NotMovedError(RefusedError):
+    """A failover or drain cannot move (or did not move) some datasets away from a region."""
+
+    def __init__(self, what: str, left: list[Unmoved]) -> None:
+        self.left = left
+        items = "; ".join(f"{u.dataset}: {u.reason}" for u in left)
+        super().__init__(f"{what}: {len(left)} dataset(s) not moved ({items})")
+
+
+NOT_COMMITTED = (
+    "its move did not commit (the target's liveness or state changed after the plan "
+    "was made); run the command again"
+)
+
+
+ABORTED_PREFIX = "aborted: "
+
+
+def aborted_entry(
+    move: Move,
+    handover_revision: int,
+    *,
+    kind: str,
+    reason: str,
+    actor: str,
+    started: datetime,
+    missing: list[str],
+    why: str,
+    restored: bool,
+) -> JournalEntry:
+    """The journal row of a switchover that did not move ownership.
+
+    The catalog's journal has no outcome column (and its `kind` is one of
+    automatic/switchover/failover/drain), so the outcome is written in the fields
+    every output format of `history` and `audit failovers` shows: `to` is the region
+    that kept ownership (no move happened), `completed_at` is empty (the move never
+    completed), and `reason` starts with "aborted: " and names the intended target and
+    why. `details` keeps the structured facts (aborted, intended_to, ended_at, ...).
+    """
+    kept = (
+        f"{move.from_region} kept ownership at epoch {move.epoch_before}"
+        if restored
+        else "its handover mark was already gone"
+    )
+    return JournalEntry(
+        id=journal_id(move.dataset, move.epoch_before, f"-abort-{handover_revision}"),
+        dataset=move.dataset,
+        from_region=move.from_region,
+        to_region=move.from_region,
+        epoch=move.epoch_before,
+        kind=kind,
+        reason=(
+            f"{ABORTED_PREFIX}{kind} to {move.to_region} not done, {why}; {kept} "
+            f"(reason given: {reason})"
+        ),
+        actor=actor,
+        detected_at=None,
+        started_at=started,
+        completed_at=None,
+        rpo_versions=len(missing),
+        details={
+            "aborted": True,
+            "outcome": "aborted",
+            "intended_to": move.to_region,
+            "reason_given": reason,
+            "ended_at": rfc3339(utcnow()),
+            "restored": restored,
+            "incomplete_versions": missing[:100],
+        },
+    )
+
+
+def outcome_of(entry: JournalEntry) -> str:
+    """ "aborted" for a switchover that did not move ownership, else "moved"."""
+    if entry.details.get("aborted") or entry.reason.startswith(ABORTED_PREFIX):
+        return "aborted"
+    return "moved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,34 +254,30 @@ class Runbooks:
                     f"{move.from_region} still owns it at epoch {move.epoch_before}"
                 )
             epoch = await self.ownership.complete_handover(
-                handover, reason=reason, actor=self.actor
+                handover, reason=reason, actor=self.actor, kind=kind
             )
-        except BaseException:
+        except BaseException as exc:
             restored = await self.ownership.abort_handover(handover)
-            entry = JournalEntry(
-                id=f"{move.dataset}@{move.epoch_before}-abort-{handover.create_revision}",
-                dataset=move.dataset,
-                from_region=move.from_region,
-                to_region=move.to_region,
-                epoch=move.epoch_before,
+            entry = aborted_entry(
+                move,
+                handover.create_revision,
                 kind=kind,
                 reason=reason,
                 actor=self.actor,
-                detected_at=None,
-                started_at=started,
-                completed_at=utcnow(),
-                rpo_versions=len(missing),
-                details={
-                    "aborted": True,
-                    "restored": restored,
-                    "incomplete_versions": missing[:100],
-                },
+                started=started,
+                missing=missing,
+                why=(
+                    f"{len(missing)} version(s) still incomplete there after {timeout_s:g} s"
+                    if isinstance(exc, SwitchoverAbortedError)
+                    else f"interrupted ({type(exc).__name__}: {exc})"
+                ),
+                restored=restored,
             )
             await asyncio.to_thread(self.journal.append, entry)
             log.warning("switchover_aborted", dataset=move.dataset, to=move.to_region)
             raise
         entry = JournalEntry(
-            id=f"{move.dataset}@{epoch}",
+            id=journal_id(move.dataset, epoch),
             dataset=move.dataset,
             from_region=move.from_region,
             to_region=move.to_region,
@@ -229,6 +309,10 @@ class Runbooks:
         self._region(ctx, source, "source")
         if to is not None:
             self._region(ctx, to, "target")
+            if to == source:
+                raise InvalidInputError(
+                    f"--to {to} is the region being failed over; name another region"
+                )
         if ctx.view.is_alive(source) and not force:
             raise RefusedError(
                 f"region {source} is still alive (its controller holds the liveness lease); "
@@ -243,7 +327,7 @@ class Runbooks:
             automatic=False,
         )
         if to is not None and plan.unmoved:
-            reasons = "; ".join(f"{r.dataset}: {r.reason}" for r in plan.rejected)
+            reasons = "; ".join(f"{u.dataset}: {u.reason}" for u in plan.unmoved)
             raise RefusedError(f"failover of {source} to {to} refused: {reasons}")
         return plan, ctx
 
@@ -275,46 +359,60 @@ class Runbooks:
 
     # -- drain -----------------------------------------------------------------
     async def plan_drain(self, region: str) -> tuple[Plan, Context]:
+        """Planned moves of everything `region` owns (manual-mode datasets too: an
+        operator asked for the drain); candidates are home, then failover.order."""
         ctx = await self.context()
         self._region(ctx, region, "")
-        plan = Plan()
-        for dataset in ctx.view.owned_by(region):
-            placement = ctx.placements.get(dataset)
-            if placement is None:
-                continue
-            owner = ctx.view.owners[dataset]
-            chosen = None
-            for cand in placement.failover_order:
-                why = candidate_rejection(
-                    placement, cand, ctx.view, ctx.jurisdictions, source=region
-                )
-                if why is None:
-                    chosen = cand
-                    break
-                plan.rejected.append(Rejection(dataset, cand, why))
-            if chosen is None:
-                plan.unmoved.append(dataset)
-            else:
-                plan.moves.append(Move(dataset, region, chosen, owner.epoch))
+        plan = plan_moves(
+            ctx.view,
+            list(ctx.placements.values()),
+            ctx.jurisdictions,
+            source=region,
+            automatic=False,
+            move_manual=True,
+        )
         return plan, ctx
 
     async def run_drain(
         self, region: str, plan: Plan, *, reason: str, timeout_s: float
-    ) -> list[MoveResult]:
+    ) -> tuple[list[MoveResult], list[Unmoved]]:
+        """Mark `region` draining, then switch each planned dataset over in turn.
+
+        A switchover that aborts (its target did not catch up) or loses a race does
+        not stop the others: the drain moves everything it can and returns, beside
+        the moves, each dataset it could not move with why.
+        """
         # Draining first: from now on the region takes no new ownership.
         await set_region_state(self.coord, region, RegionState.DRAINING)
-        return [
-            await self.run_switchover(m, reason=reason, timeout_s=timeout_s, kind="drain")
-            for m in plan.moves
-        ]
+        results: list[MoveResult] = []
+        failed: list[Unmoved] = []
+        for m in plan.moves:
+            try:
+                results.append(
+                    await self.run_switchover(m, reason=reason, timeout_s=timeout_s, kind="drain")
+                )
+            except (SwitchoverAbortedError, ConflictError) as exc:
+                failed.append(Unmoved(m.dataset, str(exc)))
+        return results, failed
+
+    async def left_behind(
+        self, region: str, plan: Plan, failed: Sequence[Unmoved] = ()
+    ) -> list[Unmoved]:
+        """The datasets `region` still owns after a failover or drain ran, with why:
+        the run's or the plan's reason for those it could not move, else that the
+        move did not commit."""
+        view = await read_view(self.coord)
+        why = {u.dataset: u.reason for u in (*plan.unmoved, *failed)}
+        return [Unmoved(d, why.get(d, NOT_COMMITTED)) for d in view.owned_by(region)]
 
     async def undrain(self, region: str) -> None:
         ctx = await self.context()
         self._region(ctx, region, "")
         await set_region_state(self.coord, region, RegionState.ACTIVE)
 
-    async def pause(self, reason: str) -> None:
-        await set_maintenance(self.coord, True, reason=reason, actor=self.actor)
+    async def pause(self, reason: str) -> Maintenance | None:
+        """Pause automatic failover; the earlier pause (left as it was) if already paused."""
+        return await set_maintenance(self.coord, True, reason=reason, actor=self.actor)
 
     async def resume(self) -> None:
         await set_maintenance(self.coord, False, reason="", actor=self.actor)

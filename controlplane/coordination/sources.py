@@ -8,7 +8,9 @@ synchronous (the catalog is a thread-safe SQLAlchemy facade); async callers use
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -32,6 +34,25 @@ class PlacementInfo:
     residency: tuple[str, ...]
     failover_mode: str  # "automatic" | "manual"
     failover_order: tuple[str, ...]
+
+
+JOURNAL_ID_MAX = 64  # the catalog's `failovers.id` is VARCHAR(64)
+
+
+def journal_id(dataset: str, epoch: int, suffix: str = "") -> str:
+    """The journal row id of the move of `dataset` to `epoch`: `dataset@epoch` + suffix.
+
+    Deterministic, so a row lost by a crash can be rebuilt under the same id (and
+    appending it twice is a no-op). A name too long for the catalog's column is cut
+    and given a digest of the whole name, so ids stay unique and readable.
+    """
+    tail = f"@{epoch}{suffix}"
+    whole = f"{dataset}{tail}"
+    if len(whole) <= JOURNAL_ID_MAX:
+        return whole
+    digest = hashlib.sha256(dataset.encode()).hexdigest()[:12]
+    keep = JOURNAL_ID_MAX - len(tail) - len(digest) - 1
+    return f"{dataset[: max(keep, 0)]}~{digest}{tail}"[-JOURNAL_ID_MAX:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +89,10 @@ class FailoverJournal(Protocol):
 
     def since(self, since: datetime | None) -> list[JournalEntry]: ...
 
+    def missing(self, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` have no journal row (one indexed lookup per batch)."""
+        ...
+
 
 class CatchUpProbe(Protocol):
     """Which versions of a dataset a region has not completed yet (empty: caught up)."""
@@ -100,6 +125,10 @@ class MemoryJournal:
         with self._lock:
             rows = [e for e in self.entries.values() if since is None or e.started_at >= since]
         return sorted(rows, key=lambda e: e.started_at)
+
+    def missing(self, ids: Sequence[str]) -> set[str]:
+        with self._lock:
+            return {i for i in ids if i not in self.entries}
 
 
 class MemoryCatchUp:

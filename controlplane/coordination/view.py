@@ -12,9 +12,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from controlplane.coordination import keys
-from controlplane.coordination.ownership import Owner
+from controlplane.coordination.ownership import Owner, decode_owner
 from controlplane.coordination.timeutil import rfc3339, utcnow
-from controlplane.ports.coordination import Coordination, Get, KeyValue
+from controlplane.ports.coordination import (
+    Cmp,
+    Compare,
+    Coordination,
+    Get,
+    KeyValue,
+    Put,
+    Target,
+)
 
 
 class RegionState(StrEnum):
@@ -75,16 +83,7 @@ async def read_view(coord: Coordination) -> ClusterView:
     owners: dict[str, Owner] = {}
     for kv in owner_kvs:
         ds = kv.key.removeprefix(keys.OWNERS)
-        doc = json.loads(kv.value)
-        owners[ds] = Owner(
-            dataset=ds,
-            region=str(doc["region"]),
-            epoch=kv.mod_revision,
-            reason=str(doc.get("reason", "")),
-            actor=str(doc.get("actor", "")),
-            at=str(doc.get("at", "")),
-            handing_over_to=handing.get(ds),
-        )
+        owners[ds] = decode_owner(ds, kv.value, kv.mod_revision, handing.get(ds))
     return ClusterView(res.revision, alive, states, state_revs, bool(maint), owners)
 
 
@@ -95,9 +94,49 @@ async def set_region_state(coord: Coordination, region: str, state: RegionState)
     return await coord.put(keys.state(region), state.value.encode())
 
 
-async def set_maintenance(coord: Coordination, on: bool, *, reason: str, actor: str) -> None:
-    if on:
-        doc = {"reason": reason, "actor": actor, "since": rfc3339(utcnow())}
-        await coord.put(keys.MAINTENANCE, json.dumps(doc).encode())
-    else:
+@dataclass(frozen=True, slots=True)
+class Maintenance:
+    """Who paused automatic failover, when and why (the `maintenance` key's value)."""
+
+    reason: str
+    actor: str
+    since: str
+
+    def describe(self) -> str:
+        return f"since {self.since} by {self.actor} ({self.reason})"
+
+
+def _maintenance(value: bytes) -> Maintenance:
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    return Maintenance(
+        str(doc.get("reason", "?")), str(doc.get("actor", "?")), str(doc.get("since", "?"))
+    )
+
+
+async def set_maintenance(
+    coord: Coordination, on: bool, *, reason: str, actor: str
+) -> Maintenance | None:
+    """Pause (`on`) or resume automatic failover.
+
+    Pausing writes the key only if it is absent, in one transaction, so a second
+    `pause` never overwrites the first one's reason, actor and time: it returns that
+    first pause (None when this call paused).
+    """
+    if not on:
         await coord.delete(keys.MAINTENANCE)
+        return None
+    doc = {"reason": reason, "actor": actor, "since": rfc3339(utcnow())}
+    res = await coord.txn(
+        [Compare(keys.MAINTENANCE, Target.CREATE, Cmp.EQUAL, 0)],
+        [Put(keys.MAINTENANCE, json.dumps(doc).encode())],
+        [Get(keys.MAINTENANCE)],
+    )
+    if res.succeeded:
+        return None
+    [existing] = res.reads
+    return _maintenance(existing[0].value) if existing else Maintenance("?", "?", "?")

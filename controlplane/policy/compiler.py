@@ -16,17 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.catalog.records import Placement
-from controlplane.policy.documents import Parsed, parse_document, salvage_regions
+from controlplane.policy.documents import parse_document
 from controlplane.policy.loader import RawDocument, load_file, load_text
-from controlplane.policy.models import DatasetDoc, ReplicationPolicy, Topology
+from controlplane.policy.models import KINDS, DatasetDoc, ReplicationPolicy, Topology
+from controlplane.policy.partial import LooseDataset, LoosePolicy, LooseTopology
 from controlplane.policy.planner import place
 from controlplane.policy.problems import Problem
 from controlplane.policy.rules import (
+    Regions,
     check_datasets,
     check_policy,
     check_policy_set,
     check_topology,
     check_topology_count,
+    topology_regions,
 )
 
 
@@ -127,57 +130,63 @@ class PolicySet:
 def check_documents(
     raws: Sequence[RawDocument], read_problems: Sequence[Problem], first_file: str
 ) -> tuple[PolicySet | None, list[Problem]]:
+    """Every rule on every document. Rules also run on what could be parsed of an
+    invalid document (see `partial.py`), and skip what they cannot know."""
     problems = list(read_problems)
-    parsed: list[Parsed] = []
+    checked = [parse_document(raw) for raw in raws]
     topology_kinds: list[tuple[str, int, int]] = []
-    for raw in raws:
-        if isinstance(raw.data, dict) and raw.data.get("kind") == "Topology":
-            pos = raw.pos(("kind",))
-            topology_kinds.append((raw.file, pos.line, pos.column))
-        doc, found = parse_document(raw)
-        problems.extend(found)
-        if doc is not None:
-            parsed.append(doc)
+    kinds_unknown = False
+    for doc in checked:
+        problems.extend(doc.problems)
+        kind = doc.raw.data.get("kind") if isinstance(doc.raw.data, dict) else None
+        if kind == "Topology":
+            pos = doc.raw.pos(("kind",))
+            topology_kinds.append((doc.raw.file, pos.line, pos.column))
+        elif kind not in KINDS:
+            kinds_unknown = True  # it might have been meant as any kind
 
     complete = not any(
         p.message.startswith(("YAML does not parse", "cannot read")) for p in read_problems
     )
-    problems.extend(check_topology_count(topology_kinds, first_file, complete=complete))
-    topologies = [(d.raw, d.model) for d in parsed if isinstance(d.model, Topology)]
-    policies = [(d.raw, d.model) for d in parsed if isinstance(d.model, ReplicationPolicy)]
-    datasets = [(d.raw, d.model) for d in parsed if isinstance(d.model, DatasetDoc)]
-    regions: dict[str, str] | None = None
+    problems.extend(
+        check_topology_count(topology_kinds, first_file, complete=complete and not kinds_unknown)
+    )
+    topologies = [(d.raw, d.loose) for d in checked if isinstance(d.loose, LooseTopology)]
+    policies = [(d, d.loose) for d in checked if isinstance(d.loose, LoosePolicy)]
+    datasets = [(d.raw, d.loose) for d in checked if isinstance(d.loose, LooseDataset)]
+    regions: Regions | None = None
     if len(topologies) == 1 and len(topology_kinds) == 1:
         problems.extend(check_topology(*topologies[0]))
-        regions = {r.name: r.jurisdiction for r in topologies[0][1].spec.regions}
-    elif len(topology_kinds) == 1:
-        raw_topology = next(
-            r for r in raws if isinstance(r.data, dict) and r.data.get("kind") == "Topology"
-        )
-        regions = salvage_regions(raw_topology) or None
-    for raw, policy in policies:
-        problems.extend(check_policy(raw, policy, regions))
-    problems.extend(check_policy_set(policies))
+        regions = topology_regions(*topologies[0])
+    for doc, loose_policy in policies:
+        problems.extend(check_policy(doc.raw, loose_policy, doc.blanked, regions))
+    problems.extend(check_policy_set([(d.raw, p) for d, p in policies]))
     raw_policies = sum(
-        1 for r in raws if isinstance(r.data, dict) and r.data.get("kind") == "ReplicationPolicy"
+        1
+        for d in checked
+        if isinstance(d.raw.data, dict) and d.raw.data.get("kind") == "ReplicationPolicy"
     )
-    # A policy that failed to parse might select a dataset: do not claim that none does.
+    # A policy that could not be read might select a dataset: do not claim that none does.
     problems.extend(
         check_datasets(
             datasets,
             [p for _, p in policies],
-            all_policies=complete and raw_policies == len(policies),
+            all_policies=complete and not kinds_unknown and raw_policies == len(policies),
         )
     )
 
     problems = sorted(set(problems))
-    if problems or len(topologies) != 1:
+    models = [d.model for d in checked]
+    if problems or any(m is None for m in models):
+        if not problems:  # cannot happen: a document without a model has a problem
+            raise RuntimeError("a document failed to parse without a reported problem")
         return None, problems
+    topology = [m for m in models if isinstance(m, Topology)]
     return (
         PolicySet(
-            topology=topologies[0][1],
-            policies=tuple(p for _, p in policies),
-            datasets=tuple(d for _, d in datasets),
+            topology=topology[0],
+            policies=tuple(m for m in models if isinstance(m, ReplicationPolicy)),
+            datasets=tuple(m for m in models if isinstance(m, DatasetDoc)),
         ),
         [],
     )

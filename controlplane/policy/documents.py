@@ -16,19 +16,23 @@ from controlplane.policy.models import (
     API_VERSION,
     KINDS,
     DatasetDoc,
-    RegionSpec,
     ReplicationPolicy,
     Topology,
 )
+from controlplane.policy.partial import Loose, blank_out, read_loose
 from controlplane.policy.problems import Problem
 
 
 @dataclass(frozen=True)
-class Parsed:
-    """A typed document and the raw one it came from (for positions)."""
+class Checked:
+    """One document after parsing: its problems, its typed model when it has none,
+    and what could be parsed of it (`loose`, read from `blanked`) either way."""
 
     raw: RawDocument
-    model: Topology | ReplicationPolicy | DatasetDoc
+    model: Topology | ReplicationPolicy | DatasetDoc | None
+    loose: Loose | None
+    blanked: Any
+    problems: list[Problem]
 
 
 def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
@@ -98,26 +102,14 @@ def _message(err: ErrorDetails, model: type[BaseModel]) -> tuple[str, bool]:
     return f"{_dotted(loc)}: {msg}", False
 
 
-def salvage_regions(raw: RawDocument) -> dict[str, str]:
-    """The well-formed regions of a topology that failed validation elsewhere, so that
-    policies can still be checked against them in the same run."""
-    spec = raw.data.get("spec") if isinstance(raw.data, dict) else None
-    items = spec.get("regions") if isinstance(spec, dict) else None
-    regions: dict[str, str] = {}
-    for item in items if isinstance(items, list) else []:
-        try:
-            region = RegionSpec.model_validate(item)
-        except ValidationError:
-            continue
-        regions.setdefault(region.name, region.jurisdiction)
-    return regions
-
-
-def parse_document(raw: RawDocument) -> tuple[Parsed | None, list[Problem]]:
-    """Check apiVersion and kind, then validate against the model of that kind."""
+def parse_document(raw: RawDocument) -> Checked:
+    """Check apiVersion and kind, then validate against the model of that kind; keep
+    what could be parsed of an invalid document for the cross-field rules."""
     data = raw.data
     if not isinstance(data, dict):
-        return None, [raw.problem((), "a policy document must be a mapping")]
+        return Checked(
+            raw, None, None, None, [raw.problem((), "a policy document must be a mapping")]
+        )
     problems: list[Problem] = []
     api = data.get("apiVersion")
     if "apiVersion" not in data:
@@ -129,7 +121,7 @@ def parse_document(raw: RawDocument) -> tuple[Parsed | None, list[Problem]]:
     kind = data.get("kind")
     if "kind" not in data:
         problems.append(raw.problem((), "missing required field 'kind'"))
-        return None, problems
+        return Checked(raw, None, None, None, problems)
     if not isinstance(kind, str) or kind not in KINDS:
         hint = did_you_mean(str(kind), KINDS)
         problems.append(
@@ -138,21 +130,40 @@ def parse_document(raw: RawDocument) -> tuple[Parsed | None, list[Problem]]:
                 f"unknown kind {kind!r}; expected Topology, ReplicationPolicy or Dataset{hint}",
             )
         )
-        return None, problems
-    if problems:
-        return None, problems
+        return Checked(raw, None, None, None, problems)
     model = KINDS[kind]
     try:
         parsed = model.model_validate(data)
     except ValidationError as exc:
-        for err in exc.errors():
-            message, at_key = _message(err, model)
+        errors = [e for e in exc.errors() if tuple(e["loc"]) != ("apiVersion",)]
+        meant = _meant_fields(errors, model)
+        for err in errors:
             loc: PathKey = tuple(err["loc"])
+            if err["type"] == "missing" and (loc[:-1], str(loc[-1])) in meant:
+                continue  # the misspelt field's "did you mean" already says it
+            message, at_key = _message(err, model)
             if err["type"] == "missing":
                 # Point at the key of the mapping that lacks the field.
                 loc, at_key = loc[:-1], True
             problems.append(raw.problem(loc, message, key=at_key))
-        return None, problems
+        blanked = blank_out(data, errors, list(meant))
+        return Checked(raw, None, read_loose(kind, blanked), blanked, problems)
     if not isinstance(parsed, Topology | ReplicationPolicy | DatasetDoc):
         raise TypeError(f"unexpected model {type(parsed).__name__}")  # KINDS holds only these
-    return Parsed(raw, parsed), []
+    return Checked(raw, parsed, read_loose(kind, data), data, [])
+
+
+def _meant_fields(errors: list[ErrorDetails], model: type[BaseModel]) -> set[tuple[PathKey, str]]:
+    """(mapping path, field) for each unknown field that looks like a misspelt known one."""
+    meant: set[tuple[PathKey, str]] = set()
+    for err in errors:
+        if err["type"] != "extra_forbidden":
+            continue
+        loc: PathKey = tuple(err["loc"])
+        parent = _model_at(model, loc[:-1])
+        if parent is None:
+            continue
+        close = difflib.get_close_matches(str(loc[-1]), _field_names(parent), n=1, cutoff=0.6)
+        if close:
+            meant.add((loc[:-1], close[0]))
+    return meant

@@ -120,6 +120,13 @@ class _Builder:
         return str(self.build(node, ("<key>",)))
 
 
+def _empty(node: Node) -> bool:
+    """An empty or comment-only document (a trailing `---`, say): well formed, and
+    ignored. An explicit `~` or `null` is a document, and not a mapping."""
+    tag = str(getattr(node.tag, "value", node.tag))
+    return isinstance(node, ScalarNode) and tag == _NULL and node.value == ""
+
+
 def load_file(path: Path, display: str | None = None) -> tuple[list[RawDocument], list[Problem]]:
     """Every document of one file, and the problems met while reading it."""
     name = display or str(path)
@@ -136,7 +143,7 @@ def load_text(text: str, name: str) -> tuple[list[RawDocument], list[Problem]]:
     problems: list[Problem] = []
     try:
         for node in yaml.compose_all(text):
-            if node is None:
+            if node is None or _empty(node):
                 continue
             builder = _Builder(name)
             builder.doc.data = builder.build(node, ())

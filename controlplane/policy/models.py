@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from controlplane.policy.units import (
-    BANDWIDTH_RE,
+    BANDWIDTH_SCHEMA_PATTERN,
     DURATION_RE,
     JURISDICTION_RE,
     REGION_RE,
@@ -63,7 +63,7 @@ Bandwidth = Annotated[
     BeforeValidator(_bandwidth),
     BeforeValidator(_must_be_str),
     PlainSerializer(format_bandwidth, return_type=str),
-    WithJsonSchema({"type": "string", "pattern": BANDWIDTH_RE.pattern}),
+    WithJsonSchema({"type": "string", "pattern": BANDWIDTH_SCHEMA_PATTERN}),
 ]
 RegionName = Annotated[
     str,

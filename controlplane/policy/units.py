@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 
+# The number and its unit are written together (`12ms`, `500MiB/s`), as in the spec;
+# these patterns are also the JSON Schema's, so editors and `validate` agree.
 DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
-BANDWIDTH_RE = re.compile(
-    r"^(\d+(?:\.\d+)?)\s*(B/s|KiB/s|MiB/s|GiB/s|KB/s|MB/s|GB/s|Kbps|Mbps|Gbps)$"
-)
+BANDWIDTH_RE = re.compile(r"^(\d+(?:\.\d+)?)(B/s|KiB/s|MiB/s|GiB/s|KB/s|MB/s|GB/s|Kbps|Mbps|Gbps)$")
+# A bandwidth must be > 0: the same pattern, with a non-zero digit required (the units
+# hold no digits, so the lookahead can only find it in the number).
+BANDWIDTH_SCHEMA_PATTERN = "^(?=[^1-9]*[1-9])" + BANDWIDTH_RE.pattern.removeprefix("^")
 REGION_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 JURISDICTION_RE = re.compile(r"^[A-Z]{2,8}$")
 
@@ -28,7 +31,7 @@ _BYTES_PER_S = {
 
 def parse_duration_s(text: str) -> float:
     """`12ms` -> 0.012; raise ValueError naming the accepted forms."""
-    match = DURATION_RE.match(text.strip())
+    match = DURATION_RE.match(text)
     if match is None:
         raise ValueError(
             f"malformed duration {text!r}: use a number with ms, s, m or h, such as 30s"
@@ -38,13 +41,16 @@ def parse_duration_s(text: str) -> float:
 
 def parse_bandwidth_bps(text: str) -> float:
     """`500MiB/s` -> bytes per second; raise ValueError naming the accepted units."""
-    match = BANDWIDTH_RE.match(text.strip())
+    match = BANDWIDTH_RE.match(text)
     if match is None:
         raise ValueError(
             f"malformed bandwidth {text!r}: use a number with B/s, KiB/s, MiB/s, GiB/s, "
             "KB/s, MB/s, GB/s, Kbps, Mbps or Gbps, such as 500MiB/s"
         )
-    return float(match.group(1)) * _BYTES_PER_S[match.group(2)]
+    value = float(match.group(1)) * _BYTES_PER_S[match.group(2)]
+    if value <= 0:
+        raise ValueError(f"bandwidth {text!r} must be greater than 0")
+    return value
 
 
 def check_region_name(text: str) -> str:

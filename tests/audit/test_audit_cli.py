@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from controlplane.catalog.api import Catalog, open_catalog
 from controlplane.catalog.records import FailoverRecord, TransferRecord
-from controlplane.cli.audit import parse_since
+from controlplane.cli.since import parse_since
 from controlplane.cli.main import run
 from controlplane.errors import InvalidInputError
 from controlplane.policy.apply import apply_policy
@@ -201,6 +201,10 @@ def test_parse_since() -> None:
     for bad in ("yesterday", "5 days", "2026-01-01T00:00:00"):
         with pytest.raises(InvalidInputError, match="--since"):
             parse_since(bad)
+    # A duration reaching back before the year 1 is one sentence, not an internal error.
+    for huge in ("99999999999d", "999999w"):
+        with pytest.raises(InvalidInputError, match="reaches back more than"):
+            parse_since(huge, now=now)
 
 
 def test_transfers_glob_like_fallback_gives_the_same_rows(

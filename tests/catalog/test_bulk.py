@@ -59,6 +59,27 @@ def test_bulk_load_refuses_broken_foreign_keys_and_loads_nothing(catalog_url: st
         cat.close()
 
 
+def test_deferred_load_refuses_duplicate_keys_and_loads_nothing(catalog_url: str) -> None:
+    """Keys dropped for a deferred load (PostgreSQL) come back, and refuse duplicates."""
+    cat = open_catalog(catalog_url)
+    row = ("t1", "d", "o", "v", "a", "b", "EU", "EU", 1, 1, None, "completed", False, True,
+           ["EU"], datetime(2026, 3, 1, tzinfo=UTC))  # fmt: skip
+    columns = [c.name for c in Base.metadata.tables["transfers"].columns]
+    try:
+        with pytest.raises(Exception, match=r"(?i)duplicate|unique"):
+            bulk_load(cat.engine, "transfers", columns, [row, row], defer_checks=True)
+        with cat.session() as s:
+            assert s.execute(Base.metadata.tables["transfers"].select()).all() == []
+        assert bulk_load(cat.engine, "transfers", columns, [row], defer_checks=True) == 1
+        with cat.engine.connect() as conn:
+            keys = inspect(conn).get_pk_constraint("transfers")
+        assert keys["name"] == "pk_transfers" and keys["constrained_columns"] == ["id"]
+        with pytest.raises(Exception, match=r"(?i)duplicate|unique"):
+            bulk_load(cat.engine, "transfers", columns, [row])  # the key is back
+    finally:
+        cat.close()
+
+
 def test_benchmark_runs_at_tiny_scale(catalog_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Every audit finds exactly the planted violations (timings are not asserted here)."""
     sys.path.insert(0, str(BENCH))

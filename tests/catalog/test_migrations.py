@@ -71,8 +71,31 @@ def test_unreachable_catalog_is_one_sentence() -> None:
 
 def test_missing_sqlite_file_is_not_created(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "catalog.db"
-    with pytest.raises(CatalogNotMigratedError, match="does not exist; run `meridian db upgrade`"):
+    with pytest.raises(CatalogNotMigratedError) as info:
         open_catalog(f"sqlite:///{path}")
+    assert str(info.value) == (
+        f"the catalog file {path} does not exist (nor does its folder {path.parent}); "
+        "run `meridian db upgrade` to create it"
+    )
+    assert migrate.current(f"sqlite:///{path}") is None  # review P5: reading creates nothing
     assert not path.exists() and not path.parent.exists()
     migrate.upgrade(f"sqlite:///{path}")
     open_catalog(f"sqlite:///{path}").close()
+
+
+def test_read_only_commands_create_no_sqlite_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review P5: `db current`, `policy plan` and `audit` leave a missing file missing."""
+    from controlplane.cli.main import run
+
+    path = tmp_path / "catalog.db"
+    url = f"sqlite:///{path}"
+    example = Path(__file__).parents[1] / "policy" / "data" / "example.yaml"
+    assert run(["db", "current", "--catalog", url, "-o", "json"]) == 0
+    assert '"current": null' in capsys.readouterr().out
+    assert run(["policy", "plan", "--catalog", url, str(example)]) == 1
+    assert f"the catalog file {path} does not exist;" in capsys.readouterr().err
+    assert run(["audit", "residency", "--catalog", url]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -14,8 +14,15 @@ from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.controller.daemon import ControllerConfig, RegionController
 from controlplane.coordination.fencing import DirectoryEpochs
 from controlplane.coordination.invariants import epoch_violations, split_brain
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.sources import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from controlplane.coordination.ownership import MoveFacts, Ownership
+from controlplane.coordination.sources import (
+    JournalEntry,
+    MemoryCatchUp,
+    MemoryJournal,
+    MemoryPlacements,
+    journal_id,
+)
+from controlplane.coordination.timeutil import utcnow
 from controlplane.coordination.view import read_view
 from controlplane.errors import NotFoundError
 from controlplane.stack.etcd import EtcdCluster
@@ -152,3 +159,74 @@ async def _true(value: bool) -> bool:
 def _counter(ctl: RegionController, name: str) -> float:
     value = ctl.metrics.registry.get_sample_value(name)
     return float(value or 0.0)
+
+
+async def test_a_move_whose_journal_row_was_lost_is_journaled_by_the_new_owner(
+    coord: EtcdCoordination, etcd3: EtcdCluster, world: World
+) -> None:
+    """A mover that crashed between its ownership win and its journal row: the new
+    owner's controller rebuilds the row (same id), after a grace period, once."""
+    source, journal, probe = world
+    own = Ownership(coord)
+    facts = MoveFacts("automatic", "eu-west")
+    lost = await own.claim(
+        "ckpt/m0", "eu-central", expect_epoch=0, reason="lease expired", actor="ctl-x", move=facts
+    )
+    kept = await own.claim(
+        "ckpt/m1", "eu-central", expect_epoch=0, reason="lease expired", actor="ctl-x", move=facts
+    )
+    written = JournalEntry(
+        id=journal_id("ckpt/m1", kept),
+        dataset="ckpt/m1",
+        from_region="eu-west",
+        to_region="eu-central",
+        epoch=kept,
+        kind="automatic",
+        reason="lease expired",
+        actor="ctl-x",
+        detected_at=None,
+        started_at=utcnow(),
+        completed_at=utcnow(),
+        rpo_versions=3,
+    )
+    journal.append(written)
+    await own.claim("ckpt/m2", "eu-central", expect_epoch=0, reason="first claim", actor="t")
+    config = ControllerConfig(
+        region="eu-central",
+        controller_id="eu-central-t",
+        lease_ttl_s=2,
+        journal_grace_s=2.0,
+        journal_check_interval_s=1000,  # only the test's calls after the first one
+    )
+    async with (
+        EtcdCoordination(etcd3.endpoints, timeout_s=3) as c,
+        RegionController(c, source, journal, probe, config) as ctl,
+    ):
+        assert await wait_until(lambda: _true(ctl.active.is_set()), 5)
+        assert await ctl.backfill_journal(force=True) == 0  # within the grace period
+        assert journal.missing([journal_id("ckpt/m0", lost)]) == {f"ckpt/m0@{lost}"}
+        await asyncio.sleep(2.2)
+        assert await ctl.backfill_journal(force=True) == 1
+        assert await ctl.backfill_journal(force=True) == 0  # nothing missing any more
+    rows = {e.dataset: e for e in journal.since(None)}
+    assert set(rows) == {"ckpt/m0", "ckpt/m1"}  # a first claim is not a move
+    assert rows["ckpt/m1"] == written  # a row written by its mover is never replaced
+    row = rows["ckpt/m0"]
+    assert (row.id, row.from_region, row.to_region, row.epoch, row.kind, row.actor) == (
+        f"ckpt/m0@{lost}",
+        "eu-west",
+        "eu-central",
+        lost,
+        "automatic",
+        "ctl-x",
+    )
+    assert row.reason.startswith("lease expired (journaled late by controller eu-central/")
+    assert row.details["backfilled"] is True and row.details["epoch_before"] == 0
+
+
+def test_journal_ids_fit_the_catalog_column_and_stay_unique() -> None:
+    assert journal_id("ckpt/a", 42) == "ckpt/a@42"
+    long_a, long_b = "x" * 200 + "a", "x" * 200 + "b"
+    ids = {journal_id(n, 123456789, "-abort-123456790") for n in (long_a, long_b)}
+    assert len(ids) == 2 and all(len(i) <= 64 for i in ids)
+    assert all(i.endswith("@123456789-abort-123456790") for i in ids)

@@ -94,7 +94,7 @@ def test_plan_names_every_rejected_candidate_and_why() -> None:
     assert reasons[("a", "us-east")].startswith("residency")
     assert reasons[("a", "eu-central")].startswith("dead")
     assert reasons[("m", "*")].startswith("manual mode")
-    assert plan.unmoved == ["m"]
+    assert plan.unmoved_names() == ["m"]
 
 
 def test_plan_skips_draining_and_fenced_regions() -> None:
@@ -105,7 +105,7 @@ def test_plan_skips_draining_and_fenced_regions() -> None:
         {"eu-central": RegionState.DRAINING, "eu-north": RegionState.FENCED},
     )
     plan = plan_moves(view, placements, JURIS, source="eu-west", automatic=True)
-    assert plan.moves == [] and plan.unmoved == ["a"]
+    assert plan.moves == [] and plan.unmoved_names() == ["a"]
     assert [r.reason.split(":")[0] for r in plan.rejected] == ["draining", "fenced"]
 
 
@@ -120,3 +120,31 @@ def test_operator_may_move_a_manual_dataset_by_naming_the_target() -> None:
         automatic=False,
     )
     assert [m.to_region for m in plan.moves] == ["eu-central"]
+
+
+def test_home_region_is_the_first_candidate_and_the_source_is_never_rejected() -> None:
+    # ckpt/a was switched over to eu-central (its only failover.order entry); when
+    # eu-central is lost, home eu-west takes it back.
+    placements = [critical("a", order=("eu-central",))]
+    view = _view({"eu-west", "eu-north"}, {"a": "eu-central"})
+    plan = plan_moves(view, placements, JURIS, source="eu-central", automatic=True)
+    assert [(m.dataset, m.from_region, m.to_region) for m in plan.moves] == [
+        ("a", "eu-central", "eu-west")
+    ]
+    assert plan.rejected == [] and plan.unmoved == []
+    # Home dead too: the dataset is reported, with every candidate but the source.
+    view = _view({"eu-north"}, {"a": "eu-central"})
+    plan = plan_moves(view, placements, JURIS, source="eu-central", automatic=True)
+    assert [(r.region, r.reason.split(":")[0]) for r in plan.rejected] == [("eu-west", "dead")]
+    [unmoved] = plan.unmoved
+    assert unmoved.dataset == "a" and unmoved.reason == "no eligible candidate (eu-west: dead)"
+
+
+def test_a_dataset_without_candidates_or_placement_is_reported_unmoved() -> None:
+    placements = [critical("a", order=())]
+    view = _view({"eu-central"}, {"a": "eu-west", "gone": "eu-west"})
+    plan = plan_moves(view, placements, JURIS, source="eu-west", automatic=False)
+    reasons = {u.dataset: u.reason for u in plan.unmoved}
+    assert reasons["a"].startswith("no candidate region: its home eu-west is the region")
+    assert reasons["gone"].startswith("no applied policy places it")
+    assert plan.rejected == [] and plan.moves == []

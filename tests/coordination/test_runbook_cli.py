@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
 from controlplane.cli.main import run
 from controlplane.coordination import keys
+from controlplane.coordination.catalog_bridge import CatalogBridge
 from controlplane.coordination.ownership import Ownership
 from controlplane.coordination.testing import prepare_catalog
 from controlplane.stack.etcd import EtcdCluster
@@ -122,7 +126,9 @@ def test_bad_input_gets_one_sentence_and_changes_nothing(
         ),
         (["failover", "--from", "eu-west", "--yes"], "still alive"),
         (["failover", "--from", "eu-west", "--to", "us-east", "--force", "--yes"], "residency"),
-        (["region", "drain", "mars-1", "--yes"], "unknown"),
+        (["region", "drain", "mars-1", "--yes"], "error: unknown region 'mars-1': the"),
+        (["region", "undrain", "mars-1"], "error: unknown region 'mars-1': the"),
+        (["failover", "--from", "eu-north", "--to", "eu-north", "--yes"], "--to eu-north is the"),
         (["--etcd", "127.0.0.1:1", "region", "list"], "unreachable"),
         (["--etcd", "127.0.0.1:1", "controller", "run", "--region", "eu-west"], "unreachable"),
     ]
@@ -136,7 +142,10 @@ def test_bad_input_gets_one_sentence_and_changes_nothing(
 
 
 def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
-    world: dict[str, str], etcd3: EtcdCluster, capsys: pytest.CaptureFixture[str]
+    world: dict[str, str],
+    etcd3: EtcdCluster,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     catalog = open_catalog(world["MERIDIAN_CATALOG"])
     try:
@@ -180,11 +189,22 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
     assert moved["to"] == "eu-central" and moved["epoch"] > before[1]
     code, out, _ = cli(capsys, "history", "-o", "json")
     history = json.loads(out)
-    assert [(h["kind"], h["aborted"], h["reason"]) for h in history] == [
-        ("switchover", True, "rebalance"),
-        ("switchover", False, "rebalance"),
+    assert [(h["kind"], h["outcome"], h["to"], h["completed_at"] is None) for h in history] == [
+        ("switchover", "aborted", "eu-west", True),  # no move: eu-west kept it
+        ("switchover", "moved", "eu-central", False),
     ]
+    assert history[0]["reason"].startswith("aborted: switchover to eu-central not done, 1 ")
+    assert history[0]["reason"].endswith("(reason given: rebalance)")
+    assert history[1]["reason"] == "rebalance"
     assert all("@" in h["actor"] for h in history)  # the OS user and host
+    bridge = CatalogBridge.open(world["MERIDIAN_CATALOG"])
+    try:  # the journal lookup the controller's backfill relies on
+        ids = [h["id"] for h in history]
+        assert bridge.missing([*ids, "ckpt/d000@1"]) == {"ckpt/d000@1"}
+    finally:
+        bridge.close()
+    monkeypatch.setenv("COLUMNS", "1000")  # a wide table, so its cells are not folded
+    _assert_aborted_row_is_visible_in_every_format(capsys, history[0]["id"])
     code, out, _ = cli(capsys, "dataset", "list", "-o", "json")
     rows = {r["name"]: r for r in json.loads(out)}
     assert (
@@ -217,7 +237,14 @@ def test_region_list_pause_resume_and_undrain(
     assert regions["eu-west"]["owns"] == ["ckpt/d000", "ckpt/d001", "pinned/p0"]
     assert regions["eu-north"]["alive"] is False and regions["eu-west"]["state"] == "active"
     assert cli(capsys, "pause", "--reason", "upgrade")[0] == 0
+    first = asyncio.run(_get(etcd3.endpoints, keys.MAINTENANCE))
+    # C5: a second pause keeps the first one's reason, actor and time, and says so.
+    code, out, _ = cli(capsys, "pause", "--reason", "another")
+    assert code == 0 and "already paused since" in out and "(upgrade)" in out
+    assert asyncio.run(_get(etcd3.endpoints, keys.MAINTENANCE)) == first
+    assert first is not None and json.loads(first)["reason"] == "upgrade"
     assert cli(capsys, "resume")[0] == 0
+    assert asyncio.run(_get(etcd3.endpoints, keys.MAINTENANCE)) is None
     code, _, _ = cli(capsys, "region", "drain", "eu-west", "--yes", "-o", "json")
     assert code == 0
     code, out, _ = cli(capsys, "region", "list", "-o", "json")
@@ -226,6 +253,17 @@ def test_region_list_pause_resume_and_undrain(
     assert cli(capsys, "region", "undrain", "eu-west")[0] == 0
     code, out, _ = cli(capsys, "history", "-o", "json")
     assert {h["kind"] for h in json.loads(out)} == {"drain"}
+    # C4: one --since parser for history and audit: durations and RFC 3339, bounded.
+    for command in (["history"], ["audit", "failovers"]):
+        for since, count in (("2026-01-01T00:00:00Z", 3), ("2999-01-01T00:00:00Z", 0)):
+            code, out, err = cli(capsys, *command, "--since", since, "-o", "json")
+            assert code == 0 and len(json.loads(out)) == count, (command, since, err)
+        code, out, _ = cli(capsys, *command, "--since", "1h", "-o", "json")
+        assert code == 0 and len(json.loads(out)) == 3
+        for bad, needle in (("99999999999d", "more than 36500 days"), ("yesterday", "neither")):
+            code, _, err = cli(capsys, *command, "--since", bad)
+            assert code == 1 and needle in err and err.count("\n") == 1, (command, err)
+            assert "internal error" not in err
 
 
 def test_controller_for_an_unknown_region_exits_nonzero(
@@ -234,3 +272,117 @@ def test_controller_for_an_unknown_region_exits_nonzero(
     code, _, err = cli(capsys, "controller", "run", "--region", "mars-1")
     assert code != 0
     assert "region 'mars-1' is not in the applied topology" in err
+
+
+def test_home_region_takes_a_dataset_back_and_unmovable_datasets_fail_the_command(
+    world: dict[str, str], etcd3: EtcdCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """C1: home is a candidate; a runbook that cannot move a dataset exits 1 naming it."""
+    switch = ["switchover", "--dataset", "ckpt/d000", "--to", "eu-central", "--yes"]
+    assert cli(capsys, *switch)[0] == 0
+    # Draining eu-central sends ckpt/d000 home (failover.order has only eu-central/-north).
+    code, out, err = cli(capsys, "region", "drain", "eu-central", "--yes", "-o", "json")
+    assert code == 0, err
+    assert [(m["dataset"], m["to"]) for m in json.loads(out)] == [("ckpt/d000", "eu-west")]
+    assert cli(capsys, "region", "undrain", "eu-central")[0] == 0
+    assert cli(capsys, *switch)[0] == 0
+    asyncio.run(_cleanup_key(etcd3.endpoints, keys.alive("eu-central")))  # eu-central dies
+    code, out, _ = cli(capsys, "failover", "--from", "eu-central", "--dry-run", "-o", "json")
+    plan = json.loads(out)
+    assert code == 0 and plan["moves"][0]["to"] == "eu-west"
+    assert all(r["region"] != "eu-central" for r in plan["rejected"])
+    code, out, err = cli(capsys, "failover", "--from", "eu-central", "--yes", "-o", "json")
+    assert code == 0, err
+    assert [(m["dataset"], m["to"]) for m in json.loads(out)] == [("ckpt/d000", "eu-west")]
+    # Now eu-west owns everything and both EU alternatives are dead: nothing can move.
+    before = asyncio.run(_owners(etcd3.endpoints))
+    code, out, err = cli(capsys, "region", "drain", "eu-west", "--yes", "-o", "json")
+    last = err.splitlines()[-1]  # the plan went to stderr first (stdout is for JSON)
+    assert code == 1 and out == ""
+    assert last.startswith("error: drain of eu-west refused, nothing changed: 3 dataset(s)")
+    assert "ckpt/d000: no eligible candidate (eu-central: dead, eu-north: dead)" in last
+    assert "pinned/p0" in last
+    code, out, err = cli(capsys, "failover", "--from", "eu-west", "--force", "--yes", "-o", "json")
+    last = err.splitlines()[-1]
+    assert code == 1 and json.loads(out) == []
+    assert "failover of eu-west is incomplete" in last and "ckpt/d001: no eligible" in last
+    assert "pinned/p0: manual mode" in last
+    assert asyncio.run(_owners(etcd3.endpoints)) == before
+    code, out, _ = cli(capsys, "region", "list", "-o", "json")
+    assert {r["name"]: r["state"] for r in json.loads(out)}["eu-west"] == "active"
+
+
+async def _cleanup_key(endpoints: list[str], key: str) -> None:
+    async with EtcdCoordination(endpoints, timeout_s=5) as c:
+        await c.delete(key)
+
+
+def _assert_aborted_row_is_visible_in_every_format(
+    capsys: pytest.CaptureFixture[str], aborted_id: str
+) -> None:
+    """C3: an auditor tells the aborted switchover from a move in csv, json and table."""
+    contract = ["id", "dataset", "from", "to", "epoch", "reason", "actor", "started_at"]
+    for command in (["history"], ["audit", "failovers"]):
+        code, out, _ = cli(capsys, *command, "-o", "csv")
+        assert code == 0
+        rows = list(csv.DictReader(io.StringIO(out)))
+        assert set(rows[0]) >= {*contract, "completed_at"}, command
+        [aborted] = [r for r in rows if r["id"] == aborted_id]
+        assert aborted["from"] == aborted["to"] == "eu-west", command
+        assert aborted["reason"].startswith("aborted: switchover to eu-central"), command
+        assert aborted["completed_at"] == "", command
+        code, out, _ = cli(capsys, *command, "-o", "table")
+        assert code == 0 and "aborted: switchover to eu-central" in out, command
+        code, out, _ = cli(capsys, *command, "-o", "json")
+        [row] = [r for r in json.loads(out) if r["id"] == aborted_id]
+        assert row["to"] == "eu-west" and row["completed_at"] is None, command
+
+
+def test_dataset_list_and_show_cover_unplaced_datasets_exact_names_and_lag(
+    world: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """C2: unplaced datasets are listed, `show` takes an exact name, lag_s is measured."""
+    catalog = open_catalog(world["MERIDIAN_CATALOG"])
+    try:
+        catalog.register_dataset("scratch/x")  # no applied policy selects scratch/*
+        written = datetime.now(UTC) - timedelta(seconds=30)
+        catalog.register_version(
+            "ckpt/d000", "shard-0", "v1", "sha256:aa", origin_region="eu-west", created_at=written
+        )
+        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-west", "completed")
+        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-central", "completed")
+        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-north", "pending")
+    finally:
+        catalog.close()
+    code, out, _ = cli(capsys, "dataset", "list", "-o", "json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0 and set(rows) == {"ckpt/d000", "ckpt/d001", "pinned/p0", "scratch/x"}
+    assert (rows["scratch/x"]["class"], rows["scratch/x"]["policy"]) == (None, None)
+    assert rows["scratch/x"]["lag_s"] is None and rows["scratch/x"]["replicas"] == []
+    assert 29 <= rows["ckpt/d000"]["lag_s"] < 120  # eu-north has not completed v1
+    assert rows["ckpt/d001"]["lag_s"] == 0.0  # nothing written: nothing behind
+    code, out, _ = cli(capsys, "dataset", "list", "--glob", "scratch/*", "-o", "json")
+    assert [r["name"] for r in json.loads(out)] == ["scratch/x"]
+    code, _, err = cli(capsys, "dataset", "show", "*")
+    assert code == 1 and "unknown dataset '*'" in err
+    code, out, _ = cli(capsys, "dataset", "show", "scratch/x", "-o", "json")
+    assert code == 0 and json.loads(out)["objects"] == []
+    monkeypatch.setenv("COLUMNS", "300")
+    code, out, _ = cli(capsys, "dataset", "show", "ckpt/d000", "-o", "table")
+    assert code == 0 and "where each version lives" in out and "eu-north" in out
+    assert not out.lstrip().startswith("{")
+    code, out, _ = cli(capsys, "dataset", "show", "ckpt/d000", "-o", "csv")
+    shown = list(csv.DictReader(io.StringIO(out)))
+    assert {(r["name"], r["region"], r["state"]) for r in shown} == {
+        ("ckpt/d000", "eu-west", "completed"),
+        ("ckpt/d000", "eu-central", "completed"),
+        ("ckpt/d000", "eu-north", "pending"),
+    }
+
+
+async def _get(endpoints: list[str], key: str) -> bytes | None:
+    async with EtcdCoordination(endpoints, timeout_s=5) as c:
+        kv = await c.get(key)
+        return None if kv is None else kv.value

@@ -96,6 +96,10 @@ async def test_switchover_aborted_on_timeout_restores_the_previous_owner(
     assert after == before  # same owner, same epoch, no handover mark left
     [entry] = journal.since(None)
     assert entry.details["aborted"] is True and entry.epoch == before.epoch
+    # No move happened: the row says so in the fields every output format shows.
+    assert (entry.from_region, entry.to_region, entry.completed_at) == ("eu-west", "eu-west", None)
+    assert entry.reason.startswith("aborted: switchover to eu-central not done")
+    assert entry.details["intended_to"] == "eu-central"
 
 
 async def test_switchover_waits_for_the_target_to_catch_up(coord: EtcdCoordination) -> None:
@@ -165,7 +169,8 @@ async def test_drain_moves_everything_and_stops_ownership(coord: EtcdCoordinatio
         ("ckpt/a", "eu-central"),
         ("ckpt/b", "eu-north"),
     }
-    await rb.run_drain("eu-west", plan, reason="maintenance", timeout_s=5)
+    _, failed = await rb.run_drain("eu-west", plan, reason="maintenance", timeout_s=5)
+    assert failed == []
     owners = await Ownership(coord).list()
     assert {o.region for o in owners.values()} == {"eu-central", "eu-north"}
     kv = await coord.get(keys.state("eu-west"))
@@ -175,3 +180,24 @@ async def test_drain_moves_everything_and_stops_ownership(coord: EtcdCoordinatio
         await rb.plan_switchover("ckpt/a", "eu-west")
     await rb.undrain("eu-west")
     assert await coord.get(keys.state("eu-west")) is None
+
+
+async def test_drain_moves_what_it_can_when_one_switchover_aborts(
+    coord: EtcdCoordination,
+) -> None:
+    await seed(
+        coord, ["eu-west", "eu-central", "eu-north"], {"ckpt/a": "eu-west", "ckpt/b": "eu-west"}
+    )
+    probe = MemoryCatchUp()
+    probe.missing[("ckpt/a", "eu-central")] = ["obj@v9"]  # ckpt/a's target lags behind
+    rb, journal = runbooks(coord, probe)
+    plan, _ = await rb.plan_drain("eu-west")
+    results, failed = await rb.run_drain("eu-west", plan, reason="m", timeout_s=0.3)
+    assert [r.move.dataset for r in results] == ["ckpt/b"]  # moved although ckpt/a aborted
+    assert [u.dataset for u in failed] == ["ckpt/a"] and "aborted" in failed[0].reason
+    [left] = await rb.left_behind("eu-west", plan, failed)
+    assert left.dataset == "ckpt/a" and "1 version(s) were still incomplete" in left.reason
+    assert sorted(str(e.details.get("outcome", "moved")) for e in journal.since(None)) == [
+        "aborted",
+        "moved",
+    ]

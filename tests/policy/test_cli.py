@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -108,20 +110,46 @@ def test_invalid_apply_changes_nothing(
     assert run([*base, "plan", str(bad_file(tmp_path))]) == 1
 
 
+class TerminalInput(io.StringIO):
+    """Typed answers, as if from a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_apply_without_yes_aborts_on_no(
     catalog_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import io
-
-    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    monkeypatch.setattr("sys.stdin", TerminalInput("n\n"))
     assert run(["--catalog", catalog_url, "policy", "apply", "-o", "json", str(EXAMPLE)]) == 1
     out, err = capsys.readouterr()
     assert out.strip() == "" and "add Region us-east: jurisdiction: None -> 'US'" in err
     assert run(["--catalog", catalog_url, "policy", "plan", "-o", "json", str(EXAMPLE)]) == 2
     assert json.loads(capsys.readouterr().out)  # nothing was applied
-    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    monkeypatch.setattr("sys.stdin", TerminalInput("y\n"))
     assert run(["--catalog", catalog_url, "policy", "apply", "-o", "json", str(EXAMPLE)]) == 0
     assert json.loads(capsys.readouterr().out)["revision"] == 1
+
+
+def test_apply_refuses_a_non_terminal_without_yes(
+    catalog_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review P3: a piped "y" does not apply; the refusal is one sentence on its own line."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    assert run(["--catalog", catalog_url, "policy", "apply", str(EXAMPLE)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines()[-1] == (
+        "error: applying 9 change(s) needs confirmation: pass --yes when not on a terminal; "
+        "nothing was changed"
+    )
+    assert run(["--catalog", catalog_url, "policy", "plan", "-o", "json", str(EXAMPLE)]) == 2
+    capsys.readouterr()
+    # End of input at the prompt on a terminal: the error starts on a line of its own.
+    monkeypatch.setattr("sys.stdin", TerminalInput(""))
+    assert run(["--catalog", catalog_url, "policy", "apply", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-2:] == ["apply these 9 change(s)? [y/N]:", "error: aborted."], err
 
 
 def test_unmigrated_catalog_message(
@@ -148,10 +176,64 @@ def test_db_upgrade_and_current(
     monkeypatch.chdir(tmp_path)  # Alembic is configured in code, not from the working directory
     assert run(["db", "current", "--catalog", empty_catalog_url, "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["current"] is None
-    assert run(["db", "upgrade", "--catalog", empty_catalog_url]) == 0
+    assert run(["db", "upgrade", "--catalog", empty_catalog_url, "-o", "table"]) == 0
     assert "is at migration 0002" in capsys.readouterr().out
     assert run(["db", "current", "--catalog", empty_catalog_url, "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["up_to_date"] is True
+
+
+def csv_rows(text: str) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(text)))
+
+
+def test_validate_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review P4: `-o csv` prints the problems as CSV on stdout, a header when none."""
+    path = bad_file(tmp_path)
+    assert run(["policy", "validate", "-o", "csv", str(path)]) == 1
+    out, err = capsys.readouterr()
+    rows = csv_rows(out)
+    assert rows[0] == ["file", "line", "column", "message"]
+    assert [str(path), str(line_of(path, "prioirty")), "3"] == rows[1][:3]
+    assert len(rows) == 3 and err.startswith("error: 2 problem(s)")
+    assert run(["policy", "validate", "-o", "csv", str(EXAMPLE)]) == 0
+    assert csv_rows(capsys.readouterr().out) == [["file", "line", "column", "message"]]
+
+
+def test_plan_and_apply_csv(catalog_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review P4: plan and apply print CSV rows, and a header row when nothing changes."""
+    base = ["--catalog", catalog_url, "policy"]
+    assert run([*base, "plan", "-o", "csv", str(EXAMPLE)]) == 2
+    rows = csv_rows(capsys.readouterr().out)
+    assert rows[0] == ["action", "kind", "name", "fields"]
+    assert ["add", "ReplicationPolicy", "checkpoints"] in [r[:3] for r in rows]
+    assert run([*base, "apply", "--yes", "-o", "csv", str(EXAMPLE)]) == 0
+    rows = csv_rows(capsys.readouterr().out)
+    assert rows[0] == ["revision", "digest", "action", "kind", "name", "fields"]
+    assert len(rows) > 1 and all(r[0] == "1" for r in rows[1:])
+    assert run([*base, "plan", "-o", "csv", str(EXAMPLE)]) == 0
+    assert csv_rows(capsys.readouterr().out) == [["action", "kind", "name", "fields"]]
+    assert run([*base, "apply", "--yes", "-o", "csv", str(EXAMPLE)]) == 0
+    assert len(csv_rows(capsys.readouterr().out)) == 1
+
+
+def test_db_commands_csv(catalog_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review P4: `db current` and `db upgrade` honour --output csv and json."""
+    for command in ("current", "upgrade"):
+        assert run(["db", command, "--catalog", catalog_url, "-o", "csv"]) == 0
+        rows = csv_rows(capsys.readouterr().out)
+        assert rows[0] == ["catalog", "current", "head", "up_to_date"]
+        assert rows[1][1:] == ["0002", "0002", "yes"]
+        assert run(["db", command, "--catalog", catalog_url, "-o", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["up_to_date"] is True
+
+
+def test_schema_takes_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """Review P4: `policy schema -o json` works; a form it cannot print is one sentence."""
+    assert run(["policy", "schema", "-o", "json"]) == 0
+    assert "$schema" in json.loads(capsys.readouterr().out)
+    assert run(["policy", "schema", "-o", "csv"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "use --output json" in err
 
 
 @pytest.mark.integration

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from controlplane.policy.compiler import compile_files, compile_text
 
@@ -401,6 +402,50 @@ def test_rule11_malformed(text: str, needle: str, fragment: str) -> None:
     assert_problem(text, needle, fragment)
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "column", "fragment"),
+    [
+        # Review P6: a number and its unit are written together, for every unit.
+        ("rtt: 12ms", "rtt: 12 ms", 12, "malformed duration '12 ms'"),
+        ("bandwidth: 10Gbps", "bandwidth: 10 Gbps", 18, "malformed bandwidth '10 Gbps'"),
+        ("bandwidth: 10Gbps", "bandwidth: 0B/s", 18, "bandwidth '0B/s' must be greater than 0"),
+        ("bandwidth: 10Gbps", "bandwidth: 0.0MiB/s", 18, "must be greater than 0"),
+    ],
+)
+def test_rule11_units_spacing_and_zero_bandwidth(
+    old: str, new: str, column: int, fragment: str
+) -> None:
+    text = join(TOPOLOGY.replace(old, new), POLICY)
+    found = problems_of(text)
+    assert len(found) == 1 and found[0][:2] == (line_of(text, new), column), found
+    assert fragment in found[0][2]
+
+
+def test_schema_patterns_agree_with_the_validator() -> None:
+    """The JSON Schema's unit patterns accept exactly what `validate` accepts."""
+    import re
+
+    from controlplane.policy.models import Bandwidth, Duration
+
+    schema = {
+        name: re.compile(TypeAdapter(kind).json_schema()["pattern"])
+        for name, kind in (("d", Duration), ("b", Bandwidth))
+    }
+    samples = {
+        "d": ["0s", "12ms", "1.5h", "12 ms", "12", "ms", "-1s", " 1s"],
+        "b": ["500MiB/s", "0.5Gbps", "0B/s", "0.0KB/s", "500 MiB/s", "10gbps", "1e3B/s"],
+    }
+    for name, values in samples.items():
+        adapter = TypeAdapter(Duration if name == "d" else Bandwidth)
+        for value in values:
+            try:
+                adapter.validate_python(value)
+                accepted = True
+            except ValidationError:
+                accepted = False
+            assert accepted == bool(schema[name].search(value)), (name, value)
+
+
 # Rule 12: declared dataset selected by no policy; duplicate declared datasets.
 def test_rule12_unselected_dataset() -> None:
     text = join(TOPOLOGY, POLICY, DATASET.replace("ckpt/llama", "logs/app"))
@@ -431,3 +476,152 @@ def test_all_problems_in_all_files_reported(tmp_path: Path) -> None:
     assert files == {str(a), str(b)}
     assert len(problems) >= 4
     assert all(str(p).startswith(f"{p.file}:{p.line}:{p.column}: error: ") for p in problems)
+
+
+# Review item P1: one run reports every problem of a document, even when some of its
+# fields are invalid, and never a false follow-on error caused by an invalid field.
+
+
+def exact(text: str, expected: list[tuple[str, int, str]]) -> None:
+    """The problems are exactly `expected`: (needle, column, message fragment) each; the
+    line of each is that of its needle's first occurrence."""
+    found = problems_of(text)
+    assert len(found) == len(expected), found
+    for needle, col, frag in expected:
+        line = line_of(text, needle)
+        assert any((ln, c) == (line, col) and frag in m for ln, c, m in found), (
+            (line, col, frag),
+            found,
+        )
+
+
+def test_unknown_field_does_not_hide_residency_violation() -> None:
+    text = join(
+        TOPOLOGY,
+        POLICY.replace("  priority: 100\n", "  priority: 100\n  colour: red\n").replace(
+            "    order: [eu-central]\n", "    order: [eu-central, us-east]\n"
+        ),
+    )
+    exact(
+        text,
+        [
+            ("colour:", 3, "unknown field 'colour' in spec"),
+            ("order: [eu-central, us-east]", 25, "failover candidate 'us-east' (jurisdiction US)"),
+        ],
+    )
+
+
+def test_misspelt_priority_hides_nothing() -> None:
+    policy = (
+        POLICY.replace("  priority: 100\n", "  priorty: 100\n")
+        .replace("  rpo: 0s\n", "  rpo: 5s\n")
+        .replace(
+            "    regions: [eu-central]\n",
+            "    regions: [eu-central, eu-west, mars]\n    count: 1\n",
+        )
+        .replace("  home: eu-west\n", "  home: eu-west\n  residency: [US]\n")
+        .replace("  residency: [EU]\n", "")
+        .replace("    order: [eu-central]\n", "    order: [eu-west]\n")
+    )
+    text = join(TOPOLOGY, policy)
+    exact(
+        text,
+        [
+            ("priorty:", 3, "did you mean 'priority'?"),
+            ("  home: eu-west", 9, "home 'eu-west' (jurisdiction EU) is outside the residency"),
+            # "not both" points at the replicas mapping: its first node.
+            ("regions: [eu-central, eu-west, mars]", 5, "not both"),
+            ("regions: [eu-central, eu-west, mars]", 15, "replica region 'eu-central'"),
+            ("regions: [eu-central, eu-west, mars]", 27, "home 'eu-west' is listed in its own"),
+            ("regions: [eu-central, eu-west, mars]", 27, "replica region 'eu-west'"),
+            ("regions: [eu-central, eu-west, mars]", 36, "'mars' of policy 'checkpoints' is not"),
+            ("rpo: 5s", 8, "is critical, so its rpo must be 0s"),
+            ("order: [eu-west]", 13, "home 'eu-west' is listed in its own failover.order"),
+            ("order: [eu-west]", 13, "failover candidate 'eu-west'"),
+        ],
+    )
+
+
+def test_misspelt_field_is_not_also_missing_nor_defaulted() -> None:
+    # `clas` is meant as `class`: no second "missing field" error. `priorty` is meant as
+    # `priority`: its default 0 must not clash with another priority-0 policy's glob.
+    other = STANDARD.replace('["corpus/*"]', '["ckpt/*"]')
+    policy = POLICY.replace("  priority: 100\n", "  priorty: 0\n").replace(
+        "  class: critical\n", "  clas: critical\n"
+    )
+    text = join(TOPOLOGY, policy, other)
+    exact(
+        text,
+        [
+            ("priorty:", 3, "did you mean 'priority'?"),
+            ("clas:", 3, "did you mean 'class'?"),
+        ],
+    )
+
+
+def test_bad_region_name_hides_no_topology_rule() -> None:
+    topology = (
+        TOPOLOGY.replace(
+            "  regions:\n", "  regions:\n    - name: Bad_Region\n      jurisdiction: EU\n"
+        ).replace(
+            "      jurisdiction: US\n",
+            "      jurisdiction: US\n    - name: eu-west\n      jurisdiction: EU\n",
+        )
+        + "    - between: [eu-west, eu-west]\n    - between: [eu-west, mars]\n"
+    )
+    text = join(topology, POLICY)
+    exact(
+        text,
+        [
+            ("Bad_Region", 13, "malformed region name 'Bad_Region'"),
+            ("    - name: eu-west\n      jurisdiction: EU\n  links", 13, "duplicate region"),
+            ("[eu-west, eu-west]", 16, "link from region 'eu-west' to itself"),
+            ("[eu-west, mars]", 26, "link names region 'mars'"),
+        ],
+    )
+
+
+def test_bad_jurisdiction_keeps_its_region() -> None:
+    text = join(TOPOLOGY.replace("jurisdiction: US", "jurisdiction: us"), POLICY, STANDARD)
+    exact(text, [("jurisdiction: us", 21, "malformed jurisdiction 'us'")])
+
+
+def test_invalid_dataset_still_checked_for_duplicates() -> None:
+    text = join(
+        TOPOLOGY,
+        POLICY,
+        DATASET,
+        DATASET.replace("  name: ckpt/llama\n", "  name: ckpt/llama\n  colour: x\n"),
+    )
+    exact(
+        text,
+        [
+            ("colour:", 3, "unknown field 'colour' in metadata"),
+            # The second document's name: the 2nd occurrence of the Dataset header block.
+            ("ckpt/llama\n  colour", 9, "duplicate dataset 'ckpt/llama'"),
+        ],
+    )
+
+
+def test_wrong_api_version_does_not_hide_the_rest() -> None:
+    policy = POLICY.replace("meridian/v1", "meridian/v2").replace("rpo: 0s", "rpo: 1s")
+    text = join(TOPOLOGY, policy)
+    exact(
+        text,
+        [
+            ("meridian/v2", 13, "unknown apiVersion 'meridian/v2'"),
+            ("rpo: 1s", 8, "is critical, so its rpo must be 0s"),
+        ],
+    )
+
+
+def test_empty_documents_are_ignored() -> None:
+    """Review P2: a trailing `---`, an empty or comment-only document are well formed."""
+    text = "---\n# a comment only\n---\n" + join(TOPOLOGY, "", POLICY) + "---\n...\n---\n"
+    assert problems_of(text) == []
+    assert problems_of(join(TOPOLOGY, POLICY) + "---\n") == []
+
+
+def test_null_document_is_not_empty() -> None:
+    text = join(TOPOLOGY, POLICY, "~\n")
+    assert_problem(text, "~", "a policy document must be a mapping")
