@@ -1,5 +1,7 @@
-/* Patch: validate the delta's header, refuse the wrong OLD before writing
- * anything, then apply frames in order. Each frame's checksum is verified
+/* Patch: validate the delta's header, refuse the wrong OLD (its length before
+ * writing anything; its digest before writing into a pipe, alongside the patch
+ * into a regular file that is truncated back to empty on refusal), then apply
+ * frames in order. Each frame's checksum is verified
  * before any of its commands runs; every length and offset is bounded against
  * the frame and against OLD; the output is verified against the END frame. */
 #include <errno.h>

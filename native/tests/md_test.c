@@ -185,6 +185,20 @@ static void corruption(void) {
     CHECK(apply(&old, &delta, &out, &e) == MD_E_WRONG_BASIS, "wrong basis accepted");
     CHECK(out.n == 0, "the wrong basis left %zu output bytes", out.n);
     free(out.p);
+    /* into a pipe (no way to take bytes back) the digest is checked before writing */
+    {
+        int pfd[2];
+        CHECK(pipe(pfd) == 0, "pipe");
+        int a = mem_fd(&old), d = mem_fd(&delta);
+        md_options o = {1, 0, NULL, 0};
+        CHECK(md_patch(a, d, pfd[1], &o, NULL, &e) == MD_E_WRONG_BASIS, "wrong basis into a pipe");
+        close(pfd[1]);
+        char probe;
+        CHECK(read(pfd[0], &probe, 1) == 0, "the wrong basis wrote into a pipe");
+        close(pfd[0]);
+        close(a);
+        close(d);
+    }
     /* a damaged delta on the wrong basis is still the wrong basis, and leaves nothing */
     delta.p[delta.n - 1] ^= 0x5a;
     CHECK(apply(&old, &delta, &out, &e) == MD_E_WRONG_BASIS, "wrong basis + corrupt delta");
@@ -195,6 +209,23 @@ static void corruption(void) {
     CHECK(apply(&shorter, &delta, &out, &e) == MD_E_WRONG_BASIS, "short basis accepted");
     free(out.p);
     old.p[100] ^= 1;
+    /* and the right basis into a pipe gives NEW */
+    {
+        int pfd[2];
+        CHECK(pipe(pfd) == 0, "pipe");
+        int a = mem_fd(&old), d = mem_fd(&delta);
+        md_options o = {2, 0, NULL, 0};
+        CHECK(md_patch(a, d, pfd[1], &o, NULL, &e) == MD_OK, "patch into a pipe: %s", e.message);
+        close(pfd[1]);
+        buf got = {malloc(nw.n + 1), 0};
+        ssize_t r;
+        while ((r = read(pfd[0], got.p + got.n, nw.n + 1 - got.n)) > 0) got.n += (size_t)r;
+        CHECK(got.n == nw.n && memcmp(got.p, nw.p, nw.n) == 0, "patch into a pipe: bytes differ");
+        free(got.p);
+        close(pfd[0]);
+        close(a);
+        close(d);
+    }
     /* every single-byte change and truncation of the signature is rejected */
     for (size_t i = 0; i < sig.n; i = sample_next(i, sig.n)) {
         buf d2;
