@@ -133,13 +133,26 @@ def _mode_for(dest: Path) -> int:
 
 
 @contextlib.contextmanager
-def _output_fd(obj: Source, role: str) -> Iterator[int]:
-    """A writable descriptor whose bytes reach `obj` only if the block exits cleanly."""
+def _output_fd(obj: Source, role: str, inputs: dict[str, Source] | None = None) -> Iterator[int]:
+    """A writable descriptor whose bytes reach `obj` only if the block exits cleanly.
+
+    The output is renamed over its destination, so a destination that is one of the
+    inputs, or not a regular file at all (/dev/null, a FIFO), is refused up front:
+    renaming over it would destroy an input or replace a device node."""
     if _is_path(obj):
         dest = Path(os.fspath(obj))  # type: ignore[arg-type]
         folder = dest.parent if str(dest.parent) else Path(".")
         if dest.is_dir():
             raise InvalidInputError(f"{dest}: the {role} is a folder, not a file.")
+        if dest.exists() and not dest.is_file():
+            raise InvalidInputError(
+                f"{dest}: the {role} exists and is not a regular file; give a file path."
+            )
+        for input_role, source in (inputs or {}).items():
+            if _is_path(source) and dest.exists() and os.path.samefile(dest, source):  # type: ignore[arg-type]
+                raise InvalidInputError(
+                    f"{dest}: the {role} is the same file as the {input_role}; write it elsewhere."
+                )
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
         except FileNotFoundError:
@@ -246,7 +259,7 @@ def signature(
             f"not {block_size}."
         )
     where = {_delta.E_INVALID: _name(old, "OLD"), _delta.E_IO: _name(old, "OLD")}
-    with _input_fd(old, "OLD") as ofd, _output_fd(sig, "signature") as sfd:
+    with _input_fd(old, "OLD") as ofd, _output_fd(sig, "signature", {"OLD": old}) as sfd:
         try:
             return _run(lambda c: _delta.signature(ofd, sfd, threads, block_size or 0, c), progress)
         except _delta.EngineError as exc:
@@ -267,7 +280,7 @@ def delta(
     with (
         _input_fd(sig, "signature") as sfd,
         _input_fd(new, "NEW") as nfd,
-        _output_fd(out, "delta") as dfd,
+        _output_fd(out, "delta", {"signature": sig, "NEW": new}) as dfd,
     ):
         try:
             return _run(lambda c: _delta.delta(sfd, nfd, dfd, threads, c), progress)
@@ -296,7 +309,7 @@ def patch(
     with (
         _input_fd(old, "OLD") as ofd,
         _input_fd(delta_file, "delta") as dfd,
-        _output_fd(out, "output") as wfd,
+        _output_fd(out, "output", {"OLD": old, "delta": delta_file}) as wfd,
     ):
         try:
             # a path output is fsynced: let the engine start its writeback early

@@ -105,3 +105,23 @@ def test_bad_input_exits_1(
     assert _meridian(*[a.format(d=files) for a in args]) == 1
     assert message in _one_sentence(capsys.readouterr().err)
     assert listing(files) == before
+
+
+def test_output_that_is_an_input_or_a_device_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = tmp_path / "old.bin"
+    old.write_bytes(b"hello world" * 1000)
+    sig = tmp_path / "old.sig"
+    assert run(["delta", "signature", str(old), str(sig)]) == 0
+    before = old.read_bytes()
+    capsys.readouterr()
+    assert run(["delta", "signature", str(old), str(old)]) == 1
+    assert "same file as the OLD" in capsys.readouterr().err
+    assert run(["delta", "diff", str(sig), str(old), str(sig)]) == 1
+    assert "same file as the signature" in capsys.readouterr().err
+    assert run(["delta", "signature", str(old), "/dev/null"]) == 1
+    assert "not a regular file" in capsys.readouterr().err
+    assert old.read_bytes() == before
+    assert Path("/dev/null").is_char_device()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.bin", "old.sig"]
