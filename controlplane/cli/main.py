@@ -47,6 +47,7 @@ runbook.register(app)
 app.add_typer(delta.app, name="delta")
 
 _debug = False
+INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 
 
 def _version(value: bool) -> None:
@@ -93,16 +94,20 @@ def run(argv: list[str] | None = None) -> int:
     except typer.TyperException as exc:
         # A usage error is an error like any other: one sentence, exit 1. (Click's own
         # status 2 would read as "changes pending" to a CI job running `policy plan`.)
+        if not exc.format_message():
+            return 0  # a bare command group: its help was printed, and that was the ask
         ctx = getattr(exc, "ctx", None)
         hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
         return _fail(f"{exc.format_message().rstrip('.')}{hint}", 1)
     except typer.Exit as exc:
         return exc.exit_code
     except KeyboardInterrupt:
-        return _fail("interrupted.", 130)
+        return _fail("interrupted.", INTERRUPTED)
     except Exception as exc:  # noqa: BLE001 - the edge turns any failure into one sentence
         detail = str(exc) or type(exc).__name__
         return _fail(f"internal error: {detail} (run with --debug for the traceback)", 1)
+    if result == INTERRUPTED:  # typer turns Ctrl-C (and our SIGTERM) into a bare 130
+        return _fail("interrupted.", INTERRUPTED)
     return result if isinstance(result, int) else 0
 
 

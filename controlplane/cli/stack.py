@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import time
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -17,21 +19,35 @@ app = typer.Typer(
 _err = Console(stderr=True)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 @app.command()
 def up(
     ctx: typer.Context,
     etcd_members: Annotated[
-        int, typer.Option("--etcd-members", help="1 or 3 etcd members", min=1, max=5)
-    ] = 1,
+        int | None,
+        typer.Option("--etcd-members", help="1 or 3 etcd members (default: as last started)"),
+    ] = None,
     postgres: Annotated[bool, typer.Option("--postgres", help="also start PostgreSQL")] = False,
 ) -> None:
     """Install (first time) and start etcd, Kafka (KRaft) and Toxiproxy; wait until healthy."""
 
+    if etcd_members not in (None, 1, 3):
+        raise typer.BadParameter("must be 1 or 3", param_hint="--etcd-members")
     settings = settings_from(ctx)
     t0 = time.monotonic()
-    report = Stack(settings).up(
-        etcd_members=etcd_members, postgres=postgres, progress=lambda m: _err.print(f"[dim]{m}[/]")
-    )
+    # SIGTERM takes the same path as Ctrl-C, so `up` rolls back what it started.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        report = Stack(settings).up(
+            etcd_members=etcd_members,
+            postgres=postgres,
+            progress=lambda m: _err.print(f"[dim]{m}[/]"),
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     for name, where in endpoints(settings).items():
         if name != "postgres" or postgres:
             typer.echo(f"{name:32} {where}")

@@ -175,6 +175,19 @@ def plan_etcd_cluster(
     return EtcdCluster(result)
 
 
+SIZE_FILE = "cluster-size"
+
+
+def _recorded_size(base_dir: Path, cluster_name: str) -> int | None:
+    """How many members the data under `base_dir` was created with (None: no data yet)."""
+    try:
+        return int((base_dir / SIZE_FILE).read_text().strip())
+    except (OSError, ValueError):
+        pass
+    found = len(list(base_dir.glob(f"{cluster_name}-*.data")))
+    return found or None
+
+
 def start_etcd_cluster(
     base_dir: Path,
     members: int = 1,
@@ -183,20 +196,49 @@ def start_etcd_cluster(
     heartbeat_ms: int | None = None,
     election_ms: int | None = None,
     timeout_s: float = 30.0,
+    cluster_name: str = "meridian",
 ) -> EtcdCluster:
-    """Start (or find running) a cluster and wait until every member serves a put and a get."""
+    """Start (or find running) a cluster and wait until every member serves a put and a get.
+
+    etcd ignores its --initial-cluster flags once a member has data, so restarting old
+    data with another member count would leave members in different clusters, each
+    healthy on its own (a split brain). That is refused, and a multi-member cluster is
+    only called up when every member reports the same cluster and all the members.
+    """
+    recorded = _recorded_size(base_dir, cluster_name)
+    if recorded is not None and recorded != members:
+        raise StackError(
+            f"the etcd data in {base_dir} holds a {recorded}-member cluster; start it with "
+            f"{recorded} member(s), or delete that folder to begin afresh with {members}"
+        )
     cluster = plan_etcd_cluster(
-        base_dir, members, client_port, peer_port, heartbeat_ms, election_ms
+        base_dir, members, client_port, peer_port, heartbeat_ms, election_ms, cluster_name
     )
     base_dir.mkdir(parents=True, exist_ok=True)
+    (base_dir / SIZE_FILE).write_text(f"{members}\n")
     try:
         for member in cluster.members:
             member.start()
         cluster.wait_healthy(timeout_s)
-    except Exception:
+        if members > 1:
+            _check_one_cluster(cluster)
+    except BaseException:  # Ctrl-C and SIGTERM too: never leave half a cluster running
         cluster.stop()
         raise
     return cluster
+
+
+def _check_one_cluster(cluster: EtcdCluster) -> None:
+    seen: set[tuple[str, int]] = set()
+    with httpx.Client(timeout=2.0) as http:
+        for member in cluster.members:
+            body = http.post(f"{member.client_url}/v3/cluster/member/list", json={}).json()
+            seen.add((str(body["header"]["cluster_id"]), len(body.get("members", []))))
+    if len(seen) != 1 or next(iter(seen))[1] != len(cluster.members):
+        raise StackError(
+            f"etcd members {', '.join(cluster.endpoints)} do not form one cluster of "
+            f"{len(cluster.members)} (they report {sorted(seen)}); delete their data and retry"
+        )
 
 
 class EtcdService:

@@ -71,7 +71,7 @@ class Stack:
     def up(
         self,
         *,
-        etcd_members: int = 1,
+        etcd_members: int | None = None,
         postgres: bool = False,
         only: tuple[str, ...] | None = None,
         progress: Callable[[str], None] | None = None,
@@ -99,7 +99,7 @@ class Stack:
                 report.seconds[name] = round(time.monotonic() - t0, 1)
                 log.info("stack service up", service=name, seconds=report.seconds[name])
                 if name == "etcd":
-                    self._record(etcd_members=etcd_members)
+                    self._record(etcd_members=self._etcd_members(etcd_members))
             if "kafka" in names and "toxiproxy" in names:
                 self._wire_kafka_wan()
         except BaseException:

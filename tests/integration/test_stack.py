@@ -106,3 +106,15 @@ def test_no_process_of_ours_survives_down(private_home: Settings) -> None:
     stack.down()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_etcd_data_of_another_size_is_refused_not_split(private_home: Settings) -> None:
+    stack = Stack(private_home)
+    stack.up(only=("etcd",))
+    stack.down()
+    # Restarting 1-member data as 3 members would make two clusters, each healthy alone.
+    with pytest.raises(StackError, match="holds a 1-member cluster"):
+        stack.up(etcd_members=3, only=("etcd",))
+    assert all(row.state == "down" for row in stack.status())
+    again = stack.up(only=("etcd",))  # no flag: as last started
+    assert again.started == ["etcd"]

@@ -98,3 +98,21 @@ def test_bad_setting_is_reported_by_the_edge(
 def test_errors_say_whether_they_are_retriable() -> None:
     assert UnavailableError.retriable
     assert not FencedError.retriable
+
+
+def test_bare_group_prints_its_help_and_succeeds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.run(["stack"]) == 0
+    captured = capsys.readouterr()
+    assert "up" in captured.out and "down" in captured.out
+    assert captured.err == ""
+
+
+def test_interrupt_is_one_sentence(
+    failing_command: typer.Typer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @failing_command.command()
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    assert main.run(["testing-only", "interrupted"]) == 130
+    assert capsys.readouterr().err == "error: interrupted.\n"
