@@ -350,7 +350,7 @@ class RegionController:
                     )
 
     # -- journal backfill -------------------------------------------------------------
-    async def backfill_journal(self, *, force: bool = False) -> int:
+    async def backfill_journal(self, *, force: bool = False, now: float | None = None) -> int:
         """Journal every move into this region whose journal row is missing; how many.
 
         A mover (a controller or a runbook) that crashes between winning the ownership
@@ -359,9 +359,10 @@ class RegionController:
         deterministic (`dataset@epoch`), so the new owner's controller rebuilds it.
         A row is only rebuilt once it has been missing for `journal_grace_s`, so a
         mover still about to write it (with its RPO exposure) is not pre-empted; a
-        race is harmless anyway, as appends are idempotent on the id.
+        race is harmless anyway, as appends are idempotent on the id. `force` skips
+        the check interval; `now` (a `time.monotonic()` value) lets tests age rows.
         """
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         if not force and now < self._next_journal_check:
             return 0
         self._next_journal_check = now + self.config.journal_check_interval_s
