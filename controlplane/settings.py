@@ -27,20 +27,36 @@ def find_home(start: Path | None = None) -> Path:
     return Path(HOME_DIR_NAME)
 
 
+EXAMPLE_ENDPOINT = {
+    "MERIDIAN_ETCD": "127.0.0.1:2379",
+    "MERIDIAN_KAFKA": "127.0.0.1:9092",
+    "MERIDIAN_TOXIPROXY": "127.0.0.1:8474",
+}
+
+
 def parse_endpoints(raw: str, *, setting: str) -> list[tuple[str, int]]:
     """Parse `host:port[,host:port...]` into pairs, or raise one clear ConfigError."""
+    example = EXAMPLE_ENDPOINT.get(setting, "127.0.0.1:2379")
     endpoints: list[tuple[str, int]] = []
     for part in raw.split(","):
-        item = part.strip()
-        if item.startswith("http://"):
-            item = item.removeprefix("http://")
+        item = part.strip().removeprefix("http://")
+        if "://" in item:
+            raise ConfigError(
+                f"{setting} holds {part.strip()!r}: only plain host:port endpoints are "
+                f"supported (no TLS yet); give e.g. {example}"
+            )
+        if item.startswith("["):
+            raise ConfigError(
+                f"{setting} holds {part.strip()!r}: IPv6 endpoints are not supported yet; "
+                f"give a host name or an IPv4 address, e.g. {example}"
+            )
         host, sep, port_text = item.rpartition(":")
         if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
             raise ConfigError(
                 f"{setting} holds {part.strip()!r}, which is not host:port; "
-                "give comma-separated endpoints such as 127.0.0.1:2379"
+                f"give comma-separated endpoints such as {example}"
             )
-        endpoints.append((host.strip("[]"), int(port_text)))
+        endpoints.append((host, int(port_text)))
     return endpoints
 
 
@@ -67,8 +83,10 @@ class Settings(BaseSettings):
     kafka_request_timeout_ms: int = Field(30_000, gt=0)
     etcd_timeout_s: float = Field(5.0, gt=0)
     lease_ttl_s: int = Field(5, ge=1, le=3600)
-    stack_etcd_port: int = Field(2379, gt=0, lt=65536)
-    stack_kafka_port: int = Field(9092, gt=0, lt=65536)
+    # Derived ports: etcd member i uses port + 10*i and its peer port + 1 (up to 5 members);
+    # Kafka uses port + 1 (controller), + 2 (WAN listener) and + 10002 (its Toxiproxy proxy).
+    stack_etcd_port: int = Field(2379, gt=0, le=65535 - 41)
+    stack_kafka_port: int = Field(9092, gt=0, le=65535 - 10002)
     stack_toxiproxy_port: int = Field(8474, gt=0, lt=65536)
     stack_postgres_port: int = Field(55432, gt=0, lt=65536)
     stack_start_timeout_s: float = Field(120.0, gt=0)
@@ -102,8 +120,11 @@ class Settings(BaseSettings):
         return self.home / "cache"
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Read settings from the environment, apply non-None overrides, validate endpoints."""
+def load_settings(*, check_endpoints: bool = True, **overrides: object) -> Settings:
+    """Read settings from the environment, apply non-None overrides, validate endpoints.
+
+    `check_endpoints=False` is for commands that never connect as clients (`stack`): a
+    stray MERIDIAN_KAFKA must not stop you from stopping your own stack."""
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
         settings = Settings(**given)  # type: ignore[arg-type]
@@ -113,6 +134,7 @@ def load_settings(**overrides: object) -> Settings:
         raise ConfigError(
             f"setting {name} (MERIDIAN_{name.upper()}) is invalid: {first['msg']}"
         ) from exc
-    # Touch the parsed forms so a malformed endpoint fails here, at start, once.
-    _ = settings.etcd_endpoints, settings.kafka_bootstrap, settings.toxiproxy_endpoint
+    if check_endpoints:
+        # Touch the parsed forms so a malformed endpoint fails here, at start, once.
+        _ = settings.etcd_endpoints, settings.kafka_bootstrap, settings.toxiproxy_endpoint
     return settings

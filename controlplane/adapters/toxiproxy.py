@@ -111,10 +111,18 @@ class ToxiproxyClient:
 
         def create() -> ProxyInfo:
             try:
-                proxy = self._server.create(upstream=upstream, name=name, listen=listen)
-            except ProxyExists:
-                self._server.destroy(self._proxy(name))
-                proxy = self._server.create(upstream=upstream, name=name, listen=listen)
+                try:
+                    proxy = self._server.create(upstream=upstream, name=name, listen=listen)
+                except ProxyExists:
+                    self._server.destroy(self._proxy(name))
+                    proxy = self._server.create(upstream=upstream, name=name, listen=listen)
+            except KeyError:
+                # The library reads the reply as a proxy without checking its status, so a
+                # refusal (most often: the listen port is taken) surfaces as a KeyError.
+                raise InvalidInputError(
+                    f"Toxiproxy at {self.api_url} refused to create proxy {name} listening on "
+                    f"{listen}; is that port already taken by another process?"
+                ) from None
             return ProxyInfo(proxy.name, proxy.listen, proxy.upstream, bool(proxy.enabled))
 
         return self._call(f"create proxy {name}", create)

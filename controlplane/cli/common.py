@@ -38,11 +38,11 @@ KafkaOpt = Annotated[
 ]
 
 
-def settings_from(ctx: typer.Context, **flags: object) -> Settings:
+def settings_from(ctx: typer.Context, *, check_endpoints: bool = True, **flags: object) -> Settings:
     """Settings from the environment, overridden by global flags, then by command flags."""
     merged: dict[str, object] = dict((ctx.find_root().obj or {}).get("overrides", {}))
     merged.update({k: v for k, v in flags.items() if v is not None})
-    return load_settings(**merged)
+    return load_settings(check_endpoints=check_endpoints, **merged)
 
 
 def resolve_output(output: Output | None) -> Output:

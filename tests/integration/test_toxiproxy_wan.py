@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from controlplane.adapters.toxiproxy import ToxiproxyClient
-from controlplane.errors import NotFoundError, UnavailableError
+from controlplane.errors import InvalidInputError, NotFoundError, UnavailableError
 from controlplane.stack.process import port_is_free
 
 pytestmark = pytest.mark.integration
@@ -104,3 +104,15 @@ def test_two_clients_do_not_share_the_library_globals(toxiproxy_url: str) -> Non
 def test_unknown_proxy_is_a_clear_error(toxiproxy_url: str) -> None:
     with pytest.raises(NotFoundError, match="no proxy named 'nope'"):
         ToxiproxyClient(toxiproxy_url).disable("nope")
+
+
+def test_taken_listen_port_is_a_clear_error(toxiproxy_url: str, echo_port: int) -> None:
+    client = ToxiproxyClient(toxiproxy_url)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        with pytest.raises(InvalidInputError, match=f"127.0.0.1:{port}; is that port already"):
+            client.create_proxy(
+                "test-taken", listen=f"127.0.0.1:{port}", upstream=f"127.0.0.1:{echo_port}"
+            )

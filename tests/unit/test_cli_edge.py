@@ -89,7 +89,7 @@ def test_bad_setting_is_reported_by_the_edge(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("MERIDIAN_ETCD", "nonsense")
-    assert main.run(["stack", "status"]) == 1
+    assert main.run(["region", "list"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: MERIDIAN_ETCD holds 'nonsense'")
     assert err.count("\n") == 1

@@ -66,3 +66,34 @@ def test_home_is_found_from_a_subfolder(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.chdir(deep)
     assert load_settings().home == tmp_path.resolve() / ".meridian"
     assert find_home(tmp_path / "a") == tmp_path.resolve() / ".meridian"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [("https://h:2379", "no TLS yet"), ("[::1]:2379", "IPv6 endpoints are not supported")],
+)
+def test_endpoints_that_could_not_work_are_refused(raw: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        parse_endpoints(raw, setting="MERIDIAN_ETCD")
+
+
+def test_each_setting_suggests_its_own_example() -> None:
+    with pytest.raises(ConfigError, match=r"such as 127\.0\.0\.1:9092"):
+        parse_endpoints("x", setting="MERIDIAN_KAFKA")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("MERIDIAN_STACK_ETCD_PORT", "65535"), ("MERIDIAN_STACK_KAFKA_PORT", "60000")],
+)
+def test_stack_ports_whose_derived_ports_overflow_are_refused(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name):
+        load_settings()
+
+
+def test_stack_commands_ignore_client_endpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MERIDIAN_KAFKA", "x")
+    assert load_settings(check_endpoints=False).kafka == "x"
