@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Insert, and_, delete, func, select, update
+from sqlalchemy import Engine, Exists, Insert, Subquery, and_, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -163,33 +163,41 @@ class Catalog:
 
         Older versions superseded by a newer one are not listed: a catch-up only needs
         the newest, and an object counts once in RPO exposure."""
-        latest = (
-            select(func.max(ObjectVersion.id).label("vid"))
-            .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
-            .where(CatalogObject.dataset == dataset)
-            .group_by(ObjectVersion.object_id)
-            .subquery()
-        )
-        done = (
-            select(Replica.id)
-            .where(
-                and_(
-                    Replica.version_id == ObjectVersion.id,
-                    Replica.region == region,
-                    Replica.state == "completed",
-                )
-            )
-            .exists()
-        )
+        latest = _latest_versions(dataset)
         query = (
             select(CatalogObject.key, ObjectVersion.version, ObjectVersion.digest)
             .join(latest, latest.c.vid == ObjectVersion.id)
             .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
-            .where(~done)
+            .where(~_completed_in(region))
             .order_by(CatalogObject.key)
         )
         with self.session() as s:
             return [VersionRef(k, v, d) for k, v, d in s.execute(query).all()]
+
+    def oldest_incomplete_at(self, dataset: str, regions: Sequence[str]) -> datetime | None:
+        """When the oldest latest version of the dataset's objects was written, among those
+        that one of `regions` (other than the version's origin) has not completed; None
+        when every region has completed every object's latest version. The replication
+        lag of the dataset is the age of this time."""
+        oldest: datetime | None = None
+        with self.session() as s:
+            for region in dict.fromkeys(regions):
+                latest = _latest_versions(dataset)
+                query = (
+                    select(func.min(ObjectVersion.created_at))
+                    .join(latest, latest.c.vid == ObjectVersion.id)
+                    .where(
+                        ~_completed_in(region),
+                        or_(
+                            ObjectVersion.origin_region.is_(None),
+                            ObjectVersion.origin_region != region,
+                        ),
+                    )
+                )
+                at = s.scalar(query)
+                if at is not None and (oldest is None or at < oldest):
+                    oldest = at
+        return oldest
 
     def latest_revision(self) -> PolicyRevisionRecord | None:
         with self.session() as s:
@@ -476,3 +484,29 @@ __all__ = [
     "open_catalog",
     "redacted",
 ]
+
+
+def _latest_versions(dataset: str) -> Subquery:
+    """The id (as `vid`) of the most recently registered version of each object."""
+    return (
+        select(func.max(ObjectVersion.id).label("vid"))
+        .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
+        .where(CatalogObject.dataset == dataset)
+        .group_by(ObjectVersion.object_id)
+        .subquery()
+    )
+
+
+def _completed_in(region: str) -> Exists:
+    """True for an ObjectVersion row whose replica in `region` is completed."""
+    return (
+        select(Replica.id)
+        .where(
+            and_(
+                Replica.version_id == ObjectVersion.id,
+                Replica.region == region,
+                Replica.state == "completed",
+            )
+        )
+        .exists()
+    )

@@ -129,45 +129,9 @@ class CatalogBridge:
         latest version of an object that some region of the placement (home and
         replicas, other than the version's origin) has not completed; 0.0 when every
         region has completed every object's latest version (or there is none)."""
-        from sqlalchemy import and_, func, or_, select
-
-        from controlplane.catalog.models import CatalogObject, ObjectVersion, Replica
-
-        latest = (
-            select(func.max(ObjectVersion.id).label("vid"))
-            .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
-            .where(CatalogObject.dataset == placement.dataset)
-            .group_by(ObjectVersion.object_id)
-            .subquery()
+        oldest: datetime | None = self.catalog.oldest_incomplete_at(
+            placement.dataset, (placement.home, *placement.replicas)
         )
-        oldest: datetime | None = None
-        with self.catalog.session() as s:
-            for region in dict.fromkeys((placement.home, *placement.replicas)):
-                done = (
-                    select(Replica.id)
-                    .where(
-                        and_(
-                            Replica.version_id == ObjectVersion.id,
-                            Replica.region == region,
-                            Replica.state == "completed",
-                        )
-                    )
-                    .exists()
-                )
-                query = (
-                    select(func.min(ObjectVersion.created_at))
-                    .join(latest, latest.c.vid == ObjectVersion.id)
-                    .where(
-                        ~done,
-                        or_(
-                            ObjectVersion.origin_region.is_(None),
-                            ObjectVersion.origin_region != region,
-                        ),
-                    )
-                )
-                at = s.scalar(query)
-                if at is not None and (oldest is None or at < oldest):
-                    oldest = at
         if oldest is None:
             return 0.0
         return round(max(0.0, (now - oldest).total_seconds()), 3)
