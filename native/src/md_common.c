@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <xxhash.h>
@@ -389,13 +390,24 @@ static int have_avx2(void) {
     static int cached = -1;
     int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (c < 0) {
+        /* MERIDIAN_DELTA_NO_SIMD=1 forces the portable code, so that the tests can
+         * check that both paths write the same bytes. */
+        const char *off = getenv("MERIDIAN_DELTA_NO_SIMD");
         __builtin_cpu_init();
-        c = __builtin_cpu_supports("avx2") ? 1 : 0;
+        c = (off && *off && strcmp(off, "0") != 0) ? 0 : __builtin_cpu_supports("avx2") ? 1 : 0;
         __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
     }
     return c;
 }
 #endif
+
+int md_cpu_avx2(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    return have_avx2();
+#else
+    return 0;
+#endif
+}
 
 void md_weak_block(const uint8_t *p, size_t n, uint32_t *s1_out, uint32_t *s2_out) {
     uint32_t s1 = 0, w = 0;

@@ -95,13 +95,13 @@ static int lookup(const md_sig *sig, uint32_t s1, uint32_t s2, const uint8_t *p,
 }
 
 /* The miss path, where nearly every byte of unrelated data goes: roll one byte,
- * test one bit of the first filter and, on a hit (about 3%), one bit of the
+ * test one bit of the first filter and, on a hit (under 1%), one bit of the
  * second. Kept apart so its few live values stay in registers. Returns the first
- * position in (p, end] whose sums pass both filters, or end. (A batched,
- * branch-free variant and a one-word blocked Bloom filter both measured slower.) */
-static uint64_t roll_until_hit(const uint8_t *d, uint64_t p, uint64_t end, uint32_t n,
-                               uint32_t *s1p, uint32_t *s2p, const md_sig *sig) {
-    const uint64_t *bm = sig->bitmap, *f2 = sig->filter2;
+ * position in (p, end] whose sums pass both filters, or end. */
+static uint64_t roll_scalar(const uint8_t *d, uint64_t p, uint64_t end, uint32_t n, uint32_t *s1p,
+                            uint32_t *s2p, const md_sig *sig) {
+    const uint32_t *bm = sig->bitmap;
+    const uint64_t *f2 = sig->filter2;
     const unsigned shift = sig->bitmap_shift, shift2 = sig->filter2_shift;
     uint32_t s1 = *s1p, s2 = *s2p;
     const uint32_t n_off = n * MD_ROLL_OFFSET;
@@ -111,16 +111,87 @@ static uint64_t roll_until_hit(const uint8_t *d, uint64_t p, uint64_t end, uint3
         uint32_t o = *out++, c = *in++;
         s1 += c - o;
         s2 += s1 - n * o - n_off;
-        uint64_t key = ((uint64_t)s2 << 32) | s1;
-        uint64_t bit = (key * MD_BITMAP_MUL) >> shift;
-        if (__builtin_expect((bm[bit >> 6] >> (bit & 63)) & 1, 0)) {
-            uint64_t bit2 = (key * MD_FILTER2_MUL) >> shift2;
+        uint32_t bit = md_filter1(s1, s2) >> shift;
+        if (__builtin_expect((bm[bit >> 5] >> (bit & 31)) & 1, 0)) {
+            uint64_t bit2 = (md_weak_key(s1, s2) * MD_FILTER2_MUL) >> shift2;
             if ((f2[bit2 >> 6] >> (bit2 & 63)) & 1) break;
         }
     }
     *s1p = s1;
     *s2p = s2;
     return (uint64_t)(out - d);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define MD_HAVE_ROLL_AVX2 1
+/* Inclusive prefix sum of eight 32-bit lanes. */
+__attribute__((target("avx2"))) static inline __m256i prefix8(__m256i x) {
+    x = _mm256_add_epi32(x, _mm256_slli_si256(x, 4));
+    x = _mm256_add_epi32(x, _mm256_slli_si256(x, 8));
+    return _mm256_add_epi32(x, _mm256_shuffle_epi32(_mm256_permute2x128_si256(x, x, 0x08), 0xFF));
+}
+
+/* roll_scalar for eight positions at a time: the sums of positions p+1 .. p+8 come
+ * from prefix sums of the byte differences, their first-filter bits from one
+ * gather, and only a lane that hits goes on to the second filter, in order, so
+ * the result is exactly roll_scalar's. The running sums stay broadcast in
+ * vectors, so the loop-carried chain is one add and one permute per 8 bytes. */
+__attribute__((target("avx2"))) static uint64_t roll_avx2(const uint8_t *d, uint64_t p, uint64_t end,
+                                                          uint32_t n, uint32_t *s1p, uint32_t *s2p,
+                                                          const md_sig *sig) {
+    const uint64_t *f2 = sig->filter2;
+    const unsigned shift2 = sig->filter2_shift;
+    const __m256i c1 = _mm256_set1_epi32((int)0x9E3779B1u), c2 = _mm256_set1_epi32((int)0x85EBCA77u);
+    const __m256i vn = _mm256_set1_epi32((int)n), noff = _mm256_set1_epi32((int)(n * MD_ROLL_OFFSET));
+    const __m256i m31 = _mm256_set1_epi32(31), last = _mm256_set1_epi32(7);
+    const __m128i shift = _mm_cvtsi32_si128((int)sig->bitmap_shift);
+    __m256i b1 = _mm256_set1_epi32((int)*s1p), b2 = _mm256_set1_epi32((int)*s2p);
+    while (p + 8 <= end) {
+        __m256i o = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(d + p)));
+        __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(d + p + n)));
+        __m256i v1 = _mm256_add_epi32(prefix8(_mm256_sub_epi32(c, o)), b1);
+        __m256i t = _mm256_sub_epi32(v1, _mm256_add_epi32(_mm256_mullo_epi32(vn, o), noff));
+        __m256i v2 = _mm256_add_epi32(prefix8(t), b2);
+        b1 = _mm256_permutevar8x32_epi32(v1, last);
+        b2 = _mm256_permutevar8x32_epi32(v2, last);
+        __m256i h = _mm256_xor_si256(_mm256_mullo_epi32(v1, c1), _mm256_mullo_epi32(v2, c2));
+        h = _mm256_srl_epi32(h, shift);
+        __m256i w = _mm256_i32gather_epi32((const int *)(const void *)sig->bitmap, _mm256_srli_epi32(h, 5), 4);
+        /* move each lane's bit to its sign bit */
+        w = _mm256_sllv_epi32(w, _mm256_sub_epi32(m31, _mm256_and_si256(h, m31)));
+        unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(w));
+        if (__builtin_expect(mask != 0, 0)) {
+            uint32_t a1[8], a2[8];
+            _mm256_storeu_si256((__m256i *)(void *)a1, v1);
+            _mm256_storeu_si256((__m256i *)(void *)a2, v2);
+            while (mask) {
+                unsigned k = (unsigned)__builtin_ctz(mask);
+                mask &= mask - 1;
+                uint64_t bit2 = (md_weak_key(a1[k], a2[k]) * MD_FILTER2_MUL) >> shift2;
+                if ((f2[bit2 >> 6] >> (bit2 & 63)) & 1) {
+                    *s1p = a1[k];
+                    *s2p = a2[k];
+                    return p + k + 1;
+                }
+            }
+        }
+        p += 8;
+    }
+    *s1p = (uint32_t)_mm256_cvtsi256_si32(b1);
+    *s2p = (uint32_t)_mm256_cvtsi256_si32(b2);
+    return roll_scalar(d, p, end, n, s1p, s2p, sig);
+}
+#else
+#define MD_HAVE_ROLL_AVX2 0
+#endif
+
+static uint64_t roll_until_hit(const uint8_t *d, uint64_t p, uint64_t end, uint32_t n, uint32_t *s1p,
+                               uint32_t *s2p, const md_sig *sig) {
+#if MD_HAVE_ROLL_AVX2
+    if (md_cpu_avx2()) return roll_avx2(d, p, end, n, s1p, s2p, sig);
+#endif
+    return roll_scalar(d, p, end, n, s1p, s2p, sig);
 }
 
 static void scan_task(void *arg, size_t i, uint32_t worker) {
@@ -131,7 +202,7 @@ static void scan_task(void *arg, size_t i, uint32_t worker) {
     const uint8_t *d = r->buf;
     const uint64_t n = sig->block_len;
     const uint64_t full_blocks = sig->file_len / n;
-    const uint64_t *bm = sig->bitmap;
+    const uint32_t *bm = sig->bitmap;
     const unsigned shift = sig->bitmap_shift;
     uint64_t s = sg->start - r->base, e = sg->end - r->base, L = r->have;
     uint64_t p = s, lit = s, expected = UINT64_MAX;
@@ -153,9 +224,9 @@ static void scan_task(void *arg, size_t i, uint32_t worker) {
                 found = expected;
         }
         if (found == UINT64_MAX) {
-            uint64_t bit = (md_weak_key(s1, s2) * MD_BITMAP_MUL) >> shift;
+            uint32_t bit = md_filter1(s1, s2) >> shift;
             uint64_t blk;
-            if (((bm[bit >> 6] >> (bit & 63)) & 1) &&
+            if (((bm[bit >> 5] >> (bit & 31)) & 1) &&
                 lookup(sig, s1, s2, d + p, strong, &have_strong, &blk))
                 found = blk;
         }
@@ -215,16 +286,21 @@ typedef struct frame {
     uint8_t *lit;
     uint32_t lit_len;
     uint8_t *out;     /* encoded frame */
-    size_t out_len;
+    size_t out_len, out_cap;
     int failed;
 } frame;
 
+/* Written frames are kept for reuse: a fresh 1 MiB buffer per frame would cost
+ * a page fault and a page clear for every 4 KiB of literals. */
+#define FRAME_SPARES 32u
 typedef struct framer {
     frame *open;
     frame **closed;
     size_t n_closed, cap_closed;
     int oom;
     uint64_t seq;
+    frame *spare[FRAME_SPARES];
+    size_t n_spare;
 } framer;
 
 static frame *frame_new(void) {
@@ -261,8 +337,21 @@ static void framer_close(framer *fr) {
     fr->open = NULL;
 }
 
+static void framer_recycle(framer *fr, frame *f) {
+    if (fr->n_spare == FRAME_SPARES) {
+        frame_free(f);
+        return;
+    }
+    f->cmds.len = 0;
+    f->cmds.oom = 0;
+    f->lit_len = 0;
+    f->out_len = 0;
+    f->failed = 0;
+    fr->spare[fr->n_spare++] = f;
+}
+
 static frame *framer_frame(framer *fr) {
-    if (!fr->open) fr->open = frame_new();
+    if (!fr->open) fr->open = fr->n_spare ? fr->spare[--fr->n_spare] : frame_new();
     if (!fr->open) fr->oom = 1;
     return fr->open;
 }
@@ -317,7 +406,11 @@ static void encode_task(void *arg, size_t i, uint32_t worker) {
     frame *f = x->frames[i];
     size_t bound = ZSTD_compressBound(f->lit_len);
     size_t cap = MD_FRAME_HDR_LEN + f->cmds.len * 21 + (bound > f->lit_len ? bound : f->lit_len) + 8;
-    f->out = malloc(cap);
+    if (f->out_cap < cap) {
+        free(f->out);
+        f->out = malloc(cap);
+        f->out_cap = f->out ? cap : 0;
+    }
     if (!f->out) {
         f->failed = 1;
         return;
@@ -377,7 +470,7 @@ static md_status flush_closed(framer *fr, uint32_t threads, ZSTD_CCtx **cctx, ui
         if (rc == MD_OK && f->failed) rc = md_fail(err, MD_E_NOMEM, "out of memory while writing a delta.");
         if (rc == MD_OK && md_writer_put(w, f->out, f->out_len) != 0)
             rc = md_fail_io(err, w->failed_errno, "writing the delta");
-        frame_free(f);
+        framer_recycle(fr, f);
     }
     fr->seq += fr->n_closed;
     fr->n_closed = 0;
@@ -526,6 +619,7 @@ md_status md_delta(int sig_fd, int new_fd, int delta_fd, const md_options *opt, 
 done:
     for (size_t i = 0; i < fr.n_closed; i++) frame_free(fr.closed[i]);
     frame_free(fr.open);
+    for (size_t i = 0; i < fr.n_spare; i++) frame_free(fr.spare[i]);
     free(fr.closed);
     for (uint32_t t = 0; t < threads; t++) {
         ZSTD_freeCCtx(cctx[t]);

@@ -28,9 +28,8 @@
 /* Chunks read per round, and so the most workers an operation uses: this is what
  * keeps the working set near 40 MiB whatever the thread count asked for. */
 #define MD_ROUND_CHUNKS_MAX 4u
-#define MD_ROLL_OFFSET 31u
-#define MD_BITMAP_MUL 0x9E3779B97F4A7C15ull
-#define MD_FILTER2_MUL 0xC2B2AE3D27D4EB4Full     /* added to each byte so runs of zeros still move the sums */
+#define MD_ROLL_OFFSET 31u /* added to each byte so runs of zeros still move the sums */
+#define MD_FILTER2_MUL 0xC2B2AE3D27D4EB4Full
 
 #ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 #define MD_VERIFY_CHECKSUMS 0
@@ -119,6 +118,13 @@ void md_weak_block(const uint8_t *p, size_t n, uint32_t *s1_out, uint32_t *s2_ou
 static inline uint64_t md_weak_key(uint32_t s1, uint32_t s2) {
     return ((uint64_t)s2 << 32) | s1;
 }
+/* The first filter's hash, tested at every byte: 32-bit lanes so that eight
+ * positions can be hashed and looked up at once (md_delta.c); bit = hash >> shift. */
+static inline uint32_t md_filter1(uint32_t s1, uint32_t s2) {
+    return (s1 * 0x9E3779B1u) ^ (s2 * 0x85EBCA77u);
+}
+/* Nonzero when the CPU runs AVX2 (checked once). */
+int md_cpu_avx2(void);
 static inline uint64_t md_weak_mix(uint64_t k) {
     k ^= k >> 29;
     k *= 0x9E3779B97F4A7C15ull;
@@ -141,10 +147,9 @@ struct md_sig {
     uint64_t n_sorted;
     uint32_t *slots;    /* open addressing over sorted: index of the first entry of a weak key */
     uint64_t slot_mask;
-    uint64_t *bitmap;
-    uint64_t bitmap_mask; /* in bits */
-    unsigned bitmap_shift; /* bit index = (key * MD_BITMAP_MUL) >> bitmap_shift */
-    /* Two filters in front of the table: a small one that stays in L1 (tested at
+    uint32_t *bitmap;
+    unsigned bitmap_shift; /* bit index = md_filter1(s1, s2) >> bitmap_shift */
+    /* Two filters in front of the table: a small one that stays in L2 (tested at
      * every byte) and a larger one with an independent hash (tested on its hits). */
     uint64_t *filter2;
     unsigned filter2_shift; /* bit index = (key * MD_FILTER2_MUL) >> filter2_shift */
