@@ -418,9 +418,12 @@ md_status md_sig_index(md_sig *sig, md_error *err) {
     uint64_t slots = 16;
     while (slots < distinct_keys * 2) slots <<= 1;
     /* 128 bits per entry keeps the first filter's hit rate under 1% (each hit
-     * costs a mispredicted branch) while it still fits in L2 for typical files. */
+     * costs a mispredicted branch) while the bitmap fits in 1 MiB of L2; past
+     * that, 32 bits per entry as before: a bigger bitmap misses the cache anyway
+     * and would only add memory. */
     uint64_t bits = 1u << 12, bits2 = 1u << 12;
-    while (bits < m * 128 && bits < ((uint64_t)1 << 30)) bits <<= 1;
+    while ((bits < m * 128 && bits < ((uint64_t)1 << 23)) || (bits < m * 32 && bits < ((uint64_t)1 << 31)))
+        bits <<= 1;
     while (bits2 < m * 64 && bits2 < ((uint64_t)1 << 33)) bits2 <<= 1;
     sig->filter2 = calloc((size_t)(bits2 / 64), 8);
     sig->slots = malloc((size_t)slots * 4);
