@@ -35,7 +35,7 @@ from typing import Self
 from controlplane.controller.metrics import ControllerMetrics
 from controlplane.coordination import keys
 from controlplane.coordination.decide import plan_moves
-from controlplane.coordination.failover import apply_move, automatic_guards
+from controlplane.coordination.failover import apply_move, automatic_guards, finish_moves
 from controlplane.coordination.fencing import (
     DatasetHandingOverError,
     DirectoryEpochs,
@@ -73,6 +73,8 @@ class ControllerConfig:
     # A move whose journal row is still missing this long after it was first seen
     # missing is journaled from its owner record (the mover crashed in between).
     journal_grace_s: float = 15.0
+    # How long a stop waits for moves already started to write their journal rows.
+    stop_grace_s: float = 10.0
     journal_check_interval_s: float = 5.0
 
 
@@ -133,6 +135,10 @@ class RegionController:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        # Moves whose transaction was sent finish, so each committed one has its row.
+        left = await finish_moves(timeout_s=self.config.stop_grace_s)
+        if left:
+            log.warning("stopped_with_moves_in_flight", region=self.config.region, moves=left)
         self.active.clear()
         self.metrics.active.set(0)
         log.info("controller_stopped", region=self.config.region, id=self.config.controller_id)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.catalog_bridge import CatalogBridge
+from controlplane.coordination.failover import finish_moves
 from controlplane.coordination.runbooks import Runbooks
 from controlplane.settings import Settings
 
@@ -44,6 +45,8 @@ async def open_session(settings: Settings, *, actor: str | None = None) -> Async
             runbooks = Runbooks(coord, catalog, catalog, catalog, actor=actor or os_actor())
             yield Session(coord, catalog, runbooks)
         finally:
+            # An interrupted runbook still journals the moves whose transaction it sent.
+            await finish_moves(timeout_s=settings.etcd_timeout_s + 5)
             await coord.close()
     finally:
         await asyncio.to_thread(catalog.close)

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination import keys
+from controlplane.coordination.decide import Move
+from controlplane.coordination.failover import apply_move, finish_moves
 from controlplane.coordination.ownership import Ownership
 from controlplane.coordination.runbooks import Runbooks, SwitchoverAbortedError
-from controlplane.coordination.sources import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from controlplane.coordination.sources import (
+    JournalEntry,
+    MemoryCatchUp,
+    MemoryJournal,
+    MemoryPlacements,
+)
 from controlplane.errors import NotFoundError, RefusedError
 
 from .helpers import REGIONS, critical
@@ -201,3 +209,54 @@ async def test_drain_moves_what_it_can_when_one_switchover_aborts(
         "aborted",
         "moved",
     ]
+
+
+class SlowJournal(MemoryJournal):
+    """Appends take a while, so that the caller can be cancelled mid-write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+
+    def append(self, entry: JournalEntry) -> None:
+        self.loop.call_soon_threadsafe(self.started.set)
+        time.sleep(0.5)
+        super().append(entry)
+
+
+async def test_a_cancelled_move_still_writes_its_journal_row(coord: EtcdCoordination) -> None:
+    """A controller stopping (SIGTERM) cancels its failover; a move whose transaction
+    committed must still get its row, and stopping waits for it."""
+    await seed(coord, ["eu-west", "eu-central"], {"ckpt/a": "eu-west"})
+    journal = SlowJournal()
+    owner = await Ownership(coord).get("ckpt/a")
+    assert owner is not None
+    move = Move("ckpt/a", "eu-west", "eu-central", owner.epoch)
+    caller = asyncio.create_task(
+        apply_move(
+            Ownership(coord),
+            move,
+            guards=[],
+            kind="failover",
+            reason="test",
+            actor="op@host",
+            journal=journal,
+            probe=None,
+            detected_at=None,
+        )
+    )
+    await asyncio.wait_for(journal.started.wait(), 10)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert journal.entries == {}  # the write is still running...
+    assert await finish_moves(timeout_s=10) == 0
+    (entry,) = journal.entries.values()  # ...and it landed
+    assert (entry.dataset, entry.from_region, entry.to_region) == (
+        "ckpt/a",
+        "eu-west",
+        "eu-central",
+    )
+    now = await Ownership(coord).get("ckpt/a")
+    assert now is not None and now.region == "eu-central"
