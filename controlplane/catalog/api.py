@@ -41,6 +41,7 @@ from controlplane.catalog.models import (
 )
 from controlplane.catalog.records import (
     FAILOVER_KINDS,
+    FAILOVER_OUTCOMES,
     REPLICA_STATES,
     FailoverRecord,
     Placement,
@@ -86,6 +87,7 @@ def failover_of(row: Failover) -> FailoverRecord:
         completed_at=row.completed_at,
         rpo_versions=row.rpo_versions,
         details=row.details,
+        outcome="aborted" if row.outcome == "aborted" else "moved",
     )
 
 
@@ -409,6 +411,10 @@ class Catalog:
             raise CatalogInputError(
                 f"failover kind {rec.kind!r} is not one of {', '.join(FAILOVER_KINDS)}"
             )
+        if rec.outcome not in FAILOVER_OUTCOMES:
+            raise CatalogInputError(
+                f"failover outcome {rec.outcome!r} is not one of {', '.join(FAILOVER_OUTCOMES)}"
+            )
         with self._tx() as s:
             s.execute(
                 self._insert_ignore(
@@ -427,6 +433,7 @@ class Catalog:
                         "completed_at": rec.completed_at,
                         "rpo_versions": rec.rpo_versions,
                         "details": rec.details,
+                        "outcome": rec.outcome,
                     },
                     ["id"],
                 )

@@ -166,6 +166,8 @@ class Failover(Base):
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     rpo_versions: Mapped[int] = mapped_column(Integer, default=0)
     details: Mapped[str] = mapped_column(Text, default="")
+    # "moved" or "aborted" (a switchover that left ownership where it was)
+    outcome: Mapped[str] = mapped_column(String(16), default="moved", server_default="moved")
 
 
 class PolicyRevision(Base):

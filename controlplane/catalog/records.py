@@ -12,6 +12,10 @@ FailoverKind = Literal["automatic", "switchover", "failover", "drain"]
 ReplicaState = Literal["pending", "completed", "failed"]
 REPLICA_STATES: tuple[str, ...] = ("pending", "completed", "failed")
 FAILOVER_KINDS: tuple[str, ...] = ("automatic", "switchover", "failover", "drain")
+# "moved": ownership moved to `to_region`; "aborted": a switchover that gave up and
+# left ownership where it was (`to_region` is then the region that kept it).
+FailoverOutcome = Literal["moved", "aborted"]
+FAILOVER_OUTCOMES: tuple[str, ...] = ("moved", "aborted")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class FailoverRecord:
     completed_at: datetime | None
     rpo_versions: int = 0
     details: str = ""
+    outcome: FailoverOutcome = "moved"
 
 
 @dataclass(frozen=True)

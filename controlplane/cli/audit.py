@@ -67,6 +67,7 @@ FAILOVER_COLUMNS = [
     "actor",
     "started_at",
     "completed_at",
+    "outcome",
 ]
 
 
@@ -157,6 +158,7 @@ def failovers(
             "started_at": queries.rfc3339(r.started_at),
             "completed_at": queries.rfc3339(r.completed_at),
             "rpo_versions": r.rpo_versions,
+            "outcome": r.outcome,
         }
         for r in records
     ]

@@ -2,10 +2,8 @@
 
 Imports the catalog lazily so that coordination's unit tests do not need a
 database. `kind` values follow the catalog's journal (`automatic`, `switchover`,
-`failover`, `drain`). The journal has no outcome column, so an aborted switchover
-(see `runbooks.aborted_entry`) is journaled with its kind, `to` = the region that
-kept ownership, no `completed_at`, a reason starting "aborted: ", its epoch the
-unchanged one, and `details.aborted = true`.
+`failover`, `drain`); `outcome` is "moved", or "aborted" for a switchover that left
+ownership where it was (see `runbooks.aborted_entry`).
 """
 
 from __future__ import annotations
@@ -71,6 +69,7 @@ class CatalogBridge:
                 completed_at=entry.completed_at,
                 rpo_versions=entry.rpo_versions,
                 details=json.dumps(entry.details, sort_keys=True, default=str),
+                outcome="aborted" if entry.outcome == "aborted" else "moved",
             )
         )
 
@@ -96,6 +95,7 @@ class CatalogBridge:
                     completed_at=r.completed_at,
                     rpo_versions=r.rpo_versions,
                     details=details if isinstance(details, dict) else {"value": details},
+                    outcome=r.outcome,
                 )
             )
         return out

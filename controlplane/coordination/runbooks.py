@@ -95,12 +95,10 @@ def aborted_entry(
 ) -> JournalEntry:
     """The journal row of a switchover that did not move ownership.
 
-    The catalog's journal has no outcome column (and its `kind` is one of
-    automatic/switchover/failover/drain), so the outcome is written in the fields
-    every output format of `history` and `audit failovers` shows: `to` is the region
-    that kept ownership (no move happened), `completed_at` is empty (the move never
-    completed), and `reason` starts with "aborted: " and names the intended target and
-    why. `details` keeps the structured facts (aborted, intended_to, ended_at, ...).
+    Its `outcome` is "aborted"; `to` is the region that kept ownership (no move
+    happened), `completed_at` is empty (the move never completed), and `reason`
+    starts with "aborted: " and names the intended target and why. `details` keeps
+    the structured facts (intended_to, ended_at, restored, ...).
     """
     kept = (
         f"{move.from_region} kept ownership at epoch {move.epoch_before}"
@@ -124,22 +122,19 @@ def aborted_entry(
         completed_at=None,
         rpo_versions=len(missing),
         details={
-            "aborted": True,
-            "outcome": "aborted",
             "intended_to": move.to_region,
             "reason_given": reason,
             "ended_at": rfc3339(utcnow()),
             "restored": restored,
             "incomplete_versions": missing[:100],
         },
+        outcome="aborted",
     )
 
 
 def outcome_of(entry: JournalEntry) -> str:
     """ "aborted" for a switchover that did not move ownership, else "moved"."""
-    if entry.details.get("aborted") or entry.reason.startswith(ABORTED_PREFIX):
-        return "aborted"
-    return "moved"
+    return "aborted" if entry.outcome == "aborted" else "moved"
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from controlplane.catalog import migrate
 from controlplane.catalog.api import open_catalog
@@ -53,11 +53,40 @@ def test_upgrade_downgrade_upgrade(empty_catalog_url: str) -> None:
     migrate.check(url)
 
 
+def test_failover_outcome_is_backfilled_from_the_reason(empty_catalog_url: str) -> None:
+    """0003 adds `failovers.outcome`: rows journaled before it get "aborted" when
+    their reason says so (how aborted switchovers were written), else "moved"."""
+    url = empty_catalog_url
+    migrate.upgrade(url, "0002")
+    engine = make_engine(url)
+    row = (
+        "INSERT INTO failovers (id, dataset, from_region, to_region, epoch, kind, reason,"
+        " actor, started_at, rpo_versions, details) VALUES (:id, 'ckpt/a', 'eu-west',"
+        " :to, 7, 'switchover', :reason, 'op@host', '2026-11-30 01:00:00', 0, '')"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(row), {"id": "a", "to": "eu-west", "reason": "aborted: no"})
+            conn.execute(text(row), {"id": "m", "to": "eu-north", "reason": "planned"})
+        migrate.upgrade(url)
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT id, outcome FROM failovers")).all()
+    finally:
+        engine.dispose()
+    got = {str(i): str(o) for i, o in rows}
+    assert got == {"a": "aborted", "m": "moved"}
+    cat = open_catalog(url)
+    try:
+        assert {r.id: r.outcome for r in cat.list_failovers()} == got
+    finally:
+        cat.close()
+
+
 def test_unmigrated_catalog_names_the_command(empty_catalog_url: str) -> None:
     with pytest.raises(CatalogNotMigratedError, match="run `meridian db upgrade`"):
         open_catalog(empty_catalog_url)
     migrate.upgrade(empty_catalog_url, "0001")
-    with pytest.raises(CatalogNotMigratedError, match="at migration 0001, not 0002"):
+    with pytest.raises(CatalogNotMigratedError, match="at migration 0001, not 0003"):
         open_catalog(empty_catalog_url)
 
 

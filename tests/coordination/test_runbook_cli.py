@@ -197,6 +197,11 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
     assert history[0]["reason"].endswith("(reason given: rebalance)")
     assert history[1]["reason"] == "rebalance"
     assert all("@" in h["actor"] for h in history)  # the OS user and host
+    code, out, _ = cli(capsys, "audit", "failovers", "-o", "json")
+    assert code == 0  # auditors filter on the outcome column, not on the reason's text
+    assert [(a["id"], a["outcome"]) for a in json.loads(out)] == [
+        (h["id"], h["outcome"]) for h in history
+    ]
     bridge = CatalogBridge.open(world["MERIDIAN_CATALOG"])
     try:  # the journal lookup the controller's backfill relies on
         ids = [h["id"] for h in history]
