@@ -105,11 +105,37 @@ def _input_fd(obj: Source, role: str) -> Iterator[int]:
             os.close(fd)
         return
     stream: IO[bytes] = obj  # type: ignore[assignment]
+    fileno = _whole_regular_file(stream)
+    if fileno is not None:
+        # An open regular file at its start: the engine reads it in place (a copy
+        # would cost as much I/O as the operation), then the stream is left at its
+        # end, as reading it would have left it.
+        fd = os.dup(fileno)
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            yield fd
+        finally:
+            os.close(fd)
+            stream.seek(0, os.SEEK_END)
+        return
     with tempfile.TemporaryFile() as spool:
         shutil.copyfileobj(stream, spool, 1 << 20)
         spool.flush()
         os.lseek(spool.fileno(), 0, os.SEEK_SET)
         yield spool.fileno()
+
+
+def _whole_regular_file(stream: IO[bytes]) -> int | None:
+    """The descriptor of a stream that is a regular file positioned at its start
+    (so that "from its current position" means the whole file), else None."""
+    try:
+        fileno = stream.fileno()
+        if not stat.S_ISREG(os.fstat(fileno).st_mode) or stream.tell() != 0:
+            return None
+        stream.flush()  # a read-write stream's buffered bytes must reach the file
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
+        return None
+    return fileno
 
 
 def _umask() -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -90,6 +91,30 @@ def test_file_objects_in_and_out(tmp_path: Path) -> None:
     native.delta(io.BytesIO(sig.getvalue()), io.BytesIO(new), dlt)
     native.patch(io.BytesIO(old), io.BytesIO(dlt.getvalue()), out)
     assert out.getvalue() == new
+
+
+def test_open_files_are_read_in_place_or_from_their_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An open regular file at its start is read in place (no copy); one at another
+    position is read from there; either way the stream ends at its end."""
+    old, new = DATA[:500_000], DATA[:200_000] + b"change" + DATA[200_000:500_000]
+    (tmp_path / "old").write_bytes(old)
+    (tmp_path / "new").write_bytes(b"skipped" + new)
+    front = sys.modules["native.delta"]
+    with monkeypatch.context() as m, (tmp_path / "old").open("rb") as fo:
+        m.setattr(front.tempfile, "TemporaryFile", None)  # no spool copy may be made
+        native.signature(fo, tmp_path / "sig")
+        assert fo.tell() == len(old)
+    with (tmp_path / "sig").open("rb") as fs, (tmp_path / "new").open("rb") as fn:
+        assert fn.read(7) == b"skipped"  # not at its start: read from here on
+        native.delta(fs, fn, tmp_path / "delta")
+        assert fn.tell() == len(new) + 7
+    with (tmp_path / "old").open("rb") as fo, (tmp_path / "delta").open("rb") as fd:
+        fo.read(100)
+        fo.seek(0)  # back at its start, with bytes in its buffer
+        native.patch(fo, fd, tmp_path / "out")
+    assert (tmp_path / "out").read_bytes() == new
 
 
 def _prepare(tmp_path: Path, old: bytes, new: bytes) -> tuple[Path, Path, bytes]:
