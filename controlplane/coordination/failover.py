@@ -11,8 +11,11 @@ not changed: a decision taken on a stale view fails instead of moving anything.
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, ParamSpec, TypeVar
 
 from controlplane.coordination import keys
 from controlplane.coordination.decide import Move
@@ -30,6 +33,8 @@ from controlplane.logs import get_logger
 from controlplane.ports.coordination import Cmp, Compare, Target
 
 log = get_logger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +77,39 @@ def target_guards(move: Move, view: ClusterView) -> list[Compare]:
     ]
 
 
+_IN_FLIGHT: set[asyncio.Task[Any]] = set()
+
+
+def _runs_to_completion(
+    fn: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Run each call in a task of its own that cancelling the caller does not reach
+    (the caller still sees CancelledError); `finish_moves` waits for those tasks."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        task = asyncio.create_task(fn(*args, **kwargs))
+        _IN_FLIGHT.add(task)
+        task.add_done_callback(_IN_FLIGHT.discard)
+        return await asyncio.shield(task)
+
+    return wrapper
+
+
+async def finish_moves(timeout_s: float) -> int:
+    """Wait up to `timeout_s` for moves already started (their journal rows); how
+    many are still running after that (their rows are left to the journal backfill)."""
+    pending = {t for t in _IN_FLIGHT if t.get_loop() is asyncio.get_running_loop()}
+    if not pending:
+        return 0
+    _, still = await asyncio.wait(pending, timeout=timeout_s)
+    for t in pending - still:
+        if not t.cancelled() and t.exception() is not None:
+            log.warning("move_failed_while_stopping", task=t.get_name(), error=str(t.exception()))
+    return len(still)
+
+
+@_runs_to_completion
 async def apply_move(
     ownership: Ownership,
     move: Move,
@@ -89,59 +127,10 @@ async def apply_move(
 
     Returns None when another actor moved the dataset first or a guard failed.
 
-    Once started, a move runs to its end (transaction, then journal row) in a task
-    of its own: cancelling the caller (a controller stopping on SIGTERM, say) must
-    not leave a committed move without its row. `finish_moves` waits for them.
+    Once started, a move runs to its end (transaction, then journal row) even if
+    its caller is cancelled (a controller stopping on SIGTERM, say): a committed
+    move must not be left without its row. `finish_moves` waits for them.
     """
-    task = asyncio.create_task(
-        _apply_move(
-            ownership,
-            move,
-            guards=guards,
-            kind=kind,
-            reason=reason,
-            actor=actor,
-            journal=journal,
-            probe=probe,
-            detected_at=detected_at,
-            started_at=started_at,
-        ),
-        name=f"move-{move.dataset}",
-    )
-    _IN_FLIGHT.add(task)
-    task.add_done_callback(_IN_FLIGHT.discard)
-    return await asyncio.shield(task)
-
-
-_IN_FLIGHT: set[asyncio.Task[MoveResult | None]] = set()
-
-
-async def finish_moves(timeout_s: float) -> int:
-    """Wait up to `timeout_s` for moves already started (their journal rows); how
-    many are still running after that (their rows are left to the journal backfill)."""
-    pending = {t for t in _IN_FLIGHT if t.get_loop() is asyncio.get_running_loop()}
-    if not pending:
-        return 0
-    _, still = await asyncio.wait(pending, timeout=timeout_s)
-    for t in pending - still:
-        if not t.cancelled() and t.exception() is not None:
-            log.warning("move_failed_while_stopping", task=t.get_name(), error=str(t.exception()))
-    return len(still)
-
-
-async def _apply_move(
-    ownership: Ownership,
-    move: Move,
-    *,
-    guards: list[Compare],
-    kind: str,
-    reason: str,
-    actor: str,
-    journal: FailoverJournal,
-    probe: CatchUpProbe | None,
-    detected_at: datetime | None,
-    started_at: datetime | None,
-) -> MoveResult | None:
     started = started_at or utcnow()
     try:
         epoch = await ownership.claim(
