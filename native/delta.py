@@ -15,6 +15,7 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import stat
@@ -126,8 +127,11 @@ def _input_fd(obj: Source, role: str) -> Iterator[int]:
 
 
 def _whole_regular_file(stream: IO[bytes]) -> int | None:
-    """The descriptor of a stream that is a regular file positioned at its start
+    """The descriptor of a plain binary file stream (not, say, a gzip file, whose
+    descriptor holds other bytes than it reads) that is a regular file at its start
     (so that "from its current position" means the whole file), else None."""
+    if not isinstance(stream, io.FileIO | io.BufferedReader | io.BufferedRandom):
+        return None
     try:
         fileno = stream.fileno()
         if not stat.S_ISREG(os.fstat(fileno).st_mode) or stream.tell() != 0:

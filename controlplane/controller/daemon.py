@@ -35,7 +35,7 @@ from typing import Self
 from controlplane.controller.metrics import ControllerMetrics
 from controlplane.coordination import keys
 from controlplane.coordination.decide import plan_moves
-from controlplane.coordination.failover import apply_move, automatic_guards, finish_moves
+from controlplane.coordination.failover import MoveTracker, apply_move, automatic_guards
 from controlplane.coordination.fencing import (
     DatasetHandingOverError,
     DirectoryEpochs,
@@ -95,6 +95,7 @@ class RegionController:
         self.journal = journal
         self.probe = probe
         self.config = config
+        self.moves = MoveTracker()
         self.metrics = ControllerMetrics(config.region)
         self.fence = FencedResource(DirectoryEpochs(config.fence_dir)) if config.fence_dir else None
         self.active = asyncio.Event()
@@ -136,7 +137,7 @@ class RegionController:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         # Moves whose transaction was sent finish, so each committed one has its row.
-        left = await finish_moves(timeout_s=self.config.stop_grace_s)
+        left = await self.moves.finish(timeout_s=self.config.stop_grace_s)
         if left:
             log.warning("stopped_with_moves_in_flight", region=self.config.region, moves=left)
         self.active.clear()
@@ -460,17 +461,19 @@ class RegionController:
             log.warning("failover_not_moved", dataset=u.dataset, region=region, reason=u.reason)
         results = await asyncio.gather(
             *(
-                apply_move(
-                    self.ownership,
-                    m,
-                    guards=automatic_guards(m, view),
-                    kind="automatic",
-                    reason="lease expired",
-                    actor=self.actor,
-                    journal=self.journal,
-                    probe=self.probe,
-                    detected_at=detected,
-                    started_at=detected,
+                self.moves.run(
+                    apply_move(
+                        self.ownership,
+                        m,
+                        guards=automatic_guards(m, view),
+                        kind="automatic",
+                        reason="lease expired",
+                        actor=self.actor,
+                        journal=self.journal,
+                        probe=self.probe,
+                        detected_at=detected,
+                        started_at=detected,
+                    )
                 )
                 for m in plan.moves
             ),

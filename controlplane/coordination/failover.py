@@ -11,11 +11,10 @@ not changed: a decision taken on a stale view fails instead of moving anything.
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from controlplane.coordination import keys
 from controlplane.coordination.decide import Move
@@ -33,7 +32,6 @@ from controlplane.logs import get_logger
 from controlplane.ports.coordination import Cmp, Compare, Target
 
 log = get_logger(__name__)
-P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -77,39 +75,42 @@ def target_guards(move: Move, view: ClusterView) -> list[Compare]:
     ]
 
 
-_IN_FLIGHT: set[asyncio.Task[Any]] = set()
+class MoveTracker:
+    """The moves one actor (a controller, a runbook session) has started.
+
+    `run` runs a move in a task of its own that cancelling the caller does not
+    reach (the caller still sees CancelledError): a controller stopping on SIGTERM
+    must not leave a committed move without its journal row. `finish` waits for
+    what is still running; a move that fails after its caller left is logged.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def run(self, move: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.create_task(move)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_log_orphan_failure)
+            raise
+
+    async def finish(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for the moves still running; how many are left after
+        that (their journal rows are then left to the controllers' backfill)."""
+        if not self._tasks:
+            return 0
+        _, still = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        return len(still)
 
 
-def _runs_to_completion(
-    fn: Callable[P, Coroutine[Any, Any, T]],
-) -> Callable[P, Coroutine[Any, Any, T]]:
-    """Run each call in a task of its own that cancelling the caller does not reach
-    (the caller still sees CancelledError); `finish_moves` waits for those tasks."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        task = asyncio.create_task(fn(*args, **kwargs))
-        _IN_FLIGHT.add(task)
-        task.add_done_callback(_IN_FLIGHT.discard)
-        return await asyncio.shield(task)
-
-    return wrapper
+def _log_orphan_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("move_failed_after_caller_left", task=task.get_name(), error=str(exc))
 
 
-async def finish_moves(timeout_s: float) -> int:
-    """Wait up to `timeout_s` for moves already started (their journal rows); how
-    many are still running after that (their rows are left to the journal backfill)."""
-    pending = {t for t in _IN_FLIGHT if t.get_loop() is asyncio.get_running_loop()}
-    if not pending:
-        return 0
-    _, still = await asyncio.wait(pending, timeout=timeout_s)
-    for t in pending - still:
-        if not t.cancelled() and t.exception() is not None:
-            log.warning("move_failed_while_stopping", task=t.get_name(), error=str(t.exception()))
-    return len(still)
-
-
-@_runs_to_completion
 async def apply_move(
     ownership: Ownership,
     move: Move,
@@ -127,9 +128,8 @@ async def apply_move(
 
     Returns None when another actor moved the dataset first or a guard failed.
 
-    Once started, a move runs to its end (transaction, then journal row) even if
-    its caller is cancelled (a controller stopping on SIGTERM, say): a committed
-    move must not be left without its row. `finish_moves` waits for them.
+    Callers run it through a `MoveTracker`, so that once started it runs to its
+    end (transaction, then journal row) even if they are cancelled.
     """
     started = started_at or utcnow()
     try:

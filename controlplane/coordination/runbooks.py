@@ -24,11 +24,12 @@ from controlplane.coordination.decide import (
 )
 from controlplane.coordination.failover import (
     MoveResult,
+    MoveTracker,
     apply_move,
     source_dead_guard,
     target_guards,
 )
-from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.ownership import Owner, Ownership
 from controlplane.coordination.sources import (
     CatchUpProbe,
     FailoverJournal,
@@ -49,6 +50,7 @@ from controlplane.coordination.view import (
 from controlplane.errors import (
     ConflictError,
     InvalidInputError,
+    MeridianError,
     NotFoundError,
     OperationTimeoutError,
     RefusedError,
@@ -164,6 +166,8 @@ class Runbooks:
         self.journal = journal
         self.probe = probe
         self.actor = actor
+        # failovers started here finish (and journal) even if the command is interrupted
+        self.moves = MoveTracker()
 
     async def context(self) -> Context:
         regions, placements = await asyncio.gather(
@@ -253,6 +257,17 @@ class Runbooks:
             )
         except BaseException as exc:
             restored = await self.ownership.abort_handover(handover)
+            now = None if restored else await self._owner_after_error(move.dataset)
+            if now is not None and now.region == move.to_region and now.epoch > move.epoch_before:
+                # The move committed although this side saw an error (a timeout or an
+                # interruption after the transaction was sent): journal it as done.
+                result = await self._journal_moved(move, now.epoch, kind, reason, started)
+                log.warning(
+                    "switchover_committed_despite_error", dataset=move.dataset, error=str(exc)
+                )
+                if isinstance(exc, Exception):
+                    return result
+                raise
             entry = aborted_entry(
                 move,
                 handover.create_revision,
@@ -271,6 +286,18 @@ class Runbooks:
             await asyncio.to_thread(self.journal.append, entry)
             log.warning("switchover_aborted", dataset=move.dataset, to=move.to_region)
             raise
+        return await self._journal_moved(move, epoch, kind, reason, started)
+
+    async def _owner_after_error(self, dataset: str) -> Owner | None:
+        """The owner now, or None if it cannot be read either (etcd unreachable)."""
+        try:
+            return await self.ownership.get(dataset)
+        except MeridianError:
+            return None
+
+    async def _journal_moved(
+        self, move: Move, epoch: int, kind: str, reason: str, started: datetime
+    ) -> MoveResult:
         entry = JournalEntry(
             id=journal_id(move.dataset, epoch),
             dataset=move.dataset,
@@ -337,16 +364,18 @@ class Runbooks:
             guards = target_guards(move, ctx.view)
             if not force:
                 guards.append(source_dead_guard(move))
-            return await apply_move(
-                self.ownership,
-                move,
-                guards=guards,
-                kind="failover",
-                reason=reason,
-                actor=self.actor,
-                journal=self.journal,
-                probe=self.probe,
-                detected_at=detected,
+            return await self.moves.run(
+                apply_move(
+                    self.ownership,
+                    move,
+                    guards=guards,
+                    kind="failover",
+                    reason=reason,
+                    actor=self.actor,
+                    journal=self.journal,
+                    probe=self.probe,
+                    detected_at=detected,
+                )
             )
 
         results = await asyncio.gather(*(one(m) for m in plan.moves))

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.catalog_bridge import CatalogBridge
-from controlplane.coordination.failover import finish_moves
 from controlplane.coordination.runbooks import Runbooks
 from controlplane.settings import Settings
 
@@ -41,12 +40,12 @@ async def open_session(settings: Settings, *, actor: str | None = None) -> Async
             [f"{h}:{p}" for h, p in settings.etcd_endpoints], timeout_s=settings.etcd_timeout_s
         )
         await coord.connect()
+        runbooks = Runbooks(coord, catalog, catalog, catalog, actor=actor or os_actor())
         try:
-            runbooks = Runbooks(coord, catalog, catalog, catalog, actor=actor or os_actor())
             yield Session(coord, catalog, runbooks)
         finally:
             # An interrupted runbook still journals the moves whose transaction it sent.
-            await finish_moves(timeout_s=settings.etcd_timeout_s + 5)
+            await runbooks.moves.finish(timeout_s=settings.etcd_timeout_s + 5)
             await coord.close()
     finally:
         await asyncio.to_thread(catalog.close)

@@ -1,8 +1,8 @@
 """Failover journal: an `outcome` column ("moved" or "aborted").
 
 An aborted switchover used to be recognisable only by its reason ("aborted: ...")
-and its details; auditors can now filter on a column. Existing rows are
-backfilled from the reason.
+or its details (`"aborted": true`); auditors can now filter on a column. Existing
+rows are backfilled from both, exactly as the code that read them did.
 
 Revision ID: 0003
 Revises: 0002
@@ -25,7 +25,11 @@ def upgrade() -> None:
         "failovers",
         sa.Column("outcome", sa.String(16), nullable=False, server_default="moved"),
     )
-    op.execute("UPDATE failovers SET outcome = 'aborted' WHERE reason LIKE 'aborted: %'")
+    # substr, not LIKE: SQLite's LIKE ignores case, and operators' reasons are free text.
+    op.execute(
+        "UPDATE failovers SET outcome = 'aborted' "
+        "WHERE substr(reason, 1, 9) = 'aborted: ' OR details LIKE '%\"aborted\": true%'"
+    )
 
 
 def downgrade() -> None:

@@ -68,13 +68,20 @@ def test_failover_outcome_is_backfilled_from_the_reason(empty_catalog_url: str) 
         with engine.begin() as conn:
             conn.execute(text(row), {"id": "a", "to": "eu-west", "reason": "aborted: no"})
             conn.execute(text(row), {"id": "m", "to": "eu-north", "reason": "planned"})
+            # an operator's reason that merely looks alike is not an abort
+            conn.execute(text(row), {"id": "c", "to": "eu-north", "reason": "Aborted: earlier"})
+            # the first format: the operator's reason, the abort in details
+            conn.execute(
+                text(row.replace("0, '')", "0, :details)")),
+                {"id": "d", "to": "eu-west", "reason": "rebalance", "details": '{"aborted": true}'},
+            )
         migrate.upgrade(url)
         with engine.connect() as conn:
             rows = conn.execute(text("SELECT id, outcome FROM failovers")).all()
     finally:
         engine.dispose()
     got = {str(i): str(o) for i, o in rows}
-    assert got == {"a": "aborted", "m": "moved"}
+    assert got == {"a": "aborted", "m": "moved", "c": "moved", "d": "aborted"}
     cat = open_catalog(url)
     try:
         assert {r.id: r.outcome for r in cat.list_failovers()} == got

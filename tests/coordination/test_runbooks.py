@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination import keys
 from controlplane.coordination.decide import Move
-from controlplane.coordination.failover import apply_move, finish_moves
+from controlplane.coordination.failover import MoveTracker, apply_move
 from controlplane.coordination.ownership import Ownership
 from controlplane.coordination.runbooks import Runbooks, SwitchoverAbortedError
 from controlplane.coordination.sources import (
@@ -19,7 +20,7 @@ from controlplane.coordination.sources import (
     MemoryJournal,
     MemoryPlacements,
 )
-from controlplane.errors import NotFoundError, RefusedError
+from controlplane.errors import NotFoundError, OperationTimeoutError, RefusedError
 
 from .helpers import REGIONS, critical
 
@@ -208,6 +209,28 @@ async def test_drain_moves_what_it_can_when_one_switchover_aborts(
     assert sorted(e.outcome for e in journal.since(None)) == ["aborted", "moved"]
 
 
+async def test_switchover_that_committed_behind_an_error_is_journaled_as_moved(
+    coord: EtcdCoordination, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handover transaction commits but its answer is lost (a timeout): the
+    runbook finds the target owning the dataset and journals the move, not an abort."""
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    rb, journal = runbooks(coord)
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    complete = rb.ownership.complete_handover
+
+    async def committed_then_timed_out(*args: Any, **kwargs: Any) -> int:
+        await complete(*args, **kwargs)
+        raise OperationTimeoutError("etcd did not answer in time")
+
+    monkeypatch.setattr(rb.ownership, "complete_handover", committed_then_timed_out)
+    result = await rb.run_switchover(plan.moves[0], reason="t", timeout_s=1)
+    now = await Ownership(coord).get("ckpt/a")
+    assert now is not None and (now.region, now.epoch) == ("eu-central", result.epoch)
+    [entry] = journal.since(None)
+    assert (entry.outcome, entry.to_region, entry.epoch) == ("moved", "eu-central", now.epoch)
+
+
 class SlowJournal(MemoryJournal):
     """Appends take a while, so that the caller can be cancelled mid-write."""
 
@@ -230,17 +253,20 @@ async def test_a_cancelled_move_still_writes_its_journal_row(coord: EtcdCoordina
     owner = await Ownership(coord).get("ckpt/a")
     assert owner is not None
     move = Move("ckpt/a", "eu-west", "eu-central", owner.epoch)
+    moves = MoveTracker()
     caller = asyncio.create_task(
-        apply_move(
-            Ownership(coord),
-            move,
-            guards=[],
-            kind="failover",
-            reason="test",
-            actor="op@host",
-            journal=journal,
-            probe=None,
-            detected_at=None,
+        moves.run(
+            apply_move(
+                Ownership(coord),
+                move,
+                guards=[],
+                kind="failover",
+                reason="test",
+                actor="op@host",
+                journal=journal,
+                probe=None,
+                detected_at=None,
+            )
         )
     )
     await asyncio.wait_for(journal.started.wait(), 10)
@@ -248,7 +274,7 @@ async def test_a_cancelled_move_still_writes_its_journal_row(coord: EtcdCoordina
     with pytest.raises(asyncio.CancelledError):
         await caller
     assert journal.entries == {}  # the write is still running...
-    assert await finish_moves(timeout_s=10) == 0
+    assert await moves.finish(timeout_s=10) == 0
     (entry,) = journal.entries.values()  # ...and it landed
     assert (entry.dataset, entry.from_region, entry.to_region) == (
         "ckpt/a",

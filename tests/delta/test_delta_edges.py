@@ -3,6 +3,7 @@ distinct errors, GIL released, progress)."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import random
@@ -115,6 +116,19 @@ def test_open_files_are_read_in_place_or_from_their_position(
         fo.seek(0)  # back at its start, with bytes in its buffer
         native.patch(fo, fd, tmp_path / "out")
     assert (tmp_path / "out").read_bytes() == new
+
+
+def test_a_compressed_stream_is_read_decompressed(tmp_path: Path) -> None:
+    """A gzip file object has the compressed file's descriptor: it must be read
+    through the stream, not in place."""
+    old = DATA[:300_000]
+    (tmp_path / "old").write_bytes(old)
+    with gzip.open(tmp_path / "old.gz", "wb") as z:
+        z.write(old)
+    native.signature(tmp_path / "old", tmp_path / "sig")
+    with gzip.open(tmp_path / "old.gz", "rb") as z:
+        native.signature(z, tmp_path / "sig-from-gzip")
+    assert (tmp_path / "sig-from-gzip").read_bytes() == (tmp_path / "sig").read_bytes()
 
 
 def _prepare(tmp_path: Path, old: bytes, new: bytes) -> tuple[Path, Path, bytes]:
