@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,10 +78,7 @@ class EtcdMember:
         self.process.stop()
 
     def kill(self) -> None:
-        self._signal(signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while self.pid is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self.process.kill()
 
     def pause(self) -> None:
         self._signal(signal.SIGSTOP)

@@ -109,7 +109,7 @@ class ManagedProcess:
         """SIGTERM, then SIGKILL after the timeout. Idempotent; True if something was stopped."""
         pid = self.pid()
         if pid is None:
-            self.pid_file.unlink(missing_ok=True)
+            self._forget_stale()
             return False
         _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
@@ -123,6 +123,28 @@ class ManagedProcess:
         _reap(pid)
         self.pid_file.unlink(missing_ok=True)
         return True
+
+    def kill(self, timeout_s: float = 5.0) -> bool:
+        """SIGKILL, as a crash would (tests use it), then reap; True if it was running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.pid() is not None:
+            time.sleep(0.05)
+        _reap(pid)
+        return True
+
+    def _forget_stale(self) -> None:
+        """Drop the pid file of a process that is gone, reaping it if it was our child
+        (an unreaped child stays a zombie, and its Popen warns at exit)."""
+        with contextlib.suppress(OSError, ValueError):
+            stale = int(self.pid_file.read_text().strip())
+            child = _CHILDREN.get(stale)
+            if child is not None and child.poll() is not None:
+                del _CHILDREN[stale]
+        self.pid_file.unlink(missing_ok=True)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
