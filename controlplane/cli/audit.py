@@ -44,10 +44,12 @@ RESIDENCY_COLUMNS = [
     "state",
     "at",
 ]
+# Table and CSV columns: every field of the JSON rows (docs/audit.md lists them).
 TRANSFER_COLUMNS = [
     "id",
     "dataset",
     "object",
+    "version",
     "from",
     "to",
     "from_jurisdiction",
@@ -63,11 +65,14 @@ FAILOVER_COLUMNS = [
     "from",
     "to",
     "epoch",
+    "kind",
+    "outcome",
     "reason",
     "actor",
+    "detected_at",
     "started_at",
     "completed_at",
-    "outcome",
+    "rpo_versions",
 ]
 
 

@@ -121,14 +121,19 @@ class FencedResource:
     def highest_epoch(self, dataset: str) -> int:
         return _epoch_of(self.memory.update(dataset, lambda r: r))
 
-    def observe(self, dataset: str, epoch: int, *, handing_over: bool = False) -> int:
-        """Learn of an epoch (from an ownership watch); never lowers it. Returns the highest."""
+    def observe(self, dataset: str, epoch: int, *, handing_over: bool | None = None) -> int:
+        """Learn of an epoch (from an ownership watch); never lowers it. Returns the highest.
+
+        `handing_over` is what the caller knows of a handover mark at that epoch;
+        None (an owner event, which says nothing about marks) keeps what is known at
+        an equal epoch, so a late owner event cannot lift a freeze that a mark set.
+        """
 
         def fn(rec: dict[str, object]) -> dict[str, object]:
             current = _epoch_of(rec)
             if epoch > current:
-                return {"epoch": epoch, "handing_over": handing_over}
-            if epoch == current:
+                return {"epoch": epoch, "handing_over": bool(handing_over)}
+            if epoch == current and handing_over is not None:
                 return {"epoch": epoch, "handing_over": handing_over}
             return rec
 

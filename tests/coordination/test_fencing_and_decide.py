@@ -55,6 +55,20 @@ def _admit_many(root: str, epoch: int, n: int) -> None:
             res.write("d", epoch, {}, f"w{epoch}")
 
 
+def test_a_late_owner_event_does_not_lift_a_handover_freeze() -> None:
+    """The owners and handover watches are separate streams: the owner event of the
+    current epoch may arrive after the mark that froze it, and must not unfreeze."""
+    res = FencedResource()
+    res.observe("ds", 7, handing_over=True)  # the mark, seen first
+    res.observe("ds", 7)  # the owner write of epoch 7, seen late
+    with pytest.raises(DatasetHandingOverError):
+        res.admit("ds", 7)
+    res.observe("ds", 7, handing_over=False)  # the mark's removal, re-read from etcd
+    assert res.admit("ds", 7) == 7
+    res.observe("ds", 9)  # a newer owner: not frozen
+    assert res.admit("ds", 9) == 9
+
+
 def test_directory_epochs_are_atomic_across_processes(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_admit_many, args=(str(tmp_path), e, 40)) for e in (3, 7)]
