@@ -207,17 +207,23 @@ class Ownership:
     async def complete_handover(
         self, handover: Handover, *, reason: str, actor: str, kind: str = "switchover"
     ) -> int:
-        """Move ownership to the handover's target and unfreeze, atomically; the new epoch."""
-        guard = Compare(
-            keys.handover(handover.dataset), Target.CREATE, Cmp.EQUAL, handover.create_revision
-        )
+        """Move ownership to the handover's target and unfreeze, atomically; the new epoch.
+
+        The target must still be alive when the transaction runs: it was checked when
+        the move was planned, but the catch-up wait may have outlived it."""
+        guards = [
+            Compare(
+                keys.handover(handover.dataset), Target.CREATE, Cmp.EQUAL, handover.create_revision
+            ),
+            Compare(keys.alive(handover.to_region), Target.VERSION, Cmp.GREATER, 0),
+        ]
         return await self.claim(
             handover.dataset,
             handover.to_region,
             expect_epoch=handover.epoch,
             reason=reason,
             actor=actor,
-            guards=[guard],
+            guards=guards,
             move=MoveFacts(kind, handover.from_region),
         )
 

@@ -20,7 +20,7 @@ from controlplane.coordination.sources import (
     MemoryJournal,
     MemoryPlacements,
 )
-from controlplane.errors import NotFoundError, OperationTimeoutError, RefusedError
+from controlplane.errors import ConflictError, NotFoundError, OperationTimeoutError, RefusedError
 
 from .helpers import REGIONS, critical
 
@@ -207,6 +207,32 @@ async def test_drain_moves_what_it_can_when_one_switchover_aborts(
     [left] = await rb.left_behind("eu-west", plan, failed)
     assert left.dataset == "ckpt/a" and "1 version(s) were still incomplete" in left.reason
     assert sorted(e.outcome for e in journal.since(None)) == ["aborted", "moved"]
+
+
+async def test_switchover_does_not_hand_over_to_a_target_that_died_while_catching_up(
+    coord: EtcdCoordination,
+) -> None:
+    await seed(coord, ["eu-west"], OWNERS)
+    target_lease = await coord.grant(60)
+    await coord.put(keys.alive("eu-central"), b"{}", lease=target_lease.id)
+    probe = MemoryCatchUp()
+    probe.missing[("ckpt/a", "eu-central")] = ["obj@v9"]
+    rb, journal = runbooks(coord, probe)
+    before = await Ownership(coord).get("ckpt/a")
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+
+    async def target_dies_then_catches_up() -> None:
+        await asyncio.sleep(0.3)
+        await coord.revoke(target_lease.id)  # eu-central's controller is gone
+        probe.missing.clear()  # ...after it had caught up
+
+    killer = asyncio.create_task(target_dies_then_catches_up())
+    with pytest.raises(ConflictError):
+        await rb.run_switchover(plan.moves[0], reason="t", timeout_s=5)
+    await killer
+    assert await Ownership(coord).get("ckpt/a") == before  # still eu-west, same epoch
+    [entry] = journal.since(None)
+    assert (entry.outcome, entry.to_region) == ("aborted", "eu-west")
 
 
 async def test_switchover_that_committed_behind_an_error_is_journaled_as_moved(
