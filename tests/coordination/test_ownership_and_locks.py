@@ -8,6 +8,7 @@ import contextlib
 import pytest
 
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination import keys
 from controlplane.coordination.fencing import (
     DatasetHandingOverError,
     FencedResource,
@@ -64,6 +65,9 @@ async def test_handover_freezes_then_moves_or_aborts(coord: EtcdCoordination) ->
         and back.handing_over_to is None
     )
     ho2 = await own.begin_handover("ckpt/h", back, "b", "test")
+    with pytest.raises(ConflictError):  # b is not alive: no handover to it
+        await own.complete_handover(ho2, reason="t", actor="test")
+    await coord.put(keys.alive("b"), b"{}", lease=(await coord.grant(30)).id)
     e2 = await own.complete_handover(ho2, reason="t", actor="test")
     moved = await own.get("ckpt/h")
     assert moved is not None and moved.region == "b" and moved.epoch == e2 > e1
@@ -129,6 +133,7 @@ async def test_followed_resource_freezes_during_handover_then_fences_the_old_own
         assert owner is not None
         ho = await own.begin_handover("ckpt/f", owner, "b", "test")
         assert await wait_until(lambda: _refuses(resource, e1, DatasetHandingOverError), 3)
+        await coord.put(keys.alive("b"), b"{}", lease=(await coord.grant(30)).id)
         e2 = await own.complete_handover(ho, reason="t", actor="test")
         assert await wait_until(lambda: _refuses(resource, e1, StaleEpochError), 3)
         resource.admit("ckpt/f", e2)  # the new owner writes
