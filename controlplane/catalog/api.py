@@ -18,7 +18,19 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Exists, Insert, Subquery, and_, delete, func, or_, select, update
+from sqlalchemy import (
+    Engine,
+    Exists,
+    Insert,
+    Subquery,
+    and_,
+    delete,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -89,6 +101,24 @@ def failover_of(row: Failover) -> FailoverRecord:
         details=row.details,
         outcome="aborted" if row.outcome == "aborted" else "moved",
     )
+
+
+# The PostgreSQL advisory lock around residency: `policy apply` holds it exclusively
+# while it rewrites residencies and re-judges replicas; a write that judges a copy
+# against a residency holds it shared, so neither interleaves with the other.
+RESIDENCY_LOCK_KEY = 0x4D455249  # "MERI"
+
+
+def residency_lock(s: Session, *, exclusive: bool) -> None:
+    """Take the residency lock for the rest of the transaction (see RESIDENCY_LOCK_KEY).
+
+    SQLite has one writer at a time: a write statement takes its RESERVED lock
+    now, so the reads that follow already run under it (an empty DELETE)."""
+    if s.get_bind().dialect.name == "postgresql":
+        fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+        s.execute(text(f"SELECT {fn}(:k)"), {"k": RESIDENCY_LOCK_KEY})
+    else:
+        s.execute(delete(Region).where(text("1 = 0")))
 
 
 class Catalog:
@@ -359,7 +389,12 @@ class Catalog:
                 )
 
     def _judge(self, s: Session, dataset: str, region: str) -> tuple[str, bool]:
-        """(jurisdiction of region, whether the dataset's residency allows it)."""
+        """(jurisdiction of region, whether the dataset's residency allows it).
+
+        Holds the residency lock (see `residency_lock`) for the rest of the
+        transaction, so `policy apply` cannot change the residency between this
+        judgement and the row that records it."""
+        residency_lock(s, exclusive=False)
         jurisdiction = s.scalar(select(Region.jurisdiction).where(Region.name == region))
         if jurisdiction is None:
             raise CatalogInputError(
@@ -374,6 +409,8 @@ class Catalog:
         """Record one cross-region copy; idempotent on `rec.id`. Jurisdictions and
         whether the destination lies inside the residency in force are stored with it."""
         with self._tx() as s:
+            # before any write, so that waiting for an apply holds no row lock it needs
+            residency_lock(s, exclusive=False)
             self._ensure_dataset(s, rec.dataset, {})  # audits find transfers by dataset
             from_j = s.scalar(select(Region.jurisdiction).where(Region.name == rec.from_region))
             to_j, allowed = self._judge(s, rec.dataset, rec.to_region)

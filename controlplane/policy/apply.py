@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from controlplane.catalog.api import Catalog, placement_columns, utcnow
+from controlplane.catalog.api import Catalog, placement_columns, residency_lock, utcnow
 from controlplane.catalog.errors import CatalogConflictError
 from controlplane.catalog.models import (
     CatalogObject,
@@ -37,8 +37,6 @@ from controlplane.errors import RefusedError
 from controlplane.policy.compiler import PolicySet
 from controlplane.policy.plan import CatalogState, Change, compute_plan, read_state
 from controlplane.policy.publisher import PolicyPublisher, PublishedPolicy
-
-APPLY_LOCK_KEY = 0x4D455249  # "MERI": the advisory lock that serialises applies
 
 MAX_NAMED = 10
 
@@ -83,12 +81,10 @@ def describe_source(paths: Sequence[Path]) -> str:
 
 
 def _lock(s: Session) -> None:
-    if s.get_bind().dialect.name == "postgresql":
-        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": APPLY_LOCK_KEY})
-    else:
-        # A write statement takes SQLite's RESERVED lock now, so a second apply waits
-        # (busy_timeout) instead of both reading and then one failing to upgrade.
-        s.execute(delete(Region).where(text("1 = 0")))
+    # Exclusive: a second apply waits, and so do writes judging copies against a
+    # residency (on SQLite, a second writer waits in busy_timeout instead of both
+    # reading and then one failing to upgrade).
+    residency_lock(s, exclusive=True)
 
 
 def _stranded(
@@ -188,7 +184,9 @@ def _rejudge(s: Session, dataset: str, residency: list[str], regions: dict[str, 
         .scalar_subquery()
     )
     if not residency:
-        s.execute(update(Replica).where(Replica.version_id.in_(versions)).values(allowed=True))
+        # No policy places the dataset any more (its selector changed, say). That
+        # is not a verdict that its copies are now fine: keep the judgement made
+        # under the last residency, so a violation stays visible to auditors.
         return
     s.execute(
         update(Replica)

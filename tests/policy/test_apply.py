@@ -135,6 +135,21 @@ def test_widening_residency_clears_violations(cat: Catalog) -> None:
         assert residency_violations(s) == []
 
 
+def test_a_dataset_that_loses_its_placement_keeps_its_violations(cat: Catalog) -> None:
+    apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
+    cat.register_version("ckpt/llama-70b", "a", "v1", "d")
+    cat.set_replica_state("ckpt/llama-70b", "a", "v1", "us-east", "completed")  # a violation
+    from controlplane.catalog.audit import residency_violations
+
+    unplaced = EXAMPLE.replace('datasets: ["ckpt/*"]', 'datasets: ["ckpt2/*"]').replace(
+        "name: ckpt/llama-70b", "name: ckpt2/llama-70b"
+    )
+    assert unplaced != EXAMPLE
+    apply_policy(cat, policy_of(unplaced), source="b", publisher=None)
+    with cat.session() as s:  # no policy places it now; the copy is still out of place
+        assert [v["region"] for v in residency_violations(s)] == ["us-east"]
+
+
 def test_concurrent_applies_never_interleave(cat: Catalog) -> None:
     """Two applies at once: each either commits on top of the other or is refused."""
     variants = [EXAMPLE.replace("rpo: 30s", f"rpo: {n}s") for n in (31, 32, 33, 34)]
