@@ -58,7 +58,8 @@ class Dataset(Base):
     """A dataset and its desired placement as compiled by the last `policy apply`.
 
     `policy` is NULL for a dataset registered on first write that no applied policy
-    selects; such a dataset has no placement and no residency constraint.
+    selects; such a dataset has no placement and no residency constraint (copies
+    it had before losing its policy keep their verdicts).
     """
 
     __tablename__ = "datasets"
