@@ -76,23 +76,36 @@ class DirectoryEpochs:
         return self.root / (dataset.replace("/", "%2F") + ".epoch")
 
     @contextmanager
-    def _locked(self, dataset: str) -> Iterator[int]:
-        fd = os.open(self._path(dataset), os.O_RDWR | os.O_CREAT, 0o644)
+    def _locked(self, dataset: str) -> Iterator[None]:
+        # The lock lives in a file of its own: the record itself is replaced by rename.
+        fd = os.open(self._path(dataset).with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield fd
+            yield
         finally:
             os.close(fd)
 
     def update(
         self, dataset: str, fn: Callable[[dict[str, object]], dict[str, object]]
     ) -> dict[str, object]:
-        with self._locked(dataset) as fd:
-            raw = os.pread(fd, 1 << 16, 0)
-            rec = fn(json.loads(raw) if raw else {})
-            data = json.dumps(rec).encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
+        path = self._path(dataset)
+        with self._locked(dataset):
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                raw = b""
+            old: dict[str, object] = json.loads(raw) if raw else {}
+            rec = fn(dict(old))
+            if rec != old:
+                # A new file renamed into place, fsynced first: a crash leaves the old
+                # record or the new one, never an empty or torn one (read as epoch 0,
+                # that would admit stale writers).
+                tmp = path.with_suffix(".tmp")
+                with open(tmp, "wb") as fh:
+                    fh.write(json.dumps(rec).encode())
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
             return rec
 
     def append_log(self, line: dict[str, object]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 from pathlib import Path
 
@@ -53,6 +54,21 @@ def _admit_many(root: str, epoch: int, n: int) -> None:
     for _ in range(n):
         with contextlib.suppress(StaleEpochError):
             res.write("d", epoch, {}, f"w{epoch}")
+
+
+def test_directory_records_are_replaced_whole(tmp_path: Path) -> None:
+    """A record is rewritten only when it changes, by a new file renamed over it: a
+    crash mid-update can never leave an empty record (read as epoch 0)."""
+    res = FencedResource(DirectoryEpochs(tmp_path))
+    res.observe("ckpt/a", 5)
+    path = tmp_path / "ckpt%2Fa.epoch"
+    first = path.stat().st_ino
+    assert res.highest_epoch("ckpt/a") == 5
+    assert path.stat().st_ino == first  # unchanged: not rewritten
+    res.observe("ckpt/a", 8)
+    assert path.stat().st_ino != first  # a new file, renamed into place
+    assert json.loads(path.read_text())["epoch"] == 8
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".epoch", ".lock"]
 
 
 def test_a_late_owner_event_does_not_lift_a_handover_freeze() -> None:
