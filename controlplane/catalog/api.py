@@ -354,6 +354,7 @@ class Catalog:
                 f"replica state {state!r} is not one of {', '.join(REPLICA_STATES)}"
             )
         with self._tx() as s:
+            residency_lock(s, exclusive=False)
             vid = _version_id(s, dataset, key, version)
             if vid is None:
                 raise CatalogInputError(f"version {version} of {dataset}/{key} is not registered")
@@ -391,10 +392,9 @@ class Catalog:
     def _judge(self, s: Session, dataset: str, region: str) -> tuple[str, bool]:
         """(jurisdiction of region, whether the dataset's residency allows it).
 
-        Holds the residency lock (see `residency_lock`) for the rest of the
-        transaction, so `policy apply` cannot change the residency between this
+        Callers hold the residency lock (see `residency_lock`), taken before their
+        first write, so `policy apply` cannot change the residency between this
         judgement and the row that records it."""
-        residency_lock(s, exclusive=False)
         jurisdiction = s.scalar(select(Region.jurisdiction).where(Region.name == region))
         if jurisdiction is None:
             raise CatalogInputError(
@@ -410,7 +410,7 @@ class Catalog:
         whether the destination lies inside the residency in force are stored with it."""
         with self._tx() as s:
             # before any write, so that waiting for an apply holds no row lock it needs
-            residency_lock(s, exclusive=False)
+            residency_lock(s, exclusive=False)  # (see _judge)
             self._ensure_dataset(s, rec.dataset, {})  # audits find transfers by dataset
             from_j = s.scalar(select(Region.jurisdiction).where(Region.name == rec.from_region))
             to_j, allowed = self._judge(s, rec.dataset, rec.to_region)
