@@ -59,7 +59,7 @@ static buf random_buf(size_t n) {
 }
 
 static md_status make_sig(const buf *old, uint32_t threads, uint32_t block, buf *sig) {
-    md_options o = {threads, block, NULL, 0};
+    md_options o = {.threads = threads, .block_len = block, .flags = 0};
     md_error e;
     int a = mem_fd(old), s = mem_fd(NULL);
     md_status rc = md_signature(a, s, &o, NULL, &e);
@@ -70,7 +70,7 @@ static md_status make_sig(const buf *old, uint32_t threads, uint32_t block, buf 
 }
 
 static md_status make_delta(const buf *sig, const buf *nw, uint32_t threads, buf *delta, md_error *e) {
-    md_options o = {threads, 0, NULL, 0};
+    md_options o = {.threads = threads, .block_len = 0, .flags = 0};
     int s = mem_fd(sig), n = mem_fd(nw), d = mem_fd(NULL);
     md_status rc = md_delta(s, n, d, &o, NULL, e);
     *delta = fd_contents(d);
@@ -81,7 +81,7 @@ static md_status make_delta(const buf *sig, const buf *nw, uint32_t threads, buf
 }
 
 static md_status apply(const buf *old, const buf *delta, buf *out, md_error *e) {
-    md_options o = {2, 0, NULL, 0};
+    md_options o = {.threads = 2, .block_len = 0, .flags = 0};
     int a = mem_fd(old), d = mem_fd(delta), w = mem_fd(NULL);
     md_status rc = md_patch(a, d, w, &o, NULL, e);
     *out = fd_contents(w);
@@ -190,7 +190,7 @@ static void corruption(void) {
         int pfd[2];
         CHECK(pipe(pfd) == 0, "pipe");
         int a = mem_fd(&old), d = mem_fd(&delta);
-        md_options o = {1, 0, NULL, 0};
+        md_options o = {.threads = 1, .block_len = 0, .flags = 0};
         CHECK(md_patch(a, d, pfd[1], &o, NULL, &e) == MD_E_WRONG_BASIS, "wrong basis into a pipe");
         close(pfd[1]);
         char probe;
@@ -214,7 +214,7 @@ static void corruption(void) {
         int pfd[2];
         CHECK(pipe(pfd) == 0, "pipe");
         int a = mem_fd(&old), d = mem_fd(&delta);
-        md_options o = {2, 0, NULL, 0};
+        md_options o = {.threads = 2, .block_len = 0, .flags = 0};
         CHECK(md_patch(a, d, pfd[1], &o, NULL, &e) == MD_OK, "patch into a pipe: %s", e.message);
         close(pfd[1]);
         buf got = {malloc(nw.n + 1), 0};
@@ -293,7 +293,7 @@ static void durable(void) {
         old.p[7] ^= (uint8_t)wrong;
         int a = mem_fd(&old), d = mem_fd(&delta);
         old.p[7] ^= (uint8_t)wrong;
-        md_options o = {1, 0, NULL, MD_DURABLE};
+        md_options o = {.threads = 1, .block_len = 0, .flags = MD_DURABLE};
         md_status rc = md_patch(a, d, w, &o, NULL, &e);
         out = fd_contents(w);
         if (wrong) {
