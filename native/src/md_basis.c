@@ -24,7 +24,8 @@
 
 #define CHUNK ((uint64_t)1 << 20)
 #define BATCH 8u
-#define ZLEVEL 1
+#define ZLEVEL 1     /* numeric planes: level 1 is both faster and smaller than 3 on them */
+#define ZLEVEL_LIT 3 /* literal chunks (new tensors, headers): rare, so worth level 3 */
 /* The literal coding is tried too only when the numeric one saves less than this
  * share of the chunk: it almost never wins otherwise, and costs a compression. */
 #define TRY_LITERAL_ABOVE 0.85
@@ -89,7 +90,7 @@ static void encode_literal(chunk *c, const uint8_t *nw, ZSTD_CCtx *cctx) {
     uint8_t *cp = c->out + MD_FRAME_HDR_LEN;
     c->cmd_len = (uint32_t)md_put_varint(cp, c->len << 1);
     uint8_t *lp = cp + c->cmd_len;
-    size_t z = ZSTD_compressCCtx(cctx, lp, ZSTD_compressBound((size_t)c->len), nw, (size_t)c->len, ZLEVEL);
+    size_t z = ZSTD_compressCCtx(cctx, lp, ZSTD_compressBound((size_t)c->len), nw, (size_t)c->len, ZLEVEL_LIT);
     if (!ZSTD_isError(z) && z < c->len) {
         c->codec = MD_CODEC_ZSTD;
         c->stored = (uint32_t)z;
