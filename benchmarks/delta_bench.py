@@ -188,7 +188,7 @@ def make_scattered(
     """Text-like data with scattered in-place rewrites smaller than a block."""
     rng = random.Random(seed)
     old, new = folder / "scattered.old", folder / "scattered.new"
-    data = _text_like(rng, size)
+    data = b"".join(_text_like(rng, min(CHUNK, size - at)) for at in range(0, size, CHUNK))
     changed = bytearray(data)
     for _ in range(rewrites):
         at = rng.randrange(max(1, size - 200))

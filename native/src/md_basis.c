@@ -12,6 +12,7 @@
  * for any thread count. Without a numeric model (neither file is safetensors and no
  * element width was given) it is md_delta against an in-memory signature of OLD. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -26,6 +27,13 @@
 #define BATCH 8u
 #define ZLEVEL 1     /* numeric planes: level 1 is both faster and smaller than 3 on them */
 #define ZLEVEL_LIT 3 /* literal chunks (new tensors, headers): rare, so worth level 3 */
+/* Planes are mostly noise (low mantissa bytes) or mostly zeros (high bytes): matches
+ * are rare and short, so small match tables (hashLog 10, minMatch 7) lose nothing
+ * and stay in cache; a plane whose byte entropy is above this many bits per byte
+ * cannot shrink by more than ~1% and is stored raw without trying. */
+#define PLANE_HASH_LOG 10
+#define PLANE_MIN_MATCH 7
+#define RAW_ABOVE_BITS 7.92
 /* The literal coding is tried too only when the numeric one saves less than this
  * share of the chunk: it almost never wins otherwise, and costs a compression. */
 #define TRY_LITERAL_ABOVE 0.85
@@ -59,8 +67,29 @@ typedef struct chunk {
 
 typedef struct worker_buf {
     uint8_t *old, *planes, *lit;
-    ZSTD_CCtx *cctx;
+    ZSTD_CCtx *cctx;   /* literals */
+    ZSTD_CCtx *pctx;   /* planes: the parameters above */
 } worker_buf;
+
+/* Order-0 entropy of a byte plane, bits per byte (four histograms: fewer store stalls). */
+static double plane_entropy(const uint8_t *p, size_t n) {
+    uint32_t h[4][256];
+    memset(h, 0, sizeof h);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        h[0][p[i]]++;
+        h[1][p[i + 1]]++;
+        h[2][p[i + 2]]++;
+        h[3][p[i + 3]]++;
+    }
+    for (; i < n; i++) h[0][p[i]]++;
+    double e = 0;
+    for (int b = 0; b < 256; b++) {
+        uint32_t c = h[0][b] + h[1][b] + h[2][b] + h[3][b];
+        if (c) e -= (double)c * log2((double)c / (double)n);
+    }
+    return n ? e / (double)n : 0;
+}
 
 typedef struct batch_ctx {
     int old_fd, new_fd;
@@ -114,7 +143,9 @@ static size_t encode_numeric(chunk *c, const worker_buf *b) {
     size_t total = 0;
     for (unsigned k = 0; k < w; k++) {
         const uint8_t *src = b->planes + k * plane;
-        size_t z = ZSTD_compressCCtx(b->cctx, sp, ZSTD_compressBound(plane), src, plane, ZLEVEL);
+        size_t z = plane;
+        if (plane_entropy(src, plane) <= RAW_ABOVE_BITS)
+            z = ZSTD_compress2(b->pctx, sp, ZSTD_compressBound(plane), src, plane);
         if (ZSTD_isError(z) || z >= plane) {
             memcpy(sp, src, plane);
             z = plane;
@@ -154,7 +185,7 @@ static void chunk_task(void *arg, size_t i, uint32_t worker) {
     hash_pieces(c, b->old);
     if (num > TRY_LITERAL_ABOVE * (double)c->len) {
         size_t bound = ZSTD_compressBound((size_t)c->len);
-        size_t z = ZSTD_compressCCtx(b->cctx, b->lit, bound, c->nw, (size_t)c->len, ZLEVEL);
+        size_t z = ZSTD_compressCCtx(b->cctx, b->lit, bound, c->nw, (size_t)c->len, ZLEVEL_LIT);
         size_t lit_cost = ZSTD_isError(z) || z >= c->len ? (size_t)c->len : z;
         if (lit_cost + 2 < num) encode_literal(c, c->nw, b->cctx);
     }
@@ -355,7 +386,11 @@ md_status md_delta_basis(int old_fd, int new_fd, int delta_fd, const md_options 
         wb[t].planes = malloc(CHUNK);
         wb[t].lit = malloc(ZSTD_compressBound(CHUNK));
         wb[t].cctx = ZSTD_createCCtx();
-        ok = wb[t].old && wb[t].planes && wb[t].lit && wb[t].cctx;
+        wb[t].pctx = ZSTD_createCCtx();
+        ok = wb[t].old && wb[t].planes && wb[t].lit && wb[t].cctx && wb[t].pctx &&
+             !ZSTD_isError(ZSTD_CCtx_setParameter(wb[t].pctx, ZSTD_c_compressionLevel, ZLEVEL)) &&
+             !ZSTD_isError(ZSTD_CCtx_setParameter(wb[t].pctx, ZSTD_c_hashLog, PLANE_HASH_LOG)) &&
+             !ZSTD_isError(ZSTD_CCtx_setParameter(wb[t].pctx, ZSTD_c_minMatch, PLANE_MIN_MATCH));
     }
     for (uint32_t i = 0; ok && i < BATCH; i++) {
         chunks[i].out = malloc(out_cap);
@@ -449,6 +484,7 @@ done:
         free(wb[t].planes);
         free(wb[t].lit);
         ZSTD_freeCCtx(wb[t].cctx);
+        ZSTD_freeCCtx(wb[t].pctx);
     }
     for (uint32_t i = 0; i < BATCH; i++) {
         free(chunks[i].out);
