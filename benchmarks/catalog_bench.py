@@ -32,6 +32,7 @@ from typing import Any
 
 from controlplane.catalog.api import open_catalog
 from controlplane.catalog.bulk import after_load, bulk_load
+from controlplane.catalog.models import PolicyRevision
 from controlplane.catalog.testing import scratch_catalog
 from controlplane.cli.main import run
 
@@ -110,6 +111,34 @@ class Synth:
                 holders[1:],
                 self.start,
             )
+
+    def revision_document(self) -> dict[str, Any]:
+        """The applied revision the datasets' placements were compiled from: policy-N
+        governs the datasets i with i % 4 == N (odd ones critical), placed as above;
+        the catalog reads a placement's rpo, ack and transfer terms from it."""
+        policies: dict[str, Any] = {}
+        for n, (residency, holders) in enumerate(PATTERNS):
+            critical = n % 2 == 1
+            policies[f"policy-{n}"] = {
+                "priority": 0,
+                "selector": {"datasets": [f"ds-*{n}"], "labels": {}},
+                "class": "critical" if critical else "standard",
+                "home": holders[0],
+                "replicas": {"regions": holders[1:]},
+                "residency": residency,
+                "rpo": "0s" if critical else "30s",
+                "ack": "quorum" if critical else None,
+                "failover": {"mode": "automatic", "order": holders[1:]},
+                "transfer": {"compression": "zstd", "bandwidth": None},
+                "deletes": "replicate",
+            }
+        return {
+            "topology": "bench",
+            "regions": {r: {"jurisdiction": j} for r, j in REGIONS},
+            "links": {},
+            "policies": policies,
+            "datasets": {},
+        }
 
     def objects(self) -> Iterator[tuple[Any, ...]]:
         oid = 0
@@ -359,6 +388,17 @@ def bench_backend(backend: str, url: str, shape: Shape, log: Callable[[str], Non
         t0 = time.perf_counter()
         after_load(cat.engine, [t for t, _, _ in TABLES])
         results.append(Timing(backend, "ANALYZE + sequences", time.perf_counter() - t0, 0, True))
+        with cat.session() as s, s.begin():
+            s.add(
+                PolicyRevision(
+                    parent=0,
+                    digest="0" * 64,
+                    source="catalog_bench",
+                    applied_by="bench",
+                    applied_at=now,
+                    document=synth.revision_document(),
+                )
+            )
     finally:
         cat.close()
 

@@ -14,9 +14,9 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     Engine,
@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from controlplane.catalog.engine import check_migrated, make_engine, redacted, sqlite_file
 from controlplane.catalog.errors import (
@@ -56,31 +56,69 @@ from controlplane.catalog.records import (
     FAILOVER_OUTCOMES,
     REPLICA_STATES,
     FailoverRecord,
-    Placement,
     PolicyRevisionRecord,
     RegionRecord,
     TransferRecord,
     VersionRef,
 )
+from controlplane.domain.placement import DatasetClass, FailoverMode, Placement
+
+PolicyTerms = Mapping[str, Mapping[str, Any]]
+_TERMS_KEY = "meridian.policy_terms"
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def placement_of(row: Dataset) -> Placement | None:
+def head_policy_terms(s: Session) -> PolicyTerms:
+    """The placement terms (rpo, ack, transfer, deletes) of each policy of the last
+    applied revision, by policy name; remembered for the rest of the session.
+
+    The `datasets` row holds a placement's regions; these terms are read from the
+    revision's document, which every row was compiled from: each apply rewrites
+    every row, and a dataset registered later is placed by the head revision."""
+    cached = s.info.get(_TERMS_KEY)
+    if cached is not None:
+        return cast(PolicyTerms, cached)
+    head = s.scalars(select(PolicyRevision).order_by(PolicyRevision.id.desc())).first()
+    from controlplane.policy.planner import document_terms  # policy depends on the catalog
+
+    terms = document_terms(head.document) if head is not None else {}
+    s.info[_TERMS_KEY] = terms
+    return terms
+
+
+def placement_of(row: Dataset, terms: PolicyTerms | None = None) -> Placement | None:
+    """The placement stored in a `datasets` row, or None if no applied policy places it.
+
+    `terms` are the head revision's (`head_policy_terms`); read through the row's own
+    session when not given."""
     if row.policy is None or row.home is None or row.dataset_class is None:
         return None
+    if terms is None:
+        session = object_session(row)
+        if session is None:
+            raise CatalogInputError(f"dataset {row.name}: its row is detached from a session")
+        terms = head_policy_terms(session)
+    policy_terms = terms.get(row.policy)
+    if policy_terms is None:
+        raise CatalogInputError(
+            f"dataset {row.name} is placed by policy {row.policy!r}, which the last applied "
+            "policy revision does not hold; run `meridian policy apply` again"
+        )
     return Placement(
         dataset=row.name,
         policy=row.policy,
-        dataset_class="critical" if row.dataset_class == "critical" else "standard",
+        # Checked by Placement itself: a bad stored value is refused, never guessed.
+        dataset_class=cast(DatasetClass, row.dataset_class),
         home=row.home,
         replicas=tuple(row.replicas),
         residency=tuple(row.residency),
-        failover_mode="automatic" if row.failover_mode == "automatic" else "manual",
+        failover_mode=cast(FailoverMode, row.failover_mode),
         failover_order=tuple(row.failover_order),
         labels=dict(row.labels),
+        **policy_terms,
     )
 
 
@@ -174,7 +212,8 @@ class Catalog:
             rows = s.scalars(
                 select(Dataset).where(Dataset.policy.is_not(None)).order_by(Dataset.name)
             ).all()
-            return [p for p in map(placement_of, rows) if p is not None]
+            terms = head_policy_terms(s)
+            return [p for p in (placement_of(r, terms) for r in rows) if p is not None]
 
     def get_placement(self, dataset: str) -> Placement | None:
         with self.session() as s:
@@ -490,6 +529,8 @@ def _version_id(s: Session, dataset: str, key: str, version: str) -> int | None:
 
 
 def placement_columns(p: Placement) -> dict[str, Any]:
+    """The `datasets` columns of a placement; its policy terms stay in the revision's
+    document (see `head_policy_terms`)."""
     return {
         "policy": p.policy,
         "dataset_class": p.dataset_class,

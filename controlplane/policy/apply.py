@@ -32,7 +32,7 @@ from controlplane.catalog.models import (
     Region,
     Replica,
 )
-from controlplane.catalog.records import Placement
+from controlplane.domain.placement import Placement
 from controlplane.errors import RefusedError
 from controlplane.policy.compiler import PolicySet
 from controlplane.policy.plan import CatalogState, Change, compute_plan, read_state

@@ -15,9 +15,9 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.catalog.api import placement_of
+from controlplane.catalog.api import head_policy_terms, placement_of
 from controlplane.catalog.models import Dataset, PolicyRevision, Region
-from controlplane.catalog.records import Placement
+from controlplane.domain.placement import Placement
 from controlplane.policy.compiler import PolicySet
 
 Action = Literal["add", "change", "remove"]
@@ -68,6 +68,12 @@ def diff_maps(kind: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list
     return changes
 
 
+def placement_fields(p: Placement) -> dict[str, Any]:
+    """What a placement change lists: its JSON without the name it is keyed by and the
+    labels (a declared dataset's labels change shows as a `Dataset` change)."""
+    return {k: v for k, v in p.as_json().items() if k not in ("dataset", "labels")}
+
+
 @dataclass(frozen=True)
 class CatalogState:
     """What the catalog holds now, as plain data."""
@@ -83,13 +89,14 @@ class CatalogState:
 def read_state(s: Session) -> CatalogState:
     head = s.scalars(select(PolicyRevision).order_by(PolicyRevision.id.desc())).first()
     rows = s.scalars(select(Dataset)).all()
+    terms = head_policy_terms(s)
     return CatalogState(
         head=head.id if head else 0,
         head_digest=head.digest if head else None,
         document=head.document if head else {},
         regions={r.name: r.jurisdiction for r in s.scalars(select(Region)).all()},
         datasets={d.name: dict(d.labels) for d in rows},
-        placements={p.dataset: p for p in map(placement_of, rows) if p is not None},
+        placements={p.dataset: p for p in (placement_of(r, terms) for r in rows) if p is not None},
     )
 
 
@@ -113,8 +120,8 @@ def compute_plan(
     )
     changes += diff_maps(
         "Placement",
-        {n: p.as_json() for n, p in state.placements.items()},
-        {n: p.as_json() for n, p in placements.items()},
+        {n: placement_fields(p) for n, p in state.placements.items()},
+        {n: placement_fields(p) for n, p in placements.items()},
     )
     if state.head and state.document.get("topology") != doc["topology"]:
         changes.append(
