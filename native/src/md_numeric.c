@@ -5,6 +5,8 @@
  * nearly constant high bytes apart from the noisy low ones. Elements are
  * little-endian, as safetensors stores them; bytes are composed explicitly so the
  * result does not depend on the host's byte order. */
+#include <string.h>
+
 #include "md_internal.h"
 
 #define ENCODE(T, W, SHIFT)                                                       \
@@ -34,9 +36,56 @@
         }                                                                         \
     } while (0)
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+/* On a little-endian host the element is a plain load: loops the compiler vectorizes
+ * (the byte-composing ones above run at a fifth of the speed for 16-bit elements). */
+#define FAST(T, SHIFT)                                                                \
+    static void enc_##T(const uint8_t *restrict old, const uint8_t *restrict nw, size_t n, \
+                        uint8_t *restrict planes) {                                   \
+        for (size_t i = 0; i < n; i++) {                                              \
+            T o, v;                                                                   \
+            memcpy(&o, old + i * sizeof(T), sizeof(T));                               \
+            memcpy(&v, nw + i * sizeof(T), sizeof(T));                                \
+            T d = (T)(v - o);                                                         \
+            T zz = (T)((T)(d << 1) ^ (T)(0 - (T)(d >> SHIFT)));                       \
+            for (unsigned b = 0; b < sizeof(T); b++) planes[b * n + i] = (uint8_t)(zz >> (8 * b)); \
+        }                                                                             \
+    }                                                                                 \
+    static void dec_##T(const uint8_t *restrict old, const uint8_t *restrict planes, size_t n, \
+                        uint8_t *restrict out) {                                      \
+        for (size_t i = 0; i < n; i++) {                                              \
+            T o, zz = 0;                                                              \
+            memcpy(&o, old + i * sizeof(T), sizeof(T));                               \
+            for (unsigned b = 0; b < sizeof(T); b++) zz |= (T)((T)planes[b * n + i] << (8 * b)); \
+            T v = (T)(o + (T)((T)(zz >> 1) ^ (T)(0 - (T)(zz & 1))));                  \
+            memcpy(out + i * sizeof(T), &v, sizeof(T));                               \
+        }                                                                             \
+    }
+FAST(uint16_t, 15)
+FAST(uint32_t, 31)
+FAST(uint64_t, 63)
+#define MD_NUM_FAST 1
+#else
+#define MD_NUM_FAST 0
+#endif
+
 void md_num_encode(const uint8_t *restrict old, const uint8_t *restrict nw, size_t len, unsigned width,
                    uint8_t *restrict planes) {
     size_t n = len / width;
+#if MD_NUM_FAST
+    if (width == 2) {
+        enc_uint16_t(old, nw, n, planes);
+        return;
+    }
+    if (width == 4) {
+        enc_uint32_t(old, nw, n, planes);
+        return;
+    }
+    if (width == 8) {
+        enc_uint64_t(old, nw, n, planes);
+        return;
+    }
+#endif
     switch (width) {
     case 1: ENCODE(uint8_t, 1, 7); break;
     case 2: ENCODE(uint16_t, 2, 15); break;
@@ -48,6 +97,20 @@ void md_num_encode(const uint8_t *restrict old, const uint8_t *restrict nw, size
 void md_num_decode(const uint8_t *restrict old, const uint8_t *restrict planes, size_t len, unsigned width,
                    uint8_t *restrict out) {
     size_t n = len / width;
+#if MD_NUM_FAST
+    if (width == 2) {
+        dec_uint16_t(old, planes, n, out);
+        return;
+    }
+    if (width == 4) {
+        dec_uint32_t(old, planes, n, out);
+        return;
+    }
+    if (width == 8) {
+        dec_uint64_t(old, planes, n, out);
+        return;
+    }
+#endif
     switch (width) {
     case 1: DECODE(uint8_t, 1); break;
     case 2: DECODE(uint16_t, 2); break;
