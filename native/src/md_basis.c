@@ -71,8 +71,14 @@ typedef struct worker_buf {
     ZSTD_CCtx *pctx;   /* planes: the parameters above */
 } worker_buf;
 
-/* Order-0 entropy of a byte plane, bits per byte (four histograms: fewer store stalls). */
-static double plane_entropy(const uint8_t *p, size_t n) {
+typedef struct batch_ctx {
+    int old_fd, new_fd;
+    chunk *chunks;
+    worker_buf *wb;
+} batch_ctx;
+
+/* Byte counts of a plane (four histograms: fewer store-to-load stalls). */
+static void histogram(const uint8_t *p, size_t n, uint32_t out[256]) {
     uint32_t h[4][256];
     memset(h, 0, sizeof h);
     size_t i = 0;
@@ -83,19 +89,16 @@ static double plane_entropy(const uint8_t *p, size_t n) {
         h[3][p[i + 3]]++;
     }
     for (; i < n; i++) h[0][p[i]]++;
-    double e = 0;
-    for (int b = 0; b < 256; b++) {
-        uint32_t c = h[0][b] + h[1][b] + h[2][b] + h[3][b];
-        if (c) e -= (double)c * log2((double)c / (double)n);
-    }
-    return n ? e / (double)n : 0;
+    for (int b = 0; b < 256; b++) out[b] = h[0][b] + h[1][b] + h[2][b] + h[3][b];
 }
 
-typedef struct batch_ctx {
-    int old_fd, new_fd;
-    chunk *chunks;
-    worker_buf *wb;
-} batch_ctx;
+/* Order-0 entropy, bits per byte. */
+static double entropy(const uint32_t count[256], size_t n) {
+    double e = 0;
+    for (int b = 0; b < 256; b++)
+        if (count[b]) e -= (double)count[b] * log2((double)count[b] / (double)n);
+    return n ? e / (double)n : 0;
+}
 
 static void hash_pieces(chunk *c, const uint8_t *old) {
     uint64_t off = c->old_off, end = c->old_off + c->len;
@@ -133,6 +136,38 @@ static void encode_literal(chunk *c, const uint8_t *nw, ZSTD_CCtx *cctx) {
 }
 
 /* A numeric frame body: u64 OLD offset, u32 stored size of each plane, the planes. */
+/* One plane, as whichever of raw, rANS and zstd is smallest: its codec byte, then its
+ * bytes. rANS codes near the entropy; zstd is tried as well only where runs are
+ * likely (one byte value above 90% of the plane), since LZ matches can beat order-0
+ * coding there. Returns the plane's stored size. */
+static size_t encode_plane(const uint8_t *src, size_t plane, uint8_t *sp, const worker_buf *b) {
+    size_t best = plane;
+    uint8_t codec = MD_PLANE_RAW;
+    uint32_t count[256], top = 0;
+    histogram(src, plane, count);
+    for (int s = 0; s < 256; s++)
+        if (count[s] > top) top = count[s];
+    if (entropy(count, plane) <= RAW_ABOVE_BITS) {
+        size_t r = md_rans_encode(src, plane, count, sp + 1, md_rans_bound(plane));
+        if (r && r < best) {
+            best = r;
+            codec = MD_PLANE_RANS;
+        }
+        if (top > plane / 10 * 9) {
+            size_t z = ZSTD_compress2(b->pctx, b->lit, ZSTD_compressBound(plane), src, plane);
+            if (!ZSTD_isError(z) && z < best) {
+                memcpy(sp + 1, b->lit, z);
+                best = z;
+                codec = MD_PLANE_ZSTD;
+            }
+        }
+    }
+    if (codec == MD_PLANE_RANS && best == plane) codec = MD_PLANE_RAW;
+    if (codec == MD_PLANE_RAW) memcpy(sp + 1, src, plane);
+    sp[0] = codec;
+    return 1 + best;
+}
+
 static size_t encode_numeric(chunk *c, const worker_buf *b) {
     unsigned w = c->width, log2w = w == 8 ? 3 : w == 4 ? 2 : w == 2 ? 1 : 0;
     size_t plane = (size_t)c->len / w;
@@ -143,13 +178,7 @@ static size_t encode_numeric(chunk *c, const worker_buf *b) {
     size_t total = 0;
     for (unsigned k = 0; k < w; k++) {
         const uint8_t *src = b->planes + k * plane;
-        size_t z = plane;
-        if (plane_entropy(src, plane) <= RAW_ABOVE_BITS)
-            z = ZSTD_compress2(b->pctx, sp, ZSTD_compressBound(plane), src, plane);
-        if (ZSTD_isError(z) || z >= plane) {
-            memcpy(sp, src, plane);
-            z = plane;
-        }
+        size_t z = encode_plane(src, plane, sp, b);
         md_put_u32(cp + 8 + 4 * k, (uint32_t)z);
         sp += z;
         total += z;
@@ -377,7 +406,9 @@ md_status md_delta_basis(int old_fd, int new_fd, int delta_fd, const md_options 
     memset(&s, 0, sizeof s);
     md_digest dg = {0};
     uint64_t copy_bytes = 0, literal_bytes = 0, numeric_bytes = 0;
-    size_t out_cap = MD_FRAME_HDR_LEN + 8 + 4 * 8 + ZSTD_compressBound(CHUNK) + 8 * 64 + 16;
+    /* room for the planes written one after another, the last one with its full rANS
+     * bound, or for one zstd literal block */
+    size_t out_cap = MD_FRAME_HDR_LEN + 8 + 4 * 8 + 8 + CHUNK + 8 + md_rans_bound(CHUNK) + ZSTD_compressBound(CHUNK);
     int ok = md_writer_init(&s.w, delta_fd, 1 << 20) == 0 && md_digest_init(&dg) == 0;
     s.copies = malloc(MD_FRAME_HDR_LEN + (size_t)FRAME_MAX_CMDS * 20 + 8);
     ok = ok && s.copies;

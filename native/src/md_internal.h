@@ -224,6 +224,17 @@ void md_num_encode(const uint8_t *old, const uint8_t *nw, size_t len, unsigned w
 /* out = OLD + unzigzag(planes): the inverse of md_num_encode. */
 void md_num_decode(const uint8_t *old, const uint8_t *planes, size_t len, unsigned width, uint8_t *out);
 
+/* ---- order-0 rANS for numeric planes (md_rans.c) ---- */
+#define MD_PLANE_RAW 0u
+#define MD_PLANE_ZSTD 1u
+#define MD_PLANE_RANS 2u
+size_t md_rans_bound(size_t n); /* the dst capacity md_rans_encode needs */
+/* Codes src (whose byte counts are `count`); returns the coded size, or 0 if it does
+ * not fit (the caller codes the plane otherwise). */
+size_t md_rans_encode(const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap);
+/* Decodes exactly n bytes from all len bytes of src; -1 on any malformed input. */
+int md_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n);
+
 /* ---- safetensors (md_safetensors.c) ---- */
 typedef struct md_tensor {
     const char *name; /* the key as written in the JSON header (escapes kept), not NUL-ended */

@@ -311,12 +311,18 @@ static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, con
     for (unsigned b = 0; b < width; b++) {
         uint32_t s = md_get_u32(cp + 8 + 4 * b);
         uint8_t *dst = P->planes + (size_t)b * plane;
-        if (s == plane) {
-            memcpy(dst, sp, plane);
+        uint8_t codec = sp[0];
+        int ok;
+        if (codec == MD_PLANE_RAW) {
+            ok = s == 1 + plane;
+            if (ok) memcpy(dst, sp + 1, plane);
+        } else if (codec == MD_PLANE_ZSTD) {
+            size_t z = ZSTD_decompressDCtx(dctx, dst, plane, sp + 1, s - 1);
+            ok = !ZSTD_isError(z) && z == plane;
         } else {
-            size_t z = ZSTD_decompressDCtx(dctx, dst, plane, sp, s);
-            if (ZSTD_isError(z) || z != plane) return corrupt(err, "a numeric plane does not decompress");
+            ok = codec == MD_PLANE_RANS && md_rans_decode(sp + 1, s - 1, dst, plane) == 0;
         }
+        if (!ok) return corrupt(err, "a numeric plane does not decode");
         sp += s;
     }
     md_num_decode(P->scratch, P->planes, lit_raw, width, P->numout);
@@ -447,7 +453,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
             bad = codec || cmd_len != MD_END_PAYLOAD_LEN || lit_raw || stored || check;
         else if (type == MD_FRAME_NUMERIC)
             bad = codec || cmd_len != 8 + 4 * width || !lit_raw || lit_raw > MD_FRAME_MAX_LIT ||
-                  lit_raw % width || stored > lit_raw;
+                  lit_raw % width || stored > lit_raw + width;
         else
             bad = cmd_len > MD_FRAME_MAX_CMD || lit_raw > MD_FRAME_MAX_LIT ||
                   (codec == MD_CODEC_RAW && stored != lit_raw) ||
@@ -516,7 +522,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
             uint64_t sum = 0;
             for (unsigned b = 0; b < width; b++) {
                 uint32_t s = md_get_u32(cp + 8 + 4 * b);
-                if (!s || s > lit_raw / width) sum = UINT64_MAX;
+                if (s < 2 || s > 1 + lit_raw / width) sum = UINT64_MAX; /* codec byte + bytes */
                 else if (sum != UINT64_MAX) sum += s;
             }
             if (sum != stored) {
