@@ -47,12 +47,13 @@ typedef struct region {
     uint64_t new_off, len, old_off;
     uint32_t width; /* numeric when nonzero */
     int has_old;    /* plain: OLD[new_off, +len) exists to compare with */
+    int zero;       /* numeric against zeros: a tensor OLD does not have (byte planes of NEW) */
 } region;
 
 typedef struct chunk {
     uint64_t new_off, old_off, len;
     uint32_t width;
-    int has_old;
+    int has_old, zero;
     /* result */
     int kind;
     int failed; /* md_status */
@@ -196,9 +197,22 @@ static void chunk_task(void *arg, size_t i, uint32_t worker) {
     chunk *c = &x->chunks[i];
     worker_buf *b = &x->wb[worker];
     int r = read_exact(x->new_fd, c->nw, c->len, c->new_off);
-    if (r == 0 && (c->width || c->has_old)) r = read_exact(x->old_fd, b->old, c->len, c->old_off);
+    if (r == 0 && !c->zero && (c->width || c->has_old)) r = read_exact(x->old_fd, b->old, c->len, c->old_off);
     if (r != 0) {
         c->failed = r < 0 ? MD_E_IO : MD_E_INVALID; /* MD_E_INVALID here: a file shrank */
+        return;
+    }
+    if (c->zero) {
+        /* A tensor new to this file: its byte planes against zeros (the numeric
+         * frame's "no basis" form), or a literal frame if that is smaller. */
+        memset(b->old, 0, (size_t)c->len);
+        size_t num = encode_numeric(c, b);
+        c->param |= MD_NUMERIC_NO_BASIS;
+        c->n_pieces = 0;
+        size_t bound = ZSTD_compressBound((size_t)c->len);
+        size_t z = ZSTD_compressCCtx(b->cctx, b->lit, bound, c->nw, (size_t)c->len, ZLEVEL_LIT);
+        size_t lit_cost = ZSTD_isError(z) || z >= c->len ? (size_t)c->len : z;
+        if (lit_cost + 2 < num) encode_literal(c, c->nw, b->cctx);
         return;
     }
     if ((c->width || c->has_old) && memcmp(b->old, c->nw, (size_t)c->len) == 0) {
@@ -237,7 +251,7 @@ static int push_region(regions *r, uint64_t new_off, uint64_t len, uint64_t old_
         r->v = nv;
         r->cap = nc;
     }
-    r->v[r->n++] = (region){new_off, len, old_off, width, has_old};
+    r->v[r->n++] = (region){new_off, len, old_off, width, has_old, 0};
     return 0;
 }
 
@@ -286,10 +300,14 @@ static int plan_safetensors(const md_st *o, const md_st *nw, uint64_t old_len, u
             if (c < 0) lo = mid + 1;
             else hi = mid;
         }
-        if (match && t->width && match->width == t->width && match->len == t->len)
+        if (match && t->width && match->width == t->width && match->len == t->len) {
             rc = push_region(r, t->off, t->len, match->off, t->width, 0);
-        else
+        } else if (t->width >= 2 && !match) {
+            rc = push_region(r, t->off, t->len, 0, t->width, 0);
+            if (rc == 0) r->v[r->n - 1].zero = 1;
+        } else {
             rc = push_plain(r, t->off, t->len, old_len);
+        }
         at = t->off + t->len;
     }
     if (rc == 0 && at < new_len) rc = push_plain(r, at, new_len - at, old_len);
@@ -454,6 +472,8 @@ md_status md_delta_basis(int old_fd, int new_fd, int delta_fd, const md_options 
             c->len = take;
             c->width = g->width;
             c->has_old = g->has_old;
+            c->zero = g->zero;
+            if (c->zero) c->old_off = 0;
             c->failed = 0;
             in_region += take;
             if (in_region == g->len) {

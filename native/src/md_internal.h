@@ -25,6 +25,7 @@
 #define MD_FRAME_DATA 1u
 #define MD_FRAME_END 2u
 #define MD_FRAME_NUMERIC 3u     /* v2: element-wise integer differences against OLD */
+#define MD_NUMERIC_NO_BASIS 4u  /* NUMERIC param bit: against zeros, OLD not read */
 #define MD_CODEC_RAW 0u
 #define MD_CODEC_ZSTD 1u
 #define MD_END_PAYLOAD_LEN 24u

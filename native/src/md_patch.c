@@ -298,16 +298,24 @@ static md_status run_commands(patcher *P, const uint8_t *cp, size_t cmd_len, con
 
 /* A NUMERIC frame (v2): OLD[off, off + L) plus the decoded differences. */
 static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, const uint8_t *sp,
-                             unsigned width, uint32_t lit_raw, uint64_t seq, uint64_t check, md_error *err) {
+                             unsigned width, int no_basis, uint32_t lit_raw, uint64_t seq, uint64_t check,
+                             md_error *err) {
     uint64_t off = md_get_u64(cp);
     size_t plane = lit_raw / width;
-    if (off > P->basis_len || lit_raw > P->basis_len - off) return corrupt(err, "a numeric frame reaches outside OLD");
-    md_status rc = read_old(P->old_fd, P->scratch, lit_raw, off, err);
-    if (rc != MD_OK) return rc;
-    md_ph_frame(&P->ph, seq);
-    md_ph_range(&P->ph, off, lit_raw);
-    md_ph_feed(&P->ph, P->scratch, lit_raw);
-    if (MD_VERIFY_CHECKSUMS && P->ph.chain != check) return basis_mismatch(err, off, off + lit_raw);
+    if (no_basis) {
+        /* a tensor OLD does not have: its planes against zeros; no OLD to check */
+        if (off || check != seq) return corrupt(err, "a numeric frame without basis names one");
+        memset(P->scratch, 0, lit_raw);
+    } else {
+        if (off > P->basis_len || lit_raw > P->basis_len - off)
+            return corrupt(err, "a numeric frame reaches outside OLD");
+        md_status rc = read_old(P->old_fd, P->scratch, lit_raw, off, err);
+        if (rc != MD_OK) return rc;
+        md_ph_frame(&P->ph, seq);
+        md_ph_range(&P->ph, off, lit_raw);
+        md_ph_feed(&P->ph, P->scratch, lit_raw);
+        if (MD_VERIFY_CHECKSUMS && P->ph.chain != check) return basis_mismatch(err, off, off + lit_raw);
+    }
     for (unsigned b = 0; b < width; b++) {
         uint32_t s = md_get_u32(cp + 8 + 4 * b);
         uint8_t *dst = P->planes + (size_t)b * plane;
@@ -444,7 +452,8 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
             rc = corrupt(err, "a frame has an unknown type");
             goto done;
         }
-        if ((type == MD_FRAME_NUMERIC ? param > 3 : param != 0) || fbuf[3] || md_get_u64(fbuf + 16) != seq) {
+        if ((type == MD_FRAME_NUMERIC ? param > (3 | MD_NUMERIC_NO_BASIS) : param != 0) || fbuf[3] ||
+            md_get_u64(fbuf + 16) != seq) {
             rc = corrupt(err, "a frame header is malformed or out of sequence");
             goto done;
         }
@@ -529,7 +538,8 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
                 rc = corrupt(err, "a numeric frame declares impossible plane sizes");
                 goto done;
             }
-            rc = run_numeric(&P, dctx, cp, cp + cmd_len, width, lit_raw, seq, check, err);
+            rc = run_numeric(&P, dctx, cp, cp + cmd_len, width, param & MD_NUMERIC_NO_BASIS, lit_raw, seq, check,
+                             err);
             if (rc != MD_OK) goto done;
         } else {
             const uint8_t *lp = cp + cmd_len;
