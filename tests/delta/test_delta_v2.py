@@ -435,3 +435,16 @@ def test_cli_basis_dtype_and_capped_patch_from_stdin(
         == 1
     )
     assert not (tmp_path / "o2").exists()
+
+
+def test_cli_module_imports_no_engine_and_agrees_on_threads() -> None:
+    """The CLI starts fast: the engine is imported by the commands, not the module."""
+    import subprocess
+    import sys
+
+    from controlplane.cli import delta as cli_delta
+
+    code = "import sys, controlplane.cli.delta; print('native' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert cli_delta._MAX_THREADS == native.MAX_THREADS
