@@ -232,7 +232,9 @@ def save_safetensors(path: Path, tensors: dict[str, tuple[str, Any]]) -> None:
             f.write(raw)
 
 
-def train_series(folder: Path, scale: float, warmup: int = 100) -> dict[str, tuple[Path, Path]]:
+def train_series(
+    folder: Path, scale: float, warmup: int = 100
+) -> tuple[dict[str, tuple[Path, Path]], float]:
     """Adam on a noisy teacher-student regression; checkpoints at warmup, +10, +100."""
     import numpy as np
 
@@ -250,7 +252,7 @@ def train_series(folder: Path, scale: float, warmup: int = 100) -> dict[str, tup
     lr, b1, b2, eps, batch = 3e-4, 0.9, 0.999, 1e-8, 16
     snr: list[float] = []
 
-    def step(t: int) -> None:
+    def gradients() -> dict[str, Any]:
         x = rng.normal(0, 1, (batch, dims[0][0])).astype(np.float32)
         h = x
         for w in teacher[:-1]:
@@ -268,9 +270,18 @@ def train_series(folder: Path, scale: float, warmup: int = 100) -> dict[str, tup
             grads[f"layer{i}.bias"] = g.sum(0)
             if i:
                 g = (g @ params[f"layer{i}.weight"].T) * (acts[i] > 0)
-        if t > warmup - 20:  # gradient signal-to-noise: |E g| / std g, from the moments
-            k = "layer1.weight"
-            snr.append(float(np.mean(np.abs(m[k]) / np.sqrt(np.maximum(v[k] - m[k] ** 2, 1e-30)))))
+        return grads
+
+    def measure_snr() -> None:
+        """Two independent minibatch gradients at the same weights: their dot product
+        estimates |signal|^2, half their squared distance |noise|^2."""
+        a, b = gradients(), gradients()
+        sig2 = sum(float(np.sum(a[k] * b[k])) for k in a)
+        noise2 = sum(float(np.sum((a[k] - b[k]) ** 2)) for k in a) / 2
+        snr.append(max(sig2, 0.0) ** 0.5 / noise2**0.5 if noise2 > 0 else 0.0)
+
+    def step(t: int) -> None:
+        grads = gradients()
         for k in params:
             m[k] = b1 * m[k] + (1 - b1) * grads[k]
             v[k] = b2 * v[k] + (1 - b2) * grads[k] ** 2
@@ -292,13 +303,14 @@ def train_series(folder: Path, scale: float, warmup: int = 100) -> dict[str, tup
         step(t)
         if t == warmup:
             save("a")
+            measure_snr()
         if t == warmup + 10:
             save("b10")
             save("b10g", extra=True)
         if t == warmup + 100:
             save("b100")
-    print(f"series: gradient SNR about {sum(snr) / max(1, len(snr)):.2f}", file=sys.stderr)
-    return {
+    print(f"series: gradient signal-to-noise at checkpoint a: {snr[0]:.2f}", file=sys.stderr)
+    pairs = {
         "bf16 weights, 10 steps": (folder / "weights.a", folder / "weights.b10"),
         "bf16 weights, 100 steps": (folder / "weights.a", folder / "weights.b100"),
         "fp32 optimizer, 10 steps": (folder / "optim.a", folder / "optim.b10"),
@@ -308,6 +320,7 @@ def train_series(folder: Path, scale: float, warmup: int = 100) -> dict[str, tup
             folder / "weights.b10g",
         ),
     }
+    return pairs, snr[0]
 
 
 def _load_safetensors(path: Path) -> dict[str, tuple[str, bytes]]:
@@ -862,7 +875,7 @@ def main() -> int:
                 p.unlink()
         if not only or "series" in only:
             t0 = time.perf_counter()
-            pairs = train_series(folder, args.scale)
+            pairs, extra["gradient SNR"] = train_series(folder, args.scale)
             print(f"series: trained in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
             work = folder / "work"
             work.mkdir()
@@ -902,6 +915,7 @@ def main() -> int:
             for r in results + series
         ],
         "targets": rows,
+        "series_gradient_snr": round(extra.get("gradient SNR", 0.0), 3),
     }
     args.json.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"\nwrote {args.json}", file=sys.stderr)
