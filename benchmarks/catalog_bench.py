@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.catalog.api import open_catalog
-from controlplane.catalog.bulk import after_load, bulk_load
-from controlplane.catalog.models import PolicyRevision
 from controlplane.catalog.testing import scratch_catalog
 from controlplane.cli.main import run
+from controlplane.domain.placement import Placement
 
 REGIONS = [
     ("eu-west", "EU"), ("eu-central", "EU"), ("eu-north", "EU"),
@@ -110,35 +109,19 @@ class Synth:
                 "automatic",
                 holders[1:],
                 self.start,
+                Placement(
+                    dataset=ds_name(i),
+                    policy=f"policy-{i % 4}",
+                    dataset_class=cls,
+                    home=holders[0],
+                    replicas=tuple(holders[1:]),
+                    residency=tuple(residency),
+                    rpo_s=0.0 if cls == "critical" else 30.0,
+                    failover_mode="automatic",
+                    failover_order=tuple(holders[1:]),
+                    labels={"team": f"t{i % 7}"},
+                ).as_json(),
             )
-
-    def revision_document(self) -> dict[str, Any]:
-        """The applied revision the datasets' placements were compiled from: policy-N
-        governs the datasets i with i % 4 == N (odd ones critical), placed as above;
-        the catalog reads a placement's rpo, ack and transfer terms from it."""
-        policies: dict[str, Any] = {}
-        for n, (residency, holders) in enumerate(PATTERNS):
-            critical = n % 2 == 1
-            policies[f"policy-{n}"] = {
-                "priority": 0,
-                "selector": {"datasets": [f"ds-*{n}"], "labels": {}},
-                "class": "critical" if critical else "standard",
-                "home": holders[0],
-                "replicas": {"regions": holders[1:]},
-                "residency": residency,
-                "rpo": "0s" if critical else "30s",
-                "ack": "quorum" if critical else None,
-                "failover": {"mode": "automatic", "order": holders[1:]},
-                "transfer": {"compression": "zstd", "bandwidth": None},
-                "deletes": "replicate",
-            }
-        return {
-            "topology": "bench",
-            "regions": {r: {"jurisdiction": j} for r, j in REGIONS},
-            "links": {},
-            "policies": policies,
-            "datasets": {},
-        }
 
     def objects(self) -> Iterator[tuple[Any, ...]]:
         oid = 0
@@ -168,6 +151,7 @@ class Synth:
                 1 << 20,
                 PATTERNS[i % 4][1][0],
                 self.start + step * vid,
+                f"{1_700_000_000_000 + vid:013d}.00000@{PATTERNS[i % 4][1][0]}",
             )
 
     def replicas(self) -> Iterator[tuple[Any, ...]]:
@@ -179,7 +163,8 @@ class Synth:
                 latest = n == self.shape.versions_per_object - 1
                 lagging = latest and oid % PENDING_EVERY == 0 and r != holders[0]
                 state = "pending" if lagging else "completed"
-                yield (rid, vid, r, JUR[r], JUR[r] in residency, state, self.start)
+                verified = f"{vid:064x}" if state == "completed" else None
+                yield (rid, vid, r, JUR[r], JUR[r] in residency, state, self.start, verified)
         # Planted: extra replicas of the first versions of the first datasets, outside.
         per_ds = self.shape.objects_per_dataset * self.shape.versions_per_object
         for p in range(PLANTED_REPLICAS):
@@ -194,6 +179,7 @@ class Synth:
                 False,
                 "completed",
                 self.now - timedelta(minutes=p),
+                f"{i * per_ds + 1 + p // self.shape.datasets:064x}",
             )
 
     def transfers(self) -> Iterator[tuple[Any, ...]]:
@@ -281,12 +267,13 @@ class Synth:
 TABLES: list[tuple[str, list[str], str]] = [
     ("regions", ["name", "jurisdiction"], "regions"),
     ("datasets", ["name", "labels", "declared", "policy", "dataset_class", "home", "replicas",
-                  "residency", "failover_mode", "failover_order", "registered_at"], "datasets"),
+                  "residency", "failover_mode", "failover_order", "registered_at", "placement"],
+     "datasets"),
     ("objects", ["id", "dataset", "key"], "objects"),
     ("object_versions", ["id", "object_id", "version", "digest", "size", "origin_region",
-                         "created_at"], "versions"),
+                         "created_at", "hlc"], "versions"),
     ("replicas", ["id", "version_id", "region", "jurisdiction", "allowed", "state",
-                  "updated_at"], "replicas"),
+                  "updated_at", "verified_digest"], "replicas"),
     ("transfers", ["id", "dataset", "object", "version", "from_region", "to_region",
                    "from_jurisdiction", "to_jurisdiction", "logical_bytes", "wire_bytes",
                    "policy_revision", "outcome", "cross_border", "allowed", "residency", "at"],
@@ -351,7 +338,7 @@ def bench_backend(backend: str, url: str, shape: Shape, log: Callable[[str], Non
         for table, columns, method in TABLES:
             t0 = time.perf_counter()
             source = TimedRows(getattr(synth, method)())
-            n = bulk_load(cat.engine, table, columns, source, defer_checks=True)
+            n = cat.bulk_load(table, columns, source, defer_checks=True)
             dt = time.perf_counter() - t0
             total_rows += n
             gen_s += source.seconds
@@ -386,19 +373,8 @@ def bench_backend(backend: str, url: str, shape: Shape, log: Callable[[str], Non
             )
         )
         t0 = time.perf_counter()
-        after_load(cat.engine, [t for t, _, _ in TABLES])
+        cat.after_load([t for t, _, _ in TABLES])
         results.append(Timing(backend, "ANALYZE + sequences", time.perf_counter() - t0, 0, True))
-        with cat.session() as s, s.begin():
-            s.add(
-                PolicyRevision(
-                    parent=0,
-                    digest="0" * 64,
-                    source="catalog_bench",
-                    applied_by="bench",
-                    applied_at=now,
-                    document=synth.revision_document(),
-                )
-            )
     finally:
         cat.close()
 
