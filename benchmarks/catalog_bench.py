@@ -97,9 +97,22 @@ class Synth:
         for i in range(self.shape.datasets):
             residency, holders = PATTERNS[i % 4]
             cls = "critical" if i % 2 else "standard"
+            labels = {"team": f"t{i % 7}"}
+            placement = Placement(
+                dataset=ds_name(i),
+                policy=f"policy-{i % 4}",
+                dataset_class=cls,
+                home=holders[0],
+                replicas=tuple(holders[1:]),
+                residency=tuple(residency),
+                rpo_s=0 if cls == "critical" else 30,
+                failover_mode="automatic",
+                failover_order=tuple(holders[1:]),
+                labels=labels,
+            )
             yield (
                 ds_name(i),
-                {"team": f"t{i % 7}"},
+                labels,
                 True,
                 f"policy-{i % 4}",
                 cls,
@@ -109,18 +122,7 @@ class Synth:
                 "automatic",
                 holders[1:],
                 self.start,
-                Placement(
-                    dataset=ds_name(i),
-                    policy=f"policy-{i % 4}",
-                    dataset_class=cls,
-                    home=holders[0],
-                    replicas=tuple(holders[1:]),
-                    residency=tuple(residency),
-                    rpo_s=0.0 if cls == "critical" else 30.0,
-                    failover_mode="automatic",
-                    failover_order=tuple(holders[1:]),
-                    labels={"team": f"t{i % 7}"},
-                ).as_json(),
+                placement.as_json(),
             )
 
     def objects(self) -> Iterator[tuple[Any, ...]]:

@@ -11,6 +11,31 @@ from typing import Any, Literal
 from controlplane.domain.placement import DatasetClass, FailoverMode, Placement
 from controlplane.domain.version import OPS, Op
 
+__all__ = [
+    "FAILOVER_KINDS",
+    "FAILOVER_OUTCOMES",
+    "REPLICA_STATES",
+    "VERSION_OPS",
+    "CatalogState",
+    "CopyRecord",
+    "DatasetClass",
+    "FailoverKind",
+    "FailoverMode",
+    "FailoverOutcome",
+    "FailoverRecord",
+    "Placement",
+    "Placer",
+    "PolicyRevisionRecord",
+    "RegionRecord",
+    "ReplicaState",
+    "ReplicaStatus",
+    "RevisionDraft",
+    "RevisionOutcome",
+    "TransferRecord",
+    "VersionOp",
+    "VersionRef",
+]
+
 FailoverKind = Literal["automatic", "switchover", "failover", "drain"]
 ReplicaState = Literal["pending", "completed", "failed"]
 # A version's op is the domain's (a delete is a tombstone version).
@@ -165,29 +190,3 @@ class RevisionOutcome:
 # The policy compiler provides it (`controlplane.policy.placer`); the catalog does not
 # import the policy package, so the dependency runs one way.
 Placer = Callable[[Mapping[str, Any], str, Mapping[str, str]], Placement | None]
-
-
-__all__ = [
-    "FAILOVER_KINDS",
-    "FAILOVER_OUTCOMES",
-    "REPLICA_STATES",
-    "VERSION_OPS",
-    "CatalogState",
-    "CopyRecord",
-    "DatasetClass",
-    "FailoverKind",
-    "FailoverMode",
-    "FailoverOutcome",
-    "FailoverRecord",
-    "Placement",
-    "Placer",
-    "PolicyRevisionRecord",
-    "RegionRecord",
-    "ReplicaState",
-    "ReplicaStatus",
-    "RevisionDraft",
-    "RevisionOutcome",
-    "TransferRecord",
-    "VersionOp",
-    "VersionRef",
-]
