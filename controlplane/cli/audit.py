@@ -9,8 +9,6 @@ from typing import Annotated
 
 import typer
 
-from controlplane.catalog import audit as queries
-from controlplane.catalog.api import open_catalog
 from controlplane.cli.common import (
     CatalogOpt,
     Output,
@@ -79,6 +77,9 @@ FAILOVER_COLUMNS = [
 @app.command()
 def residency(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
     """Every replica and past transfer outside its dataset's residency (exit 3 if any)."""
+    from controlplane.catalog import audit as queries
+    from controlplane.catalog.api import open_catalog
+
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
         rows = queries.residency_violations(s)
     if not rows and resolve_output(output) is Output.table:
@@ -102,6 +103,9 @@ def transfers(
     output: OutputOpt = None,
 ) -> None:
     """Who copied what, from where to where, when, how many bytes."""
+    from controlplane.catalog import audit as queries
+    from controlplane.catalog.api import open_catalog
+
     start = parse_since(since)
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
         rows = queries.transfers(
@@ -118,6 +122,9 @@ def dataset_cmd(
     output: OutputOpt = None,
 ) -> None:
     """Where each version of each object lives, with digests and states."""
+    from controlplane.catalog import audit as queries
+    from controlplane.catalog.api import open_catalog
+
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
         rows = queries.dataset_locations(s, name)
     emit(
@@ -146,6 +153,9 @@ def failovers(
     output: OutputOpt = None,
 ) -> None:
     """The failover journal, oldest first."""
+    from controlplane.catalog import audit as queries
+    from controlplane.catalog.api import open_catalog
+
     start = parse_since(since)
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         records = cat.list_failovers(start)

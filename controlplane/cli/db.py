@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import typer
-from sqlalchemy import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from typing import TYPE_CHECKING
 
-from controlplane.catalog import migrate
-from controlplane.catalog.engine import redacted
-from controlplane.catalog.errors import CatalogUnavailableError
+import typer
+
 from controlplane.cli.common import (
     CatalogOpt,
     Output,
@@ -19,10 +16,20 @@ from controlplane.cli.common import (
 )
 from controlplane.errors import ConfigError
 
+if TYPE_CHECKING:  # SQLAlchemy and Alembic load only when a db command runs (main.Commands)
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from controlplane.catalog.errors import CatalogUnavailableError
+
 app = typer.Typer(help="Migrate the catalog's schema.", no_args_is_help=True)
 
 
 def _unreachable(url: str, exc: SQLAlchemyError) -> CatalogUnavailableError:
+    from sqlalchemy.exc import OperationalError
+
+    from controlplane.catalog.engine import redacted
+    from controlplane.catalog.errors import CatalogUnavailableError
+
     first = str(getattr(exc, "orig", exc)).strip().splitlines()
     verb = "is unreachable" if isinstance(exc, OperationalError) else "cannot be read"
     return CatalogUnavailableError(
@@ -33,6 +40,8 @@ def _unreachable(url: str, exc: SQLAlchemyError) -> CatalogUnavailableError:
 
 def _persistent(url: str) -> str:
     """Refuse an in-memory SQLite catalog: each connection would see a different, empty one."""
+    from sqlalchemy import make_url
+
     parsed = make_url(url) if "://" in url else None
     if parsed is not None and parsed.get_backend_name() == "sqlite":
         db = parsed.database or ""
@@ -52,6 +61,11 @@ def upgrade(
     output: OutputOpt = None,
 ) -> None:
     """Create or upgrade the catalog schema (idempotent)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from controlplane.catalog import migrate
+    from controlplane.catalog.engine import redacted
+
     url = _persistent(settings_from(ctx, catalog=catalog).catalog)
     try:
         migrate.upgrade(url, revision)
@@ -68,6 +82,9 @@ STATE_COLUMNS = ["catalog", "current", "head", "up_to_date"]
 
 
 def _emit_state(url: str, now: str | None, output: Output | None) -> None:
+    from controlplane.catalog import migrate
+    from controlplane.catalog.engine import redacted
+
     head = migrate.head_revision()
     row = {"catalog": redacted(url), "current": now, "head": head, "up_to_date": now == head}
     if resolve_output(output) is Output.csv:
@@ -79,6 +96,11 @@ def _emit_state(url: str, now: str | None, output: Output | None) -> None:
 @app.command()
 def current(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
     """Print the catalog's migration and the newest one this Meridian knows."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from controlplane.catalog import migrate
+    from controlplane.catalog.engine import redacted
+
     url = settings_from(ctx, catalog=catalog).catalog
     try:
         now = migrate.current(url)
