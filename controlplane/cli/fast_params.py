@@ -124,6 +124,7 @@ def _plain_class() -> type[Any]:
 
 
 def _item_converter(item: Any, descriptor: TypeDescriptor) -> Converter | None:
+    from typer._click.exceptions import BadParameter
     from typer._param_types import coerce_cli_choice, coerce_cli_path, lenient_issubclass
 
     info = descriptor.parameter_info
@@ -166,9 +167,15 @@ def _item_converter(item: Any, descriptor: TypeDescriptor) -> Converter | None:
                 return _DECLINE
             # pydantic's lax Path is path_type(value); given a Path, typer's own
             # coerce_cli_path skips pydantic and makes every check it always makes.
-            return coerce_cli_path(
-                path_type(value), info, path_type=path_type, param=param, ctx=ctx
-            )
+            try:
+                return coerce_cli_path(
+                    path_type(value), info, path_type=path_type, param=param, ctx=ctx
+                )
+            except (BadParameter, ValueError):
+                # Its messages quote the value as given ('' rather than '.'), and
+                # pydantic makes a usage error of "embedded null byte": typer's
+                # adapter words them.
+                return _DECLINE
 
         return path
     return None
