@@ -40,10 +40,15 @@ class Result:
     case: Case
     seconds: list[float]
     rss_mb: list[float]
+    cpu_s: list[float]
 
     @property
     def median_s(self) -> float:
         return statistics.median(self.seconds)
+
+    @property
+    def median_cpu_s(self) -> float:
+        return statistics.median(self.cpu_s)
 
     @property
     def median_mb(self) -> float:
@@ -66,8 +71,8 @@ class Result:
         return ", ".join(parts) or "(reference)"
 
 
-def run_once(argv: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one run of argv, output discarded."""
+def run_once(argv: list[str]) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MB) and CPU seconds of one run of argv, output discarded."""
     devnull = os.open(os.devnull, os.O_RDWR)
     try:
         start = time.perf_counter()
@@ -88,7 +93,9 @@ def run_once(argv: list[str]) -> tuple[float, float]:
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         raise RuntimeError(f"{' '.join(argv)} exited with status {code}")
-    return elapsed, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+    # ru_maxrss is in KiB on Linux. CPU time (user + system) is what the run would take
+    # on an idle machine, near enough; wall time is what the targets are about.
+    return elapsed, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def cases(meridian: str, scratch: Path) -> list[Case]:
@@ -111,29 +118,32 @@ def cases(meridian: str, scratch: Path) -> list[Case]:
 
 
 def measure(todo: list[Case], runs: int) -> list[Result]:
-    results = [Result(c, [], []) for c in todo]
+    results = [Result(c, [], [], []) for c in todo]
     for r in results:
         run_once(r.case.argv)  # warm-up: bytecode caches, page cache
     for _ in range(runs):
         for r in results:
-            seconds, mb = run_once(r.case.argv)
+            seconds, mb, cpu = run_once(r.case.argv)
             r.seconds.append(seconds)
             r.rss_mb.append(mb)
+            r.cpu_s.append(cpu)
     return results
 
 
 def table(results: list[Result], runs: int) -> str:
-    head = f"{'case':40} {'median s':>9} {'peak RSS MB':>12}  {'target':18} verdict"
+    head = f"{'case':40} {'median s':>9} {'CPU s':>6} {'peak RSS MB':>12}  {'target':21} verdict"
     lines = [head, "-" * len(head)]
     for r in results:
         verdict = {None: "", True: "met", False: "NOT MET"}[r.met]
         lines.append(
-            f"{r.case.name:40} {r.median_s:9.3f} {r.median_mb:12.1f}  {r.target():18} {verdict}"
+            f"{r.case.name:40} {r.median_s:9.3f} {r.median_cpu_s:6.3f} {r.median_mb:12.1f}  "
+            f"{r.target():21} {verdict}"
         )
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines.append(
-        f"median of {runs} runs each, round-robin; peak RSS is the median of each run's "
-        f"maximum; load average {load} on {os.cpu_count()} CPUs; nice {os.nice(0)}"
+        f"median of {runs} runs each, round-robin; CPU s (user + system) and peak RSS are "
+        f"medians of each run's own; load average {load} on {os.cpu_count()} CPUs; "
+        f"nice {os.nice(0)}"
     )
     return "\n".join(lines)
 
@@ -163,6 +173,7 @@ def main() -> int:
             {
                 "case": r.case.name,
                 "median_s": round(r.median_s, 4),
+                "median_cpu_s": round(r.median_cpu_s, 4),
                 "median_peak_rss_mb": round(r.median_mb, 1),
                 "target": r.target(),
                 "met": r.met,
