@@ -1,10 +1,11 @@
 """The `meridian` command and its error edge.
 
 Every command group lives in its own module and is mounted here by name, to be
-imported only when it runs (see `Commands`). `run` is the
-only place where an exception becomes a message: a `MeridianError` prints its
-sentence, anything else prints a short internal-error line; `--debug` adds the
-traceback. Both exit non-zero.
+imported only when it runs (see `Commands`); the console script enters through
+`controlplane.cli.entry`, which answers a bare `--version` before typer is even
+imported. `run` is the only place where an exception becomes a message: a
+`MeridianError` prints its sentence, anything else prints a short internal-error
+line; `--debug` adds the traceback. Both exit non-zero.
 """
 
 from __future__ import annotations

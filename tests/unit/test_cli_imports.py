@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import typer.main
 
+from controlplane import __version__
 from controlplane.cli import main
 
-EXAMPLE = Path(__file__).parents[1] / "policy" / "data" / "example.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "tests" / "policy" / "data" / "example.yaml"
 
 # What no quick command may load: engines' clients, the catalog, the stack manager...
 NEVER = {
@@ -92,6 +95,36 @@ def test_version_loads_no_command_and_nothing_heavy(tmp_path: Path) -> None:
     assert command_modules(modules) == set()
 
 
+ENTRY_PROBE = """
+import json, sys
+from controlplane.cli.entry import entry
+try:
+    entry()
+except SystemExit as exc:
+    sys.stderr.write(json.dumps({"status": exc.code, "modules": sorted(sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--debug", "--version"]])
+def test_the_console_script_answers_version_alike_with_or_without_typer(
+    argv: list[str],
+) -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["meridian"] == "controlplane.cli.entry:entry"
+    done = subprocess.run(
+        [sys.executable, "-c", ENTRY_PROBE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    report = json.loads(done.stderr)
+    assert report["status"] == 0
+    assert done.stdout == f"meridian {__version__}\n"
+    # The bare flag is answered before typer is imported; anything else goes through it.
+    assert ("typer" in report["modules"]) is (argv != ["--version"])
+
+
 def test_delta_signature_loads_only_the_delta_group(tmp_path: Path) -> None:
     empty = tmp_path / "empty.bin"
     empty.write_bytes(b"")
@@ -154,6 +187,7 @@ def test_a_wrong_lazy_target_fails_loudly(target: str, problem: str) -> None:
 LOGS_PROBE = """
 import sys
 import typer
+from controlplane import __version__
 from controlplane.cli import main
 
 group = typer.Typer()
