@@ -6,7 +6,6 @@ settings (pydantic-settings) and rich are loaded by the functions that use them.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import sys
@@ -81,6 +80,8 @@ def emit(
         return
     cols = list(columns) if columns is not None else (list(rows[0]) if rows else [])
     if fmt is Output.csv:
+        import csv
+
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(cols)

@@ -11,7 +11,6 @@ line; `--debug` adds the traceback. Both exit non-zero.
 from __future__ import annotations
 
 import sys
-import traceback
 from typing import Annotated
 
 import typer
@@ -92,6 +91,8 @@ def main(
 
 def _fail(message: str, code: int) -> int:
     if _debug:
+        import traceback
+
         traceback.print_exc()
     sys.stderr.write(f"error: {message}\n")
     return code
