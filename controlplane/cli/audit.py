@@ -77,11 +77,10 @@ FAILOVER_COLUMNS = [
 @app.command()
 def residency(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
     """Every replica and past transfer outside its dataset's residency (exit 3 if any)."""
-    from controlplane.catalog import audit as queries
     from controlplane.catalog.api import open_catalog
 
-    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
-        rows = queries.residency_violations(s)
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
+        rows = cat.residency_violations()
     if not rows and resolve_output(output) is Output.table:
         typer.echo("no residency violations: every replica and transfer is inside its residency")
         return
@@ -103,13 +102,12 @@ def transfers(
     output: OutputOpt = None,
 ) -> None:
     """Who copied what, from where to where, when, how many bytes."""
-    from controlplane.catalog import audit as queries
     from controlplane.catalog.api import open_catalog
 
     start = parse_since(since)
-    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
-        rows = queries.transfers(
-            s, since=start, dataset_glob=dataset, cross_border=cross_border, limit=limit
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
+        rows = cat.transfers(
+            since=start, dataset_glob=dataset, cross_border=cross_border, limit=limit
         )
     emit(rows, output, columns=TRANSFER_COLUMNS, title="transfers")
 
@@ -122,11 +120,10 @@ def dataset_cmd(
     output: OutputOpt = None,
 ) -> None:
     """Where each version of each object lives, with digests and states."""
-    from controlplane.catalog import audit as queries
     from controlplane.catalog.api import open_catalog
 
-    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
-        rows = queries.dataset_locations(s, name)
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
+        rows = cat.dataset_locations(name)
     emit(
         rows,
         output,
