@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from controlplane.catalog.records import CatalogState
-from controlplane.domain.placement import Placement
+from controlplane.catalog.records import CatalogState, Placement
 from controlplane.policy.compiler import PolicySet
 
 Action = Literal["add", "change", "remove"]
