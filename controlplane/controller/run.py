@@ -46,7 +46,7 @@ async def run_controller(
         )
         if controller_id:
             config = dataclasses.replace(config, controller_id=controller_id)
-        ctl = RegionController(coord, catalog, catalog, catalog, config)
+        ctl = RegionController(coord, catalog, catalog, config)
         server = None
         if metrics is not None:
             try:

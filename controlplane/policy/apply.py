@@ -35,8 +35,9 @@ from controlplane.catalog.models import (
 from controlplane.catalog.records import Placement
 from controlplane.errors import RefusedError
 from controlplane.policy.compiler import PolicySet
+from controlplane.policy.current import CompiledPolicy
 from controlplane.policy.plan import CatalogState, Change, compute_plan, read_state
-from controlplane.policy.publisher import PolicyPublisher, PublishedPolicy
+from controlplane.policy.publisher import PolicyPublisher
 
 MAX_NAMED = 10
 
@@ -255,7 +256,10 @@ def apply_policy(
 
     published = False
     if publisher is not None and revision:
-        asyncio.run(publisher.publish(PublishedPolicy(digest, revision, applied_at)))
+        compiled = CompiledPolicy.build(
+            policy, placements, digest=digest, revision=revision, applied_at=applied_at
+        )
+        asyncio.run(publisher.publish(compiled))
         published = True
     return ApplyResult(changes, revision, digest, applied_at, published)
 
