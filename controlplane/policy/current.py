@@ -132,7 +132,7 @@ class CompiledPolicy:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidInputError(f"{POLICY_KEY} is not JSON: {exc}") from exc
-        top = _obj(doc, POLICY_KEY)
+        top = _obj(doc, "the value")
         if top.get("schema") != SCHEMA:
             raise InvalidInputError(
                 f"{POLICY_KEY}: schema {top.get('schema')!r} is not {SCHEMA} (published by an "
