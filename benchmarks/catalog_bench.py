@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.catalog.api import open_catalog
-from controlplane.catalog.bulk import after_load, bulk_load
 from controlplane.catalog.testing import scratch_catalog
 from controlplane.cli.main import run
 
@@ -139,6 +138,7 @@ class Synth:
                 1 << 20,
                 PATTERNS[i % 4][1][0],
                 self.start + step * vid,
+                f"{1_700_000_000_000 + vid:013d}.00000@{PATTERNS[i % 4][1][0]}",
             )
 
     def replicas(self) -> Iterator[tuple[Any, ...]]:
@@ -150,7 +150,8 @@ class Synth:
                 latest = n == self.shape.versions_per_object - 1
                 lagging = latest and oid % PENDING_EVERY == 0 and r != holders[0]
                 state = "pending" if lagging else "completed"
-                yield (rid, vid, r, JUR[r], JUR[r] in residency, state, self.start)
+                verified = f"{vid:064x}" if state == "completed" else None
+                yield (rid, vid, r, JUR[r], JUR[r] in residency, state, self.start, verified)
         # Planted: extra replicas of the first versions of the first datasets, outside.
         per_ds = self.shape.objects_per_dataset * self.shape.versions_per_object
         for p in range(PLANTED_REPLICAS):
@@ -165,6 +166,7 @@ class Synth:
                 False,
                 "completed",
                 self.now - timedelta(minutes=p),
+                f"{i * per_ds + 1 + p // self.shape.datasets:064x}",
             )
 
     def transfers(self) -> Iterator[tuple[Any, ...]]:
@@ -255,9 +257,9 @@ TABLES: list[tuple[str, list[str], str]] = [
                   "residency", "failover_mode", "failover_order", "registered_at"], "datasets"),
     ("objects", ["id", "dataset", "key"], "objects"),
     ("object_versions", ["id", "object_id", "version", "digest", "size", "origin_region",
-                         "created_at"], "versions"),
+                         "created_at", "hlc"], "versions"),
     ("replicas", ["id", "version_id", "region", "jurisdiction", "allowed", "state",
-                  "updated_at"], "replicas"),
+                  "updated_at", "verified_digest"], "replicas"),
     ("transfers", ["id", "dataset", "object", "version", "from_region", "to_region",
                    "from_jurisdiction", "to_jurisdiction", "logical_bytes", "wire_bytes",
                    "policy_revision", "outcome", "cross_border", "allowed", "residency", "at"],
@@ -322,7 +324,7 @@ def bench_backend(backend: str, url: str, shape: Shape, log: Callable[[str], Non
         for table, columns, method in TABLES:
             t0 = time.perf_counter()
             source = TimedRows(getattr(synth, method)())
-            n = bulk_load(cat.engine, table, columns, source, defer_checks=True)
+            n = cat.bulk_load(table, columns, source, defer_checks=True)
             dt = time.perf_counter() - t0
             total_rows += n
             gen_s += source.seconds
@@ -357,7 +359,7 @@ def bench_backend(backend: str, url: str, shape: Shape, log: Callable[[str], Non
             )
         )
         t0 = time.perf_counter()
-        after_load(cat.engine, [t for t, _, _ in TABLES])
+        cat.after_load([t for t, _, _ in TABLES])
         results.append(Timing(backend, "ANALYZE + sequences", time.perf_counter() - t0, 0, True))
     finally:
         cat.close()
