@@ -18,9 +18,10 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,11 +66,19 @@ def _fast_shutdown(service: PostgresService, timeout_s: float = 30) -> None:
         time.sleep(0.05)
 
 
-def _restart(service: PostgresService) -> None:
-    with warnings.catch_warnings():
-        # The stack keeps the new postmaster's Popen on purpose (it outlives the test).
-        warnings.simplefilter("ignore", ResourceWarning)
-        service.start()
+def _restart() -> None:
+    """Start the stack's PostgreSQL again and wait until it answers, from a short-lived
+    process, as `meridian stack up` would: the postmaster must not be this process's
+    child (it outlives the test session)."""
+    code = (
+        "from controlplane.settings import load_settings\n"
+        "from controlplane.stack.manager import Stack\n"
+        "Stack(load_settings()).services()['postgres'].start()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
 
 
 @contextlib.contextmanager
@@ -203,7 +212,7 @@ async def test_controllers_ride_out_a_catalog_outage_and_journal_the_failover_af
         assert fresh.has_event("catalog_unreachable_at_start")
     finally:
         restart_at = time.monotonic()
-        await asyncio.to_thread(_restart, postgres)
+        await asyncio.to_thread(_restart)
         up_at = time.monotonic()  # healthy (a query answered)
     outage_s = up_at - down_at
 
