@@ -16,11 +16,25 @@ the old snapshot or the new one, never a mix. A deleted or unreadable key is the
 unreachable the view keeps the last snapshot it read (it is still the last applied
 policy) and re-reads and re-watches with backoff; nothing here ends the process.
 
+The value (JSON, `schema` 1; `to_json` writes it, `from_json` checks every field):
+
+    {"schema": 1, "digest": "<sha256 of the policy document>", "revision": <catalog
+     policy revision>, "applied_at": "<RFC 3339, UTC>",
+     "policy": <PolicySet.document(): "topology", "regions" {name: {"jurisdiction"}},
+                "links" {"a<->b": {"rtt", "bandwidth"}}, "policies" {name: spec},
+                "datasets" {declared name: labels}>,
+     "placements": {dataset: {"policy", "class", "home", "replicas", "residency",
+                              "failover_mode", "failover_order", "labels"}}}
+
+`placements` holds every dataset placed at apply time (the declared ones and those
+the catalog already knew); `policy` is enough to place any other.
+
 Typed questions callers ask, all on a snapshot (take one with `require()` and ask
 it several questions, so they are answered by one revision):
 
 * `placement(dataset, labels)`: the published placement of a known dataset, or
   the one the published rules give a dataset first seen after the apply;
+* `critical_homed_in(region)`: the critical datasets a region's controller claims;
 * `jurisdiction(region)`, `regions`;
 * `rtt_s(a, b)` and `nearest(region, candidates)` (link RTT, nearest first).
 """
@@ -301,7 +315,6 @@ def _placement(name: str, doc: Mapping[str, Any]) -> Placement:
 
 
 # -- the watched view ---------------------------------------------------------------------------
-Listener = Callable[["CompiledPolicy | None"], None]
 
 
 class PolicyView(Lifecycle):
@@ -309,8 +322,8 @@ class PolicyView(Lifecycle):
 
     `start()` reads the key once (raising `UnavailableError` if etcd cannot be
     reached, so a daemon fails at start with one sentence) and then follows it in
-    a task of its own. `listen(fn)` calls `fn(snapshot)` after each replacement,
-    on the event loop, with None for "no policy"; a listener's error is logged.
+    a task of its own. Read `current` (or `require()`) at each decision, and
+    `wait_for` a change instead of polling.
     """
 
     def __init__(
@@ -326,7 +339,6 @@ class PolicyView(Lifecycle):
         self._current: CompiledPolicy | None = None
         self._problem = "no policy has been applied (run `meridian policy apply`)"
         self._revision = 0  # etcd revision the snapshot (or its absence) was read at
-        self._listeners: list[Listener] = []
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
@@ -347,9 +359,6 @@ class PolicyView(Lifecycle):
         if snapshot is None:
             raise NoPolicyError(self._problem)
         return snapshot
-
-    def listen(self, listener: Listener) -> None:
-        self._listeners.append(listener)
 
     async def wait_for(
         self, predicate: Callable[[CompiledPolicy | None], bool], timeout_s: float
@@ -439,8 +448,3 @@ class PolicyView(Lifecycle):
         )
         async with self._changed:
             self._changed.notify_all()
-        for listener in list(self._listeners):
-            try:
-                listener(snapshot)
-            except Exception as exc:  # noqa: BLE001 - a listener's bug must not stop the view
-                log.error("policy_listener_failed", error=f"{type(exc).__name__}: {exc}")
