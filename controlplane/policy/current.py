@@ -23,8 +23,10 @@ The value (JSON, `schema` 1; `to_json` writes it, `from_json` checks every field
      "policy": <PolicySet.document(): "topology", "regions" {name: {"jurisdiction"}},
                 "links" {"a<->b": {"rtt", "bandwidth"}}, "policies" {name: spec},
                 "datasets" {declared name: labels}>,
-     "placements": {dataset: {"policy", "class", "home", "replicas", "residency",
-                              "failover_mode", "failover_order", "labels"}}}
+     "placements": {dataset: Placement.as_json() without "dataset": "policy",
+                    "class", "home", "replicas", "residency", "rpo_s", "ack",
+                    "failover_mode", "failover_order", "transfer_compression",
+                    "transfer_bandwidth_bps", "deletes", "labels"}}
 
 `placements` holds every dataset placed at apply time (the declared ones and those
 the catalog already knew); `policy` is enough to place any other.
@@ -51,8 +53,9 @@ from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from controlplane.catalog.records import Placement
 from controlplane.coordination import keys
+from controlplane.domain.errors import PlacementError
+from controlplane.domain.placement import Placement
 from controlplane.errors import InvalidInputError, MeridianError, NotFoundError, UnavailableError
 from controlplane.lifecycle import Lifecycle
 from controlplane.logs import get_logger
@@ -263,13 +266,6 @@ def _int(doc: Mapping[str, Any], name: str) -> int:
     return value
 
 
-def _strs(doc: Mapping[str, Any], name: str, where: str) -> tuple[str, ...]:
-    value = doc.get(name)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise InvalidInputError(f"{POLICY_KEY}: {where}.{name} is not a list of names")
-    return tuple(value)
-
-
 def _links(raw: object, *, where: str) -> dict[frozenset[str], Link]:
     out: dict[frozenset[str], Link] = {}
     for pair, facts in _obj(raw, where).items():
@@ -286,32 +282,16 @@ def _links(raw: object, *, where: str) -> dict[frozenset[str], Link]:
     return out
 
 
-def _placement_json(p: Placement) -> dict[str, object]:
-    return {**p.as_json(), "labels": dict(sorted(p.labels.items()))}
+def _placement_json(p: Placement) -> dict[str, Any]:
+    # The domain type's own form, without the name (it is the key).
+    return {k: v for k, v in p.as_json().items() if k != "dataset"}
 
 
 def _placement(name: str, doc: Mapping[str, Any]) -> Placement:
-    where = f"placements.{name}"
-    cls = doc.get("class")
-    mode = doc.get("failover_mode")
-    if cls not in ("critical", "standard"):
-        raise InvalidInputError(f"{POLICY_KEY}: {where}.class {cls!r} is not critical|standard")
-    if mode not in ("automatic", "manual"):
-        raise InvalidInputError(
-            f"{POLICY_KEY}: {where}.failover_mode {mode!r} is not automatic|manual"
-        )
-    labels = _obj(doc.get("labels", {}), f"{where}.labels")
-    return Placement(
-        dataset=name,
-        policy=_str(doc, "policy", where),
-        dataset_class=cls,
-        home=_str(doc, "home", where),
-        replicas=_strs(doc, "replicas", where),
-        residency=_strs(doc, "residency", where),
-        failover_mode=mode,
-        failover_order=_strs(doc, "failover_order", where),
-        labels={str(k): str(v) for k, v in labels.items()},
-    )
+    try:
+        return Placement.from_json({**doc, "dataset": name})
+    except PlacementError as exc:
+        raise InvalidInputError(f"{POLICY_KEY}: placements.{name}: {exc}") from exc
 
 
 # -- the watched view ---------------------------------------------------------------------------

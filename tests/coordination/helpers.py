@@ -7,9 +7,9 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from controlplane.catalog.records import Placement
 from controlplane.coordination.sources import PlacementInfo, PlacementSource, RegionInfo
 from controlplane.coordination.timeutil import utcnow
+from controlplane.domain.placement import Placement
 from controlplane.policy.current import CompiledPolicy
 from controlplane.policy.publisher import CoordinationPolicyPublisher
 from controlplane.ports.coordination import Coordination
@@ -73,6 +73,7 @@ def compiled_world(source: PlacementSource, revision: int = 1) -> CompiledPolicy
             home=p.home,
             replicas=p.replicas,
             residency=p.residency,
+            rpo_s=0.0 if p.dataset_class == "critical" else 30.0,
             failover_mode="automatic" if p.failover_mode == "automatic" else "manual",
             failover_order=p.failover_order,
         )

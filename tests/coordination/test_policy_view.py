@@ -12,10 +12,10 @@ import pytest
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.toxiproxy import ToxiproxyClient
-from controlplane.catalog.records import Placement
 from controlplane.coordination import keys
 from controlplane.coordination.testing import policy_yaml, run_cli
 from controlplane.coordination.timeutil import utcnow
+from controlplane.domain.placement import Placement
 from controlplane.errors import InvalidInputError, NotFoundError, UnavailableError
 from controlplane.policy.compiler import PolicySet, compile_files
 from controlplane.policy.current import CompiledPolicy, NoPolicyError, PolicyView
@@ -34,10 +34,10 @@ def example() -> PolicySet:
     return policy
 
 
-def compiled(revision: int = 1, *, home: str = "eu-west") -> CompiledPolicy:
+def compiled(revision: int = 1, *, deletes: str = "replicate") -> CompiledPolicy:
     policy = example()
     placements = {
-        name: dataclasses.replace(p, home=home) for name, p in policy.placements({}).items()
+        name: dataclasses.replace(p, deletes=deletes) for name, p in policy.placements({}).items()
     }
     return CompiledPolicy.build(
         policy,
@@ -110,11 +110,11 @@ def test_a_dataset_first_seen_after_the_apply_is_placed_by_the_published_rules()
         (lambda d: {**d, "applied_at": "yesterday"}, "applied_at 'yesterday' is not"),
         (
             lambda d: {**d, "placements": {"a": {**_any_placement(d), "class": "gold"}}},
-            "placements.a.class 'gold' is not critical|standard",
+            "placements.a: .*field 'class' must be one of critical, standard, got 'gold'",
         ),
         (
             lambda d: {**d, "placements": {"a": {**_any_placement(d), "replicas": "eu-west"}}},
-            "placements.a.replicas is not a list of names",
+            "placements.a: .*field 'replicas' must be a list of names",
         ),
         (
             lambda d: {**d, "policy": {**d["policy"], "links": {"a<->a": {}}}},
@@ -171,12 +171,12 @@ async def test_the_view_follows_each_publish_and_fails_closed_without_one(
     await publisher.publish(compiled(1))
     first = await view.wait_for(_at(1), 5)
     assert first is not None and first.etcd_revision > 0
-    await publisher.publish(compiled(2, home="eu-central"))
+    await publisher.publish(compiled(2, deletes="retain"))
     second = await view.wait_for(_at(2), 5)
     assert second is not None and second is view.require()
-    assert second.placements["ckpt/llama-70b"].home == "eu-central"
+    assert second.placements["ckpt/llama-70b"].deletes == "retain"
     # The old snapshot is untouched: a reader holding it never sees a mix.
-    assert first.revision == 1 and first.placements["ckpt/llama-70b"].home == "eu-west"
+    assert first.revision == 1 and first.placements["ckpt/llama-70b"].deletes == "replicate"
 
     await coord.put(keys.POLICY_CURRENT, b"{not json")
     await view.wait_for(lambda p: p is None, 5)
@@ -244,6 +244,8 @@ async def test_policy_apply_publishes_the_compiled_policy_the_view_reads(
         home="eu-west",
         replicas=("eu-central", "eu-north"),
         residency=("EU",),
+        rpo_s=0.0,
+        ack="quorum",
         failover_mode="manual",
         failover_order=("eu-central", "eu-north"),
         labels={},
