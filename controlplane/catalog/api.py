@@ -24,6 +24,7 @@ Every SQL statement of the project runs here (or in the modules this one calls:
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -481,6 +482,7 @@ class Catalog:
                     digest=head.digest if head else draft.digest,
                     applied_at=head.applied_at if head else utcnow(),
                     recorded=False,
+                    lineage=_lineage(s),
                 )
             revisions.refuse_stranding(s, state, draft)
             now = utcnow()
@@ -495,7 +497,9 @@ class Catalog:
             )
             s.add(rev)
             s.flush()
-            return RevisionOutcome(rev.id, rev.digest, rev.applied_at, recorded=True)
+            return RevisionOutcome(
+                rev.id, rev.digest, rev.applied_at, recorded=True, lineage=_lineage(s)
+            )
 
     # -- writes -----------------------------------------------------------------
 
@@ -958,6 +962,15 @@ class Catalog:
     def after_load(self, tables: Sequence[str]) -> None:
         """Refresh planner statistics after a bulk load (see `bulk.after_load`)."""
         bulk.after_load(self._engine, list(tables))
+
+
+def _lineage(s: Session) -> str:
+    """A name for this catalog's line of policy revisions: a digest of its first one."""
+    first = s.scalars(select(PolicyRevision).order_by(PolicyRevision.id).limit(1)).first()
+    if first is None:
+        return ""
+    seed = f"{first.id}|{first.digest}|{first.applied_by}|{first.applied_at.isoformat()}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:16]
 
 
 def _allowed_moves(state: str) -> str:
