@@ -57,7 +57,7 @@ from controlplane.coordination import keys
 from controlplane.domain.errors import PlacementError
 from controlplane.domain.placement import Placement
 from controlplane.errors import InvalidInputError, MeridianError, NotFoundError, UnavailableError
-from controlplane.lifecycle import Lifecycle
+from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
 from controlplane.policy.units import parse_bandwidth_bps, parse_duration_s
 from controlplane.ports.coordination import Coordination, EventType, Get
@@ -375,9 +375,7 @@ class PolicyView(Lifecycle):
     async def _do_stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     # -- following ---------------------------------------------------------------------
     async def _read(self) -> None:
