@@ -1,0 +1,102 @@
+"""Dataset, key and set names, and the one place that maps them to paths.
+
+Rules (spec/dataplane.md, *The agent's store*): a name is UTF-8 text, not empty,
+with no NUL, no `..` segment between slashes, no leading `/`, at most 1,024
+bytes. A name that breaks one is refused with one InvalidInputError naming the
+field and the value, before any file is touched.
+
+Mapping: an object's folder is `objects/<h[0:2]>/<h[2:4]>/<h>/` where `h` is the
+blake3 hex digest of `dataset NUL key` (NUL cannot occur in a name, so the input
+is unambiguous). A version's file in that folder is named by its HLC text. We
+chose a digest over percent-encoding because (1) a path then contains only
+`[0-9a-f]`, the HLC's `[0-9.@a-z-]` and `/`, so no name whatever can reach
+outside `objects/` -- the rules above are enforced for the user's sake, not
+relied on for safety; (2) a 1,024-byte name would pass NAME_MAX (255 bytes per
+component) once encoded; (3) case-insensitive or normalising file systems cannot
+fold two names into one file; (4) the fan-out keeps folders small. The cost:
+the tree alone does not tell which object a file is, so the metadata row
+(authoritative anyway) is needed to read it.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from blake3 import blake3
+
+from controlplane.domain.hlc import HLC
+from controlplane.errors import InvalidInputError
+
+MAX_NAME_BYTES = 1024
+OBJECTS = "objects"
+
+
+def _shown(value: str | bytes) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def check_name(field: str, value: object) -> str:
+    """Return `value` as text if it is a valid name; otherwise raise one InvalidInputError
+    that names `field` (dataset, key, set) and the value."""
+    if isinstance(value, bytes):
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InvalidInputError(
+                f"{field} {_shown(value)} is not UTF-8 (byte {err.start} is invalid)"
+            ) from None
+    elif isinstance(value, str):
+        text = value
+    else:
+        raise InvalidInputError(f"{field} must be text, got {type(value).__name__}")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInputError(
+            f"{field} {_shown(text)} is not valid UTF-8 (it holds a lone surrogate)"
+        ) from None
+    if size == 0:
+        raise InvalidInputError(f"{field} is empty; a name needs at least one character")
+    if size > MAX_NAME_BYTES:
+        raise InvalidInputError(
+            f"{field} {_shown(text)} is {size} bytes long; at most {MAX_NAME_BYTES} are allowed"
+        )
+    if "\x00" in text:
+        raise InvalidInputError(f"{field} {_shown(text)} contains a NUL character")
+    if text.startswith("/"):
+        raise InvalidInputError(f"{field} {_shown(text)} starts with '/'; names are relative")
+    if ".." in text.split("/"):
+        raise InvalidInputError(f"{field} {_shown(text)} has a '..' segment")
+    return text
+
+
+def object_hash(dataset: str, key: str) -> str:
+    """The hex digest that names an object's folder (names already checked)."""
+    return blake3(f"{dataset}\x00{key}".encode()).hexdigest()
+
+
+def object_folder(dataset: str, key: str) -> PurePosixPath:
+    """The object's folder, relative to the root."""
+    h = object_hash(dataset, key)
+    return PurePosixPath(OBJECTS, h[0:2], h[2:4], h)
+
+
+def version_path(dataset: str, key: str, hlc: HLC) -> PurePosixPath:
+    """The file holding one version's bytes, relative to the root."""
+    return object_folder(dataset, key) / hlc.text
+
+
+def is_version_path(relative: PurePosixPath) -> bool:
+    """Whether a path found under the root has the shape `version_path` produces."""
+    parts = relative.parts
+    if len(parts) != 5 or parts[0] != OBJECTS:
+        return False
+    _, a, b, h, leaf = parts
+    if len(h) != 64 or a != h[0:2] or b != h[2:4] or h.strip("0123456789abcdef"):
+        return False
+    try:
+        HLC.parse(leaf)
+    except InvalidInputError:
+        return False
+    return True
