@@ -10,6 +10,7 @@ from agents.store.errors import (
     DigestMismatchError,
     MissingContentError,
     ShortStreamError,
+    StorageError,
     StoreLockedError,
     TooLargeError,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "SetRecord",
     "ShortStreamError",
     "StagedWrite",
+    "StorageError",
     "StoreLockedError",
     "StoredVersion",
     "TooLargeError",

@@ -3,7 +3,8 @@
 The gRPC layer maps each to its code (spec/dataplane.md, *The agent API*):
 `DigestMismatchError` → DATA_LOSS, `TooLargeError` → RESOURCE_EXHAUSTED,
 `ShortStreamError` and bad names (`InvalidInputError`) → INVALID_ARGUMENT,
-`MissingContentError` and `StoreLockedError` → UNAVAILABLE. They live here, not in
+`MissingContentError` and `StoreLockedError` → UNAVAILABLE, `StorageError` →
+INTERNAL. They live here, not in
 controlplane/errors.py, because only the data plane raises them.
 """
 
@@ -36,6 +37,13 @@ class MissingContentError(UnavailableError):
     startup); another region holds them, so a re-sync can bring them back."""
 
     grpc_code = "UNAVAILABLE"
+
+
+class StorageError(MeridianError):
+    """The store's disk or metadata database failed (full, read-only, I/O error); the
+    operation left nothing half-written."""
+
+    grpc_code = "INTERNAL"
 
 
 class StoreLockedError(UnavailableError):

@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import Self
 
 from agents.store import files
-from agents.store.errors import DigestMismatchError, ShortStreamError, TooLargeError
+from agents.store.errors import (
+    DigestMismatchError,
+    ShortStreamError,
+    StorageError,
+    TooLargeError,
+)
 from controlplane.domain.version import ContentHasher, Digest
 from controlplane.errors import InvalidInputError
 
@@ -56,7 +61,13 @@ class StagedWrite:
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Append one chunk: hash it and write it; refuse it if it passes a size limit."""
-        view = memoryview(chunk).cast("B")
+        try:
+            view = memoryview(chunk).cast("B")
+        except TypeError:
+            raise InvalidInputError(
+                f"a chunk of {self.dataset}/{self.key} must be bytes, got {type(chunk).__name__}"
+                " (open files in binary mode)"
+            ) from None
         with self._lock:
             fd = self._require_open()
             new_size = self.size + len(view)
@@ -71,9 +82,16 @@ class StagedWrite:
                         "nothing was stored"
                     )
             self._hasher.update(view)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            try:
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+            except OSError as err:
+                self._abort_locked()
+                raise StorageError(
+                    f"could not write {self.dataset}/{self.key} to {self.path.parent}: "
+                    f"{err.strerror}; nothing was stored"
+                ) from err
             self.size = new_size
 
     def finish(self) -> Digest:

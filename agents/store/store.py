@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal, Self
 
 from agents.store import files, repair, rows
-from agents.store.errors import MissingContentError, StoreLockedError
+from agents.store.errors import MissingContentError, StorageError, StoreLockedError
 from agents.store.model import (
     ApplyResult,
     JournalEntry,
@@ -953,13 +953,19 @@ class ObjectStore:
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._require_open()
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as err:
+                raise StorageError(
+                    f"the metadata database of store {self.root} failed: {err}"
+                ) from err
 
     def _require_open(self) -> None:
         if self._closed:
