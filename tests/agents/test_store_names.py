@@ -81,7 +81,9 @@ def test_distinct_names_get_distinct_folders() -> None:
     assert object_folder("ds", "K") != object_folder("ds", "k")
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=60)
+@settings(
+    suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=60, deadline=None
+)
 @given(st.lists(st.text(alphabet=st.sampled_from("ab./\\\x00é~"), max_size=12), min_size=2))
 def test_storing_hostile_names_writes_only_under_objects(
     tmp_path: Path, store: ObjectStore, parts: list[str]
