@@ -59,8 +59,8 @@ def main(root: str, step: str) -> None:
             die()
         os.unlink(path)
 
-    files.replace, files.fsync_dir, rows.journal = replace, fsync_dir, journal  # type: ignore[assignment]
-    files.remove_file = remove_file  # type: ignore[assignment]
+    files.replace, files.fsync_dir, rows.journal = replace, fsync_dir, journal
+    files.remove_file = remove_file
 
     def stream() -> Iterator[bytes]:
         yield NEW[: len(NEW) // 2]

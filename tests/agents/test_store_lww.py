@@ -100,7 +100,9 @@ _versions = st.lists(
 )
 @given(_versions, st.randoms(use_true_random=False))
 def test_any_arrival_order_converges_on_the_same_newest(
-    tmp_path_factory: pytest.TempPathFactory, specs: list, rnd: object
+    tmp_path_factory: pytest.TempPathFactory,
+    specs: list[tuple[int, int, str, bytes | None]],
+    rnd: object,
 ) -> None:
     base = system_ms() - 10_000
     made = [
@@ -125,6 +127,14 @@ def test_any_arrival_order_converges_on_the_same_newest(
             for version, data in order:
                 store.apply("ds", "k", version, None if data is None else [data])
             heads.add(store.head("ds", "k"))
+            # Only a version newer than all before it was stored: the others left no trace.
+            records = [j.hlc for j in store.journal_pending() if j.kind == "version"]
+            maxima, top = [], None
+            for version, _ in order:
+                if top is None or version.hlc > top:
+                    top = version.hlc
+                    maxima.append(top.text)
+            assert records == maxima
             if want is not None and not want.is_tombstone:
                 assert store.stat("ds", "k").version.digest == want.digest
     assert heads == {want}
