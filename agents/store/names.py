@@ -5,17 +5,18 @@ with no NUL, no `..` segment between slashes, no leading `/`, at most 1,024
 bytes. A name that breaks one is refused with one InvalidInputError naming the
 field and the value, before any file is touched.
 
-Mapping: an object's folder is `objects/<h[0:2]>/<h[2:4]>/<h>/` where `h` is the
-blake3 hex digest of `dataset NUL key` (NUL cannot occur in a name, so the input
-is unambiguous). A version's file in that folder is named by its HLC text. We
-chose a digest over percent-encoding because (1) a path then contains only
-`[0-9a-f]`, the HLC's `[0-9.@a-z-]` and `/`, so no name whatever can reach
-outside `objects/` -- the rules above are enforced for the user's sake, not
-relied on for safety; (2) a 1,024-byte name would pass NAME_MAX (255 bytes per
-component) once encoded; (3) case-insensitive or normalising file systems cannot
-fold two names into one file; (4) the fan-out keeps folders small. The cost:
-the tree alone does not tell which object a file is, so the metadata row
-(authoritative anyway) is needed to read it.
+Mapping: a version's file is `objects/<h[0:3]>/<h>.<HLC text>`, where `h` is
+the blake3 hex digest of `dataset NUL key` (NUL cannot occur in a name, so the
+input is unambiguous) and the HLC text is the version's. We chose a digest over
+percent-encoding because (1) a path then contains only `[0-9a-f]`, the HLC's
+`[0-9.@a-z-]` and `/`, so no name whatever can reach outside `objects/` -- the
+rules above are enforced for the user's sake, not relied on for safety; (2) a
+1,024-byte name would pass NAME_MAX (255 bytes per component) once encoded;
+(3) case-insensitive or normalising file systems cannot fold two names into one
+file; (4) 4,096 fan-out folders keep each folder small (50,000 files at 100
+million versions) and, once they exist, a write creates no folder: one folder
+fsync per write. The cost: the tree alone does not tell which object a file
+is, so the metadata row (authoritative anyway) is needed to read it.
 """
 
 from __future__ import annotations
@@ -76,27 +77,23 @@ def object_hash(dataset: str, key: str) -> str:
     return blake3(f"{dataset}\x00{key}".encode()).hexdigest()
 
 
-def object_folder(dataset: str, key: str) -> PurePosixPath:
-    """The object's folder, relative to the root."""
-    h = object_hash(dataset, key)
-    return PurePosixPath(OBJECTS, h[0:2], h[2:4], h)
-
-
 def version_path(dataset: str, key: str, hlc: HLC) -> PurePosixPath:
     """The file holding one version's bytes, relative to the root."""
-    return object_folder(dataset, key) / hlc.text
+    h = object_hash(dataset, key)
+    return PurePosixPath(OBJECTS, h[0:3], f"{h}.{hlc.text}")
 
 
 def is_version_path(relative: PurePosixPath) -> bool:
     """Whether a path found under the root has the shape `version_path` produces."""
     parts = relative.parts
-    if len(parts) != 5 or parts[0] != OBJECTS:
+    if len(parts) != 3 or parts[0] != OBJECTS:
         return False
-    _, a, b, h, leaf = parts
-    if len(h) != 64 or a != h[0:2] or b != h[2:4] or h.strip("0123456789abcdef"):
+    _, fan, leaf = parts
+    h, dot, hlc = leaf[:64], leaf[64:65], leaf[65:]
+    if dot != "." or fan != h[0:3] or len(h) != 64 or h.strip("0123456789abcdef"):
         return False
     try:
-        HLC.parse(leaf)
+        HLC.parse(hlc)
     except InvalidInputError:
         return False
     return True

@@ -83,7 +83,7 @@ def _remove_tree(path: Path) -> None:
 def _remove_orphans(root: Path, conn: sqlite3.Connection) -> int:
     removed = 0
     top = root / OBJECTS
-    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+    for dirpath, _dirnames, filenames in os.walk(top):
         for name in filenames:
             path = Path(dirpath, name)
             relative = PurePosixPath(path.relative_to(root).as_posix())
@@ -95,9 +95,7 @@ def _remove_orphans(root: Path, conn: sqlite3.Connection) -> int:
                     continue
             files.remove_file(path)
             removed += 1
-        for name in dirnames:
-            # Links are not ours: os.walk does not follow them, and rmdir refuses them.
-            files.remove_empty_dir(Path(dirpath, name))
+    # Folders stay: the fan-out folders are reused, and the store knows them.
     return removed
 
 

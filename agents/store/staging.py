@@ -57,10 +57,13 @@ class StagedWrite:
         self._hasher = ContentHasher()
         self.size = 0
         self._digest: Digest | None = None
+        self._aborted = False
         self._lock = threading.Lock()  # abort may come from another thread (cancellation)
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Append one chunk: hash it and write it; refuse it if it passes a size limit."""
+        if self._digest is not None:
+            raise InvalidInputError(f"the write of {self.dataset}/{self.key} is already finished")
         try:
             view = memoryview(chunk).cast("B")
         except TypeError:
@@ -94,29 +97,35 @@ class StagedWrite:
                 ) from err
             self.size = new_size
 
-    def finish(self) -> Digest:
-        """End the stream: check the size and digest, fsync, close. Returns the digest.
-        On a mismatch the temporary file is removed and the error raised."""
+    def finish(self, *, sync: bool = True) -> Digest:
+        """End the stream: check the size and digest, then (unless `sync=False`, for a
+        caller that fsyncs many files at once by calling `finish()` again) fsync and
+        close. Returns the digest; idempotent. On a mismatch the temporary file is
+        removed and the error raised."""
         with self._lock:
-            fd = self._require_open()
-            if self.expected_size is not None and self.size != self.expected_size:
-                self._abort_locked()
-                raise ShortStreamError(
-                    f"object {self.dataset}/{self.key} ended after {self.size} of its "
-                    f"{self.expected_size} bytes; nothing was stored"
-                )
-            digest = self._hasher.digest()
-            if self.expected_digest is not None and digest != self.expected_digest:
-                self._abort_locked()
-                raise DigestMismatchError(
-                    f"object {self.dataset}/{self.key} hashed to {digest}, not the stated "
-                    f"{self.expected_digest}; nothing was stored"
-                )
-            files.fsync_file(fd)
-            os.close(fd)
-            self._fd = None
-            self._digest = digest
-            return digest
+            if self._aborted:
+                raise InvalidInputError(f"the write of {self.dataset}/{self.key} was aborted")
+            if self._digest is None:
+                self._require_open()
+                if self.expected_size is not None and self.size != self.expected_size:
+                    self._abort_locked()
+                    raise ShortStreamError(
+                        f"object {self.dataset}/{self.key} ended after {self.size} of its "
+                        f"{self.expected_size} bytes; nothing was stored"
+                    )
+                digest = self._hasher.digest()
+                if self.expected_digest is not None and digest != self.expected_digest:
+                    self._abort_locked()
+                    raise DigestMismatchError(
+                        f"object {self.dataset}/{self.key} hashed to {digest}, not the stated "
+                        f"{self.expected_digest}; nothing was stored"
+                    )
+                self._digest = digest
+            if sync and self._fd is not None:
+                files.fsync_file(self._fd)
+                os.close(self._fd)
+                self._fd = None
+            return self._digest
 
     @property
     def digest(self) -> Digest:
@@ -130,6 +139,7 @@ class StagedWrite:
             self._abort_locked()
 
     def _abort_locked(self) -> None:
+        self._aborted = True
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

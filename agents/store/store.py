@@ -14,9 +14,11 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Literal, Self
 
 from agents.store import files, repair, rows
@@ -32,7 +34,7 @@ from agents.store.model import (
     StoredVersion,
     Usage,
 )
-from agents.store.names import check_name, version_path
+from agents.store.names import OBJECTS, check_name, version_path
 from agents.store.reader import CHUNK_BYTES, ObjectReader
 from agents.store.schema import FORMAT, connect
 from agents.store.staging import TMP, StagedWrite
@@ -48,6 +50,22 @@ DEFAULT_TOMBSTONE_RETENTION_S = 7 * 24 * 3600
 MAX_PAGE = 10_000
 _STRIPES = 256
 RECORDER = "recorder"
+_FSYNC_THREADS = 16
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One version to install (see `_install_many`)."""
+
+    dataset: str
+    key: str
+    version: Version
+    staged: StagedWrite | None
+    set_id: str | None = None
+    outbox: bool = False
+    epoch: int = 0
+    policy_revision: int | None = None
+
 
 Source = Iterable[bytes | bytearray | memoryview] | BinaryIO
 
@@ -83,6 +101,11 @@ class ObjectStore:
             self.root.mkdir(parents=True, exist_ok=True)
             for sub in ("objects", TMP):
                 files.make_dirs(self.root, Path(sub))
+            # Folders found here may not be durable yet (made by a process that did not
+            # finish): one fsync of each parent makes them so, and then a write into
+            # a known fan-out folder needs no mkdir, no lock and no parent fsync.
+            files.fsync_dir(self.root)
+            files.fsync_dir(self.root / OBJECTS)
             self._lock_fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
             raise ConfigError(
@@ -104,6 +127,7 @@ class ObjectStore:
                     f"this agent reads format {FORMAT}"
                 )
             self.repair_report: RepairReport = repair.run(self.root, self._db, verify=verify)
+            self._folders = {e.name for e in os.scandir(self.root / OBJECTS) if e.is_dir()}
         except BaseException:
             self._release()
             raise
@@ -222,7 +246,7 @@ class ObjectStore:
                     policy_revision=policy_revision,
                     transfer=transfer,
                 )
-        self._settle(staged.dataset, completed)
+        self._settle(completed)
         return version
 
     def delete(
@@ -253,7 +277,7 @@ class ObjectStore:
                 policy_revision=policy_revision,
                 transfer=None,
             )
-        self._settle(dataset, completed)
+        self._settle(completed)
         return version
 
     def apply(
@@ -297,7 +321,7 @@ class ObjectStore:
                     policy_revision=None,
                     transfer=transfer,
                 )
-            self._settle(dataset, completed)
+            self._settle(completed)
             return ApplyResult(verdict, version)
         with self.stage(
             dataset, key, expected_size=version.size, expected_digest=version.digest
@@ -354,8 +378,129 @@ class ObjectStore:
                         transfer=transfer,
                     )
                     result = ApplyResult(verdict, version)
-            self._settle(dataset, completed)
+            self._settle(completed)
             return result
+
+    def put_many(
+        self,
+        items: Sequence[tuple[str, str, Source]],
+        *,
+        outbox: bool = False,
+        epoch: int = 0,
+        policy_revision: int | None = None,
+    ) -> list[Version]:
+        """Store several new local versions (a bundle of small objects) as `put` would,
+        but committed together: the temporary files and the folders are fsynced in
+        parallel and every row goes in one transaction, so the bundle costs about as
+        many disk flushes as one object. All or nothing: on any error none is stored.
+        Each (dataset, key) at most once."""
+        self._distinct([(d, k) for d, k, _ in items])
+        staged: list[StagedWrite] = []
+        try:
+            for dataset, key, source in items:
+                staged.append(self.stage(dataset, key))
+                for chunk in _chunks(source):
+                    staged[-1].write(chunk)
+                staged[-1].finish(sync=False)
+            self._each_staged(staged)
+            with self._object_locks([(s.dataset, s.key) for s in staged]):
+                entries = [
+                    _Entry(
+                        s.dataset,
+                        s.key,
+                        Version.put(self.clock.now(), s.size, s.digest),
+                        s,
+                        outbox=outbox,
+                        epoch=epoch,
+                        policy_revision=policy_revision,
+                    )
+                    for s in staged
+                ]
+                completed = self._install_many(entries)
+        finally:
+            for s in staged:
+                s.abort()  # after the commit this removes nothing
+        self._settle(completed)
+        return [e.version for e in entries]
+
+    def apply_many(
+        self,
+        items: Sequence[tuple[str, str, Version, Source | None]],
+        *,
+        transfer: Mapping[str, JsonValue] | None = None,
+    ) -> list[ApplyResult]:
+        """`apply` for a bundle of versions made elsewhere, committed together as in
+        `put_many` (`transfer` is journalled once for the bundle). Each item is decided
+        by LWW on its own; the results come in the order of `items`. A bad item
+        (digest, size) fails the whole bundle and stores none."""
+        self._distinct([(d, k) for d, k, _, _ in items])
+        checked = []
+        for raw_dataset, raw_key, version, source in items:
+            dataset, key = check_name("dataset", raw_dataset), check_name("key", raw_key)
+            if version.is_tombstone != (source is None):
+                raise InvalidInputError(
+                    f"apply of {dataset}/{key} at {version.hlc}: a put needs its bytes and a "
+                    "tombstone takes none"
+                )
+            self.clock.observe(version.hlc)
+            checked.append((dataset, key, version, source))
+        staged: dict[int, StagedWrite] = {}
+        try:
+            for n, (dataset, key, version, source) in enumerate(checked):
+                if source is None or not self._wanted(dataset, key, version):
+                    continue
+                staged[n] = self.stage(
+                    dataset, key, expected_size=version.size, expected_digest=version.digest
+                )
+                for chunk in _chunks(source):
+                    staged[n].write(chunk)
+                staged[n].finish(sync=False)
+            self._each_staged(list(staged.values()))
+            results: list[ApplyResult | None] = [None] * len(checked)
+            entries: list[_Entry] = []
+            completed: list[tuple[str, str]] = []
+            with self._object_locks([(d, k) for d, k, _, _ in checked]):
+                for n, (dataset, key, version, _) in enumerate(checked):
+                    row = self._row(dataset, key, version.hlc)
+                    held = self.head(dataset, key)
+                    verdict = lww(version, held)
+                    if (
+                        row is not None
+                        and n in staged
+                        and row.state == "missing"
+                        and row.version == version
+                    ):
+                        completed += self._restore(row, staged[n])
+                        results[n] = ApplyResult(Verdict.SAME, held or version, True)
+                        continue
+                    if row is not None and verdict is not Verdict.APPLY:
+                        verdict = Verdict.SAME if row.version == version else Verdict.COLLISION
+                    if not verdict.applies or (not version.is_tombstone and n not in staged):
+                        results[n] = ApplyResult(verdict, held or version)
+                        continue
+                    entries.append(_Entry(dataset, key, version, staged.get(n)))
+                    results[n] = ApplyResult(verdict, version)
+                completed += self._install_many(entries, transfer=transfer)
+        finally:
+            for s in staged.values():
+                s.abort()
+        self._settle(completed)
+        return [r for r in results if r is not None]
+
+    def _distinct(self, names: Sequence[tuple[str, str]]) -> None:
+        seen: set[tuple[str, str]] = set()
+        for dataset, key in names:
+            if (dataset, key) in seen:
+                raise InvalidInputError(f"object {dataset}/{key} is twice in one bundle")
+            seen.add((dataset, key))
+
+    def _each_staged(self, staged: Sequence[StagedWrite]) -> None:
+        if len(staged) <= 1:
+            for s in staged:
+                s.finish()
+            return
+        with ThreadPoolExecutor(min(len(staged), _FSYNC_THREADS)) as pool:
+            list(pool.map(lambda s: s.finish(), staged))
 
     def _wanted(self, dataset: str, key: str, version: Version) -> bool:
         """Whether `apply` should read the bytes: LWW would apply it, or it restores."""
@@ -384,59 +529,101 @@ class ObjectStore:
         epoch: int,
         policy_revision: int | None,
         transfer: Mapping[str, JsonValue] | None,
-    ) -> list[str]:
-        """Steps 3-5 of the write protocol (object lock held): rename the fsynced
-        temporary file to the version's path, fsync the folder, commit the row with
-        its journal and outbox rows and the pruning of old bases; then remove the
-        pruned files (a crash before that leaves files without rows, which startup
-        removes). Returns the sets this version completed: the caller prunes for them
-        once it has let go of the object's lock (`_settle`)."""
-        relative: str | None = None
-        target: Path | None = None
-        if staged is not None:
-            rel = version_path(dataset, key, version.hlc)
-            relative, target = str(rel), self.root / rel
-            folder = files.make_dirs(self.root, Path(rel.parent))
-            files.replace(staged.path, target)
-            files.fsync_dir(folder)
+    ) -> list[tuple[str, str]]:
+        entry = _Entry(dataset, key, version, staged, set_id, outbox, epoch, policy_revision)
+        return self._install_many([entry], transfer=transfer)
+
+    def _install_many(
+        self, entries: Sequence[_Entry], *, transfer: Mapping[str, JsonValue] | None = None
+    ) -> list[tuple[str, str]]:
+        """Steps 3-5 of the write protocol (the objects' locks held): rename each fsynced
+        temporary file to its version's path, fsync the folders, commit the rows with
+        their journal and outbox rows and the pruning of old bases in ONE transaction;
+        then remove the pruned files (a crash before that leaves files without rows,
+        which startup removes). `transfer` is journalled once, with the first entry.
+        Returns the (dataset, set) pairs these versions completed: the caller prunes
+        for them once it has let go of the objects' locks (`_settle`)."""
+        targets: list[Path] = []
+        relatives: list[str | None] = []
+        folders: set[Path] = set()
+        completed: list[tuple[str, str]] = []
+        victims: list[Path] = []
         try:
+            for e in entries:
+                if e.staged is None:
+                    relatives.append(None)
+                    continue
+                rel = version_path(e.dataset, e.key, e.version.hlc)
+                folders.add(self._folder(rel))
+                files.replace(e.staged.path, self.root / rel)
+                targets.append(self.root / rel)
+                relatives.append(str(rel))
+            self._each(files.fsync_dir, sorted(folders))
             with self._tx() as conn:
-                conn.execute(
-                    "INSERT INTO versions (dataset, key, hlc, op, size, digest, state, set_id,"
-                    " stored_ms, path) VALUES (?, ?, ?, ?, ?, ?, 'present', ?, ?, ?)",
-                    (
-                        dataset,
-                        key,
-                        version.hlc.text,
-                        version.op,
-                        version.size,
-                        None if version.digest is None else version.digest.text,
-                        set_id,
-                        rows.now_ms(),
-                        relative,
-                    ),
-                )
-                data = rows.version_data(version)
-                data["set"] = set_id
-                rows.journal(conn, "version", dataset, key, version.hlc.text, data)
-                if transfer is not None:
-                    rows.journal(conn, "transfer", dataset, key, version.hlc.text, dict(transfer))
-                if outbox:
-                    self._add_event(
-                        conn, "version", dataset, key, version, set_id, epoch, policy_revision
+                for n, (e, relative) in enumerate(zip(entries, relatives, strict=True)):
+                    hlc = e.version.hlc.text
+                    conn.execute(
+                        "INSERT INTO versions (dataset, key, hlc, op, size, digest, state,"
+                        " set_id, stored_ms, path) VALUES (?, ?, ?, ?, ?, ?, 'present', ?, ?, ?)",
+                        (
+                            e.dataset,
+                            e.key,
+                            hlc,
+                            e.version.op,
+                            e.version.size,
+                            None if e.version.digest is None else e.version.digest.text,
+                            e.set_id,
+                            rows.now_ms(),
+                            relative,
+                        ),
                     )
-                completed = rows.refresh_sets_of(conn, dataset, key, version.hlc.text)
-                victims = self._prune_rows(conn, dataset, key)
+                    data = rows.version_data(e.version)
+                    data["set"] = e.set_id
+                    rows.journal(conn, "version", e.dataset, e.key, hlc, data)
+                    if transfer is not None and n == 0:
+                        rows.journal(conn, "transfer", e.dataset, e.key, hlc, dict(transfer))
+                    if e.outbox:
+                        self._add_event(
+                            conn,
+                            "version",
+                            e.dataset,
+                            e.key,
+                            e.version,
+                            e.set_id,
+                            e.epoch,
+                            e.policy_revision,
+                        )
+                    done = rows.refresh_sets_of(conn, e.dataset, e.key, hlc)
+                    completed += [(e.dataset, set_id) for set_id in done]
+                    victims += self._prune_rows(conn, e.dataset, e.key)
         except BaseException:
-            if target is not None:
+            for target in targets:
                 files.remove_file(target)  # its row did not commit: it must not stay
             raise
         self._remove_files(victims)
         return completed
 
-    def _restore(self, held: StoredVersion, staged: StagedWrite) -> list[str]:
+    def _each(self, fn: Callable[[Path], None], items: Sequence[Path]) -> None:
+        """Run a blocking call (an fsync) on each item, in parallel when there are several:
+        the file system then commits them together instead of one after another."""
+        if len(items) <= 1:
+            for item in items:
+                fn(item)
+            return
+        with ThreadPoolExecutor(min(len(items), _FSYNC_THREADS)) as pool:
+            list(pool.map(fn, items))
+
+    def _folder(self, rel: PurePosixPath) -> Path:
+        """The fan-out folder of a version path, made (durably) if it is new."""
+        name = rel.parent.name
+        if name not in self._folders:
+            files.make_dirs(self.root, Path(rel.parent))
+            self._folders.add(name)
+        return self.root / rel.parent
+
+    def _restore(self, held: StoredVersion, staged: StagedWrite) -> list[tuple[str, str]]:
         rel = version_path(held.dataset, held.key, held.version.hlc)
-        folder = files.make_dirs(self.root, Path(rel.parent))
+        folder = self._folder(rel)
         files.replace(staged.path, self.root / rel)
         files.fsync_dir(folder)
         with self._tx() as conn:
@@ -446,7 +633,8 @@ class ObjectStore:
             )
             hlc = held.version.hlc.text
             rows.journal(conn, "restored", held.dataset, held.key, hlc, {"hlc": hlc})
-            return rows.refresh_sets_of(conn, held.dataset, held.key, hlc)
+            done = rows.refresh_sets_of(conn, held.dataset, held.key, hlc)
+        return [(held.dataset, set_id) for set_id in done]
 
     def _add_event(
         self,
@@ -535,12 +723,11 @@ class ObjectStore:
     def _remove_files(self, paths: list[Path]) -> None:
         for path in paths:
             files.remove_file(path)
-            files.remove_empty_dir(path.parent)
 
-    def _settle(self, dataset: str, completed: Iterable[str]) -> None:
+    def _settle(self, completed: Iterable[tuple[str, str]]) -> None:
         """Prune for each set that just became complete (no object lock held: it takes
         them one at a time, so two threads never wait on each other's)."""
-        for set_id in completed:
+        for dataset, set_id in completed:
             self._prune_set_keys(dataset, set_id)
 
     def _prune_set_keys(self, dataset: str, set_id: str) -> None:
@@ -947,6 +1134,16 @@ class ObjectStore:
     @contextmanager
     def _object_lock(self, dataset: str, key: str) -> Iterator[None]:
         with self._stripes[hash((dataset, key)) % _STRIPES]:
+            yield
+
+    @contextmanager
+    def _object_locks(self, names: Iterable[tuple[str, str]]) -> Iterator[None]:
+        """The locks of several objects, taken in stripe order so that two bundles
+        never wait on each other."""
+        stripes = sorted({hash(name) % _STRIPES for name in names})
+        with ExitStack() as stack:
+            for stripe in stripes:
+                stack.enter_context(self._stripes[stripe])
             yield
 
     @contextmanager

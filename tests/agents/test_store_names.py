@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents.store import ObjectStore, check_name
-from agents.store.names import is_version_path, object_folder, version_path
+from agents.store.names import is_version_path, version_path
 from controlplane.domain.hlc import HLC
 from controlplane.errors import InvalidInputError
 
@@ -75,10 +75,14 @@ def test_any_accepted_name_maps_inside_objects(dataset: str, key: str) -> None:
     assert os.path.normpath(root / path).startswith(f"{root}/objects/")
 
 
-def test_distinct_names_get_distinct_folders() -> None:
-    # NUL separates dataset and key, so moving a '/' between them changes the folder.
-    assert object_folder("a/b", "c") != object_folder("a", "b/c")
-    assert object_folder("ds", "K") != object_folder("ds", "k")
+def test_distinct_names_get_distinct_paths() -> None:
+    hlc = HLC(1764579123456, 0, "eu-west")
+    # NUL separates dataset and key, so moving a '/' between them changes the path.
+    assert version_path("a/b", "c", hlc) != version_path("a", "b/c", hlc)
+    assert version_path("ds", "K", hlc) != version_path("ds", "k", hlc)
+    assert is_version_path(PurePosixPath("objects", "abc", "abc" + "0" * 61 + "." + hlc.text))
+    assert not is_version_path(PurePosixPath("objects", "abd", "abc" + "0" * 61 + "." + hlc.text))
+    assert not is_version_path(PurePosixPath("objects", "abc", "abc" + "0" * 61 + ".x"))
 
 
 @settings(

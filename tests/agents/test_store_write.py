@@ -270,3 +270,24 @@ def test_bytes_io_and_generators_give_the_same_digest(store: ObjectStore) -> Non
     parts: list[bytes | bytearray | memoryview] = [bytearray(data[:5]), memoryview(data)[5:]]
     b = store.put("ds", "b", iter(parts))
     assert a.digest == b.digest == Digest.of(data)
+
+
+def test_tombstones_expire_after_the_retention_with_their_bases(open_store: StoreFactory) -> None:
+    store = open_store(tombstone_retention_s=3600)
+    store.put("ds", "gone", [b"old"])
+    tomb = store.delete("ds", "gone")
+    store.put("ds", "live", [b"x"])
+    store.delete("ds", "live")
+    live_again = store.put("ds", "live", [b"y"])
+    assert store.expire_tombstones() == 0  # not old enough yet
+    later = tomb.hlc.wall_ms + 3600 * 1000 + 1
+    assert store.expire_tombstones(now_ms=later) == 1
+    assert store.versions("ds", "gone") == []
+    assert store.head("ds", "live") == live_again
+    assert [p for p in object_files(store.root)] == [
+        str(version_path("ds", "live", s.version.hlc))
+        for s in store.versions("ds", "live")
+        if not s.version.is_tombstone
+    ]
+    removed = [j for j in store.journal_pending() if j.kind == "removed" and j.key == "gone"]
+    assert {j.data["reason"] for j in removed} == {"tombstone expired"}
