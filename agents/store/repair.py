@@ -43,6 +43,7 @@ log = get_logger(__name__)
 
 Verify = Literal["size", "digest"]
 _READ_BYTES = 1 << 20
+_PAGE_ROWS = 10_000
 
 
 def run(root: Path, conn: sqlite3.Connection, *, verify: Verify = "size") -> RepairReport:
@@ -100,38 +101,56 @@ def _remove_orphans(root: Path, conn: sqlite3.Connection) -> int:
 
 
 def _check_rows(root: Path, conn: sqlite3.Connection, verify: Verify) -> tuple[int, int]:
+    # In pages of rows (keyset order), each page one transaction, so that a store of
+    # millions of versions is checked in bounded memory.
     missing = restored = 0
-    found = conn.execute(rows.SELECT_VERSIONS + " WHERE op = 'put'").fetchall()
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for row in found:
-            stored = rows.to_stored(row[:-1])
-            path = root / str(row[-1])
-            whole = _whole(path, stored.version.size, stored.version.digest, verify)
-            hlc = stored.version.hlc.text
-            if stored.state == "present" and not whole:
-                files.remove_file(path)
-                _set_state(conn, stored.dataset, stored.key, hlc, "missing")
-                data = rows.version_data(stored.version)
-                data["reason"] = "file missing or damaged at startup"
-                rows.journal(conn, "missing", stored.dataset, stored.key, hlc, data)
-                missing += 1
-            elif stored.state == "missing" and path.exists():
-                # A restore that crashed before its commit: keep the bytes only if whole.
-                if _whole(path, stored.version.size, stored.version.digest, "digest"):
-                    _set_state(conn, stored.dataset, stored.key, hlc, "present")
-                    rows.journal(conn, "restored", stored.dataset, stored.key, hlc, {"hlc": hlc})
-                    restored += 1
-                else:
-                    files.remove_file(path)
-            else:
-                continue
-            rows.refresh_sets_of(conn, stored.dataset, stored.key, hlc)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-    return missing, restored
+    last: tuple[object, ...] = ("", "", "")
+    while True:
+        page = conn.execute(
+            rows.SELECT_VERSIONS + " WHERE op = 'put' AND (dataset, key, hlc) > (?, ?, ?)"
+            " ORDER BY dataset, key, hlc LIMIT ?",
+            (*last, _PAGE_ROWS),
+        ).fetchall()
+        if not page:
+            return missing, restored
+        last = page[-1][:3]
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for row in page:
+                lost, back = _check_row(root, conn, row, verify)
+                missing, restored = missing + lost, restored + back
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+
+def _check_row(
+    root: Path, conn: sqlite3.Connection, row: tuple[object, ...], verify: Verify
+) -> tuple[int, int]:
+    stored = rows.to_stored(row[:-1])
+    path = root / str(row[-1])
+    hlc = stored.version.hlc.text
+    if stored.state == "present":
+        if _whole(path, stored.version.size, stored.version.digest, verify):
+            return 0, 0
+        files.remove_file(path)
+        _set_state(conn, stored.dataset, stored.key, hlc, "missing")
+        data = rows.version_data(stored.version)
+        data["reason"] = "file missing or damaged at startup"
+        rows.journal(conn, "missing", stored.dataset, stored.key, hlc, data)
+        rows.refresh_sets_of(conn, stored.dataset, stored.key, hlc)
+        return 1, 0
+    if not path.exists():
+        return 0, 0
+    # A restore that crashed before its commit: keep the bytes only if they are whole.
+    if not _whole(path, stored.version.size, stored.version.digest, "digest"):
+        files.remove_file(path)
+        return 0, 0
+    _set_state(conn, stored.dataset, stored.key, hlc, "present")
+    rows.journal(conn, "restored", stored.dataset, stored.key, hlc, {"hlc": hlc})
+    rows.refresh_sets_of(conn, stored.dataset, stored.key, hlc)
+    return 0, 1
 
 
 def _set_state(conn: sqlite3.Connection, dataset: str, key: str, hlc: str, state: str) -> None:

@@ -53,7 +53,12 @@ class StagedWrite:
         self.max_size = max_size
         self.expected_digest = expected_digest
         self.path = root / TMP / f"{uuid.uuid4().hex}.part"
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as err:
+            raise StorageError(
+                f"could not start writing {dataset}/{key} in {self.path.parent}: {err.strerror}"
+            ) from err
         self._hasher = ContentHasher()
         self.size = 0
         self._digest: Digest | None = None
@@ -122,7 +127,14 @@ class StagedWrite:
                     )
                 self._digest = digest
             if sync and self._fd is not None:
-                files.fsync_file(self._fd)
+                try:
+                    files.fsync_file(self._fd)
+                except OSError as err:
+                    self._abort_locked()
+                    raise StorageError(
+                        f"could not make {self.dataset}/{self.key} durable: {err.strerror}; "
+                        "nothing was stored"
+                    ) from err
                 os.close(self._fd)
                 self._fd = None
             return self._digest

@@ -118,19 +118,32 @@ class ObjectStore:
             raise StoreLockedError(
                 f"store root {self.root} is open in another process; one agent per root"
             ) from None
+        db: sqlite3.Connection | None = None
+        db_path = self.root / "meta.db"
+        if not db_path.exists() and _any_file(self.root / OBJECTS):
+            # Repair trusts the metadata; with none, it would delete every object.
+            self._release()
+            raise ConfigError(
+                f"store root {self.root} holds objects but no meta.db; restore the metadata "
+                "database or empty objects/ before starting"
+            )
         try:
-            self._db = connect(self.root / "meta.db")
-            found = self._db.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+            db = connect(db_path)
+            found = db.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
             if found[0] != FORMAT:
                 raise ConfigError(
                     f"store root {self.root} has metadata format {found[0]}, "
                     f"this agent reads format {FORMAT}"
                 )
-            self.repair_report: RepairReport = repair.run(self.root, self._db, verify=verify)
+            self.repair_report: RepairReport = repair.run(self.root, db, verify=verify)
             self._folders = {e.name for e in os.scandir(self.root / OBJECTS) if e.is_dir()}
+        except (sqlite3.Error, OSError) as err:
+            self._abandon(db)
+            raise StorageError(f"store {self.root} could not be opened: {err}") from err
         except BaseException:
-            self._release()
+            self._abandon(db)
             raise
+        self._db = db
         log.info("store opened", root=str(self.root), **vars(self.repair_report))
 
     # -- lifecycle -------------------------------------------------------------------
@@ -143,6 +156,11 @@ class ObjectStore:
             self._closed = True
             self._db.close()
             self._release()
+
+    def _abandon(self, db: sqlite3.Connection | None) -> None:
+        if db is not None:
+            db.close()
+        self._release()
 
     def _release(self) -> None:
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
@@ -596,9 +614,14 @@ class ObjectStore:
                     done = rows.refresh_sets_of(conn, e.dataset, e.key, hlc)
                     completed += [(e.dataset, set_id) for set_id in done]
                     victims += self._prune_rows(conn, e.dataset, e.key)
-        except BaseException:
+        except BaseException as err:
             for target in targets:
                 files.remove_file(target)  # its row did not commit: it must not stay
+            if isinstance(err, OSError):
+                raise StorageError(
+                    f"store {self.root} could not commit {len(entries)} version(s): "
+                    f"{err.strerror or err}; nothing was stored"
+                ) from err
             raise
         self._remove_files(victims)
         return completed
@@ -1167,6 +1190,10 @@ class ObjectStore:
     def _require_open(self) -> None:
         if self._closed:
             raise UnavailableError(f"store {self.root} is closed")
+
+
+def _any_file(folder: Path) -> bool:
+    return any(names for _, _, names in os.walk(folder))
 
 
 def _missing(stored: StoredVersion) -> MissingContentError:

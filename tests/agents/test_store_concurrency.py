@@ -117,3 +117,21 @@ async def test_put_stream_from_an_async_iterable(store: ObjectStore) -> None:
     with pytest.raises(NotFoundError):
         store.stat("ds", "cut")
     assert os.listdir(store.root / "tmp") == []
+
+
+async def test_a_cancelled_put_stream_stores_nothing(store: ObjectStore) -> None:
+    started = asyncio.Event()
+
+    async def slow() -> AsyncIterator[bytes]:
+        yield b"first chunk"
+        started.set()
+        await asyncio.Event().wait()  # never set: the stream stalls until cancelled
+        yield b"never"
+
+    task = asyncio.create_task(put_stream(store, "ds", "k", slow()))
+    await asyncio.wait_for(started.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert store.head("ds", "k") is None
+    assert os.listdir(store.root / "tmp") == []

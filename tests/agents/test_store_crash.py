@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from agents.store import MissingContentError, ObjectStore
+from agents.store import MissingContentError, ObjectStore, StorageError
 from agents.store.names import version_path
 from controlplane.domain.hlc import HybridClock
 from controlplane.domain.version import Digest
+from controlplane.errors import ConfigError
 
 from .conftest import StoreFactory
 from .store_helpers import object_files, remote
@@ -151,3 +152,37 @@ def test_missing_version_is_refilled_by_apply_even_across_a_crash(
     result = store.apply("ds", "lost", lost, [data])
     assert result.restored and store.read_bytes("ds", "lost") == data
     assert [j.kind for j in store.journal_pending()][-1] == "restored"
+
+
+def test_repair_checks_every_row_page_by_page(
+    open_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store()
+    made = [store.put("ds", f"k{i}", [f"bytes {i}".encode()]) for i in range(10)]
+    root = store.root
+    store.close()
+    for i in (0, 4, 9):
+        os.unlink(root / version_path("ds", f"k{i}", made[i].hlc))
+    monkeypatch.setattr("agents.store.repair._PAGE_ROWS", 3)
+    store = open_store()
+    assert store.repair_report.marked_missing == 3
+    states = {k: store.versions("ds", k)[0].state for k in (f"k{i}" for i in range(10))}
+    assert [k for k, s in states.items() if s == "missing"] == ["k0", "k4", "k9"]
+
+
+def test_a_damaged_metadata_database_is_one_storage_error(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with ObjectStore(root, clock=HybridClock("eu-west")) as store:
+        store.put("ds", "k", [b"x"])
+    for name in ("meta.db-wal", "meta.db-shm"):
+        (root / name).unlink(missing_ok=True)
+    (root / "meta.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StorageError, match="could not be opened"):
+        ObjectStore(root, clock=HybridClock("eu-west"))
+    # Without its database, the objects are not deleted as orphans: the store refuses.
+    (root / "meta.db").unlink()
+    before = object_files(root)
+    with pytest.raises(ConfigError, match=r"holds objects but no meta\.db"):
+        ObjectStore(root, clock=HybridClock("eu-west"))
+    assert object_files(root) == before and len(before) == 1
+    assert not (root / "meta.db").exists()
