@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from controlplane.domain.errors import VersionError
+from controlplane.domain.events import ChangeEvent
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Verdict, Version
+from controlplane.domain.version_set import SetMember, VersionSet
 
 State = Literal["present", "missing"]
 JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
@@ -36,11 +39,12 @@ class Page:
 @dataclass(frozen=True)
 class Usage:
     """`objects`: objects whose newest version is a put; `versions`: version files kept
-    (bases included); `bytes`: their total size."""
+    (bases included); `bytes`: their total size; `bytes_free`: space left for them."""
 
     objects: int
     versions: int
     bytes: int
+    bytes_free: int
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,11 @@ class SetRecord:
     members: dict[str, HLC]
     complete: bool
 
+    def as_version_set(self) -> VersionSet:
+        """The domain's form of this set (what replicates)."""
+        members = tuple(SetMember(key, hlc) for key, hlc in sorted(self.members.items()))
+        return VersionSet(self.dataset, self.set_id, members, self.hlc)
+
 
 @dataclass(frozen=True)
 class OutboxEvent:
@@ -80,6 +89,27 @@ class OutboxEvent:
     policy_revision: int | None
     members: dict[str, HLC] = field(default_factory=dict)  # kind "set" only
     set_hlc: HLC | None = None  # kind "set" only
+
+    def change_event(
+        self, *, inline: bytes | None = None, origin_agent: str | None = None
+    ) -> ChangeEvent:
+        """The domain's ChangeEvent of a `version` event, for the drainer to publish; the
+        caller adds the content source (inline bytes read from the store, or its own
+        address). VersionError for a `set` event or one without a policy revision."""
+        if self.kind != "version" or self.key is None or self.version is None:
+            raise VersionError(f"outbox event {self.event_id} is a set record, not a change")
+        return ChangeEvent(
+            event_id=self.event_id,
+            dataset=self.dataset,
+            key=self.key,
+            version=self.version,
+            origin_region=self.origin_region,
+            policy_revision=self.policy_revision or 0,
+            epoch=self.epoch,
+            set=self.set_id,
+            inline=inline,
+            origin_agent=origin_agent,
+        )
 
 
 @dataclass(frozen=True)

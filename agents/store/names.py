@@ -1,9 +1,10 @@
 """Dataset, key and set names, and the one place that maps them to paths.
 
-Rules (spec/dataplane.md, *The agent's store*): a name is UTF-8 text, not empty,
-with no NUL, no `..` segment between slashes, no leading `/`, at most 1,024
-bytes. A name that breaks one is refused with one InvalidInputError naming the
-field and the value, before any file is touched.
+Rules (spec/dataplane.md, *The agent's store*, checked by the domain's
+`check_name`): a name is UTF-8 text, not empty, with no NUL, no `..` segment
+between slashes, no leading `/`, at most 1,024 bytes. A name that breaks one is
+refused with one ObjectNameError (an InvalidInputError) naming the field and the
+value, before any file is touched.
 
 Mapping: a version's file is `objects/<h[0:3]>/<h>.<HLC text>`, where `h` is
 the blake3 hex digest of `dataset NUL key` (NUL cannot occur in a name, so the
@@ -25,51 +26,29 @@ from pathlib import PurePosixPath
 
 from blake3 import blake3
 
+from controlplane.domain.errors import ObjectNameError
 from controlplane.domain.hlc import HLC
+from controlplane.domain.names import NAME_MAX_BYTES
+from controlplane.domain.names import check_name as domain_check_name
 from controlplane.errors import InvalidInputError
 
-MAX_NAME_BYTES = 1024
+MAX_NAME_BYTES = NAME_MAX_BYTES
 OBJECTS = "objects"
 
 
-def _shown(value: str | bytes) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
-
-
 def check_name(field: str, value: object) -> str:
-    """Return `value` as text if it is a valid name; otherwise raise one InvalidInputError
-    that names `field` (dataset, key, set) and the value."""
+    """Return `value` as text if it is a valid name; otherwise raise one
+    ObjectNameError (an InvalidInputError) naming `field` (dataset, key, set,
+    prefix) and the value. The rules are the domain's (`controlplane.domain.names`,
+    the one definition); this adds bytes, which must decode as UTF-8 first."""
     if isinstance(value, bytes):
         try:
-            text = value.decode("utf-8")
+            value = value.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise InvalidInputError(
-                f"{field} {_shown(value)} is not UTF-8 (byte {err.start} is invalid)"
+            raise ObjectNameError(
+                f"{field} name {value[:60]!r} is not UTF-8 (byte {err.start} is invalid)"
             ) from None
-    elif isinstance(value, str):
-        text = value
-    else:
-        raise InvalidInputError(f"{field} must be text, got {type(value).__name__}")
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidInputError(
-            f"{field} {_shown(text)} is not valid UTF-8 (it holds a lone surrogate)"
-        ) from None
-    if size == 0:
-        raise InvalidInputError(f"{field} is empty; a name needs at least one character")
-    if size > MAX_NAME_BYTES:
-        raise InvalidInputError(
-            f"{field} {_shown(text)} is {size} bytes long; at most {MAX_NAME_BYTES} are allowed"
-        )
-    if "\x00" in text:
-        raise InvalidInputError(f"{field} {_shown(text)} contains a NUL character")
-    if text.startswith("/"):
-        raise InvalidInputError(f"{field} {_shown(text)} starts with '/'; names are relative")
-    if ".." in text.split("/"):
-        raise InvalidInputError(f"{field} {_shown(text)} has a '..' segment")
-    return text
+    return domain_check_name(field, value)
 
 
 def object_hash(dataset: str, key: str) -> str:

@@ -272,6 +272,7 @@ class ObjectStore:
         dataset: str,
         key: str,
         *,
+        set_id: str | None = None,
         outbox: bool = False,
         epoch: int = 0,
         policy_revision: int | None = None,
@@ -279,6 +280,7 @@ class ObjectStore:
         """Write a tombstone: a version (with a fresh HLC) that hides the object. An object
         with no live version gets NotFoundError (nothing is written)."""
         dataset, key = check_name("dataset", dataset), check_name("key", key)
+        set_id = None if set_id is None else check_name("set", set_id)
         with self._object_lock(dataset, key):
             held = self.head(dataset, key)
             if held is None or held.is_tombstone:
@@ -289,7 +291,7 @@ class ObjectStore:
                 key,
                 version,
                 None,
-                set_id=None,
+                set_id=set_id,
                 outbox=outbox,
                 epoch=epoch,
                 policy_revision=policy_revision,
@@ -801,11 +803,24 @@ class ObjectStore:
 
     # -- reads -----------------------------------------------------------------------
 
-    def open(self, dataset: str, key: str, version: HLC | str | None = None) -> ObjectReader:
-        """Open the newest version (or the given one) for reading. NotFoundError when it is
-        not held or is a tombstone; MissingContentError when its bytes were lost."""
+    def open(
+        self,
+        dataset: str,
+        key: str,
+        version: HLC | str | None = None,
+        *,
+        set_id: str | None = None,
+    ) -> ObjectReader:
+        """Open the newest version (or the given one, or with `set_id` -- a set id or
+        "latest" -- the member's version in that set) for reading. NotFoundError when
+        it is not held or is a tombstone; MissingContentError when its bytes were lost."""
         dataset, key = check_name("dataset", dataset), check_name("key", key)
         hlc = HLC.parse(version) if isinstance(version, str) else version
+        if set_id is not None and hlc is None:
+            record = self.get_set(dataset, set_id)
+            hlc = record.members.get(key)
+            if hlc is None:
+                raise NotFoundError(f"set {record.set_id} of {dataset} has no member {key}")
         with self._lock:
             self._require_open()
             stored = self._row(dataset, key, hlc) if hlc is not None else self._newest(dataset, key)
@@ -835,11 +850,22 @@ class ObjectStore:
         stored = self._newest(check_name("dataset", dataset), check_name("key", key))
         return None if stored is None else stored.version
 
-    def stat(self, dataset: str, key: str, *, include_deleted: bool = False) -> StoredVersion:
-        """The newest version of an object. NotFoundError when none is held, or when it is a
-        tombstone unless `include_deleted`."""
+    def stat(
+        self,
+        dataset: str,
+        key: str,
+        version: HLC | str | None = None,
+        *,
+        include_deleted: bool = False,
+    ) -> StoredVersion:
+        """The newest version of an object (or the given one). NotFoundError when none is
+        held, or when it is a tombstone unless `include_deleted`."""
         dataset, key = check_name("dataset", dataset), check_name("key", key)
-        stored = self._newest(dataset, key)
+        if version is not None:
+            hlc = HLC.parse(version) if isinstance(version, str) else version
+            stored = self._row(dataset, key, hlc)
+        else:
+            stored = self._newest(dataset, key)
         if stored is None or (stored.version.is_tombstone and not include_deleted):
             raise NotFoundError(f"object {dataset}/{key} is not stored here")
         return stored
@@ -901,7 +927,8 @@ class ObjectStore:
                 return Page(items, None)
 
     def usage(self) -> Usage:
-        """Objects whose newest version is a put, version files kept, and their bytes."""
+        """Objects whose newest version is a put, version files kept, their bytes, and the
+        space left on the root's file system."""
         with self._lock:
             self._require_open()
             versions, size = self._db.execute(
@@ -912,7 +939,10 @@ class ObjectStore:
                 "SELECT count(*) FROM (SELECT max(hlc), op FROM versions GROUP BY dataset, key)"
                 " WHERE op = 'put'"
             ).fetchone()[0]
-        return Usage(objects=objects, versions=versions, bytes=size)
+            fs = os.statvfs(self.root)
+        return Usage(
+            objects=objects, versions=versions, bytes=size, bytes_free=fs.f_bavail * fs.f_frsize
+        )
 
     def _newest(self, dataset: str, key: str) -> StoredVersion | None:
         with self._lock:

@@ -28,7 +28,7 @@ from .store_helpers import tree
         ("a/..", "'..' segment"),
         ("x" * 1025, "1025 bytes long"),
         ("é" * 513, "1026 bytes long"),
-        ("\udcff", "lone surrogate"),
+        ("\udcff", "not valid UTF-8"),
         (b"\xff\xfe", "not UTF-8"),
         (7, "must be text"),
     ],

@@ -95,3 +95,19 @@ def test_a_set_of_newest_members_survives_many_writes(open_store: StoreFactory) 
         store.put("ckpt", "a", [f"later {i}".encode()])
     assert store.read_bytes("ckpt", "a", v.hlc) == b"pinned"
     assert len(store.versions("ckpt", "a")) == 2  # the newest and the pinned one
+
+
+def test_read_a_member_through_its_set(store: ObjectStore) -> None:
+    a1 = store.put("ckpt", "a", [b"a1"])
+    record = store.commit_set("ckpt", "step-1", {"a": a1.hlc})
+    store.put("ckpt", "a", [b"a2"])
+    with store.open("ckpt", "a", set_id="latest") as reader:
+        assert reader.read_all() == b"a1" and reader.version == a1
+    assert store.read_bytes("ckpt", "a") == b"a2"
+    with pytest.raises(NotFoundError, match="no member b"):
+        store.open("ckpt", "b", set_id="step-1")
+    domain = record.as_version_set()
+    assert (domain.id, domain.hlc, domain.member("a")) == ("step-1", record.hlc, domain.members[0])
+    assert domain.members[0].version == a1.hlc
+    gone = store.delete("ckpt", "a", set_id="step-2")
+    assert store.stat("ckpt", "a", include_deleted=True).set_id == "step-2" and gone.is_tombstone

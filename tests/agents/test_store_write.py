@@ -291,3 +291,29 @@ def test_tombstones_expire_after_the_retention_with_their_bases(open_store: Stor
     ]
     removed = [j for j in store.journal_pending() if j.kind == "removed" and j.key == "gone"]
     assert {j.data["reason"] for j in removed} == {"tombstone expired"}
+
+
+def test_outbox_events_become_domain_change_events(store: ObjectStore) -> None:
+    put = store.put("ds", "a", [b"abc"], outbox=True, policy_revision=3, set_id="s1")
+    store.put("ds", "b", [b"x"], outbox=True)  # no policy revision: not publishable
+    first, second = store.outbox_pending()
+    event = first.change_event(inline=b"abc")
+    assert (event.event_id, event.version, event.set, event.policy_revision) == (
+        first.event_id,
+        put,
+        "s1",
+        3,
+    )
+    assert event.log_key == "ds/a" and event.origin_region == "eu-west"
+    with pytest.raises(InvalidInputError, match="policy_revision is 0"):
+        second.change_event(origin_agent="127.0.0.1:7000")
+
+
+def test_stat_of_a_version_and_usage_reports_free_space(store: ObjectStore) -> None:
+    v1 = store.put("ds", "k", [b"one"])
+    store.put("ds", "k", [b"two!"])
+    assert store.stat("ds", "k", v1.hlc).version == v1
+    assert store.stat("ds", "k", v1.hlc.text).version.size == 3
+    with pytest.raises(NotFoundError):
+        store.stat("ds", "k", "0000000000001.00000@eu-west")
+    assert store.usage().bytes_free > 0
