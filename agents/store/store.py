@@ -892,7 +892,8 @@ class ObjectStore:
     ) -> Page:
         """Objects of a dataset whose key starts with `prefix`, in key order, each with its
         newest version; at most `limit` per page. Pass the page's `cursor` back for
-        the next page (None: this was the last)."""
+        the next page (None: this was the last; a full page is only given a cursor
+        when another object follows it)."""
         dataset = check_name("dataset", dataset)
         if prefix:
             check_name("prefix", prefix)
@@ -920,9 +921,9 @@ class ObjectStore:
                 after = stored.key
                 if stored.version.is_tombstone and not include_deleted:
                     continue
+                if len(items) == limit:  # one more exists: the page is full, not the last
+                    return Page(items, items[-1].key)
                 items.append(stored)
-                if len(items) == limit:
-                    return Page(items, after)
             if len(found) < batch:
                 return Page(items, None)
 

@@ -219,6 +219,9 @@ def test_listing_is_paged_by_prefix_and_hides_tombstones(store: ObjectStore) -> 
     everything = store.list_objects("ds", limit=1000, include_deleted=True)
     assert [i.key for i in everything.items] == sorted(keys) and everything.cursor is None
     assert store.list_objects("ds", "nope").items == []
+    exact = store.list_objects("ds", "shard-02", limit=5)  # shard-020..024: exactly one page
+    assert [i.key for i in exact.items] == [f"shard-{i:03d}" for i in range(20, 25)]
+    assert exact.cursor is None
     with pytest.raises(InvalidInputError, match="limit"):
         store.list_objects("ds", limit=0)
 
