@@ -6,7 +6,8 @@ the write protocol of a new version of `ds/k` (test scaffolding, run as a script
 Steps: `stream` (half-way through the bytes), `before-rename` (temporary file
 fsynced), `after-rename`, `after-dir-fsync`, `in-commit` (inside the SQLite
 transaction, before COMMIT), `after-commit` (before the pruned files go),
-`restore-after-rename` (refilling a missing version, before its commit).
+`restore-after-rename` (refilling a missing version, before its commit),
+`bundle-after-rename` (a put_many of three, after the second rename).
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ def main(root: str, step: str) -> None:
     real_replace, real_fsync_dir, real_journal = files.replace, files.fsync_dir, rows.journal
     renamed = False
 
+    renames = 0
+
     def replace(src: Path, dst: Path) -> None:
-        nonlocal renamed
+        nonlocal renamed, renames
         if step == "before-rename":
             die()
         real_replace(src, dst)
-        renamed = True
-        if step in ("after-rename", "restore-after-rename"):
+        renamed, renames = True, renames + 1
+        if step in ("after-rename", "restore-after-rename") or (
+            step == "bundle-after-rename" and renames == 2
+        ):
             die()
 
     def fsync_dir(path: Path) -> None:
@@ -68,7 +73,9 @@ def main(root: str, step: str) -> None:
             die()
         yield NEW[len(NEW) // 2 :]
 
-    if step == "restore-after-rename":
+    if step == "bundle-after-rename":
+        store.put_many([("ds", "k", stream()), ("ds", "k2", [b"second"]), ("ds", "k3", [b"3"])])
+    elif step == "restore-after-rename":
         hlc = HLC.parse(sys.argv[3])
         store.apply("ds", "lost", Version.put(hlc, len(RESTORE), Digest.of(RESTORE)), [RESTORE])
     else:

@@ -56,6 +56,7 @@ def _check_consistent(store: ObjectStore) -> None:
         ("after-dir-fsync", False, 0, 1),
         ("in-commit", False, 0, 1),
         ("after-commit", True, 0, 1),
+        ("bundle-after-rename", False, 1, 2),  # two renamed, the third still in tmp/
     ],
 )
 def test_crash_at_each_step_leaves_old_or_new_whole(
@@ -79,6 +80,7 @@ def test_crash_at_each_step_leaves_old_or_new_whole(
             assert data == OLD and reader.version == old
             assert store.outbox_pending() == []
             assert [j.kind for j in store.journal_pending()] == ["version"]
+            assert store.head("ds", "k2") is None and store.head("ds", "k3") is None
         _check_consistent(store)
         # and the store still works
         store.put("ds", "k", [b"after"])
