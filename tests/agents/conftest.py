@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from store_helpers import StoreFactory
 
 from agents.store import ObjectStore
 from controlplane.domain.hlc import HybridClock
-
-StoreFactory = Callable[..., ObjectStore]
 
 
 @pytest.fixture

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+from agents.store import ObjectStore
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Digest, Version
+
+StoreFactory = Callable[..., ObjectStore]
 
 
 def remote(

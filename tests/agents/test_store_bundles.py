@@ -6,13 +6,12 @@ import os
 import sqlite3
 
 import pytest
+from store_helpers import object_files, remote
 
 from agents.store import DigestMismatchError, ObjectStore, StorageError
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Digest, Verdict, Version
 from controlplane.errors import InvalidInputError
-
-from .store_helpers import object_files, remote
 
 
 def test_put_many_stores_each_in_one_transaction(store: ObjectStore) -> None:

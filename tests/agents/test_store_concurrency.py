@@ -12,15 +12,13 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from store_helpers import StoreFactory, object_files
 
 from agents.store import ObjectStore
 from agents.store.aio import put_stream
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Digest, Version
 from controlplane.errors import NotFoundError
-
-from .conftest import StoreFactory
-from .store_helpers import object_files
 
 WRITERS = 6
 PUTS_EACH = 8

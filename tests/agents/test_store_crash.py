@@ -10,15 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from store_helpers import StoreFactory, object_files, remote
 
 from agents.store import MissingContentError, ObjectStore, StorageError
 from agents.store.names import version_path
 from controlplane.domain.hlc import HybridClock
 from controlplane.domain.version import Digest
 from controlplane.errors import ConfigError
-
-from .conftest import StoreFactory
-from .store_helpers import object_files, remote
 
 CHILD = Path(__file__).with_name("crash_child.py")
 NEW = b"new version " * 100_000

@@ -10,15 +10,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_helpers import StoreFactory, object_files, remote
 
 from agents.store import DigestMismatchError, ObjectStore
 from controlplane.domain.errors import ClockSkewError
 from controlplane.domain.hlc import HLC, HybridClock, system_ms
 from controlplane.domain.version import Digest, Verdict, Version, newest
 from controlplane.errors import InvalidInputError
-
-from .conftest import StoreFactory
-from .store_helpers import object_files, remote
 
 
 def _never_read() -> Iterator[bytes]:

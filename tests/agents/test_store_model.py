@@ -11,13 +11,12 @@ from pathlib import Path
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from store_helpers import object_files
 
 from agents.store import ObjectStore
 from agents.store.names import version_path
 from controlplane.domain.hlc import HLC, HybridClock, system_ms
 from controlplane.domain.version import Digest, Version, newest
-
-from .store_helpers import object_files
 
 KEYS = st.sampled_from(["a", "b/c", "é"])
 KEEP = 2
@@ -63,7 +62,7 @@ class StoreMachine(RuleBasedStateMachine):
             self._saw(key, version, data)
 
     @rule(data=st.binary(max_size=32))
-    def bundle(self, data: bytes) -> None:
+    def put_bundle(self, data: bytes) -> None:
         made = self.store.put_many([("ds", "a", [data]), ("ds", "bundle", [data + b"!"])])
         self._saw("a", made[0], data)
         self._saw("bundle", made[1], data + b"!")

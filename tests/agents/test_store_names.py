@@ -8,13 +8,12 @@ from pathlib import Path, PurePosixPath
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_helpers import tree
 
 from agents.store import ObjectStore, check_name
 from agents.store.names import is_version_path, version_path
 from controlplane.domain.hlc import HLC
 from controlplane.errors import InvalidInputError
-
-from .store_helpers import tree
 
 
 @pytest.mark.parametrize(

@@ -4,14 +4,12 @@ complete one; the members of the set readers see are never pruned under them."""
 from __future__ import annotations
 
 import pytest
+from store_helpers import StoreFactory, remote
 
 from agents.store import ObjectStore
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Verdict
 from controlplane.errors import InvalidInputError, NotFoundError, UnavailableError
-
-from .conftest import StoreFactory
-from .store_helpers import remote
 
 
 def test_local_set_needs_its_members_and_is_visible_at_once(store: ObjectStore) -> None:

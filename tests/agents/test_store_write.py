@@ -11,6 +11,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+from store_helpers import StoreFactory, object_files, tree
 
 from agents.store import (
     CHUNK_BYTES,
@@ -25,9 +26,6 @@ from agents.store.names import version_path
 from controlplane.domain.hlc import HybridClock
 from controlplane.domain.version import Digest
 from controlplane.errors import ConfigError, InvalidInputError, NotFoundError, UnavailableError
-
-from .conftest import StoreFactory
-from .store_helpers import object_files, tree
 
 MiB = 1 << 20
 
