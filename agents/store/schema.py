@@ -72,6 +72,57 @@ CREATE TABLE IF NOT EXISTS journal (
     data TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS cursors (name TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
+-- Usage counters, kept by triggers in the transaction of every change to `versions`, so
+-- that usage() reads one row instead of scanning: `objects` counts objects whose newest
+-- version is a put; `versions` and `bytes` the put rows whose bytes are present.
+CREATE TABLE IF NOT EXISTS usage (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    objects INTEGER NOT NULL,
+    versions INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS usage_insert AFTER INSERT ON versions BEGIN
+    UPDATE usage SET
+        versions = versions + (NEW.op = 'put' AND NEW.state = 'present'),
+        bytes = bytes + CASE WHEN NEW.op = 'put' AND NEW.state = 'present'
+                             THEN NEW.size ELSE 0 END,
+        objects = objects + CASE
+            WHEN EXISTS (SELECT 1 FROM versions WHERE dataset = NEW.dataset
+                         AND key = NEW.key AND hlc > NEW.hlc) THEN 0
+            ELSE (NEW.op = 'put') - coalesce((SELECT op = 'put' FROM versions
+                  WHERE dataset = NEW.dataset AND key = NEW.key AND hlc < NEW.hlc
+                  ORDER BY hlc DESC LIMIT 1), 0)
+            END;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_delete AFTER DELETE ON versions BEGIN
+    UPDATE usage SET
+        versions = versions - (OLD.op = 'put' AND OLD.state = 'present'),
+        bytes = bytes - CASE WHEN OLD.op = 'put' AND OLD.state = 'present'
+                             THEN OLD.size ELSE 0 END,
+        objects = objects + CASE
+            WHEN EXISTS (SELECT 1 FROM versions WHERE dataset = OLD.dataset
+                         AND key = OLD.key AND hlc > OLD.hlc) THEN 0
+            ELSE coalesce((SELECT op = 'put' FROM versions
+                  WHERE dataset = OLD.dataset AND key = OLD.key AND hlc < OLD.hlc
+                  ORDER BY hlc DESC LIMIT 1), 0) - (OLD.op = 'put')
+            END;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_state AFTER UPDATE OF state ON versions
+WHEN OLD.op = 'put' AND OLD.state != NEW.state BEGIN
+    UPDATE usage SET
+        versions = versions + CASE WHEN NEW.state = 'present' THEN 1 ELSE -1 END,
+        bytes = bytes + CASE WHEN NEW.state = 'present' THEN NEW.size ELSE -NEW.size END;
+END;
+"""
+
+# What the counters must equal; used to fill them in a database made before they
+# existed, and by the tests.
+USAGE_BY_SCAN = """
+SELECT
+    (SELECT count(*) FROM (SELECT max(hlc), op FROM versions GROUP BY dataset, key)
+     WHERE op = 'put'),
+    (SELECT count(*) FROM versions WHERE op = 'put' AND state = 'present'),
+    (SELECT coalesce(sum(size), 0) FROM versions WHERE op = 'put' AND state = 'present')
 """
 
 
@@ -88,4 +139,9 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA foreign_keys=ON")
     conn.executescript(DDL)
     conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('format', ?)", (FORMAT,))
+    if conn.execute("SELECT 1 FROM usage WHERE id = 1").fetchone() is None:
+        conn.execute(
+            "INSERT INTO usage (id, objects, versions, bytes) VALUES (1, ?, ?, ?)",
+            conn.execute(USAGE_BY_SCAN).fetchone(),
+        )
     return conn

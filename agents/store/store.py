@@ -928,18 +928,14 @@ class ObjectStore:
                 return Page(items, None)
 
     def usage(self) -> Usage:
-        """Objects whose newest version is a put, version files kept, their bytes, and the
-        space left on the root's file system."""
+        """Objects whose newest version is a put, version files kept, their bytes (counters
+        kept by triggers, see schema.py: no scan), and the space left on the root's
+        file system."""
         with self._lock:
             self._require_open()
-            versions, size = self._db.execute(
-                "SELECT count(*), coalesce(sum(size), 0) FROM versions"
-                " WHERE op = 'put' AND state = 'present'"
+            objects, versions, size = self._db.execute(
+                "SELECT objects, versions, bytes FROM usage WHERE id = 1"
             ).fetchone()
-            objects = self._db.execute(
-                "SELECT count(*) FROM (SELECT max(hlc), op FROM versions GROUP BY dataset, key)"
-                " WHERE op = 'put'"
-            ).fetchone()[0]
             fs = os.statvfs(self.root)
         return Usage(
             objects=objects, versions=versions, bytes=size, bytes_free=fs.f_bavail * fs.f_frsize

@@ -15,6 +15,7 @@ from store_helpers import object_files
 
 from agents.store import ObjectStore
 from agents.store.names import version_path
+from agents.store.schema import USAGE_BY_SCAN
 from controlplane.domain.hlc import HLC, HybridClock, system_ms
 from controlplane.domain.version import Digest, Version, newest
 
@@ -94,6 +95,11 @@ class StoreMachine(RuleBasedStateMachine):
                 str(version_path("ds", key, v.hlc)) for v in want if not v.is_tombstone
             }
         assert set(object_files(self.store.root)) == expected_files
+        usage = self.store.usage()
+        counted = self.store._db.execute(USAGE_BY_SCAN).fetchone()
+        assert (usage.objects, usage.versions, usage.bytes) == counted
+        live = [k for k, vs in self.seen.items() if not newest(vs).is_tombstone]  # type: ignore[union-attr]
+        assert usage.objects == len(live)
 
     def teardown(self) -> None:
         self.store.close()

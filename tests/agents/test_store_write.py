@@ -290,6 +290,7 @@ def test_tombstones_expire_after_the_retention_with_their_bases(open_store: Stor
         for s in store.versions("ds", "live")
         if not s.version.is_tombstone
     ]
+    assert (store.usage().objects, store.usage().versions) == (1, 1)
     removed = [j for j in store.journal_pending() if j.kind == "removed" and j.key == "gone"]
     assert {j.data["reason"] for j in removed} == {"tombstone expired"}
 
