@@ -25,6 +25,14 @@ from controlplane.domain.version import ContentHasher, Digest
 from controlplane.errors import InvalidInputError
 
 TMP = "tmp"
+HOLE_MIN_BYTES = 64 * 1024  # a zero chunk at least this long is left as a hole
+
+
+def _all_zero(view: memoryview) -> bool:
+    # First and last byte first: random data fails there at once; only a likely-zero
+    # chunk pays for the full comparison (C memcmp on bytes).
+    n = len(view)
+    return n >= HOLE_MIN_BYTES and view[0] == 0 and view[-1] == 0 and view.tobytes() == bytes(n)
 
 
 class StagedWrite:
@@ -91,6 +99,11 @@ class StagedWrite:
                     )
             self._hasher.update(view)
             try:
+                if _all_zero(view):
+                    # A hole instead of zeros (finish() sets the length): a sparse
+                    # checkpoint or disk image costs no disk for its empty regions.
+                    os.lseek(fd, len(view), os.SEEK_CUR)
+                    view = view[len(view) :]
                 while view:
                     written = os.write(fd, view)
                     view = view[written:]
@@ -128,6 +141,7 @@ class StagedWrite:
                 self._digest = digest
             if sync and self._fd is not None:
                 try:
+                    os.ftruncate(self._fd, self.size)  # a trailing hole has no length yet
                     files.fsync_file(self._fd)
                 except OSError as err:
                     self._abort_locked()

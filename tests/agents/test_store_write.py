@@ -319,3 +319,18 @@ def test_stat_of_a_version_and_usage_reports_free_space(store: ObjectStore) -> N
     with pytest.raises(NotFoundError):
         store.stat("ds", "k", "0000000000001.00000@eu-west")
     assert store.usage().bytes_free > 0
+
+
+def test_zero_regions_are_stored_as_holes(store: ObjectStore) -> None:
+    zeros = bytes(MiB)
+    head, tail = b"header", b"tail"
+    chunks = [head, *([zeros] * 32), tail, *([zeros] * 8)]  # ends in a hole
+    version = store.put("ds", "sparse.img", iter(chunks))
+    data = b"".join(chunks)
+    assert version.size == len(data) and version.digest == Digest.of(data)
+    path = store.root / version_path("ds", "sparse.img", version.hlc)
+    assert path.stat().st_size == len(data)
+    assert path.stat().st_blocks * 512 < 4 * MiB  # 40 MiB of zeros took no space
+    assert store.read_bytes("ds", "sparse.img") == data
+    with store.open("ds", "sparse.img") as reader:
+        assert sum(len(c) for c in reader) == len(data)
