@@ -300,18 +300,37 @@ class Catalog:
 
     @translated
     def oldest_incomplete_at(self, dataset: str, regions: Sequence[str]) -> datetime | None:
-        """The HLC wall time of the oldest latest version of the dataset's objects that
-        one of `regions` (other than the version's origin) has not completed; None when
-        every region has completed every object's latest version. The replication lag
-        of the dataset is the age of this time (dataplane.md, Metrics)."""
+        """The HLC wall time of the oldest version a region of `regions` has not completed
+        (versions it originated aside), among each object's versions newer than the
+        newest it has completed; None when every region is up to date. The replication
+        lag of the dataset is the age of this time (dataplane.md, Metrics): an object
+        rewritten every second while a region completes nothing shows a lag that grows,
+        not the one second to its latest version."""
         oldest: str | None = None
         with self._session() as s:
             for region in dict.fromkeys(regions):
-                latest = _latest_versions(dataset)
+                done = (
+                    select(
+                        ObjectVersion.object_id.label("oid"),
+                        func.max(ObjectVersion.hlc).label("top"),
+                    )
+                    .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
+                    .join(Replica, Replica.version_id == ObjectVersion.id)
+                    .where(
+                        CatalogObject.dataset == dataset,
+                        Replica.region == region,
+                        Replica.state == "completed",
+                    )
+                    .group_by(ObjectVersion.object_id)
+                    .subquery()
+                )
                 query = (
                     select(func.min(ObjectVersion.hlc))
-                    .join(latest, latest.c.vid == ObjectVersion.id)
+                    .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
+                    .outerjoin(done, done.c.oid == ObjectVersion.object_id)
                     .where(
+                        CatalogObject.dataset == dataset,
+                        or_(done.c.top.is_(None), ObjectVersion.hlc > done.c.top),
                         ~_completed_in(region),
                         or_(
                             ObjectVersion.origin_region.is_(None),
