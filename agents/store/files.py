@@ -1,6 +1,6 @@
 """The file-system steps of the write protocol, one function each.
 
-Each step is a module-level function so that the crash tests (tests/agents/)
+Each step is a module-level function so that the crash tests (tests/store/)
 can stop a child process between any two of them. All of them block; the daemon
 calls the store through `asyncio.to_thread`.
 """
