@@ -308,3 +308,16 @@ def test_upgrade_and_downgrade_keep_every_row(empty_catalog_url: str) -> None:
         assert counts() == dict.fromkeys(tables, 1)
     finally:
         engine.dispose()
+
+
+@pytest.mark.integration
+def test_postgresql_connections_cannot_hang_for_ever(postgres_url: str) -> None:
+    """A blackholed server is noticed by TCP within seconds, a stuck statement ends."""
+    engine = make_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            statement = conn.execute(text("SHOW statement_timeout")).scalar_one()
+            tcp = conn.execute(text("SHOW tcp_user_timeout")).scalar_one()
+    finally:
+        engine.dispose()
+    assert (statement, tcp) == ("2min", "10s")
