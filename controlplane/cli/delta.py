@@ -60,7 +60,7 @@ def _progress(label: str, total: int) -> Iterator[Callable[[int], None] | None]:
     if total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty():
         yield None
         return
-    from rich.progress import (
+    from rich.progress import (  # only here: importing rich.progress costs ~50 ms
         BarColumn,
         DownloadColumn,
         Progress,

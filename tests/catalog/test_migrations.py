@@ -167,6 +167,7 @@ def test_versions_get_an_hlc_in_registration_order(empty_catalog_url: str) -> No
                 ("v2", "2026-11-30 01:00:00"),
                 (named, "2026-11-30 01:00:00"),
                 ("v3", "2026-11-29 01:00:00"),
+                ("1764579123456.00000@EU", "2026-11-29 01:00:00"),  # not HLC text: no region
             ]:
                 conn.execute(
                     text(
@@ -183,11 +184,13 @@ def test_versions_get_an_hlc_in_registration_order(empty_catalog_url: str) -> No
     hlc = {str(v): str(h) for v, h in rows}
     assert hlc[named] == named
     assert hlc["v1"] < hlc["v2"] < hlc["v3"]  # registration order, whatever created_at says
+    assert hlc["v3"] < hlc["1764579123456.00000@EU"]  # numbered, not taken as an HLC
     assert hlc["v1"].endswith("@unknown") and hlc["v1"].startswith("1796000400000.")
     cat = open_catalog(url)
     try:
         latest = cat.latest_version("d", "k")
-        assert latest is not None and latest.version == "v3"
+        assert latest is not None and latest.version == "1764579123456.00000@EU"
+        assert cat.oldest_incomplete_at("d", ["eu-west"]) is not None  # every HLC parses
     finally:
         cat.close()
 
@@ -259,3 +262,64 @@ def test_placements_get_their_terms_from_the_head_revision(empty_catalog_url: st
     assert p is not None
     assert (p.dataset_class, p.rpo_s, p.ack, p.home) == ("critical", 0.0, "quorum", "eu-west")
     assert dict(p.labels) == {"team": "pretrain"}
+
+
+def test_upgrade_and_downgrade_keep_every_row(empty_catalog_url: str) -> None:
+    """SQLite rebuilds a table to alter it; with foreign keys on, dropping the old copy
+    would cascade into every row that references it. 0003 → head → 0003 keeps all."""
+    url = empty_catalog_url
+    migrate.upgrade(url, "0003")
+    engine = make_engine(url)
+    tables = ("regions", "datasets", "objects", "object_versions", "replicas", "transfers")
+    at = {"at": "2026-11-30 01:00:00"}
+    rows = [
+        "INSERT INTO regions VALUES ('eu-west', 'EU')",
+        "INSERT INTO datasets (name, labels, declared, replicas, residency, failover_order,"
+        " registered_at) VALUES ('d', '{}', false, '[]', '[\"EU\"]', '[]', :at)",
+        "INSERT INTO objects (dataset, key) VALUES ('d', 'k')",
+        "INSERT INTO object_versions (object_id, version, digest, size, created_at)"
+        " SELECT id, 'v1', 'x', 1, :at FROM objects",
+        "INSERT INTO replicas (version_id, region, jurisdiction, allowed, state, updated_at)"
+        " SELECT id, 'eu-west', 'EU', true, 'completed', :at FROM object_versions",
+        "INSERT INTO transfers (id, dataset, object, version, from_region, to_region,"
+        " from_jurisdiction, to_jurisdiction, logical_bytes, wire_bytes, outcome, cross_border,"
+        " allowed, residency, at) VALUES ('t', 'd', 'k', 'v1', 'eu-west', 'eu-west', 'EU', 'EU',"
+        " 1, 1, 'completed', false, true, '[]', :at)",
+    ]
+    try:
+        with engine.begin() as conn:
+            for row in rows:
+                conn.execute(text(row), at if ":at" in row else {})
+
+        def counts() -> dict[str, int]:
+            with engine.connect() as conn:
+                return {
+                    t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()  # noqa: S608
+                    for t in tables
+                }
+
+        assert counts() == dict.fromkeys(tables, 1)
+        migrate.upgrade(url)
+        assert counts() == dict.fromkeys(tables, 1)
+        with engine.connect() as conn:
+            verified = conn.execute(text("SELECT verified_digest FROM replicas")).scalar_one()
+        assert verified == "x"  # filled from the version before the copy was rebuilt
+        migrate.downgrade(url, "0003")
+        assert counts() == dict.fromkeys(tables, 1)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.integration
+def test_postgresql_connections_cannot_hang_for_ever(postgres_url: str) -> None:
+    """A blackholed server is noticed by TCP within seconds, a stuck statement ends."""
+    engine = make_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            statement = conn.execute(text("SHOW statement_timeout")).scalar_one()
+            # libpq's socket options live on the client side of the connection
+            client = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+    finally:
+        engine.dispose()
+    assert statement == "2min"
+    assert (client["tcp_user_timeout"], client["keepalives"]) == ("10000", "1")
