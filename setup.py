@@ -29,7 +29,7 @@ setup(
             "native._delta",
             sources=["native/python/_deltamodule.c", *sorted(glob("native/src/*.c"))],
             include_dirs=["native/include", "native/src"],
-            libraries=["xxhash", "zstd"],
+            libraries=["xxhash", "zstd", "m"],
             extra_compile_args=["-O3", "-std=c11", "-D_GNU_SOURCE", "-pthread"],
             extra_link_args=["-pthread"],
         )

@@ -9,8 +9,10 @@ class Stats(TypedDict):
     output_bytes: int
     copy_bytes: int
     literal_bytes: int
+    numeric_bytes: int
     block_len: int
     strong_len: int
+    threads: int
 
 class EngineError(Exception):
     """args: (code, message, errno)."""
@@ -22,6 +24,9 @@ E_TRUNCATED_DELTA: int
 E_WRONG_BASIS: int
 E_INVALID: int
 E_NOMEM: int
+E_LIMIT: int
+E_CANCELLED: int
+MAX_WORKERS: int
 MIN_BLOCK_LEN: int
 MAX_BLOCK_LEN: int
 
@@ -31,6 +36,8 @@ def signature(
     threads: int = 1,
     block_len: int = 0,
     progress: WriteableBuffer | None = None,
+    portable: bool = False,
+    cancel: WriteableBuffer | None = None,
 ) -> Stats: ...
 def delta(
     sig_fd: int,
@@ -38,6 +45,18 @@ def delta(
     delta_fd: int,
     threads: int = 1,
     progress: WriteableBuffer | None = None,
+    portable: bool = False,
+    cancel: WriteableBuffer | None = None,
+) -> Stats: ...
+def delta_basis(
+    old_fd: int,
+    new_fd: int,
+    delta_fd: int,
+    threads: int = 1,
+    progress: WriteableBuffer | None = None,
+    portable: bool = False,
+    cancel: WriteableBuffer | None = None,
+    elem_width: int = 0,
 ) -> Stats: ...
 def patch(
     old_fd: int,
@@ -45,6 +64,9 @@ def patch(
     out_fd: int,
     threads: int = 1,
     progress: WriteableBuffer | None = None,
+    portable: bool = False,
+    cancel: WriteableBuffer | None = None,
     durable: bool = False,
+    max_output: int = 0,
 ) -> Stats: ...
 def default_block_len(size: int, /) -> int: ...

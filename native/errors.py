@@ -36,3 +36,11 @@ class DeltaIOError(DeltaError):
     def __init__(self, message: str, errno: int = 0) -> None:
         super().__init__(message)
         self.errno = errno
+
+
+class OutputTooLargeError(DeltaError, InvalidInputError):
+    """The delta would write more than the output may have (the caller's cap)."""
+
+
+class DeltaCancelledError(DeltaError):
+    """The operation was cancelled (its progress callback raised, or Ctrl-C)."""

@@ -30,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (pwrite(delta_fd, scratch, size, 0) != (ssize_t)size) abort();
     lseek(delta_fd, 0, SEEK_SET);
     lseek(out_fd, 0, SEEK_SET);
-    md_options opt = {1, 0, NULL, 0};
+    md_options opt = {.threads = 1, .block_len = 0, .flags = 0};
     md_error err;
     md_patch(old_fd, delta_fd, out_fd, &opt, NULL, &err);
     return 0;

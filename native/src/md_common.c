@@ -305,9 +305,75 @@ void md_digest_final(md_digest *d, uint8_t out[16]) {
     md_h128_digest(d->top, out);
 }
 
+/* ---- the portable-code switch and the API's common checks ---- */
+static _Thread_local int tls_portable;
+void md_set_portable(int portable) { tls_portable = portable; }
+int md_get_portable(void) { return tls_portable; }
+
+md_status md_begin(const md_options *opt, uint32_t *threads, md_error *err) {
+    uint32_t t = opt && opt->threads ? opt->threads : 1;
+    /* Refused, not silently capped: a caller asking for 8 would otherwise believe it
+     * got 8 (the rounds hold at most MD_MAX_WORKERS chunks, the memory bound). */
+    if (t > MD_MAX_WORKERS)
+        return md_fail(err, MD_E_INVALID, "threads must be between 1 and %u (the engine uses at most %u), not %u.",
+                       MD_MAX_WORKERS, MD_MAX_WORKERS, t);
+    if (opt && (opt->flags & ~(MD_DURABLE | MD_PORTABLE)))
+        return md_fail(err, MD_E_INVALID, "unknown flags 0x%x.", opt->flags);
+    md_set_portable(opt && (opt->flags & MD_PORTABLE));
+    *threads = t;
+    return MD_OK;
+}
+
+/* ---- basis check of v2 frames ---- */
+int md_ph_init(md_piece_hasher *h, uint32_t block_len, uint32_t strong_len) {
+    memset(h, 0, sizeof *h);
+    h->block_len = block_len ? block_len : 1;
+    h->strong_len = strong_len;
+    h->st = md_h128_new();
+    return h->st ? 0 : -1;
+}
+void md_ph_free(md_piece_hasher *h) {
+    md_h128_free(h->st);
+    h->st = NULL;
+}
+void md_ph_frame(md_piece_hasher *h, uint64_t seq) {
+    h->chain = seq;
+    h->pos = h->cut = h->end = 0;
+}
+uint64_t md_ph_chain(uint64_t chain, const uint8_t *piece_hash, uint32_t strong_len) {
+    return XXH3_64bits_withSeed(piece_hash, strong_len, chain);
+}
+static void ph_next_cut(md_piece_hasher *h) {
+    uint64_t grid = (h->pos / h->block_len + 1) * h->block_len;
+    h->cut = grid < h->end ? grid : h->end;
+    md_h128_reset(h->st);
+}
+void md_ph_range(md_piece_hasher *h, uint64_t off, uint64_t len) {
+    h->pos = off;
+    h->end = off + len;
+    ph_next_cut(h);
+}
+void md_ph_feed(md_piece_hasher *h, const uint8_t *p, size_t len) {
+    while (len && h->pos < h->end) {
+        uint64_t room = h->cut - h->pos;
+        size_t take = len < room ? len : (size_t)room;
+        md_h128_update(h->st, p, take);
+        h->pos += take;
+        p += take;
+        len -= take;
+        if (h->pos == h->cut) {
+            uint8_t d[16];
+            md_h128_digest(h->st, d);
+            h->chain = md_ph_chain(h->chain, d, h->strong_len);
+            if (h->pos < h->end) ph_next_cut(h);
+        }
+    }
+}
+
 /* ---- parallel for ---- */
 typedef struct pf_shared {
     md_task_fn fn;
+    int portable;
     uint32_t next_worker;
     void *arg;
     size_t n;
@@ -316,6 +382,7 @@ typedef struct pf_shared {
 
 static void *pf_worker(void *p) {
     pf_shared *s = p;
+    md_set_portable(s->portable);
     uint32_t worker = __atomic_fetch_add(&s->next_worker, 1, __ATOMIC_RELAXED);
     for (;;) {
         size_t i = __atomic_fetch_add(&s->next, 1, __ATOMIC_RELAXED);
@@ -326,7 +393,7 @@ static void *pf_worker(void *p) {
 }
 
 int md_parallel_for(uint32_t threads, size_t n, md_task_fn fn, void *arg) {
-    pf_shared s = {fn, 0, arg, n, 0};
+    pf_shared s = {fn, md_get_portable(), 0, arg, n, 0};
     pthread_t tids[MD_MAX_THREADS];
     uint32_t started = 0;
     if (threads > MD_MAX_THREADS) threads = MD_MAX_THREADS;
@@ -387,17 +454,16 @@ __attribute__((target("avx2"))) static size_t weak_avx2(const uint8_t *p, size_t
     return blocks * 32;
 }
 static int have_avx2(void) {
-    static int cached = -1;
+    static int cached = -1; /* what the CPU can do: the same for every caller */
     int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (c < 0) {
-        /* MERIDIAN_DELTA_NO_SIMD=1 forces the portable code, so that the tests can
-         * check that both paths write the same bytes. */
-        const char *off = getenv("MERIDIAN_DELTA_NO_SIMD");
         __builtin_cpu_init();
-        c = (off && *off && strcmp(off, "0") != 0) ? 0 : __builtin_cpu_supports("avx2") ? 1 : 0;
+        c = __builtin_cpu_supports("avx2") ? 1 : 0;
         __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
     }
-    return c;
+    /* MD_PORTABLE forces the portable code, so that the tests can check that both
+     * paths write the same bytes. */
+    return c && !tls_portable;
 }
 #endif
 
@@ -419,4 +485,41 @@ void md_weak_block(const uint8_t *p, size_t n, uint32_t *s1_out, uint32_t *s2_ou
     uint32_t nn = (uint32_t)n;
     *s1_out = s1 + nn * MD_ROLL_OFFSET;
     *s2_out = w + MD_ROLL_OFFSET * (uint32_t)(((uint64_t)nn * (nn + 1u)) / 2u);
+}
+
+/* ---- v2 frames ---- */
+size_t md_frame_seal(uint8_t *o, uint8_t type, uint8_t codec, uint8_t param, uint32_t cmd_len,
+                     uint32_t lit_len, uint32_t stored, uint64_t seq, uint64_t check) {
+    o[0] = type;
+    o[1] = codec;
+    o[2] = param;
+    o[3] = 0;
+    md_put_u32(o + 4, cmd_len);
+    md_put_u32(o + 8, lit_len);
+    md_put_u32(o + 12, stored);
+    md_put_u64(o + 16, seq);
+    md_put_u64(o + 24, check);
+    md_put_u64(o + 32, XXH3_64bits(o, 32));
+    size_t body = MD_FRAME_HDR_LEN + (size_t)cmd_len + stored;
+    md_put_u64(o + body, XXH3_64bits(o, body));
+    return body + 8;
+}
+
+void md_end_frame(uint8_t out[MD_END_FRAME_LEN], uint64_t seq, uint64_t new_len, const uint8_t digest[16]) {
+    memset(out, 0, MD_END_FRAME_LEN);
+    md_put_u64(out + MD_FRAME_HDR_LEN, new_len);
+    memcpy(out + MD_FRAME_HDR_LEN + 8, digest, 16);
+    md_frame_seal(out, MD_FRAME_END, 0, 0, MD_END_PAYLOAD_LEN, 0, 0, seq, 0);
+}
+
+void md_delta_header(uint8_t hdr[MD_HEADER_LEN], uint64_t old_len, const uint8_t old_digest[16],
+                     uint32_t block_len, uint32_t strong_len) {
+    memset(hdr, 0, MD_HEADER_LEN);
+    memcpy(hdr, MD_DELTA_MAGIC, 8);
+    md_put_u32(hdr + 8, MD_VERSION);
+    md_put_u64(hdr + 16, old_len);
+    if (old_digest) memcpy(hdr + 24, old_digest, 16);
+    md_put_u32(hdr + 40, block_len);
+    md_put_u32(hdr + 44, strong_len);
+    md_put_u64(hdr + 56, XXH3_64bits(hdr, 56));
 }

@@ -395,6 +395,7 @@ static void framer_literal(framer *fr, const uint8_t *p, uint64_t len) {
 }
 
 typedef struct encode_ctx {
+    const md_sig *sig;
     frame **frames;
     uint64_t first_seq;
     ZSTD_CCtx **cctx;
@@ -417,12 +418,18 @@ static void encode_task(void *arg, size_t i, uint32_t worker) {
     }
     uint8_t *o = f->out, *cp = o + MD_FRAME_HDR_LEN;
     uint64_t prev_copy_end = 0;
+    /* The basis check: copies are whole blocks of the signature (md_delta makes them
+     * so), whose strong hashes are the piece hashes FORMAT.md chains. */
+    const md_sig *sig = x->sig;
+    uint64_t check = x->first_seq + i;
     for (size_t k = 0; k < f->cmds.len; k++) {
         const cmd *c = &f->cmds.v[k];
         cp += md_put_varint(cp, (c->len << 1) | c->kind);
         if (c->kind == CMD_COPY) {
             cp += md_put_varint(cp, md_zigzag((int64_t)(c->pos - prev_copy_end)));
             prev_copy_end = c->pos + c->len;
+            for (uint64_t b = c->pos / sig->block_len; b * sig->block_len < prev_copy_end; b++)
+                check = md_ph_chain(check, sig->strong + b * sig->strong_len, sig->strong_len);
         }
     }
     uint32_t cmd_len = (uint32_t)(cp - (o + MD_FRAME_HDR_LEN));
@@ -446,24 +453,15 @@ static void encode_task(void *arg, size_t i, uint32_t worker) {
             memcpy(cp, f->lit, f->lit_len);
         }
     }
-    o[0] = MD_FRAME_DATA;
-    o[1] = codec;
-    o[2] = o[3] = 0;
-    md_put_u32(o + 4, cmd_len);
-    md_put_u32(o + 8, f->lit_len);
-    md_put_u32(o + 12, (uint32_t)stored);
-    md_put_u64(o + 16, x->first_seq + i);
-    md_put_u64(o + 24, XXH3_64bits(o, 24));
-    size_t body = MD_FRAME_HDR_LEN + cmd_len + stored;
-    md_put_u64(o + body, XXH3_64bits(o, body));
-    f->out_len = body + 8;
+    f->out_len = md_frame_seal(o, MD_FRAME_DATA, codec, 0, cmd_len, f->lit_len, (uint32_t)stored,
+                               x->first_seq + i, check);
 }
 
-static md_status flush_closed(framer *fr, uint32_t threads, ZSTD_CCtx **cctx, uint8_t **probe,
+static md_status flush_closed(const md_sig *sig, framer *fr, uint32_t threads, ZSTD_CCtx **cctx, uint8_t **probe,
                               md_writer *w, md_error *err) {
     md_status rc = MD_OK;
     if (!fr->n_closed) return MD_OK;
-    encode_ctx x = {fr->closed, fr->seq, cctx, probe};
+    encode_ctx x = {sig, fr->closed, fr->seq, cctx, probe};
     md_parallel_for(threads, fr->n_closed, encode_task, &x);
     for (size_t i = 0; i < fr->n_closed; i++) {
         frame *f = fr->closed[i];
@@ -480,16 +478,16 @@ static md_status flush_closed(framer *fr, uint32_t threads, ZSTD_CCtx **cctx, ui
 md_status md_delta(int sig_fd, int new_fd, int delta_fd, const md_options *opt, md_stats *stats,
                    md_error *err) {
     md_sig *sig = NULL;
-    md_status rc = md_sig_load(sig_fd, &sig, err);
+    uint32_t threads;
+    md_status rc = md_begin(opt, &threads, err);
+    if (rc != MD_OK) return rc;
+    rc = md_sig_load(sig_fd, &sig, err);
     if (rc != MD_OK) return rc;
     rc = md_sig_index(sig, err);
     if (rc != MD_OK) {
         md_sig_free(sig);
         return rc;
     }
-    uint32_t threads = opt && opt->threads ? opt->threads : 1;
-    /* More workers than chunks per round would only add memory (see md_internal.h). */
-    if (threads > MD_ROUND_CHUNKS_MAX) threads = MD_ROUND_CHUNKS_MAX;
     uint32_t k = threads < MD_ROUND_CHUNKS_MAX ? threads : MD_ROUND_CHUNKS_MAX;
     uint64_t n = sig->block_len;
     uint64_t round_bytes = (uint64_t)k * MD_CHUNK_LEN;
@@ -512,20 +510,17 @@ md_status md_delta(int sig_fd, int new_fd, int delta_fd, const md_options *opt, 
         rc = md_fail(err, MD_E_NOMEM, "out of memory while making a delta.");
         goto done;
     }
-    uint8_t hdr[MD_HEADER_LEN] = {0};
-    memcpy(hdr, MD_DELTA_MAGIC, 8);
-    md_put_u32(hdr + 8, MD_VERSION);
-    md_put_u32(hdr + 12, 0);
-    md_put_u64(hdr + 16, sig->file_len);
-    memcpy(hdr + 24, sig->digest, 16);
-    md_put_u32(hdr + 40, sig->block_len);
-    md_put_u32(hdr + 44, sig->strong_len);
-    md_put_u64(hdr + 56, XXH3_64bits(hdr, 56));
+    uint8_t hdr[MD_HEADER_LEN];
+    md_delta_header(hdr, sig->file_len, sig->digest, sig->block_len, sig->strong_len);
     md_writer_put(&w, hdr, sizeof hdr);
 
     uint64_t base = 0, have = 0, covered = 0;
     int at_eof = 0;
     for (;;) {
+        if (md_cancelled(opt)) {
+            rc = md_fail(err, MD_E_CANCELLED, "the delta was cancelled.");
+            goto done;
+        }
         if (!at_eof && have < round_bytes + n) {
             int64_t got = md_read_full(new_fd, buf + have, (size_t)(round_bytes + n - have));
             if (got < 0) {
@@ -565,6 +560,18 @@ md_status md_delta(int sig_fd, int new_fd, int delta_fd, const md_options *opt, 
                     c.pos += cut;
                     c.len -= cut;
                     at = covered;
+                    /* A copy must stay whole blocks (its basis check is made of the
+                     * signature's block hashes): the part block goes as literal. */
+                    uint64_t part = c.kind == CMD_COPY ? c.pos % n : 0;
+                    if (part) {
+                        uint64_t head = n - part < c.len ? n - part : c.len;
+                        framer_literal(&fr, buf + (at - base), head);
+                        literal_bytes += head;
+                        c.pos += head;
+                        c.len -= head;
+                        at += head;
+                        if (!c.len) continue;
+                    }
                 }
                 if (c.kind == CMD_COPY) {
                     framer_copy(&fr, c.pos, c.len);
@@ -581,7 +588,7 @@ md_status md_delta(int sig_fd, int new_fd, int delta_fd, const md_options *opt, 
             rc = md_fail(err, MD_E_NOMEM, "out of memory while making a delta.");
             goto done;
         }
-        rc = flush_closed(&fr, threads, cctx, probe, &w, err);
+        rc = flush_closed(sig, &fr, threads, cctx, probe, &w, err);
         if (rc != MD_OK) goto done;
         if (opt && opt->progress) __atomic_store_n(opt->progress, base + round_len, __ATOMIC_RELAXED);
         memmove(buf, buf + round_len, (size_t)(have - round_len));
@@ -589,18 +596,12 @@ md_status md_delta(int sig_fd, int new_fd, int delta_fd, const md_options *opt, 
         base += round_len;
     }
     framer_close(&fr);
-    rc = flush_closed(&fr, threads, cctx, probe, &w, err);
+    rc = flush_closed(sig, &fr, threads, cctx, probe, &w, err);
     if (rc != MD_OK) goto done;
     {
-        uint8_t end[MD_FRAME_HDR_LEN + MD_END_PAYLOAD_LEN + 8] = {0};
-        end[0] = MD_FRAME_END;
-        md_put_u32(end + 4, MD_END_PAYLOAD_LEN);
-        md_put_u64(end + 16, fr.seq);
-        md_put_u64(end + 24, XXH3_64bits(end, 24));
-        md_put_u64(end + MD_FRAME_HDR_LEN, base);
-        md_digest_final(&dg, end + MD_FRAME_HDR_LEN + 8);
-        md_put_u64(end + MD_FRAME_HDR_LEN + MD_END_PAYLOAD_LEN,
-                   XXH3_64bits(end, MD_FRAME_HDR_LEN + MD_END_PAYLOAD_LEN));
+        uint8_t end[MD_END_FRAME_LEN], digest[16];
+        md_digest_final(&dg, digest);
+        md_end_frame(end, fr.seq, base, digest);
         md_writer_put(&w, end, sizeof end);
     }
     if (md_writer_flush(&w) != 0) {
@@ -615,6 +616,7 @@ md_status md_delta(int sig_fd, int new_fd, int delta_fd, const md_options *opt, 
         stats->literal_bytes = literal_bytes;
         stats->block_len = sig->block_len;
         stats->strong_len = sig->strong_len;
+        stats->threads = threads;
     }
 done:
     for (size_t i = 0; i < fr.n_closed; i++) frame_free(fr.closed[i]);

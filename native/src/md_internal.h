@@ -12,19 +12,24 @@
 
 /* ---- format constants (native/FORMAT.md) ---- */
 #define MD_SIG_MAGIC "MRDNSIG\x01"
-#define MD_DELTA_MAGIC "MRDNDLT\x01"
+#define MD_SIG_VERSION 1u
+#define MD_DELTA_MAGIC "MRDNDLT\x02" /* the last byte is the format version */
+#define MD_DELTA_MAGIC_LEN 7u          /* the bytes every version shares */
 #define MD_HEADER_LEN 64u
 #define MD_SIG_FRAME_ENTRIES 4096u
 #define MD_CHUNK_LEN ((uint64_t)4 << 20)     /* digest chunk and delta segment */
 #define MD_FRAME_MAX_LIT ((uint32_t)1 << 20)  /* literal bytes per delta frame */
 #define MD_FRAME_MAX_CMD ((uint32_t)1 << 20)  /* command bytes per delta frame */
-#define MD_FRAME_HDR_LEN 32u /* 24 bytes of fields + their own XXH3-64 */
+#define MD_FRAME_HDR_LEN_V1 32u /* 24 bytes of fields + their own XXH3-64 */
+#define MD_FRAME_HDR_LEN 40u    /* v2: 32 bytes of fields (+ the basis check) + XXH3-64 */
 #define MD_FRAME_DATA 1u
 #define MD_FRAME_END 2u
+#define MD_FRAME_NUMERIC 3u     /* v2: element-wise integer differences against OLD */
+#define MD_NUMERIC_NO_BASIS 4u  /* NUMERIC param bit: against zeros, OLD not read */
 #define MD_CODEC_RAW 0u
 #define MD_CODEC_ZSTD 1u
 #define MD_END_PAYLOAD_LEN 24u
-#define MD_MAX_THREADS 64u
+#define MD_MAX_THREADS 64u /* the parallel-for's own bound; the API refuses more than 4 */
 /* Chunks read per round, and so the most workers an operation uses: this is what
  * keeps the working set near 40 MiB whatever the thread count asked for. */
 #define MD_ROUND_CHUNKS_MAX 4u
@@ -123,8 +128,18 @@ static inline uint64_t md_weak_key(uint32_t s1, uint32_t s2) {
 static inline uint32_t md_filter1(uint32_t s1, uint32_t s2) {
     return (s1 * 0x9E3779B1u) ^ (s2 * 0x85EBCA77u);
 }
-/* Nonzero when the CPU runs AVX2 (checked once). */
+/* Nonzero when the CPU runs AVX2 (checked once) and the calling operation did not
+ * ask for the portable code (MD_PORTABLE, a per-thread switch that each API entry
+ * point sets and md_parallel_for hands to its workers). */
 int md_cpu_avx2(void);
+void md_set_portable(int portable);
+int md_get_portable(void);
+/* The API's common argument checks: threads (0..4) and flags; sets the switch above. */
+md_status md_begin(const md_options *opt, uint32_t *threads, md_error *err);
+/* Nonzero once the caller has asked the operation to stop (md_options.cancel). */
+static inline int md_cancelled(const md_options *opt) {
+    return opt && opt->cancel && __atomic_load_n(opt->cancel, __ATOMIC_RELAXED) != 0;
+}
 static inline uint64_t md_weak_mix(uint64_t k) {
     k ^= k >> 29;
     k *= 0x9E3779B97F4A7C15ull;
@@ -184,5 +199,74 @@ static inline size_t md_get_varint(const uint8_t *p, size_t avail, uint64_t *out
 }
 static inline uint64_t md_zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
 static inline int64_t md_unzigzag(uint64_t v) { return (int64_t)(v >> 1) ^ -(int64_t)(v & 1); }
+
+/* ---- the basis check of a v2 frame (FORMAT.md): the OLD ranges a frame reads, cut
+ * at multiples of the block length, each piece hashed (the first strong_len bytes of
+ * its XXH3-128), the piece hashes chained into one XXH3-64 that starts from the
+ * frame's sequence number ---- */
+typedef struct md_piece_hasher {
+    uint32_t block_len, strong_len;
+    uint64_t chain;
+    uint64_t cut, end; /* inside the current range: end of the piece, end of the range */
+    uint64_t pos;
+    void *st;
+} md_piece_hasher;
+int md_ph_init(md_piece_hasher *h, uint32_t block_len, uint32_t strong_len);
+void md_ph_free(md_piece_hasher *h);
+void md_ph_frame(md_piece_hasher *h, uint64_t seq);               /* starts a frame's chain */
+void md_ph_range(md_piece_hasher *h, uint64_t off, uint64_t len); /* starts an OLD range */
+void md_ph_feed(md_piece_hasher *h, const uint8_t *p, size_t len); /* its bytes, in order */
+uint64_t md_ph_chain(uint64_t chain, const uint8_t *piece_hash, uint32_t strong_len);
+
+/* ---- numeric frames (md_numeric.c) ---- */
+/* planes = zigzag(NEW - OLD) per little-endian element of `width` bytes (1, 2, 4, 8),
+ * split into byte planes: plane b holds byte b of every element, planes in order. */
+void md_num_encode(const uint8_t *old, const uint8_t *nw, size_t len, unsigned width, uint8_t *planes);
+/* out = OLD + unzigzag(planes): the inverse of md_num_encode. */
+void md_num_decode(const uint8_t *old, const uint8_t *planes, size_t len, unsigned width, uint8_t *out);
+
+/* ---- order-0 rANS for numeric planes (md_rans.c) ---- */
+#define MD_PLANE_RAW 0u
+#define MD_PLANE_ZSTD 1u
+#define MD_PLANE_RANS 2u
+size_t md_rans_bound(size_t n); /* the dst capacity md_rans_encode needs */
+/* Codes src (whose byte counts are `count`); returns the coded size, or 0 if it does
+ * not fit (the caller codes the plane otherwise). */
+size_t md_rans_encode(const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap);
+/* Decodes exactly n bytes from all len bytes of src; -1 on any malformed input. */
+int md_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n);
+
+/* ---- safetensors (md_safetensors.c) ---- */
+typedef struct md_tensor {
+    const char *name; /* the key as written in the JSON header (escapes kept), not NUL-ended */
+    uint32_t name_len;
+    uint32_t width;   /* bytes per element; 0 for a dtype the numeric model does not know */
+    uint64_t off, len; /* in the file */
+} md_tensor;
+typedef struct md_st {
+    uint8_t *header;  /* the JSON bytes; md_tensor.name points into it */
+    uint64_t data_start;
+    md_tensor *t;     /* sorted by offset */
+    size_t n;
+} md_st;
+/* Parses the safetensors header of a file of `file_len` bytes at fd. Returns 1 and fills
+ * st when it is one (every check of FORMAT.md passed), 0 when it is not or the header is
+ * malformed or hostile (nothing is kept), -1 when memory or reading fails. */
+int md_st_parse(int fd, uint64_t file_len, md_st *st);
+/* The same over a header already in memory (the 8-byte length and the JSON). */
+int md_st_parse_mem(const uint8_t *p, size_t n, uint64_t file_len, md_st *st);
+void md_st_free(md_st *st);
+
+/* ---- v2 frames ---- */
+#define MD_END_FRAME_LEN (MD_FRAME_HDR_LEN + MD_END_PAYLOAD_LEN + 8u)
+/* Writes the header of a frame whose C + S body bytes are already at o + MD_FRAME_HDR_LEN,
+ * and its closing checksum after them; returns the frame's length. */
+size_t md_frame_seal(uint8_t *o, uint8_t type, uint8_t codec, uint8_t param, uint32_t cmd_len,
+                     uint32_t lit_len, uint32_t stored, uint64_t seq, uint64_t check);
+/* The END frame: NEW's length and digest. */
+void md_end_frame(uint8_t out[MD_END_FRAME_LEN], uint64_t seq, uint64_t new_len, const uint8_t digest[16]);
+/* The 64-byte v2 delta header. */
+void md_delta_header(uint8_t hdr[MD_HEADER_LEN], uint64_t old_len, const uint8_t old_digest[16],
+                     uint32_t block_len, uint32_t strong_len);
 
 #endif

@@ -1,13 +1,21 @@
-/* Patch: validate the delta's header, refuse the wrong OLD (its length before
- * writing anything; its digest before writing into a pipe, alongside the patch
- * into a regular file that is truncated back to empty on refusal), then apply
- * frames in order. Each frame's checksum is verified
- * before any of its commands runs; every length and offset is bounded against
- * the frame and against OLD; the output is verified against the END frame. */
+/* Patch: validate the delta's header, refuse an OLD of the wrong length before
+ * writing anything, then apply frames in the order they arrive (the delta is read
+ * once, front to back, so a pipe or a socket is as good as a file). Each frame's
+ * checksum is verified before any of its commands runs; every length and offset is
+ * bounded against the frame and against OLD; the output never exceeds the caller's
+ * cap; the output is verified against the END frame.
+ *
+ * The wrong basis: a version 2 frame carries a hash of the OLD ranges it reads
+ * (FORMAT.md), checked before the frame's bytes are written when the output
+ * cannot be taken back (a pipe), or while they are written into a regular output
+ * that started empty, which is truncated back to empty on any failure. A version 1
+ * delta only records OLD's whole digest, which is checked as version 1 always did.
+ *
+ * OLD is read with pread, never mapped, so a file truncated under us reads short
+ * and fails as "OLD shrank" instead of killing the process with SIGBUS. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +25,7 @@
 #include "md_internal.h"
 
 #define BASIS_BATCH 64u
+#define OLD_BUF ((size_t)1 << 20)
 
 static md_status corrupt(md_error *err, const char *why) {
     return md_fail(err, MD_E_CORRUPT_DELTA, "the delta is corrupt: %s.", why);
@@ -24,6 +33,22 @@ static md_status corrupt(md_error *err, const char *why) {
 static md_status truncated(md_error *err) {
     return md_fail(err, MD_E_TRUNCATED_DELTA, "the delta is truncated: it ends before its end marker.");
 }
+static md_status shrank(md_error *err) {
+    return md_fail(err, MD_E_IO, "OLD shrank while it was being read (another process truncated it?).");
+}
+static md_status wrong_digest(md_error *err) {
+    return md_fail(err, MD_E_WRONG_BASIS, "OLD is not the file this delta was made against: its digest differs.");
+}
+
+/* Reads exactly OLD[off, off + len). */
+static md_status read_old(int fd, uint8_t *buf, size_t len, uint64_t off, md_error *err) {
+    int64_t got = md_pread_full(fd, buf, len, off);
+    if (got < 0) return md_fail_io(err, errno, "reading OLD");
+    if ((size_t)got != len) return shrank(err);
+    return MD_OK;
+}
+
+/* ---------------- version 1: the digest of all of OLD ---------------- */
 
 typedef struct basis_ctx {
     int fd;
@@ -38,13 +63,6 @@ static void basis_task(void *arg, size_t i, uint32_t worker) {
     basis_ctx *b = arg;
     uint64_t off = (b->first_chunk + i) * MD_CHUNK_LEN;
     size_t len = (size_t)(b->len - off < MD_CHUNK_LEN ? b->len - off : MD_CHUNK_LEN);
-    /* Hash straight from the page cache when OLD can be mapped. */
-    void *m = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, b->fd, (off_t)off);
-    if (m != MAP_FAILED) {
-        md_chunk_digest(m, len, b->digests[i]);
-        munmap(m, len);
-        return;
-    }
     int64_t got = md_pread_full(b->fd, b->bufs[worker], len, off);
     if (got < 0) {
         __atomic_store_n(&b->failed_errno, errno ? errno : EIO, __ATOMIC_RELAXED);
@@ -83,7 +101,7 @@ static md_status basis_digest(int fd, uint64_t len, uint32_t threads, uint8_t ou
             goto done;
         }
         if (b.short_read) {
-            rc = md_fail(err, MD_E_IO, "OLD shrank while it was being read.");
+            rc = shrank(err);
             goto done;
         }
         for (size_t i = 0; i < batch; i++) {
@@ -98,122 +116,32 @@ done:
     return rc;
 }
 
-/* OLD is read through a sliding mmap window: copies are hashed and written
- * straight from the page cache (one memory copy instead of two), and only the
- * window is ever mapped, so RSS stays bounded whatever the size of OLD. */
-#define WINDOW_LEN ((uint64_t)16 << 20)
-#define COPY_PIECE ((uint64_t)256 << 10)
-typedef struct old_view {
-    int fd;
-    uint64_t len;
-    uint8_t *map;
-    uint64_t map_off, map_len;
-    int no_mmap;
-} old_view;
-
-static void view_unmap(old_view *v) {
-    if (v->map) munmap(v->map, (size_t)v->map_len);
-    v->map = NULL;
-    v->map_len = 0;
-}
-
-/* Returns a pointer to OLD[off, off + *len) with *len shortened to what the window holds. */
-static const uint8_t *view_get(old_view *v, uint64_t off, uint64_t *len) {
-    if (v->no_mmap) return NULL;
-    if (!v->map || off < v->map_off || off >= v->map_off + v->map_len) {
-        view_unmap(v);
-        uint64_t start = off & ~(WINDOW_LEN - 1);
-        uint64_t mlen = v->len - start < WINDOW_LEN ? v->len - start : WINDOW_LEN;
-        void *m = mmap(NULL, (size_t)mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, v->fd, (off_t)start);
-        if (m == MAP_FAILED) {
-            v->no_mmap = 1;
-            return NULL;
-        }
-        v->map = m;
-        v->map_off = start;
-        v->map_len = mlen;
-    }
-    uint64_t avail = v->map_off + v->map_len - off;
-    if (*len > avail) *len = avail;
-    return v->map + (off - v->map_off);
-}
-
-/* The deferred basis check. When the output is a regular file written from its
- * start, OLD's digest is computed during the patch instead of before it: the
- * cursor hashes OLD in order, taking the bytes of each copy that continues where
- * it stopped while they are still in the CPU cache from the copy itself, and
- * reading only the gaps (and whatever no copy touched, at the end). So OLD goes
- * through memory about once instead of twice. A mismatch is still refused as the
- * wrong basis, and the output is then truncated to nothing (see md_patch). */
-#define CATCHUP_BUF ((size_t)1 << 20)
+/* The deferred v1 check into a rewindable output: the cursor hashes OLD in order,
+ * taking the bytes of each copy that continues where it stopped while they are
+ * still in the CPU cache, and reading only the gaps. */
 typedef struct basis_cursor {
     int on;
     uint64_t pos; /* OLD[0, pos) has gone into dg */
     md_digest dg;
-    old_view view;    /* its own window, for long gaps only (unmapped after each) */
-    uint8_t *scratch; /* short gaps, or when OLD cannot be mapped */
 } basis_cursor;
 
-/* Hashes OLD[pos, upto). `main` is the copy path's window: a gap it already maps costs no I/O. */
-static md_status basis_catch_up(basis_cursor *bc, old_view *main, uint64_t upto, md_error *err) {
+static md_status basis_catch_up(basis_cursor *bc, int fd, uint8_t *scratch, uint64_t upto, md_error *err) {
     while (bc->pos < upto) {
-        uint64_t want = upto - bc->pos, take = want;
-        const uint8_t *src = NULL;
-        if (main->map && bc->pos >= main->map_off && bc->pos < main->map_off + main->map_len) {
-            src = main->map + (bc->pos - main->map_off);
-            uint64_t avail = main->map_off + main->map_len - bc->pos;
-            if (take > avail) take = avail;
-        } else if (want >= CATCHUP_BUF * 4 && !bc->view.no_mmap) {
-            src = view_get(&bc->view, bc->pos, &take);
-        }
-        if (!src) {
-            take = want < CATCHUP_BUF ? want : CATCHUP_BUF;
-            int64_t got = md_pread_full(bc->view.fd, bc->scratch, (size_t)take, bc->pos);
-            if (got < 0) return md_fail_io(err, errno, "reading OLD");
-            if ((uint64_t)got != take) return md_fail(err, MD_E_IO, "OLD shrank while it was being read.");
-            src = bc->scratch;
-        }
-        md_digest_update(&bc->dg, src, (size_t)take);
+        size_t take = (size_t)(upto - bc->pos < OLD_BUF ? upto - bc->pos : OLD_BUF);
+        md_status rc = read_old(fd, scratch, take, bc->pos, err);
+        if (rc != MD_OK) return rc;
+        md_digest_update(&bc->dg, scratch, take);
         bc->pos += take;
     }
-    view_unmap(&bc->view);
     return MD_OK;
 }
 
-/* OLD[off, off + len), at src, has just been copied: feed what continues the cursor. */
-static md_status basis_feed(basis_cursor *bc, old_view *main, uint64_t off, uint64_t len,
-                            const uint8_t *src, md_error *err) {
-    if (!bc->on || off + len <= bc->pos) return MD_OK;
-    if (off > bc->pos) {
-        md_status rc = basis_catch_up(bc, main, off, err);
-        if (rc != MD_OK) return rc;
-    }
-    uint64_t skip = bc->pos - off;
-    md_digest_update(&bc->dg, src + skip, (size_t)(len - skip));
-    bc->pos = off + len;
-    return MD_OK;
-}
-
-/* Finishes the deferred check: MD_OK if OLD's digest is `want`. */
-static md_status basis_finish(basis_cursor *bc, old_view *main, uint64_t len, const uint8_t want[16],
-                              md_error *err) {
-    uint8_t have[16];
-    md_status rc = basis_catch_up(bc, main, len, err);
-    if (rc != MD_OK) return rc;
-    md_digest_final(&bc->dg, have);
-    bc->on = 0;
-    if (MD_VERIFY_CHECKSUMS && memcmp(have, want, 16) != 0)
-        return md_fail(err, MD_E_WRONG_BASIS,
-                       "OLD is not the file this delta was made against: its digest differs.");
-    return MD_OK;
-}
-
-/* With two or more threads the basis check runs on its own thread instead, in
- * parallel with the patch (the main thread then hashes only the output). */
+/* With two or more threads the v1 check runs on its own thread instead. */
 typedef struct basis_helper {
     pthread_t tid;
     int started;
     int fd;
+    int portable;
     uint64_t len;
     uint8_t digest[16];
     md_status rc;
@@ -222,11 +150,11 @@ typedef struct basis_helper {
 
 static void *basis_helper_main(void *arg) {
     basis_helper *h = arg;
+    md_set_portable(h->portable);
     h->rc = basis_digest(h->fd, h->len, 1, h->digest, &h->err);
     return NULL;
 }
 
-/* Joins the helper; MD_OK if OLD's digest is `want`. */
 static md_status basis_helper_finish(basis_helper *h, const uint8_t want[16], md_error *err) {
     pthread_join(h->tid, NULL);
     h->started = 0;
@@ -234,42 +162,68 @@ static md_status basis_helper_finish(basis_helper *h, const uint8_t want[16], md
         if (err) *err = h->err;
         return h->rc;
     }
-    if (MD_VERIFY_CHECKSUMS && memcmp(h->digest, want, 16) != 0)
-        return md_fail(err, MD_E_WRONG_BASIS,
-                       "OLD is not the file this delta was made against: its digest differs.");
+    if (MD_VERIFY_CHECKSUMS && memcmp(h->digest, want, 16) != 0) return wrong_digest(err);
     return MD_OK;
 }
 
-/* Copies OLD[off, off + len) to the output. */
-static md_status copy_range(old_view *v, uint64_t off, uint64_t len, md_writer *w, md_digest *dg,
-                            basis_cursor *bc, md_error *err) {
+/* ---------------- the patcher ---------------- */
+
+typedef struct patcher {
+    int old_fd;
+    uint64_t basis_len;
+    unsigned version;
+    int rewindable;
+    uint64_t max_output;
+    md_writer w;
+    md_digest dg;             /* of the output */
+    uint8_t *scratch;         /* OLD_BUF: OLD for checks and numeric frames */
+    uint8_t *planes, *numout; /* MD_FRAME_MAX_LIT each: numeric frames */
+    md_piece_hasher ph;       /* v2 basis check */
+    int ph_on;                /* feed copies to ph as they are written */
+    basis_cursor bc;          /* v1, one thread */
+} patcher;
+
+static md_status over_cap(const patcher *P, uint64_t len, md_error *err) {
+    if (P->max_output && (len > P->max_output || P->w.total > P->max_output - len))
+        return md_fail(err, MD_E_LIMIT,
+                       "the delta would write more than the %llu bytes the output may have.",
+                       (unsigned long long)P->max_output);
+    return MD_OK;
+}
+
+static md_status put_out(patcher *P, const uint8_t *p, size_t len, md_error *err) {
+    md_status rc = over_cap(P, len, err);
+    if (rc != MD_OK) return rc;
+    md_digest_update(&P->dg, p, len);
+    if (md_writer_put(&P->w, p, len) != 0) return md_fail_io(err, P->w.failed_errno, "writing the output");
+    return MD_OK;
+}
+
+/* Copies OLD[off, off + len) to the output, read straight into the writer's buffer. */
+static md_status copy_range(patcher *P, uint64_t off, uint64_t len, md_error *err) {
+    md_writer *w = &P->w;
+    md_status rc = over_cap(P, len, err);
+    if (rc != MD_OK) return rc;
+    if (P->ph_on) md_ph_range(&P->ph, off, len);
     while (len) {
-        uint64_t take = len;
-        const uint8_t *src = view_get(v, off, &take);
-        if (src) {
-            /* Hash then write piece by piece, so the write reads what the hash
-             * just brought into the cache: one trip through memory, not two. */
-            if (take > COPY_PIECE) take = COPY_PIECE;
-            md_digest_update(dg, src, (size_t)take);
-            md_status rc = basis_feed(bc, v, off, take, src, err);
-            if (rc != MD_OK) return rc;
-            if (md_writer_put(w, src, (size_t)take) != 0)
-                return md_fail_io(err, w->failed_errno, "writing the output");
-            off += take;
-            len -= take;
-            continue;
-        }
-        if (w->len == w->cap && md_writer_flush(w) != 0)
-            return md_fail_io(err, w->failed_errno, "writing the output");
+        if (w->len == w->cap && md_writer_flush(w) != 0) return md_fail_io(err, w->failed_errno, "writing the output");
         size_t room = w->cap - w->len;
-        take = len < room ? len : room;
-        int64_t got = md_pread_full(v->fd, w->buf + w->len, (size_t)take, off);
-        if (got < 0) return md_fail_io(err, errno, "reading OLD");
-        if ((uint64_t)got != take) return md_fail(err, MD_E_IO, "OLD shrank while it was being read.");
-        md_digest_update(dg, w->buf + w->len, (size_t)take);
-        md_status rc = basis_feed(bc, v, off, take, w->buf + w->len, err);
+        size_t take = (size_t)(len < room ? len : room);
+        uint8_t *dst = w->buf + w->len;
+        rc = read_old(P->old_fd, dst, take, off, err);
         if (rc != MD_OK) return rc;
-        w->len += (size_t)take;
+        md_digest_update(&P->dg, dst, take);
+        if (P->ph_on) md_ph_feed(&P->ph, dst, take);
+        if (P->bc.on && off + take > P->bc.pos) {
+            if (off > P->bc.pos) {
+                rc = basis_catch_up(&P->bc, P->old_fd, P->scratch, off, err);
+                if (rc != MD_OK) return rc;
+            }
+            uint64_t skip = P->bc.pos - off;
+            md_digest_update(&P->bc.dg, dst + skip, (size_t)(take - skip));
+            P->bc.pos = off + take;
+        }
+        w->len += take;
         w->total += take;
         off += take;
         len -= take;
@@ -277,27 +231,136 @@ static md_status copy_range(old_view *v, uint64_t off, uint64_t len, md_writer *
     return MD_OK;
 }
 
-md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, md_stats *stats,
-                   md_error *err) {
+/* Hashes OLD[off, off + len) into ph (reading it), for a check before writing. */
+static md_status hash_old(patcher *P, uint64_t off, uint64_t len, md_error *err) {
+    md_ph_range(&P->ph, off, len);
+    while (len) {
+        size_t take = (size_t)(len < OLD_BUF ? len : OLD_BUF);
+        md_status rc = read_old(P->old_fd, P->scratch, take, off, err);
+        if (rc != MD_OK) return rc;
+        md_ph_feed(&P->ph, P->scratch, take);
+        off += take;
+        len -= take;
+    }
+    return MD_OK;
+}
+
+static md_status basis_mismatch(md_error *err, uint64_t lo, uint64_t hi) {
+    return md_fail(err, MD_E_WRONG_BASIS,
+                   "OLD is not the file this delta was made against: its bytes differ within "
+                   "OLD[%llu, %llu).",
+                   (unsigned long long)lo, (unsigned long long)hi);
+}
+
+/* Runs (or, with `check_only`, only validates and hashes the copies of) a DATA
+ * frame's commands. *lo and *hi get the span of OLD the copies touch. */
+static md_status run_commands(patcher *P, const uint8_t *cp, size_t cmd_len, const uint8_t *lp,
+                              size_t lit_raw, int check_only, uint64_t *lo, uint64_t *hi, md_error *err) {
+    size_t ci = 0, lit_used = 0;
+    uint64_t prev_copy_end = 0;
+    md_status rc;
+    *lo = UINT64_MAX;
+    *hi = 0;
+    while (ci < cmd_len) {
+        uint64_t word, len, delta_u;
+        size_t used = md_get_varint(cp + ci, cmd_len - ci, &word);
+        if (!used) return corrupt(err, "a command is malformed");
+        ci += used;
+        len = word >> 1;
+        if (!len) return corrupt(err, "a command has length zero");
+        if ((word & 1) == 0) {
+            if (len > lit_raw - lit_used) return corrupt(err, "a literal runs past its frame");
+            if (!check_only) {
+                rc = put_out(P, lp + lit_used, (size_t)len, err);
+                if (rc != MD_OK) return rc;
+            }
+            lit_used += (size_t)len;
+            continue;
+        }
+        used = md_get_varint(cp + ci, cmd_len - ci, &delta_u);
+        if (!used) return corrupt(err, "a command is malformed");
+        ci += used;
+        int64_t dlt = md_unzigzag(delta_u);
+        uint64_t off = prev_copy_end + (uint64_t)dlt;
+        /* off must not wrap and the copy must lie inside OLD */
+        if ((dlt < 0 && (uint64_t)(-(dlt + 1)) >= prev_copy_end) || (dlt > 0 && off < prev_copy_end) ||
+            off > P->basis_len || len > P->basis_len - off)
+            return corrupt(err, "a copy reaches outside OLD");
+        if (off < *lo) *lo = off;
+        if (off + len > *hi) *hi = off + len;
+        rc = check_only ? hash_old(P, off, len, err) : copy_range(P, off, len, err);
+        if (rc != MD_OK) return rc;
+        prev_copy_end = off + len;
+    }
+    if (lit_used != lit_raw) return corrupt(err, "a frame carries literal bytes no command uses");
+    return MD_OK;
+}
+
+/* A NUMERIC frame (v2): OLD[off, off + L) plus the decoded differences. */
+static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, const uint8_t *sp,
+                             unsigned width, int no_basis, uint32_t lit_raw, uint64_t seq, uint64_t check,
+                             md_error *err) {
+    uint64_t off = md_get_u64(cp);
+    size_t plane = lit_raw / width;
+    if (no_basis) {
+        /* a tensor OLD does not have: its planes against zeros; no OLD to check */
+        if (off || check != seq) return corrupt(err, "a numeric frame without basis names one");
+        memset(P->scratch, 0, lit_raw);
+    } else {
+        if (off > P->basis_len || lit_raw > P->basis_len - off)
+            return corrupt(err, "a numeric frame reaches outside OLD");
+        md_status rc = read_old(P->old_fd, P->scratch, lit_raw, off, err);
+        if (rc != MD_OK) return rc;
+        md_ph_frame(&P->ph, seq);
+        md_ph_range(&P->ph, off, lit_raw);
+        md_ph_feed(&P->ph, P->scratch, lit_raw);
+        if (MD_VERIFY_CHECKSUMS && P->ph.chain != check) return basis_mismatch(err, off, off + lit_raw);
+    }
+    for (unsigned b = 0; b < width; b++) {
+        uint32_t s = md_get_u32(cp + 8 + 4 * b);
+        uint8_t *dst = P->planes + (size_t)b * plane;
+        uint8_t codec = sp[0];
+        int ok;
+        if (codec == MD_PLANE_RAW) {
+            ok = s == 1 + plane;
+            if (ok) memcpy(dst, sp + 1, plane);
+        } else if (codec == MD_PLANE_ZSTD) {
+            size_t z = ZSTD_decompressDCtx(dctx, dst, plane, sp + 1, s - 1);
+            ok = !ZSTD_isError(z) && z == plane;
+        } else {
+            ok = codec == MD_PLANE_RANS && md_rans_decode(sp + 1, s - 1, dst, plane) == 0;
+        }
+        if (!ok) return corrupt(err, "a numeric plane does not decode");
+        sp += s;
+    }
+    md_num_decode(P->scratch, P->planes, lit_raw, width, P->numout);
+    return put_out(P, P->numout, lit_raw, err);
+}
+
+md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, md_stats *stats, md_error *err) {
     uint8_t hdr[MD_HEADER_LEN];
-    md_status rc = MD_OK;
-    uint32_t threads = opt && opt->threads ? opt->threads : 1;
-    /* More workers than chunks per round would only add memory (see md_internal.h). */
-    if (threads > MD_ROUND_CHUNKS_MAX) threads = MD_ROUND_CHUNKS_MAX;
+    uint32_t threads;
+    md_status rc = md_begin(opt, &threads, err);
+    if (rc != MD_OK) return rc;
     int64_t got = md_read_full(delta_fd, hdr, sizeof hdr);
     if (got < 0) return md_fail_io(err, errno, "reading the delta");
     if (got < (int64_t)sizeof hdr) {
-        if (got >= 7 && memcmp(hdr, MD_DELTA_MAGIC, 7) != 0)
+        if (got >= (int64_t)MD_DELTA_MAGIC_LEN && memcmp(hdr, MD_DELTA_MAGIC, MD_DELTA_MAGIC_LEN) != 0)
             return corrupt(err, "it is not a Meridian delta");
         return truncated(err);
     }
-    if (memcmp(hdr, MD_DELTA_MAGIC, 7) != 0) return corrupt(err, "it is not a Meridian delta");
+    if (memcmp(hdr, MD_DELTA_MAGIC, MD_DELTA_MAGIC_LEN) != 0) return corrupt(err, "it is not a Meridian delta");
     if (MD_VERIFY_CHECKSUMS && md_get_u64(hdr + 56) != XXH3_64bits(hdr, 56))
         return corrupt(err, "its header fails its checksum");
-    if (hdr[7] != 1 || md_get_u32(hdr + 8) != MD_VERSION)
+    unsigned version = hdr[7];
+    if ((version != 1 && version != 2) || md_get_u32(hdr + 8) != version)
         return corrupt(err, "its format version is not supported");
     if (md_get_u32(hdr + 12) != 0) return corrupt(err, "it sets unknown flags");
     uint64_t basis_len = md_get_u64(hdr + 16);
+    uint32_t block_len = md_get_u32(hdr + 40), strong_len = md_get_u32(hdr + 44);
+    if (version == 2 && (block_len < 1 || block_len > MD_MAX_BLOCK_LEN || strong_len < 8 || strong_len > 16))
+        return corrupt(err, "its header declares an impossible block");
+    const uint32_t hdr_len = version == 1 ? MD_FRAME_HDR_LEN_V1 : MD_FRAME_HDR_LEN;
 
     struct stat st;
     if (fstat(old_fd, &st) != 0) return md_fail_io(err, errno, "reading OLD");
@@ -307,89 +370,110 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
                        "OLD is not the file this delta was made against: it has %llu bytes, "
                        "the delta expects %llu.",
                        (unsigned long long)st.st_size, (unsigned long long)basis_len);
-    /* A regular output that we write from its start can be truncated back to
-     * nothing, so there the basis check may run alongside the patch (see
-     * basis_cursor); anywhere else (a pipe, say) it must finish before writing. */
+    /* A regular output that we write from its start can be truncated back to nothing
+     * (so checks may run alongside the writes); anything else (a pipe, say) must have
+     * them before. */
     int rewindable;
     {
         struct stat ost;
         rewindable = fstat(out_fd, &ost) == 0 && S_ISREG(ost.st_mode) && ost.st_size == 0 &&
                      lseek(out_fd, 0, SEEK_CUR) == 0;
     }
-    if (MD_VERIFY_CHECKSUMS && !rewindable) {
+    if (version == 1 && MD_VERIFY_CHECKSUMS && !rewindable) {
         uint8_t have[16];
         rc = basis_digest(old_fd, basis_len, threads, have, err);
         if (rc != MD_OK) return rc;
-        if (memcmp(have, hdr + 24, 16) != 0)
-            return md_fail(err, MD_E_WRONG_BASIS,
-                           "OLD is not the file this delta was made against: its digest differs.");
+        if (memcmp(have, hdr + 24, 16) != 0) return wrong_digest(err);
     }
 
     size_t frame_cap = MD_FRAME_HDR_LEN + MD_FRAME_MAX_CMD + ZSTD_compressBound(MD_FRAME_MAX_LIT) + 8;
     uint8_t *fbuf = malloc(frame_cap);
     uint8_t *lit = malloc(MD_FRAME_MAX_LIT);
     ZSTD_DCtx *dctx = ZSTD_createDCtx();
-    md_writer w = {0};
-    md_digest dg = {0};
+    patcher P;
+    memset(&P, 0, sizeof P);
+    P.old_fd = old_fd;
+    P.basis_len = basis_len;
+    P.version = version;
+    P.rewindable = rewindable;
+    P.max_output = opt ? opt->max_output : 0;
+    P.scratch = malloc(OLD_BUF);
+    if (version == 2) {
+        P.planes = malloc(MD_FRAME_MAX_LIT);
+        P.numout = malloc(MD_FRAME_MAX_LIT);
+    }
     uint64_t in_bytes = sizeof hdr;
-    old_view view = {old_fd, basis_len, NULL, 0, 0, 0};
-    basis_cursor bc = {0};
-    bc.view = (old_view){old_fd, basis_len, NULL, 0, 0, 0};
-    int ok = fbuf && lit && dctx && md_writer_init(&w, out_fd, 1 << 20) == 0 && md_digest_init(&dg) == 0;
+    int ok = fbuf && lit && dctx && P.scratch && (version == 1 || (P.planes && P.numout)) &&
+             md_writer_init(&P.w, out_fd, 1 << 20) == 0 && md_digest_init(&P.dg) == 0 &&
+             md_ph_init(&P.ph, block_len, strong_len) == 0;
     basis_helper helper = {0};
     helper.fd = old_fd;
     helper.len = basis_len;
-    if (ok && rewindable && threads >= 2)
+    helper.portable = md_get_portable();
+    if (ok && version == 1 && rewindable && threads >= 2)
         helper.started = pthread_create(&helper.tid, NULL, basis_helper_main, &helper) == 0;
-    if (ok && rewindable && !helper.started) {
-        bc.scratch = malloc(CATCHUP_BUF);
-        ok = bc.scratch && md_digest_init(&bc.dg) == 0;
-        bc.on = ok;
+    if (ok && version == 1 && rewindable && !helper.started) {
+        ok = md_digest_init(&P.bc.dg) == 0;
+        P.bc.on = ok;
     }
     if (!ok) {
         rc = md_fail(err, MD_E_NOMEM, "out of memory while patching.");
         goto done;
     }
     /* A regular output that we write from its start may get holes for zeros. */
-    w.sparse = rewindable;
-    w.durable = opt && (opt->flags & MD_DURABLE);
+    P.w.sparse = rewindable;
+    P.w.durable = opt && (opt->flags & MD_DURABLE);
     for (uint64_t seq = 0;; seq++) {
-        got = md_read_full(delta_fd, fbuf, MD_FRAME_HDR_LEN);
+        if (md_cancelled(opt)) {
+            rc = md_fail(err, MD_E_CANCELLED, "the patch was cancelled.");
+            goto done;
+        }
+        got = md_read_full(delta_fd, fbuf, hdr_len);
         if (got < 0) {
             rc = md_fail_io(err, errno, "reading the delta");
             goto done;
         }
-        if (got < MD_FRAME_HDR_LEN) {
+        if (got < (int64_t)hdr_len) {
             rc = truncated(err);
             goto done;
         }
         /* The header has its own checksum, so a damaged length reads as corruption,
          * never as a truncated file, and is never used to size a read. */
-        if (MD_VERIFY_CHECKSUMS && md_get_u64(fbuf + 24) != XXH3_64bits(fbuf, 24)) {
+        if (MD_VERIFY_CHECKSUMS && md_get_u64(fbuf + hdr_len - 8) != XXH3_64bits(fbuf, hdr_len - 8)) {
             rc = corrupt(err, "a frame header fails its checksum");
             goto done;
         }
-        uint8_t type = fbuf[0], codec = fbuf[1];
+        uint8_t type = fbuf[0], codec = fbuf[1], param = fbuf[2];
         uint32_t cmd_len = md_get_u32(fbuf + 4), lit_raw = md_get_u32(fbuf + 8);
         uint32_t stored = md_get_u32(fbuf + 12);
-        if (type != MD_FRAME_DATA && type != MD_FRAME_END) {
+        uint64_t check = version == 2 ? md_get_u64(fbuf + 24) : 0;
+        unsigned width = 1u << (param & 3);
+        if (type != MD_FRAME_DATA && type != MD_FRAME_END && !(version == 2 && type == MD_FRAME_NUMERIC)) {
             rc = corrupt(err, "a frame has an unknown type");
             goto done;
         }
-        if (fbuf[2] || fbuf[3] || md_get_u64(fbuf + 16) != seq) {
+        if ((type == MD_FRAME_NUMERIC ? param > (3 | MD_NUMERIC_NO_BASIS) : param != 0) || fbuf[3] ||
+            md_get_u64(fbuf + 16) != seq) {
             rc = corrupt(err, "a frame header is malformed or out of sequence");
             goto done;
         }
-        if (type == MD_FRAME_END ? (codec || cmd_len != MD_END_PAYLOAD_LEN || lit_raw || stored)
-                                 : (cmd_len > MD_FRAME_MAX_CMD || lit_raw > MD_FRAME_MAX_LIT ||
-                                    (codec == MD_CODEC_RAW && stored != lit_raw) ||
-                                    (codec == MD_CODEC_ZSTD && (stored > ZSTD_compressBound(lit_raw) || !lit_raw)) ||
-                                    codec > MD_CODEC_ZSTD)) {
+        int bad;
+        if (type == MD_FRAME_END)
+            bad = codec || cmd_len != MD_END_PAYLOAD_LEN || lit_raw || stored || check;
+        else if (type == MD_FRAME_NUMERIC)
+            bad = codec || cmd_len != 8 + 4 * width || !lit_raw || lit_raw > MD_FRAME_MAX_LIT ||
+                  lit_raw % width || stored > lit_raw + width;
+        else
+            bad = cmd_len > MD_FRAME_MAX_CMD || lit_raw > MD_FRAME_MAX_LIT ||
+                  (codec == MD_CODEC_RAW && stored != lit_raw) ||
+                  (codec == MD_CODEC_ZSTD && (stored > ZSTD_compressBound(lit_raw) || !lit_raw)) ||
+                  codec > MD_CODEC_ZSTD;
+        if (bad) {
             rc = corrupt(err, "a frame declares impossible lengths");
             goto done;
         }
         size_t body = (size_t)cmd_len + stored + 8;
-        got = md_read_full(delta_fd, fbuf + MD_FRAME_HDR_LEN, body);
+        got = md_read_full(delta_fd, fbuf + hdr_len, body);
         if (got < 0) {
             rc = md_fail_io(err, errno, "reading the delta");
             goto done;
@@ -398,25 +482,32 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
             rc = truncated(err);
             goto done;
         }
-        in_bytes += MD_FRAME_HDR_LEN + body;
-        size_t sum_at = MD_FRAME_HDR_LEN + cmd_len + stored;
+        in_bytes += hdr_len + body;
+        size_t sum_at = hdr_len + cmd_len + stored;
         if (MD_VERIFY_CHECKSUMS && md_get_u64(fbuf + sum_at) != XXH3_64bits(fbuf, sum_at)) {
             rc = corrupt(err, "a frame fails its checksum");
             goto done;
         }
-        const uint8_t *cp = fbuf + MD_FRAME_HDR_LEN;
+        const uint8_t *cp = fbuf + hdr_len;
         if (type == MD_FRAME_END) {
             uint8_t digest[16], probe;
-            if (bc.on) {
-                rc = basis_finish(&bc, &view, basis_len, hdr + 24, err);
+            if (P.bc.on) {
+                uint8_t have[16];
+                rc = basis_catch_up(&P.bc, old_fd, P.scratch, basis_len, err);
                 if (rc != MD_OK) goto done;
+                md_digest_final(&P.bc.dg, have);
+                P.bc.on = 0;
+                if (MD_VERIFY_CHECKSUMS && memcmp(have, hdr + 24, 16) != 0) {
+                    rc = wrong_digest(err);
+                    goto done;
+                }
             }
             if (helper.started) {
                 rc = basis_helper_finish(&helper, hdr + 24, err);
                 if (rc != MD_OK) goto done;
             }
-            if (md_writer_finish(&w) != 0) {
-                rc = md_fail_io(err, w.failed_errno, "writing the output");
+            if (md_writer_finish(&P.w) != 0) {
+                rc = md_fail_io(err, P.w.failed_errno, "writing the output");
                 goto done;
             }
             got = md_read_full(delta_fd, &probe, 1);
@@ -425,8 +516,8 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
                              : corrupt(err, "it has bytes after its end marker");
                 goto done;
             }
-            md_digest_final(&dg, digest);
-            if (md_get_u64(cp) != w.total) {
+            md_digest_final(&P.dg, digest);
+            if (md_get_u64(cp) != P.w.total) {
                 rc = corrupt(err, "the output length differs from the one it records");
                 goto done;
             }
@@ -436,81 +527,75 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
             }
             break;
         }
-        const uint8_t *lp = cp + cmd_len;
-        if (codec == MD_CODEC_ZSTD) {
-            size_t z = ZSTD_decompressDCtx(dctx, lit, lit_raw, lp, stored);
-            if (ZSTD_isError(z) || z != lit_raw) {
-                rc = corrupt(err, "a literal block does not decompress");
+        if (type == MD_FRAME_NUMERIC) {
+            uint64_t sum = 0;
+            for (unsigned b = 0; b < width; b++) {
+                uint32_t s = md_get_u32(cp + 8 + 4 * b);
+                if (s < 2 || s > 1 + lit_raw / width) sum = UINT64_MAX; /* codec byte + bytes */
+                else if (sum != UINT64_MAX) sum += s;
+            }
+            if (sum != stored) {
+                rc = corrupt(err, "a numeric frame declares impossible plane sizes");
                 goto done;
             }
-            lp = lit;
-        }
-        size_t ci = 0, lit_used = 0;
-        uint64_t prev_copy_end = 0;
-        while (ci < cmd_len) {
-            uint64_t word, len, delta_u;
-            size_t used = md_get_varint(cp + ci, cmd_len - ci, &word);
-            if (!used) {
-                rc = corrupt(err, "a command is malformed");
-                goto done;
-            }
-            ci += used;
-            len = word >> 1;
-            if (!len) {
-                rc = corrupt(err, "a command has length zero");
-                goto done;
-            }
-            if ((word & 1) == 0) {
-                if (len > lit_raw - lit_used) {
-                    rc = corrupt(err, "a literal runs past its frame");
-                    goto done;
-                }
-                md_digest_update(&dg, lp + lit_used, (size_t)len);
-                if (md_writer_put(&w, lp + lit_used, (size_t)len) != 0) {
-                    rc = md_fail_io(err, w.failed_errno, "writing the output");
-                    goto done;
-                }
-                lit_used += (size_t)len;
-                continue;
-            }
-            used = md_get_varint(cp + ci, cmd_len - ci, &delta_u);
-            if (!used) {
-                rc = corrupt(err, "a command is malformed");
-                goto done;
-            }
-            ci += used;
-            int64_t dlt = md_unzigzag(delta_u);
-            uint64_t off = prev_copy_end + (uint64_t)dlt;
-            /* off must not wrap and the copy must lie inside OLD */
-            if ((dlt < 0 && (uint64_t)(-(dlt + 1)) >= prev_copy_end) ||
-                (dlt > 0 && off < prev_copy_end) || off > basis_len || len > basis_len - off) {
-                rc = corrupt(err, "a copy reaches outside OLD");
-                goto done;
-            }
-            rc = copy_range(&view, off, len, &w, &dg, &bc, err);
+            rc = run_numeric(&P, dctx, cp, cp + cmd_len, width, param & MD_NUMERIC_NO_BASIS, lit_raw, seq, check,
+                             err);
             if (rc != MD_OK) goto done;
-            prev_copy_end = off + len;
-        }
-        if (lit_used != lit_raw) {
-            rc = corrupt(err, "a frame carries literal bytes no command uses");
-            goto done;
+        } else {
+            const uint8_t *lp = cp + cmd_len;
+            if (codec == MD_CODEC_ZSTD) {
+                size_t z = ZSTD_decompressDCtx(dctx, lit, lit_raw, lp, stored);
+                if (ZSTD_isError(z) || z != lit_raw) {
+                    rc = corrupt(err, "a literal block does not decompress");
+                    goto done;
+                }
+                lp = lit;
+            }
+            uint64_t lo, hi;
+            if (version == 2 && !rewindable) {
+                /* Nothing of this frame may reach a pipe before its basis check. */
+                md_ph_frame(&P.ph, seq);
+                rc = run_commands(&P, cp, cmd_len, lp, lit_raw, 1, &lo, &hi, err);
+                if (rc != MD_OK) goto done;
+                if (MD_VERIFY_CHECKSUMS && P.ph.chain != check) {
+                    rc = basis_mismatch(err, lo, hi);
+                    goto done;
+                }
+            }
+            P.ph_on = version == 2 && rewindable;
+            md_ph_frame(&P.ph, seq);
+            rc = run_commands(&P, cp, cmd_len, lp, lit_raw, 0, &lo, &hi, err);
+            if (rc != MD_OK) goto done;
+            if (P.ph_on && MD_VERIFY_CHECKSUMS && P.ph.chain != check) {
+                rc = basis_mismatch(err, lo, hi);
+                goto done;
+            }
         }
         if (opt && opt->progress) __atomic_store_n(opt->progress, in_bytes, __ATOMIC_RELAXED);
     }
     if (stats) {
         memset(stats, 0, sizeof *stats);
         stats->input_bytes = in_bytes;
-        stats->output_bytes = w.total;
+        stats->output_bytes = P.w.total;
+        stats->threads = version == 1 && helper.started ? 2 : 1;
     }
 done:
     if (rc != MD_OK && rewindable) {
-        /* The deferred check has not finished: a damaged delta applied to the wrong
+        /* The deferred v1 check has not finished: a damaged delta applied to the wrong
          * OLD is reported as the wrong basis, as the up-front check would have. */
         md_error basis_err;
         int damaged = rc == MD_E_CORRUPT_DELTA || rc == MD_E_TRUNCATED_DELTA;
         md_status brc = MD_OK;
-        if (helper.started) brc = basis_helper_finish(&helper, hdr + 24, &basis_err);
-        else if (bc.on && damaged) brc = basis_finish(&bc, &view, basis_len, hdr + 24, &basis_err);
+        if (helper.started) {
+            brc = basis_helper_finish(&helper, hdr + 24, &basis_err);
+        } else if (P.bc.on && damaged && P.scratch) {
+            uint8_t have[16];
+            brc = basis_catch_up(&P.bc, old_fd, P.scratch, basis_len, &basis_err);
+            if (brc == MD_OK) {
+                md_digest_final(&P.bc.dg, have);
+                if (MD_VERIFY_CHECKSUMS && memcmp(have, hdr + 24, 16) != 0) brc = wrong_digest(&basis_err);
+            }
+        }
         if (damaged && brc == MD_E_WRONG_BASIS) {
             rc = MD_E_WRONG_BASIS;
             if (err) *err = basis_err;
@@ -518,15 +603,18 @@ done:
         /* Leave no output behind: the file was empty when we started. */
         if (ftruncate(out_fd, 0) != 0) { /* the error already reported matters more */
         }
+    } else if (helper.started) {
+        pthread_join(helper.tid, NULL);
     }
-    view_unmap(&view);
-    view_unmap(&bc.view);
-    free(bc.scratch);
-    if (bc.dg.top) md_digest_free(&bc.dg);
+    if (P.bc.dg.top) md_digest_free(&P.bc.dg);
+    md_ph_free(&P.ph);
+    free(P.scratch);
+    free(P.planes);
+    free(P.numout);
     free(fbuf);
     free(lit);
     ZSTD_freeDCtx(dctx);
-    md_writer_free(&w);
-    md_digest_free(&dg);
+    md_writer_free(&P.w);
+    md_digest_free(&P.dg);
     return rc;
 }

@@ -107,14 +107,13 @@ static int sig_flush_frame(sig_frames *f) {
 md_status md_signature(int old_fd, int sig_fd, const md_options *opt, md_stats *stats,
                        md_error *err) {
     struct stat st;
-    md_status rc = MD_OK;
+    uint32_t threads;
+    md_status rc = md_begin(opt, &threads, err);
+    if (rc != MD_OK) return rc;
     if (fstat(old_fd, &st) != 0) return md_fail_io(err, errno, "reading OLD");
     if (!S_ISREG(st.st_mode))
         return md_fail(err, MD_E_INVALID, "OLD must be a regular file.");
     uint64_t file_len = (uint64_t)st.st_size;
-    uint32_t threads = opt && opt->threads ? opt->threads : 1;
-    /* More workers than chunks per round would only add memory (see md_internal.h). */
-    if (threads > MD_ROUND_CHUNKS_MAX) threads = MD_ROUND_CHUNKS_MAX;
     uint32_t n = opt && opt->block_len ? opt->block_len : md_default_block_len(file_len);
     if (n < MD_MIN_BLOCK_LEN || n > MD_MAX_BLOCK_LEN)
         return md_fail(err, MD_E_INVALID, "block size %u is outside %u..%u bytes.", n,
@@ -142,7 +141,7 @@ md_status md_signature(int old_fd, int sig_fd, const md_options *opt, md_stats *
 
     uint8_t hdr[MD_HEADER_LEN] = {0};
     memcpy(hdr, MD_SIG_MAGIC, 8);
-    md_put_u32(hdr + 8, MD_VERSION);
+    md_put_u32(hdr + 8, MD_SIG_VERSION);
     md_put_u32(hdr + 12, n);
     md_put_u32(hdr + 16, strong_len);
     md_put_u32(hdr + 20, 0);
@@ -155,6 +154,10 @@ md_status md_signature(int old_fd, int sig_fd, const md_options *opt, md_stats *
     sig_frames fr = {&w, frame, 0, 0, 0, hsum};
     uint64_t base = 0, have = 0, next_block = 0;
     while (base < file_len) {
+        if (md_cancelled(opt)) {
+            rc = md_fail(err, MD_E_CANCELLED, "the signature was cancelled.");
+            goto done;
+        }
         uint64_t want = file_len - base < round_bytes + n ? file_len - base : round_bytes + n;
         if (have < want) {
             int64_t got = md_read_full(old_fd, buf + have, (size_t)(want - have));
@@ -227,6 +230,7 @@ md_status md_signature(int old_fd, int sig_fd, const md_options *opt, md_stats *
         stats->output_bytes = w.total;
         stats->block_len = n;
         stats->strong_len = strong_len;
+        stats->threads = threads;
     }
 done:
     free(buf);
@@ -281,7 +285,7 @@ md_status md_sig_load(int sig_fd, md_sig **out, md_error *err) {
     if (memcmp(hdr, MD_SIG_MAGIC, 7) != 0) return sig_corrupt(err, "it is not a Meridian signature");
     if (MD_VERIFY_CHECKSUMS && md_get_u64(hdr + 56) != header_checksum(hdr))
         return sig_corrupt(err, "its header fails its checksum");
-    if (hdr[7] != 1 || md_get_u32(hdr + 8) != MD_VERSION)
+    if (hdr[7] != 1 || md_get_u32(hdr + 8) != MD_SIG_VERSION)
         return sig_corrupt(err, "its format version is not supported");
     uint32_t n = md_get_u32(hdr + 12), strong_len = md_get_u32(hdr + 16);
     uint64_t file_len = md_get_u64(hdr + 24), block_count = md_get_u64(hdr + 32);

@@ -9,7 +9,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "meridian_delta.h"
+#include <xxhash.h>
+
+#include "../src/md_internal.h"
 
 static int failures = 0;
 #define CHECK(cond, ...)                                                        \
@@ -59,7 +61,7 @@ static buf random_buf(size_t n) {
 }
 
 static md_status make_sig(const buf *old, uint32_t threads, uint32_t block, buf *sig) {
-    md_options o = {threads, block, NULL, 0};
+    md_options o = {.threads = threads, .block_len = block, .flags = 0};
     md_error e;
     int a = mem_fd(old), s = mem_fd(NULL);
     md_status rc = md_signature(a, s, &o, NULL, &e);
@@ -70,7 +72,7 @@ static md_status make_sig(const buf *old, uint32_t threads, uint32_t block, buf 
 }
 
 static md_status make_delta(const buf *sig, const buf *nw, uint32_t threads, buf *delta, md_error *e) {
-    md_options o = {threads, 0, NULL, 0};
+    md_options o = {.threads = threads, .block_len = 0, .flags = 0};
     int s = mem_fd(sig), n = mem_fd(nw), d = mem_fd(NULL);
     md_status rc = md_delta(s, n, d, &o, NULL, e);
     *delta = fd_contents(d);
@@ -81,7 +83,7 @@ static md_status make_delta(const buf *sig, const buf *nw, uint32_t threads, buf
 }
 
 static md_status apply(const buf *old, const buf *delta, buf *out, md_error *e) {
-    md_options o = {2, 0, NULL, 0};
+    md_options o = {.threads = 2, .block_len = 0, .flags = 0};
     int a = mem_fd(old), d = mem_fd(delta), w = mem_fd(NULL);
     md_status rc = md_patch(a, d, w, &o, NULL, e);
     *out = fd_contents(w);
@@ -190,7 +192,7 @@ static void corruption(void) {
         int pfd[2];
         CHECK(pipe(pfd) == 0, "pipe");
         int a = mem_fd(&old), d = mem_fd(&delta);
-        md_options o = {1, 0, NULL, 0};
+        md_options o = {.threads = 1, .block_len = 0, .flags = 0};
         CHECK(md_patch(a, d, pfd[1], &o, NULL, &e) == MD_E_WRONG_BASIS, "wrong basis into a pipe");
         close(pfd[1]);
         char probe;
@@ -214,7 +216,7 @@ static void corruption(void) {
         int pfd[2];
         CHECK(pipe(pfd) == 0, "pipe");
         int a = mem_fd(&old), d = mem_fd(&delta);
-        md_options o = {2, 0, NULL, 0};
+        md_options o = {.threads = 2, .block_len = 0, .flags = 0};
         CHECK(md_patch(a, d, pfd[1], &o, NULL, &e) == MD_OK, "patch into a pipe: %s", e.message);
         close(pfd[1]);
         buf got = {malloc(nw.n + 1), 0};
@@ -256,8 +258,252 @@ static void write_file(const char *dir, const char *name, const buf *b) {
     fclose(f);
 }
 
+static md_status make_basis(const buf *old, const buf *nw, uint32_t threads, uint32_t width, buf *delta,
+                            md_error *e) {
+    md_options o = {.threads = threads, .elem_width = width};
+    int a = mem_fd(old), n = mem_fd(nw), d = mem_fd(NULL);
+    md_status rc = md_delta_basis(a, n, d, &o, NULL, e);
+    *delta = fd_contents(d);
+    close(a);
+    close(n);
+    close(d);
+    return rc;
+}
+
+/* A safetensors file of float32 tensors named t0, t1, ... of the given element counts. */
+static buf safetensors(const size_t *counts, size_t n, const float *values) {
+    char json[4096];
+    size_t jl = 0, off = 0;
+    jl += (size_t)snprintf(json + jl, sizeof json - jl, "{\"__metadata__\":{\"a\":\"b\"}");
+    for (size_t i = 0; i < n; i++) {
+        jl += (size_t)snprintf(json + jl, sizeof json - jl,
+                               ",\"t%zu\":{\"dtype\":\"F32\",\"shape\":[%zu],\"data_offsets\":[%zu,%zu]}", i,
+                               counts[i], off, off + counts[i] * 4);
+        off += counts[i] * 4;
+    }
+    jl += (size_t)snprintf(json + jl, sizeof json - jl, "}");
+    buf b = {malloc(8 + jl + off), 8 + jl + off};
+    md_put_u64(b.p, jl);
+    memcpy(b.p + 8, json, jl);
+    memcpy(b.p + 8 + jl, values, off);
+    return b;
+}
+
+static void check_patch(const char *name, const buf *old, const buf *delta, const buf *want) {
+    buf out;
+    md_error e;
+    CHECK(apply(old, delta, &out, &e) == MD_OK, "%s: patch: %s", name, e.message);
+    CHECK(out.n == want->n && (out.n == 0 || memcmp(out.p, want->p, out.n) == 0), "%s: round trip", name);
+    free(out.p);
+}
+
+/* Numeric deltas: exact for every bit pattern, smaller than literals, thread-invariant,
+ * and every single-byte corruption or truncation refused. */
+static void numeric(void) {
+    size_t n = 300000;
+    float *a = malloc(n * 4 * 2), *b = a + n;
+    for (size_t i = 0; i < n; i++) {
+        a[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 2e-5f;
+        b[i] = a[i] + (float)((int64_t)(rnd() % 21) - 10) * 1e-7f;
+    }
+    uint32_t special[] = {0x7fc00001u, 0xffc00000u, 0x7f800000u, 0xff800000u, 0x80000000u, 0x00000001u, 0x807fffffu};
+    memcpy(a, special, sizeof special);
+    memcpy(b + 100, special, sizeof special);
+    buf old = {(uint8_t *)a, n * 4}, nw = {(uint8_t *)b, n * 4}, d1, d3;
+    md_error e;
+    for (uint32_t w = 1; w <= 8; w *= 2) {
+        CHECK(make_basis(&old, &nw, 1, w, &d1, &e) == MD_OK, "basis width %u: %s", w, e.message);
+        CHECK(make_basis(&old, &nw, 3, w, &d3, &e) == MD_OK, "basis width %u, 3 threads", w);
+        CHECK(d1.n == d3.n && memcmp(d1.p, d3.p, d1.n) == 0, "basis width %u differs by threads", w);
+        check_patch("basis", &old, &d1, &nw);
+        if (w == 4) CHECK(d1.n < nw.n / 2, "fp32 numeric delta of %zu bytes", d1.n);
+        free(d1.p);
+        free(d3.p);
+    }
+    /* safetensors: tensors paired by name, one reordered, one resized, one gained */
+    size_t c1[] = {100000, 50000, 1000}, c2[] = {100000, 50000, 1200, 7};
+    buf so = safetensors(c1, 3, a), sn = safetensors(c2, 4, b);
+    CHECK(make_basis(&so, &sn, 2, 0, &d1, &e) == MD_OK, "safetensors basis: %s", e.message);
+    check_patch("safetensors", &so, &d1, &sn);
+    CHECK(d1.n < sn.n / 2, "safetensors delta of %zu bytes", d1.n);
+    /* corruption and truncation of a delta with numeric frames */
+    buf out;
+    for (size_t i = 0; i < d1.n; i = sample_next(i, d1.n) + (i > 200 && i + 400 < d1.n ? 997 : 0)) {
+        d1.p[i] ^= 0x5a;
+        md_status rc = apply(&so, &d1, &out, &e);
+        CHECK(rc == MD_E_CORRUPT_DELTA, "numeric: corrupt byte %zu gave %d", i, rc);
+        CHECK(out.n == 0, "numeric: corrupt byte %zu left %zu bytes", i, out.n);
+        d1.p[i] ^= 0x5a;
+        free(out.p);
+    }
+    for (size_t k = 0; k < d1.n; k = sample_next(k, d1.n) + (k > 200 && k + 400 < d1.n ? 997 : 0)) {
+        buf t = {d1.p, k};
+        md_status rc = apply(&so, &t, &out, &e);
+        CHECK(rc == MD_E_TRUNCATED_DELTA, "numeric: truncation at %zu gave %d", k, rc);
+        free(out.p);
+    }
+    /* the wrong basis in a range a numeric frame reads; the output cap */
+    so.p[so.n - 5000] ^= 1;
+    CHECK(apply(&so, &d1, &out, &e) == MD_E_WRONG_BASIS, "numeric: wrong basis accepted");
+    CHECK(out.n == 0, "numeric: wrong basis left bytes");
+    free(out.p);
+    so.p[so.n - 5000] ^= 1;
+    {
+        md_options o = {.threads = 1, .max_output = sn.n - 1};
+        int x = mem_fd(&so), y = mem_fd(&d1), z = mem_fd(NULL);
+        CHECK(md_patch(x, y, z, &o, NULL, &e) == MD_E_LIMIT, "output cap not enforced");
+        out = fd_contents(z);
+        CHECK(out.n == 0, "the output cap left %zu bytes", out.n);
+        free(out.p);
+        close(x);
+        close(y);
+        close(z);
+    }
+    free(d1.p);
+    free(so.p);
+    free(sn.p);
+    free(a);
+}
+
+/* A version 1 delta (made by hand here: header, one DATA frame, END) still patches. */
+static void version1(void) {
+    buf old = random_buf(10000), delta = {malloc(4096), 0}, out;
+    uint8_t *p = delta.p;
+    md_digest dg;
+    md_error e;
+    memset(p, 0, 4096);
+    memcpy(p, "MRDNDLT\x01", 8);
+    md_put_u32(p + 8, 1);
+    md_put_u64(p + 16, old.n);
+    md_digest_init(&dg);
+    md_digest_update(&dg, old.p, old.n);
+    md_digest_final(&dg, p + 24);
+    md_digest_free(&dg);
+    md_put_u64(p + 56, XXH3_64bits(p, 56));
+    uint8_t *f = p + 64, *c = f + 32;
+    size_t cl = md_put_varint(c, (uint64_t)5000 << 1 | 1);
+    cl += md_put_varint(c + cl, md_zigzag(100));
+    cl += md_put_varint(c + cl, (uint64_t)3 << 1);
+    memcpy(c + cl, "new", 3);
+    f[0] = MD_FRAME_DATA;
+    md_put_u32(f + 4, (uint32_t)cl);
+    md_put_u32(f + 8, 3);
+    md_put_u32(f + 12, 3);
+    md_put_u64(f + 24, XXH3_64bits(f, 24));
+    md_put_u64(c + cl + 3, XXH3_64bits(f, 32 + cl + 3));
+    uint8_t *end = c + cl + 3 + 8;
+    buf want = {malloc(5003), 5003};
+    memcpy(want.p, old.p + 100, 5000);
+    memcpy(want.p + 5000, "new", 3);
+    end[0] = MD_FRAME_END;
+    md_put_u32(end + 4, 24);
+    md_put_u64(end + 16, 1);
+    md_put_u64(end + 24, XXH3_64bits(end, 24));
+    md_put_u64(end + 32, want.n);
+    md_digest_init(&dg);
+    md_digest_update(&dg, want.p, want.n);
+    md_digest_final(&dg, end + 40);
+    md_digest_free(&dg);
+    md_put_u64(end + 56, XXH3_64bits(end, 56));
+    delta.n = (size_t)(end + 64 - p);
+    check_patch("version 1", &old, &delta, &want);
+    old.p[9999] ^= 1; /* outside the copy: version 1 still refuses, by OLD's digest */
+    CHECK(apply(&old, &delta, &out, &e) == MD_E_WRONG_BASIS, "version 1: wrong basis accepted");
+    free(out.p);
+    free(old.p);
+    free(delta.p);
+    free(want.p);
+}
+
+/* Hostile safetensors headers are not safetensors: nothing kept, nothing read beyond. */
+static void hostile_headers(void) {
+    const char *bad[] = {
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,99999]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,16]}}",
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[-4],\"data_offsets\":[0,16]}}",
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,0]}}",
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]}}",
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}",
+        "{\"t\\u12\":{}}",
+        "{\"t\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t jl = strlen(bad[i]);
+        uint8_t file[4096] = {0};
+        md_put_u64(file, jl);
+        memcpy(file + 8, bad[i], jl);
+        md_st st;
+        CHECK(md_st_parse_mem(file, 8 + jl + 64, 8 + jl + 64, &st) == 0, "hostile header %zu accepted", i);
+        CHECK(st.t == NULL && st.header == NULL, "hostile header %zu kept memory", i);
+    }
+    uint8_t huge[16] = {0};
+    md_put_u64(huge, (uint64_t)1 << 62);
+    huge[8] = '{';
+    md_st st;
+    CHECK(md_st_parse_mem(huge, sizeof huge, sizeof huge, &st) == 0, "absurd header length accepted");
+    const char *good = "{\"__metadata__\":{\"k\":\"v\"},\"w\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,12]}}  ";
+    uint8_t file[256] = {0};
+    size_t jl = strlen(good);
+    md_put_u64(file, jl);
+    memcpy(file + 8, good, jl);
+    CHECK(md_st_parse_mem(file, 8 + jl + 12, 8 + jl + 12, &st) == 1 && st.n == 1 && st.t[0].width == 2 &&
+              st.t[0].off == 8 + jl && st.t[0].len == 12,
+          "a good header was refused");
+    md_st_free(&st);
+}
+
+/* rANS planes: exact round trips on skewed, constant, uniform and odd-length inputs;
+ * every single-byte change of a coded plane is refused or decodes to other bytes of
+ * the right length, never out of bounds (ASan watches). */
+static void rans(void) {
+    size_t sizes[] = {1, 3, 4, 7, 1000, 65537};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        for (int kind = 0; kind < 3; kind++) {
+            size_t n = sizes[si];
+            uint8_t *src = malloc(n), *back = malloc(n), *dst = malloc(md_rans_bound(n));
+            uint32_t count[256] = {0};
+            for (size_t i = 0; i < n; i++) {
+                uint64_t r = rnd();
+                src[i] = kind == 0 ? (uint8_t)((r % 100) < 90 ? 0 : r % 7) : kind == 1 ? 42 : (uint8_t)r;
+                count[src[i]]++;
+            }
+            size_t len = md_rans_encode(src, n, count, dst, md_rans_bound(n));
+            CHECK(len > 0, "rans: %zu bytes, kind %d: no room", n, kind);
+            CHECK(md_rans_decode(dst, len, back, n) == 0 && memcmp(back, src, n) == 0,
+                  "rans: %zu bytes, kind %d: round trip", n, kind);
+            if (kind == 0 && n == 65537) CHECK(len < n / 3, "rans: skewed plane coded in %zu bytes", len);
+            for (size_t i = 0; i < len; i = sample_next(i, len)) {
+                dst[i] ^= 0x40;
+                (void)md_rans_decode(dst, len, back, n);
+                dst[i] ^= 0x40;
+            }
+            CHECK(md_rans_decode(dst, len - 1, back, n) != 0, "rans: a cut plane decoded");
+            free(src);
+            free(back);
+            free(dst);
+        }
+    }
+}
+
+/* Threads beyond what the engine uses are refused, not silently capped. */
+static void threads_refused(void) {
+    buf old = random_buf(1000), sig;
+    CHECK(make_sig(&old, 5, 0, &sig) == MD_E_INVALID, "5 threads accepted");
+    free(sig.p);
+    free(old.p);
+}
+
 /* Seeds: small valid signatures and deltas (against the basis fuzz_delta uses). */
-static int write_seeds(const char *sig_dir, const char *delta_dir) {
+static int write_seeds(const char *sig_dir, const char *delta_dir, const char *st_dir) {
+    if (st_dir) {
+        size_t c[] = {64, 16, 3};
+        float v[83];
+        for (size_t i = 0; i < 83; i++) v[i] = (float)i * 0.01f;
+        buf st = safetensors(c, 3, v);
+        write_file(st_dir, "seed1", &st);
+        free(st.p);
+    }
     buf old = {malloc(4096), 4096}, sig, delta;
     md_error e;
     for (size_t i = 0; i < old.n; i++) old.p[i] = (uint8_t)(i * 7 + i / 256);
@@ -271,6 +517,17 @@ static int write_seeds(const char *sig_dir, const char *delta_dir) {
     make_delta(&sig, &old, 1, &delta, &e);
     write_file(delta_dir, "seed2", &delta);
     free(delta.p);
+    /* numeric frames of every width against the same basis */
+    buf near = {malloc(4096), 4096};
+    for (size_t i = 0; i < near.n; i++) near.p[i] = (uint8_t)(old.p[i] + (i % 3 == 0));
+    for (uint32_t w = 1; w <= 8; w *= 2) {
+        char name[32];
+        make_basis(&old, &near, 1, w, &delta, &e);
+        snprintf(name, sizeof name, "numeric%u", w);
+        write_file(delta_dir, name, &delta);
+        free(delta.p);
+    }
+    free(near.p);
     free(sig.p);
     free(nw.p);
     free(old.p);
@@ -293,7 +550,7 @@ static void durable(void) {
         old.p[7] ^= (uint8_t)wrong;
         int a = mem_fd(&old), d = mem_fd(&delta);
         old.p[7] ^= (uint8_t)wrong;
-        md_options o = {1, 0, NULL, MD_DURABLE};
+        md_options o = {.threads = 1, .block_len = 0, .flags = MD_DURABLE};
         md_status rc = md_patch(a, d, w, &o, NULL, &e);
         out = fd_contents(w);
         if (wrong) {
@@ -315,12 +572,18 @@ static void durable(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && strcmp(argv[1], "--write-seeds") == 0) return write_seeds(argv[2], argv[3]);
+    if ((argc == 4 || argc == 5) && strcmp(argv[1], "--write-seeds") == 0)
+        return write_seeds(argv[2], argv[3], argc == 5 ? argv[4] : NULL);
     CHECK(md_default_block_len(0) == MD_MIN_BLOCK_LEN, "default block of empty");
     CHECK(md_default_block_len((uint64_t)1 << 30) == 32768, "default block of 1 GiB");
     edge_cases();
     corruption();
     durable();
+    numeric();
+    version1();
+    hostile_headers();
+    rans();
+    threads_refused();
     if (failures) {
         fprintf(stderr, "%d failures\n", failures);
         return 1;
