@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
-from controlplane.coordination.catalog_bridge import CatalogBridge
-from controlplane.coordination.session import open_session
+from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+from controlplane.coordination.orchestration.session import open_session
 from controlplane.coordination.timeutil import utcnow
 from controlplane.errors import NotFoundError
 

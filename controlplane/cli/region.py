@@ -9,8 +9,8 @@ import typer
 
 from controlplane.cli.common import OutputOpt, emit, settings_from
 from controlplane.cli.runbook import DryRunOpt, ReasonOpt, YesOpt, confirm, emit_results, print_plan
-from controlplane.coordination.runbooks import NotMovedError
-from controlplane.coordination.session import open_session
+from controlplane.coordination.orchestration.runbooks import NotMovedError
+from controlplane.coordination.orchestration.session import open_session
 
 app = typer.Typer(
     help="Regions: liveness, state, ownership; drain and undrain.", no_args_is_help=True

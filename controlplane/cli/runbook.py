@@ -19,12 +19,12 @@ from rich.table import Table
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
 from controlplane.cli.since import parse_since
-from controlplane.coordination.decide import Plan
-from controlplane.coordination.failover import MoveResult
-from controlplane.coordination.runbooks import NotMovedError, outcome_of
-from controlplane.coordination.session import open_session
+from controlplane.coordination.orchestration.decide import Plan
+from controlplane.coordination.orchestration.failover import MoveResult
+from controlplane.coordination.orchestration.runbooks import NotMovedError, outcome_of
+from controlplane.coordination.orchestration.session import open_session
+from controlplane.coordination.protocols.view import Maintenance
 from controlplane.coordination.timeutil import rfc3339
-from controlplane.coordination.view import Maintenance
 from controlplane.errors import InvalidInputError
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and change nothing")]
@@ -210,7 +210,7 @@ def history(
 ) -> None:
     """The failover journal: every ownership move, who made it, why, and when."""
     start = parse_since(since)
-    from controlplane.coordination.catalog_bridge import CatalogBridge
+    from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
 
     catalog = CatalogBridge.open(settings_from(ctx).catalog)
     try:

@@ -33,19 +33,7 @@ from pathlib import Path
 from typing import Self
 
 from controlplane.controller.metrics import ControllerMetrics
-from controlplane.coordination import keys
-from controlplane.coordination.decide import plan_moves
-from controlplane.coordination.failover import MoveTracker, apply_move, automatic_guards
-from controlplane.coordination.fencing import (
-    DatasetHandingOverError,
-    DirectoryEpochs,
-    FencedResource,
-    StaleEpochError,
-)
-from controlplane.coordination.follow import follow_ownership
-from controlplane.coordination.locks import GlobalLock, HeldLock, LockLostError
-from controlplane.coordination.ownership import Owner, Ownership
-from controlplane.coordination.sources import (
+from controlplane.coordination.catalog_glue.sources import (
     CatchUpProbe,
     FailoverJournal,
     JournalEntry,
@@ -53,8 +41,24 @@ from controlplane.coordination.sources import (
     PlacementSource,
     journal_id,
 )
+from controlplane.coordination.orchestration.decide import plan_moves
+from controlplane.coordination.orchestration.failover import (
+    MoveTracker,
+    apply_move,
+    automatic_guards,
+)
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.fencing import (
+    DatasetHandingOverError,
+    DirectoryEpochs,
+    FencedResource,
+    StaleEpochError,
+)
+from controlplane.coordination.protocols.follow import follow_ownership
+from controlplane.coordination.protocols.locks import GlobalLock, HeldLock, LockLostError
+from controlplane.coordination.protocols.ownership import Owner, Ownership
+from controlplane.coordination.protocols.view import RegionState, read_view
 from controlplane.coordination.timeutil import parse_rfc3339, rfc3339, utcnow
-from controlplane.coordination.view import RegionState, read_view
 from controlplane.errors import ConflictError, MeridianError, NotFoundError
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import Cmp, Compare, Coordination, EventType, Put, Target

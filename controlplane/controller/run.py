@@ -12,7 +12,7 @@ from prometheus_client import start_http_server
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.controller.daemon import ControllerConfig, RegionController
-from controlplane.coordination.catalog_bridge import CatalogBridge
+from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
 from controlplane.errors import ConfigError
 from controlplane.logs import get_logger
 from controlplane.settings import Settings, parse_endpoints

@@ -7,7 +7,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from controlplane.coordination.sources import PlacementInfo, RegionInfo
+from controlplane.coordination.catalog_glue.sources import PlacementInfo, RegionInfo
 
 REGIONS = [
     RegionInfo("eu-west", "EU"),

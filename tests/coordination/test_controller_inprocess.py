@@ -9,22 +9,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from harness.invariants import epoch_violations, split_brain
 from prometheus_client import generate_latest
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.controller.daemon import ControllerConfig, RegionController
-from controlplane.coordination.fencing import DirectoryEpochs
-from controlplane.coordination.invariants import epoch_violations, split_brain
-from controlplane.coordination.ownership import MoveFacts, Ownership
-from controlplane.coordination.sources import (
-    JournalEntry,
-    MemoryCatchUp,
-    MemoryJournal,
-    MemoryPlacements,
-    journal_id,
-)
+from controlplane.coordination.catalog_glue.sources import JournalEntry, journal_id
+from controlplane.coordination.protocols.fencing import DirectoryEpochs
+from controlplane.coordination.protocols.ownership import MoveFacts, Ownership
+from controlplane.coordination.protocols.view import read_view
 from controlplane.coordination.timeutil import utcnow
-from controlplane.coordination.view import read_view
 from controlplane.errors import NotFoundError
 from controlplane.stack.etcd import EtcdCluster
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from harness.controllers import ControllerProcess, prepare_catalog, run_cli
+from harness.invariants import epoch_violations, split_brain
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
-from controlplane.coordination.fencing import DirectoryEpochs
-from controlplane.coordination.invariants import epoch_violations, split_brain
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.testing import ControllerProcess, prepare_catalog, run_cli
+from controlplane.coordination.protocols.fencing import DirectoryEpochs
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.stack.etcd import EtcdCluster
 
 from .helpers import free_port, wait_until

@@ -8,15 +8,15 @@ import contextlib
 import pytest
 
 from controlplane.adapters.etcd import EtcdCoordination
-from controlplane.coordination import keys
-from controlplane.coordination.fencing import (
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.fencing import (
     DatasetHandingOverError,
     FencedResource,
     StaleEpochError,
 )
-from controlplane.coordination.follow import follow_ownership
-from controlplane.coordination.locks import GlobalLock, LockLostError
-from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.protocols.follow import follow_ownership
+from controlplane.coordination.protocols.locks import GlobalLock, LockLostError
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.errors import ConflictError, MeridianError, OperationTimeoutError
 
 from .helpers import wait_until

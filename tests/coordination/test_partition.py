@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.toxiproxy import ToxiproxyClient
 from controlplane.controller.daemon import ControllerConfig, RegionController
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.sources import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.stack.etcd import EtcdCluster
 
 from .helpers import free_port, wait_until

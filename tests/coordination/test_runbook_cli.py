@@ -11,14 +11,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from harness.controllers import prepare_catalog
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
 from controlplane.cli.main import run
-from controlplane.coordination import keys
-from controlplane.coordination.catalog_bridge import CatalogBridge
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.testing import prepare_catalog
+from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.stack.etcd import EtcdCluster
 
 pytestmark = pytest.mark.integration

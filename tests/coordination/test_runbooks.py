@@ -7,19 +7,15 @@ import time
 from typing import Any
 
 import pytest
+from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
 
 from controlplane.adapters.etcd import EtcdCoordination
-from controlplane.coordination import keys
-from controlplane.coordination.decide import Move
-from controlplane.coordination.failover import MoveTracker, apply_move
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.runbooks import Runbooks, SwitchoverAbortedError
-from controlplane.coordination.sources import (
-    JournalEntry,
-    MemoryCatchUp,
-    MemoryJournal,
-    MemoryPlacements,
-)
+from controlplane.coordination.catalog_glue.sources import JournalEntry
+from controlplane.coordination.orchestration.decide import Move
+from controlplane.coordination.orchestration.failover import MoveTracker, apply_move
+from controlplane.coordination.orchestration.runbooks import Runbooks, SwitchoverAbortedError
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.errors import ConflictError, NotFoundError, OperationTimeoutError, RefusedError
 
 from .helpers import REGIONS, critical

@@ -16,17 +16,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from controlplane.coordination import keys
-from controlplane.coordination.decide import Move
-from controlplane.coordination.ownership import MoveFacts, Ownership
-from controlplane.coordination.sources import (
+from controlplane.coordination.catalog_glue.sources import (
     CatchUpProbe,
     FailoverJournal,
     JournalEntry,
     journal_id,
 )
+from controlplane.coordination.orchestration.decide import Move
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import MoveFacts, Ownership
+from controlplane.coordination.protocols.view import ClusterView
 from controlplane.coordination.timeutil import utcnow
-from controlplane.coordination.view import ClusterView
 from controlplane.errors import ConflictError
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import Cmp, Compare, Target

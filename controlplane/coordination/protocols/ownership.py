@@ -21,7 +21,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from controlplane.coordination import keys
+from controlplane.coordination.protocols import keys
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.errors import ConflictError
 from controlplane.ports.coordination import (

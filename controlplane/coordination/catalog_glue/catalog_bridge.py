@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from controlplane.coordination.sources import JournalEntry, PlacementInfo, RegionInfo
+from controlplane.coordination.catalog_glue.sources import JournalEntry, PlacementInfo, RegionInfo
 
 
 class CatalogBridge:

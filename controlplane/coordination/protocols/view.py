@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controlplane.coordination import keys
-from controlplane.coordination.ownership import Owner, decode_owner
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import Owner, decode_owner
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.ports.coordination import (
     Cmp,

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from controlplane.coordination import keys
-from controlplane.coordination.fencing import FencedResource
-from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.fencing import FencedResource
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.ports.coordination import Coordination, EventType, Get
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.coordination.sources import PlacementInfo
-from controlplane.coordination.view import ClusterView, RegionState
+from controlplane.coordination.catalog_glue.sources import PlacementInfo
+from controlplane.coordination.protocols.view import ClusterView, RegionState
 
 MANUAL_REASON = "manual mode: failover.mode is manual; name --to to move it"
 

@@ -15,22 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from controlplane.coordination.decide import (
-    Move,
-    Plan,
-    Unmoved,
-    candidate_rejection,
-    plan_moves,
-)
-from controlplane.coordination.failover import (
-    MoveResult,
-    MoveTracker,
-    apply_move,
-    source_dead_guard,
-    target_guards,
-)
-from controlplane.coordination.ownership import Owner, Ownership
-from controlplane.coordination.sources import (
+from controlplane.coordination.catalog_glue.sources import (
     CatchUpProbe,
     FailoverJournal,
     JournalEntry,
@@ -38,8 +23,22 @@ from controlplane.coordination.sources import (
     PlacementSource,
     journal_id,
 )
-from controlplane.coordination.timeutil import rfc3339, utcnow
-from controlplane.coordination.view import (
+from controlplane.coordination.orchestration.decide import (
+    Move,
+    Plan,
+    Unmoved,
+    candidate_rejection,
+    plan_moves,
+)
+from controlplane.coordination.orchestration.failover import (
+    MoveResult,
+    MoveTracker,
+    apply_move,
+    source_dead_guard,
+    target_guards,
+)
+from controlplane.coordination.protocols.ownership import Owner, Ownership
+from controlplane.coordination.protocols.view import (
     ClusterView,
     Maintenance,
     RegionState,
@@ -47,6 +46,7 @@ from controlplane.coordination.view import (
     set_maintenance,
     set_region_state,
 )
+from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.errors import (
     ConflictError,
     InvalidInputError,

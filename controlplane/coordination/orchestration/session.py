@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from controlplane.adapters.etcd import EtcdCoordination
-from controlplane.coordination.catalog_bridge import CatalogBridge
-from controlplane.coordination.runbooks import Runbooks
+from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+from controlplane.coordination.orchestration.runbooks import Runbooks
 from controlplane.settings import Settings
 
 
