@@ -21,7 +21,8 @@ from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, set
 from controlplane.cli.since import parse_since
 from controlplane.coordination.orchestration.decide import Plan
 from controlplane.coordination.orchestration.failover import MoveResult
-from controlplane.coordination.orchestration.runbooks import NotMovedError, outcome_of
+from controlplane.coordination.orchestration.journal import outcome_of
+from controlplane.coordination.orchestration.runbooks import NotMovedError
 from controlplane.coordination.orchestration.session import open_session
 from controlplane.coordination.protocols.view import Maintenance
 from controlplane.coordination.timeutil import rfc3339

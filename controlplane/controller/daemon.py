@@ -36,7 +36,6 @@ from controlplane.controller.metrics import ControllerMetrics
 from controlplane.coordination.catalog_glue.sources import (
     CatchUpProbe,
     FailoverJournal,
-    JournalEntry,
     PlacementInfo,
     PlacementSource,
     journal_id,
@@ -47,6 +46,7 @@ from controlplane.coordination.orchestration.failover import (
     apply_move,
     automatic_guards,
 )
+from controlplane.coordination.orchestration.journal import backfilled_entry
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.fencing import (
     DatasetHandingOverError,
@@ -56,9 +56,9 @@ from controlplane.coordination.protocols.fencing import (
 )
 from controlplane.coordination.protocols.follow import follow_ownership
 from controlplane.coordination.protocols.locks import GlobalLock, HeldLock, LockLostError
-from controlplane.coordination.protocols.ownership import Owner, Ownership
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.coordination.protocols.view import RegionState, read_view
-from controlplane.coordination.timeutil import parse_rfc3339, rfc3339, utcnow
+from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.errors import ConflictError, MeridianError, NotFoundError
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import Cmp, Compare, Coordination, EventType, Put, Target
@@ -392,7 +392,7 @@ class RegionController:
             first = self._journal_missing_since.setdefault(jid, now)
             if now - first < self.config.journal_grace_s:
                 continue
-            entry = _backfilled_entry(jid, moves[jid], self.actor)
+            entry = backfilled_entry(moves[jid], self.actor)
             try:
                 await asyncio.to_thread(self.journal.append, entry)
             except MeridianError as exc:
@@ -494,37 +494,6 @@ class RegionController:
             self.metrics.failover_seconds.observe(time.monotonic() - detected_at_monotonic)
         log.info("failover_done", region=region, moves=len(plan.moves), won=won)
         return won
-
-
-def _backfilled_entry(jid: str, owner: Owner, actor: str) -> JournalEntry:
-    """The journal row of a move, rebuilt from its owner record."""
-    try:
-        at = parse_rfc3339(owner.at)
-    except ValueError:
-        at = utcnow()  # an unreadable time: when it was noticed is the best we know
-    return JournalEntry(
-        id=jid,
-        dataset=owner.dataset,
-        from_region=owner.from_region,
-        to_region=owner.region,
-        epoch=owner.epoch,
-        kind=owner.kind or "automatic",
-        reason=(
-            f"{owner.reason} (journaled late by {actor}: the mover stopped before writing "
-            "this row; RPO exposure not measured)"
-        ),
-        actor=owner.actor,
-        detected_at=None,
-        started_at=at,
-        completed_at=at,
-        rpo_versions=0,
-        details={
-            "backfilled": True,
-            "backfilled_by": actor,
-            "epoch_before": owner.epoch_before,
-            "rpo_versions_unknown": True,
-        },
-    )
 
 
 def _first_meridian_error(group: BaseExceptionGroup[BaseException]) -> MeridianError | None:

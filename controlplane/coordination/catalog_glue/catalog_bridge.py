@@ -3,7 +3,7 @@
 Imports the catalog lazily so that coordination's unit tests do not need a
 database. `kind` values follow the catalog's journal (`automatic`, `switchover`,
 `failover`, `drain`); `outcome` is "moved", or "aborted" for a switchover that left
-ownership where it was (see `runbooks.aborted_entry`).
+ownership where it was (see `orchestration.journal.aborted_entry`).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class JournalEntry:
     completed_at: datetime | None
     rpo_versions: int = 0
     details: dict[str, object] = field(default_factory=dict)
-    outcome: str = "moved"  # "moved" | "aborted" (see runbooks.aborted_entry)
+    outcome: str = "moved"  # "moved" | "aborted" (see orchestration.journal.aborted_entry)
 
 
 class PlacementSource(Protocol):

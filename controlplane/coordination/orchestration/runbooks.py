@@ -18,10 +18,8 @@ from datetime import datetime
 from controlplane.coordination.catalog_glue.sources import (
     CatchUpProbe,
     FailoverJournal,
-    JournalEntry,
     PlacementInfo,
     PlacementSource,
-    journal_id,
 )
 from controlplane.coordination.orchestration.decide import (
     Move,
@@ -37,6 +35,7 @@ from controlplane.coordination.orchestration.failover import (
     source_dead_guard,
     target_guards,
 )
+from controlplane.coordination.orchestration.journal import aborted_entry, moved_entry
 from controlplane.coordination.protocols.ownership import Owner, Ownership
 from controlplane.coordination.protocols.view import (
     ClusterView,
@@ -46,7 +45,7 @@ from controlplane.coordination.protocols.view import (
     set_maintenance,
     set_region_state,
 )
-from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.coordination.timeutil import utcnow
 from controlplane.errors import (
     ConflictError,
     InvalidInputError,
@@ -78,65 +77,6 @@ NOT_COMMITTED = (
     "its move did not commit (the target's liveness or state changed after the plan "
     "was made); run the command again"
 )
-
-
-ABORTED_PREFIX = "aborted: "
-
-
-def aborted_entry(
-    move: Move,
-    handover_revision: int,
-    *,
-    kind: str,
-    reason: str,
-    actor: str,
-    started: datetime,
-    missing: list[str],
-    why: str,
-    restored: bool,
-) -> JournalEntry:
-    """The journal row of a switchover that did not move ownership.
-
-    Its `outcome` is "aborted"; `to` is the region that kept ownership (no move
-    happened), `completed_at` is empty (the move never completed), and `reason`
-    starts with "aborted: " and names the intended target and why. `details` keeps
-    the structured facts (intended_to, ended_at, restored, ...).
-    """
-    kept = (
-        f"{move.from_region} kept ownership at epoch {move.epoch_before}"
-        if restored
-        else "its handover mark was already gone"
-    )
-    return JournalEntry(
-        id=journal_id(move.dataset, move.epoch_before, f"-abort-{handover_revision}"),
-        dataset=move.dataset,
-        from_region=move.from_region,
-        to_region=move.from_region,
-        epoch=move.epoch_before,
-        kind=kind,
-        reason=(
-            f"{ABORTED_PREFIX}{kind} to {move.to_region} not done, {why}; {kept} "
-            f"(reason given: {reason})"
-        ),
-        actor=actor,
-        detected_at=None,
-        started_at=started,
-        completed_at=None,
-        rpo_versions=len(missing),
-        details={
-            "intended_to": move.to_region,
-            "reason_given": reason,
-            "ended_at": rfc3339(utcnow()),
-            "restored": restored,
-            "incomplete_versions": missing[:100],
-        },
-        outcome="aborted",
-    )
-
-
-def outcome_of(entry: JournalEntry) -> str:
-    """ "aborted" for a switchover that did not move ownership, else "moved"."""
-    return "aborted" if entry.outcome == "aborted" else "moved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,20 +238,14 @@ class Runbooks:
     async def _journal_moved(
         self, move: Move, epoch: int, kind: str, reason: str, started: datetime
     ) -> MoveResult:
-        entry = JournalEntry(
-            id=journal_id(move.dataset, epoch),
-            dataset=move.dataset,
-            from_region=move.from_region,
-            to_region=move.to_region,
-            epoch=epoch,
+        entry = moved_entry(
+            move,
+            epoch,
             kind=kind,
             reason=reason,
             actor=self.actor,
-            detected_at=None,
             started_at=started,
             completed_at=utcnow(),
-            rpo_versions=0,
-            details={"epoch_before": move.epoch_before},
         )
         await asyncio.to_thread(self.journal.append, entry)
         log.info(
