@@ -89,7 +89,15 @@ def emit_results(results: list[MoveResult], output: Output | None) -> None:
 def switchover(
     ctx: typer.Context,
     dataset: Annotated[str, typer.Option("--dataset", help="the critical dataset to move")],
-    to: Annotated[str, typer.Option("--to", help="the region that takes ownership")],
+    to: Annotated[str | None, typer.Option("--to", help="the region that takes ownership")] = None,
+    abort: Annotated[
+        bool,
+        typer.Option(
+            "--abort",
+            help="end a switchover left half-done (a handover mark with no runbook behind "
+            "it): the previous owner's writes resume",
+        ),
+    ] = False,
     dry_run: DryRunOpt = False,
     yes: YesOpt = False,
     reason: ReasonOpt = None,
@@ -99,20 +107,75 @@ def switchover(
     output: OutputOpt = None,
 ) -> None:
     """Planned: freeze writes, wait until the target caught up, move ownership, unfreeze."""
+    if abort:
+        if to is not None or dry_run:
+            flag = "--to" if to is not None else "--dry-run"
+            raise InvalidInputError(
+                f"switchover --abort takes no {flag}: it ends the switchover of {dataset} "
+                "in progress, whichever target it had"
+            )
+        abort_switchover(ctx, dataset, yes=yes, reason=reason, output=output)
+        return
+    if to is None:
+        raise InvalidInputError(
+            "switchover needs --to REGION (or --abort, to end a switchover left half-done)"
+        )
+    target = to
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
-            plan, _ = await s.runbooks.plan_switchover(dataset, to)
+            plan, _ = await s.runbooks.plan_switchover(dataset, target)
             print_plan(plan, f"switchover of {dataset}", output, dry_run=dry_run)
             if dry_run:
                 return
-            confirm(f"Switch {dataset} over to {to}?", yes)
+            confirm(f"Switch {dataset} over to {target}?", yes)
             result = await s.runbooks.run_switchover(
                 plan.moves[0],
-                reason=reason or f"switchover to {to}",
+                reason=reason or f"switchover to {target}",
                 timeout_s=timeout_s,
             )
             emit_results([result], output)
+
+    asyncio.run(go())
+
+
+ABORT_COLUMNS = ["dataset", "from", "intended_to", "epoch", "began_at", "began_by", "journal_id"]
+
+
+def abort_switchover(
+    ctx: typer.Context, dataset: str, *, yes: bool, reason: str | None, output: Output | None
+) -> None:
+    """`switchover --dataset D --abort`: show the mark, ask, remove it, journal it."""
+
+    async def go() -> None:
+        async with open_session(settings_from(ctx)) as s:
+            mark = await s.runbooks.plan_abort_switchover(dataset)
+            fmt = resolve_output(output)
+            console = Console(stderr=fmt is not Output.table, soft_wrap=True)
+            began = f" at {mark.at}" if mark.at else ""
+            by = f" by {mark.actor}" if mark.actor else ""
+            lease = f" on lease {mark.lease:x}" if mark.lease else " on no lease"
+            console.print(
+                f"{mark.kind} of {dataset} from {mark.from_region} to {mark.to_region}, "
+                f"frozen at epoch {mark.epoch}, began{began}{by}{lease}"
+            )
+            confirm(f"Abort it ({mark.from_region} keeps {dataset} at epoch {mark.epoch})?", yes)
+            entry = await s.runbooks.abort_switchover(
+                mark, reason=reason or "switchover --abort by an operator"
+            )
+            row = {
+                "dataset": dataset,
+                "from": mark.from_region,
+                "intended_to": mark.to_region,
+                "epoch": mark.epoch,
+                "began_at": mark.at or None,
+                "began_by": mark.actor or None,
+                "journal_id": entry.id,
+            }
+            if fmt is Output.json:
+                emit(row, output)
+            else:
+                emit([row], output, columns=ABORT_COLUMNS)
 
     asyncio.run(go())
 
