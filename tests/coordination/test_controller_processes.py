@@ -124,7 +124,9 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
         catalog.close()
     sampler = Sampler(coord)
     with sampler:
-        await asyncio.sleep(1)
+        # Samples of the steady state, and a canary write of eu-west accepted, first.
+        assert await wait_until(lambda: _true(len(sampler.samples) >= 10), 10)
+        assert await wait_until(lambda: _accepted(fence, "eu-west"), 10)
         west.kill()
         killed = time.monotonic()
         assert await wait_until(lambda: all_owned_by(coord, "eu-central", AUTOMATIC), TTL + 3)
@@ -140,7 +142,9 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
         # Maintenance mode: kill the new owner; nothing moves while paused.
         assert run_cli(["pause", "--reason", "test"], env).returncode == 0
         central.kill()
-        await asyncio.sleep(TTL + 2)
+        north = procs[1]
+        # eu-north sees eu-central's lease expire and, paused, decides not to move.
+        assert await wait_until(lambda: _true(_paused_on(north, "eu-central")), TTL + 5)
         assert await all_owned_by(coord, "eu-central", AUTOMATIC)
         assert run_cli(["resume"], env).returncode == 0
         assert await wait_until(lambda: all_owned_by(coord, "eu-north", AUTOMATIC), 5)
@@ -167,20 +171,28 @@ async def test_sigstopped_owner_is_fenced_and_steps_down(
     spawn(procs, env, tmp_path, "eu-central", fence)
     west = spawn(procs, env, tmp_path, "eu-west", fence)
     assert await wait_until(lambda: all_owned_by(coord, "eu-west", AUTOMATIC), 20)
-    await asyncio.sleep(1)  # canary writes at west's epoch are accepted
+    assert await wait_until(lambda: _accepted(fence, "eu-west"), 10)  # west's canaries run
     west.signal(signal.SIGSTOP)
     assert await wait_until(lambda: all_owned_by(coord, "eu-central", AUTOMATIC), TTL + 4)
-    await asyncio.sleep(1)  # central's canaries record its newer epochs
+    # central's canaries record its newer epochs in the fence
+    assert await wait_until(lambda: _accepted(fence, "eu-central"), 10)
     resumed_at = time.time()
     west.signal(signal.SIGCONT)
     assert await wait_until(lambda: _true(west.has_event("step_down")), 10)
-    await asyncio.sleep(1)
+
+    def attempts_after() -> list[dict[str, object]]:
+        return [
+            r
+            for r in DirectoryEpochs(fence).read_log()
+            if r["region"] == "eu-west"
+            and r["dataset"] in AUTOMATIC
+            and float(r["t"]) >= resumed_at  # type: ignore[arg-type]
+        ]
+
+    # The resumed controller's canary runs once it wakes; wait for its attempt.
+    await wait_until(lambda: _true(bool(attempts_after())), 10)
     log = DirectoryEpochs(fence).read_log()
-    west_after = [
-        r
-        for r in log
-        if r["region"] == "eu-west" and r["dataset"] in AUTOMATIC and float(r["t"]) >= resumed_at  # type: ignore[arg-type]
-    ]
+    west_after = attempts_after()
     # It did try (its canary runs on wake-up) and every attempt was refused.
     assert west_after, "the resumed controller attempted no write"
     assert all(not r["accepted"] for r in west_after), west_after
@@ -207,6 +219,7 @@ async def test_etcd_leader_loss_causes_no_spurious_failover(
     member = etcd3.members[leader]
     member.kill()
     try:
+        # Not a synchronisation: the window in which a spurious failover would show.
         await asyncio.sleep(2 * TTL + 2)
         after = {d: (o.region, o.epoch) for d, o in (await Ownership(coord).list()).items()}
         assert after == before
@@ -227,3 +240,14 @@ def _restart(cluster: EtcdCluster, index: int) -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _accepted(fence: Path, region: str) -> bool:
+    """A write of `region`'s controller has been accepted by the fenced resource."""
+    return any(r["region"] == region and r["accepted"] for r in DirectoryEpochs(fence).read_log())
+
+
+def _paused_on(proc: ControllerProcess, region: str) -> bool:
+    return any(
+        e.get("event") == "failover_paused" and e.get("region") == region for e in proc.events()
+    )

@@ -50,8 +50,8 @@ async def test_partitioned_owner_steps_down_and_its_datasets_move(
             assert await wait_until(lambda: _count(own, "eu-central", 5), 6)
             await asyncio.to_thread(toxi.enable, proxy)
             assert await wait_until(lambda: _true(west.active.is_set()), 10)
-            await asyncio.sleep(0.5)
-            assert sorted(west.owned) == ["ckpt/manual"]  # only what is still its own
+            # only what is still its own, once it has re-read its datasets
+            assert await wait_until(lambda: _true(sorted(west.owned) == ["ckpt/manual"]), 5)
     finally:
         await west_coord.close()
         await central_coord.close()
