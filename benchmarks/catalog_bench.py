@@ -33,7 +33,6 @@ from typing import Any
 from bench_harness import scratch_catalog
 
 from controlplane.catalog.api import open_catalog
-from controlplane.catalog.bulk import after_load, bulk_load
 from controlplane.cli.main import run
 
 REGIONS = [
@@ -140,6 +139,7 @@ class Synth:
                 1 << 20,
                 PATTERNS[i % 4][1][0],
                 self.start + step * vid,
+                f"{1_700_000_000_000 + vid:013d}.00000@{PATTERNS[i % 4][1][0]}",
             )
 
     def replicas(self) -> Iterator[tuple[Any, ...]]:
@@ -151,7 +151,8 @@ class Synth:
                 latest = n == self.shape.versions_per_object - 1
                 lagging = latest and oid % PENDING_EVERY == 0 and r != holders[0]
                 state = "pending" if lagging else "completed"
-                yield (rid, vid, r, JUR[r], JUR[r] in residency, state, self.start)
+                verified = f"{vid:064x}" if state == "completed" else None
+                yield (rid, vid, r, JUR[r], JUR[r] in residency, state, self.start, verified)
         # Planted: extra replicas of the first versions of the first datasets, outside.
         per_ds = self.shape.objects_per_dataset * self.shape.versions_per_object
         for p in range(PLANTED_REPLICAS):
@@ -166,6 +167,7 @@ class Synth:
                 False,
                 "completed",
                 self.now - timedelta(minutes=p),
+                f"{i * per_ds + 1 + p // self.shape.datasets:064x}",
             )
 
     def transfers(self) -> Iterator[tuple[Any, ...]]:
@@ -256,9 +258,9 @@ TABLES: list[tuple[str, list[str], str]] = [
                   "residency", "failover_mode", "failover_order", "registered_at"], "datasets"),
     ("objects", ["id", "dataset", "key"], "objects"),
     ("object_versions", ["id", "object_id", "version", "digest", "size", "origin_region",
-                         "created_at"], "versions"),
+                         "created_at", "hlc"], "versions"),
     ("replicas", ["id", "version_id", "region", "jurisdiction", "allowed", "state",
-                  "updated_at"], "replicas"),
+                  "updated_at", "verified_digest"], "replicas"),
     ("transfers", ["id", "dataset", "object", "version", "from_region", "to_region",
                    "from_jurisdiction", "to_jurisdiction", "logical_bytes", "wire_bytes",
                    "policy_revision", "outcome", "cross_border", "allowed", "residency", "at"],
@@ -323,7 +325,7 @@ def bench_backend(backend: str, url: str, shape: Shape, log: Callable[[str], Non
         for table, columns, method in TABLES:
             t0 = time.perf_counter()
             source = TimedRows(getattr(synth, method)())
-            n = bulk_load(cat.engine, table, columns, source, defer_checks=True)
+            n = cat.bulk_load(table, columns, source, defer_checks=True)
             dt = time.perf_counter() - t0
             total_rows += n
             gen_s += source.seconds
@@ -358,7 +360,7 @@ def bench_backend(backend: str, url: str, shape: Shape, log: Callable[[str], Non
             )
         )
         t0 = time.perf_counter()
-        after_load(cat.engine, [t for t, _, _ in TABLES])
+        cat.after_load([t for t, _, _ in TABLES])
         results.append(Timing(backend, "ANALYZE + sequences", time.perf_counter() - t0, 0, True))
     finally:
         cat.close()

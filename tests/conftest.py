@@ -8,10 +8,13 @@ engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import pytest
+from sqlalchemy.orm import Session
 
+from controlplane.catalog.engine import make_engine
 from controlplane.settings import Settings, load_settings
 from controlplane.stack.manager import Stack
 from controlplane.stack.postgres import postgres_url as make_postgres_url
@@ -52,3 +55,23 @@ def toxiproxy_url(stack_settings: Settings) -> str:
 @pytest.fixture(scope="session")
 def postgres_url(stack_settings: Settings) -> str:
     return make_postgres_url(stack_settings.stack_postgres_port)
+
+
+SqlSession = Callable[[str], AbstractContextManager[Session]]
+
+
+@pytest.fixture
+def sql() -> SqlSession:
+    """Raw SQL into a catalog, for tests that assert on rows the API does not show
+    (the catalog keeps its own sessions private)."""
+
+    @contextmanager
+    def open_sql(url: str) -> Iterator[Session]:
+        engine = make_engine(url)
+        try:
+            with Session(engine) as session:
+                yield session
+        finally:
+            engine.dispose()
+
+    return open_sql

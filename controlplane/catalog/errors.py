@@ -1,12 +1,26 @@
-"""Errors of the catalog, subclassing the project's tree."""
+"""Errors of the catalog, subclassing the project's tree.
+
+SQLAlchemy and driver errors never leave the catalog: `translate.py` turns each into
+one of these, and the class says whether retrying may help (`retriable`)."""
 
 from __future__ import annotations
 
-from controlplane.errors import ConfigError, ConflictError, InvalidInputError, UnavailableError
+from controlplane.errors import (
+    ConfigError,
+    ConflictError,
+    InvalidInputError,
+    MeridianError,
+    RefusedError,
+    UnavailableError,
+)
+
+
+class CatalogError(MeridianError):
+    """The catalog failed in a way retrying will not fix (a bug, or a damaged schema)."""
 
 
 class CatalogUnavailableError(UnavailableError):
-    """The catalog database cannot be reached."""
+    """The catalog database cannot be reached, or is busy; retry with backoff."""
 
 
 class CatalogNotMigratedError(ConfigError):
@@ -19,3 +33,7 @@ class CatalogConflictError(ConflictError):
 
 class CatalogInputError(InvalidInputError):
     """A write named something the catalog does not hold, or carried a bad value."""
+
+
+class StrandedReplicasError(RefusedError):
+    """Applying a policy would leave existing replicas outside their dataset's residency."""

@@ -14,9 +14,14 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 import migrations
-from controlplane.catalog.engine import make_engine, sqlite_file
+from controlplane.catalog.engine import make_engine, redacted, sqlite_file
+from controlplane.catalog.errors import CatalogUnavailableError
+from controlplane.catalog.translate import first_line
+from controlplane.errors import ConfigError
 
 
 def alembic_config(url: str) -> Config:
@@ -40,6 +45,14 @@ def current_revision(conn: Connection) -> str | None:
     return MigrationContext.configure(conn).get_current_revision()
 
 
+def _unreachable(url: str, exc: SQLAlchemyError) -> CatalogUnavailableError:
+    verb = "is unreachable" if isinstance(exc, OperationalError) else "cannot be read"
+    return CatalogUnavailableError(
+        f"the catalog at {redacted(url)} {verb} ({first_line(exc)}); "
+        "check --catalog / MERIDIAN_CATALOG"
+    )
+
+
 def _with_connection(url: str, action: Callable[[Config], None]) -> None:
     """Run an Alembic command in one transaction on a connection of our own engine."""
     engine = make_engine(url)
@@ -48,8 +61,27 @@ def _with_connection(url: str, action: Callable[[Config], None]) -> None:
             cfg = alembic_config(url)
             cfg.attributes["connection"] = conn
             action(cfg)
+    except SQLAlchemyError as exc:
+        raise _unreachable(url, exc) from exc
     finally:
         engine.dispose()
+
+
+def refuse_in_memory(url: str) -> str:
+    """`url`, unless it is an in-memory SQLite database (each connection would see a
+    different, empty one, so no later command could see what was created)."""
+    try:
+        parsed = make_url(url) if "://" in url else None
+    except ArgumentError as exc:
+        raise ConfigError(f"catalog URL {url!r} is not a SQLAlchemy URL") from exc
+    if parsed is not None and parsed.get_backend_name() == "sqlite":
+        db = parsed.database or ""
+        if not db or db == ":memory:" or "mode=memory" in url:
+            raise ConfigError(
+                f"catalog URL {url!r} is an in-memory SQLite database, which no later command "
+                "could see; give a file, e.g. sqlite:///.meridian/catalog.db"
+            )
+    return url
 
 
 def upgrade(url: str, revision: str = "head") -> None:
@@ -70,6 +102,8 @@ def current(url: str) -> str | None:
     try:
         with engine.connect() as conn:
             return current_revision(conn)
+    except SQLAlchemyError as exc:
+        raise _unreachable(url, exc) from exc
     finally:
         engine.dispose()
 

@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from controlplane.catalog.types import UTCDateTime
+from controlplane.catalog.types import HlcText, UTCDateTime
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -75,6 +75,9 @@ class Dataset(Base):
     failover_mode: Mapped[str | None] = mapped_column(String(16))
     failover_order: Mapped[list[str]] = mapped_column(JSON, default=list)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # The whole placement (`Placement.as_json()`), NULL when unplaced; the columns above
+    # repeat the parts that queries filter on.
+    placement: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class CatalogObject(Base):
@@ -87,8 +90,17 @@ class CatalogObject(Base):
 
 
 class ObjectVersion(Base):
+    """One version of an object, a put or a tombstone (`op = 'delete'`).
+
+    `hlc` orders the versions of an object (dataplane.md: "latest" means highest
+    HLC); the unique index on (object_id, hlc) also serves "latest per object". For a
+    data-plane version, `version` is its HLC text as well."""
+
     __tablename__ = "object_versions"
-    __table_args__ = (UniqueConstraint("object_id", "version"),)
+    __table_args__ = (
+        UniqueConstraint("object_id", "version"),
+        UniqueConstraint("object_id", "hlc"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     object_id: Mapped[int] = mapped_column(ForeignKey("objects.id", ondelete="CASCADE"))
@@ -97,6 +109,9 @@ class ObjectVersion(Base):
     size: Mapped[int] = mapped_column(BigInteger, default=0)
     origin_region: Mapped[str | None] = mapped_column(String(63))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    hlc: Mapped[str] = mapped_column(HlcText)
+    op: Mapped[str] = mapped_column(String(8), default="put", server_default="put")
+    set_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
 
 class Replica(Base):
@@ -113,6 +128,11 @@ class Replica(Base):
     allowed: Mapped[bool] = mapped_column(Boolean)
     state: Mapped[str] = mapped_column(String(16))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # The digest the region checked when it completed the copy (NULL until then).
+    verified_digest: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    attempted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class Transfer(Base):

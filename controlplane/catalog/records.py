@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 DatasetClass = Literal["critical", "standard"]
 FailoverMode = Literal["automatic", "manual"]
 FailoverKind = Literal["automatic", "switchover", "failover", "drain"]
 ReplicaState = Literal["pending", "completed", "failed"]
+VersionOp = Literal["put", "delete"]
+VERSION_OPS: tuple[str, ...] = ("put", "delete")
 REPLICA_STATES: tuple[str, ...] = ("pending", "completed", "failed")
 FAILOVER_KINDS: tuple[str, ...] = ("automatic", "switchover", "failover", "drain")
 # "moved": ownership moved to `to_region`; "aborted": a switchover that gave up and
@@ -72,9 +75,13 @@ class FailoverRecord:
 
 @dataclass(frozen=True)
 class VersionRef:
+    """One version of one object; `hlc` orders versions (text form of dataplane.md)."""
+
     object: str
     version: str
     digest: str
+    hlc: str = ""
+    op: VersionOp = "put"
 
 
 @dataclass(frozen=True)
@@ -101,3 +108,83 @@ class PolicyRevisionRecord:
     source: str
     applied_by: str
     applied_at: datetime
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """Where one version of one object stands in one region (for the data plane)."""
+
+    dataset: str
+    object: str
+    version: str
+    hlc: str
+    region: str
+    state: ReplicaState
+    verified_digest: str | None
+    attempts: int
+    last_error: str | None
+    attempted_at: datetime | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class CopyRecord:
+    """A replica and the transfer that made it, recorded together (`Catalog.record_copy`).
+
+    `id` is the caller's idempotency key (it becomes the transfer's id): recording the
+    same copy twice changes nothing. `state` is the replica's state after the copy:
+    `completed` (then `verified_digest` is the digest the receiver checked), or
+    `failed` (then `error` says why)."""
+
+    id: str
+    dataset: str
+    object: str
+    version: str
+    from_region: str
+    to_region: str
+    state: ReplicaState
+    logical_bytes: int
+    wire_bytes: int
+    at: datetime
+    verified_digest: str | None = None
+    error: str | None = None
+    policy_revision: int | None = None
+
+
+@dataclass(frozen=True)
+class CatalogState:
+    """What the catalog holds of the applied policy, as plain data (`policy plan` reads it)."""
+
+    head: int  # id of the last revision, 0 if none
+    head_digest: str | None
+    document: Mapping[str, Any]
+    regions: dict[str, str]
+    datasets: dict[str, dict[str, str]]  # name -> labels
+    placements: dict[str, Placement]
+
+
+@dataclass(frozen=True)
+class RevisionDraft:
+    """What `policy apply` asks the catalog to commit, computed from a `CatalogState`."""
+
+    digest: str
+    document: dict[str, Any]
+    regions: dict[str, str]  # name -> jurisdiction
+    declared: dict[str, dict[str, str]]  # declared dataset -> labels
+    placements: dict[str, Placement]  # every placed dataset
+    changed: bool  # False: nothing would change, nothing is recorded
+
+
+@dataclass(frozen=True)
+class RevisionOutcome:
+    revision: int  # 0 when no revision exists
+    digest: str
+    applied_at: datetime
+    recorded: bool  # a new revision was committed
+
+
+# Places a dataset first seen on a write under the head revision's policy document:
+# (document, dataset name, labels) -> its placement, or None when no policy selects it.
+# The policy compiler provides it (`controlplane.policy.placer`); the catalog does not
+# import the policy package, so the dependency runs one way.
+Placer = Callable[[Mapping[str, Any], str, Mapping[str, str]], Placement | None]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime
+from sqlalchemy import DateTime, String
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
@@ -30,3 +30,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# HLC text (`%013d.%05d@region`) sorts as the HLC order only byte-wise: PostgreSQL's
+# default collation may ignore punctuation, so the column collates as "C" there
+# (SQLite compares bytes already).
+HLC_TEXT_LENGTH = 96
+HlcText = String(HLC_TEXT_LENGTH).with_variant(String(HLC_TEXT_LENGTH, collation="C"), "postgresql")

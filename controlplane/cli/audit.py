@@ -79,8 +79,8 @@ FAILOVER_COLUMNS = [
 @app.command()
 def residency(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
     """Every replica and past transfer outside its dataset's residency (exit 3 if any)."""
-    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
-        rows = queries.residency_violations(s)
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
+        rows = cat.residency_violations()
     if not rows and resolve_output(output) is Output.table:
         typer.echo("no residency violations: every replica and transfer is inside its residency")
         return
@@ -103,9 +103,9 @@ def transfers(
 ) -> None:
     """Who copied what, from where to where, when, how many bytes."""
     start = parse_since(since)
-    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
-        rows = queries.transfers(
-            s, since=start, dataset_glob=dataset, cross_border=cross_border, limit=limit
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
+        rows = cat.transfers(
+            since=start, dataset_glob=dataset, cross_border=cross_border, limit=limit
         )
     emit(rows, output, columns=TRANSFER_COLUMNS, title="transfers")
 
@@ -118,8 +118,8 @@ def dataset_cmd(
     output: OutputOpt = None,
 ) -> None:
     """Where each version of each object lives, with digests and states."""
-    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat, cat.session() as s:
-        rows = queries.dataset_locations(s, name)
+    with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
+        rows = cat.dataset_locations(name)
     emit(
         rows,
         output,

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import typer
-from sqlalchemy import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from controlplane.catalog import migrate
 from controlplane.catalog.engine import redacted
-from controlplane.catalog.errors import CatalogUnavailableError
 from controlplane.cli.common import (
     CatalogOpt,
     Output,
@@ -17,31 +14,8 @@ from controlplane.cli.common import (
     resolve_output,
     settings_from,
 )
-from controlplane.errors import ConfigError
 
 app = typer.Typer(help="Migrate the catalog's schema.", no_args_is_help=True)
-
-
-def _unreachable(url: str, exc: SQLAlchemyError) -> CatalogUnavailableError:
-    first = str(getattr(exc, "orig", exc)).strip().splitlines()
-    verb = "is unreachable" if isinstance(exc, OperationalError) else "cannot be read"
-    return CatalogUnavailableError(
-        f"the catalog at {redacted(url)} {verb} ({first[0] if first else exc}); "
-        "check --catalog / MERIDIAN_CATALOG"
-    )
-
-
-def _persistent(url: str) -> str:
-    """Refuse an in-memory SQLite catalog: each connection would see a different, empty one."""
-    parsed = make_url(url) if "://" in url else None
-    if parsed is not None and parsed.get_backend_name() == "sqlite":
-        db = parsed.database or ""
-        if not db or db == ":memory:" or "mode=memory" in url:
-            raise ConfigError(
-                f"catalog URL {url!r} is an in-memory SQLite database, which no later command "
-                "could see; give a file, e.g. sqlite:///.meridian/catalog.db"
-            )
-    return url
 
 
 @app.command()
@@ -52,12 +26,9 @@ def upgrade(
     output: OutputOpt = None,
 ) -> None:
     """Create or upgrade the catalog schema (idempotent)."""
-    url = _persistent(settings_from(ctx, catalog=catalog).catalog)
-    try:
-        migrate.upgrade(url, revision)
-        now = migrate.current(url)
-    except SQLAlchemyError as exc:
-        raise _unreachable(url, exc) from exc
+    url = migrate.refuse_in_memory(settings_from(ctx, catalog=catalog).catalog)
+    migrate.upgrade(url, revision)
+    now = migrate.current(url)
     if resolve_output(output) is Output.table:
         typer.echo(f"catalog {redacted(url)} is at migration {now}")
         return
@@ -80,10 +51,7 @@ def _emit_state(url: str, now: str | None, output: Output | None) -> None:
 def current(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
     """Print the catalog's migration and the newest one this Meridian knows."""
     url = settings_from(ctx, catalog=catalog).catalog
-    try:
-        now = migrate.current(url)
-    except SQLAlchemyError as exc:
-        raise _unreachable(url, exc) from exc
+    now = migrate.current(url)
     if resolve_output(output) is Output.table:
         head = migrate.head_revision()
         state = "up to date" if now == head else "run `meridian db upgrade`"

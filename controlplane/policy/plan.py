@@ -1,8 +1,8 @@
 """`plan`: what applying a policy set would change in the catalog, field by field.
 
-The current state is read from the catalog: regions from `regions`, placements
-from `datasets`, and links, policies and declared datasets from the document of
-the last applied revision. Placements cover declared datasets and every dataset
+The current state is what the catalog reads (`Catalog.policy_state`): regions,
+placements of the datasets, and links, policies and declared datasets from the
+document of the last applied revision. Placements cover declared datasets and every dataset
 already in the catalog (registered on first write).
 """
 
@@ -12,12 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from controlplane.catalog.api import placement_of
-from controlplane.catalog.models import Dataset, PolicyRevision, Region
-from controlplane.catalog.records import Placement
+from controlplane.catalog.records import CatalogState, Placement
 from controlplane.policy.compiler import PolicySet
 
 Action = Literal["add", "change", "remove"]
@@ -68,31 +63,6 @@ def diff_maps(kind: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list
     return changes
 
 
-@dataclass(frozen=True)
-class CatalogState:
-    """What the catalog holds now, as plain data."""
-
-    head: int  # id of the last revision, 0 if none
-    head_digest: str | None
-    document: Mapping[str, Any]
-    regions: dict[str, str]
-    datasets: dict[str, dict[str, str]]  # name -> labels
-    placements: dict[str, Placement]
-
-
-def read_state(s: Session) -> CatalogState:
-    head = s.scalars(select(PolicyRevision).order_by(PolicyRevision.id.desc())).first()
-    rows = s.scalars(select(Dataset)).all()
-    return CatalogState(
-        head=head.id if head else 0,
-        head_digest=head.digest if head else None,
-        document=head.document if head else {},
-        regions={r.name: r.jurisdiction for r in s.scalars(select(Region)).all()},
-        datasets={d.name: dict(d.labels) for d in rows},
-        placements={p.dataset: p for p in map(placement_of, rows) if p is not None},
-    )
-
-
 def compute_plan(
     state: CatalogState, policy: PolicySet
 ) -> tuple[list[Change], dict[str, Placement]]:
@@ -126,3 +96,6 @@ def compute_plan(
             )
         )
     return changes, placements
+
+
+__all__ = ["CatalogState", "Change", "compute_plan", "diff_maps", "flatten"]

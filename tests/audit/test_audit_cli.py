@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -19,6 +20,7 @@ from controlplane.cli.since import parse_since
 from controlplane.errors import InvalidInputError
 from controlplane.policy.apply import apply_policy
 from controlplane.policy.compiler import compile_files
+from controlplane.policy.placer import place
 
 EXAMPLE = Path(__file__).parents[1] / "policy" / "data" / "example.yaml"
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -26,18 +28,20 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 
 @pytest.fixture
 def seeded(catalog_url: str) -> Iterator[str]:
-    cat: Catalog = open_catalog(catalog_url)
+    cat: Catalog = open_catalog(catalog_url, placer=place)
     policy, problems = compile_files([EXAMPLE])
     assert policy is not None, problems
     apply_policy(cat, policy, source="t", publisher=None)
     ds = "ckpt/llama-70b"
     for key in ("a", "b"):
         cat.register_version(ds, key, "v1", f"sha-{key}", size=10)
-        cat.set_replica_state(ds, key, "v1", "eu-west", "completed")
+        cat.set_replica_state(ds, key, "v1", "eu-west", "completed", digest=f"sha-{key}")
         cat.set_replica_state(ds, key, "v1", "eu-central", "pending")
-    cat.set_replica_state(ds, "b", "v1", "us-east", "completed")  # planted violation
+    cat.set_replica_state(ds, "b", "v1", "us-east", "completed", digest="sha-b")  # planted
     cat.register_version("corpus/web", "p", "v1", "sha-p")
-    cat.set_replica_state("corpus/web", "p", "v1", "us-east", "completed")  # allowed (EU, US)
+    cat.set_replica_state(
+        "corpus/web", "p", "v1", "us-east", "completed", digest="sha-p"
+    )  # allowed (EU, US)
 
     def transfer(tid: str, to: str, ago_h: float, dataset: str = ds) -> TransferRecord:
         return TransferRecord(
@@ -181,14 +185,10 @@ def test_audit_failovers(seeded: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert _json(capsys) == []
 
 
-def test_views_answer_the_same(seeded: str) -> None:
-    cat = open_catalog(seeded)
-    try:
-        with cat.session() as s:
-            kinds = sorted(s.execute(text("SELECT kind FROM residency_violations")).scalars())
-            ids = sorted(s.execute(text("SELECT id FROM cross_border_transfers")).scalars())
-    finally:
-        cat.close()
+def test_views_answer_the_same(seeded: str, sql: Any) -> None:
+    with sql(seeded) as s:
+        kinds = sorted(s.execute(text("SELECT kind FROM residency_violations")).scalars())
+        ids = sorted(s.execute(text("SELECT id FROM cross_border_transfers")).scalars())
     assert kinds == ["replica", "transfer"]
     assert ids == ["t-bad", "t-web"]
 

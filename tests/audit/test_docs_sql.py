@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
-
-from controlplane.catalog.api import open_catalog
 
 DOC = Path(__file__).parents[2] / "docs" / "audit.md"
 
@@ -18,19 +17,15 @@ def statements() -> list[str]:
     return [s for s in found if s]
 
 
-def test_docs_sql_runs(catalog_url: str) -> None:
-    sql = statements()
-    assert len(sql) >= 5
+def test_docs_sql_runs(catalog_url: str, sql: Any) -> None:
+    found = statements()
+    assert len(found) >= 5
     pg = catalog_url.startswith("postgresql")
-    cat = open_catalog(catalog_url)
     ran = 0
-    try:
-        with cat.engine.connect() as conn:
-            for statement in sql:
-                if ("interval" in statement and not pg) or ("datetime('now'" in statement and pg):
-                    continue  # the doc gives one form per database
-                conn.execute(text(statement)).all()
-                ran += 1
-    finally:
-        cat.close()
-    assert ran == len(sql) - 1
+    with sql(catalog_url) as conn:
+        for statement in found:
+            if ("interval" in statement and not pg) or ("datetime('now'" in statement and pg):
+                continue  # the doc gives one form per database
+            conn.execute(text(statement)).all()
+            ran += 1
+    assert ran == len(found) - 1

@@ -3,27 +3,31 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
 
 from controlplane.catalog.api import Catalog, open_catalog
-from controlplane.catalog.errors import CatalogInputError
+from controlplane.catalog.errors import CatalogError, CatalogInputError, CatalogUnavailableError
 from controlplane.catalog.models import ObjectVersion, Replica, Transfer
-from controlplane.catalog.records import FailoverRecord, TransferRecord, VersionRef
+from controlplane.catalog.records import CopyRecord, FailoverRecord, TransferRecord
 from controlplane.policy.apply import apply_policy
 from controlplane.policy.compiler import compile_files
+from controlplane.policy.placer import place
 
+SqlSession = Callable[[str], AbstractContextManager[Session]]  # the `sql` fixture
 EXAMPLE = Path(__file__).parents[1] / "policy" / "data" / "example.yaml"
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 def cat(catalog_url: str) -> Iterator[Catalog]:
-    catalog = open_catalog(catalog_url)
+    catalog = open_catalog(catalog_url, placer=place)
     policy, problems = compile_files([EXAMPLE])
     assert policy is not None, problems
     apply_policy(catalog, policy, source="test", publisher=None, applied_by="tester")
@@ -31,8 +35,8 @@ def cat(catalog_url: str) -> Iterator[Catalog]:
     catalog.close()
 
 
-def _count(cat: Catalog, model: type) -> int:
-    with cat.session() as s:
+def _count(cat: Catalog, model: type, sql: SqlSession) -> int:
+    with sql(cat.url) as s:
         return int(s.scalar(select(func.count()).select_from(model)) or 0)
 
 
@@ -68,34 +72,36 @@ def test_dataset_registered_on_first_write_is_placed(cat: Catalog) -> None:
     assert cat.get_placement("logs/x") is None  # no policy selects it
 
 
-def test_register_is_idempotent_and_refuses_a_new_digest(cat: Catalog) -> None:
+def test_register_is_idempotent_and_refuses_a_new_digest(cat: Catalog, sql: SqlSession) -> None:
     for _ in range(3):
         cat.register_dataset("ckpt/other")
         cat.register_object("ckpt/other", "shard-0")
         cat.register_version("ckpt/other", "shard-0", "v1", "abc", size=3)
-    assert _count(cat, ObjectVersion) == 1
+    assert _count(cat, ObjectVersion, sql) == 1
     with pytest.raises(CatalogInputError, match="registered with digest abc, not xyz"):
         cat.register_version("ckpt/other", "shard-0", "v1", "xyz")
 
 
-def test_replica_states_and_incomplete_versions(cat: Catalog) -> None:
+def test_replica_states_and_incomplete_versions(cat: Catalog, sql: SqlSession) -> None:
     ds = "ckpt/llama-70b"
     for key in ("a", "b", "c"):
         cat.register_version(ds, key, "v1", f"{key}1")
-        cat.set_replica_state(ds, key, "v1", "eu-west", "completed")
+        cat.set_replica_state(ds, key, "v1", "eu-west", "completed", digest=f"{key}1")
     cat.register_version(ds, "a", "v2", "a2")
-    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed")
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="a1")
     cat.set_replica_state(ds, "b", "v1", "eu-central", "pending")
-    cat.set_replica_state(ds, "c", "v1", "eu-central", "failed")
-    cat.set_replica_state(ds, "c", "v1", "eu-central", "completed")
-    cat.set_replica_state(ds, "c", "v1", "eu-central", "completed")  # same state: no-op
+    cat.set_replica_state(ds, "c", "v1", "eu-central", "failed", error="timeout")
+    cat.set_replica_state(ds, "c", "v1", "eu-central", "pending")
+    cat.set_replica_state(ds, "c", "v1", "eu-central", "completed", digest="c1")
+    cat.set_replica_state(ds, "c", "v1", "eu-central", "completed", digest="c1")  # no-op
     # a: latest is v2, never copied; b: pending; c: completed.
-    assert cat.incomplete_versions(ds, "eu-central") == [
-        VersionRef("a", "v2", "a2"),
-        VersionRef("b", "v1", "b1"),
+    got = cat.incomplete_versions(ds, "eu-central")
+    assert [(v.object, v.version, v.digest, v.op) for v in got] == [
+        ("a", "v2", "a2", "put"),
+        ("b", "v1", "b1", "put"),
     ]
-    assert cat.incomplete_versions(ds, "eu-west") == [VersionRef("a", "v2", "a2")]
-    assert _count(cat, Replica) == 6
+    assert [(v.object, v.version) for v in cat.incomplete_versions(ds, "eu-west")] == [("a", "v2")]
+    assert _count(cat, Replica, sql) == 6
     with pytest.raises(CatalogInputError, match="not one of pending, completed, failed"):
         cat.set_replica_state(ds, "a", "v1", "eu-west", "done")
     with pytest.raises(CatalogInputError, match="is not registered"):
@@ -104,12 +110,12 @@ def test_replica_states_and_incomplete_versions(cat: Catalog) -> None:
         cat.set_replica_state(ds, "a", "v1", "mars", "pending")
 
 
-def test_replica_outside_residency_is_marked(cat: Catalog) -> None:
+def test_replica_outside_residency_is_marked(cat: Catalog, sql: SqlSession) -> None:
     ds = "ckpt/llama-70b"
     cat.register_version(ds, "a", "v1", "d")
-    cat.set_replica_state(ds, "a", "v1", "us-east", "completed")
-    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed")
-    with cat.session() as s:
+    cat.set_replica_state(ds, "a", "v1", "us-east", "completed", digest="d")
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="d")
+    with sql(cat.url) as s:
         rows = s.execute(
             select(Replica.region, Replica.jurisdiction, Replica.allowed).order_by(Replica.region)
         ).all()
@@ -131,11 +137,11 @@ def _transfer(tid: str, to: str = "eu-central", at: datetime = T0) -> TransferRe
     )
 
 
-def test_record_transfer_is_idempotent(cat: Catalog) -> None:
+def test_record_transfer_is_idempotent(cat: Catalog, sql: SqlSession) -> None:
     cat.record_transfer(_transfer("t1"))
     cat.record_transfer(_transfer("t1"))
     cat.record_transfer(_transfer("t2", to="us-east"))
-    with cat.session() as s:
+    with sql(cat.url) as s:
         rows = s.execute(
             select(
                 Transfer.id, Transfer.cross_border, Transfer.allowed, Transfer.to_jurisdiction
@@ -175,7 +181,7 @@ def test_failover_journal(cat: Catalog) -> None:
         cat.append_failover(bad)
 
 
-def test_concurrent_idempotent_writes_from_threads(cat: Catalog) -> None:
+def test_concurrent_idempotent_writes_from_threads(cat: Catalog, sql: SqlSession) -> None:
     """Eight threads racing on the same natural keys and ids leave exactly one row each."""
     errors: list[Exception] = []
 
@@ -183,7 +189,9 @@ def test_concurrent_idempotent_writes_from_threads(cat: Catalog) -> None:
         try:
             for i in range(10):
                 cat.register_version("corpus/race", f"k{i}", "v1", f"d{i}")
-                cat.set_replica_state("corpus/race", f"k{i}", "v1", "eu-west", "completed")
+                cat.set_replica_state(
+                    "corpus/race", f"k{i}", "v1", "eu-west", "completed", digest=f"d{i}"
+                )
                 cat.record_transfer(_transfer(f"race-{i}"))
         except Exception as exc:  # noqa: BLE001 - collected and asserted on below
             errors.append(exc)
@@ -194,6 +202,154 @@ def test_concurrent_idempotent_writes_from_threads(cat: Catalog) -> None:
     for t in threads:
         t.join(timeout=60)
     assert not errors, errors
-    assert _count(cat, ObjectVersion) == 10
-    assert _count(cat, Replica) == 10
-    assert _count(cat, Transfer) == 10
+    assert _count(cat, ObjectVersion, sql) == 10
+    assert _count(cat, Replica, sql) == 10
+    assert _count(cat, Transfer, sql) == 10
+
+
+def _hlc(wall_ms: int, logical: int = 0, region: str = "eu-west") -> str:
+    return f"{wall_ms:013d}.{logical:05d}@{region}"
+
+
+def test_latest_is_the_highest_hlc_not_the_last_row(cat: Catalog) -> None:
+    """A replayed older version registered after a newer one does not become latest,
+    and a tombstone is a version: when it is newest, it is what a region must apply."""
+    ds = "corpus/web"
+    newer, older = _hlc(1_764_579_200_000), _hlc(1_764_579_100_000, 7, "us-east")
+    cat.register_version(ds, "k", newer, "blake3:bb", origin_region="eu-west")
+    cat.register_version(ds, "k", older, "blake3:aa", origin_region="us-east")
+    latest = cat.latest_version(ds, "k")
+    assert latest is not None and latest.version == newer and latest.hlc == newer
+    # the region tie-break is byte-wise: "eu-west" < "us-east" at the same (wall, logical)
+    tie_a, tie_b = _hlc(1_764_579_300_000, 0, "us-east"), _hlc(1_764_579_300_000, 0, "eu-west")
+    cat.register_version(ds, "t", tie_a, "blake3:01")
+    cat.register_version(ds, "t", tie_b, "blake3:02")
+    assert [v.version for v in cat.incomplete_versions(ds, "eu-central")] == [newer, tie_a]
+    tomb = _hlc(1_764_579_400_000)
+    cat.register_version(ds, "k", tomb, "", op="delete", origin_region="eu-west")
+    got = {v.object: v for v in cat.incomplete_versions(ds, "eu-central")}
+    assert got["k"].version == tomb and got["k"].op == "delete"
+    cat.set_replica_state(ds, "k", tomb, "eu-central", "completed")  # a tombstone needs no digest
+    assert "k" not in {v.object for v in cat.incomplete_versions(ds, "eu-central")}
+    with pytest.raises(CatalogInputError, match="version op 'move'"):
+        cat.register_version(ds, "k", _hlc(1_764_579_500_000), "", op="move")
+    with pytest.raises(CatalogInputError, match=r"not of the form WALLMS\.LOGICAL@REGION"):
+        cat.register_version(ds, "k", "v9", "d", hlc="12.3@x")
+
+
+def test_lag_is_measured_from_the_hlc_wall_time(cat: Catalog) -> None:
+    ds = "corpus/web"
+    wall = 1_764_579_000_000
+    cat.register_version(ds, "a", _hlc(wall + 5_000), "blake3:aa", origin_region="eu-west")
+    cat.register_version(ds, "b", _hlc(wall), "blake3:bb", origin_region="eu-west")
+    at = cat.oldest_incomplete_at(ds, ["eu-west", "eu-central"])
+    assert at == datetime.fromtimestamp(wall / 1000, UTC)  # b, the older, not the last written
+    cat.set_replica_state(ds, "b", _hlc(wall), "eu-central", "completed", digest="blake3:bb")
+    at = cat.oldest_incomplete_at(ds, ["eu-west", "eu-central"])
+    assert at == datetime.fromtimestamp((wall + 5_000) / 1000, UTC)
+
+
+def test_replica_transitions_are_checked(cat: Catalog) -> None:
+    ds = "ckpt/llama-70b"
+    cat.register_version(ds, "a", "v1", "blake3:aa")
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "pending")
+    with pytest.raises(CatalogInputError, match="cannot complete without the digest"):
+        cat.set_replica_state(ds, "a", "v1", "eu-central", "completed")
+    with pytest.raises(CatalogInputError, match="verified digest blake3:zz, but the version's"):
+        cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="blake3:zz")
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "failed", error="peer reset")
+    with pytest.raises(CatalogInputError, match="is failed and cannot become completed"):
+        cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="blake3:aa")
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "pending")
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="blake3:aa")
+    with pytest.raises(CatalogInputError, match="is completed and cannot become pending"):
+        cat.set_replica_state(ds, "a", "v1", "eu-central", "pending")
+    (status,) = cat.replica_status(ds, key="a", region="eu-central")
+    assert status.state == "completed" and status.verified_digest == "blake3:aa"
+    assert status.attempts == 1 and status.last_error == "peer reset"
+    assert status.attempted_at is not None
+
+
+def test_holders_and_replica_status(cat: Catalog) -> None:
+    ds = "ckpt/llama-70b"
+    cat.register_version(ds, "a", "v1", "blake3:aa")
+    cat.set_replica_state(ds, "a", "v1", "eu-west", "completed", digest="blake3:aa")
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "failed", error="disk full")
+    assert cat.holders(ds, "a", "v1") == ["eu-west"]
+    assert cat.holders(ds, "a", "v9") == []
+    failed = cat.replica_status(ds, states=["failed"])
+    assert [(r.object, r.region, r.last_error) for r in failed] == [
+        ("a", "eu-central", "disk full")
+    ]
+
+
+def _copy(cid: str, state: str = "completed", digest: str | None = "blake3:aa") -> CopyRecord:
+    return CopyRecord(
+        id=cid,
+        dataset="ckpt/llama-70b",
+        object="a",
+        version="v1",
+        from_region="eu-west",
+        to_region="eu-central",
+        state=state,  # type: ignore[arg-type]
+        logical_bytes=1000,
+        wire_bytes=120,
+        at=T0,
+        verified_digest=digest,
+        error=None if state == "completed" else "reset by peer",
+    )
+
+
+def test_record_copy_writes_replica_and_transfer_together_once(
+    cat: Catalog, sql: SqlSession
+) -> None:
+    ds = "ckpt/llama-70b"
+    cat.register_version(ds, "a", "v1", "blake3:aa")
+    assert cat.record_copy(_copy("c1", "failed", None)) is True
+    assert cat.record_copy(_copy("c1", "failed", None)) is False  # the same copy again
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "pending")
+    assert cat.record_copy(_copy("c2")) is True
+    assert cat.holders(ds, "a", "v1") == ["eu-central"]
+    assert _count(cat, Transfer, sql) == 2
+    # a bad digest refuses the whole copy: neither the replica nor the transfer is written
+    cat.register_version(ds, "b", "v1", "blake3:bb")
+    bad = CopyRecord(**{**_copy("c3").__dict__, "object": "b"})
+    with pytest.raises(CatalogInputError, match="verified digest blake3:aa"):
+        cat.record_copy(bad)
+    assert _count(cat, Transfer, sql) == 2
+    assert cat.replica_status(ds, key="b") == []
+
+
+def test_sql_errors_are_translated(cat: Catalog, sql: SqlSession) -> None:
+    """No SQLAlchemy error leaves the catalog: a broken schema is a non-retriable
+    CatalogError, an unreachable server a retriable CatalogUnavailableError."""
+    with sql(cat.url) as s:
+        s.execute(text("DROP VIEW residency_violations"))
+        s.commit()
+    with pytest.raises(CatalogError, match=r"the catalog at .* failed") as info:
+        cat.residency_violations()
+    assert not info.value.retriable
+    assert not isinstance(info.value.__cause__, CatalogError)  # the SQL error is the cause
+    from controlplane.catalog.api import Catalog as CatalogClass
+    from controlplane.catalog.engine import make_engine
+
+    dead = "postgresql+psycopg://nobody@127.0.0.1:1/none"
+    gone = CatalogClass(make_engine(dead), dead)
+    with pytest.raises(CatalogUnavailableError, match="is unavailable") as down:
+        gone.list_regions()
+    assert down.value.retriable
+    gone.close()
+
+
+def test_new_dataset_without_a_placer_is_refused(catalog_url: str) -> None:
+    """Fail closed: a catalog that cannot place a new dataset does not register it
+    unplaced (which would leave its copies unjudged)."""
+    with open_catalog(catalog_url, placer=place) as placed:
+        policy, _ = compile_files([EXAMPLE])
+        assert policy is not None
+        apply_policy(placed, policy, source="test", publisher=None, applied_by="tester")
+    with (
+        open_catalog(catalog_url) as bare,
+        pytest.raises(CatalogInputError, match="opened without a placer"),
+    ):
+        bare.register_version("corpus/new", "k", "v1", "d")

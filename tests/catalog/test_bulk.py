@@ -5,24 +5,23 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Index, inspect
 
 from controlplane.catalog.api import open_catalog
-from controlplane.catalog.bulk import after_load, bulk_load
 from controlplane.catalog.models import Base
 
 BENCH = Path(__file__).parents[2] / "benchmarks"
 
 
-def test_bulk_rows_read_back_like_api_rows(catalog_url: str) -> None:
+def test_bulk_rows_read_back_like_api_rows(catalog_url: str, sql: Any) -> None:
     cat = open_catalog(catalog_url)
     try:
         when = datetime(2026, 3, 1, 12, 30, 0, tzinfo=UTC)
-        bulk_load(cat.engine, "regions", ["name", "jurisdiction"], [("eu-west", "EU")])
-        bulk_load(
-            cat.engine,
+        cat.bulk_load("regions", ["name", "jurisdiction"], [("eu-west", "EU")])
+        cat.bulk_load(
             "failovers",
             ["id", "dataset", "from_region", "to_region", "epoch", "kind", "reason", "actor",
              "detected_at", "started_at", "completed_at", "rpo_versions", "details"],
@@ -31,14 +30,14 @@ def test_bulk_rows_read_back_like_api_rows(catalog_url: str) -> None:
               2, "")],
             defer_checks=True,
         )  # fmt: skip
-        after_load(cat.engine, ["regions", "failovers"])
+        cat.after_load(["regions", "failovers"])
         got = cat.list_failovers(since=when + timedelta(minutes=1))
         assert [f.id for f in got] == ["f2"]
         assert got[0].detected_at == when and got[0].completed_at is None
         assert [r.name for r in cat.list_regions()] == ["eu-west"]
         # Deferred indexes are all back.
-        with cat.engine.connect() as conn:
-            names = {ix["name"] for ix in inspect(conn).get_indexes("failovers")}
+        with sql(cat.url) as conn:
+            names = {ix["name"] for ix in inspect(conn.connection()).get_indexes("failovers")}
         want = {
             ix.name for ix in Base.metadata.tables["failovers"].indexes if isinstance(ix, Index)
         }
@@ -47,19 +46,21 @@ def test_bulk_rows_read_back_like_api_rows(catalog_url: str) -> None:
         cat.close()
 
 
-def test_bulk_load_refuses_broken_foreign_keys_and_loads_nothing(catalog_url: str) -> None:
+def test_bulk_load_refuses_broken_foreign_keys_and_loads_nothing(
+    catalog_url: str, sql: Any
+) -> None:
     cat = open_catalog(catalog_url)
     try:
         with pytest.raises(Exception, match=r"(?i)foreign"):
-            bulk_load(cat.engine, "objects", ["id", "dataset", "key"], [(1, "missing", "k")],
+            cat.bulk_load("objects", ["id", "dataset", "key"], [(1, "missing", "k")],
                       defer_checks=True)  # fmt: skip
-        with cat.session() as s:
+        with sql(cat.url) as s:
             assert s.execute(Base.metadata.tables["objects"].select()).all() == []
     finally:
         cat.close()
 
 
-def test_deferred_load_refuses_duplicate_keys_and_loads_nothing(catalog_url: str) -> None:
+def test_deferred_load_refuses_duplicate_keys_and_loads_nothing(catalog_url: str, sql: Any) -> None:
     """Keys dropped for a deferred load (PostgreSQL) come back, and refuse duplicates."""
     cat = open_catalog(catalog_url)
     row = ("t1", "d", "o", "v", "a", "b", "EU", "EU", 1, 1, None, "completed", False, True,
@@ -67,15 +68,15 @@ def test_deferred_load_refuses_duplicate_keys_and_loads_nothing(catalog_url: str
     columns = [c.name for c in Base.metadata.tables["transfers"].columns]
     try:
         with pytest.raises(Exception, match=r"(?i)duplicate|unique"):
-            bulk_load(cat.engine, "transfers", columns, [row, row], defer_checks=True)
-        with cat.session() as s:
+            cat.bulk_load("transfers", columns, [row, row], defer_checks=True)
+        with sql(cat.url) as s:
             assert s.execute(Base.metadata.tables["transfers"].select()).all() == []
-        assert bulk_load(cat.engine, "transfers", columns, [row], defer_checks=True) == 1
-        with cat.engine.connect() as conn:
-            keys = inspect(conn).get_pk_constraint("transfers")
+        assert cat.bulk_load("transfers", columns, [row], defer_checks=True) == 1
+        with sql(cat.url) as conn:
+            keys = inspect(conn.connection()).get_pk_constraint("transfers")
         assert keys["name"] == "pk_transfers" and keys["constrained_columns"] == ["id"]
         with pytest.raises(Exception, match=r"(?i)duplicate|unique"):
-            bulk_load(cat.engine, "transfers", columns, [row])  # the key is back
+            cat.bulk_load("transfers", columns, [row])  # the key is back
     finally:
         cat.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect, text
@@ -137,3 +138,83 @@ def test_read_only_commands_create_no_sqlite_file(
     assert run(["audit", "residency", "--catalog", url]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_versions_get_an_hlc_in_registration_order(empty_catalog_url: str) -> None:
+    """0004 gives every old version an HLC: HLC-named versions keep theirs, others are
+    numbered from created_at, strictly increasing in registration (row id) order, so
+    the version that was "latest" before the migration is still latest after it."""
+    url = empty_catalog_url
+    migrate.upgrade(url, "0003")
+    engine = make_engine(url)
+    named = "1764579123456.00000@eu-west"
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO regions VALUES ('eu-west', 'EU')"))
+            conn.execute(
+                text(
+                    "INSERT INTO datasets (name, labels, declared, replicas, residency,"
+                    " failover_order, registered_at) VALUES ('d', '{}', false, '[]', '[]', '[]',"
+                    " '2026-11-30 01:00:00')"
+                )
+            )
+            conn.execute(text("INSERT INTO objects (dataset, key) VALUES ('d', 'k')"))
+            oid = conn.execute(text("SELECT id FROM objects")).scalar_one()
+            # same created_at for all, and a later-registered one with an older time
+            for name, at in [
+                ("v1", "2026-11-30 01:00:00"),
+                ("v2", "2026-11-30 01:00:00"),
+                (named, "2026-11-30 01:00:00"),
+                ("v3", "2026-11-29 01:00:00"),
+            ]:
+                conn.execute(
+                    text(
+                        "INSERT INTO object_versions (object_id, version, digest, size,"
+                        " created_at) VALUES (:o, :v, 'x', 0, :at)"
+                    ),
+                    {"o": oid, "v": name, "at": at},
+                )
+        migrate.upgrade(url)
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT version, hlc FROM object_versions ORDER BY id")).all()
+    finally:
+        engine.dispose()
+    hlc = {str(v): str(h) for v, h in rows}
+    assert hlc[named] == named
+    assert hlc["v1"] < hlc["v2"] < hlc["v3"]  # registration order, whatever created_at says
+    assert hlc["v1"].endswith("@unknown") and hlc["v1"].startswith("1796000400000.")
+    cat = open_catalog(url)
+    try:
+        latest = cat.latest_version("d", "k")
+        assert latest is not None and latest.version == "v3"
+    finally:
+        cat.close()
+
+
+def test_hlc_order_is_byte_wise_on_every_backend(catalog_url: str, sql: Any) -> None:
+    """glibc's linguistic collations (en_US.UTF-8, PostgreSQL's usual default) ignore
+    '-' when sorting text, putting "euvest" before "eu-west" (bytes put it after); the
+    HLC column collates byte-wise, so regions break HLC ties alike in every database."""
+    from controlplane.policy.placer import place
+
+    wall = "1764579123456.00000@"
+    regions = ("eu-west", "euvest", "eu-vest")
+    cat = open_catalog(catalog_url, placer=place)
+    try:
+        for region in regions:
+            cat.register_version("d", "k", wall + region, "x")
+        latest = cat.latest_version("d", "k")
+        assert latest is not None and latest.version == wall + "euvest"
+    finally:
+        cat.close()
+    if catalog_url.startswith("postgresql"):
+        with sql(catalog_url) as s:
+            collation = s.execute(
+                text(
+                    "SELECT collation_name FROM information_schema.columns "
+                    "WHERE table_name = 'object_versions' AND column_name = 'hlc'"
+                )
+            ).scalar_one()
+        # This stack's server runs in the C locale, where any collation would pass the
+        # order check above; production servers (en_US.UTF-8) would not without this.
+        assert collation == "C"

@@ -23,6 +23,7 @@ from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
 from controlplane.coordination.protocols.fencing import DirectoryEpochs
 from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.policy.placer import place
 from controlplane.stack.etcd import EtcdCluster
 
 from .helpers import free_port, wait_until
@@ -115,10 +116,12 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
     west = spawn(procs, env, tmp_path, "eu-west", fence)
     assert await wait_until(lambda: all_owned_by(coord, "eu-west", [*AUTOMATIC, "pinned/p0"]), 20)
     # RPO exposure: eu-central has not completed the latest version of d000.
-    catalog = open_catalog(env["MERIDIAN_CATALOG"])
+    catalog = open_catalog(env["MERIDIAN_CATALOG"], placer=place)
     try:
         catalog.register_version(AUTOMATIC[0], "shard-0", "v7", "sha256:77")
-        catalog.set_replica_state(AUTOMATIC[0], "shard-0", "v7", "eu-west", "completed")
+        catalog.set_replica_state(
+            AUTOMATIC[0], "shard-0", "v7", "eu-west", "completed", digest="sha256:77"
+        )
         catalog.set_replica_state(AUTOMATIC[0], "shard-0", "v7", "eu-central", "pending")
     finally:
         catalog.close()

@@ -25,6 +25,7 @@ from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.fencing import DatasetHandingOverError, FencedResource
 from controlplane.coordination.protocols.follow import follow_ownership
 from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.policy.placer import place
 from controlplane.stack.etcd import EtcdCluster
 
 from .helpers import wait_until
@@ -155,10 +156,12 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    catalog = open_catalog(world["MERIDIAN_CATALOG"])
+    catalog = open_catalog(world["MERIDIAN_CATALOG"], placer=place)
     try:
         catalog.register_version("ckpt/d000", "shard-0", "v1", "sha256:aa")
-        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-west", "completed")
+        catalog.set_replica_state(
+            "ckpt/d000", "shard-0", "v1", "eu-west", "completed", digest="sha256:aa"
+        )
         catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-central", "pending")
         before = asyncio.run(_owners(etcd3.endpoints))[0]["ckpt/d000"]
         code, _, err = cli(
@@ -176,7 +179,9 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
         )
         assert code != 0 and "aborted" in err and "eu-west still owns it" in err
         assert asyncio.run(_owners(etcd3.endpoints))[0]["ckpt/d000"] == before
-        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-central", "completed")
+        catalog.set_replica_state(
+            "ckpt/d000", "shard-0", "v1", "eu-central", "completed", digest="sha256:aa"
+        )
     finally:
         catalog.close()
     code, out, _ = cli(
@@ -357,15 +362,19 @@ def test_dataset_list_and_show_cover_unplaced_datasets_exact_names_and_lag(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """C2: unplaced datasets are listed, `show` takes an exact name, lag_s is measured."""
-    catalog = open_catalog(world["MERIDIAN_CATALOG"])
+    catalog = open_catalog(world["MERIDIAN_CATALOG"], placer=place)
     try:
         catalog.register_dataset("scratch/x")  # no applied policy selects scratch/*
         written = datetime.now(UTC) - timedelta(seconds=30)
         catalog.register_version(
             "ckpt/d000", "shard-0", "v1", "sha256:aa", origin_region="eu-west", created_at=written
         )
-        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-west", "completed")
-        catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-central", "completed")
+        catalog.set_replica_state(
+            "ckpt/d000", "shard-0", "v1", "eu-west", "completed", digest="sha256:aa"
+        )
+        catalog.set_replica_state(
+            "ckpt/d000", "shard-0", "v1", "eu-central", "completed", digest="sha256:aa"
+        )
         catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-north", "pending")
     finally:
         catalog.close()
@@ -406,7 +415,9 @@ def _lagging_target(catalog_url: str, dataset: str, target: str) -> None:
     catalog = open_catalog(catalog_url)
     try:
         catalog.register_version(dataset, "shard-0", "v1", "sha256:aa", origin_region="eu-west")
-        catalog.set_replica_state(dataset, "shard-0", "v1", "eu-west", "completed")
+        catalog.set_replica_state(
+            dataset, "shard-0", "v1", "eu-west", "completed", digest="sha256:aa"
+        )
         catalog.set_replica_state(dataset, "shard-0", "v1", target, "pending")
     finally:
         catalog.close()

@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from etcd3aio import Etcd3Client
@@ -18,6 +19,7 @@ from controlplane.catalog.models import PolicyRevision
 from controlplane.errors import ConflictError, UnavailableError
 from controlplane.policy.apply import StrandedReplicasError, apply_policy, plan_changes
 from controlplane.policy.compiler import PolicySet, compile_files, compile_text
+from controlplane.policy.placer import place
 from controlplane.policy.publisher import POLICY_KEY, EtcdPolicyPublisher
 
 DATA = Path(__file__).parent / "data"
@@ -32,26 +34,26 @@ def policy_of(text: str) -> PolicySet:
 
 @pytest.fixture
 def cat(catalog_url: str) -> Iterator[Catalog]:
-    catalog = open_catalog(catalog_url)
+    catalog = open_catalog(catalog_url, placer=place)
     yield catalog
     catalog.close()
 
 
-def revisions(cat: Catalog) -> list[tuple[int, int, str, str]]:
-    with cat.session() as s:
+def revisions(cat: Catalog, sql: Any) -> list[tuple[int, int, str, str]]:
+    with sql(cat.url) as s:
         rows = s.scalars(select(PolicyRevision).order_by(PolicyRevision.id)).all()
         return [(r.id, r.parent, r.digest, r.applied_by) for r in rows]
 
 
-def test_apply_is_idempotent_and_records_the_revision(cat: Catalog) -> None:
+def test_apply_is_idempotent_and_records_the_revision(cat: Catalog, sql: Any) -> None:
     policy = policy_of(EXAMPLE)
     first = apply_policy(cat, policy, source="git:abc", publisher=None, applied_by="alice")
     assert first.changes and first.revision == 1
     again = apply_policy(cat, policy, source="git:abc", publisher=None, applied_by="alice")
     assert again.changes == [] and again.revision == 1
-    assert revisions(cat) == [(1, 0, policy.digest, "alice")]
+    assert revisions(cat, sql) == [(1, 0, policy.digest, "alice")]
     assert plan_changes(cat, policy) == []
-    with cat.session() as s:
+    with sql(cat.url) as s:
         rev = s.get(PolicyRevision, 1)
         assert rev is not None and rev.source == "git:abc"
 
@@ -63,7 +65,7 @@ def test_reformatted_files_are_no_change(cat: Catalog) -> None:
     assert plan_changes(cat, policy_of(reordered)) == []
 
 
-def test_plan_names_changed_fields(cat: Catalog) -> None:
+def test_plan_names_changed_fields(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
     cat.register_version("corpus/web", "a", "v1", "d")
     changed = EXAMPLE.replace("rpo: 30s", "rpo: 60s").replace("count: 2", "count: 1")
@@ -80,13 +82,13 @@ def test_plan_names_changed_fields(cat: Catalog) -> None:
     assert result.revision == 2
     placement = cat.get_placement("corpus/web")
     assert placement is not None and placement.replicas == ("eu-west",)
-    assert [r[1] for r in revisions(cat)] == [0, 1]
+    assert [r[1] for r in revisions(cat, sql)] == [0, 1]
 
 
-def test_apply_refuses_to_strand_replicas_and_changes_nothing(cat: Catalog) -> None:
+def test_apply_refuses_to_strand_replicas_and_changes_nothing(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
     cat.register_version("corpus/web", "shard-1", "v1", "d")
-    cat.set_replica_state("corpus/web", "shard-1", "v1", "us-east", "completed")
+    cat.set_replica_state("corpus/web", "shard-1", "v1", "us-east", "completed", digest="d")
     eu_only = (
         EXAMPLE.replace("residency: [EU, US]", "residency: [EU]")
         .replace("home: us-east", "home: eu-west")
@@ -94,7 +96,7 @@ def test_apply_refuses_to_strand_replicas_and_changes_nothing(cat: Catalog) -> N
     )
     with pytest.raises(StrandedReplicasError, match=r"corpus/web/shard-1@v1 in us-east \(US\)"):
         apply_policy(cat, policy_of(eu_only), source="b", publisher=None)
-    assert len(revisions(cat)) == 1
+    assert len(revisions(cat, sql)) == 1
     placement = cat.get_placement("corpus/web")
     assert placement is not None and placement.residency == ("EU", "US")
     # Once the replica is removed, the same change applies.
@@ -102,10 +104,10 @@ def test_apply_refuses_to_strand_replicas_and_changes_nothing(cat: Catalog) -> N
     assert apply_policy(cat, policy_of(eu_only), source="b", publisher=None).revision == 2
 
 
-def test_removing_a_region_that_holds_replicas_is_refused(cat: Catalog) -> None:
+def test_removing_a_region_that_holds_replicas_is_refused(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
     cat.register_version("ckpt/llama-70b", "a", "v1", "d")
-    cat.set_replica_state("ckpt/llama-70b", "a", "v1", "eu-central", "completed")
+    cat.set_replica_state("ckpt/llama-70b", "a", "v1", "eu-central", "completed", digest="d")
     without = (
         EXAMPLE.replace("    - name: eu-central\n      jurisdiction: EU\n", "")
         .replace(
@@ -117,28 +119,32 @@ def test_removing_a_region_that_holds_replicas_is_refused(cat: Catalog) -> None:
     )
     with pytest.raises(StrandedReplicasError, match=r"in eu-central \(no longer in the topology\)"):
         apply_policy(cat, policy_of(without), source="b", publisher=None)
-    assert len(revisions(cat)) == 1
+    assert len(revisions(cat, sql)) == 1
 
 
-def test_widening_residency_clears_violations(cat: Catalog) -> None:
+def test_widening_residency_clears_violations(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
     cat.register_version("ckpt/llama-70b", "a", "v1", "d")
-    cat.set_replica_state("ckpt/llama-70b", "a", "v1", "us-east", "completed")  # a violation
+    cat.set_replica_state(
+        "ckpt/llama-70b", "a", "v1", "us-east", "completed", digest="d"
+    )  # a violation
     from controlplane.catalog.audit import residency_violations
 
-    with cat.session() as s:
+    with sql(cat.url) as s:
         assert [v["region"] for v in residency_violations(s)] == ["us-east"]
     wider = EXAMPLE.replace("residency: [EU]   ", "residency: [EU, US]")
     assert wider != EXAMPLE
     apply_policy(cat, policy_of(wider), source="b", publisher=None)
-    with cat.session() as s:
+    with sql(cat.url) as s:
         assert residency_violations(s) == []
 
 
-def test_a_dataset_that_loses_its_placement_keeps_its_violations(cat: Catalog) -> None:
+def test_a_dataset_that_loses_its_placement_keeps_its_violations(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
     cat.register_version("ckpt/llama-70b", "a", "v1", "d")
-    cat.set_replica_state("ckpt/llama-70b", "a", "v1", "us-east", "completed")  # a violation
+    cat.set_replica_state(
+        "ckpt/llama-70b", "a", "v1", "us-east", "completed", digest="d"
+    )  # a violation
     from controlplane.catalog.audit import residency_violations
 
     unplaced = EXAMPLE.replace('datasets: ["ckpt/*"]', 'datasets: ["ckpt2/*"]').replace(
@@ -146,11 +152,11 @@ def test_a_dataset_that_loses_its_placement_keeps_its_violations(cat: Catalog) -
     )
     assert unplaced != EXAMPLE
     apply_policy(cat, policy_of(unplaced), source="b", publisher=None)
-    with cat.session() as s:  # no policy places it now; the copy is still out of place
+    with sql(cat.url) as s:  # no policy places it now; the copy is still out of place
         assert [v["region"] for v in residency_violations(s)] == ["us-east"]
 
 
-def test_concurrent_applies_never_interleave(cat: Catalog) -> None:
+def test_concurrent_applies_never_interleave(cat: Catalog, sql: Any) -> None:
     """Two applies at once: each either commits on top of the other or is refused."""
     variants = [EXAMPLE.replace("rpo: 30s", f"rpo: {n}s") for n in (31, 32, 33, 34)]
     outcomes: list[object] = []
@@ -170,13 +176,13 @@ def test_concurrent_applies_never_interleave(cat: Catalog) -> None:
     for t in threads:
         t.join(timeout=120)
     assert len(outcomes) == 4
-    revs = revisions(cat)
+    revs = revisions(cat, sql)
     # Each revision's parent is the one before it: a chain, never two on one head.
     assert [parent for _, parent, _, _ in revs] == [0] + [rid for rid, *_ in revs[:-1]]
     applied = [o for o in outcomes if not isinstance(o, CatalogConflictError)]
     assert len(applied) == len(revs) >= 1
     # The catalog holds exactly what the last revision says.
-    with cat.session() as s:
+    with sql(cat.url) as s:
         head = s.scalars(select(PolicyRevision).order_by(PolicyRevision.id.desc())).first()
         assert head is not None
         last_rpo = head.document["policies"]["web-corpus"]["rpo"]
@@ -206,11 +212,11 @@ def test_apply_publishes_to_etcd(cat: Catalog, private_etcd: str) -> None:
     assert str(value["applied_at"]).endswith("Z")
 
 
-def test_unreachable_etcd_keeps_revision_and_says_so(cat: Catalog) -> None:
+def test_unreachable_etcd_keeps_revision_and_says_so(cat: Catalog, sql: Any) -> None:
     publisher = EtcdPolicyPublisher([("127.0.0.1", 1)], timeout_s=1.0)
     with pytest.raises(UnavailableError, match="re-run `meridian policy apply`"):
         apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=publisher)
-    assert len(revisions(cat)) == 1
+    assert len(revisions(cat, sql)) == 1
 
 
 def test_spec_example_file_compiles() -> None:

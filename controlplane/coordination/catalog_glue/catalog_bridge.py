@@ -8,7 +8,6 @@ ownership where it was (see `orchestration.journal.aborted_entry`).
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -26,8 +25,9 @@ class CatalogBridge:
     @classmethod
     def open(cls, url: str) -> CatalogBridge:
         from controlplane.catalog.api import open_catalog
+        from controlplane.policy.placer import place
 
-        return cls(open_catalog(url))
+        return cls(open_catalog(url, placer=place))
 
     def close(self) -> None:
         self.catalog.close()
@@ -104,25 +104,10 @@ class CatalogBridge:
         """Every dataset in the catalog whose name matches the glob `pattern`, with its
         placement, or None when no applied policy places it (registered on first write,
         or its policy was removed): `dataset list` shows those too."""
-        from sqlalchemy import select
-
-        from controlplane.catalog.api import placement_of
-        from controlplane.catalog.audit import glob_to_like
-        from controlplane.catalog.models import Dataset
-
-        query = select(Dataset).order_by(Dataset.name)
-        if pattern != "*":
-            # LIKE narrows the scan; fnmatch decides (LIKE's escapes differ per dialect).
-            query = query.where(Dataset.name.like(glob_to_like(pattern), escape="\\"))
-        with self.catalog.session() as s:
-            rows = s.scalars(query).all()
-            out: list[tuple[str, PlacementInfo | None]] = []
-            for row in rows:
-                if not fnmatch.fnmatchcase(row.name, pattern):
-                    continue
-                p = placement_of(row)
-                out.append((row.name, None if p is None else self._info(p)))
-            return out
+        return [
+            (name, None if p is None else self._info(p))
+            for name, p in self.catalog.datasets(pattern)
+        ]
 
     def lag_seconds(self, placement: PlacementInfo, now: datetime) -> float:
         """Replication lag of a placed dataset, from the catalog: the age of the oldest
@@ -138,24 +123,11 @@ class CatalogBridge:
 
     def missing(self, ids: Sequence[str]) -> set[str]:
         """Which of `ids` have no row in the failover journal (primary-key lookups)."""
-        from sqlalchemy import select
-
-        from controlplane.catalog.models import Failover
-
-        wanted = list(dict.fromkeys(ids))
-        found: set[str] = set()
-        with self.catalog.session() as s:
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start : start + 500]
-                found.update(s.scalars(select(Failover.id).where(Failover.id.in_(chunk))))
-        return set(wanted) - found
+        return set(self.catalog.missing_failovers(ids))
 
     def locations(self, dataset: str) -> list[dict[str, Any]]:
         """Where each version of each object of `dataset` lives (the audit query)."""
-        from controlplane.catalog.audit import dataset_locations
-
-        with self.catalog.session() as s:
-            return dataset_locations(s, dataset)
+        return list(self.catalog.dataset_locations(dataset))
 
     def incomplete_versions(self, dataset: str, region: str) -> list[str]:
         return [

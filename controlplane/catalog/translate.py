@@ -1,0 +1,107 @@
+"""SQLAlchemy and driver errors → the catalog's errors, in one place.
+
+Every public method of `Catalog` is wrapped with `translated`, so callers see only
+Meridian errors and ask `error.retriable`:
+
+* the server cannot be reached, the connection broke, the pool is exhausted, SQLite
+  is locked past its busy timeout or its file cannot be opened, PostgreSQL found a
+  serialization failure or deadlock → `CatalogUnavailableError` or
+  `CatalogConflictError` (retriable);
+* a constraint the caller's input broke → `CatalogInputError` (not retriable);
+* anything else from SQLAlchemy → `CatalogError` (not retriable: a bug or a damaged
+  schema, which retrying would only repeat).
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+from sqlalchemy import exc as sa
+
+from controlplane.catalog.engine import redacted
+from controlplane.catalog.errors import (
+    CatalogConflictError,
+    CatalogError,
+    CatalogInputError,
+    CatalogUnavailableError,
+)
+from controlplane.errors import MeridianError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# SQLSTATE classes and codes that mean "try again": connection exceptions (08),
+# operator intervention such as admin shutdown (57), insufficient resources (53),
+# serialization failure and deadlock (40001, 40P01).
+RETRY_CLASSES = ("08", "53", "57")
+CONFLICT_CODES = ("40001", "40P01")
+SQLITE_TRANSIENT = ("locked", "busy", "unable to open", "disk i/o")
+
+
+class HasUrl(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+S = TypeVar("S", bound=HasUrl)
+
+
+def first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _sqlstate(exc: sa.DBAPIError) -> str:
+    code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    return code if isinstance(code, str) else ""
+
+
+def translate_error(exc: sa.SQLAlchemyError, url: str) -> MeridianError:
+    """The Meridian error for a SQLAlchemy error raised while talking to `url`."""
+    where = f"the catalog at {redacted(url)}"
+    detail = first_line(exc)
+    if isinstance(exc, sa.DBAPIError):
+        state = _sqlstate(exc)
+        if state in CONFLICT_CODES:
+            return CatalogConflictError(f"{where} refused a concurrent write ({detail}); retry")
+        if isinstance(exc, sa.IntegrityError):
+            return CatalogInputError(f"{where} refused a write that breaks a constraint: {detail}")
+        if isinstance(exc.orig, sqlite3.Error):
+            # SQLite has no SQLSTATE and raises OperationalError for a missing table
+            # as for a locked file: only the latter kind passes.
+            if any(word in detail.lower() for word in SQLITE_TRANSIENT):
+                return CatalogUnavailableError(
+                    f"{where} is unavailable ({detail}); retrying may help"
+                )
+            return CatalogError(f"{where} failed: {detail}")
+        if (
+            exc.connection_invalidated
+            or state[:2] in RETRY_CLASSES
+            or isinstance(exc, sa.InterfaceError | sa.OperationalError)
+        ):
+            # psycopg raises OperationalError for lost connections and refused or
+            # timed-out connects, with or without a SQLSTATE.
+            return CatalogUnavailableError(f"{where} is unavailable ({detail}); retrying may help")
+        return CatalogError(f"{where} failed: {detail}")
+    if isinstance(exc, sa.TimeoutError | sa.DisconnectionError):
+        return CatalogUnavailableError(f"{where} is unavailable ({detail}); retrying may help")
+    return CatalogError(f"{where} failed: {detail}")
+
+
+def translated(
+    method: Callable[Concatenate[S, P], R],
+) -> Callable[Concatenate[S, P], R]:
+    """Wrap a catalog method so no SQLAlchemy error leaves it (see the module docstring)."""
+
+    @functools.wraps(method)
+    def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(self, *args, **kwargs)
+        except sa.SQLAlchemyError as exc:
+            raise translate_error(exc, self.url) from exc
+
+    return wrapper
