@@ -193,11 +193,14 @@ async def run_scenario(
             try:
                 async with EtcdCoordination(controller_etcd, timeout_s=5) as op:
                     rb = Runbooks(op, catalog, catalog, catalog, actor="bench")
-                    for k in range(min(args.switchovers, len(datasets))):
-                        t0 = time.monotonic()
-                        plan, _ = await rb.plan_switchover(datasets[k], "eu-central")
-                        await rb.run_switchover(plan.moves[0], reason="bench", timeout_s=10)
-                        result.switchover_s.append(time.monotonic() - t0)
+                    try:
+                        for k in range(min(args.switchovers, len(datasets))):
+                            t0 = time.monotonic()
+                            plan, _ = await rb.plan_switchover(datasets[k], "eu-central")
+                            await rb.run_switchover(plan.moves[0], reason="bench", timeout_s=10)
+                            result.switchover_s.append(time.monotonic() - t0)
+                    finally:
+                        await rb.close()  # revokes the lease its handover marks lived on
             finally:
                 catalog.close()
         finally:
