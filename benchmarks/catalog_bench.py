@@ -34,6 +34,7 @@ from bench_harness import scratch_catalog
 
 from controlplane.catalog.api import open_catalog
 from controlplane.cli.main import run
+from controlplane.domain.placement import Placement
 
 REGIONS = [
     ("eu-west", "EU"), ("eu-central", "EU"), ("eu-north", "EU"),
@@ -97,9 +98,22 @@ class Synth:
         for i in range(self.shape.datasets):
             residency, holders = PATTERNS[i % 4]
             cls = "critical" if i % 2 else "standard"
+            labels = {"team": f"t{i % 7}"}
+            placement = Placement(
+                dataset=ds_name(i),
+                policy=f"policy-{i % 4}",
+                dataset_class=cls,
+                home=holders[0],
+                replicas=tuple(holders[1:]),
+                residency=tuple(residency),
+                rpo_s=0 if cls == "critical" else 30,
+                failover_mode="automatic",
+                failover_order=tuple(holders[1:]),
+                labels=labels,
+            )
             yield (
                 ds_name(i),
-                {"team": f"t{i % 7}"},
+                labels,
                 True,
                 f"policy-{i % 4}",
                 cls,
@@ -109,6 +123,7 @@ class Synth:
                 "automatic",
                 holders[1:],
                 self.start,
+                placement.as_json(),
             )
 
     def objects(self) -> Iterator[tuple[Any, ...]]:
@@ -255,7 +270,8 @@ class Synth:
 TABLES: list[tuple[str, list[str], str]] = [
     ("regions", ["name", "jurisdiction"], "regions"),
     ("datasets", ["name", "labels", "declared", "policy", "dataset_class", "home", "replicas",
-                  "residency", "failover_mode", "failover_order", "registered_at"], "datasets"),
+                  "residency", "failover_mode", "failover_order", "registered_at", "placement"],
+     "datasets"),
     ("objects", ["id", "dataset", "key"], "objects"),
     ("object_versions", ["id", "object_id", "version", "digest", "size", "origin_region",
                          "created_at", "hlc"], "versions"),

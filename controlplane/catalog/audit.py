@@ -153,7 +153,7 @@ def dataset_locations(s: Session, name: str) -> list[dict[str, Any]]:
         .join(ObjectVersion, ObjectVersion.object_id == CatalogObject.id)
         .outerjoin(Replica, and_(Replica.version_id == ObjectVersion.id))
         .where(CatalogObject.dataset == name)
-        .order_by(CatalogObject.key, ObjectVersion.id, Replica.region)
+        .order_by(CatalogObject.key, ObjectVersion.hlc, Replica.region)
     )
     return [
         {

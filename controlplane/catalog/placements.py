@@ -1,27 +1,35 @@
-"""A dataset row ↔ its `Placement` (the columns queries filter on, and the whole as JSON)."""
+"""A dataset row ↔ its `Placement`.
+
+The whole placement is stored as JSON (`datasets.placement`, `Placement.as_json()`)
+and read back with `Placement.from_json`, which checks every field; the columns
+beside it repeat the parts that queries filter on (policy, class, home, replicas,
+residency, failover). `policy apply` rewrites both for every dataset, and migration
+0004 filled the JSON of rows written before it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from controlplane.catalog.errors import CatalogError
 from controlplane.catalog.models import Dataset
-from controlplane.catalog.records import Placement
+from controlplane.domain.errors import PlacementError
+from controlplane.domain.placement import Placement
 
 
 def placement_of(row: Dataset) -> Placement | None:
-    if row.policy is None or row.home is None or row.dataset_class is None:
+    """The placement stored in a `datasets` row, or None if no applied policy places it."""
+    if row.policy is None:
         return None
-    return Placement(
-        dataset=row.name,
-        policy=row.policy,
-        dataset_class="critical" if row.dataset_class == "critical" else "standard",
-        home=row.home,
-        replicas=tuple(row.replicas),
-        residency=tuple(row.residency),
-        failover_mode="automatic" if row.failover_mode == "automatic" else "manual",
-        failover_order=tuple(row.failover_order),
-        labels=dict(row.labels),
-    )
+    if row.placement is None:
+        raise CatalogError(
+            f"dataset {row.name} is placed by policy {row.policy!r} but its placement was "
+            "stored without its terms; run `meridian policy apply` again"
+        )
+    try:
+        return Placement.from_json(row.placement)
+    except PlacementError as exc:
+        raise CatalogError(f"dataset {row.name}: the stored placement is invalid: {exc}") from exc
 
 
 UNPLACED: dict[str, Any] = {

@@ -3,12 +3,38 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-DatasetClass = Literal["critical", "standard"]
-FailoverMode = Literal["automatic", "manual"]
+# The placement type is the domain's; re-exported so existing imports keep working.
+from controlplane.domain.placement import DatasetClass, FailoverMode, Placement
+
+__all__ = [
+    "FAILOVER_KINDS",
+    "FAILOVER_OUTCOMES",
+    "REPLICA_STATES",
+    "VERSION_OPS",
+    "CatalogState",
+    "CopyRecord",
+    "DatasetClass",
+    "FailoverKind",
+    "FailoverMode",
+    "FailoverOutcome",
+    "FailoverRecord",
+    "Placement",
+    "Placer",
+    "PolicyRevisionRecord",
+    "RegionRecord",
+    "ReplicaState",
+    "ReplicaStatus",
+    "RevisionDraft",
+    "RevisionOutcome",
+    "TransferRecord",
+    "VersionOp",
+    "VersionRef",
+]
+
 FailoverKind = Literal["automatic", "switchover", "failover", "drain"]
 ReplicaState = Literal["pending", "completed", "failed"]
 VersionOp = Literal["put", "delete"]
@@ -25,32 +51,6 @@ FAILOVER_OUTCOMES: tuple[str, ...] = ("moved", "aborted")
 class RegionRecord:
     name: str
     jurisdiction: str
-
-
-@dataclass(frozen=True)
-class Placement:
-    """The desired placement of one dataset, as compiled by the last `policy apply`."""
-
-    dataset: str
-    policy: str
-    dataset_class: DatasetClass
-    home: str
-    replicas: tuple[str, ...]
-    residency: tuple[str, ...]
-    failover_mode: FailoverMode
-    failover_order: tuple[str, ...]
-    labels: dict[str, str] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "policy": self.policy,
-            "class": self.dataset_class,
-            "home": self.home,
-            "replicas": list(self.replicas),
-            "residency": list(self.residency),
-            "failover_mode": self.failover_mode,
-            "failover_order": list(self.failover_order),
-        }
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.catalog.records import Placement
+from controlplane.domain.placement import Placement
 from controlplane.policy.documents import parse_document
 from controlplane.policy.loader import RawDocument, load_file, load_text
 from controlplane.policy.models import KINDS, DatasetDoc, ReplicationPolicy, Topology

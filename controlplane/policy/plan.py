@@ -63,6 +63,12 @@ def diff_maps(kind: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list
     return changes
 
 
+def placement_fields(p: Placement) -> dict[str, Any]:
+    """What a placement change lists: its JSON without the name it is keyed by and the
+    labels (a declared dataset's labels change shows as a `Dataset` change)."""
+    return {k: v for k, v in p.as_json().items() if k not in ("dataset", "labels")}
+
+
 def compute_plan(
     state: CatalogState, policy: PolicySet
 ) -> tuple[list[Change], dict[str, Placement]]:
@@ -83,8 +89,8 @@ def compute_plan(
     )
     changes += diff_maps(
         "Placement",
-        {n: p.as_json() for n, p in state.placements.items()},
-        {n: p.as_json() for n, p in placements.items()},
+        {n: placement_fields(p) for n, p in state.placements.items()},
+        {n: placement_fields(p) for n, p in placements.items()},
     )
     if state.head and state.document.get("topology") != doc["topology"]:
         changes.append(

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
-from controlplane.catalog.records import Placement
-from controlplane.policy.models import ReplicationPolicy, Topology
+from controlplane.domain.placement import Placement
+from controlplane.policy.models import PolicySpec, ReplicationPolicy, Topology
 from controlplane.policy.rules import selects
 
 
@@ -24,6 +25,29 @@ def rtt_table(topology: Topology) -> dict[frozenset[str], float]:
         if link.rtt is not None:
             table[frozenset(link.between)] = link.rtt
     return table
+
+
+def policy_terms(spec: PolicySpec) -> dict[str, Any]:
+    """The placement fields a policy gives every dataset it governs, whichever its regions
+    (keyword arguments of `Placement`)."""
+    return {
+        "rpo_s": spec.rpo,
+        "ack": spec.ack,
+        "transfer_compression": spec.transfer.compression,
+        "transfer_bandwidth_bps": spec.transfer.bandwidth,
+        "deletes": spec.deletes,
+    }
+
+
+def document_terms(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """`policy_terms` of each policy (by name) of a revision's stored document."""
+    policies: Mapping[str, Mapping[str, Any]] = document.get("policies", {})
+    return {
+        name: policy_terms(
+            PolicySpec.model_validate({k: v for k, v in spec.items() if v is not None})
+        )
+        for name, spec in policies.items()
+    }
 
 
 def governing_policy(
@@ -69,5 +93,6 @@ def place(
             failover_mode=spec.failover.mode,
             failover_order=order,
             labels=labels,
+            **policy_terms(spec),
         )
     return out

@@ -233,7 +233,7 @@ def test_latest_is_the_highest_hlc_not_the_last_row(cat: Catalog) -> None:
     assert "k" not in {v.object for v in cat.incomplete_versions(ds, "eu-central")}
     with pytest.raises(CatalogInputError, match="version op 'move'"):
         cat.register_version(ds, "k", _hlc(1_764_579_500_000), "", op="move")
-    with pytest.raises(CatalogInputError, match=r"not of the form WALLMS\.LOGICAL@REGION"):
+    with pytest.raises(CatalogInputError, match=r"v9 of corpus/web/k: malformed HLC"):
         cat.register_version(ds, "k", "v9", "d", hlc="12.3@x")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,43 @@ def test_hlc_order_is_byte_wise_on_every_backend(catalog_url: str, sql: Any) -> 
         # This stack's server runs in the C locale, where any collation would pass the
         # order check above; production servers (en_US.UTF-8) would not without this.
         assert collation == "C"
+
+
+def test_placements_get_their_terms_from_the_head_revision(empty_catalog_url: str) -> None:
+    """0004 stores each placed dataset's whole placement: its policy's rpo, ack and
+    transfer terms come from the head revision's document it was compiled from."""
+    from controlplane.policy.compiler import compile_files
+
+    url = empty_catalog_url
+    example = Path(__file__).parents[1] / "policy" / "data" / "example.yaml"
+    policy, problems = compile_files([example])
+    assert policy is not None, problems
+    migrate.upgrade(url, "0003")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO policy_revisions (parent, digest, source, applied_by,"
+                    " applied_at, document) VALUES (0, 'd', 's', 'u', '2026-11-30 01:00:00',"
+                    " :doc)"
+                ),
+                {"doc": json.dumps(policy.document())},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO datasets (name, labels, declared, policy, dataset_class, home,"
+                    " replicas, residency, failover_mode, failover_order, registered_at) VALUES"
+                    " ('ckpt/llama-70b', '{\"team\": \"pretrain\"}', true, 'checkpoints',"
+                    " 'critical', 'eu-west', '[\"eu-central\"]', '[\"EU\"]', 'automatic',"
+                    " '[\"eu-central\"]', '2026-11-30 01:00:00')"
+                )
+            )
+        migrate.upgrade(url)
+    finally:
+        engine.dispose()
+    with open_catalog(url) as cat:
+        p = cat.get_placement("ckpt/llama-70b")
+    assert p is not None
+    assert (p.dataset_class, p.rpo_s, p.ack, p.home) == ("critical", 0.0, "quorum", "eu-west")
+    assert dict(p.labels) == {"team": "pretrain"}

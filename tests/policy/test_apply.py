@@ -58,6 +58,18 @@ def test_apply_is_idempotent_and_records_the_revision(cat: Catalog, sql: Any) ->
         assert rev is not None and rev.source == "git:abc"
 
 
+def test_catalog_returns_the_planned_placements_whole(cat: Catalog) -> None:
+    policy = policy_of(EXAMPLE)
+    apply_policy(cat, policy, source="a", publisher=None)
+    cat.register_dataset("corpus/web")  # placed on first write, by the head revision
+    planned = policy.placements({"corpus/web": {}})
+    stored = {p.dataset: p for p in cat.list_placements()}
+    assert stored == planned
+    assert cat.get_placement("ckpt/llama-70b") == planned["ckpt/llama-70b"]
+    assert stored["ckpt/llama-70b"].transfer_bandwidth_bps == 500 * 1024**2
+    assert stored["corpus/web"].rpo_s == 30.0
+
+
 def test_reformatted_files_are_no_change(cat: Catalog) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
     docs = EXAMPLE.split("---\n")
@@ -77,11 +89,13 @@ def test_plan_names_changed_fields(cat: Catalog, sql: Any) -> None:
     assert changes[("change", "Placement", "corpus/web")] == {
         "failover_order": (["eu-west", "eu-central"], ["eu-west"]),
         "replicas": (["eu-west", "eu-central"], ["eu-west"]),
+        "rpo_s": (30.0, 60.0),  # the placement carries its policy's terms
     }
     result = apply_policy(cat, policy_of(changed), source="b", publisher=None)
     assert result.revision == 2
     placement = cat.get_placement("corpus/web")
     assert placement is not None and placement.replicas == ("eu-west",)
+    assert placement.rpo_s == 60.0 and placement.ack is None
     assert [r[1] for r in revisions(cat, sql)] == [0, 1]
 
 
