@@ -36,7 +36,6 @@ from controlplane.controller.metrics import ControllerMetrics
 from controlplane.coordination.catalog_glue.sources import (
     CatchUpProbe,
     FailoverJournal,
-    PlacementInfo,
     PlacementSource,
     journal_id,
 )
@@ -59,6 +58,7 @@ from controlplane.coordination.protocols.locks import GlobalLock, HeldLock, Lock
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.coordination.protocols.view import RegionState, read_view
 from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.domain.placement import Placement
 from controlplane.errors import ConflictError, MeridianError, NotFoundError
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import Cmp, Compare, Coordination, EventType, Put, Target
@@ -104,7 +104,7 @@ class RegionController:
         self.fence = FencedResource(DirectoryEpochs(config.fence_dir)) if config.fence_dir else None
         self.active = asyncio.Event()
         self.owned: dict[str, int] = {}
-        self._placements: list[PlacementInfo] = []
+        self._placements: list[Placement] = []
         self._jurisdictions: dict[str, str] = {}
         self._held: HeldLock | None = None
         self._alive_create_revision = 0

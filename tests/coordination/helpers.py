@@ -7,7 +7,8 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from controlplane.coordination.catalog_glue.sources import PlacementInfo, RegionInfo
+from controlplane.coordination.catalog_glue.sources import RegionInfo
+from controlplane.domain.placement import Placement
 
 REGIONS = [
     RegionInfo("eu-west", "EU"),
@@ -22,15 +23,16 @@ def critical(
     home: str = "eu-west",
     order: tuple[str, ...] = ("eu-central", "eu-north"),
     mode: str = "automatic",
-) -> PlacementInfo:
-    return PlacementInfo(
+) -> Placement:
+    return Placement(
         dataset=name,
         policy="checkpoints",
         dataset_class="critical",
         home=home,
         replicas=order,
         residency=("EU",),
-        failover_mode=mode,
+        rpo_s=0,
+        failover_mode=mode,  # type: ignore[arg-type]
         failover_order=order,
     )
 

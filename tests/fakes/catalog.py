@@ -6,18 +6,19 @@ import threading
 from collections.abc import Sequence
 from datetime import datetime
 
-from controlplane.coordination.catalog_glue.sources import JournalEntry, PlacementInfo, RegionInfo
+from controlplane.coordination.catalog_glue.sources import JournalEntry, RegionInfo
+from controlplane.domain.placement import Placement
 
 
 class MemoryPlacements:
-    def __init__(self, regions: list[RegionInfo], placements: list[PlacementInfo]) -> None:
+    def __init__(self, regions: list[RegionInfo], placements: list[Placement]) -> None:
         self._regions = list(regions)
         self._placements = list(placements)
 
     def regions(self) -> list[RegionInfo]:
         return list(self._regions)
 
-    def placements(self) -> list[PlacementInfo]:
+    def placements(self) -> list[Placement]:
         return list(self._placements)
 
 

@@ -15,25 +15,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from controlplane.domain.placement import Placement
+
 
 @dataclass(frozen=True, slots=True)
 class RegionInfo:
     name: str
     jurisdiction: str
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementInfo:
-    """The applied placement of one dataset, as failover decisions need it."""
-
-    dataset: str
-    policy: str
-    dataset_class: str  # "critical" | "standard"
-    home: str
-    replicas: tuple[str, ...]
-    residency: tuple[str, ...]
-    failover_mode: str  # "automatic" | "manual"
-    failover_order: tuple[str, ...]
 
 
 JOURNAL_ID_MAX = 64  # the catalog's `failovers.id` is VARCHAR(64)
@@ -80,7 +68,7 @@ class PlacementSource(Protocol):
 
     def regions(self) -> list[RegionInfo]: ...
 
-    def placements(self) -> list[PlacementInfo]: ...
+    def placements(self) -> list[Placement]: ...
 
 
 class FailoverJournal(Protocol):

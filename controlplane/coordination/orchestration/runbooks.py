@@ -19,7 +19,6 @@ from controlplane.coordination.catalog_glue.sources import (
     CatchUpProbe,
     FailoverJournal,
     JournalEntry,
-    PlacementInfo,
     PlacementSource,
 )
 from controlplane.coordination.orchestration.decide import (
@@ -54,6 +53,7 @@ from controlplane.coordination.protocols.view import (
     set_region_state,
 )
 from controlplane.coordination.timeutil import parse_rfc3339, utcnow
+from controlplane.domain.placement import Placement
 from controlplane.errors import (
     ConflictError,
     InvalidInputError,
@@ -102,7 +102,7 @@ class Context:
 
     view: ClusterView
     jurisdictions: dict[str, str]
-    placements: dict[str, PlacementInfo]
+    placements: dict[str, Placement]
 
 
 class Runbooks:
