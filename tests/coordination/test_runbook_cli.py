@@ -522,6 +522,10 @@ def test_abort_ends_a_switchover_whose_runbook_is_stuck_and_journals_it(
             return await _get(etcd3.endpoints, keys.handover("ckpt/d000")) is not None
 
         assert asyncio.run(wait_until(marked, 30)), (tmp_path / "switchover.log").read_text()
+        again = ["switchover", "--dataset", "ckpt/d000", "--to", "eu-central", "--yes"]
+        code, _, err = cli(capsys, *again)
+        assert code == 1 and "already handing over to eu-central" in err
+        assert "meridian switchover --dataset ckpt/d000 --abort" in err
         code, _, err = cli(capsys, "switchover", "--dataset", "ckpt/d000", "--abort")
         assert code == 1 and "pass --yes" in err  # not a terminal: no silent abort
         assert asyncio.run(marked())

@@ -192,7 +192,11 @@ class Runbooks:
         if owner.region == to:
             raise RefusedError(f"{to} already owns {dataset} (epoch {owner.epoch})")
         if owner.handing_over_to is not None:
-            raise RefusedError(f"{dataset} is already handing over to {owner.handing_over_to}")
+            raise RefusedError(
+                f"{dataset} is already handing over to {owner.handing_over_to}; if the "
+                "runbook that began it is stuck, end it with "
+                f"`meridian switchover --dataset {dataset} --abort`"
+            )
         why = candidate_rejection(placement, to, ctx.view, ctx.jurisdictions, source=owner.region)
         if why is not None:
             raise RefusedError(f"switchover of {dataset} to {to} refused: {why}")
