@@ -9,8 +9,6 @@ from typing import Annotated
 
 import typer
 
-from controlplane.catalog import audit as queries
-from controlplane.catalog.api import open_catalog
 from controlplane.cli.common import (
     CatalogOpt,
     Output,
@@ -79,6 +77,8 @@ FAILOVER_COLUMNS = [
 @app.command()
 def residency(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
     """Every replica and past transfer outside its dataset's residency (exit 3 if any)."""
+    from controlplane.catalog.api import open_catalog
+
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         rows = cat.residency_violations()
     if not rows and resolve_output(output) is Output.table:
@@ -102,6 +102,8 @@ def transfers(
     output: OutputOpt = None,
 ) -> None:
     """Who copied what, from where to where, when, how many bytes."""
+    from controlplane.catalog.api import open_catalog
+
     start = parse_since(since)
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         rows = cat.transfers(
@@ -118,6 +120,8 @@ def dataset_cmd(
     output: OutputOpt = None,
 ) -> None:
     """Where each version of each object lives, with digests and states."""
+    from controlplane.catalog.api import open_catalog
+
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         rows = cat.dataset_locations(name)
     emit(
@@ -146,6 +150,9 @@ def failovers(
     output: OutputOpt = None,
 ) -> None:
     """The failover journal, oldest first."""
+    from controlplane.catalog import audit as queries
+    from controlplane.catalog.api import open_catalog
+
     start = parse_since(since)
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         records = cat.list_failovers(start)

@@ -1,20 +1,22 @@
-"""Options and output shared by every command group (connection flags, --output)."""
+"""Options and output shared by every command group (connection flags, --output).
+
+Every command module imports this one, so it imports nothing heavy at its top:
+settings (pydantic-settings) and rich are loaded by the functions that use them.
+"""
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import sys
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from controlplane.settings import Settings, load_settings
+if TYPE_CHECKING:
+    from controlplane.settings import Settings
 
 
 class Output(StrEnum):
@@ -40,6 +42,8 @@ KafkaOpt = Annotated[
 
 def settings_from(ctx: typer.Context, *, check_endpoints: bool = True, **flags: object) -> Settings:
     """Settings from the environment, overridden by global flags, then by command flags."""
+    from controlplane.settings import load_settings
+
     merged: dict[str, object] = dict((ctx.find_root().obj or {}).get("overrides", {}))
     merged.update({k: v for k, v in flags.items() if v is not None})
     return load_settings(check_endpoints=check_endpoints, **merged)
@@ -76,6 +80,8 @@ def emit(
         return
     cols = list(columns) if columns is not None else (list(rows[0]) if rows else [])
     if fmt is Output.csv:
+        import csv
+
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(cols)
@@ -83,6 +89,9 @@ def emit(
             writer.writerow([_cell(row.get(c)) for c in cols])
         sys.stdout.write(buf.getvalue())
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=title)
     for col in cols:
         table.add_column(col, overflow="fold")  # wrap, never hide a path or an id

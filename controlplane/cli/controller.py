@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from controlplane.cli.common import settings_from
-from controlplane.controller.run import run_controller
 
 app = typer.Typer(help="The region controller daemon.", no_args_is_help=True)
 
@@ -37,6 +36,8 @@ def run(
     ] = None,
 ) -> None:
     """Liveness lease, election, claims of home datasets, automatic failover."""
+    from controlplane.controller.run import run_controller
+
     settings = settings_from(ctx, lease_ttl_s=lease_ttl_s)
     asyncio.run(
         run_controller(

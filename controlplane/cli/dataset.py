@@ -12,13 +12,8 @@ import asyncio
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
-from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
-from controlplane.coordination.orchestration.session import open_session
-from controlplane.coordination.timeutil import utcnow
 from controlplane.errors import NotFoundError
 
 app = typer.Typer(help="Datasets: class, policy, home, owner and epoch.", no_args_is_help=True)
@@ -27,6 +22,9 @@ OBJECT_COLUMNS = ["object", "version", "digest", "size", "region", "jurisdiction
 
 
 async def _rows(ctx: typer.Context, pattern: str) -> list[dict[str, object]]:
+    from controlplane.coordination.orchestration.session import open_session
+    from controlplane.coordination.timeutil import utcnow
+
     async with open_session(settings_from(ctx)) as s:
         datasets = await asyncio.to_thread(s.catalog.datasets, pattern)
         view = await s.runbooks.context()
@@ -68,6 +66,8 @@ def show(
     output: OutputOpt = None,
 ) -> None:
     """One dataset: the fields of `list`, with its objects and where each version lives."""
+    from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+
     rows = asyncio.run(_rows(ctx, glob_escape(name)))
     if not rows:
         raise NotFoundError(f"unknown dataset {name!r}: the catalog has no dataset of that name")
@@ -88,6 +88,9 @@ def show(
 
 
 def _print_show(row: dict[str, object], objects: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(soft_wrap=True)
     fields = Table(title=str(row["name"]), show_header=False)
     fields.add_column("field")

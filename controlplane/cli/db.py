@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from controlplane.catalog import migrate
-from controlplane.catalog.engine import redacted
 from controlplane.cli.common import (
     CatalogOpt,
     Output,
@@ -17,6 +15,9 @@ from controlplane.cli.common import (
 
 app = typer.Typer(help="Migrate the catalog's schema.", no_args_is_help=True)
 
+# SQLAlchemy and Alembic (controlplane.catalog) load only when a db command runs
+# (main.Commands), so each command imports what it uses.
+
 
 @app.command()
 def upgrade(
@@ -26,6 +27,9 @@ def upgrade(
     output: OutputOpt = None,
 ) -> None:
     """Create or upgrade the catalog schema (idempotent)."""
+    from controlplane.catalog import migrate
+    from controlplane.catalog.engine import redacted
+
     url = migrate.refuse_in_memory(settings_from(ctx, catalog=catalog).catalog)
     migrate.upgrade(url, revision)
     now = migrate.current(url)
@@ -39,6 +43,9 @@ STATE_COLUMNS = ["catalog", "current", "head", "up_to_date"]
 
 
 def _emit_state(url: str, now: str | None, output: Output | None) -> None:
+    from controlplane.catalog import migrate
+    from controlplane.catalog.engine import redacted
+
     head = migrate.head_revision()
     row = {"catalog": redacted(url), "current": now, "head": head, "up_to_date": now == head}
     if resolve_output(output) is Output.csv:
@@ -50,6 +57,9 @@ def _emit_state(url: str, now: str | None, output: Output | None) -> None:
 @app.command()
 def current(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
     """Print the catalog's migration and the newest one this Meridian knows."""
+    from controlplane.catalog import migrate
+    from controlplane.catalog.engine import redacted
+
     url = settings_from(ctx, catalog=catalog).catalog
     now = migrate.current(url)
     if resolve_output(output) is Output.table:

@@ -15,13 +15,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 import native
 from controlplane.cli.common import OutputOpt, emit
@@ -57,6 +50,14 @@ def _progress(label: str, total: int) -> Iterator[Callable[[int], None] | None]:
     if total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty():
         yield None
         return
+    from rich.progress import (  # only here: importing rich.progress costs ~50 ms
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     bar = Progress(
         "[progress.description]{task.description}",
         BarColumn(),

@@ -1,33 +1,56 @@
 """The `meridian` command and its error edge.
 
-Every command group lives in its own module and is mounted here. `run` is the
-only place where an exception becomes a message: a `MeridianError` prints its
-sentence, anything else prints a short internal-error line; `--debug` adds the
-traceback. Both exit non-zero.
+Every command group lives in its own module and is mounted here by name, to be
+imported only when it runs (see `Commands`); the console script enters through
+`controlplane.cli.entry`, which answers a bare `--version` before typer is even
+imported. `run` is the only place where an exception becomes a message: a
+`MeridianError` prints its sentence, anything else prints a short internal-error
+line; `--debug` adds the traceback. Both exit non-zero.
 """
 
 from __future__ import annotations
 
 import sys
-import traceback
 from typing import Annotated
 
 import typer
 
 from controlplane import __version__
-from controlplane.cli import (
-    audit,
-    controller,
-    dataset,
-    db,
-    delta,
-    policy,
-    region,
-    runbook,
-    stack,
-)
+from controlplane.cli import fast_params
+from controlplane.cli.lazy import Lazy, LazyGroup
+from controlplane.cli.logging_setup import configure_logging_on_use
 from controlplane.errors import MeridianError
-from controlplane.logs import configure_logging
+
+
+class Commands(LazyGroup):
+    """Every command of `meridian`, in the order its help lists them.
+
+    To add a command group, write its module (a `typer.Typer` named `app`) and add one
+    line here, `Lazy("name", "controlplane.cli.module:app")`; a top-level command is a
+    function, `Lazy("name", "controlplane.cli.module:function")`. Do not import
+    command modules in this file, and keep their own top-level imports light (typer
+    and `controlplane.cli.common`): import what a command needs inside the command, so
+    that no other command pays for it (tests/unit/test_cli_imports.py checks this).
+    """
+
+    lazy = (
+        Lazy("switchover", "controlplane.cli.runbook:switchover"),
+        Lazy("failover", "controlplane.cli.runbook:failover"),
+        Lazy("pause", "controlplane.cli.runbook:pause"),
+        Lazy("resume", "controlplane.cli.runbook:resume"),
+        Lazy("history", "controlplane.cli.runbook:history"),
+        Lazy("stack", "controlplane.cli.stack:app"),
+        Lazy("policy", "controlplane.cli.policy:app"),
+        Lazy("db", "controlplane.cli.db:app"),
+        Lazy("audit", "controlplane.cli.audit:app"),
+        Lazy("region", "controlplane.cli.region:app"),
+        Lazy("dataset", "controlplane.cli.dataset:app"),
+        Lazy("controller", "controlplane.cli.controller:app"),
+        Lazy("delta", "controlplane.cli.delta:app"),
+    )
+
+
+fast_params.install()  # typer converts plain values without importing pydantic
 
 app = typer.Typer(
     name="meridian",
@@ -35,16 +58,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=Commands,
 )
-app.add_typer(stack.app, name="stack")
-app.add_typer(policy.app, name="policy")
-app.add_typer(db.app, name="db")
-app.add_typer(audit.app, name="audit")
-app.add_typer(region.app, name="region")
-app.add_typer(dataset.app, name="dataset")
-app.add_typer(controller.app, name="controller")
-runbook.register(app)
-app.add_typer(delta.app, name="delta")
 
 _debug = False
 INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
@@ -70,12 +85,14 @@ def main(
 ) -> None:
     global _debug  # noqa: PLW0603 - the edge in run() must know it after click returns
     _debug = debug
-    configure_logging("debug" if debug else "info")
+    configure_logging_on_use("debug" if debug else "info")
     ctx.obj = {"overrides": {"catalog": catalog, "etcd": etcd, "kafka": kafka}}
 
 
 def _fail(message: str, code: int) -> int:
     if _debug:
+        import traceback
+
         traceback.print_exc()
     sys.stderr.write(f"error: {message}\n")
     return code

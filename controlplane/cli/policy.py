@@ -15,12 +15,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import TypeAdapter
 
-from controlplane.catalog.api import open_catalog
 from controlplane.cli.common import (
     CatalogOpt,
     EtcdOpt,
@@ -31,11 +29,11 @@ from controlplane.cli.common import (
     settings_from,
 )
 from controlplane.errors import InvalidInputError
-from controlplane.policy.apply import apply_policy, describe_source, plan_changes
-from controlplane.policy.compiler import PolicySet, compile_files
-from controlplane.policy.models import Document
-from controlplane.policy.plan import Change
-from controlplane.policy.publisher import EtcdPolicyPublisher, PolicyPublisher
+
+if TYPE_CHECKING:  # each command imports what it needs (see main.Commands)
+    from controlplane.policy.compiler import PolicySet
+    from controlplane.policy.plan import Change
+    from controlplane.policy.publisher import PolicyPublisher
 
 app = typer.Typer(help="Validate, plan and apply replication policy.", no_args_is_help=True)
 
@@ -55,6 +53,8 @@ def _compile(files: list[Path], output: Output | None, *, validating: bool) -> P
     """Compile; on problems print them and fail with status 1. As a table (the default)
     they are `FILE:LINE:COLUMN: error: MESSAGE` lines on stderr; as JSON or CSV they are
     rows on stdout (also when there are none, for `validate`)."""
+    from controlplane.policy.compiler import compile_files
+
     policy, problems = compile_files(files)
     fmt = output or Output.table
     if fmt is not Output.table and (problems or validating):
@@ -113,6 +113,9 @@ def plan(
     ctx: typer.Context, files: FilesArg, catalog: CatalogOpt = None, output: OutputOpt = None
 ) -> None:
     """Show what apply would change. Exit 0: no change, 2: changes, 1: error."""
+    from controlplane.catalog.api import open_catalog
+    from controlplane.policy.apply import plan_changes
+
     policy = _compile(files, output, validating=False)
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         changes = plan_changes(cat, policy)
@@ -127,6 +130,8 @@ def _publisher(
     explicit = etcd is not None or root_etcd is not None or "MERIDIAN_ETCD" in os.environ
     if publish is False or (publish is None and not explicit):
         return None
+    from controlplane.policy.publisher import EtcdPolicyPublisher
+
     settings = settings_from(ctx, etcd=etcd)
     return EtcdPolicyPublisher(settings.etcd_endpoints, settings.etcd_timeout_s)
 
@@ -165,6 +170,9 @@ def apply(
     output: OutputOpt = None,
 ) -> None:
     """Apply policy files to the catalog as one revision, and publish it to etcd."""
+    from controlplane.catalog.api import open_catalog
+    from controlplane.policy.apply import apply_policy, describe_source, plan_changes
+
     policy = _compile(files, output, validating=False)
     publisher = _publisher(ctx, etcd, publish)
     fmt = resolve_output(output)
@@ -223,6 +231,10 @@ def schema(output: OutputOpt = None) -> None:
             f"policy schema prints a JSON Schema, which has no {output} form: "
             "use --output json or leave --output out"
         )
+    from pydantic import TypeAdapter
+
+    from controlplane.policy.models import Document
+
     doc = TypeAdapter(Document).json_schema(by_alias=True)
     doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     doc["title"] = "Meridian policy document"

@@ -9,8 +9,6 @@ import typer
 
 from controlplane.cli.common import OutputOpt, emit, settings_from
 from controlplane.cli.runbook import DryRunOpt, ReasonOpt, YesOpt, confirm, emit_results, print_plan
-from controlplane.coordination.orchestration.runbooks import NotMovedError
-from controlplane.coordination.orchestration.session import open_session
 
 app = typer.Typer(
     help="Regions: liveness, state, ownership; drain and undrain.", no_args_is_help=True
@@ -20,6 +18,7 @@ app = typer.Typer(
 @app.command("list")
 def list_regions(ctx: typer.Context, output: OutputOpt = None) -> None:
     """Regions, jurisdiction, state, liveness, datasets owned."""
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> list[dict[str, object]]:
         async with open_session(settings_from(ctx)) as s:
@@ -51,6 +50,8 @@ def drain(
     output: OutputOpt = None,
 ) -> None:
     """Switch every dataset it owns elsewhere, and stop it taking ownership."""
+    from controlplane.coordination.orchestration.runbooks import NotMovedError
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
@@ -77,6 +78,7 @@ def drain(
 @app.command()
 def undrain(ctx: typer.Context, region: Annotated[str, typer.Argument()]) -> None:
     """Let the region take ownership again."""
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:

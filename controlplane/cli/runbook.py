@@ -1,8 +1,10 @@
 """Top-level runbook commands: switchover, failover, pause, resume, history.
 
-Every runbook prints its plan first (moves with the epoch they start from, and
-every rejected candidate with its reason), changes nothing with `--dry-run`, asks
-for confirmation unless `--yes`, and journals `--reason` with the OS user.
+Each is mounted on the root by name (`main.Commands`) and imports etcd and the
+catalog only when it runs. Every runbook prints its plan first (moves with the
+epoch they start from, and every rejected candidate with its reason), changes
+nothing with `--dry-run`, asks for confirmation unless `--yes`, and journals
+`--reason` with the OS user.
 With `--output json` the plan (dry run) or the result is the only thing on stdout;
 the plan and the prompt then go to stderr.
 """
@@ -11,22 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
 from controlplane.cli.since import parse_since
-from controlplane.coordination.orchestration.decide import Plan
-from controlplane.coordination.orchestration.failover import MoveResult
-from controlplane.coordination.orchestration.journal import outcome_of
-from controlplane.coordination.orchestration.runbooks import NotMovedError
-from controlplane.coordination.orchestration.session import open_session
-from controlplane.coordination.protocols.view import Maintenance
-from controlplane.coordination.timeutil import rfc3339
 from controlplane.errors import InvalidInputError
+
+if TYPE_CHECKING:  # etcd and the catalog load only when a runbook runs (see main.Commands)
+    from controlplane.coordination.orchestration.decide import Plan
+    from controlplane.coordination.orchestration.failover import MoveResult
+    from controlplane.coordination.protocols.view import Maintenance
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and change nothing")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")]
@@ -41,6 +39,9 @@ def print_plan(plan: Plan, title: str, output: Output | None, *, dry_run: bool) 
     if dry_run and fmt is Output.json:
         emit(plan.as_json(), output)
         return
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(stderr=fmt is not Output.table, soft_wrap=True)
     moves = Table(title=title)
     for col in ("dataset", "from", "to", "epoch before"):
@@ -121,6 +122,7 @@ def switchover(
             "switchover needs --to REGION (or --abort, to end a switchover left half-done)"
         )
     target = to
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
@@ -146,6 +148,9 @@ def abort_switchover(
     ctx: typer.Context, dataset: str, *, yes: bool, reason: str | None, output: Output | None
 ) -> None:
     """`switchover --dataset D --abort`: show the mark, ask, remove it, journal it."""
+    from rich.console import Console
+
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
@@ -195,6 +200,8 @@ def failover(
     output: OutputOpt = None,
 ) -> None:
     """Emergency: move every dataset a dead region owns; names each rejected candidate."""
+    from controlplane.coordination.orchestration.runbooks import NotMovedError
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
@@ -225,6 +232,7 @@ def pause(
     reason: ReasonOpt = None,
 ) -> None:
     """Maintenance mode: automatic failover off (operators' runbooks still work)."""
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> Maintenance | None:
         async with open_session(settings_from(ctx)) as s:
@@ -240,6 +248,7 @@ def pause(
 
 def resume(ctx: typer.Context) -> None:
     """Leave maintenance mode: automatic failover on again."""
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
@@ -273,8 +282,11 @@ def history(
     output: OutputOpt = None,
 ) -> None:
     """The failover journal: every ownership move, who made it, why, and when."""
-    start = parse_since(since)
     from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+    from controlplane.coordination.orchestration.journal import outcome_of
+    from controlplane.coordination.timeutil import rfc3339
+
+    start = parse_since(since)
 
     catalog = CatalogBridge.open(settings_from(ctx).catalog)
     try:
@@ -300,9 +312,3 @@ def history(
         for e in entries
     ]
     emit(rows, output, columns=HISTORY_COLUMNS)
-
-
-def register(app: typer.Typer) -> None:
-    """Mount the runbooks as top-level commands of `meridian`."""
-    for fn in (switchover, failover, pause, resume, history):
-        app.command(fn.__name__)(fn)

@@ -8,15 +8,12 @@ from types import FrameType
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from controlplane.cli.common import OutputOpt, emit, settings_from
-from controlplane.stack.manager import Stack, endpoints
 
 app = typer.Typer(
     help="Start, inspect and stop the local stack of real engines.", no_args_is_help=True
 )
-_err = Console(stderr=True)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -33,7 +30,11 @@ def up(
     postgres: Annotated[bool, typer.Option("--postgres", help="also start PostgreSQL")] = False,
 ) -> None:
     """Install (first time) and start etcd, Kafka (KRaft) and Toxiproxy; wait until healthy."""
+    from rich.console import Console
 
+    from controlplane.stack.manager import Stack, endpoints
+
+    err = Console(stderr=True)
     if etcd_members not in (None, 1, 3):
         raise typer.BadParameter("must be 1 or 3", param_hint="--etcd-members")
     settings = settings_from(ctx, check_endpoints=False)
@@ -44,14 +45,14 @@ def up(
         report = Stack(settings).up(
             etcd_members=etcd_members,
             postgres=postgres,
-            progress=lambda m: _err.print(f"[dim]{m}[/]"),
+            progress=lambda m: err.print(f"[dim]{m}[/]"),
         )
     finally:
         signal.signal(signal.SIGTERM, previous)
     for name, where in endpoints(settings).items():
         if name != "postgres" or postgres:
             typer.echo(f"{name:32} {where}")
-    _err.print(
+    err.print(
         f"stack up in {time.monotonic() - t0:.1f} s "
         f"(started: {', '.join(report.started) or 'none'}; "
         f"already up: {', '.join(report.already_up) or 'none'})"
@@ -61,6 +62,7 @@ def up(
 @app.command()
 def status(ctx: typer.Context, output: OutputOpt = None) -> None:
     """Each service: up or down, endpoint, pid, log file."""
+    from controlplane.stack.manager import Stack
 
     rows = [row.as_json() for row in Stack(settings_from(ctx, check_endpoints=False)).status()]
     emit(rows, output, columns=["service", "state", "endpoint", "pid", "log"])
@@ -69,6 +71,7 @@ def status(ctx: typer.Context, output: OutputOpt = None) -> None:
 @app.command()
 def down(ctx: typer.Context) -> None:
     """Stop only what `stack up` started (idempotent)."""
+    from controlplane.stack.manager import Stack
 
     stopped = Stack(settings_from(ctx, check_endpoints=False)).down()
     typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")

@@ -32,8 +32,18 @@ class VersionError(DomainInputError):
     """A version is malformed (unknown op, negative size, a tombstone with content)."""
 
 
+class ObjectNameError(DomainInputError):
+    """A dataset or object name could escape a store's root or is not valid text."""
+
+
 class MessageError(DomainInputError):
-    """A protobuf message at the wire boundary misses a required field or holds a bad one."""
+    """A message at the wire boundary misses a required field, holds a bad one, or
+    cannot be decoded. `field` is the dotted path of the field (empty when the
+    whole message is at fault)."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ClockSkewError(RefusedError):

@@ -69,6 +69,16 @@ class HLC:
         return str(self)
 
     @classmethod
+    def _trusted(cls, wall_ms: int, logical: int, region: str) -> HLC:
+        """An HLC from fields already known valid (matched text, the clock's own state),
+        without checking them again: stamps are made on every write and every apply."""
+        stamp = object.__new__(cls)
+        object.__setattr__(stamp, "wall_ms", wall_ms)
+        object.__setattr__(stamp, "logical", logical)
+        object.__setattr__(stamp, "region", region)
+        return stamp
+
+    @classmethod
     def parse(cls, text: object) -> HLC:
         """Read the text form; anything else gets one HLCError saying what is wrong."""
         if not isinstance(text, str):
@@ -76,7 +86,8 @@ class HLC:
         match = _TEXT_RE.fullmatch(text)
         if match is None:
             raise HLCError(f"malformed HLC {text!r}: {_diagnose(text)}")
-        return cls(int(match.group(1)), int(match.group(2)), match.group(3))
+        # The pattern admits exactly the valid fields (13 and 5 digits, a region name).
+        return cls._trusted(int(match.group(1)), int(match.group(2)), match.group(3))
 
 
 def _diagnose(text: str) -> str:
@@ -124,28 +135,34 @@ class HybridClock:
     def last(self) -> HLC:
         """The newest stamp this clock has issued or observed (0.00000 at first)."""
         with self._lock:
-            return HLC(self._wall_ms, self._logical, self.region)
+            return HLC._trusted(self._wall_ms, self._logical, self.region)
+
+    def _physical(self) -> int:
+        ms = self._physical_ms()
+        if isinstance(ms, bool) or not isinstance(ms, int):
+            raise HLCError(f"the physical clock gave {ms!r}, not integer milliseconds")
+        return ms
 
     def now(self) -> HLC:
         """A stamp for a local event, greater than every stamp issued or observed so far."""
         with self._lock:
-            physical = self._physical_ms()
+            physical = self._physical()
             if physical > self._wall_ms:
                 self._advance(physical, 0)
             else:
                 self._advance(self._wall_ms, self._logical + 1)
-            return HLC(self._wall_ms, self._logical, self.region)
+            return HLC._trusted(self._wall_ms, self._logical, self.region)
 
     def check_skew(self, remote: HLC) -> None:
         """Raise ClockSkewError if `remote` is too far ahead of the physical clock."""
-        self._check_skew(remote, self._physical_ms())
+        self._check_skew(remote, self._physical())
 
     def observe(self, remote: HLC) -> HLC:
         """Merge a received stamp (after the skew check, which leaves the clock as it was
         when it refuses); return a local stamp greater than both `remote` and every
         stamp this clock issued before."""
         with self._lock:
-            physical = self._physical_ms()
+            physical = self._physical()
             self._check_skew(remote, physical)
             wall = max(self._wall_ms, remote.wall_ms, physical)
             if wall == self._wall_ms == remote.wall_ms:
@@ -157,7 +174,7 @@ class HybridClock:
             else:
                 logical = 0
             self._advance(wall, logical)
-            return HLC(self._wall_ms, self._logical, self.region)
+            return HLC._trusted(self._wall_ms, self._logical, self.region)
 
     def _check_skew(self, remote: HLC, physical: int) -> None:
         ahead = remote.wall_ms - physical
@@ -173,6 +190,6 @@ class HybridClock:
         # Called with the lock held. A full counter borrows the next millisecond.
         if logical > LOGICAL_MAX:
             wall, logical = wall + 1, 0
-        if wall > WALL_MS_MAX:
-            raise HLCError(f"HLC wall_ms would pass {WALL_MS_MAX}; the physical clock is wrong")
+        if not 0 <= wall <= WALL_MS_MAX:
+            raise HLCError(f"HLC wall_ms {wall} is out of range; the physical clock is wrong")
         self._wall_ms, self._logical = wall, logical

@@ -135,6 +135,11 @@ class Placement:
         # Normalising in a frozen dataclass: only ever during __post_init__.
         object.__setattr__(self, name, value)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickle and deepcopy through the JSON form: the labels' read-only view
+        # cannot be pickled itself.
+        return (Placement.from_json, (self.as_json(),))
+
     @property
     def regions(self) -> tuple[str, ...]:
         """Home first, then the replicas: every region that holds a copy."""

@@ -3,10 +3,16 @@
 Documents are composed (not constructed) with ruamel.yaml, then turned into plain
 Python values by hand so that every mapping key and value keeps its position and a
 duplicate key is reported as a problem instead of silently overwriting the first.
+
+Only regular files of at most `MAX_FILE_BYTES` are read: a FIFO, a device or a
+socket (`/dev/urandom`, `<(...)` by mistake) would block or never end, and a huge
+file is not a policy, so each is one problem naming the file, and is not read.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,8 @@ from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from controlplane.policy.problems import Problem
 
 PathKey = tuple[str | int, ...]
+
+MAX_FILE_BYTES = 16 << 20  # 16 MiB: far above any real policy, far below a memory problem
 
 
 @dataclass(frozen=True)
@@ -131,10 +139,61 @@ def load_file(path: Path, display: str | None = None) -> tuple[list[RawDocument]
     """Every document of one file, and the problems met while reading it."""
     name = display or str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_policy_file(path)
+    except _RefusedFileError as exc:
+        return [], [Problem(name, 1, 1, str(exc))]
     except (OSError, UnicodeDecodeError) as exc:
         return [], [Problem(name, 1, 1, f"cannot read the file: {exc}")]
     return load_text(text, name)
+
+
+class _RefusedFileError(Exception):
+    """The path is not something a policy file can be; the message says what it is.
+    It starts "cannot read the file" like any read error, which the compiler takes to
+    mean that the file's documents are unknown (so no "no Topology" is claimed)."""
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _check_regular(mode: int, size: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((k for is_kind, k in _KINDS if is_kind(mode)), "not a regular file")
+        raise _RefusedFileError(f"cannot read the file: it is {kind}, not a regular file")
+    if size > MAX_FILE_BYTES:
+        raise _RefusedFileError(_too_large(size))
+
+
+def _too_large(size: int | None) -> str:
+    limit = f"{MAX_FILE_BYTES >> 20} MiB"
+    what = f"more than {limit}" if size is None else f"{size / (1 << 20):.1f} MiB"
+    return f"cannot read the file: it is {what}, over the {limit} limit of a policy file"
+
+
+def _read_policy_file(path: Path) -> str:
+    """The text of a regular file of at most MAX_FILE_BYTES, read without blocking on
+    anything else: the path is checked before it is opened (opening a device can have
+    effects of its own), and the open file again, in case the path changed between."""
+    _check_regular(*_mode_and_size(os.stat(path)))
+    # O_NONBLOCK: should a FIFO have taken the path's place since, open does not wait
+    # for a writer (and fstat then refuses it); it changes nothing for regular files.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        _check_regular(*_mode_and_size(os.fstat(f.fileno())))
+        data = f.read(MAX_FILE_BYTES + 1)  # a file that grew meanwhile is still bounded
+    if len(data) > MAX_FILE_BYTES:
+        raise _RefusedFileError(_too_large(None))
+    return data.decode("utf-8")
+
+
+def _mode_and_size(st: os.stat_result) -> tuple[int, int]:
+    return st.st_mode, st.st_size
 
 
 def load_text(text: str, name: str) -> tuple[list[RawDocument], list[Problem]]:

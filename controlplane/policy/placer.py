@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from threading import Lock
 from typing import Any
 
-from controlplane.catalog.records import Placement
+from controlplane.domain.placement import Placement
 from controlplane.policy.compiler import PolicySet
 
 CACHED_SETS = 4

@@ -6,9 +6,9 @@
 * `replicas.verified_digest`, `attempts`, `last_error`, `attempted_at`: what the data
   plane needs to choose a source, retry, and show why a copy is stuck.
 * `datasets.placement`: the whole placement as JSON (the columns repeat what queries
-  filter on). Rows placed before this migration get theirs from their columns and the
-  terms (rpo, ack, transfer, deletes) of their policy in the head revision's document,
-  which every row was compiled from.
+  filter on). Rows placed before this migration have none: the catalog reads their
+  policy's terms from the head revision's document (`catalog/placements.py`) until
+  the next apply rewrites them whole.
 
 Backfill: a version whose name already is HLC text keeps it as its HLC. Any other
 version gets an HLC from its `created_at` in milliseconds, made strictly increasing
@@ -23,7 +23,6 @@ Create Date: 2026-12-01
 from __future__ import annotations
 
 import importlib
-import json
 import re
 from datetime import UTC, datetime
 
@@ -116,51 +115,6 @@ def _flush(conn: sa.Connection, versions: sa.TableClause, pending: list[dict[str
 VIEWS = importlib.import_module("migrations.versions.0002_audit_views")
 
 
-def _json(value: object) -> object:
-    return json.loads(value) if isinstance(value, str) else value
-
-
-def _backfill_placements(conn: sa.Connection) -> None:
-    from controlplane.domain.placement import Placement
-    from controlplane.policy.planner import document_terms
-
-    head = conn.execute(
-        sa.text("SELECT document FROM policy_revisions ORDER BY id DESC LIMIT 1")
-    ).first()
-    if head is None:
-        return
-    terms = document_terms(_json(head[0]))  # type: ignore[arg-type]
-    datasets = sa.table(
-        "datasets",
-        sa.column("name", sa.String),
-        sa.column("placement", sa.JSON),
-    )
-    rows = conn.execute(
-        sa.text(
-            "SELECT name, labels, policy, dataset_class, home, replicas, residency,"
-            " failover_mode, failover_order FROM datasets WHERE policy IS NOT NULL"
-        )
-    ).all()
-    for name, labels, policy, cls, home, replicas, residency, mode, order in rows:
-        if policy not in terms:
-            continue  # read back as "run policy apply again": nothing to guess from
-        placement = Placement(
-            dataset=name,
-            policy=policy,
-            dataset_class=cls,
-            home=home,
-            replicas=tuple(_json(replicas)),  # type: ignore[arg-type]
-            residency=tuple(_json(residency)),  # type: ignore[arg-type]
-            failover_mode=mode,
-            failover_order=tuple(_json(order)),  # type: ignore[arg-type]
-            labels=_json(labels),  # type: ignore[arg-type]
-            **terms[policy],
-        )
-        conn.execute(
-            datasets.update().where(datasets.c.name == name).values(placement=placement.as_json())
-        )
-
-
 def upgrade() -> None:
     VIEWS.downgrade()
     with op.batch_alter_table("object_versions") as batch:
@@ -178,7 +132,6 @@ def upgrade() -> None:
         batch.add_column(sa.Column("attempted_at", UTCDateTime(), nullable=True))
     with op.batch_alter_table("datasets") as batch:
         batch.add_column(sa.Column("placement", sa.JSON(), nullable=True))
-    _backfill_placements(op.get_bind())
     # A completed replica names the digest it verified: before this migration that
     # was the version's own digest by construction (only verified copies completed).
     op.execute(

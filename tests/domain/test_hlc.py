@@ -208,3 +208,13 @@ def test_threads_never_get_the_same_stamp() -> None:
     assert len(set(stamps)) == len(stamps) == 4 * per_thread
     for out in results:
         assert out == sorted(out)
+
+
+def test_a_broken_physical_clock_is_refused_not_stamped() -> None:
+    clock = HybridClock("eu-west", physical_ms=lambda: 1.5)  # type: ignore[arg-type, return-value]
+    with pytest.raises(HLCError, match=r"the physical clock gave 1\.5, not integer milliseconds"):
+        clock.now()
+    future = HybridClock("eu-west", physical_ms=FakeTime(WALL_MS_MAX + 1))
+    with pytest.raises(HLCError, match="HLC wall_ms 10000000000000 is out of range"):
+        future.now()
+    assert future.last == HLC(0, 0, "eu-west")

@@ -3,7 +3,9 @@ planner producing it with every field of spec/policy.md."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ def test_placement_is_frozen_hashable_and_its_labels_read_only() -> None:
         p.labels["team"] = "x"  # type: ignore[index]
     assert hash(p) == hash(critical(labels={"other": "x"}))
     assert p != critical(labels={"other": "x"})
+    assert pickle.loads(pickle.dumps(p)) == p == copy.deepcopy(p)  # noqa: S301 - our own bytes
 
 
 @st.composite

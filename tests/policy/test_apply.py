@@ -70,6 +70,29 @@ def test_catalog_returns_the_planned_placements_whole(cat: Catalog) -> None:
     assert stored["corpus/web"].rpo_s == 30.0
 
 
+def test_rows_stored_before_whole_placements_get_their_terms_from_the_revision(
+    cat: Catalog, sql: Any
+) -> None:
+    """A row written before placements carried their terms (no placement JSON, or the
+    partial one of the first 0004 rows) reads as the same whole placement, and the
+    plan against it shows no change."""
+    from controlplane.catalog.models import Dataset
+
+    policy = policy_of(EXAMPLE.replace("rpo: 30s", "rpo: 500ms"))
+    apply_policy(cat, policy, source="a", publisher=None)
+    cat.register_dataset("corpus/web")
+    planned = policy.placements({"corpus/web": {}})
+    partial = {k: v for k, v in planned["ckpt/llama-70b"].as_json().items() if k != "rpo_s"}
+    with sql(cat.url) as s, s.begin():
+        s.get(Dataset, "ckpt/llama-70b").placement = partial
+        s.get(Dataset, "corpus/web").placement = None
+    assert cat.get_placement("ckpt/llama-70b") == planned["ckpt/llama-70b"]
+    assert cat.list_placements() == [planned["ckpt/llama-70b"], planned["corpus/web"]]
+    assert planned["corpus/web"].rpo_s == 0.5
+    assert planned["ckpt/llama-70b"].transfer_bandwidth_bps == 500 * 1024**2
+    assert plan_changes(cat, policy) == []
+
+
 def test_reformatted_files_are_no_change(cat: Catalog) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
     docs = EXAMPLE.split("---\n")

@@ -1,0 +1,25 @@
+"""The `meridian` console script: `meridian --version` at once, anything else to main.
+
+Importing typer takes about half of what `meridian --version` costs even with every
+command loaded lazily (`main.Commands`), and the bare flag is what scripts and
+health checks call most, so that one command line is answered here, before typer
+is imported, with the very line main's `--version` prints. Every other command line,
+`--version` with other arguments included, goes to `controlplane.cli.main.entry`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def entry() -> None:
+    """The console script `meridian` (pyproject.toml, [project.scripts])."""
+    if sys.argv[1:] == ["--version"]:
+        from controlplane import __version__
+
+        sys.stdout.write(f"meridian {__version__}\n")
+        sys.stdout.flush()
+        sys.exit(0)
+    from controlplane.cli.main import entry as main_entry
+
+    main_entry()

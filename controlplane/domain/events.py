@@ -1,0 +1,76 @@
+"""Change events: one change of one object, as the change log carries it.
+
+`ChangeEvent` is what the origin agent's outbox publishes to Kafka
+`meridian.changes` (key `dataset/key`, see `log_key`) and what every region's
+applier consumes (spec/dataplane.md): `event_id` (appliers are idempotent on it),
+`dataset`, `key`, the `version`, `origin_region`, `epoch` (critical) or 0, the
+`policy_revision` the write was admitted under, the optional version `set`, and
+where the bytes come from: `inline` content (small objects) or the
+`origin_agent` address to fetch them from; a tombstone has neither. `schema` is
+the layout's version; `CHANGE_EVENT_SCHEMA` is the one this code writes and reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.domain.errors import VersionError
+from controlplane.domain.names import check_name
+from controlplane.domain.version import Version
+
+CHANGE_EVENT_SCHEMA = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChangeEvent:
+    event_id: str
+    dataset: str
+    key: str
+    version: Version
+    origin_region: str
+    policy_revision: int
+    epoch: int = 0
+    set: str | None = None
+    inline: bytes | None = None
+    origin_agent: str | None = None
+    schema: int = CHANGE_EVENT_SCHEMA
+
+    def __post_init__(self) -> None:
+        where = f"change event {self.event_id!r}"
+        if not isinstance(self.event_id, str) or not self.event_id:
+            raise VersionError("change event: event_id is empty")
+        check_name("dataset", self.dataset)
+        check_name("key", self.key)
+        if not isinstance(self.version, Version):
+            raise VersionError(f"{where}: version must be a Version")
+        if not self.origin_region:
+            raise VersionError(f"{where}: origin_region is empty")
+        for name, value in (("epoch", self.epoch), ("policy_revision", self.policy_revision)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise VersionError(f"{where}: {name} must be an integer >= 0, got {value!r}")
+        if self.policy_revision == 0:
+            raise VersionError(f"{where}: policy_revision is 0 (no applied policy admitted it)")
+        if self.schema != CHANGE_EVENT_SCHEMA:
+            raise VersionError(
+                f"{where}: schema {self.schema} is not known (this code knows "
+                f"{CHANGE_EVENT_SCHEMA})"
+            )
+        if self.set is not None and not self.set:
+            raise VersionError(f"{where}: set is empty; leave it out instead")
+        if self.inline is not None and self.origin_agent is not None:
+            raise VersionError(f"{where}: carries both inline bytes and an origin_agent")
+        if self.version.is_tombstone:
+            if self.inline is not None or self.origin_agent is not None:
+                raise VersionError(f"{where}: a delete carries no content source")
+        elif self.inline is None and not self.origin_agent:
+            raise VersionError(f"{where}: a put needs inline bytes or an origin_agent")
+        elif self.inline is not None and len(self.inline) != self.version.size:
+            raise VersionError(
+                f"{where}: inline holds {len(self.inline)} bytes but the version's size "
+                f"is {self.version.size}"
+            )
+
+    @property
+    def log_key(self) -> str:
+        """The Kafka key: one object's changes stay in one partition, in order."""
+        return f"{self.dataset}/{self.key}"

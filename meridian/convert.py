@@ -1,0 +1,232 @@
+"""Protobuf messages <-> domain types, checked at the boundary.
+
+Every `*_from_wire` function either returns a valid domain value or raises one
+`MessageError` whose text starts with the dotted path of the offending field
+(`ChangeEvent.version.hlc: malformed HLC ...`) and whose `.field` holds that
+path: a missing required field (proto3 sends an empty string, a zero or an
+unset message for it), bad HLC text, a digest without a known algorithm, a bad
+name, an unknown schema. Callers map it once: an applier sends the event to the
+dead-letter topic with the message as reason, an agent answers INVALID_ARGUMENT.
+`*_to_wire` functions take valid domain values and cannot fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError
+
+from controlplane.domain.errors import DomainInputError, MessageError
+from controlplane.domain.events import CHANGE_EVENT_SCHEMA, ChangeEvent
+from controlplane.domain.hlc import HLC
+from controlplane.domain.names import check_name
+from controlplane.domain.version import Digest, Op, Version
+from controlplane.domain.version_set import SetMember, VersionSet
+from meridian.v1 import change_event_pb2, types_pb2
+
+T = TypeVar("T")
+
+_OP_TO_WIRE: dict[Op, types_pb2.Op.ValueType] = {
+    "put": types_pb2.OP_PUT,
+    "delete": types_pb2.OP_DELETE,
+}
+_OP_FROM_WIRE: dict[int, Op] = {v: k for k, v in _OP_TO_WIRE.items()}
+
+
+@contextmanager
+def _field(path: str) -> Iterator[None]:
+    """Re-raise a domain input error met while reading `path` as a MessageError on it."""
+    try:
+        yield
+    except MessageError:
+        raise
+    except DomainInputError as exc:
+        raise MessageError(f"{path}: {exc}", field=path) from exc
+
+
+def _missing(path: str) -> MessageError:
+    return MessageError(f"{path} is missing", field=path)
+
+
+def _required(path: str, value: str) -> str:
+    if not value:
+        raise _missing(path)
+    return value
+
+
+def _parsed(path: str, parse: Callable[[str], T], value: str) -> T:
+    with _field(path):
+        return parse(_required(path, value))
+
+
+# ---- HLC, digest, version ---------------------------------------------------
+
+
+def hlc_to_wire(hlc: HLC) -> str:
+    return str(hlc)
+
+
+def hlc_from_wire(text: str, path: str) -> HLC:
+    return _parsed(path, HLC.parse, text)
+
+
+def version_to_wire(version: Version) -> types_pb2.Version:
+    return types_pb2.Version(
+        hlc=str(version.hlc),
+        op=_OP_TO_WIRE[version.op],
+        size=version.size,
+        digest="" if version.digest is None else str(version.digest),
+    )
+
+
+def version_from_wire(msg: types_pb2.Version, path: str = "Version") -> Version:
+    hlc = hlc_from_wire(msg.hlc, f"{path}.hlc")
+    op = _OP_FROM_WIRE.get(msg.op)
+    if op is None:
+        if msg.op == types_pb2.OP_UNSPECIFIED:
+            raise _missing(f"{path}.op")
+        raise MessageError(f"{path}.op: unknown op {msg.op}", field=f"{path}.op")
+    if op == "delete":
+        if msg.digest:
+            raise MessageError(
+                f"{path}.digest: a delete version carries no digest, got {msg.digest!r}",
+                field=f"{path}.digest",
+            )
+        if msg.size:
+            raise MessageError(
+                f"{path}.size: a delete version has size 0, got {msg.size}", field=f"{path}.size"
+            )
+        return Version.delete(hlc)
+    digest = _parsed(f"{path}.digest", Digest.parse, msg.digest)
+    with _field(path):
+        return Version.put(hlc, msg.size, digest)
+
+
+# ---- version sets -------------------------------------------------------------
+
+
+def version_set_to_wire(vs: VersionSet) -> types_pb2.VersionSet:
+    return types_pb2.VersionSet(
+        dataset=vs.dataset,
+        id=vs.id,
+        members=[types_pb2.SetMember(key=m.key, version=str(m.version)) for m in vs.members],
+        hlc="" if vs.hlc is None else str(vs.hlc),
+    )
+
+
+def version_set_from_wire(
+    msg: types_pb2.VersionSet, path: str = "VersionSet", *, stamped: bool = True
+) -> VersionSet:
+    """`stamped`: the set must carry its HLC (False for a CommitSet request, which the
+    agent stamps)."""
+    dataset = _parsed(f"{path}.dataset", lambda v: check_name("dataset", v), msg.dataset)
+    set_id = _required(f"{path}.id", msg.id)
+    if not msg.members:
+        raise _missing(f"{path}.members")
+    members: list[SetMember] = []
+    for i, m in enumerate(msg.members):
+        where = f"{path}.members[{i}]"
+        key = _parsed(f"{where}.key", lambda v: check_name("key", v), m.key)
+        members.append(SetMember(key, hlc_from_wire(m.version, f"{where}.version")))
+    hlc: HLC | None = None
+    if msg.hlc or stamped:
+        hlc = hlc_from_wire(msg.hlc, f"{path}.hlc")
+    with _field(path):
+        return VersionSet(dataset, set_id, tuple(members), hlc)
+
+
+# ---- change events --------------------------------------------------------------
+
+
+def change_event_to_wire(event: ChangeEvent) -> change_event_pb2.ChangeEvent:
+    msg = change_event_pb2.ChangeEvent(
+        schema=event.schema,
+        event_id=event.event_id,
+        dataset=event.dataset,
+        key=event.key,
+        version=version_to_wire(event.version),
+        origin_region=event.origin_region,
+        epoch=event.epoch,
+        policy_revision=event.policy_revision,
+    )
+    if event.set is not None:
+        msg.set = event.set
+    if event.inline is not None:
+        msg.inline = event.inline
+    elif event.origin_agent is not None:
+        msg.origin_agent = event.origin_agent
+    return msg
+
+
+def change_event_from_wire(msg: change_event_pb2.ChangeEvent) -> ChangeEvent:
+    path = "ChangeEvent"
+    if msg.schema == 0:
+        raise _missing(f"{path}.schema")
+    if msg.schema != CHANGE_EVENT_SCHEMA:
+        raise MessageError(
+            f"{path}.schema: schema {msg.schema} is not known (this code reads "
+            f"{CHANGE_EVENT_SCHEMA})",
+            field=f"{path}.schema",
+        )
+    event_id = _required(f"{path}.event_id", msg.event_id)
+    dataset = _parsed(f"{path}.dataset", lambda v: check_name("dataset", v), msg.dataset)
+    key = _parsed(f"{path}.key", lambda v: check_name("key", v), msg.key)
+    if not msg.HasField("version"):
+        raise _missing(f"{path}.version")
+    version = version_from_wire(msg.version, f"{path}.version")
+    origin_region = _required(f"{path}.origin_region", msg.origin_region)
+    if msg.policy_revision == 0:
+        raise _missing(f"{path}.policy_revision")
+    content = msg.WhichOneof("content")
+    if version.is_tombstone and content is not None:
+        raise MessageError(
+            f"{path}.{content}: a delete carries no content", field=f"{path}.{content}"
+        )
+    if not version.is_tombstone:
+        if content is None:
+            raise MessageError(
+                f"{path}.content is missing: a put needs inline bytes or an origin_agent",
+                field=f"{path}.content",
+            )
+        if content == "origin_agent":
+            _required(f"{path}.origin_agent", msg.origin_agent)
+        elif len(msg.inline) != version.size:
+            raise MessageError(
+                f"{path}.inline: holds {len(msg.inline)} bytes but {path}.version.size "
+                f"is {version.size}",
+                field=f"{path}.inline",
+            )
+    if msg.HasField("set"):
+        _required(f"{path}.set", msg.set)
+    with _field(path):
+        return ChangeEvent(
+            schema=msg.schema,
+            event_id=event_id,
+            dataset=dataset,
+            key=key,
+            version=version,
+            origin_region=origin_region,
+            epoch=msg.epoch,
+            policy_revision=msg.policy_revision,
+            set=msg.set if msg.HasField("set") else None,
+            inline=msg.inline if content == "inline" else None,
+            origin_agent=msg.origin_agent if content == "origin_agent" else None,
+        )
+
+
+def encode_change_event(event: ChangeEvent) -> bytes:
+    """The Kafka record value of `event`."""
+    return change_event_to_wire(event).SerializeToString(deterministic=True)
+
+
+def decode_change_event(data: bytes) -> ChangeEvent:
+    """A Kafka record value back into an event; bytes that are no ChangeEvent, or one
+    that is malformed, raise MessageError (the dead-letter reason)."""
+    msg = change_event_pb2.ChangeEvent()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise MessageError(f"ChangeEvent: cannot be decoded ({exc})") from exc
+    return change_event_from_wire(msg)
