@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from harness.cli_schema import check_output
 from harness.controllers import meridian_argv, prepare_catalog
 
 from controlplane.adapters.etcd import EtcdCoordination
@@ -515,6 +516,12 @@ def test_abort_ends_a_switchover_whose_runbook_is_stuck_and_journals_it(
     assert code == 1 and "takes no --to" in err
     _lagging_target(world["MERIDIAN_CATALOG"], "ckpt/d000", "eu-central")
     before = asyncio.run(_owners(etcd3.endpoints))[0]["ckpt/d000"]
+    code, out, _ = cli(
+        capsys, "switchover", "--dataset", "ckpt/d000", "--to", "eu-central", "--dry-run",
+        "-o", "json",
+    )  # fmt: skip
+    assert code == 0
+    check_output("runbook_dry_run", json.loads(out))
     proc = _switchover_process(world, tmp_path / "switchover.log", 5)
     try:
 
@@ -549,6 +556,7 @@ def test_abort_ends_a_switchover_whose_runbook_is_stuck_and_journals_it(
             proc.kill()
             proc.wait(10)
     code, out, _ = cli(capsys, "history", "-o", "json")
+    check_output("history", json.loads(out))
     rows = [r for r in json.loads(out) if r["dataset"] == "ckpt/d000"]
     assert [(r["id"], r["outcome"]) for r in rows] == [(done["journal_id"], "aborted")]
     assert rows[0]["reason"].startswith("aborted: switchover to eu-central not done, ended by")
