@@ -259,3 +259,15 @@ async def test_fake_manual_clock_expires_leases_only_when_advanced() -> None:
     clock.advance(0.2)
     assert await mem.get(K + "m") is None and await mem.lease_ttl(lease.id) == -1
     await mem.close()
+
+
+async def test_fake_keepalive_reports_loss_after_an_outage_longer_than_its_ttl() -> None:
+    mem = MemoryCoordination()
+    lease = await mem.grant(1)
+    ka = mem.keep_alive(lease)
+    mem.set_unavailable(True)  # no renewal gets through, as in an etcd outage
+    await asyncio.wait_for(ka.lost.wait(), 5)
+    mem.set_unavailable(False)
+    assert await mem.lease_ttl(lease.id) == -1  # and the store expired it meanwhile
+    await ka.stop()
+    await mem.close()
