@@ -177,8 +177,8 @@ async def test_sigstopped_owner_is_fenced_and_steps_down(
     assert await wait_until(lambda: _accepted(fence, "eu-west"), 10)  # west's canaries run
     west.signal(signal.SIGSTOP)
     assert await wait_until(lambda: all_owned_by(coord, "eu-central", AUTOMATIC), TTL + 4)
-    # central's canaries record its newer epochs in the fence
-    assert await wait_until(lambda: _accepted(fence, "eu-central"), 10)
+    # central's canaries record its newer epoch of every dataset in the fence
+    assert await wait_until(lambda: _accepted(fence, "eu-central", AUTOMATIC), 10)
     resumed_at = time.time()
     west.signal(signal.SIGCONT)
     assert await wait_until(lambda: _true(west.has_event("step_down")), 10)
@@ -245,9 +245,15 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def _accepted(fence: Path, region: str) -> bool:
-    """A write of `region`'s controller has been accepted by the fenced resource."""
-    return any(r["region"] == region and r["accepted"] for r in DirectoryEpochs(fence).read_log())
+async def _accepted(fence: Path, region: str, datasets: list[str] | None = None) -> bool:
+    """A write of `region`'s controller has been accepted by the fenced resource (for
+    each of `datasets`, when given)."""
+    done = {
+        str(r["dataset"])
+        for r in DirectoryEpochs(fence).read_log()
+        if r["region"] == region and r["accepted"]
+    }
+    return bool(done) if datasets is None else done >= set(datasets)
 
 
 def _paused_on(proc: ControllerProcess, region: str) -> bool:
