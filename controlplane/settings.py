@@ -91,6 +91,19 @@ class Settings(BaseSettings):
     stack_postgres_port: int = Field(55432, gt=0, lt=65536)
     stack_start_timeout_s: float = Field(120.0, gt=0)
     log_level: str = Field("info", description="debug, info, warning or error")
+    # The data plane's knobs (spec/dataplane.md), read here like every other setting.
+    max_clock_skew_ms: int = Field(
+        1000, ge=0, description="a received version further ahead of our clock is not applied"
+    )
+    tombstone_retention_s: int = Field(
+        7 * 24 * 3600, gt=0, description="how long a delete is kept so no older put resurrects"
+    )
+    inline_max_bytes: int = Field(
+        256 * 1024, ge=0, le=1024 * 1024, description="objects up to this ride in change events"
+    )
+    bundle_max_bytes: int = Field(
+        1024 * 1024, ge=0, description="smaller objects to one region travel in one stream"
+    )
 
     @field_validator("log_level")
     @classmethod

@@ -12,8 +12,7 @@ dead-letter topic with the message as reason, an agent answers INVALID_ARGUMENT.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError
@@ -35,15 +34,9 @@ _OP_TO_WIRE: dict[Op, types_pb2.Op.ValueType] = {
 _OP_FROM_WIRE: dict[int, Op] = {v: k for k, v in _OP_TO_WIRE.items()}
 
 
-@contextmanager
-def _field(path: str) -> Iterator[None]:
-    """Re-raise a domain input error met while reading `path` as a MessageError on it."""
-    try:
-        yield
-    except MessageError:
-        raise
-    except DomainInputError as exc:
-        raise MessageError(f"{path}: {exc}", field=path) from exc
+def _at(path: str, exc: DomainInputError) -> MessageError:
+    """A domain input error met while reading `path`, as a MessageError on it."""
+    return MessageError(f"{path}: {exc}", field=path)
 
 
 def _missing(path: str) -> MessageError:
@@ -57,8 +50,22 @@ def _required(path: str, value: str) -> str:
 
 
 def _parsed(path: str, parse: Callable[[str], T], value: str) -> T:
-    with _field(path):
+    """`parse` of the required field `value` at `path`."""
+    # try/except, not a context manager: this runs for every field of every event.
+    try:
         return parse(_required(path, value))
+    except MessageError:
+        raise
+    except DomainInputError as exc:
+        raise _at(path, exc) from exc
+
+
+def _built(path: str, build: Callable[[], T]) -> T:
+    """The domain value `build` makes of the message at `path`, its own checks included."""
+    try:
+        return build()
+    except DomainInputError as exc:
+        raise _at(path, exc) from exc
 
 
 # ---- HLC, digest, version ---------------------------------------------------
@@ -100,8 +107,7 @@ def version_from_wire(msg: types_pb2.Version, path: str = "Version") -> Version:
             )
         return Version.delete(hlc)
     digest = _parsed(f"{path}.digest", Digest.parse, msg.digest)
-    with _field(path):
-        return Version.put(hlc, msg.size, digest)
+    return _built(path, lambda: Version.put(hlc, msg.size, digest))
 
 
 # ---- version sets -------------------------------------------------------------
@@ -133,8 +139,7 @@ def version_set_from_wire(
     hlc: HLC | None = None
     if msg.hlc or stamped:
         hlc = hlc_from_wire(msg.hlc, f"{path}.hlc")
-    with _field(path):
-        return VersionSet(dataset, set_id, tuple(members), hlc)
+    return _built(path, lambda: VersionSet(dataset, set_id, tuple(members), hlc))
 
 
 # ---- change events --------------------------------------------------------------
@@ -200,8 +205,9 @@ def change_event_from_wire(msg: change_event_pb2.ChangeEvent) -> ChangeEvent:
             )
     if msg.HasField("set"):
         _required(f"{path}.set", msg.set)
-    with _field(path):
-        return ChangeEvent(
+    return _built(
+        path,
+        lambda: ChangeEvent(
             schema=msg.schema,
             event_id=event_id,
             dataset=dataset,
@@ -213,7 +219,8 @@ def change_event_from_wire(msg: change_event_pb2.ChangeEvent) -> ChangeEvent:
             set=msg.set if msg.HasField("set") else None,
             inline=msg.inline if content == "inline" else None,
             origin_agent=msg.origin_agent if content == "origin_agent" else None,
-        )
+        ),
+    )
 
 
 def encode_change_event(event: ChangeEvent) -> bytes:

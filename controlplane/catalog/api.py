@@ -486,6 +486,7 @@ class Catalog:
 
         A new dataset is placed at once by the last applied policy, if one selects it."""
         with self._tx() as s:
+            residency_lock(s, exclusive=False)  # placed by the head, not a superseded one
             self._ensure_dataset(s, name, labels or {})
 
     def _ensure_dataset(self, s: Session, name: str, labels: dict[str, str]) -> None:
@@ -516,6 +517,7 @@ class Catalog:
     def register_object(self, dataset: str, key: str) -> None:
         """Register an object (and its dataset if new); idempotent on (dataset, key)."""
         with self._tx() as s:
+            residency_lock(s, exclusive=False)
             self._ensure_object(s, dataset, key)
 
     def _ensure_object(self, s: Session, dataset: str, key: str) -> int:
@@ -553,9 +555,15 @@ class Catalog:
         "put" or "delete" (a tombstone, whose digest may be empty)."""
         if op not in VERSION_OPS:
             raise CatalogInputError(f"version op {op!r} is not one of {', '.join(VERSION_OPS)}")
+        what = f"version {version} of {dataset}/{key}"
         if hlc is not None:
-            check_hlc(hlc, what=f"version {version} of {dataset}/{key}")
+            check_hlc(hlc, what=what)
+            if is_hlc(version) and hlc != version:
+                raise CatalogInputError(f"{what} is HLC text, so its HLC cannot be {hlc}")
+        if op == "delete" and digest:
+            raise CatalogInputError(f"{what} is a delete (a tombstone), which has no digest")
         with self._tx() as s:
+            residency_lock(s, exclusive=False)
             self._ensure_version(
                 s,
                 dataset,
@@ -585,11 +593,24 @@ class Catalog:
         set_id: str | None,
     ) -> int:
         oid = self._ensure_object(s, dataset, key)
+        if hlc is None and not is_hlc(version) and self.dialect == "postgresql":
+            # Two registrations numbering the same object at once would compute the same
+            # stamp; the object's row lock makes the second wait for the first's commit.
+            # (SQLite's writer lock, taken by the residency lock, already serialises them.)
+            s.execute(select(CatalogObject.id).where(CatalogObject.id == oid).with_for_update())
         existing = s.execute(
-            select(ObjectVersion.id, ObjectVersion.digest).where(
-                ObjectVersion.object_id == oid, ObjectVersion.version == version
-            )
+            select(
+                ObjectVersion.id, ObjectVersion.digest, ObjectVersion.op, ObjectVersion.hlc
+            ).where(ObjectVersion.object_id == oid, ObjectVersion.version == version)
         ).first()
+        what = f"version {version} of {dataset}/{key}"
+        if existing is not None and (
+            existing.op != op or (hlc is not None and existing.hlc != hlc)
+        ):
+            raise CatalogInputError(
+                f"{what} is registered as a {existing.op} at HLC {existing.hlc}, "
+                f"not as a {op}{'' if hlc is None else f' at {hlc}'}"
+            )
         if existing is None:
             at = created_at or utcnow()
             if hlc is None:
@@ -618,9 +639,9 @@ class Catalog:
                 )
             )
             existing = s.execute(
-                select(ObjectVersion.id, ObjectVersion.digest).where(
-                    ObjectVersion.object_id == oid, ObjectVersion.version == version
-                )
+                select(
+                    ObjectVersion.id, ObjectVersion.digest, ObjectVersion.op, ObjectVersion.hlc
+                ).where(ObjectVersion.object_id == oid, ObjectVersion.version == version)
             ).one()
         if existing.digest != digest:
             raise CatalogInputError(
@@ -716,9 +737,9 @@ class Catalog:
                     "last_error": attempt.get("last_error"),
                 },
                 ["version_id", "region"],
-            )
+            ).returning(Replica.id)
         )
-        if created.rowcount == 1:  # type: ignore[attr-defined]
+        if created.first() is not None:
             return  # a new replica may start in any state
         current = s.execute(
             select(Replica.id, Replica.state, Replica.verified_digest).where(
@@ -748,8 +769,9 @@ class Catalog:
                 verified_digest=digest if state == "completed" else None,
                 **attempt,
             )
+            .returning(Replica.id)
         )
-        if moved.rowcount != 1:  # type: ignore[attr-defined]
+        if moved.first() is None:
             raise CatalogConflictError(f"{where} changed state while being moved; retry")
 
     @translated
@@ -774,8 +796,10 @@ class Catalog:
                 f"region {region!r} is not in the catalog; apply a topology naming it"
             )
         residency = s.scalar(select(Dataset.residency).where(Dataset.name == dataset))
-        # A dataset no policy places has no residency constraint yet.
-        allowed = not residency or jurisdiction in residency
+        # Fail closed: a dataset no applied policy places has no residency that admits
+        # any copy, so its copies are recorded outside residency (audits show them)
+        # until a policy places it and `policy apply` judges them again.
+        allowed = residency is not None and jurisdiction in residency
         return jurisdiction, allowed
 
     @translated
@@ -787,14 +811,16 @@ class Catalog:
             residency_lock(s, exclusive=False)  # (see _judge)
             self._insert_transfer(s, rec)
 
-    def _insert_transfer(self, s: Session, rec: TransferRecord) -> None:
+    def _insert_transfer(self, s: Session, rec: TransferRecord) -> bool:
+        """Insert the transfer row unless its id exists; True when this call inserted it."""
         self._ensure_dataset(s, rec.dataset, {})  # audits find transfers by dataset
         from_j = s.scalar(select(Region.jurisdiction).where(Region.name == rec.from_region))
         to_j, allowed = self._judge(s, rec.dataset, rec.to_region)
         if from_j is None:
             raise CatalogInputError(f"region {rec.from_region!r} is not in the catalog")
         residency = s.scalar(select(Dataset.residency).where(Dataset.name == rec.dataset))
-        s.execute(
+        # RETURNING says whether this call inserted the row (psycopg's rowcount does not).
+        inserted = s.execute(
             self._insert_ignore(
                 Transfer,
                 {
@@ -816,8 +842,9 @@ class Catalog:
                     "at": rec.at,
                 },
                 ["id"],
-            )
+            ).returning(Transfer.id)
         )
+        return inserted.first() is not None
 
     @translated
     def record_copy(self, rec: CopyRecord) -> bool:
@@ -826,20 +853,10 @@ class Catalog:
         False; the first call returns True). The version must be registered."""
         with self._tx() as s:
             residency_lock(s, exclusive=False)
-            if s.get(Transfer, rec.id) is not None:
-                return False
-            self._set_replica(
-                s,
-                rec.dataset,
-                rec.object,
-                rec.version,
-                rec.to_region,
-                rec.state,
-                rec.verified_digest if rec.state == "completed" else None,
-                rec.error,
-                rec.at,
-            )
-            self._insert_transfer(
+            # The transfer row goes first: of two callers racing with one id, the second
+            # waits on the first's insert (PostgreSQL) or its writer lock (SQLite), then
+            # inserts nothing and leaves the replica alone.
+            if not self._insert_transfer(
                 s,
                 TransferRecord(
                     id=rec.id,
@@ -854,6 +871,18 @@ class Catalog:
                     at=rec.at,
                     policy_revision=rec.policy_revision,
                 ),
+            ):
+                return False
+            self._set_replica(
+                s,
+                rec.dataset,
+                rec.object,
+                rec.version,
+                rec.to_region,
+                rec.state,
+                rec.verified_digest if rec.state == "completed" else None,
+                rec.error,
+                rec.at,
             )
             return True
 

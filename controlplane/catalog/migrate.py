@@ -15,12 +15,18 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    SQLAlchemyError,
+)
 
 import migrations
 from controlplane.catalog.engine import make_engine, redacted, sqlite_file
-from controlplane.catalog.errors import CatalogUnavailableError
-from controlplane.catalog.translate import first_line
+from controlplane.catalog.errors import CatalogError, CatalogUnavailableError
+from controlplane.catalog.translate import first_line, translate_error
 from controlplane.errors import ConfigError
 
 
@@ -54,15 +60,42 @@ def _unreachable(url: str, exc: SQLAlchemyError) -> CatalogUnavailableError:
 
 
 def _with_connection(url: str, action: Callable[[Config], None]) -> None:
-    """Run an Alembic command in one transaction on a connection of our own engine."""
+    """Run an Alembic command in one transaction on a connection of our own engine.
+
+    On SQLite, foreign keys are off while it runs: a batch migration rebuilds a table
+    by copying it and dropping the original, and with foreign keys on, that DROP
+    deletes every row referencing it through ON DELETE CASCADE (replicas of
+    object_versions, and so on down). The keys are checked once it is done, and a
+    violation undoes the whole migration."""
     engine = make_engine(url)
     try:
-        with engine.begin() as conn:
-            cfg = alembic_config(url)
-            cfg.attributes["connection"] = conn
-            action(cfg)
-    except SQLAlchemyError as exc:
+        with engine.connect() as conn:
+            sqlite = conn.dialect.name == "sqlite"
+            if sqlite:
+                conn.exec_driver_sql("PRAGMA foreign_keys=OFF")  # only outside a transaction
+                conn.commit()
+            try:
+                with conn.begin():
+                    cfg = alembic_config(url)
+                    cfg.attributes["connection"] = conn
+                    action(cfg)
+                    if sqlite:
+                        broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                        if broken:
+                            raise CatalogError(
+                                f"the migration of {redacted(url)} would break "
+                                f"{len(broken)} foreign keys (first: {tuple(broken[0])}); "
+                                "nothing was changed"
+                            )
+            finally:
+                if sqlite:
+                    conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+    except IntegrityError as exc:  # a failed step is not an unreachable server
+        raise translate_error(exc, url) from exc
+    except DatabaseError as exc:  # unreachable, or not a database at all
         raise _unreachable(url, exc) from exc
+    except SQLAlchemyError as exc:
+        raise translate_error(exc, url) from exc
     finally:
         engine.dispose()
 

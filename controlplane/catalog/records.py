@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 # The placement type is the domain's; re-exported so existing imports keep working.
 from controlplane.domain.placement import DatasetClass, FailoverMode, Placement
+from controlplane.domain.version import OPS, Op
 
 __all__ = [
     "FAILOVER_KINDS",
@@ -37,8 +38,9 @@ __all__ = [
 
 FailoverKind = Literal["automatic", "switchover", "failover", "drain"]
 ReplicaState = Literal["pending", "completed", "failed"]
-VersionOp = Literal["put", "delete"]
-VERSION_OPS: tuple[str, ...] = ("put", "delete")
+# A version's op is the domain's (a delete is a tombstone version).
+VersionOp = Op
+VERSION_OPS: tuple[str, ...] = OPS
 REPLICA_STATES: tuple[str, ...] = ("pending", "completed", "failed")
 FAILOVER_KINDS: tuple[str, ...] = ("automatic", "switchover", "failover", "drain")
 # "moved": ownership moved to `to_region`; "aborted": a switchover that gave up and

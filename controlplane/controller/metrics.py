@@ -45,6 +45,11 @@ class ControllerMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
             registry=self.registry,
         )
+        self.journal_deferred = Gauge(
+            "meridian_controller_journal_deferred",
+            "journal rows of committed moves waiting for the catalog to come back",
+            registry=self.registry,
+        )
         self.info = Gauge(
             "meridian_controller_info", "static labels", list(labels), registry=self.registry
         )

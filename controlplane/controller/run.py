@@ -11,9 +11,9 @@ from pathlib import Path
 from prometheus_client import start_http_server
 
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.controller.catalog_link import CatalogLink
 from controlplane.controller.daemon import ControllerConfig, RegionController
-from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
-from controlplane.errors import ConfigError
+from controlplane.errors import ConfigError, MeridianError
 from controlplane.logs import get_logger
 from controlplane.settings import Settings, parse_endpoints
 
@@ -33,9 +33,25 @@ async def run_controller(
     metrics_addr: str | None,
     fence_dir: Path | None,
 ) -> None:
-    """Run until SIGTERM or SIGINT; raise one clear error if a dependency is unreachable."""
+    """Run until SIGTERM or SIGINT.
+
+    Raises one clear error if etcd is unreachable at start, or if the catalog is
+    unusable in a way that will not clear by itself (a bad URL, not migrated). A
+    catalog that is merely down does not stop the start (see `catalog_link`)."""
     metrics = parse_metrics_addr(metrics_addr) if metrics_addr else None
-    catalog = await asyncio.to_thread(CatalogBridge.open, settings.catalog)
+    catalog = CatalogLink(settings.catalog)
+    try:
+        await asyncio.to_thread(catalog.open)
+    except MeridianError as exc:
+        if not exc.retriable:
+            raise
+        # Decisions come from etcd: start anyway, journal rows wait for the catalog.
+        log.warning(
+            "catalog_unreachable_at_start",
+            region=region,
+            error=str(exc),
+            action="starting without it; journal rows are written once it answers",
+        )
     coord = EtcdCoordination(
         [f"{h}:{p}" for h, p in settings.etcd_endpoints], timeout_s=settings.etcd_timeout_s
     )
@@ -46,7 +62,7 @@ async def run_controller(
         )
         if controller_id:
             config = dataclasses.replace(config, controller_id=controller_id)
-        ctl = RegionController(coord, catalog, catalog, catalog, config)
+        ctl = RegionController(coord, catalog, catalog, config)
         server = None
         if metrics is not None:
             try:

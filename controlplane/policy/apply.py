@@ -19,10 +19,11 @@ from pathlib import Path
 
 from controlplane.catalog.api import Catalog
 from controlplane.catalog.errors import StrandedReplicasError
-from controlplane.catalog.records import CatalogState, RevisionDraft
+from controlplane.catalog.records import CatalogState, Placement, RevisionDraft
 from controlplane.policy.compiler import PolicySet
+from controlplane.policy.current import CompiledPolicy
 from controlplane.policy.plan import Change, compute_plan
-from controlplane.policy.publisher import PolicyPublisher, PublishedPolicy
+from controlplane.policy.publisher import PolicyPublisher
 
 __all__ = ["ApplyResult", "StrandedReplicasError", "apply_policy", "plan_changes"]
 
@@ -78,11 +79,14 @@ def apply_policy(
     """Apply `policy`; refuse stranding replicas; publish the head when a publisher is given."""
     user = applied_by or getpass.getuser()
     planned: list[Change] = []
+    placed: dict[str, Placement] = {}
 
     def decide(state: CatalogState) -> RevisionDraft:
         # Runs inside the catalog's transaction, on the state read under its lock.
         changes, placements = compute_plan(state, policy)
         planned[:] = changes
+        placed.clear()
+        placed.update(placements)  # what is published to etcd beside the rules
         return RevisionDraft(
             digest=policy.digest,
             document=policy.document(),
@@ -97,6 +101,9 @@ def apply_policy(
     changes = planned
     published = False
     if publisher is not None and revision:
-        asyncio.run(publisher.publish(PublishedPolicy(digest, revision, applied_at)))
+        compiled = CompiledPolicy.build(
+            policy, placed, digest=digest, revision=revision, applied_at=applied_at
+        )
+        asyncio.run(publisher.publish(compiled))
         published = True
     return ApplyResult(changes, revision, digest, applied_at, published)

@@ -1,68 +1,65 @@
-"""The port through which `policy apply` announces a revision, and its etcd adapter.
+"""How `policy apply` publishes the compiled policy to `/meridian/policy/current`.
 
-Region controllers watch `/meridian/policy/current`, then re-read placements from
-the catalog. The value is JSON: `{"digest", "revision", "applied_at"}`.
+Publishing goes through the coordination port (`controlplane.ports.coordination`)
+and its key layout (`controlplane.coordination.protocols.keys`); the value is
+`CompiledPolicy.to_json()` and is read back by `controlplane.policy.current`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Sequence
 from typing import Protocol
 
-from controlplane.errors import UnavailableError
+from controlplane.coordination.protocols import keys
+from controlplane.errors import MeridianError, UnavailableError
+from controlplane.policy.current import CompiledPolicy
+from controlplane.ports.coordination import Coordination
 
-POLICY_KEY = "/meridian/policy/current"
-
-
-@dataclass(frozen=True)
-class PublishedPolicy:
-    digest: str
-    revision: int
-    applied_at: datetime
-
-    def to_json(self) -> str:
-        stamp = self.applied_at.isoformat().replace("+00:00", "Z")
-        return json.dumps({"digest": self.digest, "revision": self.revision, "applied_at": stamp})
+POLICY_KEY = keys.POLICY_CURRENT
 
 
 class PolicyPublisher(Protocol):
-    """Announces the applied revision.
+    """Publishes the applied revision.
 
-    Guarantees: `publish` overwrites the single key with the given value and returns
-    only once the store acknowledged it; it is idempotent (publishing the same value
-    twice is harmless); on failure it raises `UnavailableError` and changes nothing
-    else. It never orders revisions: callers publish the catalog's head."""
+    Guarantees: `publish` replaces the single key with the whole compiled policy in
+    one write and returns only once the store acknowledged it; it is idempotent
+    (publishing the same revision twice is harmless); on failure it raises
+    `UnavailableError` and changes nothing else. It never orders revisions:
+    callers publish the catalog's head."""
 
-    async def publish(self, value: PublishedPolicy) -> None: ...
+    async def publish(self, policy: CompiledPolicy) -> None: ...
+
+
+class CoordinationPolicyPublisher:
+    """`PolicyPublisher` over an open coordination port (one put of the key)."""
+
+    def __init__(self, coord: Coordination) -> None:
+        self._coord = coord
+
+    async def publish(self, policy: CompiledPolicy) -> None:
+        await self._coord.put(POLICY_KEY, policy.to_json())
 
 
 class EtcdPolicyPublisher:
-    """`PolicyPublisher` over etcd3aio (one put on `/meridian/policy/current`)."""
+    """`PolicyPublisher` that opens the etcd adapter for the one write, then closes it."""
 
-    def __init__(self, endpoints: list[tuple[str, int]], timeout_s: float = 5.0) -> None:
+    def __init__(self, endpoints: Sequence[tuple[str, int]], timeout_s: float = 5.0) -> None:
         self._endpoints = [f"{host}:{port}" for host, port in endpoints]
         self._timeout_s = timeout_s
 
-    async def publish(self, value: PublishedPolicy) -> None:
-        from etcd3aio import Etcd3Client
+    async def publish(self, policy: CompiledPolicy) -> None:
+        from controlplane.adapters.etcd import EtcdCoordination
 
-        client = Etcd3Client(self._endpoints, rpc_max_attempts=2)
+        policy.to_json()  # a value etcd would refuse fails here, before connecting
+        coord = EtcdCoordination(self._endpoints, timeout_s=self._timeout_s)
         try:
-            await client.connect()
-            if client.kv is None:
-                raise RuntimeError("etcd3aio client did not connect")
-            await asyncio.wait_for(
-                client.kv.put(POLICY_KEY, value.to_json(), timeout=self._timeout_s),
-                self._timeout_s * 2,
-            )
-        except Exception as exc:  # grpc / etcd3aio errors: one sentence at the edge
+            await coord.connect()
+            await CoordinationPolicyPublisher(coord).publish(policy)
+        except MeridianError as exc:
             raise UnavailableError(
-                f"could not publish the policy revision to etcd at {', '.join(self._endpoints)} "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); the "
-                "revision is recorded in the catalog: re-run `meridian policy apply` to publish it"
+                f"could not publish policy revision {policy.revision} to etcd at "
+                f"{', '.join(self._endpoints)} ({exc}); the revision is recorded in the "
+                f"catalog: re-run `meridian policy apply` to publish it"
             ) from exc
         finally:
-            await client.close()
+            await coord.close()

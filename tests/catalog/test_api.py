@@ -353,3 +353,47 @@ def test_new_dataset_without_a_placer_is_refused(catalog_url: str) -> None:
         pytest.raises(CatalogInputError, match="opened without a placer"),
     ):
         bare.register_version("corpus/new", "k", "v1", "d")
+
+
+def test_record_copy_races_record_once(cat: Catalog) -> None:
+    """Eight threads recording the same copy: exactly one records it, one attempt counts."""
+    ds = "ckpt/llama-70b"
+    cat.register_version(ds, "a", "v1", "blake3:aa")
+    wins: list[bool] = []
+    errors: list[Exception] = []
+
+    def work() -> None:
+        try:
+            wins.append(cat.record_copy(_copy("race", "failed", None)))
+        except Exception as exc:  # noqa: BLE001 - collected and asserted on below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert sorted(wins) == [False] * 7 + [True]
+    (status,) = cat.replica_status(ds, key="a")
+    assert status.attempts == 1 and status.state == "failed"
+
+
+def test_copies_of_an_unplaced_dataset_are_outside_residency(cat: Catalog) -> None:
+    """Fail closed: no applied policy places `logs/x`, so no residency admits its copy."""
+    cat.register_version("logs/x", "k", "v1", "blake3:aa")
+    assert cat.get_placement("logs/x") is None
+    cat.set_replica_state("logs/x", "k", "v1", "eu-west", "completed", digest="blake3:aa")
+    found = [(v["dataset"], v["region"]) for v in cat.residency_violations()]
+    assert ("logs/x", "eu-west") in found
+
+
+def test_a_version_is_registered_once_as_what_it_is(cat: Catalog) -> None:
+    ds, hlc = "corpus/web", _hlc(1_764_579_000_000)
+    cat.register_version(ds, "k", hlc, "blake3:aa")
+    with pytest.raises(CatalogInputError, match="registered as a put"):
+        cat.register_version(ds, "k", hlc, "", op="delete")
+    with pytest.raises(CatalogInputError, match="is HLC text, so its HLC cannot be"):
+        cat.register_version(ds, "k", hlc, "blake3:aa", hlc=_hlc(1_764_579_000_001))
+    with pytest.raises(CatalogInputError, match=r"a delete \(a tombstone\), which has no digest"):
+        cat.register_version(ds, "k", _hlc(1_764_579_000_002), "blake3:aa", op="delete")

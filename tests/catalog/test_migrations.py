@@ -259,3 +259,49 @@ def test_placements_get_their_terms_from_the_head_revision(empty_catalog_url: st
     assert p is not None
     assert (p.dataset_class, p.rpo_s, p.ack, p.home) == ("critical", 0.0, "quorum", "eu-west")
     assert dict(p.labels) == {"team": "pretrain"}
+
+
+def test_upgrade_and_downgrade_keep_every_row(empty_catalog_url: str) -> None:
+    """SQLite rebuilds a table to alter it; with foreign keys on, dropping the old copy
+    would cascade into every row that references it. 0003 → head → 0003 keeps all."""
+    url = empty_catalog_url
+    migrate.upgrade(url, "0003")
+    engine = make_engine(url)
+    tables = ("regions", "datasets", "objects", "object_versions", "replicas", "transfers")
+    at = {"at": "2026-11-30 01:00:00"}
+    rows = [
+        "INSERT INTO regions VALUES ('eu-west', 'EU')",
+        "INSERT INTO datasets (name, labels, declared, replicas, residency, failover_order,"
+        " registered_at) VALUES ('d', '{}', false, '[]', '[\"EU\"]', '[]', :at)",
+        "INSERT INTO objects (dataset, key) VALUES ('d', 'k')",
+        "INSERT INTO object_versions (object_id, version, digest, size, created_at)"
+        " SELECT id, 'v1', 'x', 1, :at FROM objects",
+        "INSERT INTO replicas (version_id, region, jurisdiction, allowed, state, updated_at)"
+        " SELECT id, 'eu-west', 'EU', true, 'completed', :at FROM object_versions",
+        "INSERT INTO transfers (id, dataset, object, version, from_region, to_region,"
+        " from_jurisdiction, to_jurisdiction, logical_bytes, wire_bytes, outcome, cross_border,"
+        " allowed, residency, at) VALUES ('t', 'd', 'k', 'v1', 'eu-west', 'eu-west', 'EU', 'EU',"
+        " 1, 1, 'completed', false, true, '[]', :at)",
+    ]
+    try:
+        with engine.begin() as conn:
+            for row in rows:
+                conn.execute(text(row), at if ":at" in row else {})
+
+        def counts() -> dict[str, int]:
+            with engine.connect() as conn:
+                return {
+                    t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()  # noqa: S608
+                    for t in tables
+                }
+
+        assert counts() == dict.fromkeys(tables, 1)
+        migrate.upgrade(url)
+        assert counts() == dict.fromkeys(tables, 1)
+        with engine.connect() as conn:
+            verified = conn.execute(text("SELECT verified_digest FROM replicas")).scalar_one()
+        assert verified == "x"  # filled from the version before the copy was rebuilt
+        migrate.downgrade(url, "0003")
+        assert counts() == dict.fromkeys(tables, 1)
+    finally:
+        engine.dispose()

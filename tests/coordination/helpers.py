@@ -7,8 +7,12 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from controlplane.coordination.catalog_glue.sources import RegionInfo
+from controlplane.coordination.catalog_glue.sources import PlacementSource, RegionInfo
+from controlplane.coordination.timeutil import utcnow
 from controlplane.domain.placement import Placement
+from controlplane.policy.current import CompiledPolicy
+from controlplane.policy.publisher import CoordinationPolicyPublisher
+from controlplane.ports.coordination import Coordination
 
 REGIONS = [
     RegionInfo("eu-west", "EU"),
@@ -56,3 +60,33 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def compiled_world(source: PlacementSource, revision: int = 1) -> CompiledPolicy:
+    """A compiled policy holding exactly these regions and placements (no rules, so
+    no dataset beyond them is placed)."""
+    regions = {r.name: r.jurisdiction for r in source.regions()}
+    placements = {p.dataset: p for p in source.placements()}
+    rules = {
+        "topology": "test",
+        "regions": {n: {"jurisdiction": j} for n, j in regions.items()},
+        "links": {},
+        "policies": {},
+        "datasets": {},
+    }
+    return CompiledPolicy(
+        digest=f"test-{revision}",
+        revision=revision,
+        applied_at=utcnow(),
+        regions=regions,
+        links={},
+        placements=placements,
+        rules=rules,
+    )
+
+
+async def publish_world(coord: Coordination, source: PlacementSource) -> CompiledPolicy:
+    """Publish `source` to /meridian/policy/current, as `policy apply` would."""
+    policy = compiled_world(source)
+    await CoordinationPolicyPublisher(coord).publish(policy)
+    return policy

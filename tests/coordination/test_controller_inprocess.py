@@ -23,7 +23,7 @@ from controlplane.coordination.timeutil import utcnow
 from controlplane.errors import NotFoundError
 from controlplane.stack.etcd import EtcdCluster
 
-from .helpers import wait_until
+from .helpers import publish_world, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +37,9 @@ async def controller(
     coord = EtcdCoordination(etcd3.endpoints, timeout_s=3)
     await coord.connect()
     source, journal, probe = world
+    await publish_world(coord, source)
     ctl = RegionController(
         coord,
-        source,
         journal,
         probe,
         ControllerConfig(
@@ -199,9 +199,10 @@ async def test_a_move_whose_journal_row_was_lost_is_journaled_by_the_new_owner(
         journal_grace_s=600.0,  # the test ages rows through `now`, without sleeping
         journal_check_interval_s=1000,  # only the test's calls after the first one
     )
+    await publish_world(coord, source)
     async with (
         EtcdCoordination(etcd3.endpoints, timeout_s=3) as c,
-        RegionController(c, source, journal, probe, config) as ctl,
+        RegionController(c, journal, probe, config) as ctl,
     ):
         assert await wait_until(lambda: _true(ctl.active.is_set()), 5)
         assert await ctl.backfill_journal(force=True) == 0  # within the grace period

@@ -13,7 +13,7 @@ from controlplane.controller.daemon import ControllerConfig, RegionController
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.stack.etcd import EtcdCluster
 
-from .helpers import free_port, wait_until
+from .helpers import free_port, publish_world, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,11 +32,12 @@ async def test_partitioned_owner_steps_down_and_its_datasets_move(
     central_coord = EtcdCoordination(etcd3.endpoints, timeout_s=3)
     await west_coord.connect()
     await central_coord.connect()
+    await publish_world(coord, source)
     west = RegionController(
-        west_coord, source, journal, probe, ControllerConfig("eu-west", "w", lease_ttl_s=2)
+        west_coord, journal, probe, ControllerConfig("eu-west", "w", lease_ttl_s=2)
     )
     central = RegionController(
-        central_coord, source, journal, probe, ControllerConfig("eu-central", "c", lease_ttl_s=2)
+        central_coord, journal, probe, ControllerConfig("eu-central", "c", lease_ttl_s=2)
     )
     own = Ownership(coord)
     try:

@@ -5,6 +5,7 @@ real gRPC channel."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -170,3 +171,18 @@ async def test_agent_service_over_a_real_channel() -> None:
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await server.stop(grace=None)
+
+
+def test_domain_benchmark_runs_and_prints_every_measure() -> None:
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "domain_bench.py"), "--seconds", "0.01"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.splitlines()
+    names = [line[:30].strip() for line in out[:6]]
+    assert names[0] == "HybridClock.now" and names[-1] == "decode ChangeEvent (1 KiB)"
+    assert all(float(line[30:].split()[0].replace(",", "")) > 0 for line in out[:6])

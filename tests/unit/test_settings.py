@@ -97,3 +97,14 @@ def test_stack_ports_whose_derived_ports_overflow_are_refused(
 def test_stack_commands_ignore_client_endpoints(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MERIDIAN_KAFKA", "x")
     assert load_settings(check_endpoints=False).kafka == "x"
+
+
+def test_data_plane_settings_have_the_spec_defaults_and_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = load_settings()
+    assert (settings.max_clock_skew_ms, settings.tombstone_retention_s) == (1000, 7 * 86400)
+    assert (settings.inline_max_bytes, settings.bundle_max_bytes) == (256 * 1024, 1 << 20)
+    monkeypatch.setenv("MERIDIAN_INLINE_MAX_BYTES", str(2 << 20))  # over one message's 1 MiB
+    with pytest.raises(ConfigError, match="MERIDIAN_INLINE_MAX_BYTES"):
+        load_settings()

@@ -1,0 +1,151 @@
+"""Failover watch: when another region's liveness lease expires, race its datasets away.
+
+For one term. The `regions` loop watches liveness keys; on the deletion of
+another region's key (and with maintenance mode off) it races one guarded
+transaction per dataset of that region to its successor (exactly one racer wins
+each; see `coordination.orchestration.failover`). The `sweep` loop catches deletions the watch
+could not see (before this term, or while etcd was unreachable), once the term
+is a whole TTL old so that a cold start does not grab everything.
+
+Placements and jurisdictions come from the policy in etcd (`PolicyView`); with no
+policy applied nothing moves (fail closed). A move's journal row and RPO
+exposure go through `CatalogRecords`, so a catalog outage delays the row, never
+the move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from controlplane.controller.config import ControllerContext, Term
+from controlplane.controller.duty import Duty, Loop, describe
+from controlplane.coordination.orchestration.decide import plan_moves
+from controlplane.coordination.orchestration.failover import apply_move, automatic_guards
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.coordination.protocols.view import read_view
+from controlplane.coordination.timeutil import utcnow
+from controlplane.domain.placement import Placement
+from controlplane.logs import get_logger
+from controlplane.policy.current import CompiledPolicy
+from controlplane.ports.coordination import EventType
+
+log = get_logger("meridian.controller")
+
+
+def placement_infos(policy: CompiledPolicy) -> list[Placement]:
+    """The published placements, in name order, as `decide.plan_moves` takes them."""
+    return [p for _, p in sorted(policy.placements.items())]
+
+
+class FailoverWatch(Duty):
+    name = "failover"
+
+    def __init__(self, ctx: ControllerContext, term: Term) -> None:
+        super().__init__(ctx.config.region, **ctx.retry())
+        self.ctx = ctx
+        self.term = term
+
+    def loops(self) -> dict[str, Loop]:
+        return {"regions": self._watch_regions, "sweep": self._sweep_loop}
+
+    async def _watch_regions(self) -> None:
+        start = await self.ctx.coord.revision()
+        async for ev in self.ctx.coord.watch(keys.REGIONS, prefix=True, start_revision=start + 1):
+            parsed = keys.region_of(ev.kv.key)
+            if ev.type is not EventType.DELETE or parsed is None or parsed[1] != "alive":
+                continue
+            region = parsed[0]
+            if region == self.region:
+                continue
+            log.info("region_lease_expired", region=region, observer=self.region)
+            try:
+                await self.fail_over(region, detected_at_monotonic=time.monotonic())
+            except Exception as exc:  # noqa: BLE001 - the sweep retries it; keep watching
+                log.warning("failover_retry_by_sweep", region=region, error=describe(exc))
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.config.reconcile_interval_s)
+            if time.monotonic() - self.term.began_at < self.ctx.config.lease_ttl_s + 1:
+                continue
+            view = await read_view(self.ctx.coord)
+            dead = {o.region for o in view.owners.values() if not view.is_alive(o.region)}
+            for region in sorted(dead - {self.region}):
+                await self.fail_over(region, detected_at_monotonic=time.monotonic(), quiet=True)
+
+    async def fail_over(
+        self, region: str, *, detected_at_monotonic: float, quiet: bool = False
+    ) -> int:
+        """Race every dataset of a dead `region` to its successor; returns how many we won.
+
+        `quiet` (the periodic sweep) logs nothing when there is nothing to move, so a
+        dataset in manual mode is reported once per death, not once per second.
+        """
+        detected = utcnow()
+        policy = self.ctx.view.current
+        if policy is None:
+            if not quiet:
+                log.warning("failover_skipped", region=region, reason="no policy is applied")
+            return 0
+        view = await read_view(self.ctx.coord)
+        if view.maintenance:
+            if not quiet:
+                log.warning("failover_paused", region=region, reason="maintenance mode is on")
+            return 0
+        if view.is_alive(region):
+            log.info("failover_skipped", region=region, reason="the region is alive again")
+            return 0
+        plan = plan_moves(
+            view, placement_infos(policy), dict(policy.regions), source=region, automatic=True
+        )
+        if quiet and not plan.moves:
+            return 0
+        for r in plan.rejected:
+            log.info(
+                "failover_candidate_rejected",
+                dataset=r.dataset,
+                candidate=r.region,
+                reason=r.reason,
+            )
+        for u in plan.unmoved:
+            log.warning("failover_not_moved", dataset=u.dataset, region=region, reason=u.reason)
+        owners = Ownership(self.ctx.coord)
+        results = await asyncio.gather(
+            *(
+                self.ctx.moves.run(
+                    apply_move(
+                        owners,
+                        m,
+                        guards=automatic_guards(m, view),
+                        kind="automatic",
+                        reason="lease expired",
+                        actor=self.ctx.actor,
+                        journal=self.ctx.records,
+                        probe=self.ctx.records,
+                        detected_at=detected,
+                        started_at=detected,
+                    )
+                )
+                for m in plan.moves
+            ),
+            return_exceptions=True,
+        )
+        won = 0
+        for m, outcome in zip(plan.moves, results, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("failover_move_failed", dataset=m.dataset, error=describe(outcome))
+            elif outcome is not None:
+                won += 1
+        self.ctx.metrics.failovers.inc(won)
+        if plan.moves:
+            self.ctx.metrics.failover_seconds.observe(time.monotonic() - detected_at_monotonic)
+        log.info(
+            "failover_done",
+            region=region,
+            moves=len(plan.moves),
+            won=won,
+            policy_revision=policy.revision,
+        )
+        return won

@@ -1,0 +1,105 @@
+"""Journal duty: every committed move gets its catalog row, whatever the catalog did.
+
+For the controller's whole life (not one term), two loops:
+
+* `flush` writes the rows `CatalogRecords` deferred during a catalog outage, in
+  order, retrying with backoff until the catalog takes them;
+* `backfill` (while active) rebuilds the row of a move into this region that no
+  one journaled: a mover (a controller or a runbook) that crashed between winning
+  the ownership transaction and appending its row. The owner record keeps the
+  move's kind, source, reason, actor and time, and row ids are deterministic
+  (`dataset@epoch`), so the rebuilt row is the one that was lost. A row is only
+  rebuilt once it has been missing for `journal_grace_s`, so a mover still about
+  to write it (with its RPO exposure) is not pre-empted, and never while this
+  controller itself holds it deferred.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from controlplane.controller.config import ControllerContext
+from controlplane.controller.duty import Duty, Loop, describe
+from controlplane.coordination.catalog_glue.sources import journal_id
+from controlplane.coordination.orchestration.journal import backfilled_entry
+from controlplane.coordination.protocols.view import read_view
+from controlplane.logs import get_logger
+
+log = get_logger("meridian.controller")
+
+
+class JournalDuty(Duty):
+    name = "journal"
+
+    def __init__(self, ctx: ControllerContext) -> None:
+        super().__init__(ctx.config.region, **ctx.retry())
+        self.ctx = ctx
+        self._next_check = 0.0
+        self._missing_since: dict[str, float] = {}
+
+    def loops(self) -> dict[str, Loop]:
+        return {"flush": self._flush_loop, "backfill": self._backfill_loop}
+
+    async def _flush_loop(self) -> None:
+        records = self.ctx.records
+        while True:
+            self.ctx.metrics.journal_deferred.set(records.pending)
+            if records.pending:
+                try:
+                    await asyncio.to_thread(records.flush)
+                finally:
+                    self.ctx.metrics.journal_deferred.set(records.pending)
+            await asyncio.sleep(self.ctx.config.journal_flush_interval_s)
+
+    async def _backfill_loop(self) -> None:
+        while True:
+            await self.backfill()
+            await asyncio.sleep(self.ctx.config.reconcile_interval_s)
+
+    async def backfill(self, *, force: bool = False, now: float | None = None) -> int:
+        """Journal every move into this region whose row is missing; how many.
+
+        `force` skips the check interval; `now` (a `time.monotonic()` value) lets
+        tests age rows. Does nothing while the controller is not active."""
+        if self.ctx.term is None:
+            return 0
+        now = time.monotonic() if now is None else now
+        if not force and now < self._next_check:
+            return 0
+        self._next_check = now + self.ctx.config.journal_check_interval_s
+        view = await read_view(self.ctx.coord)
+        me = self.ctx.config.region
+        moves = {
+            journal_id(d, o.epoch): o
+            for d, o in view.owners.items()
+            if o.region == me and o.kind is not None
+        }
+        records = self.ctx.records
+        missing = await asyncio.to_thread(records.missing, list(moves)) if moves else set()
+        missing -= records.pending_ids()  # ours, with their full facts, to be flushed
+        self._missing_since = {i: t for i, t in self._missing_since.items() if i in missing}
+        written = 0
+        for jid in sorted(missing):
+            first = self._missing_since.setdefault(jid, now)
+            if now - first < self.ctx.config.journal_grace_s:
+                continue
+            entry = backfilled_entry(moves[jid], self.ctx.actor)
+            try:
+                # Straight to the catalog: a rebuilt row that fails is rebuilt again at
+                # the next check, it need not wait in the deferred queue.
+                await asyncio.to_thread(records.append_now, entry)
+            except Exception as exc:  # noqa: BLE001 - retried on the next check
+                log.warning("journal_backfill_failed", id=jid, error=describe(exc))
+                continue
+            del self._missing_since[jid]
+            written += 1
+            log.warning(
+                "journal_backfilled",
+                dataset=entry.dataset,
+                epoch=entry.epoch,
+                kind=entry.kind,
+                from_region=entry.from_region,
+                to=entry.to_region,
+            )
+        return written
