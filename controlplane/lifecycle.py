@@ -7,8 +7,9 @@ fails half-way, and `async with` works. Subclasses implement `_do_start` and
 
 from __future__ import annotations
 
+import asyncio
 import types
-from typing import Self
+from typing import Any, Self
 
 from controlplane.errors import MeridianError
 
@@ -53,3 +54,20 @@ class Lifecycle:
         tb: types.TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel `tasks` and wait for each to finish, swallowing their cancellation only.
+
+    `contextlib.suppress(CancelledError)` around the await would also swallow a cancel
+    aimed at the task doing the stop (a second SIGTERM, a timeout around `stop()`), so
+    that it could not be interrupted; here such a cancel is raised again."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise

@@ -24,6 +24,7 @@ Every SQL statement of the project runs here (or in the modules this one calls:
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -300,18 +301,37 @@ class Catalog:
 
     @translated
     def oldest_incomplete_at(self, dataset: str, regions: Sequence[str]) -> datetime | None:
-        """The HLC wall time of the oldest latest version of the dataset's objects that
-        one of `regions` (other than the version's origin) has not completed; None when
-        every region has completed every object's latest version. The replication lag
-        of the dataset is the age of this time (dataplane.md, Metrics)."""
+        """The HLC wall time of the oldest version a region of `regions` has not completed
+        (versions it originated aside), among each object's versions newer than the
+        newest it has completed; None when every region is up to date. The replication
+        lag of the dataset is the age of this time (dataplane.md, Metrics): an object
+        rewritten every second while a region completes nothing shows a lag that grows,
+        not the one second to its latest version."""
         oldest: str | None = None
         with self._session() as s:
             for region in dict.fromkeys(regions):
-                latest = _latest_versions(dataset)
+                done = (
+                    select(
+                        ObjectVersion.object_id.label("oid"),
+                        func.max(ObjectVersion.hlc).label("top"),
+                    )
+                    .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
+                    .join(Replica, Replica.version_id == ObjectVersion.id)
+                    .where(
+                        CatalogObject.dataset == dataset,
+                        Replica.region == region,
+                        Replica.state == "completed",
+                    )
+                    .group_by(ObjectVersion.object_id)
+                    .subquery()
+                )
                 query = (
                     select(func.min(ObjectVersion.hlc))
-                    .join(latest, latest.c.vid == ObjectVersion.id)
+                    .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
+                    .outerjoin(done, done.c.oid == ObjectVersion.object_id)
                     .where(
+                        CatalogObject.dataset == dataset,
+                        or_(done.c.top.is_(None), ObjectVersion.hlc > done.c.top),
                         ~_completed_in(region),
                         or_(
                             ObjectVersion.origin_region.is_(None),
@@ -462,6 +482,7 @@ class Catalog:
                     digest=head.digest if head else draft.digest,
                     applied_at=head.applied_at if head else utcnow(),
                     recorded=False,
+                    lineage=_lineage(s),
                 )
             revisions.refuse_stranding(s, state, draft)
             now = utcnow()
@@ -476,7 +497,9 @@ class Catalog:
             )
             s.add(rev)
             s.flush()
-            return RevisionOutcome(rev.id, rev.digest, rev.applied_at, recorded=True)
+            return RevisionOutcome(
+                rev.id, rev.digest, rev.applied_at, recorded=True, lineage=_lineage(s)
+            )
 
     # -- writes -----------------------------------------------------------------
 
@@ -939,6 +962,15 @@ class Catalog:
     def after_load(self, tables: Sequence[str]) -> None:
         """Refresh planner statistics after a bulk load (see `bulk.after_load`)."""
         bulk.after_load(self._engine, list(tables))
+
+
+def _lineage(s: Session) -> str:
+    """A name for this catalog's line of policy revisions: a digest of its first one."""
+    first = s.scalars(select(PolicyRevision).order_by(PolicyRevision.id).limit(1)).first()
+    if first is None:
+        return ""
+    seed = f"{first.id}|{first.digest}|{first.applied_by}|{first.applied_at.isoformat()}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:16]
 
 
 def _allowed_moves(state: str) -> str:

@@ -18,6 +18,8 @@ from controlplane.errors import ConfigError
 
 HEAD_TABLES = ("alembic_version", "policy_revisions", "replicas", "transfers", "failovers")
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+PG_TCP_USER_TIMEOUT_MS = 10_000
+PG_STATEMENT_TIMEOUT_MS = 120_000  # long enough for a bulk COPY of millions of rows
 
 
 def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -57,7 +59,19 @@ def make_engine(url: str) -> Engine:
         if db and db != ":memory:" and not db.startswith("file:"):
             Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
     elif parsed.get_backend_name() == "postgresql":
-        kwargs["connect_args"] = {"connect_timeout": 5}
+        # A blackholed server (packets dropped, not refused) must not hang a controller's
+        # catalog thread for the kernel's ~15 minutes of retransmissions: TCP keepalives
+        # and tcp_user_timeout end a dead connection within seconds, and a statement
+        # waiting on a live but stuck server ends at statement_timeout (retriable).
+        kwargs["connect_args"] = {
+            "connect_timeout": 5,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 3,
+            "keepalives_count": 3,
+            "tcp_user_timeout": PG_TCP_USER_TIMEOUT_MS,
+            "options": f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS}",
+        }
         kwargs["pool_pre_ping"] = True
     try:
         engine = create_engine(parsed, **kwargs)

@@ -183,6 +183,9 @@ class RevisionOutcome:
     digest: str
     applied_at: datetime
     recorded: bool  # a new revision was committed
+    # Names this catalog's line of revisions (from its first one), so that whoever
+    # publishes revisions can order those of one catalog and tell another's apart.
+    lineage: str = ""
 
 
 # Places a dataset first seen on a write under the head revision's policy document:

@@ -7,7 +7,8 @@ Meridian errors and ask `error.retriable`:
   is locked past its busy timeout or its file cannot be opened, PostgreSQL found a
   serialization failure or deadlock → `CatalogUnavailableError` or
   `CatalogConflictError` (retriable);
-* a constraint the caller's input broke → `CatalogInputError` (not retriable);
+* a unique key a concurrent writer took first → `CatalogConflictError` (retriable);
+  any other constraint the caller's input broke → `CatalogInputError` (not retriable);
 * anything else from SQLAlchemy → `CatalogError` (not retriable: a bug or a damaged
   schema, which retrying would only repeat).
 """
@@ -37,8 +38,11 @@ R = TypeVar("R")
 # operator intervention such as admin shutdown (57), insufficient resources (53),
 # serialization failure and deadlock (40001, 40P01).
 RETRY_CLASSES = ("08", "53", "57")
+# 25006: a read-only transaction (the server became a standby in an HA switch);
+# 40003: the server cannot say whether a statement completed.
+RETRY_CODES = ("25006", "40003")
 CONFLICT_CODES = ("40001", "40P01")
-SQLITE_TRANSIENT = ("locked", "busy", "unable to open", "disk i/o")
+SQLITE_TRANSIENT = ("locked", "busy", "unable to open", "disk i/o", "disk is full")
 
 
 class HasUrl(Protocol):
@@ -69,6 +73,12 @@ def translate_error(exc: sa.SQLAlchemyError, url: str) -> MeridianError:
         if state in CONFLICT_CODES:
             return CatalogConflictError(f"{where} refused a concurrent write ({detail}); retry")
         if isinstance(exc, sa.IntegrityError):
+            if state == "23505" or "UNIQUE constraint failed" in detail:
+                # Natural keys are inserted with ON CONFLICT DO NOTHING, so a unique
+                # violation is a concurrent writer taking the same key (an HLC): retry.
+                return CatalogConflictError(
+                    f"{where} refused a write a concurrent one made first ({detail}); retry"
+                )
             return CatalogInputError(f"{where} refused a write that breaks a constraint: {detail}")
         if isinstance(exc.orig, sqlite3.Error):
             # SQLite has no SQLSTATE and raises OperationalError for a missing table
@@ -81,6 +91,7 @@ def translate_error(exc: sa.SQLAlchemyError, url: str) -> MeridianError:
         if (
             exc.connection_invalidated
             or state[:2] in RETRY_CLASSES
+            or state in RETRY_CODES
             or isinstance(exc, sa.InterfaceError | sa.OperationalError)
         ):
             # psycopg raises OperationalError for lost connections and refused or

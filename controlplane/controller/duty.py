@@ -14,12 +14,11 @@ term, and only when the lease is lost; see `election.py`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
 from controlplane.errors import MeridianError
-from controlplane.lifecycle import Lifecycle
+from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
 
 log = get_logger("meridian.controller")
@@ -81,12 +80,8 @@ class Duty(Lifecycle):
             self._tasks.append(task)
 
     async def _do_stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        tasks, self._tasks = list(self._tasks), []
+        await cancel_and_wait(*tasks)
 
     async def _keep_running(self, what: str, body: Loop) -> None:
         backoff = Backoff(self._retry_initial_s, self._retry_max_s)

@@ -13,7 +13,6 @@ error never gives the lease up (leaving `hold()` would revoke it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -23,7 +22,7 @@ from controlplane.controller.duty import Backoff, describe, is_retriable
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.locks import GlobalLock, HeldLock, LockLostError
 from controlplane.coordination.timeutil import rfc3339, utcnow
-from controlplane.lifecycle import Lifecycle
+from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import Put
 
@@ -54,9 +53,7 @@ class Election(Lifecycle):
     async def _do_stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _campaign(self) -> None:
         cfg = self.ctx.config

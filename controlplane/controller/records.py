@@ -29,6 +29,7 @@ from controlplane.coordination.catalog_glue.sources import (
     FailoverJournal,
     JournalEntry,
 )
+from controlplane.errors import MeridianError
 from controlplane.logs import get_logger
 
 log = get_logger("meridian.controller")
@@ -42,6 +43,8 @@ class CatalogRecords:
         self._probe = probe
         self._lock = threading.Lock()
         self._pending: dict[str, JournalEntry] = {}  # insertion order = move order
+        # Rows the catalog refused for good (kept for the logs and a later look).
+        self.refused: dict[str, JournalEntry] = {}
         self._deferred_at: dict[str, float] = {}  # id -> time.monotonic() first deferred
         self._unknown_rpo: dict[tuple[str, str], str] = {}  # (dataset, region) -> error
 
@@ -109,15 +112,34 @@ class CatalogRecords:
             return set(self._pending)
 
     def flush(self) -> int:
-        """Write the deferred rows in order; how many. Raises (keeping the rest) on the
-        first one the catalog still refuses."""
+        """Write the deferred rows in order; how many. A row the catalog refuses for a
+        reason that retrying will not fix (a Meridian error that is not `retriable`) is
+        set aside in `refused`, logged, and the rest go on; any other error stops the
+        flush (raising it), keeping the rest for the next one."""
         written = 0
         while True:
             with self._lock:
                 if not self._pending:
                     return written
                 jid, entry = next(iter(self._pending.items()))
-            self._journal.append(entry)
+            try:
+                self._journal.append(entry)
+            except MeridianError as exc:
+                if exc.retriable:
+                    raise
+                with self._lock:
+                    self._pending.pop(jid, None)
+                    self._deferred_at.pop(jid, None)
+                    self.refused[jid] = entry
+                log.error(
+                    "journal_row_refused",
+                    id=jid,
+                    dataset=entry.dataset,
+                    epoch=entry.epoch,
+                    error=describe(exc),
+                    kept=len(self.refused),
+                )
+                continue
             with self._lock:
                 self._pending.pop(jid, None)
                 since = self._deferred_at.pop(jid, time.monotonic())

@@ -12,13 +12,18 @@ the layout's version; `CHANGE_EVENT_SCHEMA` is the one this code writes and read
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from controlplane.domain.errors import VersionError
+from controlplane.domain.hlc import REGION_PATTERN
 from controlplane.domain.names import check_name
 from controlplane.domain.version import Version
 
 CHANGE_EVENT_SCHEMA = 1
+
+
+_REGION_RE = re.compile(REGION_PATTERN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,8 +48,16 @@ class ChangeEvent:
         check_name("key", self.key)
         if not isinstance(self.version, Version):
             raise VersionError(f"{where}: version must be a Version")
-        if not self.origin_region:
-            raise VersionError(f"{where}: origin_region is empty")
+        if not isinstance(self.origin_region, str) or not _REGION_RE.fullmatch(self.origin_region):
+            raise VersionError(
+                f"{where}: origin_region {self.origin_region!r} is not a region name"
+            )
+        if self.origin_region != self.version.hlc.region:
+            # The origin stamps the version: a mismatch is a forged or mangled event.
+            raise VersionError(
+                f"{where}: origin_region {self.origin_region} differs from the region of "
+                f"its version's HLC ({self.version.hlc.region})"
+            )
         for name, value in (("epoch", self.epoch), ("policy_revision", self.policy_revision)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise VersionError(f"{where}: {name} must be an integer >= 0, got {value!r}")

@@ -102,7 +102,12 @@ def apply_policy(
     published = False
     if publisher is not None and revision:
         compiled = CompiledPolicy.build(
-            policy, placed, digest=digest, revision=revision, applied_at=applied_at
+            policy,
+            placed,
+            digest=digest,
+            revision=revision,
+            applied_at=applied_at,
+            lineage=outcome.lineage,
         )
         asyncio.run(publisher.publish(compiled))
         published = True

@@ -57,7 +57,7 @@ from controlplane.coordination.protocols import keys
 from controlplane.domain.errors import PlacementError
 from controlplane.domain.placement import Placement
 from controlplane.errors import InvalidInputError, MeridianError, NotFoundError, UnavailableError
-from controlplane.lifecycle import Lifecycle
+from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
 from controlplane.policy.units import parse_bandwidth_bps, parse_duration_s
 from controlplane.ports.coordination import Coordination, EventType, Get
@@ -99,6 +99,9 @@ class CompiledPolicy:
     links: Mapping[frozenset[str], Link]
     placements: Mapping[str, Placement]
     rules: Mapping[str, Any]  # `PolicySet.document()`: places datasets first seen later
+    # The catalog's line of revisions (`RevisionOutcome.lineage`): revisions of one
+    # lineage are ordered, so an older one published late is not taken for news.
+    lineage: str = ""
     etcd_revision: int = field(default=0, compare=False)  # of the key it was read from
 
     # -- building and encoding ---------------------------------------------------------
@@ -111,6 +114,7 @@ class CompiledPolicy:
         digest: str,
         revision: int,
         applied_at: datetime,
+        lineage: str = "",
     ) -> CompiledPolicy:
         """What `policy apply` publishes: `placements` are those it computed (declared
         datasets and those the catalog already knew)."""
@@ -123,13 +127,20 @@ class CompiledPolicy:
             links=_links(rules.get("links", {}), where="policy.links"),
             placements=dict(placements),
             rules=rules,
+            lineage=lineage,
         )
+
+    def supersedes(self, other: CompiledPolicy) -> bool:
+        """Whether this revision may replace `other`: always across lineages (another
+        catalog), and within one only when it is not older."""
+        return self.lineage != other.lineage or self.revision >= other.revision
 
     def to_json(self) -> bytes:
         doc = {
             "schema": SCHEMA,
             "digest": self.digest,
             "revision": self.revision,
+            "lineage": self.lineage,
             "applied_at": self.applied_at.isoformat().replace("+00:00", "Z"),
             "policy": self.rules,
             "placements": {name: _placement_json(p) for name, p in sorted(self.placements.items())},
@@ -179,6 +190,7 @@ class CompiledPolicy:
             links=_links(rules.get("links", {}), where="policy.links"),
             placements=placements,
             rules=rules,
+            lineage=_lineage(top),
             etcd_revision=etcd_revision,
         )
 
@@ -363,9 +375,7 @@ class PolicyView(Lifecycle):
     async def _do_stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     # -- following ---------------------------------------------------------------------
     async def _read(self) -> None:
@@ -416,6 +426,15 @@ class PolicyView(Lifecycle):
                 log.error("policy_unreadable", etcd_revision=etcd_revision, error=str(exc))
         if before is not None and snapshot is not None and before.etcd_revision == etcd_revision:
             return  # the same revision read again (after a reconnect): nothing changed
+        if before is not None and snapshot is not None and not snapshot.supersedes(before):
+            # Two applies raced and the older one's write landed last: keep the newer.
+            log.warning(
+                "policy_older_ignored",
+                revision=snapshot.revision,
+                held=before.revision,
+                etcd_revision=etcd_revision,
+            )
+            return
         if before is None and snapshot is None:
             return
         self._current = snapshot
@@ -428,3 +447,11 @@ class PolicyView(Lifecycle):
         )
         async with self._changed:
             self._changed.notify_all()
+
+
+def _lineage(top: Mapping[str, Any]) -> str:
+    # Absent in values published before lineages existed: those order as their own line.
+    value = top.get("lineage", "")
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{POLICY_KEY}: lineage must be a string, got {value!r}")
+    return value

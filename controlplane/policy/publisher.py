@@ -11,11 +11,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from controlplane.coordination.protocols import keys
-from controlplane.errors import MeridianError, UnavailableError
+from controlplane.errors import ConflictError, InvalidInputError, MeridianError, UnavailableError
+from controlplane.logs import get_logger
 from controlplane.policy.current import CompiledPolicy
-from controlplane.ports.coordination import Coordination
+from controlplane.ports.coordination import Cmp, Compare, Coordination, Put, Target
 
 POLICY_KEY = keys.POLICY_CURRENT
+PUBLISH_ATTEMPTS = 5
+log = get_logger(__name__)
 
 
 class PolicyPublisher(Protocol):
@@ -23,9 +26,10 @@ class PolicyPublisher(Protocol):
 
     Guarantees: `publish` replaces the single key with the whole compiled policy in
     one write and returns only once the store acknowledged it; it is idempotent
-    (publishing the same revision twice is harmless); on failure it raises
-    `UnavailableError` and changes nothing else. It never orders revisions:
-    callers publish the catalog's head."""
+    (publishing the same revision twice is harmless); it never replaces a newer
+    revision of the same catalog (`CompiledPolicy.supersedes`: two applies racing
+    leave the newer published, whichever writes last); on failure it raises
+    `UnavailableError` and changes nothing else."""
 
     async def publish(self, policy: CompiledPolicy) -> None: ...
 
@@ -37,7 +41,32 @@ class CoordinationPolicyPublisher:
         self._coord = coord
 
     async def publish(self, policy: CompiledPolicy) -> None:
-        await self._coord.put(POLICY_KEY, policy.to_json())
+        value = policy.to_json()
+        for _ in range(PUBLISH_ATTEMPTS):
+            held = await self._coord.get(POLICY_KEY)
+            if held is not None:
+                try:
+                    current = CompiledPolicy.from_json(held.value)
+                except InvalidInputError:
+                    current = None  # unreadable: replacing it is the repair
+                if current is not None and not policy.supersedes(current):
+                    log.warning(
+                        "policy_publish_skipped",
+                        revision=policy.revision,
+                        published=current.revision,
+                        reason="a newer revision of this catalog is already published",
+                    )
+                    return
+            seen = held.mod_revision if held is not None else 0
+            done = await self._coord.txn(
+                [Compare(POLICY_KEY, Target.MOD, Cmp.EQUAL, seen)], [Put(POLICY_KEY, value)]
+            )
+            if done.succeeded:
+                return
+        raise ConflictError(
+            f"could not publish policy revision {policy.revision}: {POLICY_KEY} kept "
+            f"changing under {PUBLISH_ATTEMPTS} attempts; re-run `meridian policy apply`"
+        )
 
 
 class EtcdPolicyPublisher:

@@ -30,13 +30,15 @@ import sqlalchemy as sa
 from alembic import op
 
 from controlplane.catalog.types import UTCDateTime
+from controlplane.domain.errors import HLCError
+from controlplane.domain.hlc import HLC, LOGICAL_MAX, REGION_PATTERN
 
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-HLC_RE = re.compile(r"^(\d{13})\.(\d{5})@(.+)$")
+REGION_RE = re.compile(REGION_PATTERN)
 HLC_TEXT_LENGTH = 96
 BATCH = 5000
 
@@ -82,15 +84,20 @@ def _backfill(conn: sa.Connection) -> None:
     for vid, oid, name, origin, created in rows:
         if oid != current:
             current, top = oid, (0, 0)
-        parsed = HLC_RE.match(name or "")
-        if parsed:
-            stamp = (int(parsed[1]), int(parsed[2]))
-            text = name
+        try:
+            given = HLC.parse(name)  # the data plane names versions by their HLC
+        except HLCError:
+            given = None
+        if given is not None:
+            stamp, text = (given.wall_ms, given.logical), given.text
         else:
             stamp = (_ms(created), 0)
             if stamp <= top:
                 stamp = (top[0], top[1] + 1)
-            text = f"{stamp[0]:013d}.{stamp[1]:05d}@{origin or 'unknown'}"
+                if stamp[1] > LOGICAL_MAX:  # as the clock does: on to the next millisecond
+                    stamp = (stamp[0] + 1, 0)
+            region = origin if isinstance(origin, str) and REGION_RE.fullmatch(origin) else None
+            text = HLC(stamp[0], stamp[1], region or "unknown").text
         top = max(top, stamp)
         pending.append({"vid": vid, "hlc": text})
         if len(pending) >= BATCH:

@@ -397,3 +397,20 @@ def test_a_version_is_registered_once_as_what_it_is(cat: Catalog) -> None:
         cat.register_version(ds, "k", hlc, "blake3:aa", hlc=_hlc(1_764_579_000_001))
     with pytest.raises(CatalogInputError, match=r"a delete \(a tombstone\), which has no digest"):
         cat.register_version(ds, "k", _hlc(1_764_579_000_002), "blake3:aa", op="delete")
+
+
+def test_lag_counts_from_the_oldest_version_not_yet_completed(cat: Catalog) -> None:
+    """A region that completed v1 of k, then nothing, lags from v2 even when v3 is latest."""
+    ds, wall = "corpus/web", 1_764_579_000_000
+    for n in range(3):
+        cat.register_version(
+            ds, "k", _hlc(wall + n * 1000), f"blake3:0{n}", origin_region="eu-west"
+        )
+    cat.set_replica_state(ds, "k", _hlc(wall), "eu-central", "completed", digest="blake3:00")
+    at = cat.oldest_incomplete_at(ds, ["eu-central"])
+    assert at == datetime.fromtimestamp((wall + 1000) / 1000, UTC)
+    # completing the latest makes the older gaps moot: the region is up to date
+    cat.set_replica_state(ds, "k", _hlc(wall + 2000), "eu-central", "completed", digest="blake3:02")
+    assert cat.oldest_incomplete_at(ds, ["eu-central"]) is None
+    # the origin itself never lags behind its own writes
+    assert cat.oldest_incomplete_at(ds, ["eu-west"]) is None

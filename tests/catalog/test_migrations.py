@@ -167,6 +167,7 @@ def test_versions_get_an_hlc_in_registration_order(empty_catalog_url: str) -> No
                 ("v2", "2026-11-30 01:00:00"),
                 (named, "2026-11-30 01:00:00"),
                 ("v3", "2026-11-29 01:00:00"),
+                ("1764579123456.00000@EU", "2026-11-29 01:00:00"),  # not HLC text: no region
             ]:
                 conn.execute(
                     text(
@@ -183,11 +184,13 @@ def test_versions_get_an_hlc_in_registration_order(empty_catalog_url: str) -> No
     hlc = {str(v): str(h) for v, h in rows}
     assert hlc[named] == named
     assert hlc["v1"] < hlc["v2"] < hlc["v3"]  # registration order, whatever created_at says
+    assert hlc["v3"] < hlc["1764579123456.00000@EU"]  # numbered, not taken as an HLC
     assert hlc["v1"].endswith("@unknown") and hlc["v1"].startswith("1796000400000.")
     cat = open_catalog(url)
     try:
         latest = cat.latest_version("d", "k")
-        assert latest is not None and latest.version == "v3"
+        assert latest is not None and latest.version == "1764579123456.00000@EU"
+        assert cat.oldest_incomplete_at("d", ["eu-west"]) is not None  # every HLC parses
     finally:
         cat.close()
 
@@ -305,3 +308,18 @@ def test_upgrade_and_downgrade_keep_every_row(empty_catalog_url: str) -> None:
         assert counts() == dict.fromkeys(tables, 1)
     finally:
         engine.dispose()
+
+
+@pytest.mark.integration
+def test_postgresql_connections_cannot_hang_for_ever(postgres_url: str) -> None:
+    """A blackholed server is noticed by TCP within seconds, a stuck statement ends."""
+    engine = make_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            statement = conn.execute(text("SHOW statement_timeout")).scalar_one()
+            # libpq's socket options live on the client side of the connection
+            client = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+    finally:
+        engine.dispose()
+    assert statement == "2min"
+    assert (client["tcp_user_timeout"], client["keepalives"]) == ("10000", "1")

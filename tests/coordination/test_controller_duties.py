@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.toxiproxy import ToxiproxyClient
-from controlplane.catalog.errors import CatalogUnavailableError
+from controlplane.catalog.errors import CatalogInputError, CatalogUnavailableError
 from controlplane.controller.daemon import ControllerConfig, RegionController
 from controlplane.controller.duty import Backoff, Duty, Loop
 from controlplane.controller.records import CatalogRecords
@@ -151,6 +151,27 @@ def test_rows_refused_by_a_down_catalog_wait_in_order_and_say_the_rpo_is_unknown
     assert "rpo_versions_unknown" not in journal.entries["ckpt/c@8"].details
     records.append(_entry("ckpt/d", 9))  # the catalog is up: written at once
     assert records.pending == 0 and "ckpt/d@9" in journal.entries
+
+
+def test_a_row_refused_for_good_is_set_aside_and_the_rest_are_written() -> None:
+    """One row the catalog will never take (not retriable) must not block later ones."""
+
+    class PickyJournal(DownJournal):
+        def append(self, entry: JournalEntry) -> None:
+            self._check()
+            if entry.dataset == "ckpt/bad":
+                raise CatalogInputError("failover kind 'x' is not one of ... (test)")
+            super().append(entry)
+
+    journal = PickyJournal()
+    records = CatalogRecords(journal, journal)
+    journal.down = True
+    for name, epoch in (("ckpt/a", 1), ("ckpt/bad", 2), ("ckpt/c", 3)):
+        records.append(_entry(name, epoch))
+    journal.down = False
+    assert records.flush() == 2
+    assert list(journal.entries) == ["ckpt/a@1", "ckpt/c@3"]
+    assert records.pending == 0 and list(records.refused) == ["ckpt/bad@2"]
 
 
 # -- etcd trouble does not give the lease up -------------------------------------------------------

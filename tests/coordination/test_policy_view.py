@@ -34,7 +34,7 @@ def example() -> PolicySet:
     return policy
 
 
-def compiled(revision: int = 1, *, deletes: str = "replicate") -> CompiledPolicy:
+def compiled(revision: int = 1, *, deletes: str = "replicate", lineage: str = "") -> CompiledPolicy:
     policy = example()
     placements = {
         name: dataclasses.replace(p, deletes=deletes) for name, p in policy.placements({}).items()
@@ -45,6 +45,7 @@ def compiled(revision: int = 1, *, deletes: str = "replicate") -> CompiledPolicy
         digest=f"{policy.digest[:8]}-{revision}",
         revision=revision,
         applied_at=utcnow(),
+        lineage=lineage,
     )
 
 
@@ -55,7 +56,15 @@ def test_the_published_value_round_trips_whole() -> None:
     assert after == before
     assert after.etcd_revision == 42
     doc = json.loads(before.to_json())
-    assert set(doc) == {"schema", "digest", "revision", "applied_at", "policy", "placements"}
+    assert set(doc) == {
+        "schema",
+        "digest",
+        "revision",
+        "lineage",
+        "applied_at",
+        "policy",
+        "placements",
+    }
     assert doc["policy"]["regions"]["us-east"] == {"jurisdiction": "US"}
     assert doc["placements"]["ckpt/llama-70b"]["labels"] == {"team": "pretrain"}
 
@@ -188,6 +197,26 @@ async def test_the_view_follows_each_publish_and_fails_closed_without_one(
     await view.wait_for(lambda p: p is None, 5)
     with pytest.raises(NoPolicyError, match="no policy has been applied"):
         view.require()
+
+
+@pytest.mark.integration
+async def test_an_older_revision_published_late_replaces_nothing(
+    coord: EtcdCoordination, view: PolicyView
+) -> None:
+    """Two applies race: revision 6 is published, then 5's late write arrives. The
+    publisher leaves 6 in etcd, and a view that sees 5 written anyway (an older
+    Meridian, a hand edit) keeps 6; another catalog's lineage is not ordered against."""
+    publisher = CoordinationPolicyPublisher(coord)
+    await publisher.publish(compiled(6, lineage="cat-a"))
+    await view.wait_for(_at(6), 5)
+    await publisher.publish(compiled(5, lineage="cat-a"))
+    held = await coord.get(keys.POLICY_CURRENT)
+    assert held is not None and CompiledPolicy.from_json(held.value).revision == 6
+    await coord.put(keys.POLICY_CURRENT, compiled(5, lineage="cat-a").to_json())
+    await publisher.publish(compiled(7, lineage="cat-a"))  # a later write, to wait on
+    assert (await view.wait_for(_at(7), 5)) is not None  # 5 never showed in between
+    await publisher.publish(compiled(1, lineage="cat-b"))  # a fresh catalog
+    assert (await view.wait_for(_at(1), 5)) is not None
 
 
 @pytest.mark.integration

@@ -57,7 +57,9 @@ def event(**over: object) -> ChangeEvent:
     [
         ({"event_id": ""}, "event_id is empty"),
         ({"key": "../x"}, "'..' segment"),
-        ({"origin_region": ""}, "origin_region is empty"),
+        ({"origin_region": ""}, "origin_region '' is not a region name"),
+        ({"origin_region": "NOT A REGION"}, "'NOT A REGION' is not a region name"),
+        ({"origin_region": "us-east"}, r"differs from the region of its version's HLC"),
         ({"policy_revision": 0}, "policy_revision is 0"),
         ({"epoch": -1}, "epoch must be an integer >= 0, got -1"),
         ({"schema": 2}, "schema 2 is not known"),

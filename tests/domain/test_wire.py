@@ -81,7 +81,7 @@ def events(draw: st.DrawFn) -> ChangeEvent:
         dataset=draw(names),
         key="/".join(draw(st.lists(names, min_size=1, max_size=3))),
         version=version,
-        origin_region=draw(regions),
+        origin_region=stamp.region,  # the origin stamps its versions
         policy_revision=draw(st.integers(1, 2**63)),
         epoch=draw(st.integers(0, 2**63)),
         set=draw(st.none() | names),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from controlplane.errors import MeridianError
@@ -44,3 +46,33 @@ async def test_stop_before_start_does_nothing() -> None:
     component = Recorder()
     await component.stop()
     assert component.calls == []
+
+
+async def test_cancel_and_wait_does_not_swallow_a_cancel_of_the_waiter() -> None:
+    """A child that takes long to finish its cancellation: the stopper waits for it, and
+    a cancel aimed at the stopper itself (a second SIGTERM, a timeout) still lands."""
+    from controlplane.lifecycle import cancel_and_wait
+
+    release = asyncio.Event()
+    cleaned: list[str] = []
+
+    async def child() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await release.wait()  # slow clean-up
+            cleaned.append("child")
+
+    task = asyncio.create_task(child())
+    await asyncio.sleep(0)
+    stopper = asyncio.create_task(cancel_and_wait(task))
+    await asyncio.sleep(0)
+    stopper.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await stopper
+    assert stopper.cancelled()
+    plain = asyncio.create_task(child())
+    await asyncio.sleep(0)
+    await cancel_and_wait(plain)  # the child's own cancellation is swallowed
+    assert plain.cancelled() and cleaned == ["child", "child"]

@@ -1,0 +1,51 @@
+"""Reading one version: an open file and the version it holds, as 1 MiB chunks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Self
+
+from agents.store.model import StoredVersion
+
+CHUNK_BYTES = 1 << 20  # the agent API's message size (spec/dataplane.md)
+
+
+class ObjectReader:
+    """An open version. The file was opened while its metadata row was read, under the
+    store's lock, so pruning (row first, then file) cannot take it away: a reader
+    always sees the whole version it opened. Iterate for chunks of at most 1 MiB;
+    close it (or use `with`)."""
+
+    def __init__(self, stored: StoredVersion, fd: int) -> None:
+        self.stored = stored
+        self.version = stored.version
+        self.size = stored.version.size
+        self._fd: int | None = fd
+
+    def read(self, limit: int = CHUNK_BYTES) -> bytes:
+        """Up to `limit` bytes; b"" at the end (or once closed)."""
+        if self._fd is None:
+            return b""
+        return os.read(self._fd, limit)
+
+    def chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+        while chunk := self.read(chunk_bytes):
+            yield chunk
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.chunks()
+
+    def read_all(self) -> bytes:
+        return b"".join(self.chunks())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.close()

@@ -1,0 +1,93 @@
+"""Row-level helpers shared by the store and its startup repair (callers hold the lock
+and an open transaction)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Literal, cast
+
+from agents.store.model import JsonValue, State, StoredVersion
+from controlplane.domain.hlc import HLC
+from controlplane.domain.version import Digest, Version
+
+VERSION_COLUMNS = "dataset, key, hlc, op, size, digest, state, set_id, stored_ms"
+# Every column of `versions`, the path last (callers cut it off for to_stored).
+SELECT_VERSIONS = (
+    "SELECT dataset, key, hlc, op, size, digest, state, set_id, stored_ms, path FROM versions"
+)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def to_stored(row: tuple[object, ...]) -> StoredVersion:
+    """A `versions` row (VERSION_COLUMNS, in order) as a StoredVersion."""
+    dataset, key, hlc, op, size, digest, state, set_id, stored_ms = row
+    version = Version(
+        HLC.parse(hlc),
+        cast(Literal["put", "delete"], op),
+        cast(int, size),
+        None if digest is None else Digest.parse(digest),
+    )
+    return StoredVersion(
+        dataset=cast(str, dataset),
+        key=cast(str, key),
+        version=version,
+        state=cast(State, state),
+        set_id=cast("str | None", set_id),
+        stored_ms=cast(int, stored_ms),
+    )
+
+
+def version_data(version: Version) -> dict[str, JsonValue]:
+    return {
+        "hlc": version.hlc.text,
+        "op": version.op,
+        "size": version.size,
+        "digest": None if version.digest is None else version.digest.text,
+    }
+
+
+def journal(
+    conn: sqlite3.Connection,
+    kind: str,
+    dataset: str,
+    key: str | None,
+    hlc: str | None,
+    data: dict[str, JsonValue],
+) -> None:
+    conn.execute(
+        "INSERT INTO journal (kind, dataset, key, hlc, at_ms, data) VALUES (?, ?, ?, ?, ?, ?)",
+        (kind, dataset, key, hlc, now_ms(), json.dumps(data, sort_keys=True)),
+    )
+
+
+def refresh_set(conn: sqlite3.Connection, dataset: str, set_id: str) -> bool:
+    """Recompute whether every member of a set is stored; return whether it is complete."""
+    total, present = conn.execute(
+        "SELECT count(*), count(v.hlc) FROM set_members AS m LEFT JOIN versions AS v"
+        " ON v.dataset = m.dataset AND v.key = m.key AND v.hlc = m.hlc AND v.state = 'present'"
+        " WHERE m.dataset = ? AND m.set_id = ?",
+        (dataset, set_id),
+    ).fetchone()
+    complete = total > 0 and total == present
+    conn.execute(
+        "UPDATE sets SET complete = ? WHERE dataset = ? AND set_id = ?",
+        (int(complete), dataset, set_id),
+    )
+    return bool(complete)
+
+
+def refresh_sets_of(conn: sqlite3.Connection, dataset: str, key: str, hlc: str) -> list[str]:
+    """Recompute the sets that name this member version; return those now complete."""
+    ids = [
+        row[0]
+        for row in conn.execute(
+            "SELECT set_id FROM set_members WHERE dataset = ? AND key = ? AND hlc = ?",
+            (dataset, key, hlc),
+        )
+    ]
+    return [set_id for set_id in ids if refresh_set(conn, dataset, set_id)]

@@ -1,0 +1,147 @@
+"""The store's metadata database: SQLite in WAL mode, `meta.db` in the root.
+
+`synchronous=FULL`: a commit is durable when it returns, so a write is
+acknowledged only after its row (and its journal and outbox rows, same
+transaction) would survive a power cut. Text columns compare byte-wise (BINARY),
+so HLC text orders versions as the HLC does.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+FORMAT = "1"
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS versions (
+    dataset TEXT NOT NULL,
+    key TEXT NOT NULL,
+    hlc TEXT NOT NULL,
+    op TEXT NOT NULL CHECK (op IN ('put', 'delete')),
+    size INTEGER NOT NULL CHECK (size >= 0),
+    digest TEXT,
+    path TEXT UNIQUE,
+    state TEXT NOT NULL CHECK (state IN ('present', 'missing')),
+    set_id TEXT,
+    stored_ms INTEGER NOT NULL,
+    PRIMARY KEY (dataset, key, hlc)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sets (
+    dataset TEXT NOT NULL,
+    set_id TEXT NOT NULL,
+    hlc TEXT NOT NULL,
+    complete INTEGER NOT NULL,
+    stored_ms INTEGER NOT NULL,
+    PRIMARY KEY (dataset, set_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sets_by_hlc ON sets (dataset, complete, hlc);
+CREATE TABLE IF NOT EXISTS set_members (
+    dataset TEXT NOT NULL,
+    set_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    hlc TEXT NOT NULL,
+    PRIMARY KEY (dataset, set_id, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS set_members_by_version ON set_members (dataset, key, hlc);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL CHECK (kind IN ('version', 'set')),
+    dataset TEXT NOT NULL,
+    key TEXT,
+    hlc TEXT NOT NULL,
+    op TEXT,
+    size INTEGER,
+    digest TEXT,
+    set_id TEXT,
+    members TEXT,
+    origin_region TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    policy_revision INTEGER,
+    created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS journal (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    key TEXT,
+    hlc TEXT,
+    at_ms INTEGER NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cursors (name TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
+-- Usage counters, kept by triggers in the transaction of every change to `versions`, so
+-- that usage() reads one row instead of scanning: `objects` counts objects whose newest
+-- version is a put; `versions` and `bytes` the put rows whose bytes are present.
+CREATE TABLE IF NOT EXISTS usage (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    objects INTEGER NOT NULL,
+    versions INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS usage_insert AFTER INSERT ON versions BEGIN
+    UPDATE usage SET
+        versions = versions + (NEW.op = 'put' AND NEW.state = 'present'),
+        bytes = bytes + CASE WHEN NEW.op = 'put' AND NEW.state = 'present'
+                             THEN NEW.size ELSE 0 END,
+        objects = objects + CASE
+            WHEN EXISTS (SELECT 1 FROM versions WHERE dataset = NEW.dataset
+                         AND key = NEW.key AND hlc > NEW.hlc) THEN 0
+            ELSE (NEW.op = 'put') - coalesce((SELECT op = 'put' FROM versions
+                  WHERE dataset = NEW.dataset AND key = NEW.key AND hlc < NEW.hlc
+                  ORDER BY hlc DESC LIMIT 1), 0)
+            END;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_delete AFTER DELETE ON versions BEGIN
+    UPDATE usage SET
+        versions = versions - (OLD.op = 'put' AND OLD.state = 'present'),
+        bytes = bytes - CASE WHEN OLD.op = 'put' AND OLD.state = 'present'
+                             THEN OLD.size ELSE 0 END,
+        objects = objects + CASE
+            WHEN EXISTS (SELECT 1 FROM versions WHERE dataset = OLD.dataset
+                         AND key = OLD.key AND hlc > OLD.hlc) THEN 0
+            ELSE coalesce((SELECT op = 'put' FROM versions
+                  WHERE dataset = OLD.dataset AND key = OLD.key AND hlc < OLD.hlc
+                  ORDER BY hlc DESC LIMIT 1), 0) - (OLD.op = 'put')
+            END;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_state AFTER UPDATE OF state ON versions
+WHEN OLD.op = 'put' AND OLD.state != NEW.state BEGIN
+    UPDATE usage SET
+        versions = versions + CASE WHEN NEW.state = 'present' THEN 1 ELSE -1 END,
+        bytes = bytes + CASE WHEN NEW.state = 'present' THEN NEW.size ELSE -NEW.size END;
+END;
+"""
+
+# What the counters must equal; used to fill them in a database made before they
+# existed, and by the tests.
+USAGE_BY_SCAN = """
+SELECT
+    (SELECT count(*) FROM (SELECT max(hlc), op FROM versions GROUP BY dataset, key)
+     WHERE op = 'put'),
+    (SELECT count(*) FROM versions WHERE op = 'put' AND state = 'present'),
+    (SELECT coalesce(sum(size), 0) FROM versions WHERE op = 'put' AND state = 'present')
+"""
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open (creating if needed) the metadata database. The connection is shared by
+    the store's threads under the store's own lock, hence check_same_thread=False;
+    transactions are explicit (isolation_level=None, BEGIN IMMEDIATE)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if mode != "wal":
+        conn.close()
+        raise sqlite3.OperationalError(f"could not put {path} in WAL mode (got {mode})")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.executescript(DDL)
+    conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('format', ?)", (FORMAT,))
+    if conn.execute("SELECT 1 FROM usage WHERE id = 1").fetchone() is None:
+        conn.execute(
+            "INSERT INTO usage (id, objects, versions, bytes) VALUES (1, ?, ?, ?)",
+            conn.execute(USAGE_BY_SCAN).fetchone(),
+        )
+    return conn

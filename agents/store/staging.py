@@ -1,0 +1,186 @@
+"""A write in progress: bytes streamed into a temporary file under `tmp/`, hashed in
+the same pass, checked against the stated size and digest, then fsynced.
+
+The temporary file is invisible to readers (they only open files named by a
+committed metadata row), so an aborted or crashed write leaves nothing visible;
+startup removes what a crash left in `tmp/`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from pathlib import Path
+from typing import Self
+
+from agents.store import files
+from agents.store.errors import (
+    DigestMismatchError,
+    ShortStreamError,
+    StorageError,
+    TooLargeError,
+)
+from controlplane.domain.version import ContentHasher, Digest
+from controlplane.errors import InvalidInputError
+
+TMP = "tmp"
+HOLE_MIN_BYTES = 64 * 1024  # a zero chunk at least this long is left as a hole
+
+
+def _all_zero(view: memoryview) -> bool:
+    # First and last byte first: random data fails there at once; only a likely-zero
+    # chunk pays for the full comparison (C memcmp on bytes).
+    n = len(view)
+    return n >= HOLE_MIN_BYTES and view[0] == 0 and view[-1] == 0 and view.tobytes() == bytes(n)
+
+
+class StagedWrite:
+    """Bytes of one object on their way in. `write` each chunk, then the store commits
+    it (`ObjectStore.commit_put` / `commit_apply`); `abort`, or leaving the `with`
+    block without a commit, removes the temporary file. Not shared between threads."""
+
+    def __init__(
+        self,
+        root: Path,
+        dataset: str,
+        key: str,
+        *,
+        expected_size: int | None = None,
+        max_size: int | None = None,
+        expected_digest: Digest | None = None,
+    ) -> None:
+        for name, value in (("expected_size", expected_size), ("max_size", max_size)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+        self.dataset = dataset
+        self.key = key
+        self.expected_size = expected_size
+        self.max_size = max_size
+        self.expected_digest = expected_digest
+        self.path = root / TMP / f"{uuid.uuid4().hex}.part"
+        try:
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as err:
+            raise StorageError(
+                f"could not start writing {dataset}/{key} in {self.path.parent}: {err.strerror}"
+            ) from err
+        self._hasher = ContentHasher()
+        self.size = 0
+        self._digest: Digest | None = None
+        self._aborted = False
+        self._lock = threading.Lock()  # abort may come from another thread (cancellation)
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Append one chunk: hash it and write it; refuse it if it passes a size limit."""
+        if self._digest is not None:
+            raise InvalidInputError(f"the write of {self.dataset}/{self.key} is already finished")
+        try:
+            view = memoryview(chunk).cast("B")
+        except TypeError:
+            raise InvalidInputError(
+                f"a chunk of {self.dataset}/{self.key} must be bytes, got {type(chunk).__name__}"
+                " (open files in binary mode)"
+            ) from None
+        with self._lock:
+            fd = self._require_open()
+            new_size = self.size + len(view)
+            for limit, what in (
+                (self.expected_size, "its stated size"),
+                (self.max_size, "the cap"),
+            ):
+                if limit is not None and new_size > limit:
+                    self._abort_locked()
+                    raise TooLargeError(
+                        f"object {self.dataset}/{self.key} passed {what} of {limit} bytes; "
+                        "nothing was stored"
+                    )
+            self._hasher.update(view)
+            try:
+                if _all_zero(view):
+                    # A hole instead of zeros (finish() sets the length): a sparse
+                    # checkpoint or disk image costs no disk for its empty regions.
+                    os.lseek(fd, len(view), os.SEEK_CUR)
+                    view = view[len(view) :]
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+            except OSError as err:
+                self._abort_locked()
+                raise StorageError(
+                    f"could not write {self.dataset}/{self.key} to {self.path.parent}: "
+                    f"{err.strerror}; nothing was stored"
+                ) from err
+            self.size = new_size
+
+    def finish(self, *, sync: bool = True) -> Digest:
+        """End the stream: check the size and digest, then (unless `sync=False`, for a
+        caller that fsyncs many files at once by calling `finish()` again) fsync and
+        close. Returns the digest; idempotent. On a mismatch the temporary file is
+        removed and the error raised."""
+        with self._lock:
+            if self._aborted:
+                raise InvalidInputError(f"the write of {self.dataset}/{self.key} was aborted")
+            if self._digest is None:
+                self._require_open()
+                if self.expected_size is not None and self.size != self.expected_size:
+                    self._abort_locked()
+                    raise ShortStreamError(
+                        f"object {self.dataset}/{self.key} ended after {self.size} of its "
+                        f"{self.expected_size} bytes; nothing was stored"
+                    )
+                digest = self._hasher.digest()
+                if self.expected_digest is not None and digest != self.expected_digest:
+                    self._abort_locked()
+                    raise DigestMismatchError(
+                        f"object {self.dataset}/{self.key} hashed to {digest}, not the stated "
+                        f"{self.expected_digest}; nothing was stored"
+                    )
+                self._digest = digest
+            if sync and self._fd is not None:
+                try:
+                    os.ftruncate(self._fd, self.size)  # a trailing hole has no length yet
+                    files.fsync_file(self._fd)
+                except OSError as err:
+                    self._abort_locked()
+                    raise StorageError(
+                        f"could not make {self.dataset}/{self.key} durable: {err.strerror}; "
+                        "nothing was stored"
+                    ) from err
+                os.close(self._fd)
+                self._fd = None
+            return self._digest
+
+    @property
+    def digest(self) -> Digest:
+        if self._digest is None:
+            raise InvalidInputError("the staged write was not finished; call finish() first")
+        return self._digest
+
+    def abort(self) -> None:
+        """Drop the write and its temporary file (idempotent)."""
+        with self._lock:
+            self._abort_locked()
+
+    def _abort_locked(self) -> None:
+        self._aborted = True
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        files.remove_file(self.path)
+
+    def _require_open(self) -> int:
+        if self._fd is None:
+            raise InvalidInputError(
+                f"the write of {self.dataset}/{self.key} is already finished or aborted"
+            )
+        return self._fd
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # After a commit the file was renamed away and this removes nothing.
+        self.abort()

@@ -1,0 +1,1272 @@
+"""The agent's local object store: one root folder, bytes in files, metadata in SQLite.
+
+See agents/store/README.md for the on-disk format and the guarantees. Every
+method blocks and is thread-safe: bulk bytes move outside any lock; one lock per
+object (striped) orders the commits of that object; one store lock guards the
+SQLite connection, whose transactions are short.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Literal, Self
+
+from agents.store import files, repair, rows
+from agents.store.errors import MissingContentError, StorageError, StoreLockedError
+from agents.store.model import (
+    ApplyResult,
+    JournalEntry,
+    JsonValue,
+    OutboxEvent,
+    Page,
+    RepairReport,
+    SetRecord,
+    StoredVersion,
+    Usage,
+)
+from agents.store.names import OBJECTS, check_name, version_path
+from agents.store.reader import CHUNK_BYTES, ObjectReader
+from agents.store.schema import FORMAT, connect
+from agents.store.staging import TMP, StagedWrite
+from controlplane.domain.hlc import HLC, HybridClock
+from controlplane.domain.version import Digest, Verdict, Version, lww
+from controlplane.errors import ConfigError, InvalidInputError, NotFoundError, UnavailableError
+from controlplane.logs import get_logger
+
+log = get_logger(__name__)
+
+DEFAULT_KEEP_VERSIONS = 2
+DEFAULT_TOMBSTONE_RETENTION_S = 7 * 24 * 3600
+MAX_PAGE = 10_000
+_STRIPES = 256
+RECORDER = "recorder"
+_FSYNC_THREADS = 16
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One version to install (see `_install_many`)."""
+
+    dataset: str
+    key: str
+    version: Version
+    staged: StagedWrite | None
+    set_id: str | None = None
+    outbox: bool = False
+    epoch: int = 0
+    policy_revision: int | None = None
+
+
+Source = Iterable[bytes | bytearray | memoryview] | BinaryIO
+
+
+class ObjectStore:
+    """The store of one agent. Opening it takes the root's lock (one process per root)
+    and runs startup repair (`repair_report` says what it did)."""
+
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        clock: HybridClock,
+        keep_versions: int = DEFAULT_KEEP_VERSIONS,
+        verify: repair.Verify = "size",
+        tombstone_retention_s: int = DEFAULT_TOMBSTONE_RETENTION_S,
+    ) -> None:
+        if isinstance(keep_versions, bool) or not isinstance(keep_versions, int):
+            raise ConfigError(f"keep_versions must be an integer, got {keep_versions!r}")
+        if keep_versions < 1:
+            raise ConfigError(f"keep_versions must be at least 1, got {keep_versions}")
+        if tombstone_retention_s < 0:
+            raise ConfigError(f"tombstone_retention_s must be >= 0, got {tombstone_retention_s}")
+        self.root = Path(root)
+        self.clock = clock
+        self.region = clock.region
+        self.keep_versions = keep_versions
+        self.tombstone_retention_s = tombstone_retention_s
+        self._lock = threading.RLock()
+        self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._closed = False
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for sub in ("objects", TMP):
+                files.make_dirs(self.root, Path(sub))
+            # Folders found here may not be durable yet (made by a process that did not
+            # finish): one fsync of each parent makes them so, and then a write into
+            # a known fan-out folder needs no mkdir, no lock and no parent fsync.
+            files.fsync_dir(self.root)
+            files.fsync_dir(self.root / OBJECTS)
+            self._lock_fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise ConfigError(
+                f"store root {self.root} is not usable: {err.strerror or err}"
+            ) from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StoreLockedError(
+                f"store root {self.root} is open in another process; one agent per root"
+            ) from None
+        db: sqlite3.Connection | None = None
+        db_path = self.root / "meta.db"
+        if not db_path.exists() and _any_file(self.root / OBJECTS):
+            # Repair trusts the metadata; with none, it would delete every object.
+            self._release()
+            raise ConfigError(
+                f"store root {self.root} holds objects but no meta.db; restore the metadata "
+                "database or empty objects/ before starting"
+            )
+        try:
+            db = connect(db_path)
+            found = db.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+            if found[0] != FORMAT:
+                raise ConfigError(
+                    f"store root {self.root} has metadata format {found[0]}, "
+                    f"this agent reads format {FORMAT}"
+                )
+            self.repair_report: RepairReport = repair.run(self.root, db, verify=verify)
+            self._folders = {e.name for e in os.scandir(self.root / OBJECTS) if e.is_dir()}
+        except (sqlite3.Error, OSError) as err:
+            self._abandon(db)
+            raise StorageError(f"store {self.root} could not be opened: {err}") from err
+        except BaseException:
+            self._abandon(db)
+            raise
+        self._db = db
+        log.info("store opened", root=str(self.root), **vars(self.repair_report))
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the database and release the root (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._db.close()
+            self._release()
+
+    def _abandon(self, db: sqlite3.Connection | None) -> None:
+        if db is not None:
+            db.close()
+        self._release()
+
+    def _release(self) -> None:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.close()
+
+    # -- writes ----------------------------------------------------------------------
+
+    def stage(
+        self,
+        dataset: str,
+        key: str,
+        *,
+        expected_size: int | None = None,
+        max_size: int | None = None,
+        expected_digest: Digest | str | None = None,
+    ) -> StagedWrite:
+        """Begin a write: check the names, open a temporary file. Feed it with
+        `write(chunk)`, then `commit_put` or `commit_apply` it."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        self._require_open()
+        digest = (
+            Digest.parse(expected_digest) if isinstance(expected_digest, str) else expected_digest
+        )
+        return StagedWrite(
+            self.root,
+            dataset,
+            key,
+            expected_size=expected_size,
+            max_size=max_size,
+            expected_digest=digest,
+        )
+
+    def put(
+        self,
+        dataset: str,
+        key: str,
+        source: Source,
+        *,
+        expected_size: int | None = None,
+        max_size: int | None = None,
+        expected_digest: Digest | str | None = None,
+        set_id: str | None = None,
+        outbox: bool = False,
+        epoch: int = 0,
+        policy_revision: int | None = None,
+        transfer: Mapping[str, JsonValue] | None = None,
+    ) -> Version:
+        """Store a new version written here: stream `source` (chunks, or a binary file
+        object read in 1 MiB chunks), hash it in the same pass, commit it with a fresh
+        HLC. `outbox=True` (standard datasets) adds its change event in the same
+        transaction; `transfer` adds a transfer record to the journal likewise."""
+        with self.stage(
+            dataset,
+            key,
+            expected_size=expected_size,
+            max_size=max_size,
+            expected_digest=expected_digest,
+        ) as staged:
+            for chunk in _chunks(source):
+                staged.write(chunk)
+            return self.commit_put(
+                staged,
+                set_id=set_id,
+                outbox=outbox,
+                epoch=epoch,
+                policy_revision=policy_revision,
+                transfer=transfer,
+            )
+
+    def commit_put(
+        self,
+        staged: StagedWrite,
+        *,
+        set_id: str | None = None,
+        outbox: bool = False,
+        epoch: int = 0,
+        policy_revision: int | None = None,
+        transfer: Mapping[str, JsonValue] | None = None,
+    ) -> Version:
+        """Commit a staged write as a new local version (HLC assigned at commit, under the
+        object's lock, so the last commit of an object is its newest version)."""
+        set_id = None if set_id is None else check_name("set", set_id)
+        with staged:
+            digest = staged.finish()
+            with self._object_lock(staged.dataset, staged.key):
+                version = Version.put(self.clock.now(), staged.size, digest)
+                completed = self._install(
+                    staged.dataset,
+                    staged.key,
+                    version,
+                    staged,
+                    set_id=set_id,
+                    outbox=outbox,
+                    epoch=epoch,
+                    policy_revision=policy_revision,
+                    transfer=transfer,
+                )
+        self._settle(completed)
+        return version
+
+    def delete(
+        self,
+        dataset: str,
+        key: str,
+        *,
+        set_id: str | None = None,
+        outbox: bool = False,
+        epoch: int = 0,
+        policy_revision: int | None = None,
+    ) -> Version:
+        """Write a tombstone: a version (with a fresh HLC) that hides the object. An object
+        with no live version gets NotFoundError (nothing is written)."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        set_id = None if set_id is None else check_name("set", set_id)
+        with self._object_lock(dataset, key):
+            held = self.head(dataset, key)
+            if held is None or held.is_tombstone:
+                raise NotFoundError(f"object {dataset}/{key} is not stored here; nothing to delete")
+            version = Version.delete(self.clock.now())
+            completed = self._install(
+                dataset,
+                key,
+                version,
+                None,
+                set_id=set_id,
+                outbox=outbox,
+                epoch=epoch,
+                policy_revision=policy_revision,
+                transfer=None,
+            )
+        self._settle(completed)
+        return version
+
+    def apply(
+        self,
+        dataset: str,
+        key: str,
+        version: Version,
+        source: Source | None = None,
+        *,
+        set_id: str | None = None,
+        transfer: Mapping[str, JsonValue] | None = None,
+    ) -> ApplyResult:
+        """Apply a version made elsewhere, by last-writer-wins (`lww`): stored only if its
+        HLC is greater than the newest held; an older or equal one is a no-op (its
+        bytes are not even read). A put's bytes must match its size and digest
+        (DigestMismatchError otherwise, nothing stored). The clock observes the HLC
+        first (ClockSkewError if it is too far ahead)."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        if version.is_tombstone != (source is None):
+            raise InvalidInputError(
+                f"apply of {dataset}/{key} at {version.hlc}: a put needs its bytes and a "
+                "tombstone takes none"
+            )
+        self.clock.observe(version.hlc)
+        if not self._wanted(dataset, key, version):
+            return self._result_without_write(dataset, key, version)
+        if source is None:
+            with self._object_lock(dataset, key):
+                held = self.head(dataset, key)
+                verdict = lww(version, held)
+                if not verdict.applies:
+                    return ApplyResult(verdict, held or version)
+                completed = self._install(
+                    dataset,
+                    key,
+                    version,
+                    None,
+                    set_id=set_id,
+                    outbox=False,
+                    epoch=0,
+                    policy_revision=None,
+                    transfer=transfer,
+                )
+            self._settle(completed)
+            return ApplyResult(verdict, version)
+        with self.stage(
+            dataset, key, expected_size=version.size, expected_digest=version.digest
+        ) as staged:
+            for chunk in _chunks(source):
+                staged.write(chunk)
+            return self.commit_apply(staged, version, set_id=set_id, transfer=transfer)
+
+    def commit_apply(
+        self,
+        staged: StagedWrite,
+        version: Version,
+        *,
+        set_id: str | None = None,
+        transfer: Mapping[str, JsonValue] | None = None,
+    ) -> ApplyResult:
+        """Commit a staged write (stage it with the version's size and digest) as a
+        version made elsewhere, by LWW. A version this store holds but whose bytes
+        startup repair found missing is restored from it."""
+        if version.is_tombstone:
+            raise InvalidInputError("a tombstone has no bytes to commit; apply it without a source")
+        set_id = None if set_id is None else check_name("set", set_id)
+        with staged:
+            staged.finish()
+            if staged.digest != version.digest or staged.size != version.size:
+                raise InvalidInputError(
+                    f"staged bytes of {staged.dataset}/{staged.key} ({staged.size} bytes, "
+                    f"{staged.digest}) are not version {version.hlc}'s; stage with its size "
+                    "and digest"
+                )
+            dataset, key = staged.dataset, staged.key
+            self.clock.observe(version.hlc)
+            with self._object_lock(dataset, key):
+                held_row = self._row(dataset, key, version.hlc)
+                if held_row is not None:
+                    if held_row.state != "missing" or held_row.version != version:
+                        return self._result_without_write(dataset, key, version)
+                    completed = self._restore(held_row, staged)
+                    result = ApplyResult(Verdict.SAME, self.head(dataset, key) or version, True)
+                else:
+                    held = self.head(dataset, key)
+                    verdict = lww(version, held)
+                    if not verdict.applies:
+                        return ApplyResult(verdict, held or version)
+                    completed = self._install(
+                        dataset,
+                        key,
+                        version,
+                        staged,
+                        set_id=set_id,
+                        outbox=False,
+                        epoch=0,
+                        policy_revision=None,
+                        transfer=transfer,
+                    )
+                    result = ApplyResult(verdict, version)
+            self._settle(completed)
+            return result
+
+    def put_many(
+        self,
+        items: Sequence[tuple[str, str, Source]],
+        *,
+        outbox: bool = False,
+        epoch: int = 0,
+        policy_revision: int | None = None,
+    ) -> list[Version]:
+        """Store several new local versions (a bundle of small objects) as `put` would,
+        but committed together: the temporary files and the folders are fsynced in
+        parallel (a disk with a deep queue serves them at once) and every row goes in
+        one SQLite transaction (one WAL flush). All or nothing: on any error none is
+        stored. Each (dataset, key) at most once."""
+        self._distinct([(d, k) for d, k, _ in items])
+        staged: list[StagedWrite] = []
+        try:
+            for dataset, key, source in items:
+                staged.append(self.stage(dataset, key))
+                for chunk in _chunks(source):
+                    staged[-1].write(chunk)
+                staged[-1].finish(sync=False)
+            self._each_staged(staged)
+            with self._object_locks([(s.dataset, s.key) for s in staged]):
+                entries = [
+                    _Entry(
+                        s.dataset,
+                        s.key,
+                        Version.put(self.clock.now(), s.size, s.digest),
+                        s,
+                        outbox=outbox,
+                        epoch=epoch,
+                        policy_revision=policy_revision,
+                    )
+                    for s in staged
+                ]
+                completed = self._install_many(entries)
+        finally:
+            for s in staged:
+                s.abort()  # after the commit this removes nothing
+        self._settle(completed)
+        return [e.version for e in entries]
+
+    def apply_many(
+        self,
+        items: Sequence[tuple[str, str, Version, Source | None]],
+        *,
+        transfer: Mapping[str, JsonValue] | None = None,
+    ) -> list[ApplyResult]:
+        """`apply` for a bundle of versions made elsewhere, committed together as in
+        `put_many` (`transfer` is journalled once for the bundle). Each item is decided
+        by LWW on its own; the results come in the order of `items`. A bad item
+        (digest, size) fails the whole bundle and stores none."""
+        self._distinct([(d, k) for d, k, _, _ in items])
+        checked = []
+        for raw_dataset, raw_key, version, source in items:
+            dataset, key = check_name("dataset", raw_dataset), check_name("key", raw_key)
+            if version.is_tombstone != (source is None):
+                raise InvalidInputError(
+                    f"apply of {dataset}/{key} at {version.hlc}: a put needs its bytes and a "
+                    "tombstone takes none"
+                )
+            self.clock.observe(version.hlc)
+            checked.append((dataset, key, version, source))
+        staged: dict[int, StagedWrite] = {}
+        try:
+            for n, (dataset, key, version, source) in enumerate(checked):
+                if source is None or not self._wanted(dataset, key, version):
+                    continue
+                staged[n] = self.stage(
+                    dataset, key, expected_size=version.size, expected_digest=version.digest
+                )
+                for chunk in _chunks(source):
+                    staged[n].write(chunk)
+                staged[n].finish(sync=False)
+            self._each_staged(list(staged.values()))
+            results: list[ApplyResult | None] = [None] * len(checked)
+            entries: list[_Entry] = []
+            completed: list[tuple[str, str]] = []
+            with self._object_locks([(d, k) for d, k, _, _ in checked]):
+                for n, (dataset, key, version, _) in enumerate(checked):
+                    row = self._row(dataset, key, version.hlc)
+                    held = self.head(dataset, key)
+                    verdict = lww(version, held)
+                    if (
+                        row is not None
+                        and n in staged
+                        and row.state == "missing"
+                        and row.version == version
+                    ):
+                        completed += self._restore(row, staged[n])
+                        results[n] = ApplyResult(Verdict.SAME, held or version, True)
+                        continue
+                    if row is not None and verdict is not Verdict.APPLY:
+                        verdict = Verdict.SAME if row.version == version else Verdict.COLLISION
+                    if not verdict.applies or (not version.is_tombstone and n not in staged):
+                        results[n] = ApplyResult(verdict, held or version)
+                        continue
+                    entries.append(_Entry(dataset, key, version, staged.get(n)))
+                    results[n] = ApplyResult(verdict, version)
+                completed += self._install_many(entries, transfer=transfer)
+        finally:
+            for s in staged.values():
+                s.abort()
+        self._settle(completed)
+        return [r for r in results if r is not None]
+
+    def _distinct(self, names: Sequence[tuple[str, str]]) -> None:
+        seen: set[tuple[str, str]] = set()
+        for dataset, key in names:
+            if (dataset, key) in seen:
+                raise InvalidInputError(f"object {dataset}/{key} is twice in one bundle")
+            seen.add((dataset, key))
+
+    def _each_staged(self, staged: Sequence[StagedWrite]) -> None:
+        if len(staged) <= 1:
+            for s in staged:
+                s.finish()
+            return
+        with ThreadPoolExecutor(min(len(staged), _FSYNC_THREADS)) as pool:
+            list(pool.map(lambda s: s.finish(), staged))
+
+    def _wanted(self, dataset: str, key: str, version: Version) -> bool:
+        """Whether `apply` should read the bytes: LWW would apply it, or it restores."""
+        row = self._row(dataset, key, version.hlc)
+        if row is not None:
+            return row.state == "missing" and row.version == version
+        return lww(version, self.head(dataset, key)).applies
+
+    def _result_without_write(self, dataset: str, key: str, version: Version) -> ApplyResult:
+        held = self.head(dataset, key)
+        verdict = lww(version, held)
+        row = self._row(dataset, key, version.hlc)
+        if row is not None and verdict is Verdict.OLDER:
+            verdict = Verdict.SAME if row.version == version else Verdict.COLLISION
+        return ApplyResult(verdict, held or version)
+
+    def _install(
+        self,
+        dataset: str,
+        key: str,
+        version: Version,
+        staged: StagedWrite | None,
+        *,
+        set_id: str | None,
+        outbox: bool,
+        epoch: int,
+        policy_revision: int | None,
+        transfer: Mapping[str, JsonValue] | None,
+    ) -> list[tuple[str, str]]:
+        entry = _Entry(dataset, key, version, staged, set_id, outbox, epoch, policy_revision)
+        return self._install_many([entry], transfer=transfer)
+
+    def _install_many(
+        self, entries: Sequence[_Entry], *, transfer: Mapping[str, JsonValue] | None = None
+    ) -> list[tuple[str, str]]:
+        """Steps 3-5 of the write protocol (the objects' locks held): rename each fsynced
+        temporary file to its version's path, fsync the folders, commit the rows with
+        their journal and outbox rows and the pruning of old bases in ONE transaction;
+        then remove the pruned files (a crash before that leaves files without rows,
+        which startup removes). `transfer` is journalled once, with the first entry.
+        Returns the (dataset, set) pairs these versions completed: the caller prunes
+        for them once it has let go of the objects' locks (`_settle`)."""
+        targets: list[Path] = []
+        relatives: list[str | None] = []
+        folders: set[Path] = set()
+        completed: list[tuple[str, str]] = []
+        victims: list[Path] = []
+        try:
+            for e in entries:
+                if e.staged is None:
+                    relatives.append(None)
+                    continue
+                rel = version_path(e.dataset, e.key, e.version.hlc)
+                folders.add(self._folder(rel))
+                files.replace(e.staged.path, self.root / rel)
+                targets.append(self.root / rel)
+                relatives.append(str(rel))
+            self._each(files.fsync_dir, sorted(folders))
+            with self._tx() as conn:
+                for n, (e, relative) in enumerate(zip(entries, relatives, strict=True)):
+                    hlc = e.version.hlc.text
+                    conn.execute(
+                        "INSERT INTO versions (dataset, key, hlc, op, size, digest, state,"
+                        " set_id, stored_ms, path) VALUES (?, ?, ?, ?, ?, ?, 'present', ?, ?, ?)",
+                        (
+                            e.dataset,
+                            e.key,
+                            hlc,
+                            e.version.op,
+                            e.version.size,
+                            None if e.version.digest is None else e.version.digest.text,
+                            e.set_id,
+                            rows.now_ms(),
+                            relative,
+                        ),
+                    )
+                    data = rows.version_data(e.version)
+                    data["set"] = e.set_id
+                    rows.journal(conn, "version", e.dataset, e.key, hlc, data)
+                    if transfer is not None and n == 0:
+                        rows.journal(conn, "transfer", e.dataset, e.key, hlc, dict(transfer))
+                    if e.outbox:
+                        self._add_event(
+                            conn,
+                            "version",
+                            e.dataset,
+                            e.key,
+                            e.version,
+                            e.set_id,
+                            e.epoch,
+                            e.policy_revision,
+                        )
+                    done = rows.refresh_sets_of(conn, e.dataset, e.key, hlc)
+                    completed += [(e.dataset, set_id) for set_id in done]
+                    victims += self._prune_rows(conn, e.dataset, e.key)
+        except BaseException as err:
+            for target in targets:
+                files.remove_file(target)  # its row did not commit: it must not stay
+            if isinstance(err, OSError):
+                raise StorageError(
+                    f"store {self.root} could not commit {len(entries)} version(s): "
+                    f"{err.strerror or err}; nothing was stored"
+                ) from err
+            raise
+        self._remove_files(victims)
+        return completed
+
+    def _each(self, fn: Callable[[Path], None], items: Sequence[Path]) -> None:
+        """Run a blocking call (an fsync) on each item, in parallel when there are several:
+        the file system then commits them together instead of one after another."""
+        if len(items) <= 1:
+            for item in items:
+                fn(item)
+            return
+        with ThreadPoolExecutor(min(len(items), _FSYNC_THREADS)) as pool:
+            list(pool.map(fn, items))
+
+    def _folder(self, rel: PurePosixPath) -> Path:
+        """The fan-out folder of a version path, made (durably) if it is new."""
+        name = rel.parent.name
+        if name not in self._folders:
+            files.make_dirs(self.root, Path(rel.parent))
+            self._folders.add(name)
+        return self.root / rel.parent
+
+    def _restore(self, held: StoredVersion, staged: StagedWrite) -> list[tuple[str, str]]:
+        rel = version_path(held.dataset, held.key, held.version.hlc)
+        folder = self._folder(rel)
+        files.replace(staged.path, self.root / rel)
+        files.fsync_dir(folder)
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE versions SET state = 'present' WHERE dataset = ? AND key = ? AND hlc = ?",
+                (held.dataset, held.key, held.version.hlc.text),
+            )
+            hlc = held.version.hlc.text
+            rows.journal(conn, "restored", held.dataset, held.key, hlc, {"hlc": hlc})
+            done = rows.refresh_sets_of(conn, held.dataset, held.key, hlc)
+        return [(held.dataset, set_id) for set_id in done]
+
+    def _add_event(
+        self,
+        conn: sqlite3.Connection,
+        kind: Literal["version", "set"],
+        dataset: str,
+        key: str | None,
+        version: Version | None,
+        set_id: str | None,
+        epoch: int,
+        policy_revision: int | None,
+        *,
+        set_hlc: HLC | None = None,
+        members: Mapping[str, HLC] | None = None,
+    ) -> None:
+        hlc = version.hlc if version is not None else set_hlc
+        if hlc is None:
+            raise InvalidInputError("a change event needs a version or a set HLC")
+        conn.execute(
+            "INSERT INTO outbox (event_id, kind, dataset, key, hlc, op, size, digest, set_id,"
+            " members, origin_region, epoch, policy_revision, created_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                uuid.uuid4().hex,
+                kind,
+                dataset,
+                key,
+                hlc.text,
+                None if version is None else version.op,
+                None if version is None else version.size,
+                None if version is None or version.digest is None else version.digest.text,
+                set_id,
+                None if members is None else json.dumps({k: v.text for k, v in members.items()}),
+                hlc.region,
+                epoch,
+                policy_revision,
+                rows.now_ms(),
+            ),
+        )
+
+    # -- pruning ---------------------------------------------------------------------
+
+    def _prune_rows(self, conn: sqlite3.Connection, dataset: str, key: str) -> list[Path]:
+        """Delete the rows of versions past the newest `keep_versions` of an object, except
+        those a version set still needs (members of the newest complete set of the
+        dataset and of any newer set); return their files, to remove after commit."""
+        found = conn.execute(
+            "SELECT max(hlc) FROM sets WHERE dataset = ? AND complete = 1", (dataset,)
+        ).fetchone()[0]
+        floor = found or ""
+        pinned = {
+            row[0]
+            for row in conn.execute(
+                "SELECT m.hlc FROM set_members AS m JOIN sets AS s"
+                " ON s.dataset = m.dataset AND s.set_id = m.set_id"
+                " WHERE m.dataset = ? AND m.key = ? AND s.hlc >= ?",
+                (dataset, key, floor),
+            )
+        }
+        old = conn.execute(
+            rows.SELECT_VERSIONS
+            + " WHERE dataset = ? AND key = ? ORDER BY hlc DESC LIMIT -1 OFFSET ?",
+            (dataset, key, self.keep_versions),
+        ).fetchall()
+        return self._delete_rows(conn, [row for row in old if row[2] not in pinned], "pruned")
+
+    def _delete_rows(
+        self, conn: sqlite3.Connection, victims: list[tuple[object, ...]], why: str
+    ) -> list[Path]:
+        paths: list[Path] = []
+        for row in victims:
+            stored = rows.to_stored(row[:-1])
+            hlc = stored.version.hlc.text
+            conn.execute(
+                "DELETE FROM versions WHERE dataset = ? AND key = ? AND hlc = ?",
+                (stored.dataset, stored.key, hlc),
+            )
+            data = rows.version_data(stored.version)
+            data["reason"] = why
+            rows.journal(conn, "removed", stored.dataset, stored.key, hlc, data)
+            rows.refresh_sets_of(conn, stored.dataset, stored.key, hlc)
+            if row[-1] is not None:
+                paths.append(self.root / str(row[-1]))
+        return paths
+
+    def _remove_files(self, paths: list[Path]) -> None:
+        for path in paths:
+            files.remove_file(path)
+
+    def _settle(self, completed: Iterable[tuple[str, str]]) -> None:
+        """Prune for each set that just became complete (no object lock held: it takes
+        them one at a time, so two threads never wait on each other's)."""
+        for dataset, set_id in completed:
+            self._prune_set_keys(dataset, set_id)
+
+    def _prune_set_keys(self, dataset: str, set_id: str) -> None:
+        """A set just became complete: the sets before it no longer pin their members,
+        so prune every key it names."""
+        with self._lock:
+            keys = [
+                row[0]
+                for row in self._db.execute(
+                    "SELECT key FROM set_members WHERE dataset = ? AND set_id = ?",
+                    (dataset, set_id),
+                )
+            ]
+        for key in keys:
+            with self._object_lock(dataset, key):
+                with self._tx() as conn:
+                    victims = self._prune_rows(conn, dataset, key)
+                self._remove_files(victims)
+
+    def expire_tombstones(self, now_ms: int | None = None) -> int:
+        """Forget objects whose newest version is a tombstone older than the retention
+        (its HLC wall time), with every version they still hold. Returns how many."""
+        cutoff = (rows.now_ms() if now_ms is None else now_ms) - 1000 * self.tombstone_retention_s
+        with self._lock:
+            candidates = self._db.execute(
+                "SELECT dataset, key, max(hlc), op FROM versions GROUP BY dataset, key"
+            ).fetchall()
+        expired = 0
+        for dataset, key, hlc, op in candidates:
+            if op != "delete" or HLC.parse(hlc).wall_ms >= cutoff:
+                continue
+            with self._object_lock(dataset, key):
+                with self._tx() as conn:
+                    newest = conn.execute(
+                        "SELECT max(hlc) FROM versions WHERE dataset = ? AND key = ?",
+                        (dataset, key),
+                    ).fetchone()[0]
+                    if newest != hlc:
+                        continue  # written since the scan
+                    held = conn.execute(
+                        rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ?",
+                        (dataset, key),
+                    ).fetchall()
+                    victims = self._delete_rows(conn, held, "tombstone expired")
+                self._remove_files(victims)
+                expired += 1
+        return expired
+
+    # -- reads -----------------------------------------------------------------------
+
+    def open(
+        self,
+        dataset: str,
+        key: str,
+        version: HLC | str | None = None,
+        *,
+        set_id: str | None = None,
+    ) -> ObjectReader:
+        """Open the newest version (or the given one, or with `set_id` -- a set id or
+        "latest" -- the member's version in that set) for reading. NotFoundError when
+        it is not held or is a tombstone; MissingContentError when its bytes were lost."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        hlc = HLC.parse(version) if isinstance(version, str) else version
+        if set_id is not None and hlc is None:
+            record = self.get_set(dataset, set_id)
+            hlc = record.members.get(key)
+            if hlc is None:
+                raise NotFoundError(f"set {record.set_id} of {dataset} has no member {key}")
+        with self._lock:
+            self._require_open()
+            stored = self._row(dataset, key, hlc) if hlc is not None else self._newest(dataset, key)
+            if stored is None:
+                what = f"version {hlc} of object" if hlc is not None else "object"
+                raise NotFoundError(f"{what} {dataset}/{key} is not stored here")
+            if stored.version.is_tombstone:
+                raise NotFoundError(
+                    f"object {dataset}/{key} was deleted (tombstone {stored.version.hlc})"
+                )
+            if stored.state == "missing":
+                raise _missing(stored)
+            path = self.root / version_path(dataset, key, stored.version.hlc)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise _missing(stored) from None
+        return ObjectReader(stored, fd)
+
+    def read_bytes(self, dataset: str, key: str, version: HLC | str | None = None) -> bytes:
+        """The whole content of a version (for small objects and tests)."""
+        with self.open(dataset, key, version) as reader:
+            return reader.read_all()
+
+    def head(self, dataset: str, key: str) -> Version | None:
+        """The newest version held (a put or a tombstone), for LWW decisions; None if none."""
+        stored = self._newest(check_name("dataset", dataset), check_name("key", key))
+        return None if stored is None else stored.version
+
+    def stat(
+        self,
+        dataset: str,
+        key: str,
+        version: HLC | str | None = None,
+        *,
+        include_deleted: bool = False,
+    ) -> StoredVersion:
+        """The newest version of an object (or the given one). NotFoundError when none is
+        held, or when it is a tombstone unless `include_deleted`."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        if version is not None:
+            hlc = HLC.parse(version) if isinstance(version, str) else version
+            stored = self._row(dataset, key, hlc)
+        else:
+            stored = self._newest(dataset, key)
+        if stored is None or (stored.version.is_tombstone and not include_deleted):
+            raise NotFoundError(f"object {dataset}/{key} is not stored here")
+        return stored
+
+    def versions(self, dataset: str, key: str) -> list[StoredVersion]:
+        """Every version held of an object (bases and tombstones), newest first."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        with self._lock:
+            self._require_open()
+            found = self._db.execute(
+                rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ? ORDER BY hlc DESC",
+                (dataset, key),
+            ).fetchall()
+        return [rows.to_stored(row[:-1]) for row in found]
+
+    def list_objects(
+        self,
+        dataset: str,
+        prefix: str = "",
+        *,
+        cursor: str | None = None,
+        limit: int = 1000,
+        include_deleted: bool = False,
+    ) -> Page:
+        """Objects of a dataset whose key starts with `prefix`, in key order, each with its
+        newest version; at most `limit` per page. Pass the page's `cursor` back for
+        the next page (None: this was the last; a full page is only given a cursor
+        when another object follows it)."""
+        dataset = check_name("dataset", dataset)
+        if prefix:
+            check_name("prefix", prefix)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise InvalidInputError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
+        if cursor is not None and not isinstance(cursor, str):
+            raise InvalidInputError(f"cursor must be text from a previous page, got {cursor!r}")
+        after = cursor or ""
+        items: list[StoredVersion] = []
+        batch = limit + 1
+        while True:  # each pass moves `after` forward, and the key space is finite
+            with self._lock:
+                self._require_open()
+                found = self._db.execute(
+                    # With one max(), SQLite takes the bare columns from the row holding it.
+                    "SELECT dataset, key, max(hlc), op, size, digest, state, set_id, stored_ms"
+                    " FROM versions WHERE dataset = ? AND key > ? AND key >= ?"
+                    " GROUP BY key ORDER BY key LIMIT ?",
+                    (dataset, after, prefix, batch),
+                ).fetchall()
+            for row in found:
+                stored = rows.to_stored(row)
+                if not stored.key.startswith(prefix):
+                    return Page(items, None)
+                after = stored.key
+                if stored.version.is_tombstone and not include_deleted:
+                    continue
+                if len(items) == limit:  # one more exists: the page is full, not the last
+                    return Page(items, items[-1].key)
+                items.append(stored)
+            if len(found) < batch:
+                return Page(items, None)
+
+    def usage(self) -> Usage:
+        """Objects whose newest version is a put, version files kept, their bytes (counters
+        kept by triggers, see schema.py: no scan), and the space left on the root's
+        file system."""
+        with self._lock:
+            self._require_open()
+            objects, versions, size = self._db.execute(
+                "SELECT objects, versions, bytes FROM usage WHERE id = 1"
+            ).fetchone()
+            fs = os.statvfs(self.root)
+        return Usage(
+            objects=objects, versions=versions, bytes=size, bytes_free=fs.f_bavail * fs.f_frsize
+        )
+
+    def _newest(self, dataset: str, key: str) -> StoredVersion | None:
+        with self._lock:
+            self._require_open()
+            row = self._db.execute(
+                rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ? ORDER BY hlc DESC LIMIT 1",
+                (dataset, key),
+            ).fetchone()
+        return None if row is None else rows.to_stored(row[:-1])
+
+    def _row(self, dataset: str, key: str, hlc: HLC) -> StoredVersion | None:
+        with self._lock:
+            self._require_open()
+            row = self._db.execute(
+                rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ? AND hlc = ?",
+                (dataset, key, hlc.text),
+            ).fetchone()
+        return None if row is None else rows.to_stored(row[:-1])
+
+    # -- version sets ----------------------------------------------------------------
+
+    def commit_set(
+        self,
+        dataset: str,
+        set_id: str,
+        members: Mapping[str, HLC | str],
+        *,
+        outbox: bool = False,
+        epoch: int = 0,
+        policy_revision: int | None = None,
+    ) -> SetRecord:
+        """Commit a version set written here: every member (key → version) must be stored
+        (NotFoundError names the first that is not). It gets a fresh HLC and is
+        visible at once; `outbox=True` adds its change event in the same transaction."""
+        dataset, set_id, parsed = self._check_set(dataset, set_id, members)
+        with self._tx() as conn:
+            for key, hlc in parsed.items():
+                found = conn.execute(
+                    "SELECT op, state FROM versions WHERE dataset = ? AND key = ? AND hlc = ?",
+                    (dataset, key, hlc.text),
+                ).fetchone()
+                if found is None or found[0] != "put" or found[1] != "present":
+                    raise NotFoundError(
+                        f"set {set_id} of {dataset} names {key} at {hlc}, which is not stored here"
+                    )
+            hlc = self.clock.now()
+            self._write_set(conn, dataset, set_id, hlc, parsed)
+            if outbox:
+                self._add_event(
+                    conn,
+                    "set",
+                    dataset,
+                    None,
+                    None,
+                    set_id,
+                    epoch,
+                    policy_revision,
+                    set_hlc=hlc,
+                    members=parsed,
+                )
+        self._prune_set_keys(dataset, set_id)
+        return SetRecord(dataset, set_id, hlc, parsed, complete=True)
+
+    def apply_set(
+        self, dataset: str, set_id: str, hlc: HLC, members: Mapping[str, HLC | str]
+    ) -> Verdict:
+        """Apply a set made elsewhere (last set wins per set id, by HLC): recorded now,
+        visible once every member is stored here."""
+        dataset, set_id, parsed = self._check_set(dataset, set_id, members)
+        self.clock.observe(hlc)
+        with self._tx() as conn:
+            held = conn.execute(
+                "SELECT hlc FROM sets WHERE dataset = ? AND set_id = ?", (dataset, set_id)
+            ).fetchone()
+            if held is not None and hlc.text <= held[0]:
+                if hlc.text < held[0]:
+                    return Verdict.OLDER
+                same = self._members(conn, dataset, set_id) == parsed
+                return Verdict.SAME if same else Verdict.COLLISION
+            complete = self._write_set(conn, dataset, set_id, hlc, parsed)
+        if complete:
+            self._prune_set_keys(dataset, set_id)
+        return Verdict.APPLY
+
+    def get_set(self, dataset: str, set_id: str = "latest") -> SetRecord:
+        """`latest`: the complete set with the highest HLC (readers never see one with a
+        member missing: they see the one before). A named set: NotFoundError if
+        unknown, UnavailableError (retriable) while members are still missing."""
+        dataset = check_name("dataset", dataset)
+        with self._lock:
+            self._require_open()
+            if set_id == "latest":
+                row = self._db.execute(
+                    "SELECT set_id, hlc, complete FROM sets WHERE dataset = ? AND complete = 1"
+                    " ORDER BY hlc DESC LIMIT 1",
+                    (dataset,),
+                ).fetchone()
+                if row is None:
+                    raise NotFoundError(f"dataset {dataset} has no complete version set here")
+            else:
+                set_id = check_name("set", set_id)
+                row = self._db.execute(
+                    "SELECT set_id, hlc, complete FROM sets WHERE dataset = ? AND set_id = ?",
+                    (dataset, set_id),
+                ).fetchone()
+                if row is None:
+                    raise NotFoundError(f"set {set_id} of {dataset} is not known here")
+            members = self._members(self._db, dataset, row[0])
+            if not row[2]:
+                held = sum(1 for k, h in members.items() if self._present(dataset, k, h))
+                raise UnavailableError(
+                    f"set {row[0]} of {dataset} has {held} of its {len(members)} members "
+                    "stored here; it becomes visible once all are"
+                )
+        return SetRecord(dataset, row[0], HLC.parse(row[1]), members, complete=True)
+
+    def list_sets(self, dataset: str) -> list[SetRecord]:
+        """Every set recorded for a dataset, complete or not, newest first."""
+        dataset = check_name("dataset", dataset)
+        with self._lock:
+            self._require_open()
+            found = self._db.execute(
+                "SELECT set_id, hlc, complete FROM sets WHERE dataset = ? ORDER BY hlc DESC",
+                (dataset,),
+            ).fetchall()
+            return [
+                SetRecord(dataset, s, HLC.parse(h), self._members(self._db, dataset, s), bool(done))
+                for s, h, done in found
+            ]
+
+    def _check_set(
+        self, dataset: str, set_id: str, members: Mapping[str, HLC | str]
+    ) -> tuple[str, str, dict[str, HLC]]:
+        dataset, set_id = check_name("dataset", dataset), check_name("set", set_id)
+        if set_id == "latest":
+            raise InvalidInputError("set 'latest' is reserved; it names the newest complete set")
+        if not members:
+            raise InvalidInputError(f"set {set_id} of {dataset} has no members")
+        parsed = {
+            check_name("key", key): HLC.parse(hlc) if isinstance(hlc, str) else hlc
+            for key, hlc in members.items()
+        }
+        return dataset, set_id, parsed
+
+    def _write_set(
+        self,
+        conn: sqlite3.Connection,
+        dataset: str,
+        set_id: str,
+        hlc: HLC,
+        members: Mapping[str, HLC],
+    ) -> bool:
+        conn.execute("DELETE FROM set_members WHERE dataset = ? AND set_id = ?", (dataset, set_id))
+        conn.execute(
+            "INSERT INTO sets (dataset, set_id, hlc, complete, stored_ms) VALUES (?, ?, ?, 0, ?)"
+            " ON CONFLICT (dataset, set_id) DO UPDATE SET hlc = excluded.hlc,"
+            " stored_ms = excluded.stored_ms",
+            (dataset, set_id, hlc.text, rows.now_ms()),
+        )
+        conn.executemany(
+            "INSERT INTO set_members (dataset, set_id, key, hlc) VALUES (?, ?, ?, ?)",
+            [(dataset, set_id, key, member.text) for key, member in members.items()],
+        )
+        rows.journal(
+            conn,
+            "set",
+            dataset,
+            None,
+            hlc.text,
+            {"set": set_id, "members": {k: v.text for k, v in members.items()}},
+        )
+        return rows.refresh_set(conn, dataset, set_id)
+
+    @staticmethod
+    def _members(conn: sqlite3.Connection, dataset: str, set_id: str) -> dict[str, HLC]:
+        return {
+            key: HLC.parse(hlc)
+            for key, hlc in conn.execute(
+                "SELECT key, hlc FROM set_members WHERE dataset = ? AND set_id = ? ORDER BY key",
+                (dataset, set_id),
+            )
+        }
+
+    def _present(self, dataset: str, key: str, hlc: HLC) -> bool:
+        row = self._row(dataset, key, hlc)
+        return row is not None and row.state == "present"
+
+    # -- outbox and journal ----------------------------------------------------------
+
+    def outbox_pending(self, limit: int = 100) -> list[OutboxEvent]:
+        """The oldest change events not yet published, in commit order."""
+        with self._lock:
+            self._require_open()
+            found = self._db.execute(
+                "SELECT seq, event_id, kind, dataset, key, hlc, op, size, digest, set_id,"
+                " members, origin_region, epoch, policy_revision FROM outbox"
+                " ORDER BY seq LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [_event(row) for row in found]
+
+    def outbox_published(self, event_ids: Iterable[str]) -> None:
+        """Forget events once Kafka acknowledged them (acks=all)."""
+        with self._tx() as conn:
+            conn.executemany("DELETE FROM outbox WHERE event_id = ?", [(e,) for e in event_ids])
+
+    def journal_pending(self, limit: int = 1000) -> list[JournalEntry]:
+        """Journal records after the recorder's position, in commit order."""
+        with self._lock:
+            self._require_open()
+            found = self._db.execute(
+                "SELECT seq, kind, dataset, key, hlc, at_ms, data FROM journal"
+                " WHERE seq > ? ORDER BY seq LIMIT ?",
+                (self._cursor(), limit),
+            ).fetchall()
+        return [
+            JournalEntry(seq, kind, ds, key, hlc, at, json.loads(data))
+            for seq, kind, ds, key, hlc, at, data in found
+        ]
+
+    def journal_shipped(self, seq: int) -> None:
+        """The catalog holds every record up to `seq`: move the position, drop them."""
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO cursors (name, seq) VALUES (?, ?) ON CONFLICT (name)"
+                " DO UPDATE SET seq = max(seq, excluded.seq)",
+                (RECORDER, seq),
+            )
+            conn.execute("DELETE FROM journal WHERE seq <= ?", (seq,))
+
+    def journal_position(self) -> int:
+        """The seq of the last record the catalog holds (0 at first)."""
+        with self._lock:
+            return self._cursor()
+
+    def _cursor(self) -> int:
+        row = self._db.execute("SELECT seq FROM cursors WHERE name = ?", (RECORDER,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    # -- locking ---------------------------------------------------------------------
+
+    @contextmanager
+    def _object_lock(self, dataset: str, key: str) -> Iterator[None]:
+        with self._stripes[hash((dataset, key)) % _STRIPES]:
+            yield
+
+    @contextmanager
+    def _object_locks(self, names: Iterable[tuple[str, str]]) -> Iterator[None]:
+        """The locks of several objects, taken in stripe order so that two bundles
+        never wait on each other."""
+        stripes = sorted({hash(name) % _STRIPES for name in names})
+        with ExitStack() as stack:
+            for stripe in stripes:
+                stack.enter_context(self._stripes[stripe])
+            yield
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._require_open()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as err:
+                raise StorageError(
+                    f"the metadata database of store {self.root} failed: {err}"
+                ) from err
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise UnavailableError(f"store {self.root} is closed")
+
+
+def _any_file(folder: Path) -> bool:
+    return any(names for _, _, names in os.walk(folder))
+
+
+def _missing(stored: StoredVersion) -> MissingContentError:
+    return MissingContentError(
+        f"the bytes of {stored.dataset}/{stored.key} at {stored.version.hlc} are missing "
+        "here; re-sync them from another region"
+    )
+
+
+def _chunks(source: Source) -> Iterator[bytes | bytearray | memoryview]:
+    read = getattr(source, "read", None)
+    if callable(read):
+        while chunk := read(CHUNK_BYTES):
+            yield chunk
+        return
+    if isinstance(source, bytes | bytearray | memoryview):
+        raise InvalidInputError("a source is an iterable of chunks or a file object, not bytes")
+    yield from source
+
+
+def _event(row: tuple[object, ...]) -> OutboxEvent:
+    (seq, event_id, kind, ds, key, hlc, op, size, digest, set_id, members, origin, epoch, rev) = row
+    if kind == "version":
+        version: Version | None = Version(
+            HLC.parse(hlc),
+            op,  # type: ignore[arg-type]
+            size,  # type: ignore[arg-type]
+            None if digest is None else Digest.parse(digest),
+        )
+        parsed: dict[str, HLC] = {}
+        set_hlc = None
+    else:
+        version = None
+        parsed = {k: HLC.parse(v) for k, v in json.loads(str(members)).items()}
+        set_hlc = HLC.parse(hlc)
+    return OutboxEvent(
+        seq=int(seq),  # type: ignore[call-overload]
+        event_id=str(event_id),
+        kind=kind,  # type: ignore[arg-type]
+        dataset=str(ds),
+        key=None if key is None else str(key),
+        version=version,
+        set_id=None if set_id is None else str(set_id),
+        origin_region=str(origin),
+        epoch=int(epoch),  # type: ignore[call-overload]
+        policy_revision=None if rev is None else int(rev),  # type: ignore[call-overload]
+        members=parsed,
+        set_hlc=set_hlc,
+    )

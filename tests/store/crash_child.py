@@ -1,0 +1,87 @@
+"""Child process of the crash tests: open a store, then SIGKILL itself at one step of
+the write protocol of a new version of `ds/k` (test scaffolding, run as a script).
+
+    python crash_child.py ROOT STEP
+
+Steps: `stream` (half-way through the bytes), `before-rename` (temporary file
+fsynced), `after-rename`, `after-dir-fsync`, `in-commit` (inside the SQLite
+transaction, before COMMIT), `after-commit` (before the pruned files go),
+`restore-after-rename` (refilling a missing version, before its commit),
+`bundle-after-rename` (a put_many of three, after the second rename).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from agents.store import files, rows
+from agents.store.store import ObjectStore
+from controlplane.domain.hlc import HLC, HybridClock
+from controlplane.domain.version import Digest, Version
+
+NEW = b"new version " * 100_000  # 1.2 MB: more than one chunk
+RESTORE = b"restored bytes"
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(root: str, step: str) -> None:
+    store = ObjectStore(root, clock=HybridClock("eu-west"), keep_versions=1)
+    real_replace, real_fsync_dir, real_journal = files.replace, files.fsync_dir, rows.journal
+    renamed = False
+
+    renames = 0
+
+    def replace(src: Path, dst: Path) -> None:
+        nonlocal renamed, renames
+        if step == "before-rename":
+            die()
+        real_replace(src, dst)
+        renamed, renames = True, renames + 1
+        if step in ("after-rename", "restore-after-rename") or (
+            step == "bundle-after-rename" and renames == 2
+        ):
+            die()
+
+    def fsync_dir(path: Path) -> None:
+        real_fsync_dir(path)
+        if step == "after-dir-fsync" and renamed:
+            die()
+
+    def journal(*args: object, **kwargs: object) -> None:
+        real_journal(*args, **kwargs)  # type: ignore[arg-type]
+        if step == "in-commit":
+            die()
+
+    def remove_file(path: Path) -> None:
+        if step == "after-commit" and "objects" in path.parts:
+            die()
+        os.unlink(path)
+
+    files.replace, files.fsync_dir, rows.journal = replace, fsync_dir, journal
+    files.remove_file = remove_file
+
+    def stream() -> Iterator[bytes]:
+        yield NEW[: len(NEW) // 2]
+        if step == "stream":
+            die()
+        yield NEW[len(NEW) // 2 :]
+
+    if step == "bundle-after-rename":
+        store.put_many([("ds", "k", stream()), ("ds", "k2", [b"second"]), ("ds", "k3", [b"3"])])
+    elif step == "restore-after-rename":
+        hlc = HLC.parse(sys.argv[3])
+        store.apply("ds", "lost", Version.put(hlc, len(RESTORE), Digest.of(RESTORE)), [RESTORE])
+    else:
+        store.put("ds", "k", stream())
+    print("finished without being killed", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,80 @@
+"""Bundles: many small objects committed together (`put_many`, `apply_many`)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+import pytest
+from store_helpers import object_files, remote
+
+from agents.store import DigestMismatchError, ObjectStore, StorageError
+from controlplane.domain.hlc import HLC, system_ms
+from controlplane.domain.version import Digest, Verdict, Version
+from controlplane.errors import InvalidInputError
+
+
+def test_put_many_stores_each_in_one_transaction(store: ObjectStore) -> None:
+    items = [("ds", f"small/{i:03d}", [os.urandom(4096)]) for i in range(50)]
+    store.put("ds", "small/000", [b"before"])
+    versions = store.put_many(items, outbox=True)
+    assert len({v.hlc for v in versions}) == 50
+    for (dataset, key, chunks), version in zip(items, versions, strict=True):
+        assert store.read_bytes(dataset, key) == chunks[0]
+        assert store.head(dataset, key) == version
+    assert len(store.outbox_pending(limit=1000)) == 50
+    assert len(object_files(store.root)) == 51  # small/000 keeps its base
+    assert os.listdir(store.root / "tmp") == []
+
+
+def test_a_bad_bundle_stores_nothing(store: ObjectStore) -> None:
+    before = object_files(store.root)
+    with pytest.raises(InvalidInputError, match="twice in one bundle"):
+        store.put_many([("ds", "a", [b"1"]), ("ds", "a", [b"2"])])
+    with pytest.raises(InvalidInputError, match=r"'\.\.' segment"):
+        store.put_many([("ds", "a", [b"1"]), ("ds", "../b", [b"2"])])
+    good, bad = remote(b"good"), remote(b"bad", logical=1)
+    with pytest.raises(DigestMismatchError):
+        store.apply_many([("ds", "g", good, [b"good"]), ("ds", "b", bad, [b"BAD"])])
+    assert store.head("ds", "g") is None
+    assert object_files(store.root) == before
+    assert os.listdir(store.root / "tmp") == []
+
+
+def test_a_failed_bundle_commit_leaves_no_file(store: ObjectStore) -> None:
+    conn = sqlite3.connect(store.root / "meta.db")
+    conn.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON journal WHEN NEW.key = 'c'"
+        " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    conn.commit()
+    conn.close()
+    with pytest.raises(StorageError, match="refused"):
+        store.put_many([("ds", k, [k.encode()]) for k in "abcd"])
+    assert object_files(store.root) == []
+    assert [store.head("ds", k) for k in "abcd"] == [None] * 4
+
+
+def test_apply_many_decides_each_by_lww(store: ObjectStore) -> None:
+    held = store.put("ds", "held", [b"local, newer"])
+    older = remote(b"older", ago_ms=60_000)
+    new = remote(b"new")
+    tomb = Version.delete(HLC(system_ms() - 500, 0, "us-east"))
+    store.put("ds", "doomed", [b"x"])
+    doomed_tomb = Version.delete(HLC(system_ms() + 500, 0, "us-east"))
+    results = store.apply_many(
+        [
+            ("ds", "held", older, [b"older"]),
+            ("ds", "new", new, [b"new"]),
+            ("ds", "never-put", tomb, None),
+            ("ds", "doomed", doomed_tomb, None),
+        ],
+        transfer={"bundle": 4},
+    )
+    assert [r.verdict for r in results] == [Verdict.OLDER, Verdict.APPLY] + [Verdict.APPLY] * 2
+    assert store.head("ds", "held") == held and store.read_bytes("ds", "new") == b"new"
+    assert store.head("ds", "doomed") == doomed_tomb
+    assert [j.kind for j in store.journal_pending()].count("transfer") == 1
+    again = store.apply_many([("ds", "new", new, [b"new"])])
+    assert again[0].verdict is Verdict.SAME
+    assert Digest.of(b"new") == store.stat("ds", "new").version.digest

@@ -1,0 +1,160 @@
+"""`apply` of versions made elsewhere: last writer wins by HLC, whatever the order."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from store_helpers import StoreFactory, object_files, remote
+
+from agents.store import DigestMismatchError, ObjectStore
+from controlplane.domain.errors import ClockSkewError
+from controlplane.domain.hlc import HLC, HybridClock, system_ms
+from controlplane.domain.version import Digest, Verdict, Version, newest
+from controlplane.errors import InvalidInputError
+
+
+def _never_read() -> Iterator[bytes]:
+    raise AssertionError("the bytes of a version LWW refuses must not be read")
+    yield b""  # pragma: no cover
+
+
+def test_newer_applies_older_and_equal_are_no_ops(store: ObjectStore) -> None:
+    v2 = remote(b"two", ago_ms=500)
+    assert store.apply("ds", "k", v2, [b"two"]).verdict is Verdict.APPLY
+    v1 = remote(b"one", ago_ms=900)
+    result = store.apply("ds", "k", v1, _never_read())
+    assert (result.verdict, result.newest) == (Verdict.OLDER, v2)
+    assert store.apply("ds", "k", v2, _never_read()).verdict is Verdict.SAME
+    clash = Version.put(v2.hlc, 5, Digest.of(b"other"))
+    assert store.apply("ds", "k", clash, _never_read()).verdict is Verdict.COLLISION
+    assert store.read_bytes("ds", "k") == b"two"
+    assert len(store.versions("ds", "k")) == 1
+
+
+def test_local_writes_after_apply_are_newer(store: ObjectStore) -> None:
+    ahead = remote(b"r", ago_ms=-500)  # half a second ahead of this clock: allowed
+    store.apply("ds", "k", ahead, [b"r"])
+    local = store.put("ds", "k", [b"local"])
+    assert local.hlc > ahead.hlc and store.read_bytes("ds", "k") == b"local"
+
+
+def test_tombstones_take_part_in_ordering(store: ObjectStore) -> None:
+    put = remote(b"x", ago_ms=800)
+    tomb = Version.delete(HLC(system_ms() - 400, 0, "us-east"))
+    assert store.apply("ds", "k", tomb).verdict is Verdict.APPLY
+    assert store.apply("ds", "k", put, _never_read()).verdict is Verdict.OLDER
+    assert store.head("ds", "k") == tomb  # a late older put does not resurrect it
+    with pytest.raises(InvalidInputError, match="needs its bytes"):
+        store.apply("ds", "k", remote(b"y"), None)
+    with pytest.raises(InvalidInputError, match="takes none"):
+        store.apply("ds", "k", tomb, [b""])
+
+
+def test_clock_skew_is_refused_before_anything_is_stored(store: ObjectStore) -> None:
+    far = remote(b"future", ago_ms=-60_000)
+    with pytest.raises(ClockSkewError, match="ahead"):
+        store.apply("ds", "k", far, _never_read())
+    assert store.head("ds", "k") is None
+    assert object_files(store.root) == []
+
+
+def test_bytes_must_match_the_version(store: ObjectStore) -> None:
+    version = remote(b"right")
+    with pytest.raises(DigestMismatchError):
+        store.apply("ds", "k", version, [b"wrong"])
+    assert store.head("ds", "k") is None
+    assert os.listdir(store.root / "tmp") == []
+
+
+def test_apply_records_the_transfer_and_emits_no_event(store: ObjectStore) -> None:
+    version = remote(b"abc")
+    store.apply("ds", "k", version, [b"abc"], transfer={"from": "us-east", "wire_bytes": 3})
+    assert store.outbox_pending() == []
+    kinds = [(j.kind, j.data.get("wire_bytes")) for j in store.journal_pending()]
+    assert kinds == [("version", None), ("transfer", 3)]
+
+
+_versions = st.lists(
+    st.tuples(
+        st.integers(0, 50),  # wall ms offset
+        st.integers(0, 3),  # logical
+        st.sampled_from(["eu-west", "us-east", "ap-south"]),
+        st.binary(max_size=20) | st.none(),  # None: a tombstone
+    ),
+    min_size=1,
+    max_size=7,
+    unique_by=lambda v: (v[0], v[1], v[2]),
+)
+
+
+@settings(
+    suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=25, deadline=None
+)
+@given(_versions, st.randoms(use_true_random=False))
+def test_any_arrival_order_converges_on_the_same_newest(
+    tmp_path_factory: pytest.TempPathFactory,
+    specs: list[tuple[int, int, str, bytes | None]],
+    rnd: object,
+) -> None:
+    base = system_ms() - 10_000
+    made = [
+        (
+            Version.delete(HLC(base + ms, lg, region))
+            if data is None
+            else Version.put(HLC(base + ms, lg, region), len(data), Digest.of(data)),
+            data,
+        )
+        for ms, lg, region, data in specs
+    ]
+    orders = [made, made[::-1]]
+    for _ in range(2):
+        shuffled = list(made)
+        rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+        orders.append(shuffled)
+    want = newest(v for v, _ in made)
+    heads = set()
+    for order in orders:
+        root: Path = tmp_path_factory.mktemp("lww")
+        with ObjectStore(root, clock=HybridClock("eu-west")) as store:
+            for version, data in order:
+                store.apply("ds", "k", version, None if data is None else [data])
+            heads.add(store.head("ds", "k"))
+            # Only a version newer than all before it was stored: the others left no trace.
+            records = [j.hlc for j in store.journal_pending() if j.kind == "version"]
+            maxima, top = [], None
+            for version, _ in order:
+                if top is None or version.hlc > top:
+                    top = version.hlc
+                    maxima.append(top.text)
+            assert records == maxima
+            if want is not None and not want.is_tombstone:
+                assert store.stat("ds", "k").version.digest == want.digest
+    assert heads == {want}
+
+
+def test_every_permutation_of_three_versions(tmp_path: Path) -> None:
+    base = system_ms() - 5000
+    made = [
+        Version.put(HLC(base, 1, "eu-west"), 1, Digest.of(b"a")),
+        Version.delete(HLC(base, 1, "us-east")),
+        Version.put(HLC(base, 0, "zz-last"), 1, Digest.of(b"c")),
+    ]
+    data = {made[0]: b"a", made[2]: b"c"}
+    for i, order in enumerate(itertools.permutations(made)):
+        with ObjectStore(tmp_path / str(i), clock=HybridClock("eu-west")) as store:
+            for version in order:
+                store.apply("ds", "k", version, [data[version]] if version in data else None)
+            assert store.head("ds", "k") == made[1]
+
+
+def test_remote_apply_then_local_put_in_one_factory(open_store: StoreFactory) -> None:
+    store = open_store(keep_versions=3)
+    store.apply("ds", "k", remote(b"1", ago_ms=300), [b"1"])
+    store.put("ds", "k", [b"2"])
+    assert [s.version.hlc.region for s in store.versions("ds", "k")] == ["eu-west", "us-east"]

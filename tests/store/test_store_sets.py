@@ -1,0 +1,111 @@
+"""Version sets: visible only when every member is stored; `latest` is the newest
+complete one; the members of the set readers see are never pruned under them."""
+
+from __future__ import annotations
+
+import pytest
+from store_helpers import StoreFactory, remote
+
+from agents.store import ObjectStore
+from controlplane.domain.hlc import HLC, system_ms
+from controlplane.domain.version import Verdict
+from controlplane.errors import InvalidInputError, NotFoundError, UnavailableError
+
+
+def test_local_set_needs_its_members_and_is_visible_at_once(store: ObjectStore) -> None:
+    a = store.put("ckpt", "a", [b"a1"])
+    b = store.put("ckpt", "b", [b"b1"])
+    with pytest.raises(NotFoundError, match="names c at"):
+        store.commit_set("ckpt", "step-1", {"a": a.hlc, "c": b.hlc})
+    with pytest.raises(NotFoundError, match="no complete version set"):
+        store.get_set("ckpt")
+    record = store.commit_set("ckpt", "step-1", {"a": a.hlc, "b": b.hlc}, outbox=True)
+    assert store.get_set("ckpt") == record
+    assert store.get_set("ckpt", "step-1").members == {"a": a.hlc, "b": b.hlc}
+    (event,) = store.outbox_pending()
+    assert event.kind == "set" and event.set_id == "step-1" and event.members == record.members
+    assert event.set_hlc == record.hlc
+    assert [j.kind for j in store.journal_pending()][-1] == "set"
+
+
+def test_bad_sets_are_refused(store: ObjectStore) -> None:
+    a = store.put("ckpt", "a", [b"a1"])
+    with pytest.raises(InvalidInputError, match="reserved"):
+        store.commit_set("ckpt", "latest", {"a": a.hlc})
+    with pytest.raises(InvalidInputError, match="no members"):
+        store.commit_set("ckpt", "s", {})
+    with pytest.raises(InvalidInputError, match=r"'\.\.' segment"):
+        store.commit_set("ckpt", "s", {"../a": a.hlc})
+    with pytest.raises(NotFoundError, match="not known"):
+        store.get_set("ckpt", "nope")
+
+
+def test_remote_set_waits_for_its_members_readers_see_the_previous(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store(keep_versions=1)
+    a1, b1 = remote(b"a1", ago_ms=900), remote(b"b1", ago_ms=900, logical=1)
+    store.apply("ckpt", "a", a1, [b"a1"])
+    store.apply("ckpt", "b", b1, [b"b1"])
+    first = HLC(system_ms() - 800, 0, "us-east")
+    assert store.apply_set("ckpt", "step-1", first, {"a": a1.hlc, "b": b1.hlc}) is Verdict.APPLY
+    assert store.get_set("ckpt").set_id == "step-1"
+
+    a2, b2 = remote(b"a2", ago_ms=500), remote(b"b2", ago_ms=500, logical=1)
+    second = HLC(system_ms() - 400, 0, "us-east")
+    store.apply_set("ckpt", "step-2", second, {"a": a2.hlc, "b": b2.hlc})  # before its members
+    store.apply("ckpt", "a", a2, [b"a2"])
+    # keep_versions=1, but a1 is a member of the set readers see: kept
+    assert store.get_set("ckpt").set_id == "step-1"
+    assert store.read_bytes("ckpt", "a", a1.hlc) == b"a1"
+    with pytest.raises(UnavailableError, match="1 of its 2 members"):
+        store.get_set("ckpt", "step-2")
+
+    store.apply("ckpt", "b", b2, [b"b2"])
+    latest = store.get_set("ckpt")
+    assert latest.set_id == "step-2" and latest.members == {"a": a2.hlc, "b": b2.hlc}
+    # step-1 no longer pins its members: they went with the set that replaced it
+    assert [s.version for s in store.versions("ckpt", "a")] == [a2]
+    assert [s.version for s in store.versions("ckpt", "b")] == [b2]
+    assert [(s.set_id, s.complete) for s in store.list_sets("ckpt")] == [
+        ("step-2", True),
+        ("step-1", False),
+    ]
+
+
+def test_apply_set_is_last_writer_wins_per_set_id(store: ObjectStore) -> None:
+    a = remote(b"a", ago_ms=900)
+    store.apply("ckpt", "a", a, [b"a"])
+    older, newer = HLC(system_ms() - 700, 0, "us-east"), HLC(system_ms() - 600, 0, "us-east")
+    assert store.apply_set("ckpt", "s", newer, {"a": a.hlc}) is Verdict.APPLY
+    assert store.apply_set("ckpt", "s", older, {"a": a.hlc}) is Verdict.OLDER
+    assert store.apply_set("ckpt", "s", newer, {"a": a.hlc}) is Verdict.SAME
+    b = store.put("ckpt", "b", [b"b"])
+    assert store.apply_set("ckpt", "s", newer, {"b": b.hlc}) is Verdict.COLLISION
+    assert store.get_set("ckpt", "s").members == {"a": a.hlc}
+
+
+def test_a_set_of_newest_members_survives_many_writes(open_store: StoreFactory) -> None:
+    store = open_store(keep_versions=1)
+    v = store.put("ckpt", "a", [b"pinned"])
+    store.commit_set("ckpt", "s", {"a": v.hlc})
+    for i in range(3):
+        store.put("ckpt", "a", [f"later {i}".encode()])
+    assert store.read_bytes("ckpt", "a", v.hlc) == b"pinned"
+    assert len(store.versions("ckpt", "a")) == 2  # the newest and the pinned one
+
+
+def test_read_a_member_through_its_set(store: ObjectStore) -> None:
+    a1 = store.put("ckpt", "a", [b"a1"])
+    record = store.commit_set("ckpt", "step-1", {"a": a1.hlc})
+    store.put("ckpt", "a", [b"a2"])
+    with store.open("ckpt", "a", set_id="latest") as reader:
+        assert reader.read_all() == b"a1" and reader.version == a1
+    assert store.read_bytes("ckpt", "a") == b"a2"
+    with pytest.raises(NotFoundError, match="no member b"):
+        store.open("ckpt", "b", set_id="step-1")
+    domain = record.as_version_set()
+    assert (domain.id, domain.hlc, domain.member("a")) == ("step-1", record.hlc, domain.members[0])
+    assert domain.members[0].version == a1.hlc
+    gone = store.delete("ckpt", "a", set_id="step-2")
+    assert store.stat("ckpt", "a", include_deleted=True).set_id == "step-2" and gone.is_tombstone
