@@ -30,8 +30,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench_harness import scratch_catalog
+
 from controlplane.catalog.api import open_catalog
-from controlplane.catalog.testing import scratch_catalog
 from controlplane.cli.main import run
 from controlplane.domain.placement import Placement
 

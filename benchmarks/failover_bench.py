@@ -35,14 +35,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench_harness import ControllerProcess, epoch_violations, prepare_catalog, split_brain
+
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.toxiproxy import ToxiproxyClient
-from controlplane.coordination.catalog_bridge import CatalogBridge
-from controlplane.coordination.fencing import DirectoryEpochs
-from controlplane.coordination.invariants import epoch_violations, split_brain
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.runbooks import Runbooks
-from controlplane.coordination.testing import ControllerProcess, prepare_catalog
+from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+from controlplane.coordination.orchestration.runbooks import Runbooks
+from controlplane.coordination.protocols.fencing import DirectoryEpochs
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.logs import configure_logging
 from controlplane.settings import load_settings
 from controlplane.stack.etcd import EtcdCluster, start_etcd_cluster
@@ -193,11 +193,14 @@ async def run_scenario(
             try:
                 async with EtcdCoordination(controller_etcd, timeout_s=5) as op:
                     rb = Runbooks(op, catalog, catalog, catalog, actor="bench")
-                    for k in range(min(args.switchovers, len(datasets))):
-                        t0 = time.monotonic()
-                        plan, _ = await rb.plan_switchover(datasets[k], "eu-central")
-                        await rb.run_switchover(plan.moves[0], reason="bench", timeout_s=10)
-                        result.switchover_s.append(time.monotonic() - t0)
+                    try:
+                        for k in range(min(args.switchovers, len(datasets))):
+                            t0 = time.monotonic()
+                            plan, _ = await rb.plan_switchover(datasets[k], "eu-central")
+                            await rb.run_switchover(plan.moves[0], reason="bench", timeout_s=10)
+                            result.switchover_s.append(time.monotonic() - t0)
+                    finally:
+                        await rb.close()  # revokes the lease its handover marks lived on
             finally:
                 catalog.close()
         finally:

@@ -304,7 +304,8 @@ class EtcdCoordination:
             try:
                 async with asyncio.timeout(deadline_s):
                     async for resp in stream:
-                        return int(resp.TTL)
+                        # etcd answers TTL 0 for a lease it no longer has; the port says -1.
+                        return int(resp.TTL) if resp.TTL > 0 else -1
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     raise EtcdConnectionError(str(exc.details())) from exc

@@ -22,7 +22,7 @@ OBJECT_COLUMNS = ["object", "version", "digest", "size", "region", "jurisdiction
 
 
 async def _rows(ctx: typer.Context, pattern: str) -> list[dict[str, object]]:
-    from controlplane.coordination.session import open_session
+    from controlplane.coordination.orchestration.session import open_session
     from controlplane.coordination.timeutil import utcnow
 
     async with open_session(settings_from(ctx)) as s:
@@ -66,7 +66,7 @@ def show(
     output: OutputOpt = None,
 ) -> None:
     """One dataset: the fields of `list`, with its objects and where each version lives."""
-    from controlplane.coordination.catalog_bridge import CatalogBridge
+    from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
 
     rows = asyncio.run(_rows(ctx, glob_escape(name)))
     if not rows:

@@ -18,7 +18,7 @@ app = typer.Typer(
 @app.command("list")
 def list_regions(ctx: typer.Context, output: OutputOpt = None) -> None:
     """Regions, jurisdiction, state, liveness, datasets owned."""
-    from controlplane.coordination.session import open_session
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> list[dict[str, object]]:
         async with open_session(settings_from(ctx)) as s:
@@ -50,8 +50,8 @@ def drain(
     output: OutputOpt = None,
 ) -> None:
     """Switch every dataset it owns elsewhere, and stop it taking ownership."""
-    from controlplane.coordination.runbooks import NotMovedError
-    from controlplane.coordination.session import open_session
+    from controlplane.coordination.orchestration.runbooks import NotMovedError
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
@@ -78,7 +78,7 @@ def drain(
 @app.command()
 def undrain(ctx: typer.Context, region: Annotated[str, typer.Argument()]) -> None:
     """Let the region take ownership again."""
-    from controlplane.coordination.session import open_session
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:

@@ -22,9 +22,9 @@ from controlplane.cli.since import parse_since
 from controlplane.errors import InvalidInputError
 
 if TYPE_CHECKING:  # etcd and the catalog load only when a runbook runs (see main.Commands)
-    from controlplane.coordination.decide import Plan
-    from controlplane.coordination.failover import MoveResult
-    from controlplane.coordination.view import Maintenance
+    from controlplane.coordination.orchestration.decide import Plan
+    from controlplane.coordination.orchestration.failover import MoveResult
+    from controlplane.coordination.protocols.view import Maintenance
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and change nothing")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")]
@@ -90,7 +90,15 @@ def emit_results(results: list[MoveResult], output: Output | None) -> None:
 def switchover(
     ctx: typer.Context,
     dataset: Annotated[str, typer.Option("--dataset", help="the critical dataset to move")],
-    to: Annotated[str, typer.Option("--to", help="the region that takes ownership")],
+    to: Annotated[str | None, typer.Option("--to", help="the region that takes ownership")] = None,
+    abort: Annotated[
+        bool,
+        typer.Option(
+            "--abort",
+            help="end a switchover left half-done (a handover mark with no runbook behind "
+            "it): the previous owner's writes resume",
+        ),
+    ] = False,
     dry_run: DryRunOpt = False,
     yes: YesOpt = False,
     reason: ReasonOpt = None,
@@ -100,21 +108,79 @@ def switchover(
     output: OutputOpt = None,
 ) -> None:
     """Planned: freeze writes, wait until the target caught up, move ownership, unfreeze."""
-    from controlplane.coordination.session import open_session
+    if abort:
+        if to is not None or dry_run:
+            flag = "--to" if to is not None else "--dry-run"
+            raise InvalidInputError(
+                f"switchover --abort takes no {flag}: it ends the switchover of {dataset} "
+                "in progress, whichever target it had"
+            )
+        abort_switchover(ctx, dataset, yes=yes, reason=reason, output=output)
+        return
+    if to is None:
+        raise InvalidInputError(
+            "switchover needs --to REGION (or --abort, to end a switchover left half-done)"
+        )
+    target = to
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
-            plan, _ = await s.runbooks.plan_switchover(dataset, to)
+            plan, _ = await s.runbooks.plan_switchover(dataset, target)
             print_plan(plan, f"switchover of {dataset}", output, dry_run=dry_run)
             if dry_run:
                 return
-            confirm(f"Switch {dataset} over to {to}?", yes)
+            confirm(f"Switch {dataset} over to {target}?", yes)
             result = await s.runbooks.run_switchover(
                 plan.moves[0],
-                reason=reason or f"switchover to {to}",
+                reason=reason or f"switchover to {target}",
                 timeout_s=timeout_s,
             )
             emit_results([result], output)
+
+    asyncio.run(go())
+
+
+ABORT_COLUMNS = ["dataset", "from", "intended_to", "epoch", "began_at", "began_by", "journal_id"]
+
+
+def abort_switchover(
+    ctx: typer.Context, dataset: str, *, yes: bool, reason: str | None, output: Output | None
+) -> None:
+    """`switchover --dataset D --abort`: show the mark, ask, remove it, journal it."""
+    from rich.console import Console
+
+    from controlplane.coordination.orchestration.session import open_session
+
+    async def go() -> None:
+        async with open_session(settings_from(ctx)) as s:
+            mark = await s.runbooks.plan_abort_switchover(dataset)
+            fmt = resolve_output(output)
+            console = Console(stderr=fmt is not Output.table, soft_wrap=True)
+            began = f" at {mark.at}" if mark.at else ""
+            by = f" by {mark.actor}" if mark.actor else ""
+            lease = f" on lease {mark.lease:x}" if mark.lease else " on no lease"
+            console.print(
+                f"{mark.kind} of {dataset} from {mark.from_region} to {mark.to_region}, "
+                f"frozen at epoch {mark.epoch}, began{began}{by}{lease}"
+            )
+            confirm(f"Abort it ({mark.from_region} keeps {dataset} at epoch {mark.epoch})?", yes)
+            entry = await s.runbooks.abort_switchover(
+                mark, reason=reason or "switchover --abort by an operator"
+            )
+            row = {
+                "dataset": dataset,
+                "from": mark.from_region,
+                "intended_to": mark.to_region,
+                "epoch": mark.epoch,
+                "began_at": mark.at or None,
+                "began_by": mark.actor or None,
+                "journal_id": entry.id,
+            }
+            if fmt is Output.json:
+                emit(row, output)
+            else:
+                emit([row], output, columns=ABORT_COLUMNS)
 
     asyncio.run(go())
 
@@ -134,8 +200,8 @@ def failover(
     output: OutputOpt = None,
 ) -> None:
     """Emergency: move every dataset a dead region owns; names each rejected candidate."""
-    from controlplane.coordination.runbooks import NotMovedError
-    from controlplane.coordination.session import open_session
+    from controlplane.coordination.orchestration.runbooks import NotMovedError
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
@@ -166,7 +232,7 @@ def pause(
     reason: ReasonOpt = None,
 ) -> None:
     """Maintenance mode: automatic failover off (operators' runbooks still work)."""
-    from controlplane.coordination.session import open_session
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> Maintenance | None:
         async with open_session(settings_from(ctx)) as s:
@@ -182,7 +248,7 @@ def pause(
 
 def resume(ctx: typer.Context) -> None:
     """Leave maintenance mode: automatic failover on again."""
-    from controlplane.coordination.session import open_session
+    from controlplane.coordination.orchestration.session import open_session
 
     async def go() -> None:
         async with open_session(settings_from(ctx)) as s:
@@ -216,8 +282,8 @@ def history(
     output: OutputOpt = None,
 ) -> None:
     """The failover journal: every ownership move, who made it, why, and when."""
-    from controlplane.coordination.catalog_bridge import CatalogBridge
-    from controlplane.coordination.runbooks import outcome_of
+    from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+    from controlplane.coordination.orchestration.journal import outcome_of
     from controlplane.coordination.timeutil import rfc3339
 
     start = parse_since(since)

@@ -14,8 +14,8 @@ import threading
 from collections.abc import Sequence
 from datetime import datetime
 
-from controlplane.coordination.catalog_bridge import CatalogBridge
-from controlplane.coordination.sources import JournalEntry
+from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+from controlplane.coordination.catalog_glue.sources import JournalEntry
 
 
 class CatalogLink:

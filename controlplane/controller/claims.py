@@ -17,8 +17,8 @@ import operator
 from controlplane.controller.config import ControllerContext, Term
 from controlplane.controller.duty import Duty, Loop
 from controlplane.controller.ownership import OwnershipTracker
-from controlplane.coordination import keys
-from controlplane.coordination.view import RegionState, read_view
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.view import RegionState, read_view
 from controlplane.errors import ConflictError, OperationTimeoutError
 from controlplane.logs import get_logger
 from controlplane.policy.current import CompiledPolicy

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from controlplane.controller.metrics import ControllerMetrics
 from controlplane.controller.records import CatalogRecords
-from controlplane.coordination.failover import MoveTracker
-from controlplane.coordination.fencing import FencedResource
+from controlplane.coordination.orchestration.failover import MoveTracker
+from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.policy.current import PolicyView
 from controlplane.ports.coordination import Coordination
 

@@ -35,9 +35,9 @@ from controlplane.controller.journal import JournalDuty
 from controlplane.controller.metrics import ControllerMetrics
 from controlplane.controller.ownership import OwnershipTracker
 from controlplane.controller.records import CatalogRecords
-from controlplane.coordination.failover import MoveTracker
-from controlplane.coordination.fencing import DirectoryEpochs, FencedResource
-from controlplane.coordination.sources import CatchUpProbe, FailoverJournal
+from controlplane.coordination.catalog_glue.sources import CatchUpProbe, FailoverJournal
+from controlplane.coordination.orchestration.failover import MoveTracker
+from controlplane.coordination.protocols.fencing import DirectoryEpochs, FencedResource
 from controlplane.errors import NotFoundError
 from controlplane.lifecycle import Lifecycle
 from controlplane.logs import get_logger

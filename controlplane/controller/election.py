@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 
 from controlplane.controller.config import ControllerContext, Term
 from controlplane.controller.duty import Backoff, describe, is_retriable
-from controlplane.coordination import keys
-from controlplane.coordination.locks import GlobalLock, HeldLock, LockLostError
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.locks import GlobalLock, HeldLock, LockLostError
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger

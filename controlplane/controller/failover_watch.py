@@ -3,7 +3,7 @@
 For one term. The `regions` loop watches liveness keys; on the deletion of
 another region's key (and with maintenance mode off) it races one guarded
 transaction per dataset of that region to its successor (exactly one racer wins
-each; see `coordination.failover`). The `sweep` loop catches deletions the watch
+each; see `coordination.orchestration.failover`). The `sweep` loop catches deletions the watch
 could not see (before this term, or while etcd was unreachable), once the term
 is a whole TTL old so that a cold start does not grab everything.
 
@@ -20,13 +20,13 @@ import time
 
 from controlplane.controller.config import ControllerContext, Term
 from controlplane.controller.duty import Duty, Loop, describe
-from controlplane.coordination import keys
-from controlplane.coordination.decide import plan_moves
-from controlplane.coordination.failover import apply_move, automatic_guards
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.sources import PlacementInfo
+from controlplane.coordination.orchestration.decide import plan_moves
+from controlplane.coordination.orchestration.failover import apply_move, automatic_guards
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.coordination.protocols.view import read_view
 from controlplane.coordination.timeutil import utcnow
-from controlplane.coordination.view import read_view
+from controlplane.domain.placement import Placement
 from controlplane.logs import get_logger
 from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.coordination import EventType
@@ -34,21 +34,9 @@ from controlplane.ports.coordination import EventType
 log = get_logger("meridian.controller")
 
 
-def placement_infos(policy: CompiledPolicy) -> list[PlacementInfo]:
-    """The published placements in the shape `decide.plan_moves` takes."""
-    return [
-        PlacementInfo(
-            dataset=p.dataset,
-            policy=p.policy,
-            dataset_class=p.dataset_class,
-            home=p.home,
-            replicas=tuple(p.replicas),
-            residency=tuple(p.residency),
-            failover_mode=p.failover_mode,
-            failover_order=tuple(p.failover_order),
-        )
-        for _, p in sorted(policy.placements.items())
-    ]
+def placement_infos(policy: CompiledPolicy) -> list[Placement]:
+    """The published placements, in name order, as `decide.plan_moves` takes them."""
+    return [p for _, p in sorted(policy.placements.items())]
 
 
 class FailoverWatch(Duty):

@@ -21,10 +21,9 @@ import time
 
 from controlplane.controller.config import ControllerContext
 from controlplane.controller.duty import Duty, Loop, describe
-from controlplane.coordination.ownership import Owner
-from controlplane.coordination.sources import JournalEntry, journal_id
-from controlplane.coordination.timeutil import parse_rfc3339, utcnow
-from controlplane.coordination.view import read_view
+from controlplane.coordination.catalog_glue.sources import journal_id
+from controlplane.coordination.orchestration.journal import backfilled_entry
+from controlplane.coordination.protocols.view import read_view
 from controlplane.logs import get_logger
 
 log = get_logger("meridian.controller")
@@ -85,7 +84,7 @@ class JournalDuty(Duty):
             first = self._missing_since.setdefault(jid, now)
             if now - first < self.ctx.config.journal_grace_s:
                 continue
-            entry = backfilled_entry(jid, moves[jid], self.ctx.actor)
+            entry = backfilled_entry(moves[jid], self.ctx.actor)
             try:
                 # Straight to the catalog: a rebuilt row that fails is rebuilt again at
                 # the next check, it need not wait in the deferred queue.
@@ -104,34 +103,3 @@ class JournalDuty(Duty):
                 to=entry.to_region,
             )
         return written
-
-
-def backfilled_entry(jid: str, owner: Owner, actor: str) -> JournalEntry:
-    """The journal row of a move, rebuilt from its owner record."""
-    try:
-        at = parse_rfc3339(owner.at)
-    except ValueError:
-        at = utcnow()  # an unreadable time: when it was noticed is the best we know
-    return JournalEntry(
-        id=jid,
-        dataset=owner.dataset,
-        from_region=owner.from_region,
-        to_region=owner.region,
-        epoch=owner.epoch,
-        kind=owner.kind or "automatic",
-        reason=(
-            f"{owner.reason} (journaled late by {actor}: the mover stopped before writing "
-            "this row; RPO exposure not measured)"
-        ),
-        actor=owner.actor,
-        detected_at=None,
-        started_at=at,
-        completed_at=at,
-        rpo_versions=0,
-        details={
-            "backfilled": True,
-            "backfilled_by": actor,
-            "epoch_before": owner.epoch_before,
-            "rpo_versions_unknown": True,
-        },
-    )

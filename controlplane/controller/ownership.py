@@ -15,10 +15,10 @@ import asyncio
 
 from controlplane.controller.config import ControllerContext
 from controlplane.controller.duty import Duty, Loop
-from controlplane.coordination.fencing import DatasetHandingOverError, StaleEpochError
-from controlplane.coordination.follow import follow_ownership
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.view import read_view
+from controlplane.coordination.protocols.fencing import DatasetHandingOverError, StaleEpochError
+from controlplane.coordination.protocols.follow import follow_ownership
+from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.coordination.protocols.view import read_view
 from controlplane.logs import get_logger
 
 log = get_logger("meridian.controller")

@@ -24,7 +24,11 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from controlplane.controller.duty import describe, is_retriable
-from controlplane.coordination.sources import CatchUpProbe, FailoverJournal, JournalEntry
+from controlplane.coordination.catalog_glue.sources import (
+    CatchUpProbe,
+    FailoverJournal,
+    JournalEntry,
+)
 from controlplane.errors import MeridianError
 from controlplane.logs import get_logger
 

@@ -53,7 +53,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from controlplane.coordination import keys
+from controlplane.coordination.protocols import keys
 from controlplane.domain.errors import PlacementError
 from controlplane.domain.placement import Placement
 from controlplane.errors import InvalidInputError, MeridianError, NotFoundError, UnavailableError

@@ -1,7 +1,7 @@
 """How `policy apply` publishes the compiled policy to `/meridian/policy/current`.
 
 Publishing goes through the coordination port (`controlplane.ports.coordination`)
-and its key layout (`controlplane.coordination.keys`); the value is
+and its key layout (`controlplane.coordination.protocols.keys`); the value is
 `CompiledPolicy.to_json()` and is read back by `controlplane.policy.current`.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from controlplane.coordination import keys
+from controlplane.coordination.protocols import keys
 from controlplane.errors import ConflictError, InvalidInputError, MeridianError, UnavailableError
 from controlplane.logs import get_logger
 from controlplane.policy.current import CompiledPolicy

@@ -16,7 +16,7 @@ Safety contract every implementation must honour
 * **Compare-and-set.** `txn` evaluates all its comparisons and applies one branch
   atomically at a single new revision. Ownership is only ever written through
   `txn` comparing the `mod_revision` the writer read (see
-  `controlplane.coordination.ownership`); a plain `put` must never be used for it.
+  `controlplane.coordination.protocols.ownership`); a plain `put` must never be used for it.
 * **Leases.** A key put with a lease is deleted when the lease expires or is
   revoked. Expiry is decided by the store's leader, with 1 s granularity, and a
   leader change *resets* every lease to its full TTL: a holder may therefore live
@@ -40,7 +40,7 @@ it, because the paused holder runs no code until its next write. Safety therefor
 comes from the resource: each grant carries a token that only grows (the key's
 `create_revision` for a lock, the owner key's `mod_revision` for a dataset epoch),
 every write presents it, and the resource refuses a token older than the newest
-it has seen (`controlplane.coordination.fencing.FencedResource`).
+it has seen (`controlplane.coordination.protocols.fencing.FencedResource`).
 
 Timing-critical methods: `keep_alive` (renewal cadence decides failover time) and
 `watch` (delivery latency of a liveness key's deletion starts every failover).

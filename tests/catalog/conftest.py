@@ -1,5 +1,5 @@
-"""Catalog fixtures on SQLite and PostgreSQL (see controlplane.catalog.testing_fixtures)."""
+"""Catalog fixtures on SQLite and PostgreSQL (see harness.catalog_fixtures)."""
 
-from controlplane.catalog.testing_fixtures import catalog_url, empty_catalog_url
+from harness.catalog_fixtures import catalog_url, empty_catalog_url
 
 __all__ = ["catalog_url", "empty_catalog_url"]

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
 
 from controlplane.adapters.etcd import EtcdCoordination
-from controlplane.coordination.sources import MemoryCatchUp, MemoryJournal, MemoryPlacements
 from controlplane.stack.etcd import EtcdCluster, start_etcd_cluster
 
 from .helpers import REGIONS, critical

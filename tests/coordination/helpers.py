@@ -7,7 +7,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-from controlplane.coordination.sources import PlacementInfo, PlacementSource, RegionInfo
+from controlplane.coordination.catalog_glue.sources import PlacementSource, RegionInfo
 from controlplane.coordination.timeutil import utcnow
 from controlplane.domain.placement import Placement
 from controlplane.policy.current import CompiledPolicy
@@ -27,15 +27,16 @@ def critical(
     home: str = "eu-west",
     order: tuple[str, ...] = ("eu-central", "eu-north"),
     mode: str = "automatic",
-) -> PlacementInfo:
-    return PlacementInfo(
+) -> Placement:
+    return Placement(
         dataset=name,
         policy="checkpoints",
         dataset_class="critical",
         home=home,
         replicas=order,
         residency=("EU",),
-        failover_mode=mode,
+        rpo_s=0,
+        failover_mode=mode,  # type: ignore[arg-type]
         failover_order=order,
     )
 
@@ -65,20 +66,7 @@ def compiled_world(source: PlacementSource, revision: int = 1) -> CompiledPolicy
     """A compiled policy holding exactly these regions and placements (no rules, so
     no dataset beyond them is placed)."""
     regions = {r.name: r.jurisdiction for r in source.regions()}
-    placements = {
-        p.dataset: Placement(
-            dataset=p.dataset,
-            policy=p.policy,
-            dataset_class="critical" if p.dataset_class == "critical" else "standard",
-            home=p.home,
-            replicas=p.replicas,
-            residency=p.residency,
-            rpo_s=0.0 if p.dataset_class == "critical" else 30.0,
-            failover_mode="automatic" if p.failover_mode == "automatic" else "manual",
-            failover_order=p.failover_order,
-        )
-        for p in source.placements()
-    }
+    placements = {p.dataset: p for p in source.placements()}
     rules = {
         "topology": "test",
         "regions": {n: {"jurisdiction": j} for n, j in regions.items()},

@@ -27,14 +27,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from harness.controllers import ControllerProcess, policy_yaml, run_cli
+from harness.invariants import epoch_violations
 from sqlalchemy.engine import make_url
 
 from controlplane.adapters.etcd import EtcdCoordination
-from controlplane.coordination.catalog_bridge import CatalogBridge
-from controlplane.coordination.invariants import epoch_violations
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.sources import JournalEntry
-from controlplane.coordination.testing import ControllerProcess, policy_yaml, run_cli
+from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+from controlplane.coordination.catalog_glue.sources import JournalEntry
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.settings import load_settings
 from controlplane.stack.etcd import EtcdCluster
 from controlplane.stack.manager import Stack

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 import pytest
+from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
 from structlog.testing import capture_logs
 
 from controlplane.adapters.etcd import EtcdCoordination
@@ -20,14 +21,9 @@ from controlplane.catalog.errors import CatalogInputError, CatalogUnavailableErr
 from controlplane.controller.daemon import ControllerConfig, RegionController
 from controlplane.controller.duty import Backoff, Duty, Loop
 from controlplane.controller.records import CatalogRecords
-from controlplane.coordination import keys
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.sources import (
-    JournalEntry,
-    MemoryCatchUp,
-    MemoryJournal,
-    MemoryPlacements,
-)
+from controlplane.coordination.catalog_glue.sources import JournalEntry
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.coordination.timeutil import utcnow
 from controlplane.errors import InvalidInputError
 from controlplane.policy.publisher import CoordinationPolicyPublisher

@@ -9,22 +9,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from harness.invariants import epoch_violations, split_brain
 from prometheus_client import generate_latest
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.controller.daemon import ControllerConfig, RegionController
-from controlplane.coordination.fencing import DirectoryEpochs
-from controlplane.coordination.invariants import epoch_violations, split_brain
-from controlplane.coordination.ownership import MoveFacts, Ownership
-from controlplane.coordination.sources import (
-    JournalEntry,
-    MemoryCatchUp,
-    MemoryJournal,
-    MemoryPlacements,
-    journal_id,
-)
+from controlplane.coordination.catalog_glue.sources import JournalEntry, journal_id
+from controlplane.coordination.protocols.fencing import DirectoryEpochs
+from controlplane.coordination.protocols.ownership import MoveFacts, Ownership
+from controlplane.coordination.protocols.view import read_view
 from controlplane.coordination.timeutil import utcnow
-from controlplane.coordination.view import read_view
 from controlplane.errors import NotFoundError
 from controlplane.stack.etcd import EtcdCluster
 
@@ -82,7 +77,7 @@ async def test_home_claims_then_failover_moves_every_automatic_dataset(
         async with controller(etcd3, world, "eu-west", fence_dir) as west:
             assert await wait_until(lambda: _owned(own, "eu-west", 6), 10)
             assert await wait_until(lambda: _true(len(west.owned) == 6), 5)
-            await asyncio.sleep(0.5)  # let canary writes flow
+            assert await wait_until(lambda: _accepted(fence_dir, "eu-west"), 5)  # canaries flow
             exposition = generate_latest(west.metrics.registry).decode()
             assert "meridian_controller_active 1.0" in exposition
             assert "meridian_controller_datasets_owned 6.0" in exposition
@@ -90,14 +85,17 @@ async def test_home_claims_then_failover_moves_every_automatic_dataset(
         # eu-west stopped: its lease is revoked, eu-central takes the automatic ones.
         assert await wait_until(lambda: _owned(own, "eu-central", 5), 10)
         assert await wait_until(lambda: _true(len(central.owned) == 5), 5)
-        await asyncio.sleep(0.5)
-        won = sum(_counter(c, "meridian_controller_failovers_total") for c in (central, north))
-        assert won == 5
+
+        async def won(count: int) -> bool:
+            return sum(_counter(c, "meridian_controller_failovers_total") for c in racers) == count
+
+        racers = (central, north)
+        assert await wait_until(lambda: won(5), 5)
         manual = await own.get("ckpt/manual")
         assert manual is not None and manual.region == "eu-west"
+    assert await wait_until(lambda: _true(len(samples) > 20), 5)  # enough to judge by
     stop_sampling.set()
     await sampler
-    assert len(samples) > 20
     assert epoch_violations(samples) == []
     assert split_brain(DirectoryEpochs(fence_dir).read_log()) == []
     _, journal, _ = world
@@ -123,7 +121,9 @@ async def test_pause_stops_automatic_failover(
         async with controller(etcd3, world, "eu-west"):
             assert await wait_until(lambda: _owned(own, "eu-west", 6), 10)
             await coord.put("/meridian/maintenance", b"{}")
-        await asyncio.sleep(4)  # two TTLs and more
+        # Not a synchronisation: the window (two TTLs and more) in which eu-central
+        # would fail eu-west over if the pause did not hold.
+        await asyncio.sleep(4)
         owners = await own.list()
         assert {o.region for o in owners.values()} == {"eu-west"}
 
@@ -133,7 +133,7 @@ async def test_two_controllers_of_one_region_elect_one_active(
 ) -> None:
     async with controller(etcd3, world, "eu-west") as a, controller(etcd3, world, "eu-west") as b:
         assert await wait_until(lambda: _true(a.active.is_set() or b.active.is_set()), 5)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # a window in which a second activation would show
         assert a.active.is_set() != b.active.is_set()
         first, second = (a, b) if a.active.is_set() else (b, a)
         await first.stop()
@@ -232,3 +232,8 @@ def test_journal_ids_fit_the_catalog_column_and_stay_unique() -> None:
     ids = {journal_id(n, 123456789, "-abort-123456790") for n in (long_a, long_b)}
     assert len(ids) == 2 and all(len(i) <= 64 for i in ids)
     assert all(i.endswith("@123456789-abort-123456790") for i in ids)
+
+
+async def _accepted(fence: Path, region: str) -> bool:
+    """A canary write of `region`'s controller has been accepted by the fence."""
+    return any(r["region"] == region and r["accepted"] for r in DirectoryEpochs(fence).read_log())

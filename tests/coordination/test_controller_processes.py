@@ -16,13 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from harness.controllers import ControllerProcess, prepare_catalog, run_cli
+from harness.invariants import epoch_violations, split_brain
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
-from controlplane.coordination.fencing import DirectoryEpochs
-from controlplane.coordination.invariants import epoch_violations, split_brain
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.testing import ControllerProcess, prepare_catalog, run_cli
+from controlplane.coordination.protocols.fencing import DirectoryEpochs
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.policy.placer import place
 from controlplane.stack.etcd import EtcdCluster
 
@@ -127,7 +127,9 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
         catalog.close()
     sampler = Sampler(coord)
     with sampler:
-        await asyncio.sleep(1)
+        # Samples of the steady state, and a canary write of eu-west accepted, first.
+        assert await wait_until(lambda: _true(len(sampler.samples) >= 10), 10)
+        assert await wait_until(lambda: _accepted(fence, "eu-west"), 10)
         west.kill()
         killed = time.monotonic()
         assert await wait_until(lambda: all_owned_by(coord, "eu-central", AUTOMATIC), TTL + 3)
@@ -143,7 +145,9 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
         # Maintenance mode: kill the new owner; nothing moves while paused.
         assert run_cli(["pause", "--reason", "test"], env).returncode == 0
         central.kill()
-        await asyncio.sleep(TTL + 2)
+        north = procs[1]
+        # eu-north sees eu-central's lease expire and, paused, decides not to move.
+        assert await wait_until(lambda: _true(_paused_on(north, "eu-central")), TTL + 5)
         assert await all_owned_by(coord, "eu-central", AUTOMATIC)
         assert run_cli(["resume"], env).returncode == 0
         assert await wait_until(lambda: all_owned_by(coord, "eu-north", AUTOMATIC), 5)
@@ -170,20 +174,28 @@ async def test_sigstopped_owner_is_fenced_and_steps_down(
     spawn(procs, env, tmp_path, "eu-central", fence)
     west = spawn(procs, env, tmp_path, "eu-west", fence)
     assert await wait_until(lambda: all_owned_by(coord, "eu-west", AUTOMATIC), 20)
-    await asyncio.sleep(1)  # canary writes at west's epoch are accepted
+    assert await wait_until(lambda: _accepted(fence, "eu-west"), 10)  # west's canaries run
     west.signal(signal.SIGSTOP)
     assert await wait_until(lambda: all_owned_by(coord, "eu-central", AUTOMATIC), TTL + 4)
-    await asyncio.sleep(1)  # central's canaries record its newer epochs
+    # central's canaries record its newer epoch of every dataset in the fence
+    assert await wait_until(lambda: _accepted(fence, "eu-central", AUTOMATIC), 10)
     resumed_at = time.time()
     west.signal(signal.SIGCONT)
     assert await wait_until(lambda: _true(west.has_event("step_down")), 10)
-    await asyncio.sleep(1)
+
+    def attempts_after() -> list[dict[str, object]]:
+        return [
+            r
+            for r in DirectoryEpochs(fence).read_log()
+            if r["region"] == "eu-west"
+            and r["dataset"] in AUTOMATIC
+            and float(r["t"]) >= resumed_at  # type: ignore[arg-type]
+        ]
+
+    # The resumed controller's canary runs once it wakes; wait for its attempt.
+    await wait_until(lambda: _true(bool(attempts_after())), 10)
     log = DirectoryEpochs(fence).read_log()
-    west_after = [
-        r
-        for r in log
-        if r["region"] == "eu-west" and r["dataset"] in AUTOMATIC and float(r["t"]) >= resumed_at  # type: ignore[arg-type]
-    ]
+    west_after = attempts_after()
     # It did try (its canary runs on wake-up) and every attempt was refused.
     assert west_after, "the resumed controller attempted no write"
     assert all(not r["accepted"] for r in west_after), west_after
@@ -210,6 +222,7 @@ async def test_etcd_leader_loss_causes_no_spurious_failover(
     member = etcd3.members[leader]
     member.kill()
     try:
+        # Not a synchronisation: the window in which a spurious failover would show.
         await asyncio.sleep(2 * TTL + 2)
         after = {d: (o.region, o.epoch) for d, o in (await Ownership(coord).list()).items()}
         assert after == before
@@ -230,3 +243,20 @@ def _restart(cluster: EtcdCluster, index: int) -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _accepted(fence: Path, region: str, datasets: list[str] | None = None) -> bool:
+    """A write of `region`'s controller has been accepted by the fenced resource (for
+    each of `datasets`, when given)."""
+    done = {
+        str(r["dataset"])
+        for r in DirectoryEpochs(fence).read_log()
+        if r["region"] == region and r["accepted"]
+    }
+    return bool(done) if datasets is None else done >= set(datasets)
+
+
+def _paused_on(proc: ControllerProcess, region: str) -> bool:
+    return any(
+        e.get("event") == "failover_paused" and e.get("region") == region for e in proc.events()
+    )

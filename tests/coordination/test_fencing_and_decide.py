@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.coordination.decide import plan_moves
-from controlplane.coordination.fencing import (
+from controlplane.coordination.orchestration.decide import plan_moves
+from controlplane.coordination.protocols.fencing import (
     DatasetHandingOverError,
     DirectoryEpochs,
     FencedResource,
     StaleEpochError,
 )
-from controlplane.coordination.ownership import Owner
-from controlplane.coordination.view import ClusterView, RegionState
+from controlplane.coordination.protocols.ownership import Owner
+from controlplane.coordination.protocols.view import ClusterView, RegionState
 from controlplane.ports.coordination import KeyValue
 
 from .helpers import REGIONS, critical

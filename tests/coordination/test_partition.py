@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.toxiproxy import ToxiproxyClient
 from controlplane.controller.daemon import ControllerConfig, RegionController
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.sources import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.stack.etcd import EtcdCluster
 
 from .helpers import free_port, publish_world, wait_until
@@ -51,8 +51,8 @@ async def test_partitioned_owner_steps_down_and_its_datasets_move(
             assert await wait_until(lambda: _count(own, "eu-central", 5), 6)
             await asyncio.to_thread(toxi.enable, proxy)
             assert await wait_until(lambda: _true(west.active.is_set()), 10)
-            await asyncio.sleep(0.5)
-            assert sorted(west.owned) == ["ckpt/manual"]  # only what is still its own
+            # only what is still its own, once it has re-read its datasets
+            assert await wait_until(lambda: _true(sorted(west.owned) == ["ckpt/manual"]), 5)
     finally:
         await west_coord.close()
         await central_coord.close()

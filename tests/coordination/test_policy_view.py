@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from harness.controllers import policy_yaml, run_cli
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.toxiproxy import ToxiproxyClient
-from controlplane.coordination import keys
-from controlplane.coordination.testing import policy_yaml, run_cli
+from controlplane.coordination.protocols import keys
 from controlplane.coordination.timeutil import utcnow
 from controlplane.domain.placement import Placement
 from controlplane.errors import InvalidInputError, NotFoundError, UnavailableError

@@ -6,21 +6,30 @@ import asyncio
 import csv
 import io
 import json
+import os
+import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from harness.cli_schema import check_output
+from harness.controllers import meridian_argv, prepare_catalog
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
 from controlplane.cli.main import run
-from controlplane.coordination import keys
-from controlplane.coordination.catalog_bridge import CatalogBridge
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.testing import prepare_catalog
+from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.fencing import DatasetHandingOverError, FencedResource
+from controlplane.coordination.protocols.follow import follow_ownership
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.policy.placer import place
 from controlplane.stack.etcd import EtcdCluster
+
+from .helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -400,3 +409,155 @@ async def _get(endpoints: list[str], key: str) -> bytes | None:
     async with EtcdCoordination(endpoints, timeout_s=5) as c:
         kv = await c.get(key)
         return None if kv is None else kv.value
+
+
+def _lagging_target(catalog_url: str, dataset: str, target: str) -> None:
+    """A version `target` has not completed: a switchover to it waits (freezing writes)."""
+    catalog = open_catalog(catalog_url)
+    try:
+        catalog.register_version(dataset, "shard-0", "v1", "sha256:aa", origin_region="eu-west")
+        catalog.set_replica_state(
+            dataset, "shard-0", "v1", "eu-west", "completed", digest="sha256:aa"
+        )
+        catalog.set_replica_state(dataset, "shard-0", "v1", target, "pending")
+    finally:
+        catalog.close()
+
+
+def _switchover_process(env: dict[str, str], log: Path, ttl_s: int) -> subprocess.Popen[bytes]:
+    args = ["switchover", "--dataset", "ckpt/d000", "--to", "eu-central", "--yes"]
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [*meridian_argv(), *args, "--timeout", "120"],
+            env={**os.environ, **env, "MERIDIAN_LEASE_TTL_S": str(ttl_s)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+async def _admits(resource: FencedResource, epoch: int) -> bool:
+    try:
+        resource.admit("ckpt/d000", epoch)
+    except DatasetHandingOverError:
+        return False
+    return True
+
+
+async def _frozen(resource: FencedResource, epoch: int) -> bool:
+    return not await _admits(resource, epoch)
+
+
+def test_a_sigkilled_switchover_unfreezes_its_dataset_within_one_lease_ttl(
+    world: dict[str, str], etcd3: EtcdCluster, tmp_path: Path
+) -> None:
+    """A real `meridian switchover` process, SIGKILLed while it waits for the target:
+    its handover mark lives on its lease, so within one lease TTL the dataset is
+    writable again at the same epoch, for a resource that follows ownership, and
+    ownership never moved."""
+    ttl_s = 3
+    _lagging_target(world["MERIDIAN_CATALOG"], "ckpt/d000", "eu-central")
+    proc = _switchover_process(world, tmp_path / "switchover.log", ttl_s)
+
+    async def scenario() -> float:
+        async with EtcdCoordination(etcd3.endpoints, timeout_s=5) as c:
+            before = await Ownership(c).get("ckpt/d000")
+            assert before is not None and before.region == "eu-west"
+            resource = FencedResource()
+            ready = asyncio.Event()
+            follower = asyncio.create_task(follow_ownership(c, resource, ready))
+            try:
+                await asyncio.wait_for(ready.wait(), 5)
+                assert await wait_until(lambda: _frozen(resource, before.epoch), 30), (
+                    tmp_path / "switchover.log"
+                ).read_text()
+                mark = await Ownership(c).handover("ckpt/d000")
+                assert mark is not None and mark.lease != 0
+                assert await c.lease_ttl(mark.lease) > 0
+                os.kill(proc.pid, signal.SIGKILL)
+                killed = time.monotonic()
+                proc.wait(10)
+                assert await wait_until(lambda: _admits(resource, before.epoch), ttl_s + 1.5)
+                unfrozen_after = time.monotonic() - killed
+                assert await Ownership(c).get("ckpt/d000") == before
+                assert await c.get(keys.handover("ckpt/d000")) is None
+                return unfrozen_after
+            finally:
+                follower.cancel()
+                await asyncio.gather(follower, return_exceptions=True)
+
+    try:
+        unfrozen_after = asyncio.run(scenario())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    print(f"writable again {unfrozen_after:.2f} s after SIGKILL (lease TTL {ttl_s} s)")
+    assert unfrozen_after <= ttl_s
+
+
+def test_abort_ends_a_switchover_whose_runbook_is_stuck_and_journals_it(
+    world: dict[str, str],
+    etcd3: EtcdCluster,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`switchover --abort` removes the mark of a runbook that is still waiting, the
+    old owner keeps the dataset at the same epoch, and the journal has one aborted row
+    (the runbook, stopped afterwards, does not add a second one)."""
+    code, _, err = cli(capsys, "switchover", "--dataset", "ckpt/d000", "--abort", "--yes")
+    assert code == 1 and "no switchover of ckpt/d000 is in progress" in err
+    code, _, err = cli(capsys, "switchover", "--dataset", "ckpt/d000")
+    assert code == 1 and "switchover needs --to REGION" in err
+    code, _, err = cli(
+        capsys, "switchover", "--dataset", "ckpt/d000", "--abort", "--to", "eu-central"
+    )
+    assert code == 1 and "takes no --to" in err
+    _lagging_target(world["MERIDIAN_CATALOG"], "ckpt/d000", "eu-central")
+    before = asyncio.run(_owners(etcd3.endpoints))[0]["ckpt/d000"]
+    code, out, _ = cli(
+        capsys, "switchover", "--dataset", "ckpt/d000", "--to", "eu-central", "--dry-run",
+        "-o", "json",
+    )  # fmt: skip
+    assert code == 0
+    check_output("runbook_dry_run", json.loads(out))
+    proc = _switchover_process(world, tmp_path / "switchover.log", 5)
+    try:
+
+        async def marked() -> bool:
+            return await _get(etcd3.endpoints, keys.handover("ckpt/d000")) is not None
+
+        assert asyncio.run(wait_until(marked, 30)), (tmp_path / "switchover.log").read_text()
+        again = ["switchover", "--dataset", "ckpt/d000", "--to", "eu-central", "--yes"]
+        code, _, err = cli(capsys, *again)
+        assert code == 1 and "already handing over to eu-central" in err
+        assert "meridian switchover --dataset ckpt/d000 --abort" in err
+        code, _, err = cli(capsys, "switchover", "--dataset", "ckpt/d000", "--abort")
+        assert code == 1 and "pass --yes" in err  # not a terminal: no silent abort
+        assert asyncio.run(marked())
+        code, out, err = cli(
+            capsys, "switchover", "--dataset", "ckpt/d000", "--abort", "--yes", "-o", "json"
+        )
+        assert code == 0, err
+        done = json.loads(out)
+        assert (done["from"], done["intended_to"], done["epoch"]) == (
+            "eu-west",
+            "eu-central",
+            before[1],
+        )
+        assert not asyncio.run(marked())
+        assert asyncio.run(_owners(etcd3.endpoints))[0]["ckpt/d000"] == before
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    code, out, _ = cli(capsys, "history", "-o", "json")
+    check_output("history", json.loads(out))
+    rows = [r for r in json.loads(out) if r["dataset"] == "ckpt/d000"]
+    assert [(r["id"], r["outcome"]) for r in rows] == [(done["journal_id"], "aborted")]
+    assert rows[0]["reason"].startswith("aborted: switchover to eu-central not done, ended by")
+    assert (rows[0]["from"], rows[0]["to"], rows[0]["completed_at"]) == ("eu-west", "eu-west", None)

@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
 import pytest
+from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
 
 from controlplane.adapters.etcd import EtcdCoordination
-from controlplane.coordination import keys
-from controlplane.coordination.decide import Move
-from controlplane.coordination.failover import MoveTracker, apply_move
-from controlplane.coordination.ownership import Ownership
-from controlplane.coordination.runbooks import Runbooks, SwitchoverAbortedError
-from controlplane.coordination.sources import (
-    JournalEntry,
-    MemoryCatchUp,
-    MemoryJournal,
-    MemoryPlacements,
-)
+from controlplane.coordination.catalog_glue.sources import JournalEntry
+from controlplane.coordination.orchestration.decide import Move
+from controlplane.coordination.orchestration.failover import MoveTracker, apply_move
+from controlplane.coordination.orchestration.runbooks import Runbooks, SwitchoverAbortedError
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.fencing import DatasetHandingOverError, FencedResource
+from controlplane.coordination.protocols.follow import follow_ownership
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.errors import ConflictError, NotFoundError, OperationTimeoutError, RefusedError
 
-from .helpers import REGIONS, critical
+from .helpers import REGIONS, critical, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +117,7 @@ async def test_switchover_waits_for_the_target_to_catch_up(coord: EtcdCoordinati
     rb, _ = runbooks(coord, probe)
     plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
     task = asyncio.create_task(rb.run_switchover(plan.moves[0], reason="t", timeout_s=5))
-    await asyncio.sleep(0.5)
+    assert await wait_until(lambda: _marked(coord, "ckpt/a"), 5)
     frozen = await Ownership(coord).get("ckpt/a")
     assert frozen is not None and frozen.region == "eu-west"
     assert frozen.handing_over_to == "eu-central"  # writes are frozen meanwhile
@@ -222,7 +221,7 @@ async def test_switchover_does_not_hand_over_to_a_target_that_died_while_catchin
     plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
 
     async def target_dies_then_catches_up() -> None:
-        await asyncio.sleep(0.3)
+        assert await wait_until(lambda: _marked(coord, "ckpt/a"), 5)  # the runbook waits
         await coord.revoke(target_lease.id)  # eu-central's controller is gone
         probe.missing.clear()  # ...after it had caught up
 
@@ -263,11 +262,12 @@ class SlowJournal(MemoryJournal):
     def __init__(self) -> None:
         super().__init__()
         self.started = asyncio.Event()
+        self.release = threading.Event()
         self.loop = asyncio.get_running_loop()
 
     def append(self, entry: JournalEntry) -> None:
         self.loop.call_soon_threadsafe(self.started.set)
-        time.sleep(0.5)
+        self.release.wait(10)  # until the test has seen the caller leave mid-write
         super().append(entry)
 
 
@@ -300,6 +300,7 @@ async def test_a_cancelled_move_still_writes_its_journal_row(coord: EtcdCoordina
     with pytest.raises(asyncio.CancelledError):
         await caller
     assert journal.entries == {}  # the write is still running...
+    journal.release.set()
     assert await moves.finish(timeout_s=10) == 0
     (entry,) = journal.entries.values()  # ...and it landed
     assert (entry.dataset, entry.from_region, entry.to_region) == (
@@ -309,3 +310,127 @@ async def test_a_cancelled_move_still_writes_its_journal_row(coord: EtcdCoordina
     )
     now = await Ownership(coord).get("ckpt/a")
     assert now is not None and now.region == "eu-central"
+
+
+async def _marked(coord: EtcdCoordination, dataset: str) -> bool:
+    return await coord.get(keys.handover(dataset)) is not None
+
+
+async def _writable(resource: FencedResource, dataset: str, epoch: int) -> bool:
+    try:
+        resource.admit(dataset, epoch)
+    except DatasetHandingOverError:
+        return False
+    return True
+
+
+async def test_a_dead_runbooks_handover_mark_goes_with_its_lease(coord: EtcdCoordination) -> None:
+    """The runbook stops renewing (as if SIGKILLed): etcd deletes its mark when the lease
+    lapses, and the old owner's writes at the same epoch are admitted again."""
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    probe = MemoryCatchUp()
+    probe.missing[("ckpt/a", "eu-central")] = ["obj@v9"]  # the runbook waits
+    rb, journal = runbooks(coord, probe)
+    rb.lease_ttl_s = 2
+    before = await Ownership(coord).get("ckpt/a")
+    assert before is not None
+    resource = FencedResource()
+    ready = asyncio.Event()
+    follower = asyncio.create_task(follow_ownership(coord, resource, ready))
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    task = asyncio.create_task(rb.run_switchover(plan.moves[0], reason="t", timeout_s=60))
+    try:
+        await asyncio.wait_for(ready.wait(), 5)
+        assert await wait_until(lambda: _marked(coord, "ckpt/a"), 5)
+        mark = await rb.ownership.handover("ckpt/a")
+        assert mark is not None and mark.lease != 0 and mark.deadline
+        assert await wait_until(lambda: _not(_writable(resource, "ckpt/a", before.epoch)), 5)
+        assert rb._keepalive is not None
+        await rb._keepalive.stop()  # the runbook's process is gone: nobody renews
+        died = time.monotonic()
+        assert await wait_until(lambda: _writable(resource, "ckpt/a", before.epoch), 2 + 1)
+        assert time.monotonic() - died <= 2 + 1
+        assert await Ownership(coord).get("ckpt/a") == before  # same owner, same epoch
+        # Were the runbook only paused, its move could not commit on the lapsed mark.
+        probe.missing.clear()
+        with pytest.raises(ConflictError):
+            await asyncio.wait_for(task, 10)
+        assert await Ownership(coord).get("ckpt/a") == before
+        [entry] = journal.since(None)
+        assert entry.outcome == "aborted" and "its handover mark was already gone" in entry.reason
+    finally:
+        task.cancel()
+        follower.cancel()
+        await asyncio.gather(task, follower, return_exceptions=True)
+        await rb.close()
+
+
+async def _not(cond: Any) -> bool:
+    return not await cond
+
+
+async def test_abort_ends_a_half_done_switchover_and_journals_it_once(
+    coord: EtcdCoordination,
+) -> None:
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    probe = MemoryCatchUp()
+    probe.missing[("ckpt/a", "eu-central")] = ["obj@v9"]
+    rb, journal = runbooks(coord, probe)
+    before = await Ownership(coord).get("ckpt/a")
+    with pytest.raises(RefusedError, match="no switchover of ckpt/a is in progress"):
+        await rb.plan_abort_switchover("ckpt/a")
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    task = asyncio.create_task(rb.run_switchover(plan.moves[0], reason="t", timeout_s=60))
+    try:
+        assert await wait_until(lambda: _marked(coord, "ckpt/a"), 5)
+        operator, _ = runbooks(coord)
+        operator.journal = journal
+        operator.actor = "oncall@host"
+        mark = await operator.plan_abort_switchover("ckpt/a")
+        assert (mark.from_region, mark.to_region, mark.kind) == (
+            "eu-west",
+            "eu-central",
+            "switchover",
+        )
+        entry = await operator.abort_switchover(mark, reason="stuck")
+        assert not await _marked(coord, "ckpt/a")
+        assert await Ownership(coord).get("ckpt/a") == before
+        assert entry.outcome == "aborted" and entry.actor == "oncall@host"
+        assert entry.reason.startswith("aborted: switchover to eu-central not done, ended by")
+        with pytest.raises(ConflictError):  # a second abort finds the mark gone
+            await operator.abort_switchover(mark, reason="again")
+        probe.missing.clear()  # the runbook's move now fails: its mark is gone
+        with pytest.raises(ConflictError):
+            await asyncio.wait_for(task, 10)
+        assert [e.id for e in journal.since(None)] == [entry.id]  # one row, not two
+        assert await Ownership(coord).get("ckpt/a") == before
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await rb.close()
+
+
+async def test_a_runbook_whose_lease_is_lost_gives_up_and_restores_the_owner(
+    coord: EtcdCoordination,
+) -> None:
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    probe = MemoryCatchUp()
+    probe.missing[("ckpt/a", "eu-central")] = ["obj@v9"]
+    rb, journal = runbooks(coord, probe)
+    before = await Ownership(coord).get("ckpt/a")
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    task = asyncio.create_task(rb.run_switchover(plan.moves[0], reason="t", timeout_s=60))
+    try:
+        assert await wait_until(lambda: _marked(coord, "ckpt/a"), 5)
+        mark = await rb.ownership.handover("ckpt/a")
+        assert mark is not None
+        await coord.revoke(mark.lease)  # etcd lost it (an outage longer than the TTL)
+        with pytest.raises(SwitchoverAbortedError, match="lease on etcd lapsed"):
+            await asyncio.wait_for(task, 10)
+        assert await Ownership(coord).get("ckpt/a") == before
+        [entry] = journal.since(None)
+        assert entry.outcome == "aborted" and "lease lapsed" in entry.reason
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await rb.close()

@@ -10,8 +10,8 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+from harness.catalog_fixtures import catalog_url, empty_catalog_url
 
-from controlplane.catalog.testing_fixtures import catalog_url, empty_catalog_url
 from controlplane.stack.etcd import start_etcd_cluster
 
 __all__ = ["catalog_url", "empty_catalog_url", "private_etcd"]

@@ -3,7 +3,7 @@
 Imports the catalog lazily so that coordination's unit tests do not need a
 database. `kind` values follow the catalog's journal (`automatic`, `switchover`,
 `failover`, `drain`); `outcome` is "moved", or "aborted" for a switchover that left
-ownership where it was (see `runbooks.aborted_entry`).
+ownership where it was (see `orchestration.journal.aborted_entry`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from controlplane.coordination.sources import JournalEntry, PlacementInfo, RegionInfo
+from controlplane.coordination.catalog_glue.sources import JournalEntry, RegionInfo
+from controlplane.domain.placement import Placement
 
 
 class CatalogBridge:
@@ -35,21 +36,8 @@ class CatalogBridge:
     def regions(self) -> list[RegionInfo]:
         return [RegionInfo(r.name, r.jurisdiction) for r in self.catalog.list_regions()]
 
-    def placements(self) -> list[PlacementInfo]:
-        return [self._info(p) for p in self.catalog.list_placements()]
-
-    @staticmethod
-    def _info(p: Any) -> PlacementInfo:
-        return PlacementInfo(
-            dataset=p.dataset,
-            policy=p.policy,
-            dataset_class=p.dataset_class,
-            home=p.home,
-            replicas=tuple(p.replicas),
-            residency=tuple(p.residency),
-            failover_mode=p.failover_mode,
-            failover_order=tuple(p.failover_order),
-        )
+    def placements(self) -> list[Placement]:
+        return list(self.catalog.list_placements())
 
     def append(self, entry: JournalEntry) -> None:
         from controlplane.catalog.records import FailoverRecord
@@ -100,16 +88,13 @@ class CatalogBridge:
             )
         return out
 
-    def datasets(self, pattern: str = "*") -> list[tuple[str, PlacementInfo | None]]:
+    def datasets(self, pattern: str = "*") -> list[tuple[str, Placement | None]]:
         """Every dataset in the catalog whose name matches the glob `pattern`, with its
         placement, or None when no applied policy places it (registered on first write,
         or its policy was removed): `dataset list` shows those too."""
-        return [
-            (name, None if p is None else self._info(p))
-            for name, p in self.catalog.datasets(pattern)
-        ]
+        return list(self.catalog.datasets(pattern))
 
-    def lag_seconds(self, placement: PlacementInfo, now: datetime) -> float:
+    def lag_seconds(self, placement: Placement, now: datetime) -> float:
         """Replication lag of a placed dataset, from the catalog: the age of the oldest
         latest version of an object that some region of the placement (home and
         replicas, other than the version's origin) has not completed; 0.0 when every

@@ -32,7 +32,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from controlplane.coordination import keys
+from controlplane.coordination.protocols import keys
 from controlplane.errors import FencedError, OperationTimeoutError
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import (

@@ -13,11 +13,10 @@ the revision of that read, so nothing between the read and the watch is missed:
 from __future__ import annotations
 
 import asyncio
-import json
 
-from controlplane.coordination import keys
-from controlplane.coordination.fencing import FencedResource
-from controlplane.coordination.ownership import Ownership
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.fencing import FencedResource
+from controlplane.coordination.protocols.ownership import Ownership, decode_handover
 from controlplane.ports.coordination import Coordination, EventType, Get
 
 
@@ -50,8 +49,7 @@ async def follow_ownership(
         async for ev in coord.watch(keys.HANDOVER, prefix=True, start_revision=start):
             ds = ev.kv.key.removeprefix(keys.HANDOVER)
             if ev.type is EventType.PUT:
-                epoch = int(json.loads(ev.kv.value)["epoch"])
-                resource.observe(ds, epoch, handing_over=True)
+                resource.observe(ds, decode_handover(ev.kv).epoch, handing_over=True)
             else:
                 owner = await own.get(ds)
                 if owner is not None:

@@ -9,10 +9,14 @@ owners can ever share one. Every write of the key compares the `mod_revision` th
 writer read, so two racing writers cannot both win.
 
 A planned switchover first writes `/meridian/handover/<dataset>` (`{"to", "from",
-"epoch", ...}`): while it exists, writes to the dataset are refused with a
-retriable `HandingOverError` (see `fencing.FencedResource`); the move itself
-deletes it in the same transaction that rewrites the owner, and an abort deletes it
-alone, leaving owner and epoch untouched.
+"epoch", "kind", "actor", "at", "deadline"}`, see `Handover`): while it exists,
+writes to the dataset are refused with a retriable `HandingOverError` (see
+`fencing.FencedResource`); the move itself deletes it in the same transaction that
+rewrites the owner, and an abort deletes it alone, leaving owner and epoch
+untouched. The mark lives on the runbook's lease, so a runbook that dies (SIGKILL,
+a lost host) cannot freeze the dataset for longer than that lease's TTL: etcd
+deletes the mark and writes resume under the previous owner. `decode_handover` is
+the one parser of the mark.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from controlplane.coordination import keys
+from controlplane.coordination.protocols import keys
 from controlplane.coordination.timeutil import rfc3339, utcnow
-from controlplane.errors import ConflictError
+from controlplane.errors import ConflictError, InvalidInputError
 from controlplane.ports.coordination import (
     Cmp,
     Compare,
@@ -31,6 +36,7 @@ from controlplane.ports.coordination import (
     Delete,
     EventType,
     Get,
+    KeyValue,
     Op,
     Put,
     Target,
@@ -63,11 +69,73 @@ class MoveFacts:
 
 @dataclass(frozen=True, slots=True)
 class Handover:
+    """A switchover in progress: the mark at `/meridian/handover/<dataset>`.
+
+    `epoch` is the owner's epoch the writes are frozen at; `create_revision` tells
+    this mark from a later one for the same dataset (every transaction that ends a
+    handover compares it); `lease` is the runbook's lease the mark lives on (0 for a
+    mark written without one); `deadline` is when its runbook gives up waiting.
+    """
+
     dataset: str
     from_region: str
     to_region: str
     epoch: int
     create_revision: int
+    kind: str = "switchover"
+    actor: str = ""
+    at: str = ""
+    deadline: str = ""
+    lease: int = 0
+
+
+class CorruptRecordError(InvalidInputError):
+    """A coordination record (an owner or handover value) is not what Meridian writes."""
+
+
+def handover_value(
+    owner: Owner, to_region: str, *, kind: str, actor: str, deadline: datetime | None
+) -> bytes:
+    doc = {
+        "to": to_region,
+        "from": owner.region,
+        "epoch": owner.epoch,
+        "kind": kind,
+        "actor": actor,
+        "at": rfc3339(utcnow()),
+        "deadline": rfc3339(deadline) or "",
+    }
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def decode_handover(kv: KeyValue) -> Handover:
+    """The handover mark stored in `kv` (a key under `keys.HANDOVER`)."""
+    dataset = kv.key.removeprefix(keys.HANDOVER)
+    try:
+        doc = json.loads(kv.value)
+        return Handover(
+            dataset=dataset,
+            from_region=str(doc["from"]),
+            to_region=str(doc["to"]),
+            epoch=int(doc["epoch"]),
+            create_revision=kv.create_revision,
+            kind=str(doc.get("kind") or "switchover"),
+            actor=str(doc.get("actor", "")),
+            at=str(doc.get("at", "")),
+            deadline=str(doc.get("deadline") or ""),
+            lease=kv.lease,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptRecordError(
+            f"the handover mark {kv.key} (revision {kv.mod_revision}) is unreadable "
+            f"({type(exc).__name__}: {exc}); end it with "
+            f"`meridian switchover --dataset {dataset} --abort`"
+        ) from exc
+
+
+def handing_over(marks: Sequence[KeyValue]) -> dict[str, Handover]:
+    """Dataset -> its handover mark, for the marks read under `keys.HANDOVER`."""
+    return {h.dataset: h for h in map(decode_handover, marks)}
 
 
 def decode_owner(dataset: str, value: bytes, epoch: int, handover: str | None) -> Owner:
@@ -113,8 +181,13 @@ class Ownership:
         if not owner_kvs:
             return None
         kv = owner_kvs[0]
-        to = str(json.loads(handover_kvs[0].value)["to"]) if handover_kvs else None
+        to = decode_handover(handover_kvs[0]).to_region if handover_kvs else None
         return decode_owner(dataset, kv.value, kv.mod_revision, to)
+
+    async def handover(self, dataset: str) -> Handover | None:
+        """The handover mark of `dataset`, or None when no switchover is in progress."""
+        kv = await self.coord.get(keys.handover(dataset))
+        return None if kv is None else decode_handover(kv)
 
     async def list(self) -> dict[str, Owner]:
         """Every owned dataset, as of one consistent read."""
@@ -122,14 +195,13 @@ class Ownership:
             [], [Get(keys.OWNERS, prefix=True), Get(keys.HANDOVER, prefix=True)]
         )
         owners_kv, handover_kv = res.reads
-        handing = {
-            kv.key.removeprefix(keys.HANDOVER): str(json.loads(kv.value)["to"])
-            for kv in handover_kv
-        }
+        marks = handing_over(handover_kv)
         out: dict[str, Owner] = {}
         for kv in owners_kv:
             ds = kv.key.removeprefix(keys.OWNERS)
-            out[ds] = decode_owner(ds, kv.value, kv.mod_revision, handing.get(ds))
+            mark = marks.get(ds)
+            to = mark.to_region if mark is not None else None
+            out[ds] = decode_owner(ds, kv.value, kv.mod_revision, to)
         return out
 
     async def claim(
@@ -163,31 +235,34 @@ class Ownership:
         return res.revision
 
     async def begin_handover(
-        self, dataset: str, owner: Owner, to_region: str, actor: str
+        self,
+        dataset: str,
+        owner: Owner,
+        to_region: str,
+        actor: str,
+        *,
+        lease: int = 0,
+        kind: str = "switchover",
+        deadline: datetime | None = None,
     ) -> Handover:
-        """Freeze writes: mark `dataset` as handing over from its owner at `owner.epoch`."""
-        value = json.dumps(
-            {
-                "to": to_region,
-                "from": owner.region,
-                "epoch": owner.epoch,
-                "actor": actor,
-                "at": rfc3339(utcnow()),
-            }
-        ).encode()
+        """Freeze writes: mark `dataset` as handing over from its owner at `owner.epoch`.
+
+        `lease` is the caller's (a runbook's) lease: the mark goes with it, so a dead
+        runbook's freeze ends within one TTL. Only tests and tools pass 0."""
+        value = handover_value(owner, to_region, kind=kind, actor=actor, deadline=deadline)
         res = await self.coord.txn(
             [
                 Compare(keys.owner(dataset), Target.MOD, Cmp.EQUAL, owner.epoch),
                 Compare(keys.handover(dataset), Target.CREATE, Cmp.EQUAL, 0),
             ],
-            [Put(keys.handover(dataset), value)],
+            [Put(keys.handover(dataset), value, lease), Get(keys.handover(dataset))],
         )
         if not res.succeeded:
             raise ConflictError(
                 f"{dataset} is already handing over, or its owner changed since epoch "
                 f"{owner.epoch}; re-read it and try again"
             )
-        return Handover(dataset, owner.region, to_region, owner.epoch, res.revision)
+        return decode_handover(res.reads[0][0])
 
     async def abort_handover(self, handover: Handover) -> bool:
         """Unfreeze without moving; True if our handover mark was still there."""

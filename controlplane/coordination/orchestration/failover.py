@@ -16,17 +16,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from controlplane.coordination import keys
-from controlplane.coordination.decide import Move
-from controlplane.coordination.ownership import MoveFacts, Ownership
-from controlplane.coordination.sources import (
+from controlplane.coordination.catalog_glue.sources import (
     CatchUpProbe,
     FailoverJournal,
     JournalEntry,
-    journal_id,
 )
+from controlplane.coordination.orchestration.decide import Move
+from controlplane.coordination.orchestration.journal import moved_entry
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import MoveFacts, Ownership
+from controlplane.coordination.protocols.view import ClusterView
 from controlplane.coordination.timeutil import utcnow
-from controlplane.coordination.view import ClusterView
 from controlplane.errors import ConflictError
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import Cmp, Compare, Target
@@ -149,20 +149,16 @@ async def apply_move(
     missing: list[str] = []
     if probe is not None:
         missing = await asyncio.to_thread(probe.incomplete_versions, move.dataset, move.to_region)
-    entry = JournalEntry(
-        id=journal_id(move.dataset, epoch),
-        dataset=move.dataset,
-        from_region=move.from_region,
-        to_region=move.to_region,
-        epoch=epoch,
+    entry = moved_entry(
+        move,
+        epoch,
         kind=kind,
         reason=reason,
         actor=actor,
         detected_at=detected_at,
         started_at=started,
         completed_at=completed,
-        rpo_versions=len(missing),
-        details={"epoch_before": move.epoch_before, "incomplete_versions": missing[:100]},
+        incomplete=missing,
     )
     await asyncio.to_thread(journal.append, entry)
     log.info(

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from controlplane.adapters.etcd import EtcdCoordination
-from controlplane.coordination.catalog_bridge import CatalogBridge
-from controlplane.coordination.runbooks import Runbooks
+from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
+from controlplane.coordination.orchestration.runbooks import Runbooks
 from controlplane.settings import Settings
 
 
@@ -40,12 +40,20 @@ async def open_session(settings: Settings, *, actor: str | None = None) -> Async
             [f"{h}:{p}" for h, p in settings.etcd_endpoints], timeout_s=settings.etcd_timeout_s
         )
         await coord.connect()
-        runbooks = Runbooks(coord, catalog, catalog, catalog, actor=actor or os_actor())
+        runbooks = Runbooks(
+            coord,
+            catalog,
+            catalog,
+            catalog,
+            actor=actor or os_actor(),
+            lease_ttl_s=settings.lease_ttl_s,
+        )
         try:
             yield Session(coord, catalog, runbooks)
         finally:
             # An interrupted runbook still journals the moves whose transaction it sent.
             await runbooks.moves.finish(timeout_s=settings.etcd_timeout_s + 5)
+            await runbooks.close()
             await coord.close()
     finally:
         await asyncio.to_thread(catalog.close)

@@ -13,33 +13,38 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from controlplane.coordination.decide import (
+from controlplane.coordination.catalog_glue.sources import (
+    CatchUpProbe,
+    FailoverJournal,
+    JournalEntry,
+    PlacementSource,
+)
+from controlplane.coordination.orchestration.decide import (
     Move,
     Plan,
     Unmoved,
     candidate_rejection,
     plan_moves,
 )
-from controlplane.coordination.failover import (
+from controlplane.coordination.orchestration.failover import (
     MoveResult,
     MoveTracker,
     apply_move,
     source_dead_guard,
     target_guards,
 )
-from controlplane.coordination.ownership import Owner, Ownership
-from controlplane.coordination.sources import (
-    CatchUpProbe,
-    FailoverJournal,
-    JournalEntry,
-    PlacementInfo,
-    PlacementSource,
-    journal_id,
+from controlplane.coordination.orchestration.journal import aborted_entry, moved_entry
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import (
+    CorruptRecordError,
+    Handover,
+    Owner,
+    Ownership,
+    decode_owner,
 )
-from controlplane.coordination.timeutil import rfc3339, utcnow
-from controlplane.coordination.view import (
+from controlplane.coordination.protocols.view import (
     ClusterView,
     Maintenance,
     RegionState,
@@ -47,6 +52,8 @@ from controlplane.coordination.view import (
     set_maintenance,
     set_region_state,
 )
+from controlplane.coordination.timeutil import parse_rfc3339, utcnow
+from controlplane.domain.placement import Placement
 from controlplane.errors import (
     ConflictError,
     InvalidInputError,
@@ -56,13 +63,22 @@ from controlplane.errors import (
     RefusedError,
 )
 from controlplane.logs import get_logger
-from controlplane.ports.coordination import Coordination
+from controlplane.ports.coordination import Coordination, KeepAlive, Lease
 
 log = get_logger(__name__)
 
 
 class SwitchoverAbortedError(OperationTimeoutError):
-    """The target did not catch up in time; the previous owner was restored."""
+    """A switchover gave up (its target did not catch up in time, or the runbook's
+    lease lapsed); the previous owner was restored. `why` is the journal's clause."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
+
+
+class NoHandoverError(RefusedError):
+    """`switchover --abort` found no switchover in progress for the dataset."""
 
 
 class NotMovedError(RefusedError):
@@ -80,72 +96,13 @@ NOT_COMMITTED = (
 )
 
 
-ABORTED_PREFIX = "aborted: "
-
-
-def aborted_entry(
-    move: Move,
-    handover_revision: int,
-    *,
-    kind: str,
-    reason: str,
-    actor: str,
-    started: datetime,
-    missing: list[str],
-    why: str,
-    restored: bool,
-) -> JournalEntry:
-    """The journal row of a switchover that did not move ownership.
-
-    Its `outcome` is "aborted"; `to` is the region that kept ownership (no move
-    happened), `completed_at` is empty (the move never completed), and `reason`
-    starts with "aborted: " and names the intended target and why. `details` keeps
-    the structured facts (intended_to, ended_at, restored, ...).
-    """
-    kept = (
-        f"{move.from_region} kept ownership at epoch {move.epoch_before}"
-        if restored
-        else "its handover mark was already gone"
-    )
-    return JournalEntry(
-        id=journal_id(move.dataset, move.epoch_before, f"-abort-{handover_revision}"),
-        dataset=move.dataset,
-        from_region=move.from_region,
-        to_region=move.from_region,
-        epoch=move.epoch_before,
-        kind=kind,
-        reason=(
-            f"{ABORTED_PREFIX}{kind} to {move.to_region} not done, {why}; {kept} "
-            f"(reason given: {reason})"
-        ),
-        actor=actor,
-        detected_at=None,
-        started_at=started,
-        completed_at=None,
-        rpo_versions=len(missing),
-        details={
-            "intended_to": move.to_region,
-            "reason_given": reason,
-            "ended_at": rfc3339(utcnow()),
-            "restored": restored,
-            "incomplete_versions": missing[:100],
-        },
-        outcome="aborted",
-    )
-
-
-def outcome_of(entry: JournalEntry) -> str:
-    """ "aborted" for a switchover that did not move ownership, else "moved"."""
-    return "aborted" if entry.outcome == "aborted" else "moved"
-
-
 @dataclass(frozen=True, slots=True)
 class Context:
     """What one runbook invocation reads: the topology and placements, at one instant."""
 
     view: ClusterView
     jurisdictions: dict[str, str]
-    placements: dict[str, PlacementInfo]
+    placements: dict[str, Placement]
 
 
 class Runbooks:
@@ -159,6 +116,7 @@ class Runbooks:
         probe: CatchUpProbe,
         *,
         actor: str,
+        lease_ttl_s: int = 5,
     ) -> None:
         self.coord = coord
         self.ownership = Ownership(coord)
@@ -166,8 +124,36 @@ class Runbooks:
         self.journal = journal
         self.probe = probe
         self.actor = actor
+        self.lease_ttl_s = lease_ttl_s
         # failovers started here finish (and journal) even if the command is interrupted
         self.moves = MoveTracker()
+        self._lease: Lease | None = None
+        self._keepalive: KeepAlive | None = None
+
+    async def _mark_lease(self) -> KeepAlive:
+        """The lease this session's handover marks live on, granted on first use and
+        renewed while the session runs: if the runbook dies, etcd deletes its marks
+        within `lease_ttl_s` and the previous owners' writes resume."""
+        if self._keepalive is None or self._keepalive.lost.is_set():
+            # One second shorter than the configured TTL: etcd notices an expired lease
+            # up to about half a second late, and the freeze must end within one TTL
+            # of the runbook's death (a leader change still resets it; see the port).
+            self._lease = await self.coord.grant(max(1, self.lease_ttl_s - 1))
+            self._keepalive = self.coord.keep_alive(self._lease)
+        return self._keepalive
+
+    async def close(self) -> None:
+        """Stop renewing the marks' lease and revoke it (idempotent). A mark still
+        there (an interrupted switchover that could not remove its own) goes with it."""
+        keepalive, self._keepalive = self._keepalive, None
+        lease, self._lease = self._lease, None
+        if keepalive is not None:
+            await keepalive.stop()
+        if lease is not None:
+            try:
+                await self.coord.revoke(lease.id)
+            except MeridianError as exc:  # it then expires on its own within its TTL
+                log.warning("runbook_lease_not_revoked", lease=f"{lease.id:x}", error=str(exc))
 
     async def context(self) -> Context:
         regions, placements = await asyncio.gather(
@@ -206,7 +192,11 @@ class Runbooks:
         if owner.region == to:
             raise RefusedError(f"{to} already owns {dataset} (epoch {owner.epoch})")
         if owner.handing_over_to is not None:
-            raise RefusedError(f"{dataset} is already handing over to {owner.handing_over_to}")
+            raise RefusedError(
+                f"{dataset} is already handing over to {owner.handing_over_to}; if the "
+                "runbook that began it is stuck, end it with "
+                f"`meridian switchover --dataset {dataset} --abort`"
+            )
         why = candidate_rejection(placement, to, ctx.view, ctx.jurisdictions, source=owner.region)
         if why is not None:
             raise RefusedError(f"switchover of {dataset} to {to} refused: {why}")
@@ -223,8 +213,10 @@ class Runbooks:
     ) -> MoveResult:
         """Freeze writes, wait for the target to complete every version, move, unfreeze.
 
-        On timeout the handover mark is removed, so the previous owner keeps the
-        dataset at its previous epoch, and `SwitchoverAbortedError` is raised.
+        The handover mark lives on this session's lease (see `_mark_lease`). On
+        timeout, or if that lease lapses meanwhile, the mark is removed, so the
+        previous owner keeps the dataset at its previous epoch, and
+        `SwitchoverAbortedError` is raised.
         """
         started = utcnow()
         owner = await self.ownership.get(move.dataset)
@@ -232,10 +224,23 @@ class Runbooks:
             raise ConflictError(
                 f"ownership of {move.dataset} changed since the plan was made; plan again"
             )
+        keepalive = await self._mark_lease()
         handover = await self.ownership.begin_handover(
-            move.dataset, owner, move.to_region, self.actor
+            move.dataset,
+            owner,
+            move.to_region,
+            self.actor,
+            lease=keepalive.lease.id,
+            kind=kind,
+            deadline=started + timedelta(seconds=timeout_s),
         )
-        log.info("handover_started", dataset=move.dataset, to=move.to_region, epoch=owner.epoch)
+        log.info(
+            "handover_started",
+            dataset=move.dataset,
+            to=move.to_region,
+            epoch=owner.epoch,
+            lease=f"{keepalive.lease.id:x}",
+        )
         deadline = time.monotonic() + timeout_s
         missing: list[str] = []
         try:
@@ -243,14 +248,22 @@ class Runbooks:
                 missing = await asyncio.to_thread(
                     self.probe.incomplete_versions, move.dataset, move.to_region
                 )
-                if not missing or time.monotonic() >= deadline:
+                if not missing or time.monotonic() >= deadline or keepalive.lost.is_set():
                     break
                 await asyncio.sleep(poll_s)
+            if keepalive.lost.is_set():
+                raise SwitchoverAbortedError(
+                    f"switchover of {move.dataset} to {move.to_region} aborted: this runbook's "
+                    "lease on etcd lapsed (etcd unreachable for a whole TTL?), and its handover "
+                    f"mark with it; {move.from_region} still owns it at epoch {move.epoch_before}",
+                    why="the runbook's lease lapsed while it waited",
+                )
             if missing:
                 raise SwitchoverAbortedError(
                     f"switchover of {move.dataset} to {move.to_region} aborted: "
                     f"{len(missing)} version(s) were still incomplete there after {timeout_s:g} s; "
-                    f"{move.from_region} still owns it at epoch {move.epoch_before}"
+                    f"{move.from_region} still owns it at epoch {move.epoch_before}",
+                    why=f"{len(missing)} version(s) still incomplete there after {timeout_s:g} s",
                 )
             epoch = await self.ownership.complete_handover(
                 handover, reason=reason, actor=self.actor, kind=kind
@@ -277,7 +290,7 @@ class Runbooks:
                 started=started,
                 missing=missing,
                 why=(
-                    f"{len(missing)} version(s) still incomplete there after {timeout_s:g} s"
+                    exc.why
                     if isinstance(exc, SwitchoverAbortedError)
                     else f"interrupted ({type(exc).__name__}: {exc})"
                 ),
@@ -287,6 +300,84 @@ class Runbooks:
             log.warning("switchover_aborted", dataset=move.dataset, to=move.to_region)
             raise
         return await self._journal_moved(move, epoch, kind, reason, started)
+
+    # -- switchover --abort ------------------------------------------------------
+    async def plan_abort_switchover(self, dataset: str) -> Handover:
+        """The switchover in progress for `dataset` (its handover mark), or one clear
+        refusal when there is none."""
+        try:
+            handover = await self.ownership.handover(dataset)
+        except CorruptRecordError:
+            handover = await self._unreadable_mark(dataset)
+        if handover is None:
+            raise NoHandoverError(
+                f"no switchover of {dataset} is in progress (it has no handover mark): "
+                "nothing to abort"
+            )
+        return handover
+
+    async def _unreadable_mark(self, dataset: str) -> Handover | None:
+        """An unreadable mark freezes the dataset all the same, so `--abort` ends it too;
+        what it journals comes from the owner record instead."""
+        kv = await self.coord.get(keys.handover(dataset))
+        if kv is None:
+            return None
+        owner_kv = await self.coord.get(keys.owner(dataset))
+        owner = (
+            None
+            if owner_kv is None
+            else decode_owner(dataset, owner_kv.value, owner_kv.mod_revision, None)
+        )
+        return Handover(
+            dataset,
+            owner.region if owner is not None else "?",
+            "?",
+            owner.epoch if owner is not None else 0,
+            kv.create_revision,
+            lease=kv.lease,
+        )
+
+    async def abort_switchover(self, handover: Handover, *, reason: str) -> JournalEntry:
+        """End a half-done switchover: remove its mark (only that one: the transaction
+        compares its revision), so the previous owner's writes resume at the same
+        epoch; journal it as aborted under the id the runbook itself would use, so a
+        runbook still alive and this command leave one row between them.
+
+        A runbook still waiting behind the mark then fails its move (the mark it
+        compares is gone) and restores nothing, as nothing is left to restore."""
+        if not await self.ownership.abort_handover(handover):
+            raise ConflictError(
+                f"the switchover of {handover.dataset} ended while this command ran "
+                "(moved or aborted by its runbook, or its runbook's lease lapsed); "
+                "see `meridian history`"
+            )
+        try:
+            started = parse_rfc3339(handover.at)
+        except ValueError:
+            started = utcnow()
+        entry = aborted_entry(
+            Move(handover.dataset, handover.from_region, handover.to_region, handover.epoch),
+            handover.create_revision,
+            kind=handover.kind,
+            reason=reason,
+            actor=self.actor,
+            started=started,
+            missing=[],
+            why=(
+                "ended by an operator with `switchover --abort` "
+                f"(the mark was left by {handover.actor or 'an unknown runbook'})"
+            ),
+            restored=True,
+        )
+        await asyncio.to_thread(self.journal.append, entry)
+        log.warning(
+            "switchover_aborted_by_operator",
+            dataset=handover.dataset,
+            to=handover.to_region,
+            epoch=handover.epoch,
+            actor=self.actor,
+        )
+        return entry
 
     async def _owner_after_error(self, dataset: str) -> Owner | None:
         """The owner now, or None if it cannot be read either (etcd unreachable)."""
@@ -298,20 +389,14 @@ class Runbooks:
     async def _journal_moved(
         self, move: Move, epoch: int, kind: str, reason: str, started: datetime
     ) -> MoveResult:
-        entry = JournalEntry(
-            id=journal_id(move.dataset, epoch),
-            dataset=move.dataset,
-            from_region=move.from_region,
-            to_region=move.to_region,
-            epoch=epoch,
+        entry = moved_entry(
+            move,
+            epoch,
             kind=kind,
             reason=reason,
             actor=self.actor,
-            detected_at=None,
             started_at=started,
             completed_at=utcnow(),
-            rpo_versions=0,
-            details={"epoch_before": move.epoch_before},
         )
         await asyncio.to_thread(self.journal.append, entry)
         log.info(

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.coordination.sources import PlacementInfo
-from controlplane.coordination.view import ClusterView, RegionState
+from controlplane.coordination.protocols.view import ClusterView, RegionState
+from controlplane.domain.placement import Placement
 
 MANUAL_REASON = "manual mode: failover.mode is manual; name --to to move it"
 
@@ -73,7 +73,7 @@ class Plan:
         }
 
 
-def candidates(placement: PlacementInfo, source: str) -> list[str]:
+def candidates(placement: Placement, source: str) -> list[str]:
     """Home first, then `failover.order`, without repeats and without `source`."""
     out: list[str] = []
     for region in (placement.home, *placement.failover_order):
@@ -83,7 +83,7 @@ def candidates(placement: PlacementInfo, source: str) -> list[str]:
 
 
 def candidate_rejection(
-    placement: PlacementInfo,
+    placement: Placement,
     region: str,
     view: ClusterView,
     jurisdictions: Mapping[str, str],
@@ -109,7 +109,7 @@ def candidate_rejection(
     return None
 
 
-def _unmoved_reason(rejections: Sequence[Rejection], placement: PlacementInfo) -> str:
+def _unmoved_reason(rejections: Sequence[Rejection], placement: Placement) -> str:
     if not rejections:
         return (
             f"no candidate region: its home {placement.home} is the region being moved "
@@ -122,7 +122,7 @@ def _unmoved_reason(rejections: Sequence[Rejection], placement: PlacementInfo) -
 
 def plan_moves(
     view: ClusterView,
-    placements: Sequence[PlacementInfo],
+    placements: Sequence[Placement],
     jurisdictions: Mapping[str, str],
     *,
     source: str,

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controlplane.coordination import keys
-from controlplane.coordination.ownership import Owner, decode_owner
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import Owner, decode_owner, handing_over
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.ports.coordination import (
     Cmp,
@@ -77,13 +77,13 @@ async def read_view(coord: Coordination) -> ClusterView:
             except ValueError:
                 states[region] = RegionState.FENCED  # unreadable: safest is "do not use"
             state_revs[region] = kv.mod_revision
-    handing = {
-        kv.key.removeprefix(keys.HANDOVER): str(json.loads(kv.value)["to"]) for kv in handover_kvs
-    }
+    marks = handing_over(handover_kvs)
     owners: dict[str, Owner] = {}
     for kv in owner_kvs:
         ds = kv.key.removeprefix(keys.OWNERS)
-        owners[ds] = decode_owner(ds, kv.value, kv.mod_revision, handing.get(ds))
+        mark = marks.get(ds)
+        to = mark.to_region if mark is not None else None
+        owners[ds] = decode_owner(ds, kv.value, kv.mod_revision, to)
     return ClusterView(res.revision, alive, states, state_revs, bool(maint), owners)
 
 

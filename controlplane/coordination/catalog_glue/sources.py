@@ -1,7 +1,8 @@
-"""What coordination needs from the catalog, as narrow Protocols, plus in-memory fakes.
+"""What coordination needs from the catalog, as narrow Protocols.
 
 The catalog (`controlplane.catalog`, issue 4) satisfies these through
-`catalog_bridge.CatalogBridge`; unit tests use the `Memory*` fakes. All methods are
+`catalog_bridge.CatalogBridge`; unit tests use the in-memory fakes of
+`tests/fakes/catalog.py`. All methods are
 synchronous (the catalog is a thread-safe SQLAlchemy facade); async callers use
 `asyncio.to_thread`.
 """
@@ -9,31 +10,18 @@ synchronous (the catalog is a thread-safe SQLAlchemy facade); async callers use
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
+
+from controlplane.domain.placement import Placement
 
 
 @dataclass(frozen=True, slots=True)
 class RegionInfo:
     name: str
     jurisdiction: str
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementInfo:
-    """The applied placement of one dataset, as failover decisions need it."""
-
-    dataset: str
-    policy: str
-    dataset_class: str  # "critical" | "standard"
-    home: str
-    replicas: tuple[str, ...]
-    residency: tuple[str, ...]
-    failover_mode: str  # "automatic" | "manual"
-    failover_order: tuple[str, ...]
 
 
 JOURNAL_ID_MAX = 64  # the catalog's `failovers.id` is VARCHAR(64)
@@ -72,7 +60,7 @@ class JournalEntry:
     completed_at: datetime | None
     rpo_versions: int = 0
     details: dict[str, object] = field(default_factory=dict)
-    outcome: str = "moved"  # "moved" | "aborted" (see runbooks.aborted_entry)
+    outcome: str = "moved"  # "moved" | "aborted" (see orchestration.journal.aborted_entry)
 
 
 class PlacementSource(Protocol):
@@ -80,7 +68,7 @@ class PlacementSource(Protocol):
 
     def regions(self) -> list[RegionInfo]: ...
 
-    def placements(self) -> list[PlacementInfo]: ...
+    def placements(self) -> list[Placement]: ...
 
 
 class FailoverJournal(Protocol):
@@ -99,42 +87,3 @@ class CatchUpProbe(Protocol):
     """Which versions of a dataset a region has not completed yet (empty: caught up)."""
 
     def incomplete_versions(self, dataset: str, region: str) -> list[str]: ...
-
-
-class MemoryPlacements:
-    def __init__(self, regions: list[RegionInfo], placements: list[PlacementInfo]) -> None:
-        self._regions = list(regions)
-        self._placements = list(placements)
-
-    def regions(self) -> list[RegionInfo]:
-        return list(self._regions)
-
-    def placements(self) -> list[PlacementInfo]:
-        return list(self._placements)
-
-
-class MemoryJournal:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.entries: dict[str, JournalEntry] = {}
-
-    def append(self, entry: JournalEntry) -> None:
-        with self._lock:
-            self.entries.setdefault(entry.id, entry)
-
-    def since(self, since: datetime | None) -> list[JournalEntry]:
-        with self._lock:
-            rows = [e for e in self.entries.values() if since is None or e.started_at >= since]
-        return sorted(rows, key=lambda e: e.started_at)
-
-    def missing(self, ids: Sequence[str]) -> set[str]:
-        with self._lock:
-            return {i for i in ids if i not in self.entries}
-
-
-class MemoryCatchUp:
-    def __init__(self) -> None:
-        self.missing: dict[tuple[str, str], list[str]] = {}
-
-    def incomplete_versions(self, dataset: str, region: str) -> list[str]:
-        return list(self.missing.get((dataset, region), []))

@@ -1,7 +1,7 @@
 """Throwaway catalogs for tests: a fresh SQLite file or PostgreSQL database each time.
 
-Lives in the package (not under tests/) so every test folder and the benchmark can
-use it without a shared conftest.
+Every test folder (through `harness.catalog_fixtures`) and the catalog benchmark
+(through `benchmarks/bench_harness.py`) use it.
 """
 
 from __future__ import annotations

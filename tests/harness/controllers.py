@@ -3,7 +3,7 @@
 Writes a policy with N critical datasets, applies it to a catalog through the
 `meridian` CLI (so the tests go through the same doors as users), and runs
 `meridian controller run` as separate processes that can be SIGKILLed, SIGSTOPped
-and resumed. Lives in the package so the benchmark can use it without tests/.
+and resumed. The failover benchmark imports it too (through `benchmarks/bench_harness.py`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.catalog.testing import scratch_catalog
+from harness.catalogs import scratch_catalog
 
 
 def server_postgres_url(request: pytest.FixtureRequest) -> str:

@@ -1,0 +1,96 @@
+"""The etcd protocols unit-tested on the in-memory fake, without etcd.
+
+What the fake is for: ownership, handover marks on a lease, fencing through
+`follow_ownership` and fenced locks run on it unchanged, fast and deterministic
+(a `ManualClock` decides when leases expire).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from fakes.coordination import ManualClock, MemoryCoordination
+
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.fencing import (
+    DatasetHandingOverError,
+    FencedResource,
+    StaleEpochError,
+)
+from controlplane.coordination.protocols.follow import follow_ownership
+from controlplane.coordination.protocols.locks import GlobalLock
+from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.errors import ConflictError, OperationTimeoutError
+
+from .helpers import wait_until
+
+
+async def _verdict(resource: FencedResource, dataset: str, epoch: int) -> str:
+    try:
+        resource.admit(dataset, epoch)
+    except DatasetHandingOverError:
+        return "frozen"
+    except StaleEpochError:
+        return "stale"
+    return "admitted"
+
+
+async def test_claims_race_to_one_winner_and_a_handover_on_a_lease_lapses_with_it() -> None:
+    clock = ManualClock()
+    coord = MemoryCoordination(clock)
+    own = Ownership(coord)
+
+    async def claim(region: str) -> int | None:
+        try:
+            return await own.claim("ckpt/x", region, expect_epoch=0, reason="t", actor="t")
+        except ConflictError:
+            return None
+
+    winners = [e for e in await asyncio.gather(*map(claim, "abcde")) if e is not None]
+    assert len(winners) == 1
+    owner = await own.get("ckpt/x")
+    assert owner is not None and owner.epoch == winners[0]
+    resource = FencedResource()
+    ready = asyncio.Event()
+    follower = asyncio.create_task(follow_ownership(coord, resource, ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 5)
+        lease = await coord.grant(3)
+        mark = await own.begin_handover("ckpt/x", owner, "b", "runbook", lease=lease.id)
+        assert mark.lease == lease.id
+        epoch = owner.epoch
+        assert await wait_until(lambda: _is(resource, epoch, "frozen"), 2)
+        clock.advance(2.9)  # the runbook is dead: nobody renews
+        assert await _verdict(resource, "ckpt/x", epoch) == "frozen"
+        clock.advance(0.2)  # ...and its lease lapses: the mark goes, writes resume
+        assert await wait_until(lambda: _is(resource, epoch, "admitted"), 2)
+        assert await own.handover("ckpt/x") is None
+        await coord.put(keys.alive("b"), b"{}")
+        with pytest.raises(ConflictError):  # the lapsed mark cannot be completed
+            await own.complete_handover(mark, reason="t", actor="t")
+        moved = await own.claim("ckpt/x", "b", expect_epoch=owner.epoch, reason="t", actor="t")
+        assert await wait_until(lambda: _is(resource, epoch, "stale"), 2)
+        assert await _verdict(resource, "ckpt/x", moved) == "admitted"
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        await coord.close()
+
+
+async def _is(resource: FencedResource, epoch: int, want: str) -> bool:
+    return await _verdict(resource, "ckpt/x", epoch) == want
+
+
+async def test_fenced_lock_on_the_fake_hands_out_growing_tokens() -> None:
+    coord = MemoryCoordination()
+    lock = GlobalLock(coord, "t", ttl_s=5)
+    async with lock.hold() as first:
+        with pytest.raises(OperationTimeoutError):
+            async with GlobalLock(coord, "t", ttl_s=5).hold(timeout_s=0.2):
+                pass
+    async with lock.hold() as second:
+        assert second.token > first.token
+    await coord.close()
