@@ -136,10 +136,17 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
         moved_after = time.monotonic() - killed
         assert moved_after <= TTL + 1.5, f"failover took {moved_after:.2f} s"
         assert (await owners_of(coord))["pinned/p0"] == "eu-west"  # manual mode: not moved
+        # The gauges follow ownership through a watch: await them, bounded.
         async with httpx.AsyncClient(timeout=5) as http:
-            metrics = (await http.get(f"http://{metrics_addr}/metrics")).text
-        assert "meridian_controller_active 1.0" in metrics
-        assert "meridian_controller_datasets_owned 5.0" in metrics
+
+            async def gauges_show_the_move() -> bool:
+                text = (await http.get(f"http://{metrics_addr}/metrics")).text
+                return (
+                    "meridian_controller_active 1.0" in text
+                    and "meridian_controller_datasets_owned 5.0" in text
+                )
+
+            assert await wait_until(gauges_show_the_move, 5)
         assert central.has_event("failover_not_moved")  # the manual one, reported
 
         # Maintenance mode: kill the new owner; nothing moves while paused.
