@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
-from fakes.coordination import ManualClock, MemoryCoordination
+from fakes.coordination import ManualClock, MemoryCoordination, WatchCompactedError
 
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.fencing import (
@@ -23,6 +24,7 @@ from controlplane.coordination.protocols.follow import follow_ownership
 from controlplane.coordination.protocols.locks import GlobalLock
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.errors import ConflictError, OperationTimeoutError
+from controlplane.ports.coordination import WatchEvent
 
 from .helpers import wait_until
 
@@ -94,3 +96,57 @@ async def test_fenced_lock_on_the_fake_hands_out_growing_tokens() -> None:
     async with lock.hold() as second:
         assert second.token > first.token
     await coord.close()
+
+
+class BrokenWatches(MemoryCoordination):
+    """Breaks the next `broken` watches of one exact key (as compaction or a
+    non-transient gRPC error would), counting every watch of it."""
+
+    def __init__(self, key_prefix: str) -> None:
+        super().__init__()
+        self.key_prefix, self.broken, self.watched = key_prefix, 0, 0
+
+    async def watch(  # type: ignore[override]
+        self, key: str, *, prefix: bool = False, start_revision: int = 0
+    ) -> AsyncIterator[WatchEvent]:
+        if not prefix and key.startswith(self.key_prefix):
+            self.watched += 1
+            if self.broken:
+                self.broken -= 1
+                raise WatchCompactedError(f"the watch on {key} was compacted (test)")
+        async for ev in super().watch(key, prefix=prefix, start_revision=start_revision):
+            yield ev
+
+
+async def test_a_broken_watch_on_a_held_lock_is_not_a_lost_lock() -> None:
+    """Only the key's deletion (or finding it gone) loses the lock: a watch that breaks
+    is re-established, and the holder keeps running (no spurious step-down)."""
+    coord = BrokenWatches(keys.LOCKS)
+    holder_done = asyncio.Event()
+    outcome: list[BaseException | None] = []
+
+    async def hold() -> None:
+        try:
+            async with GlobalLock(coord, "t", ttl_s=5).hold() as held:
+                holding.set_result(held)
+                await asyncio.Event().wait()
+        except BaseException as exc:  # noqa: BLE001 - what ended the holder is asserted
+            outcome.append(exc)
+        finally:
+            holder_done.set()
+
+    holding: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    coord.broken = 2
+    task = asyncio.create_task(hold())
+    held = await asyncio.wait_for(holding, 5)
+    assert await wait_until(lambda: _true(coord.watched >= 3), 10)  # broken twice, back
+    assert not held.lost.is_set() and not task.done()  # type: ignore[attr-defined]
+    await coord.delete(held.key)  # type: ignore[attr-defined]
+    await asyncio.wait_for(holder_done.wait(), 10)
+    assert held.lost.is_set()  # type: ignore[attr-defined]
+    assert outcome and "lost" in str(outcome[0])
+    await coord.close()
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from controlplane.coordination.protocols import keys
-from controlplane.errors import FencedError, OperationTimeoutError
+from controlplane.errors import FencedError, MeridianError, OperationTimeoutError
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import (
     Cmp,
@@ -47,6 +47,8 @@ from controlplane.ports.coordination import (
 )
 
 log = get_logger(__name__)
+WATCH_RETRY_FIRST_S = 0.1
+WATCH_RETRY_MAX_S = 2.0
 
 
 class LockLostError(FencedError):
@@ -139,9 +141,29 @@ class GlobalLock:
 
     async def _monitor(self, held: HeldLock, ka: KeepAlive, holder: asyncio.Task[object]) -> None:
         async def key_deleted() -> None:
-            async for ev in self.coord.watch(held.key, start_revision=held.token + 1):
-                if ev.type is EventType.DELETE:
+            # Only a deletion of our key, or finding it gone, means the lock is lost. A
+            # watch that breaks (compacted history, a non-transient gRPC error) says
+            # nothing about the lock: look at the key, then watch again from there,
+            # while the keepalive (watched beside this) decides about the lease.
+            start, delay = held.token + 1, WATCH_RETRY_FIRST_S
+            while True:
+                try:
+                    async for ev in self.coord.watch(held.key, start_revision=start):
+                        if ev.type is EventType.DELETE:
+                            return
+                        start = ev.revision + 1
+                except MeridianError as exc:
+                    log.warning("lock_watch_broken", lock=self.name, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, WATCH_RETRY_MAX_S)
+                try:
+                    kvs, revision = await self.coord.get_prefix(held.key)
+                except MeridianError as exc:
+                    log.warning("lock_watch_broken", lock=self.name, error=str(exc))
+                    continue
+                if not any(kv.key == held.key and kv.lease == held.lease.id for kv in kvs):
                     return
+                start = revision + 1
 
         waiters = [asyncio.create_task(ka.lost.wait()), asyncio.create_task(key_deleted())]
         try:
