@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
 import pytest
+from harness.cli_schema import check_output
 
 from controlplane.cli.main import run
 from controlplane.policy import loader
@@ -23,7 +23,6 @@ from controlplane.policy.loader import MAX_FILE_BYTES, load_file
 
 DATA = Path(__file__).parent / "data"
 EXAMPLE = DATA / "example.yaml"
-SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "spec" / "cli-output.schema.json"
 TIMEOUT_S = 30
 # The child: at most 1 GiB of address space, then the CLI as `meridian` runs it.
 CHILD = (
@@ -82,7 +81,7 @@ def test_the_other_files_are_still_validated(fifo: Path, tmp_path: Path) -> None
     done = validate_in_child("--output", "json", "/dev/urandom", str(bad))
     assert done.returncode == 1
     problems = json.loads(done.stdout)
-    jsonschema.validate(problems, json.loads(SCHEMA.read_text())["$defs"]["policy_validate"])
+    check_output("policy_validate", problems)
     assert [(p["file"], p["message"].split(";")[0]) for p in problems] == [
         ("/dev/urandom", "cannot read the file: it is a character device, not a regular file"),
         (str(bad), "unknown field 'prioirty' in spec"),
