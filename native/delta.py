@@ -112,21 +112,26 @@ def _name(obj: Source, role: str) -> str:
     return name if isinstance(name, str) else f"the {role} stream"
 
 
+def _open_for_reading(path: str, role: str) -> int:
+    """`os.open` for reading, its failures worded as one sentence naming the file."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise InvalidInputError(f"{path}: the {role} file does not exist.") from None
+    except IsADirectoryError:
+        raise InvalidInputError(f"{path}: the {role} is a folder, not a file.") from None
+    except OSError as exc:
+        raise DeltaIOError(
+            f"{path}: cannot open the {role}: {exc.strerror}.", exc.errno or 0
+        ) from exc
+
+
 @contextlib.contextmanager
 def _input_fd(obj: Source, role: str) -> Iterator[int]:
     """A readable, seekable regular-file descriptor for an input, positioned at 0."""
     if _is_path(obj):
         path = os.fspath(obj)  # type: ignore[arg-type]
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise InvalidInputError(f"{path}: the {role} file does not exist.") from None
-        except IsADirectoryError:
-            raise InvalidInputError(f"{path}: the {role} is a folder, not a file.") from None
-        except OSError as exc:
-            raise DeltaIOError(
-                f"{path}: cannot open the {role}: {exc.strerror}.", exc.errno or 0
-            ) from exc
+        fd = _open_for_reading(path, role)
         try:
             mode = os.fstat(fd).st_mode
             if stat.S_ISDIR(mode):
@@ -508,16 +513,7 @@ def _delta_fd(obj: DeltaSource) -> Iterator[int]:
     an iterable of chunks) pumped into a pipe by a feeder thread."""
     if isinstance(obj, str | os.PathLike):
         path = os.fspath(obj)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise InvalidInputError(f"{path}: the delta file does not exist.") from None
-        except IsADirectoryError:
-            raise InvalidInputError(f"{path}: the delta is a folder, not a file.") from None
-        except OSError as exc:
-            raise DeltaIOError(
-                f"{path}: cannot open the delta: {exc.strerror}.", exc.errno or 0
-            ) from exc
+        fd = _open_for_reading(path, "delta")
         try:
             if stat.S_ISDIR(os.fstat(fd).st_mode):
                 raise InvalidInputError(f"{path}: the delta is a folder, not a file.")
