@@ -80,6 +80,8 @@ CALLS = [
     ("Sync", True, True),
     ("Replicate", True, False),
     ("Health", False, False),
+    # An addition to the spec table: the replicator asks its agent to fetch (issue 12).
+    ("Fetch", False, False),
 ]
 
 
