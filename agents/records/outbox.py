@@ -51,7 +51,8 @@ from agents.store.model import JsonValue, OutboxEvent
 from agents.store.store import ObjectStore
 from controlplane.controller.duty import describe
 from controlplane.domain.events import ChangeEvent
-from controlplane.errors import MeridianError, NotFoundError
+from controlplane.errors import MeridianError, NotFoundError, UnavailableError
+from controlplane.lifecycle import cancel_and_wait
 from controlplane.ports.changelog import Delivery
 from meridian.convert import encode_change_event
 
@@ -100,6 +101,7 @@ class OutboxDrain(BatchDuty):
         self.settings = settings
         self.set_aside = SetAside(store.root / SET_ASIDE_FILE)
         self._pending = 0
+        self._inflight: tuple[asyncio.Task[list[Delivery]], _Batch] | None = None
         metrics.outbox_pending.set_function(self.pending)
 
     def pending(self) -> int:
@@ -109,29 +111,53 @@ class OutboxDrain(BatchDuty):
         return self._pending
 
     async def step(self) -> int:
-        events = await asyncio.to_thread(
-            self._store.outbox_pending, self.batch_size, kind="version"
-        )
-        if not events:
-            return 0
-        batch = await asyncio.to_thread(self._encode, events)
-        for event, reason in batch.bad:
-            await asyncio.to_thread(self.set_aside.keep, "outbox", _as_json(event), reason)
-            self._metrics.records_set_aside.labels(queue="outbox").inc()
-        if batch.records:
-            await self._producer.send_many(self.settings.topic, batch.records)
+        if self._inflight is None:
+            events = await asyncio.to_thread(
+                self._store.outbox_pending, self.batch_size, kind="version"
+            )
+            if not events:
+                return 0
+            batch = await asyncio.to_thread(self._encode, events)
+            if batch.bad:
+                for event, reason in batch.bad:
+                    await asyncio.to_thread(self.set_aside.keep, "outbox", _as_json(event), reason)
+                    self._metrics.records_set_aside.labels(queue="outbox").inc()
+                await asyncio.to_thread(
+                    self._store.outbox_published, [event.event_id for event, _ in batch.bad]
+                )
+            send = self._producer.send_many(self.settings.topic, batch.records)
+            self._inflight = (asyncio.create_task(send), batch)
+        task, batch = self._inflight
+        try:
+            # Shielded: a batch that is slow to be acknowledged is waited for again at
+            # the next step rather than sent again (the producer retries it meanwhile).
+            await asyncio.wait_for(asyncio.shield(task), self.settings.ack_timeout_s)
+        except TimeoutError:
+            raise UnavailableError(
+                f"Kafka has not acknowledged {len(batch.event_ids)} change events within "
+                f"{self.settings.ack_timeout_s} s; still waiting for them"
+            ) from None
+        except Exception:
+            if task.done():
+                self._inflight = None  # refused: read them again (same event ids) next step
+            raise
+        self._inflight = None
         # Acknowledged (acks=all): only now may they leave the outbox.
-        done = batch.event_ids + [event.event_id for event, _ in batch.bad]
-        await asyncio.to_thread(self._store.outbox_published, done)
+        await asyncio.to_thread(self._store.outbox_published, batch.event_ids)
         self._metrics.outbox_published.inc(len(batch.event_ids))
         log.debug(
             "outbox_published",
             region=self.region,
             events=len(batch.event_ids),
             set_aside=len(batch.bad),
-            last_seq=events[-1].seq,
         )
-        return len(events)
+        return len(batch.event_ids) + len(batch.bad)
+
+    async def _do_stop(self) -> None:
+        await super()._do_stop()
+        if self._inflight is not None:
+            task, self._inflight = self._inflight[0], None
+            await cancel_and_wait(task)  # not acknowledged: still in the outbox
 
     def _encode(self, events: list[OutboxEvent]) -> _Batch:
         records: list[tuple[bytes, bytes]] = []

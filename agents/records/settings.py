@@ -52,6 +52,9 @@ class OutboxSettings:
     retry_initial_s: float = 0.2
     retry_max_s: float = 10.0
     stop_timeout_s: float = 5.0
+    # How long a batch may wait for its acknowledgement before the drain reports Kafka
+    # unavailable (it keeps waiting for that same batch: the producer retries it).
+    ack_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.origin_agent or ":" not in self.origin_agent:
@@ -72,4 +75,5 @@ class OutboxSettings:
             retry_initial_s=self.retry_initial_s,
             retry_max_s=self.retry_max_s,
             stop_timeout_s=self.stop_timeout_s,
+            ack_timeout_s=self.ack_timeout_s,
         )
