@@ -9,6 +9,7 @@ HANDOVER = ROOT + "handover/"
 LOCKS = ROOT + "locks/"
 POLICY_CURRENT = ROOT + "policy/current"
 MAINTENANCE = ROOT + "maintenance"
+AGENTS = ROOT + "agents/"
 
 
 def alive(region: str) -> str:
@@ -29,6 +30,16 @@ def owner(dataset: str) -> str:
 
 def handover(dataset: str) -> str:
     return HANDOVER + dataset
+
+
+def agent(region: str, agent_id: str) -> str:
+    """An agent's registration, on its lease."""
+    return f"{AGENTS}{region}/{agent_id}"
+
+
+def agents_of(region: str) -> str:
+    """The prefix of a region's agent registrations."""
+    return f"{AGENTS}{region}/"
 
 
 def lock(name: str) -> str:
