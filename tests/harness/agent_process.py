@@ -35,7 +35,7 @@ from pathlib import Path
 import grpc
 
 from meridian.v1 import agent_pb2, agent_pb2_grpc
-from tests.harness.controllers import meridian_argv, run_cli
+from harness.controllers import meridian_argv, run_cli
 
 WORLD_REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("us-east", "US")]
 
