@@ -130,10 +130,7 @@ class OwnershipWatch(Lifecycle):
         delay = self._retry[0]
         while True:
             try:
-                async with asyncio.TaskGroup() as tg:
-                    start = self._revision + 1
-                    tg.create_task(self._watch_owners(start))
-                    tg.create_task(self._watch_marks(start))
+                await self._watch(self._revision + 1)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd away or compacted: re-read
@@ -148,35 +145,43 @@ class OwnershipWatch(Lifecycle):
                 except Exception as again:  # noqa: BLE001 - the next round retries
                     log.warning("ownership_read_failed", error=_describe(again))
 
-    async def _watch_owners(self, start: int) -> None:
-        async for ev in self.coord.watch(keys.OWNERS, prefix=True, start_revision=start):
-            ds = ev.kv.key.removeprefix(keys.OWNERS)
-            if ev.type is EventType.DELETE:
-                self._owners.pop(ds, None)
-            else:
-                found = self._decode_owner(ev.kv)
-                if found is not None:
-                    self._owners[ds] = found
-                    self.fence.observe(ds, found.epoch)
+    async def _watch(self, start: int) -> None:
+        # One watch over both prefixes (by their common root), not one each: a move
+        # rewrites the owner and deletes the mark in one transaction, and one stream
+        # delivers both events together, in revision order, with no await between
+        # them, so no reader sees the new owner still marked as handing over.
+        async for ev in self.coord.watch(keys.ROOT, prefix=True, start_revision=start):
+            key = ev.kv.key
+            if key.startswith(keys.OWNERS):
+                self._on_owner(ev.type, key.removeprefix(keys.OWNERS), ev.kv)
+            elif key.startswith(keys.HANDOVER):
+                self._on_mark(ev.type, key.removeprefix(keys.HANDOVER), ev.kv)
             self._advance(ev.revision)
 
-    async def _watch_marks(self, start: int) -> None:
-        async for ev in self.coord.watch(keys.HANDOVER, prefix=True, start_revision=start):
-            ds = ev.kv.key.removeprefix(keys.HANDOVER)
-            if ev.type is EventType.PUT:
-                _ds, to, epoch = self._decode_mark(ev.kv)
-                self._marks[ds] = to
-                if epoch is None:
-                    epoch = self.epoch(ds) or 0
-                self.fence.observe(ds, epoch, handing_over=True)
-            else:
-                self._marks.pop(ds, None)
-                found = self._owners.get(ds)
-                if found is not None:
-                    # The owner event of a completed move may come after this one; the
-                    # fence then learns the new epoch from it (unfrozen, as it is newer).
-                    self.fence.observe(ds, found.epoch, handing_over=False)
-            self._advance(ev.revision)
+    def _on_owner(self, kind: EventType, ds: str, kv: KeyValue) -> None:
+        if kind is EventType.DELETE:
+            self._owners.pop(ds, None)
+            return
+        found = self._decode_owner(kv)
+        if found is not None:
+            self._owners[ds] = found
+            self.fence.observe(ds, found.epoch)
+
+    def _on_mark(self, kind: EventType, ds: str, kv: KeyValue) -> None:
+        if kind is EventType.PUT:
+            _ds, to, epoch = self._decode_mark(kv)
+            self._marks[ds] = to
+            self.fence.observe(
+                ds, epoch if epoch is not None else self.epoch(ds) or 0, handing_over=True
+            )
+            return
+        self._marks.pop(ds, None)
+        found = self._owners.get(ds)
+        if found is not None:
+            # After a completed move the owner event (same revision) came first and
+            # the fence already holds the new epoch, unfrozen; after an abort this
+            # unfreezes the epoch the mark froze.
+            self.fence.observe(ds, found.epoch, handing_over=False)
 
     def _advance(self, revision: int) -> None:
         self._revision = max(self._revision, revision)
