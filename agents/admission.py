@@ -42,7 +42,7 @@ from controlplane.coordination.protocols.fencing import (
 from controlplane.domain.placement import Placement
 from controlplane.errors import FencedError, InvalidInputError, NotFoundError
 from controlplane.logs import get_logger
-from controlplane.policy.current import CompiledPolicy
+from controlplane.policy.current import CompiledPolicy, NoPolicyError
 
 log = get_logger("meridian.agent.admission")
 
@@ -131,7 +131,11 @@ class Admission:
         return placement
 
     def _decide(self, dataset: str) -> tuple[CompiledPolicy, Placement]:
-        policy = self._view.require()
+        try:
+            policy = self._view.require()
+        except NoPolicyError as exc:
+            log.warning("admission_no_policy", dataset=dataset, error=str(exc))
+            raise NotGovernedError(f"dataset {dataset} cannot be admitted: {exc}") from exc
         try:
             placement = policy.placement(dataset)
         except InvalidInputError as exc:
@@ -213,9 +217,9 @@ class Admission:
                 f"not by this agent's region {self.region}; write through an agent of "
                 f"{owner.region}"
             )
+        # What etcd said is at least as new as what the watch told the fence; the fence
+        # then refuses a marked handover, or an epoch it has seen superseded.
         self._fence.observe(dataset, owner.epoch, handing_over=owner.handing_over)
-        if owner.handing_over:
-            self._refused_handover(dataset, owner.epoch)
         if epoch is not None and epoch != owner.epoch:
             if epoch < owner.epoch:
                 self._refused_stale(dataset, epoch, owner.epoch)
@@ -272,11 +276,4 @@ class Admission:
         raise StaleEpochError(
             f"write to {dataset} carried epoch {epoch}, older than its current epoch {current} "
             "in etcd; this writer lost ownership and must step down"
-        )
-
-    def _refused_handover(self, dataset: str, epoch: int) -> NoReturn:
-        self._metrics.handover_refused.labels(dataset=dataset).inc()
-        log.info("handover_refused", dataset=dataset, epoch=epoch)
-        raise DatasetHandingOverError(
-            f"{dataset} is being handed over to another region; retry once ownership has moved"
         )

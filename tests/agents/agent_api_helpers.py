@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from fakes.admission import MemoryOwners, StaticPolicy, compiled
 
-from agents.admission import Admission
+from agents.admission import Admission, OwnerSource
 from agents.metrics import AgentMetrics
 from agents.service import AgentService, CommittedWrite, start_server, stop_server
 from agents.store import ObjectStore
@@ -107,14 +107,20 @@ class Agent:
         return found
 
 
-async def start_agent(root: Path, *, max_object_bytes: int | None = None) -> Agent:
+async def start_agent(
+    root: Path,
+    *,
+    max_object_bytes: int | None = None,
+    owners_source: OwnerSource | None = None,
+    fence: FencedResource | None = None,
+) -> Agent:
     store = ObjectStore(root, clock=HybridClock(REGION))
     policy = StaticPolicy(compiled(REGIONS, world()))
     owners = MemoryOwners()
     owners.set(CRITICAL, REGION, 7)
-    fence = FencedResource()
+    fence = fence or FencedResource()
     metrics = AgentMetrics(REGION, "agent-1")
-    admission = Admission(REGION, policy, fence, owners, metrics)
+    admission = Admission(REGION, policy, fence, owners_source or owners, metrics)
     replication = RecordingReplication()
     service = AgentService(
         store,
