@@ -9,6 +9,7 @@ HANDOVER = ROOT + "handover/"
 LOCKS = ROOT + "locks/"
 POLICY_CURRENT = ROOT + "policy/current"
 MAINTENANCE = ROOT + "maintenance"
+DATASETS = ROOT + "datasets/"
 
 
 def alive(region: str) -> str:
@@ -25,6 +26,11 @@ def election(region: str) -> str:
 
 def owner(dataset: str) -> str:
     return OWNERS + dataset
+
+
+def dataset(name: str) -> str:
+    """A dataset first seen after the policy that places it was applied (see datasets.py)."""
+    return DATASETS + name
 
 
 def handover(dataset: str) -> str:
