@@ -29,6 +29,11 @@ Guarantees, and why:
   not counted as pending.
 - An event that cannot be encoded (e.g. written without a policy revision) is set
   aside with its reason (setaside.py) and removed, so it cannot wedge the queue.
+- Kafka down: aiokafka keeps retrying a batch rather than failing it, so after
+  `ack_timeout_s` without an acknowledgement the drain reports Kafka unavailable
+  (logged, `failing`) and keeps waiting for that same batch, without sending it
+  again; a batch the producer fails is read again from the outbox and re-sent with
+  the same event ids, after a backoff.
 
 `meridian_outbox_pending` is read from the outbox when scraped (right after a
 restart too); `meridian_outbox_published_total` counts acknowledged events.
