@@ -316,6 +316,17 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             objects=[_info(s) for s in page.items], next_page_token=page.cursor or ""
         )
 
+    async def GetSet(  # noqa: N802
+        self, request: agent_pb2.GetSetRequest, context: Context
+    ) -> agent_pb2.GetSetResponse:
+        return await unary("GetSet", context, self.metrics, lambda: self._get_set(request))
+
+    async def _get_set(self, request: agent_pb2.GetSetRequest) -> agent_pb2.GetSetResponse:
+        dataset = requests.name("GetSetRequest.dataset", request.dataset)
+        set_id = requests.name("GetSetRequest.set", request.set or "latest")
+        record = await asyncio.to_thread(self.store.get_set, dataset, set_id)
+        return agent_pb2.GetSetResponse(set=version_set_to_wire(record.as_version_set()))
+
     async def Health(  # noqa: N802
         self, request: agent_pb2.HealthRequest, context: Context
     ) -> agent_pb2.HealthResponse:

@@ -9,7 +9,7 @@
     agent.start()               # again, on the same root (a new port unless `port` is set)
 
 The agent listens on port 0 (the OS picks a free one, so parallel tests never
-collide) and logs the endpoint it got in its `agent_serving` event, which `start`
+collide) and logs the endpoint it got in its `agent_ready` event, which `start`
 reads. `prepare_world` migrates a catalog, and applies a policy (through the
 `meridian` CLI, as a user would) that publishes it to etcd: three regions (eu-west
 and eu-central in EU, us-east in US) and four policies:
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import grpc
 
-from meridian.v1 import agent_pb2, agent_pb2_grpc
 from harness.controllers import meridian_argv, run_cli
+from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 WORLD_REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("us-east", "US")]
 
@@ -183,7 +183,7 @@ class AgentProcess:
         if it exits or does not answer in time."""
         self.spawn()
         deadline = time.monotonic() + timeout_s
-        event = self.wait_event("agent_serving", timeout_s)
+        event = self.wait_event("agent_ready", timeout_s)
         if event is None:
             status = self.proc.poll() if self.proc else None
             self.kill()
