@@ -74,6 +74,7 @@ class Settings(BaseSettings):
     etcd: str = Field("127.0.0.1:2379", description="comma-separated etcd endpoints")
     kafka: str = Field("127.0.0.1:9092", description="comma-separated Kafka bootstrap servers")
     toxiproxy: str = Field("127.0.0.1:8474", description="Toxiproxy API endpoint")
+    agent: str | None = Field(None, description="host:port of the agent `meridian object` talks to")
     kafka_advertised_host: str = Field(
         "127.0.0.1", description="host the local broker advertises to clients"
     )
