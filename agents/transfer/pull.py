@@ -291,6 +291,9 @@ async def pull(
     except ResidencyError:
         raise  # the sender refused, and recorded it
     except MeridianError as exc:
+        if not exc.retriable:
+            # Damaged or refused, not cut: what this attempt kept must not be resumed.
+            await asyncio.to_thread(book.drop, dataset, key, hlc)
         with contextlib.suppress(MeridianError):
             await asyncio.to_thread(
                 store.record_transfer, dataset, key, hlc, tally.record("failed", policy, str(exc))

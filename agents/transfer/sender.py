@@ -73,6 +73,17 @@ def coalesce(pieces: Iterator[bytes], skip: int, size: int = CHUNK_BYTES) -> Ite
         yield bytes(buf)
 
 
+@contextlib.contextmanager
+def _closed_after(pieces: Iterator[bytes]) -> Iterator[Iterator[bytes]]:
+    """Close a generator when the block ends (delta_chunks is typed as an Iterator)."""
+    try:
+        yield pieces
+    finally:
+        close = getattr(pieces, "close", None)
+        if callable(close):
+            close()
+
+
 def _file(reader: ObjectReader) -> io.FileIO:
     # A second descriptor at offset 0 for the engine; the reader's own stays untouched.
     return io.FileIO(os.open(f"/proc/self/fd/{reader.fileno()}", os.O_RDONLY), "rb")
@@ -271,16 +282,21 @@ class SyncSender:
                     raise InvalidInputError("a basis delta needs the basis version")
                 old = _file(plan.basis)
                 try:
-                    pieces = native.delta_chunks(old, new, basis=True, threads=self.threads)
-                    for chunk in coalesce(pieces, plan.offset):
-                        yield agent_pb2.SyncResponse(delta=chunk)
+                    # Closed here, before the files it reads: closing cancels the engine.
+                    with _closed_after(
+                        native.delta_chunks(old, new, basis=True, threads=self.threads)
+                    ) as pieces:
+                        for chunk in coalesce(pieces, plan.offset):
+                            yield agent_pb2.SyncResponse(delta=chunk)
                 finally:
                     old.close()
             else:
                 if sig_path is None:
                     raise InvalidInputError("a signature delta needs the receiver's signature")
-                pieces = native.delta_chunks(sig_path, new, basis=False, threads=self.threads)
-                for chunk in coalesce(pieces, plan.offset):
-                    yield agent_pb2.SyncResponse(delta=chunk)
+                with _closed_after(
+                    native.delta_chunks(sig_path, new, basis=False, threads=self.threads)
+                ) as pieces:
+                    for chunk in coalesce(pieces, plan.offset):
+                        yield agent_pb2.SyncResponse(delta=chunk)
         finally:
             new.close()

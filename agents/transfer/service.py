@@ -37,7 +37,14 @@ from agents.transfer.resume import CHECKPOINT_BYTES, ResumeBook
 from agents.transfer.sender import SyncSender, _file
 from agents.transfer.sources import order_sources
 from controlplane.domain.version import Verdict, Version, lww
-from controlplane.errors import InvalidInputError, MeridianError, RefusedError, UnavailableError
+from controlplane.errors import (
+    FencedError,
+    HandingOverError,
+    InvalidInputError,
+    MeridianError,
+    RefusedError,
+    UnavailableError,
+)
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire, version_to_wire
 from meridian.v1 import agent_pb2
@@ -157,7 +164,7 @@ class TransferService:
                     f"ReplicateHeader.epoch: {header.dataset} is a standard dataset, which "
                     f"takes epoch 0, not {header.epoch}"
                 )
-        except RefusedError as exc:
+        except (RefusedError, FencedError, HandingOverError) as exc:
             await self._record(tally, "refused", version, str(exc))
             raise
         try:

@@ -4,7 +4,7 @@ process harness lands; see contracts.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,11 +43,13 @@ def placement(dataset: str, **overrides: object) -> Placement:
     return Placement(**fields)  # type: ignore[arg-type]
 
 
-def compiled(placements: Mapping[str, Placement], regions: Mapping[str, str] = REGIONS) -> CompiledPolicy:
-    links = {
-        frozenset(("eu-west", "eu-central")): Link(frozenset(("eu-west", "eu-central")), 0.01, None),
-        frozenset(("eu-north", "eu-central")): Link(frozenset(("eu-north", "eu-central")), 0.03, None),
-    }
+RTT_S = {("eu-west", "eu-central"): 0.01, ("eu-north", "eu-central"): 0.03}
+
+
+def compiled(
+    placements: Mapping[str, Placement], regions: Mapping[str, str] = REGIONS
+) -> CompiledPolicy:
+    links = {frozenset(pair): Link(frozenset(pair), rtt, None) for pair, rtt in RTT_S.items()}
     return CompiledPolicy(
         digest="test",
         revision=1,
@@ -113,3 +115,6 @@ async def start_agent(
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return Agent(region, root, store, metrics, admission, service, server, f"127.0.0.1:{port}")
+
+
+AgentFactory = Callable[..., Awaitable[Agent]]

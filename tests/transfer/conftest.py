@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agents_inproc import Agent, placement, start_agent
+from agents_inproc import Agent, AgentFactory, placement, start_agent
 
 from controlplane.domain.placement import Placement
-
-AgentFactory = Callable[..., Awaitable[Agent]]
 
 
 @pytest.fixture
@@ -22,9 +20,7 @@ def placements() -> dict[str, Placement]:
 
 
 @pytest.fixture
-async def agents(
-    tmp_path: Path, placements: dict[str, Placement]
-) -> AsyncIterator[AgentFactory]:
+async def agents(tmp_path: Path, placements: dict[str, Placement]) -> AsyncIterator[AgentFactory]:
     started: list[Agent] = []
 
     async def factory(region: str, **kwargs: object) -> Agent:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import native
-from conftest import AgentFactory
+from agents_inproc import AgentFactory
 from helpers import content, fetch, rewrite, transfers
 
+import native
 from meridian.v1 import agent_pb2
 
 SIZE = 8 << 20
