@@ -1,62 +1,69 @@
-"""An in-memory stand-in for `agents.admission.Admission` (contracts.md, *Admission*),
-for transfer tests until the api engineer's lands: residency from a region ->
-jurisdiction map and the datasets' placements, fencing from an epoch table."""
+"""In-memory sources for `agents.admission.Admission` in unit tests: a fixed applied
+policy (`StaticPolicy`) and owner records a test sets (`MemoryOwners`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from agents.errors import ResidencyError
-from agents.metrics import AgentMetrics
-from controlplane.coordination.protocols.fencing import DatasetHandingOverError, StaleEpochError
+from agents.admission import OwnerRecord
+from controlplane.coordination.timeutil import utcnow
 from controlplane.domain.placement import Placement
 from controlplane.errors import UnavailableError
+from controlplane.policy.current import CompiledPolicy, NoPolicyError
 
 
-@dataclass
-class FakeAdmission:
-    region: str
-    regions: Mapping[str, str]  # region -> jurisdiction
-    placements: dict[str, Placement]
-    metrics: AgentMetrics
-    epochs: dict[str, int] = field(default_factory=dict)  # newest epoch seen per dataset
-    handing_over: set[str] = field(default_factory=set)
+def compiled(
+    regions: Mapping[str, str], placements: list[Placement], revision: int = 1
+) -> CompiledPolicy:
+    """A compiled policy of exactly these regions (name -> jurisdiction) and placements;
+    no rules, so no other dataset is governed."""
+    rules = {
+        "topology": "test",
+        "regions": {n: {"jurisdiction": j} for n, j in regions.items()},
+        "links": {},
+        "policies": {},
+        "datasets": {},
+    }
+    return CompiledPolicy(
+        digest=f"test-{revision}",
+        revision=revision,
+        applied_at=utcnow(),
+        regions=dict(regions),
+        links={},
+        placements={p.dataset: p for p in placements},
+        rules=rules,
+    )
 
-    def placement(self, dataset: str) -> Placement:
-        found = self.placements.get(dataset)
-        if found is None:
-            raise UnavailableError(f"no applied policy governs dataset {dataset}")
-        return found
 
-    def _resident(self, dataset: str, region: str, direction: str) -> Placement:
-        placement = self.placement(dataset)
-        if self.regions.get(region) not in placement.residency:
-            self.metrics.residency_refused.labels(dataset=dataset, direction=direction).inc()
-            raise ResidencyError(
-                f"dataset {dataset} may not be held in {region} "
-                f"({self.regions.get(region)}): its residency is {', '.join(placement.residency)}"
-            )
-        return placement
+class StaticPolicy:
+    """A `PolicySource` holding one snapshot (or none: `current = None`)."""
 
-    def admit_store(self, dataset: str) -> Placement:
-        return self._resident(dataset, self.region, "in")
+    def __init__(self, current: CompiledPolicy | None) -> None:
+        self.current = current
 
-    def admit_send(self, dataset: str, to_region: str) -> Placement:
-        return self._resident(dataset, to_region, "out")
+    def require(self) -> CompiledPolicy:
+        if self.current is None:
+            raise NoPolicyError("no policy has been applied (run `meridian policy apply`)")
+        return self.current
 
-    def admit_write(self, dataset: str, epoch: int | None) -> Placement:
-        return self.admit_store(dataset)
 
-    def admit_replica(self, dataset: str, epoch: int, origin_region: str) -> Placement:
-        placement = self.admit_store(dataset)
-        if dataset in self.handing_over:
-            raise DatasetHandingOverError(f"dataset {dataset} is being handed over; retry")
-        newest = self.epochs.get(dataset, 0)
-        if epoch < newest:
-            self.metrics.stale_epoch_refused.labels(dataset=dataset).inc()
-            raise StaleEpochError(
-                f"dataset {dataset}: epoch {epoch} from {origin_region} is older than {newest}"
-            )
-        self.epochs[dataset] = epoch
-        return placement
+class MemoryOwners:
+    """An `OwnerSource` whose records a test sets; `unavailable` makes `owner` fail as
+    an unreachable etcd would."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, OwnerRecord] = {}
+        self.unavailable = False
+        self.reads = 0
+
+    def set(self, dataset: str, region: str, epoch: int, *, handing_over: bool = False) -> None:
+        self.records[dataset] = OwnerRecord(dataset, region, epoch, handing_over)
+
+    async def owner(self, dataset: str) -> OwnerRecord | None:
+        self.reads += 1
+        if self.unavailable:
+            raise UnavailableError(f"the owner of {dataset} cannot be read from etcd (test)")
+        return self.records.get(dataset)
+
+    def known(self, dataset: str) -> OwnerRecord | None:
+        return self.records.get(dataset)

@@ -10,13 +10,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
-from fakes.admission import FakeAdmission
+from fakes.admission import MemoryOwners, StaticPolicy
 
+from agents.admission import Admission
 from agents.metrics import AgentMetrics
 from agents.store import ObjectStore
 from agents.transfer.limiter import LinkLimiter
 from agents.transfer.pull import CHANNEL_OPTIONS
 from agents.transfer.service import TransferService
+from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HybridClock
 from controlplane.domain.placement import Placement
 from controlplane.policy.current import CompiledPolicy, Link
@@ -77,7 +79,9 @@ class Agent:
     root: Path
     store: ObjectStore
     metrics: AgentMetrics
-    admission: FakeAdmission
+    admission: Admission
+    fence: FencedResource
+    owners: MemoryOwners
     service: TransferService
     server: grpc.aio.Server
     address: str
@@ -99,8 +103,9 @@ async def start_agent(
 ) -> Agent:
     store = ObjectStore(root, clock=HybridClock(region), keep_versions=keep_versions)
     metrics = AgentMetrics(region, f"{region}-1")
-    admission = FakeAdmission(region, dict(regions), placements, metrics)
     policy = compiled(placements, regions)
+    fence, owners = FencedResource(), MemoryOwners()
+    admission = Admission(region, StaticPolicy(policy), fence, owners, metrics)
     service = TransferService(
         store,
         admission,
@@ -114,7 +119,8 @@ async def start_agent(
     agent_pb2_grpc.add_AgentServicer_to_server(_Servicer(service), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    return Agent(region, root, store, metrics, admission, service, server, f"127.0.0.1:{port}")
+    address = f"127.0.0.1:{port}"
+    return Agent(region, root, store, metrics, admission, fence, owners, service, server, address)
 
 
 AgentFactory = Callable[..., Awaitable[Agent]]

@@ -32,7 +32,8 @@ async def test_receiver_outside_the_residency_refuses_and_records(agents: AgentF
     assert record["outcome"] == "refused"
     assert record["to_jurisdiction"] == "US"
     assert transfers(west.store) == []  # nothing was asked of the sender
-    assert east.metrics.residency_refused.labels(dataset="ckpt", direction="in")._value.get() == 1
+    refused = east.metrics.residency_refused.labels(dataset="ckpt", direction="receive")
+    assert refused._value.get() == 1
 
 
 async def test_sender_refuses_a_region_outside_the_residency(agents: AgentFactory) -> None:
@@ -52,7 +53,8 @@ async def test_sender_refuses_a_region_outside_the_residency(agents: AgentFactor
         "us-east",
         "US",
     )
-    assert west.metrics.residency_refused.labels(dataset="ckpt", direction="out")._value.get() == 1
+    refused = west.metrics.residency_refused.labels(dataset="ckpt", direction="send")
+    assert refused._value.get() == 1
 
 
 @pytest.mark.parametrize("with_basis", [False, True], ids=["raw", "delta"])
