@@ -25,10 +25,11 @@ import grpc
 import native
 from agents.errors import ResidencyError
 from agents.metrics import AgentMetrics
-from agents.rpc.status import abort
+from agents.rpc.status import abort, code_of
 from agents.store import ApplyResult, ObjectStore
 from agents.store.staging import TMP
 from agents.transfer.bridge import file_chunks, remove
+from agents.transfer.bundle import BUNDLE_MAX_BYTES, BundleSender, Wanted, pull_bundle
 from agents.transfer.limiter import CHUNK_BYTES, LinkLimiter
 from agents.transfer.ports import AdmissionPort, PolicySource
 from agents.transfer.pull import Source, pull
@@ -87,6 +88,7 @@ class TransferService:
         self.sender = SyncSender(
             store, admission, region, metrics, self.limiter, self.policy, threads=threads
         )
+        self.bundler = BundleSender(store, admission, region, metrics, self.limiter, self.policy)
         self._pulling: dict[tuple[str, str, str], asyncio.Lock] = {}
 
     # -- Signature ---------------------------------------------------------------------
@@ -121,6 +123,15 @@ class TransferService:
     ) -> AsyncIterator[agent_pb2.SyncResponse]:
         try:
             async for response in self.sender.serve(request_iterator):
+                yield response
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    async def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]:
+        try:
+            async for response in self.bundler.serve(request):
                 yield response
         except MeridianError as exc:
             await abort(context, exc)
@@ -320,6 +331,96 @@ class TransferService:
         raise UnavailableError(
             f"no source could send {dataset}/{key} at {version.hlc}: " + "; ".join(errors)
         )
+
+    # -- FetchMany (this agent pulls many; small ones in bundles) -----------------------
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse:
+        try:
+            return await self.fetch_many(request)
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    async def fetch_many(self, request: agent_pb2.FetchManyRequest) -> agent_pb2.FetchManyResponse:
+        count = len(request.items)
+        results: list[agent_pb2.FetchResponse] = [agent_pb2.FetchResponse() for _ in range(count)]
+        errors = [""] * count
+        groups: dict[Source, list[tuple[int, Wanted]]] = {}
+        singles: list[int] = []
+
+        def classify() -> None:  # on a thread: admission and LWW read the store
+            for n, item in enumerate(request.items):
+                try:
+                    self._classify(n, item, results, groups, singles)
+                except MeridianError:
+                    singles.append(n)  # fetched alone, which records and words its refusal
+
+        await asyncio.to_thread(classify)
+        for source, group in groups.items():
+            pulled = await pull_bundle(
+                self.store,
+                source,
+                [w for _, w in group],
+                region=self.region,
+                metrics=self.metrics,
+                policy=self.policy,
+            )
+            for (n, wanted), got in zip(group, pulled, strict=True):
+                if isinstance(got, ApplyResult):
+                    results[n] = agent_pb2.FetchResponse(
+                        outcome=_OUTCOMES[got.verdict],
+                        held=version_to_wire(got.newest),
+                        source_region=source.region,
+                        logical_bytes=wanted.version.size,
+                    )
+                elif isinstance(got, ResidencyError):
+                    errors[n] = f"{code_of(got).name}: {got}"
+                else:
+                    singles.append(n)  # the next source, or this one alone
+        gate = asyncio.Semaphore(4)
+
+        async def single(n: int) -> None:
+            async with gate:
+                try:
+                    results[n] = await self.fetch(request.items[n])
+                except MeridianError as exc:
+                    errors[n] = f"{code_of(exc).name}: {exc}"
+
+        await asyncio.gather(*(single(n) for n in sorted(set(singles))))
+        return agent_pb2.FetchManyResponse(results=results, errors=errors)
+
+    def _classify(
+        self,
+        n: int,
+        item: agent_pb2.FetchRequest,
+        results: list[agent_pb2.FetchResponse],
+        groups: dict[Source, list[tuple[int, Wanted]]],
+        singles: list[int],
+    ) -> None:
+        """Put item n in a bundle of its nearest source, among the singles, or answer it
+        at once (LWW: already held or older)."""
+        version = version_from_wire(item.version, f"FetchManyRequest.items[{n}].version")
+        sources = [Source(s.region, s.address) for s in item.sources]
+        # Set members go alone: apply_many commits no set membership.
+        if (
+            version.is_tombstone
+            or version.size >= BUNDLE_MAX_BYTES
+            or not sources
+            or item.HasField("set")
+        ):
+            singles.append(n)
+            return
+        self.admission.admit_store(item.dataset)
+        held = self.store.head(item.dataset, item.key)
+        verdict = lww(version, held)
+        if not verdict.applies:
+            results[n] = agent_pb2.FetchResponse(
+                outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
+            )
+            return
+        nearest = order_sources(self.region, sources, self.policy)[0]
+        groups.setdefault(nearest, []).append((n, Wanted(item.dataset, item.key, version)))
 
     async def _record(
         self, tally: TransferTally, outcome: Outcome, version: Version, reason: str

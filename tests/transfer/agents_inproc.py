@@ -71,6 +71,8 @@ class _Servicer(agent_pb2_grpc.AgentServicer):
         self.Sync = service.Sync  # type: ignore[method-assign]
         self.Replicate = service.Replicate  # type: ignore[method-assign]
         self.Fetch = service.Fetch  # type: ignore[method-assign]
+        self.SyncBundle = service.SyncBundle  # type: ignore[method-assign]
+        self.FetchMany = service.FetchMany  # type: ignore[method-assign]
 
 
 @dataclass
