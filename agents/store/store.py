@@ -612,6 +612,9 @@ class ObjectStore:
         completed: list[tuple[str, str]] = []
         victims: list[Path] = []
         try:
+            self._make_folders(
+                [version_path(e.dataset, e.key, e.version.hlc) for e in entries if e.staged]
+            )
             for e in entries:
                 if e.staged is None:
                     relatives.append(None)
@@ -680,6 +683,17 @@ class ObjectStore:
             return
         with ThreadPoolExecutor(min(len(items), _FSYNC_THREADS)) as pool:
             list(pool.map(fn, items))
+
+    def _make_folders(self, rels: Sequence[PurePosixPath]) -> None:
+        """Make the new fan-out folders of a bundle at once, with one fsync of `objects/`
+        for all of them (one per folder cost a bundle of 1,000 new objects ~3 s)."""
+        new = {rel.parent for rel in rels if rel.parent.name not in self._folders}
+        if len(new) <= 1:
+            return  # `_folder` makes a single one as it always did
+        for parent in sorted(new):
+            (self.root / parent).mkdir(exist_ok=True)
+        files.fsync_dir(self.root / OBJECTS)
+        self._folders.update(parent.name for parent in new)
 
     def _folder(self, rel: PurePosixPath) -> Path:
         """The fan-out folder of a version path, made (durably) if it is new."""
