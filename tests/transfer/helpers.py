@@ -51,5 +51,10 @@ async def fetch(
 
 
 def transfers(store: ObjectStore) -> list[dict[str, Any]]:
-    """The transfer records in a store's journal, oldest first."""
-    return [dict(e.data) for e in store.journal_pending(10_000) if e.kind == "transfer"]
+    """The transfer records in a store's journal, oldest first (with the HLC of the
+    version each names, as `journal_hlc`)."""
+    return [
+        {**e.data, "journal_hlc": e.hlc}
+        for e in store.journal_pending(10_000)
+        if e.kind == "transfer"
+    ]
