@@ -49,7 +49,7 @@ async def test_a_sync_cut_by_toxiproxy_resumes(
     toxiproxy.create_proxy(name, listen, west.address)
     try:
         toxiproxy.add_limit_data(name, uncut // 2)
-        with pytest.raises(Exception, match="UNAVAILABLE|unavailable|ended"):
+        with pytest.raises(Exception, match=r"UNAVAILABLE|unavailable|ended"):
             await fetch(central.address, "ckpt", "m", v2, [("eu-west", listen)])
         toxiproxy.remove_toxics(name)
         resumed = await fetch(central.address, "ckpt", "m", v2, [("eu-west", listen)])
