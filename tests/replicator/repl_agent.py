@@ -30,11 +30,16 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):
         self.region = region
         self.store = ObjectStore(root, clock=HybridClock(region))
         self.commits = 0
+        self.applied: list[tuple[str, str, str]] = []  # (dataset, key, hlc) of each commit
         self.changed = asyncio.Condition()  # notified at each commit
         self.hold_after_commit: asyncio.Event | None = None
 
     def close(self) -> None:
         self.store.close()
+
+    def commits_of(self, dataset: str) -> int:
+        """Calls answered for `dataset` (replays included): other tests' leftovers aside."""
+        return sum(1 for ds, _, _ in self.applied if ds == dataset)
 
     def effects(self, dataset: str, key: str, hlc: str) -> int:
         return sum(
@@ -67,6 +72,7 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):
         except MeridianError as exc:
             await abort(context, exc)
         self.commits += 1
+        self.applied.append((header.dataset, header.key, str(version.hlc)))
         async with self.changed:
             self.changed.notify_all()
         if self.hold_after_commit is not None:

@@ -154,7 +154,7 @@ async def test_a_rebalance_redelivers_without_a_second_effect(
     writer = asyncio.create_task(paced())
     try:
         async with InProcessReplicator("a", kafka_bootstrap, coord, address, tmp_path) as first:
-            await until(stand_in, lambda: stand_in.commits >= 100)
+            await until(stand_in, lambda: stand_in.commits_of(ds) >= 100)
             second_one = InProcessReplicator("b", kafka_bootstrap, coord, address, tmp_path)
             async with second_one as second:
                 await asyncio.wait_for(second.got_partitions.wait(), 60)
@@ -199,16 +199,14 @@ async def test_sigkill_after_the_agents_commit_replays_as_a_no_op(
         await proc.wait_log("replicator_started")
         stand_in.hold_after_commit = asyncio.Event()
         first = b.put("a", b"one", dataset=ds)
-        before = stand_in.commits
         await publish(kafka_bootstrap, [first])
-        await until(stand_in, lambda: stand_in.commits > before)  # committed; the answer is held
+        await until(stand_in, lambda: stand_in.commits_of(ds) == 1)  # committed; answer held
         proc.kill()
         stand_in.hold_after_commit.set()
         stand_in.hold_after_commit = None
         assert stand_in.effects(ds, "a", str(first.version.hlc)) == 1
-        replayed = stand_in.commits
         proc.start()  # the same group: it starts from the offset never committed
-        await until(stand_in, lambda: stand_in.commits > replayed)
+        await until(stand_in, lambda: stand_in.commits_of(ds) == 2)  # the replay
         # A poison event and a later write: the poison is dead-lettered, the write flows.
         poison = b"\xff\x01poison " + uuid.uuid4().hex.encode()
         later = b.delete("a", dataset=ds)
@@ -261,6 +259,6 @@ async def test_a_region_outside_the_placement_never_receives_a_byte(
         proc.terminate()
         await server.stop(grace=None)
     # ... and the agent received nothing.
-    assert outsider.commits == 0
+    assert outsider.commits_of(ds) == 0
     assert outsider.store.head(ds, "k0") is None
     outsider.close()
