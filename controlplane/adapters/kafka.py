@@ -262,3 +262,27 @@ class KafkaConsumer(Lifecycle):
             await self._consumer.commit(offsets)
         except KafkaError as exc:
             raise _unavailable("commit offsets", self.bootstrap, exc) from exc
+
+
+async def fast_forward_group(
+    bootstrap: Sequence[tuple[str, int]] | str, group_id: str, topic: str
+) -> int:
+    """Commit the end of every partition of `topic` for `group_id`, so the group's next
+    consumer starts from now rather than from what earlier runs left (the demo's fresh
+    regions must not replay a previous run's events); how many partitions."""
+    servers = _bootstrap(bootstrap)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=servers, group_id=group_id, enable_auto_commit=False
+    )
+    try:
+        await consumer.start()
+        partitions = await consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if tps:
+            ends = await consumer.end_offsets(tps)
+            await consumer.commit({tp: off for tp, off in ends.items()})
+        return len(tps)
+    except KafkaError as exc:
+        raise _unavailable(f"move group {group_id} to the end of {topic}", servers, exc) from exc
+    finally:
+        await consumer.stop()
