@@ -1,6 +1,6 @@
 """`AgentService`: the agent API's calls on this agent's store (spec/dataplane.md).
 
-It answers Put, Get, Stat, List, Delete, CommitSet and Health itself and hands
+It answers Put, Get, GetSet, Stat, List, Delete, CommitSet and Health itself and hands
 Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer),
 answering UNIMPLEMENTED while there is none.
 
@@ -59,6 +59,14 @@ class Transfers(Protocol):
     async def Fetch(  # noqa: N802
         self, request: agent_pb2.FetchRequest, context: Context
     ) -> agent_pb2.FetchResponse: ...
+
+    def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]: ...
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,8 +331,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     async def _get_set(self, request: agent_pb2.GetSetRequest) -> agent_pb2.GetSetResponse:
         dataset = requests.name("GetSetRequest.dataset", request.dataset)
-        set_id = requests.name("GetSetRequest.set", request.set or "latest")
-        record = await asyncio.to_thread(self.store.get_set, dataset, set_id)
+        if not request.set:
+            raise InvalidInputError("GetSetRequest.set is missing (a set id, or 'latest')")
+        wanted = (
+            request.set
+            if request.set == "latest"
+            else requests.name("GetSetRequest.set", request.set)
+        )
+        record = await asyncio.to_thread(self.store.get_set, dataset, wanted)
         return agent_pb2.GetSetResponse(set=version_set_to_wire(record.as_version_set()))
 
     async def Health(  # noqa: N802
@@ -397,6 +411,32 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         return await unary(
             "Fetch", context, self.metrics, lambda: transfers.Fetch(request, context)
+        )
+
+    async def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]:
+        gen = (
+            _unimplemented("SyncBundle", context)
+            if self.transfers is None
+            else self.transfers.SyncBundle(request, context)
+        )
+        async for msg in stream("SyncBundle", context, self.metrics, gen):
+            yield msg
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse:
+        transfers = self.transfers
+        if transfers is None:
+            return await unary(
+                "FetchMany",
+                context,
+                self.metrics,
+                lambda: _refuse_unimplemented("FetchMany", context),
+            )
+        return await unary(
+            "FetchMany", context, self.metrics, lambda: transfers.FetchMany(request, context)
         )
 
 

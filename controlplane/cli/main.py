@@ -49,6 +49,8 @@ class Commands(LazyGroup):
         Lazy("delta", "controlplane.cli.delta:app"),
         Lazy("agent", "controlplane.cli.agent:app"),
         Lazy("object", "controlplane.cli.object:app"),
+        Lazy("replicator", "controlplane.cli.replicator:app"),
+        Lazy("replication", "controlplane.cli.replication:app"),
     )
 
 
