@@ -4,7 +4,8 @@ Start (each step raises one clear error, and what was started is stopped again):
 
 1. the applied policy (`PolicyView`): etcd must answer, and the region must be in
    the applied topology (an agent of an unknown region could not admit anything);
-2. the owners of critical datasets (`agents.owners.EtcdOwners`), feeding the fence;
+2. the owners of critical datasets: the watched map (`OwnershipWatch`), feeding the
+   fence, and the bounded-age reads admission decides on (`agents.owners.EtcdOwners`);
 3. the store (startup repair, logged by the store);
 4. the gRPC API (the servicer, admission in front of it, transfers behind it) on
    `--listen`;
@@ -29,6 +30,7 @@ from agents.admission import Admission
 from agents.daemon.config import AgentConfig, parse_listen
 from agents.daemon.identity import Identity
 from agents.daemon.metrics_http import MetricsEndpoint, bind_store_gauges
+from agents.daemon.owners import OwnershipWatch
 from agents.daemon.registration import AgentRecord, Registration
 from agents.metrics import AgentMetrics
 from agents.owners import EtcdOwners
@@ -63,12 +65,13 @@ class NodeAgent(Lifecycle):
         self.view = PolicyView(
             coord, retry_initial_s=config.retry_initial_s, retry_max_s=config.retry_max_s
         )
-        self.owners = EtcdOwners(
+        self.watch = OwnershipWatch(
             coord,
             self.fence,
             retry_initial_s=config.retry_initial_s,
             retry_max_s=config.retry_max_s,
         )
+        self.owners = EtcdOwners(coord, self.fence, watched=self.watch)
         self.store: ObjectStore | None = None
         self.server: grpc.aio.Server | None = None
         self.endpoint = ""
@@ -82,7 +85,7 @@ class NodeAgent(Lifecycle):
     async def _do_start(self) -> None:
         await self.view.start()
         self._check_region()
-        await self.owners.start()
+        await self.watch.start()
         clock = HybridClock(self.region, max_clock_skew_ms=self.settings.max_clock_skew_ms)
         self.store = store = await asyncio.to_thread(
             ObjectStore,
@@ -148,7 +151,7 @@ class NodeAgent(Lifecycle):
             await stop_server(self.server, self.config.stop_grace_s)
         if self.metrics_endpoint is not None:
             await asyncio.to_thread(self.metrics_endpoint.close)
-        await self.owners.stop()
+        await self.watch.stop()
         await self.view.stop()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)

@@ -1,5 +1,5 @@
 """The daemon's parts on their own, against the stack's real etcd: the registration on a
-lease, the root's identity (the owners watch is agents/owners.py, tested in tests/agents)."""
+lease, the watched owners feeding the fence, the root's identity."""
 
 from __future__ import annotations
 
@@ -12,10 +12,17 @@ from pathlib import Path
 import pytest
 
 from agents.daemon.identity import IDENTITY_FILE, check_writable, load_or_create
+from agents.daemon.owners import OwnershipWatch
 from agents.daemon.registration import AgentRecord, Registration
 from agents.store.model import Usage
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.fencing import (
+    DatasetHandingOverError,
+    FencedResource,
+    StaleEpochError,
+)
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.errors import ConfigError
 
 pytestmark = pytest.mark.integration
@@ -81,6 +88,42 @@ async def test_a_lost_lease_is_replaced_by_a_new_registration(coord: EtcdCoordin
         assert reg.registrations == 2
     finally:
         await reg.stop()
+
+
+async def test_the_owners_watch_follows_claims_and_handovers_into_the_fence(
+    coord: EtcdCoordination,
+) -> None:
+    own = Ownership(coord)
+    epoch1 = await own.claim("ckpt/a", "eu-west", expect_epoch=0, reason="home", actor="t")
+    fence = FencedResource()
+    watch = OwnershipWatch(coord, fence, retry_initial_s=0.05)
+    await watch.start()
+    try:
+        found = watch.owner("ckpt/a")
+        assert found is not None and (found.region, found.epoch) == ("eu-west", epoch1)
+        assert watch.owner("ckpt/none") is None
+        assert fence.highest_epoch("ckpt/a") == epoch1
+
+        owner = await own.get("ckpt/a")
+        assert owner is not None
+        mark = await own.begin_handover("ckpt/a", owner, "eu-central", "t")
+        await watch.wait_for_revision(mark.create_revision, timeout_s=10)
+        frozen = watch.owner("ckpt/a")
+        assert frozen is not None and frozen.handing_over_to == "eu-central"
+        with pytest.raises(DatasetHandingOverError):
+            fence.admit("ckpt/a", epoch1)
+
+        await coord.put(keys.alive("eu-central"), b"{}")  # a move needs a live target
+        epoch2 = await own.complete_handover(mark, reason="switchover", actor="t")
+        await watch.wait_for_revision(epoch2, timeout_s=10)
+        moved = watch.owner("ckpt/a")
+        assert moved is not None
+        assert (moved.region, moved.epoch, moved.handing_over_to) == ("eu-central", epoch2, None)
+        with pytest.raises(StaleEpochError):
+            fence.admit("ckpt/a", epoch1)
+        assert fence.admit("ckpt/a", epoch2) == epoch2
+    finally:
+        await watch.stop()
 
 
 def test_the_identity_is_kept_in_the_root_and_tied_to_its_region(tmp_path: Path) -> None:
