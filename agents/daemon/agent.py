@@ -7,8 +7,8 @@ Start (each step raises one clear error, and what was started is stopped again):
 2. the owners of critical datasets: the watched map (`OwnershipWatch`), feeding the
    fence, and the bounded-age reads admission decides on (`agents.owners.EtcdOwners`);
 3. the store (startup repair, logged by the store);
-4. the gRPC API (the servicer, admission in front of it, transfers behind it) on
-   `--listen`;
+4. the gRPC API on `--listen`: the servicer, admission in front of it, and the
+   transfers (Signature, Sync, Replicate, Fetch) behind it;
 5. the metrics endpoint, if asked;
 6. the registration on a lease (last, so that a listed agent answers).
 
@@ -37,6 +37,7 @@ from agents.owners import EtcdOwners
 from agents.service.server import start_server, stop_server
 from agents.service.servicer import AgentService
 from agents.store import ObjectStore
+from agents.transfer.service import TransferService
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HybridClock
 from controlplane.errors import NotFoundError
@@ -95,7 +96,13 @@ class NodeAgent(Lifecycle):
             tombstone_retention_s=self.settings.tombstone_retention_s,
         )
         admission = Admission(self.region, self.view, self.fence, self.owners, self.metrics)
-        service = AgentService(store, admission, self.region, self.identity.agent_id, self.metrics)
+        # The policy as of each transfer (RTTs for source order, per-link caps).
+        transfers = TransferService(
+            store, admission, self.region, self.metrics, None, lambda: self.view.current
+        )
+        service = AgentService(
+            store, admission, self.region, self.identity.agent_id, self.metrics, transfers
+        )
         self.server, port = await start_server(service, self.config.listen)
         self.endpoint = self._advertised(port)
         bind_store_gauges(self.metrics, store.usage)

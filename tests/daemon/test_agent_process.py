@@ -16,9 +16,11 @@ import httpx
 import pytest
 from harness.agent_process import AgentProcess
 
-from agents.client import AgentClient
+from agents.client import AgentClient, FetchSource
+from agents.errors import ResidencyError
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols import keys
+from controlplane.domain.version import Verdict
 from controlplane.errors import NotFoundError, UnavailableError
 
 pytestmark = pytest.mark.integration
@@ -196,3 +198,42 @@ async def test_sigterm_during_a_large_put_leaves_no_partial_object_and_exits_0(
         assert [f for _, _, files in os.walk(tmp_path / "r" / "objects") for f in files] == []
     finally:
         proc.stop()
+
+
+async def test_transfers_are_served_a_fetch_copies_between_two_agents_within_residency(
+    agent: AgentProcess, tmp_path: Path, world: dict[str, str]
+) -> None:
+    central = AgentProcess("eu-central", tmp_path / "c", world, tmp_path / "c.log")
+    us = AgentProcess("us-east", tmp_path / "u", world, tmp_path / "u.log")
+    central.start()
+    us.start()
+    data = os.urandom(3 * 1024 * 1024 + 17)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for at in range(0, len(data), 1024 * 1024):
+            yield data[at : at + 1024 * 1024]
+
+    try:
+        async with (
+            AgentClient(agent.address) as west_client,
+            AgentClient(central.address) as central_client,
+            AgentClient(us.address) as us_client,
+        ):
+            version = await west_client.put("eu/weights", "w.bin", chunks())
+            source = [FetchSource("eu-west", agent.address)]
+            got = await central_client.fetch(
+                "eu/weights", "w.bin", version, source, origin_region="eu-west"
+            )
+            assert got.outcome is Verdict.APPLY and got.source_region == "eu-west"
+            held, content = await central_client.get_bytes("eu/weights", "w.bin")
+            assert held == version and content == data
+            # eu/* is EU-resident: the US agent refuses to take a copy.
+            with pytest.raises(ResidencyError):
+                await us_client.fetch(
+                    "eu/weights", "w.bin", version, source, origin_region="eu-west"
+                )
+            with pytest.raises(NotFoundError):
+                await us_client.stat("eu/weights", "w.bin")
+    finally:
+        central.stop()
+        us.stop()
