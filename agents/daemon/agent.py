@@ -9,14 +9,17 @@ Start (each step raises one clear error, and what was started is stopped again):
 3. the store (startup repair, logged by the store);
 4. the gRPC API on `--listen`: the servicer, admission in front of it, and the
    transfers (Signature, Sync, Replicate, Fetch) behind it;
-5. the metrics endpoint, if asked;
-6. the registration on a lease (last, so that a listed agent answers).
+5. the records duties (records.py): the recorder shipping the store's journal to
+   the catalog, the outbox drain publishing change events to Kafka (neither needs
+   its engine up to start);
+6. the metrics endpoint, if asked;
+7. the registration on a lease (last, so that a listed agent answers).
 
 Stop (SIGTERM): the registration goes first (its lease revoked, so peers stop
 choosing this agent at once), then the server stops accepting calls and gives
 those in flight `stop_grace_s` to finish; the rest are cancelled, and a cancelled
 write leaves nothing behind (the store commits a version only whole). Then the
-watches stop and the store closes.
+records duties, the watches and the store stop.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from agents.daemon.config import AgentConfig, parse_listen
 from agents.daemon.identity import Identity
 from agents.daemon.metrics_http import MetricsEndpoint, bind_store_gauges
 from agents.daemon.owners import OwnershipWatch
+from agents.daemon.records import RecordDuties
 from agents.daemon.registration import AgentRecord, Registration
 from agents.metrics import AgentMetrics
 from agents.owners import EtcdOwners
@@ -78,6 +82,7 @@ class NodeAgent(Lifecycle):
         self.endpoint = ""
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.registration: Registration | None = None
+        self.records: RecordDuties | None = None
 
     @property
     def metrics_address(self) -> str | None:
@@ -106,6 +111,10 @@ class NodeAgent(Lifecycle):
         self.server, port = await start_server(service, self.config.listen)
         self.endpoint = self._advertised(port)
         bind_store_gauges(self.metrics, store.usage)
+        self.records = RecordDuties(
+            store, self.metrics, self.region, self.settings, origin_agent=self.endpoint
+        )
+        await self.records.start()
         if self.config.metrics is not None:
             self.metrics_endpoint = MetricsEndpoint(self.metrics, self.config.metrics)
         self.registration = Registration(
@@ -156,6 +165,8 @@ class NodeAgent(Lifecycle):
         if self.server is not None:
             log.info("agent_stopping", region=self.region, grace_s=self.config.stop_grace_s)
             await stop_server(self.server, self.config.stop_grace_s)
+        if self.records is not None:
+            await self.records.stop()
         if self.metrics_endpoint is not None:
             await asyncio.to_thread(self.metrics_endpoint.close)
         await self.watch.stop()

@@ -15,10 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 from harness.agent_process import AgentProcess
+from harness.controllers import run_cli
 
 from agents.client import AgentClient, FetchSource
 from agents.errors import ResidencyError
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.catalog.api import open_catalog
 from controlplane.coordination.protocols import keys
 from controlplane.domain.version import Verdict
 from controlplane.errors import NotFoundError, UnavailableError
@@ -161,8 +163,16 @@ async def test_metrics_serve_the_spec_names_and_follow_the_store(agent: AgentPro
 
             await client.put("corpus/m", "a", data())
         text = (await http.get(f"http://{agent.metrics_address}/metrics")).text
-    assert "meridian_agent_objects 1.0" in text
-    assert "meridian_agent_bytes_stored 1000.0" in text
+        assert "meridian_agent_objects 1.0" in text
+        assert "meridian_agent_bytes_stored 1000.0" in text
+        # The put's change event reaches Kafka (acks=all) through the outbox drain.
+        for _ in range(200):
+            text = (await http.get(f"http://{agent.metrics_address}/metrics")).text
+            if "meridian_outbox_published_total 1.0" in text:
+                break
+            await asyncio.sleep(0.05)
+    assert "meridian_outbox_published_total 1.0" in text
+    assert "meridian_outbox_pending 0.0" in text
 
 
 async def test_sigterm_during_a_large_put_leaves_no_partial_object_and_exits_0(
@@ -234,6 +244,27 @@ async def test_transfers_are_served_a_fetch_copies_between_two_agents_within_res
                 )
             with pytest.raises(NotFoundError):
                 await us_client.stat("eu/weights", "w.bin")
+        # Both agents' recorders ship their journals: the catalog knows both copies, and
+        # `object ls` at eu-west names both regions.
+        hlc = str(version.hlc)
+        catalog = open_catalog(world["MERIDIAN_CATALOG"])
+        try:
+            for _ in range(300):
+                if catalog.holders("eu/weights", "w.bin", hlc) == ["eu-central", "eu-west"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert catalog.holders("eu/weights", "w.bin", hlc) == ["eu-central", "eu-west"]
+        finally:
+            catalog.close()
+        done = await asyncio.to_thread(
+            run_cli,
+            ["object", "ls", "--dataset", "eu/weights", "-o", "json"],
+            {**world, "MERIDIAN_AGENT": agent.address},
+        )
+        assert done.returncode == 0, done.stderr
+        [row] = json.loads(done.stdout)
+        assert row["regions"] == ["eu-central", "eu-west"]
+        assert done.stderr == ""
     finally:
         central.stop()
         us.stop()

@@ -1,7 +1,7 @@
 """Pytest fixtures for tests against real agent processes (imported by the conftest of
 each test folder that needs them): a world (a fresh PostgreSQL catalog with the world
-policy applied and published to the stack's etcd, on a clean keyspace) and one agent
-of eu-west serving it, stopped after the test."""
+policy applied and published to the stack's etcd, on a clean keyspace, and the stack's
+Kafka) and one agent of eu-west serving it, stopped after the test."""
 
 from __future__ import annotations
 
@@ -35,7 +35,10 @@ def clear_keyspace(etcd: str) -> None:
 
 @pytest.fixture(scope="module")
 def world(
-    tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str, postgres_url: str
+    tmp_path_factory: pytest.TempPathFactory,
+    etcd_endpoint: str,
+    postgres_url: str,
+    kafka_bootstrap: str,
 ) -> Iterator[dict[str, str]]:
     """The environment of `meridian` for a fresh world (see the module docstring), one per
     test module: applying a policy through the CLI takes seconds, and each agent of a
@@ -43,7 +46,7 @@ def world(
     clear_keyspace(etcd_endpoint)
     folder = tmp_path_factory.mktemp("world")
     with scratch_postgres(postgres_url, prefix="meridian_agent") as url:
-        yield prepare_world(folder, etcd_endpoint, url)
+        yield prepare_world(folder, etcd_endpoint, url, kafka_bootstrap)
 
 
 @pytest.fixture

@@ -109,15 +109,20 @@ def world_policy() -> str:
     return WORLD_POLICY.format(regions=regions)
 
 
-def prepare_world(folder: Path, etcd: str, catalog_url: str | None = None) -> dict[str, str]:
+def prepare_world(
+    folder: Path, etcd: str, catalog_url: str | None = None, kafka: str | None = None
+) -> dict[str, str]:
     """Migrate the catalog (a SQLite file in `folder` unless `catalog_url` is given), apply
-    the world policy and publish it to `etcd`; returns the environment for `meridian`."""
+    the world policy and publish it to `etcd`; returns the environment for `meridian`
+    (with `kafka` as MERIDIAN_KAFKA when given: the agents' outbox drains there)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = {
         "MERIDIAN_CATALOG": catalog_url or f"sqlite:///{folder / 'catalog.db'}",
         "MERIDIAN_ETCD": etcd,
         "MERIDIAN_HOME": str(folder / "home"),
     }
+    if kafka is not None:
+        env["MERIDIAN_KAFKA"] = kafka
     policy = folder / "policy.yaml"
     policy.write_text(world_policy(), encoding="utf-8")
     for args in (["db", "upgrade"], ["policy", "apply", str(policy), "--yes"]):
