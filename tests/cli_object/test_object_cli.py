@@ -3,6 +3,7 @@ process, the stack's etcd and a PostgreSQL catalog."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -14,6 +15,8 @@ from harness.agent_process import AgentProcess
 from harness.cli_schema import check_output
 from harness.controllers import meridian_argv, run_cli
 
+from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.version import ContentHasher
 
 pytestmark = pytest.mark.integration
@@ -232,3 +235,44 @@ def test_bad_input_is_refused_with_one_sentence_and_stores_nothing(
         port = sock.getsockname()[1]
     done = cli(agent, "object", "ls", "--dataset", "corpus/bad", "--agent", f"127.0.0.1:{port}")
     assert f"127.0.0.1:{port}" in one_error(done)
+
+
+async def test_a_critical_put_gets_the_owners_epoch_at_the_owners_agent_only(
+    agent: AgentProcess, tmp_path: Path, world: dict[str, str], etcd_endpoint: str
+) -> None:
+    coord = EtcdCoordination([etcd_endpoint], timeout_s=5)
+    await coord.connect()
+    try:
+        epoch = await Ownership(coord).claim(
+            "ckpt/run1", "eu-west", expect_epoch=0, reason="home", actor="test"
+        )
+    finally:
+        await coord.close()
+    shard = tmp_path / "shard.bin"
+    shard.write_bytes(os.urandom(5000))
+    done = await asyncio.to_thread(
+        cli, agent, "object", "put", "--dataset", "ckpt/run1", str(shard), "-o", "json"
+    )
+    [row] = ok(done)
+    assert row["digest"] == digest_of(shard)
+    line = one_error(
+        await asyncio.to_thread(
+            cli,
+            agent,
+            *("object", "put", "--dataset", "ckpt/run1", str(shard), "--epoch", str(epoch - 1)),
+        )
+    )
+    assert f"epoch {epoch - 1}" in line
+
+    central = AgentProcess("eu-central", tmp_path / "c", world, tmp_path / "c.log")
+    central.start()
+    try:
+        done = await asyncio.to_thread(
+            run_cli,
+            ["object", "put", "--dataset", "ckpt/run1", str(shard)],
+            {**world, "MERIDIAN_AGENT": central.address},
+        )
+        line = one_error(done)
+        assert "eu-west" in line, line
+    finally:
+        central.stop()

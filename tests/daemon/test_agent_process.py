@@ -268,3 +268,28 @@ async def test_transfers_are_served_a_fetch_copies_between_two_agents_within_res
     finally:
         central.stop()
         us.stop()
+
+
+def test_it_serves_while_the_catalog_and_kafka_are_down(
+    tmp_path: Path, world: dict[str, str]
+) -> None:
+    """Neither is on the data path: writes commit, records wait in the store."""
+    env = {
+        **world,
+        "MERIDIAN_CATALOG": f"postgresql+psycopg://meridian@127.0.0.1:{free_port()}/meridian",
+        "MERIDIAN_KAFKA": f"127.0.0.1:{free_port()}",
+    }
+    proc = AgentProcess("eu-west", tmp_path / "r", env, tmp_path / "r.log")
+    proc.start()
+    try:
+        small = tmp_path / "a.txt"
+        small.write_bytes(b"written while the catalog and Kafka are down")
+        done = run_cli(
+            ["object", "put", "--dataset", "corpus/down", str(small), "-o", "json"],
+            {**env, "MERIDIAN_AGENT": proc.address},
+        )
+        assert done.returncode == 0, done.stderr
+        assert proc.event("catalog_unreachable_at_start") is not None
+        assert proc.wait_event("kafka_unreachable", 30) is not None
+    finally:
+        assert proc.stop() == 0
