@@ -70,6 +70,14 @@ class Transfers(Protocol):
         self, request: agent_pb2.FetchRequest, context: Context
     ) -> agent_pb2.FetchResponse: ...
 
+    def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]: ...
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse: ...
+
 
 @dataclass(frozen=True, slots=True)
 class CommittedWrite:
@@ -447,6 +455,32 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         return await unary(
             "Fetch", context, self.metrics, lambda: transfers.Fetch(request, context)
+        )
+
+    async def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]:
+        gen = (
+            _unimplemented("SyncBundle", context)
+            if self.transfers is None
+            else self.transfers.SyncBundle(request, context)
+        )
+        async for msg in stream("SyncBundle", context, self.metrics, gen):
+            yield msg
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse:
+        transfers = self.transfers
+        if transfers is None:
+            return await unary(
+                "FetchMany",
+                context,
+                self.metrics,
+                lambda: _refuse_unimplemented("FetchMany", context),
+            )
+        return await unary(
+            "FetchMany", context, self.metrics, lambda: transfers.FetchMany(request, context)
         )
 
 
