@@ -51,6 +51,7 @@ sys.path[:0] = [str(HERE.parent / "tests" / "transfer"), str(HERE.parent / "test
 
 import grpc  # noqa: E402
 from agent_proc import AgentProc, write_policy  # noqa: E402
+from blake3 import blake3  # noqa: E402
 
 from agents.store import ObjectStore  # noqa: E402
 from agents.transfer.pull import CHANNEL_OPTIONS  # noqa: E402
@@ -85,6 +86,11 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def random_bytes(size: int, seed: bytes) -> bytes:
+    """Deterministic bytes that neither compress nor repeat (blake3's XOF: GB/s)."""
+    return blake3(seed).digest(length=size)
 
 
 def rewrite(data: bytes, fraction: float, seed: int = 2, run: int = 64 << 10) -> bytes:
@@ -223,13 +229,7 @@ async def fetch_many(address: str, items: list[tuple[str, Version]], source: str
 def run(sizes: Sizes, work: Path) -> list[tuple[str, str, str, str, str]]:
     settings = load_settings()
     toxi = ToxiproxyClient(f"http://127.0.0.1:{settings.stack_toxiproxy_port}")
-    rng = random.Random(1)
     print("preparing content...", flush=True)
-    old = rng.randbytes(sizes.checkpoint)
-    new = rewrite(old, 0.02)
-    fresh = rng.randbytes(sizes.fresh)
-    cut = rng.randbytes(sizes.cut)
-    small = {f"f{n:05d}.bin": rng.randbytes(4096) for n in range(sizes.files)}
     placements = [
         Placement(
             dataset=d,
@@ -248,27 +248,38 @@ def run(sizes: Sizes, work: Path) -> list[tuple[str, str, str, str, str]]:
         work / "policy.json", REGIONS, placements, [("eu-west", "eu-central", 0.04)]
     )
     a_root, b_root = work / "a", work / "b"
-    with ObjectStore(a_root, clock=HybridClock("eu-west")) as a:
-        v_old = a.put("ckpt", "ckpt.bin", [old])
-        v_new = a.put("ckpt", "ckpt.bin", [new])
-        v_fresh = a.put("ckpt", "fresh.bin", [fresh])
-        v_cut = a.put("ckpt", "cut.bin", [cut])
-        v_cut_ref = a.put("ckpt", "cut-ref.bin", [cut])
-        names = list(small)
-        v_small: list[Version] = []
-        for n in range(0, len(names), 1000):
-            v_small += a.put_many([("files", k, [small[k]]) for k in names[n : n + 1000]])
-    with ObjectStore(b_root, clock=HybridClock("eu-central")) as b:
-        b.apply("ckpt", "ckpt.bin", v_old, [old])
     src, dst = work / "rsync-src", work / "rsync-dst"
     (src / "files").mkdir(parents=True)
     dst.mkdir()
-    (src / "ckpt.bin").write_bytes(new)
-    (work / "old.bin").write_bytes(old)
-    (work / "fresh.bin").write_bytes(fresh)
-    for k, data in small.items():
-        (src / "files" / k).write_bytes(data)
-    del old, new, fresh, cut
+    # One content at a time (1 GiB each at the full size), written where it is needed.
+    with (
+        ObjectStore(a_root, clock=HybridClock("eu-west")) as a,
+        ObjectStore(b_root, clock=HybridClock("eu-central")) as b,
+    ):
+        old = random_bytes(sizes.checkpoint, b"old")
+        v_old = a.put("ckpt", "ckpt.bin", [old])
+        b.apply("ckpt", "ckpt.bin", v_old, [old])
+        (work / "old.bin").write_bytes(old)
+        new = rewrite(old, 0.02)
+        del old
+        v_new = a.put("ckpt", "ckpt.bin", [new])
+        (src / "ckpt.bin").write_bytes(new)
+        del new
+        fresh = random_bytes(sizes.fresh, b"fresh")
+        v_fresh = a.put("ckpt", "fresh.bin", [fresh])
+        (work / "fresh.bin").write_bytes(fresh)
+        del fresh
+        cut = random_bytes(sizes.cut, b"cut")
+        v_cut = a.put("ckpt", "cut.bin", [cut])
+        v_cut_ref = a.put("ckpt", "cut-ref.bin", [cut])
+        del cut
+        names = [f"f{n:05d}.bin" for n in range(sizes.files)]
+        v_small: list[Version] = []
+        for n in range(0, len(names), 1000):
+            part = {k: random_bytes(4096, k.encode()) for k in names[n : n + 1000]}
+            v_small += a.put_many([("files", k, [data]) for k, data in part.items()])
+            for k, data in part.items():
+                (src / "files" / k).write_bytes(data)
 
     agent_a = AgentProc(a_root, "eu-west", policy, work / "a.log").start()
     agent_b = AgentProc(b_root, "eu-central", policy, work / "b.log").start()
