@@ -75,6 +75,13 @@ class AgentMetrics:
             "journal records shipped to the catalog",
             registry=self.registry,
         )
+        self.records_set_aside = Counter(
+            "meridian_records_set_aside_total",
+            "journal records the catalog refused for good, and outbox events that could not "
+            "be encoded, kept aside (in the store root) instead of blocking their queue",
+            ["queue"],
+            registry=self.registry,
+        )
         self.outbox_pending = Gauge(
             "meridian_outbox_pending",
             "change events committed in the outbox and not yet published to Kafka",

@@ -97,7 +97,9 @@ async def run_replicator(
             await coord.connect()
             stack.push_async_callback(coord.close)
             view = await stack.enter_async_context(PolicyView(coord))
-            agent = await stack.enter_async_context(GrpcAgent(agent_address))
+            agent = await stack.enter_async_context(
+                GrpcAgent(agent_address, route=settings.agent_address)
+            )
             producer = await stack.enter_async_context(
                 KafkaProducer(settings.kafka, client_id=f"replicator-{region}-{replicator_id}")
             )

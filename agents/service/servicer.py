@@ -1,6 +1,6 @@
 """`AgentService`: the agent API's calls on this agent's store (spec/dataplane.md).
 
-It answers Put, Get, Stat, List, Delete, CommitSet and Health itself and hands
+It answers Put, Get, GetSet, Stat, List, Delete, CommitSet and Health itself and hands
 Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer),
 answering UNIMPLEMENTED while there is none.
 
@@ -323,6 +323,23 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return agent_pb2.ListResponse(
             objects=[_info(s) for s in page.items], next_page_token=page.cursor or ""
         )
+
+    async def GetSet(  # noqa: N802
+        self, request: agent_pb2.GetSetRequest, context: Context
+    ) -> agent_pb2.GetSetResponse:
+        return await unary("GetSet", context, self.metrics, lambda: self._get_set(request))
+
+    async def _get_set(self, request: agent_pb2.GetSetRequest) -> agent_pb2.GetSetResponse:
+        dataset = requests.name("GetSetRequest.dataset", request.dataset)
+        if not request.set:
+            raise InvalidInputError("GetSetRequest.set is missing (a set id, or 'latest')")
+        wanted = (
+            request.set
+            if request.set == "latest"
+            else requests.name("GetSetRequest.set", request.set)
+        )
+        record = await asyncio.to_thread(self.store.get_set, dataset, wanted)
+        return agent_pb2.GetSetResponse(set=version_set_to_wire(record.as_version_set()))
 
     async def Health(  # noqa: N802
         self, request: agent_pb2.HealthRequest, context: Context

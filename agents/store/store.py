@@ -1208,17 +1208,29 @@ class ObjectStore:
 
     # -- outbox and journal ----------------------------------------------------------
 
-    def outbox_pending(self, limit: int = 100) -> list[OutboxEvent]:
-        """The oldest change events not yet published, in commit order."""
+    def outbox_pending(
+        self, limit: int = 100, *, kind: Literal["version", "set"] | None = None
+    ) -> list[OutboxEvent]:
+        """The oldest change events not yet published, in commit order (of one `kind`
+        only, when given)."""
         with self._lock:
             self._require_open()
             found = self._db.execute(
                 "SELECT seq, event_id, kind, dataset, key, hlc, op, size, digest, set_id,"
                 " members, origin_region, epoch, policy_revision FROM outbox"
-                " ORDER BY seq LIMIT ?",
-                (limit,),
+                " WHERE ?1 IS NULL OR kind = ?1 ORDER BY seq LIMIT ?2",
+                (kind, limit),
             ).fetchall()
         return [_event(row) for row in found]
+
+    def outbox_count(self, *, kind: Literal["version", "set"] | None = None) -> int:
+        """How many change events (of one `kind`, when given) wait to be published."""
+        with self._lock:
+            self._require_open()
+            row = self._db.execute(
+                "SELECT count(*) FROM outbox WHERE ?1 IS NULL OR kind = ?1", (kind,)
+            ).fetchone()
+        return int(row[0])
 
     def outbox_published(self, event_ids: Iterable[str]) -> None:
         """Forget events once Kafka acknowledged them (acks=all)."""
@@ -1238,6 +1250,17 @@ class ObjectStore:
             JournalEntry(seq, kind, ds, key, hlc, at, json.loads(data))
             for seq, kind, ds, key, hlc, at, data in found
         ]
+
+    def journal_transfer(
+        self, dataset: str, key: str, data: Mapping[str, JsonValue], *, hlc: HLC | None = None
+    ) -> None:
+        """Journal a transfer that stored no version here (refused, failed, or sent from
+        this agent): the recorder ships it to the catalog like the transfer records
+        committed with a version (`transfer=` of the writes)."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        with self._tx() as conn:
+            text = None if hlc is None else hlc.text
+            rows.journal(conn, "transfer", dataset, key, text, dict(data))
 
     def journal_shipped(self, seq: int) -> None:
         """The catalog holds every record up to `seq`: move the position, drop them."""

@@ -64,7 +64,7 @@ def resync(
     dataset: Annotated[str, typer.Option("--dataset", help="shell-style glob on names")],
     region: Annotated[str, typer.Option("--region", help="the region to bring up to date")],
     agent: Annotated[
-        str | None, typer.Option("--agent", help="HOST:PORT of an agent of REGION")
+        str | None, typer.Option("--agent", help="HOST:PORT of an agent of REGION [MERIDIAN_AGENT]")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan only")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
@@ -74,6 +74,7 @@ def resync(
     before it was a replica); prints what it would copy first."""
     from controlplane.errors import ConfigError
 
+    agent = agent or settings_from(ctx).agent
     if not dry_run and agent is None:
         raise ConfigError("--agent HOST:PORT (an agent of the region) is needed to resync")
     code = asyncio.run(_resync(ctx, dataset, region, agent, dry_run, yes, output))
@@ -142,7 +143,7 @@ async def _resync(
                 kvs, _ = await coord.get_prefix(f"{AGENTS}{holder}/")
                 return [Source(holder, e) for kv in kvs if (e := endpoint_of(kv.value)) is not None]
 
-            async with GrpcAgent(agent_address or "") as agent:
+            async with GrpcAgent(agent_address or "", route=settings.agent_address) as agent:
                 results = await _with_progress(
                     len(items),
                     lambda tick: drive_resync(
