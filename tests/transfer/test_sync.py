@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from agents_inproc import AgentFactory
-from helpers import content, fetch, rewrite, transfers
+from xfer_helpers import content, fetch, rewrite, transfers
 
 import native
 from meridian.v1 import agent_pb2
