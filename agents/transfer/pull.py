@@ -253,7 +253,12 @@ async def pull(
         policy_revision=policy_revision,
     )
     start = agent_pb2.SyncStart(dataset=dataset, key=key, version=hlc, receiver_region=region)
-    if held is not None and held.version.digest is not None:
+    # A raw attempt to resume names no basis, so the sender stays with raw.
+    if (
+        held is not None
+        and held.version.digest is not None
+        and (state is None or state.method != RAW)
+    ):
         start.basis.CopyFrom(
             agent_pb2.Basis(version=held.version.hlc.text, digest=held.version.digest.text)
         )
