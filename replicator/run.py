@@ -126,7 +126,13 @@ async def run_replicator(
                 rebalance=relay,
                 session_timeout_ms=10_000,
             )
-            loop = ReplicatorLoop(config, consumer, applier, metrics)
+            loop = ReplicatorLoop(
+                config,
+                consumer,
+                applier,
+                metrics,
+                before_commit=lambda: asyncio.to_thread(journal.flush),
+            )
             relay.target = loop
             await stack.enter_async_context(consumer)
             await stack.enter_async_context(
