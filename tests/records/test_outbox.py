@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from conftest import REGION, StoreFactory
 from kafka_reading import records_of
+from records_helpers import REGION, StoreFactory
 from waiting import until
 
 from agents.metrics import AgentMetrics

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from conftest import DATASET, REGION, StoreFactory
+from records_helpers import DATASET, REGION, StoreFactory
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 

@@ -9,8 +9,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from conftest import DATASET, REGION, StoreFactory, applied_catalog
 from harness.catalogs import scratch_postgres
+from records_helpers import DATASET, REGION, StoreFactory, applied_catalog
 from sqlalchemy.engine import make_url
 from waiting import free_port, until
 
