@@ -15,7 +15,7 @@ from agents.records.outbox import BatchProducer, OutboxDrain
 from agents.records.recorder import Recorder
 from agents.records.setaside import SetAside
 from agents.records.settings import OutboxSettings, RecorderSettings
-from agents.records.transfer import TransferFacts, read_transfer, transfer_data
+from agents.records.transfer import TransferFacts, read_transfer
 
 __all__ = [
     "BatchProducer",
@@ -26,5 +26,4 @@ __all__ = [
     "SetAside",
     "TransferFacts",
     "read_transfer",
-    "transfer_data",
 ]

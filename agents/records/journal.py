@@ -109,16 +109,17 @@ def _set(region: str, entry: JournalEntry, _: Lookup) -> Plan:
 
 
 def _transfer(region: str, entry: JournalEntry, _: Lookup) -> Plan:
-    if entry.key is None:
-        raise InvalidInputError(f"journal record {entry.seq} (transfer) names no object")
     facts = read_transfer(entry.data)
+    key = entry.key or facts.object
+    if key is None:
+        raise InvalidInputError(f"journal record {entry.seq} (transfer) names no object")
     return Plan(
         transfers=[
             TransferRecord(
                 id=facts.id,
                 dataset=entry.dataset,
-                object=entry.key,
-                version=facts.version or entry.hlc,
+                object=key,
+                version=entry.hlc,
                 from_region=facts.from_region,
                 to_region=facts.to_region,
                 logical_bytes=facts.logical_bytes,

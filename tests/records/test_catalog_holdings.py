@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from conftest import DATASET, REGION
 from harness.digests import fake_digest
+from records_helpers import DATASET, REGION
 
 from controlplane.catalog.api import Catalog
 from controlplane.catalog.errors import CatalogInputError

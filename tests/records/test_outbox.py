@@ -14,9 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from kafka_reading import records_of
-from records_helpers import REGION, StoreFactory
-from waiting import until
+from records_helpers import REGION, StoreFactory, records_of, until
 
 from agents.metrics import AgentMetrics
 from agents.records import OutboxDrain, OutboxSettings
