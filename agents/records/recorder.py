@@ -1,15 +1,18 @@
 """The recorder: ships the store's journal to the catalog (dataplane.md, *Records*).
 
 In journal order, a bounded batch at a time (see loop.py): each record becomes its
-catalog calls (journal.py), then `journal_shipped` moves the store's position past
-the batch. A crash between the catalog's commits and that move ships the batch
-again, which changes nothing (every call is idempotent, see journal.py). While the
-catalog is unreachable the recorder backs off and retries; the store's writes
-never wait for it, and the journal keeps every record until it is shipped.
+catalog facts (journal.py), the batch's facts are written in ONE catalog
+transaction (`Catalog.record_holdings`), then `journal_shipped` moves the store's
+position past the batch. A crash between the catalog's commit and that move ships
+the batch again, which changes nothing (every fact is idempotent, see journal.py).
+While the catalog is unreachable the recorder backs off and retries; the store's
+writes never wait for it, and the journal keeps every record until it is shipped.
 
 A record the catalog refuses for good (a non-retriable error: it names a region
 the catalog does not know, a digest conflicting with the one registered, a dataset
-new to a catalog opened without a placer while a policy is applied) is set aside
+new to a catalog opened without a placer while a policy is applied) fails its
+batch's transaction; the batch is then shipped one record at a time, and that
+record is set aside
 with its reason in `ROOT/records-set-aside.jsonl` (setaside.py) and counted, and
 the queue moves on: one bad record must not stop every later one from reaching
 the catalog, nor be dropped without trace. Datasets the catalog has not seen are
