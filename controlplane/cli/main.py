@@ -48,6 +48,7 @@ class Commands(LazyGroup):
         Lazy("controller", "controlplane.cli.controller:app"),
         Lazy("delta", "controlplane.cli.delta:app"),
         Lazy("object", "controlplane.cli.object:app"),
+        Lazy("chaos", "controlplane.cli.chaos:app"),
     )
 
 
