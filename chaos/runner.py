@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.checkers import lost_writes, ownership, split_brain
+from chaos.checkers import journal, lost_writes, ownership, split_brain
 from chaos.checkers.verdict import Verdict
 from chaos.faults import Injector
 from chaos.history import History
@@ -32,6 +32,7 @@ from controlplane.logs import get_logger
 log = get_logger("meridian.chaos")
 
 RECOVERY_S = 40.0
+JOURNAL_WAIT_S = 30.0
 
 
 @dataclass
@@ -141,6 +142,28 @@ async def run_scenario(
             return len(sampler.latest()) == len(CRITICAL) and written >= set(CRITICAL)
 
         await _until("recovery after heal", recovered, RECOVERY_S)
+        # Records catch up: the journal may lag by the controllers' grace for moves
+        # whose mover crashed before journaling (ControllerConfig.journal_grace_s).
+        journal_rows: list[dict[str, object]] = []
+
+        async def journal_caught_up() -> bool:
+            rows = await asyncio.to_thread(world.journal)
+            if rows is None:
+                return False
+            journal_rows[:] = rows
+            return journal.journaled(sampler.samples, rows).held
+
+        await _until("the failover journal", journal_caught_up, JOURNAL_WAIT_S)
+        gauges: dict[str, float | None] = {}
+        truth: dict[str, str] = {}
+
+        async def views_agree() -> bool:
+            gauges.update(await world.owned_gauges())
+            truth.update({ds: s.region for ds, s in sampler.latest().items()})
+            return journal.views_agree(gauges, truth).held
+
+        await _until("controllers' views", views_agree, 10)
+        exited = world.exited()
     finally:
         await workload.stop()
         await sampler.stop()
@@ -167,11 +190,15 @@ async def run_scenario(
                 v = ownership.stable(sampler.samples, lo, hi + world.lease_ttl_s)
                 bad.extend(v.offending)
             verdicts.append(Verdict.of(ownership.STABLE, bad, "no dataset changed owner"))
+        elif name == journal.JOURNALED:
+            verdicts.append(journal.journaled(sampler.samples, journal_rows))
+        elif name == journal.VIEWS:
+            verdicts.append(journal.views_agree(gauges, truth))
         elif name == ownership.DURING:
             ns_windows = [(d[2], d[3]) for d in done if d[0].kind in scenario.progress_during]
             verdicts.append(ownership.progress(ops, ns_windows))
     with (run_dir / "result.json").open("w") as out:
-        json.dump({"faults": [d[1] for d in done], "exited": world.exited()}, out)
+        json.dump({"faults": [d[1] for d in done], "exited": exited}, out)
     return Result(
         scenario.name,
         seed,

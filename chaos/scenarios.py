@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chaos.checkers import lost_writes, ownership, split_brain
+from chaos.checkers import journal, lost_writes, ownership, split_brain
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,13 @@ class Scenario:
     progress_during: tuple[str, ...] = ()
 
 
-SAFETY = (split_brain.NAME, lost_writes.NAME, ownership.RESUMED)
+SAFETY = (
+    split_brain.NAME,
+    lost_writes.NAME,
+    ownership.RESUMED,
+    journal.JOURNALED,
+    journal.VIEWS,
+)
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(

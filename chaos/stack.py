@@ -45,51 +45,62 @@ def region_listener_port(settings: Settings, index: int) -> int:
 
 
 class RegionalKafka(KafkaService):
-    """The stack's Kafka with one extra advertised listener per region."""
-
-    def __init__(self, settings: Settings, run_dir: Path, regions: int) -> None:
-        super().__init__(settings, run_dir)
-        if not 0 < regions <= MAX_REGIONS:
-            raise ValueError(f"the chaos stack serves 1 to {MAX_REGIONS} regions, not {regions}")
-        self.regions = regions
+    """The stack's Kafka with one extra advertised listener per region (up to MAX_REGIONS)."""
 
     def ports(self) -> list[int]:
-        return [*super().ports(), *(region_listener_port(self.settings, i) for i in range(4))]
+        extra = (region_listener_port(self.settings, i) for i in range(MAX_REGIONS))
+        return [*super().ports(), *extra]
 
     def prepare(self) -> list[str]:
-        argv = super().prepare()
-        lines = broker_properties(self.settings, self.data_dir).splitlines()
-        names = [f"WAN{i}" for i in range(MAX_REGIONS)]
-        out = []
-        for line in lines:
-            extra = ""
-            if line.startswith("listeners="):
-                extra = "".join(
-                    f",{n}://127.0.0.1:{region_listener_port(self.settings, i)}"
-                    for i, n in enumerate(names)
-                )
-            elif line.startswith("advertised.listeners="):
-                extra = "".join(
-                    f",{n}://127.0.0.1:{region_wan_port(self.settings, i)}"
-                    for i, n in enumerate(names)
-                )
-            elif line.startswith("listener.security.protocol.map="):
-                extra = "".join(f",{n}:PLAINTEXT" for n in names)
-            out.append(line + extra)
-        self.config.write_text("\n".join(out) + "\n")
+        argv = super().prepare()  # writes the base config and formats storage once
+        self.config.write_text(regional_properties(self.settings, self.data_dir))
         return argv
 
 
-class PrivateStack:
-    """Start and stop the private engines (each only if this object started it)."""
+def regional_properties(settings: Settings, data_dir: Path) -> str:
+    """The stack's broker properties plus a listener WAN<i> per region, each advertised
+    at that region's proxy."""
+    names = [f"WAN{i}" for i in range(MAX_REGIONS)]
+    out = []
+    for line in broker_properties(settings, data_dir).splitlines():
+        extra = ""
+        if line.startswith("listeners="):
+            extra = "".join(
+                f",{n}://127.0.0.1:{region_listener_port(settings, i)}" for i, n in enumerate(names)
+            )
+        elif line.startswith("advertised.listeners="):
+            extra = "".join(
+                f",{n}://127.0.0.1:{region_wan_port(settings, i)}" for i, n in enumerate(names)
+            )
+        elif line.startswith("listener.security.protocol.map="):
+            extra = "".join(f",{n}:PLAINTEXT" for n in names)
+        out.append(line + extra)
+    return "\n".join(out) + "\n"
 
-    def __init__(self, base: Settings, regions: int = 3) -> None:
+
+def share_cache(base: Settings, private: Settings) -> None:
+    """The private home uses the base home's engine cache (Kafka's jars, Toxiproxy's
+    build): a link, made once, so the private stack never downloads them again."""
+    link = private.cache_dir
+    if link.is_symlink() or link.exists():
+        return
+    base.cache_dir.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(base.cache_dir.resolve(), target_is_directory=True)
+
+
+class PrivateStack:
+    """Start the private engines of the chaos suite; `down` stops those this object
+    started (a stack already up, e.g. a test session's, is reused and left up)."""
+
+    def __init__(self, base: Settings) -> None:
         self.settings = private_settings(base)
+        share_cache(base, self.settings)
         self.run_dir = self.settings.stack_dir.resolve()
         s = self.settings
         self.etcd = EtcdService(self.run_dir, 3, s.stack_etcd_port, s.stack_start_timeout_s)
         self.toxiproxy = ToxiproxyService(s, self.run_dir)
-        self.kafka = RegionalKafka(s, self.run_dir, regions)
+        self.kafka = RegionalKafka(s, self.run_dir)
         self.postgres = PostgresService(s, self.run_dir)
         self.started: list[Service] = []
 
@@ -108,7 +119,7 @@ class PrivateStack:
             raise
 
     def down(self) -> None:
-        for service in reversed(self.services):
+        for service in reversed(self.started):
             service.stop()
         self.started.clear()
 

@@ -12,15 +12,18 @@ reused as they are; this module adds pausing (SIGSTOP/SIGCONT) and the proxies.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
-from chaos.stack import PrivateStack, region_wan_port
+from chaos.stack import MAX_REGIONS, PrivateStack, region_wan_port
 from chaos.toxiproxy import AsyncToxiproxy
 from controlplane.demo.world import Daemon, free_port, meridian_argv
 from controlplane.errors import StackError
@@ -68,6 +71,8 @@ class ChaosWorld:
         self.stack = stack
         self.run_dir = run_dir
         self.lease_ttl_s = lease_ttl_s
+        if not 0 < len(regions) <= MAX_REGIONS:
+            raise ValueError(f"a chaos world has 1 to {MAX_REGIONS} regions, not {len(regions)}")
         self.regions = {name: ChaosRegion(name, jur, i) for i, (name, jur) in enumerate(regions)}
         self.database = f"chaos_{run_dir.name.replace('-', '_')}"
         self.toxi = AsyncToxiproxy(stack.toxiproxy_url)
@@ -111,6 +116,32 @@ class ChaosWorld:
             timeout=timeout_s,
             check=False,
         )
+
+    def journal(self) -> list[dict[str, object]] | None:
+        """The failover journal (`meridian history`), or None while the catalog is down."""
+        done = self.cli("history", "--output", "json", timeout_s=30)
+        if done.returncode != 0:
+            return None
+        rows = json.loads(done.stdout)
+        return rows if isinstance(rows, list) else None
+
+    async def owned_gauges(self) -> dict[str, float | None]:
+        """Each region's controller's `meridian_controller_datasets_owned` (None: no answer)."""
+        out: dict[str, float | None] = {}
+        async with httpx.AsyncClient(timeout=2) as http:
+            for r in self.regions.values():
+                d = r.daemons.get("controller")
+                out[r.name] = None
+                if d is None or not d.running:
+                    continue
+                try:
+                    text = (await http.get(f"http://{d.metrics}/metrics")).text
+                except httpx.HTTPError:
+                    continue
+                for family in text_string_to_metric_families(text):
+                    if family.name == "meridian_controller_datasets_owned":
+                        out[r.name] = sum(sample.value for sample in family.samples)
+        return out
 
     # -- set-up ------------------------------------------------------------------------------
     def create_catalog(self, policy: Path) -> None:
