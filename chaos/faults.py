@@ -8,7 +8,9 @@ begins, to the region owning most critical datasets then.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -18,6 +20,22 @@ from chaos.world import ChaosWorld, signal_daemon
 from controlplane.logs import get_logger
 
 log = get_logger("meridian.chaos")
+
+
+def stop_postgres_fast(world: ChaosWorld, timeout_s: float = 20.0) -> None:
+    """Stop PostgreSQL in its *fast* mode (SIGINT: sessions are cut, as when a catalog
+    host goes down). SIGTERM's smart mode would wait for every client to leave, which
+    the controllers never do, so the fault would begin only after a long stall."""
+    process = world.stack.postgres.process
+    pid = process.pid()
+    if pid is None:
+        return
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + timeout_s
+    while process.pid() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if process.pid() is not None:
+        process.kill()
 
 
 @dataclass
@@ -61,7 +79,7 @@ class Injector:
             self._undo[id(fault)] = [str(i) for i in victims]
             return f"killed etcd members {victims} (quorum lost)"
         if fault.kind == "stop-catalog":
-            await asyncio.to_thread(w.stack.postgres.stop)
+            await asyncio.to_thread(stop_postgres_fast, w)
             return "stopped PostgreSQL"
         raise ValueError(f"no injector for fault kind {fault.kind!r}")
 

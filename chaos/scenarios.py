@@ -69,7 +69,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         (6.0, 9.0),
         (5.0, 7.0),
         (*SAFETY, ownership.STABLE),
-        stable_during=("etcd-quorum-loss",),
+        stable_during=("kill-etcd-leader", "etcd-quorum-loss"),
     ),
     Scenario(
         "catalog-stopped",
