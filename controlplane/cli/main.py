@@ -48,6 +48,8 @@ class Commands(LazyGroup):
         Lazy("controller", "controlplane.cli.controller:app"),
         Lazy("delta", "controlplane.cli.delta:app"),
         Lazy("object", "controlplane.cli.object:app"),
+        Lazy("replicator", "controlplane.cli.replicator:app"),
+        Lazy("replication", "controlplane.cli.replication:app"),
         Lazy("chaos", "controlplane.cli.chaos:app"),
     )
 

@@ -36,9 +36,7 @@ async def test_registration_lives_on_its_lease_and_goes_with_stop(
     coord: EtcdCoordination,
 ) -> None:
     usage = {"now": Usage(objects=1, versions=1, bytes=10, bytes_free=90)}
-    reg = Registration(
-        coord, record(), lambda: usage["now"], lease_ttl_s=5, usage_interval_s=0.1
-    )
+    reg = Registration(coord, record(), lambda: usage["now"], lease_ttl_s=5, usage_interval_s=0.1)
     await reg.start()
     try:
         kv = await coord.get(keys.agent("eu-west", "eu-west-a1"))

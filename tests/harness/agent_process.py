@@ -34,8 +34,8 @@ from pathlib import Path
 
 import grpc
 
-from meridian.v1 import agent_pb2, agent_pb2_grpc
 from harness.controllers import meridian_argv, run_cli
+from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 WORLD_REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("us-east", "US")]
 
