@@ -8,6 +8,9 @@ back with one clear error per malformed line.
   the agents exist, the controller's fenced canary: `writes.log` of its fence
   directory, whose lines already have these fields):
   `{"dataset", "epoch", "region", "writer", "accepted": bool, "t": unix seconds}`.
+  The agent's log already carries the accepted ones: `object_stored`,
+  `object_deleted` and `set_committed` events with `dataset` and `epoch` and a
+  structlog `timestamp` (`accepts_from_agent_log` reads them).
 * **OwnerSample** — an owner record read from etcd during the run (the harness
   samples `/meridian/owners/`): `{"dataset", "region", "epoch", "t"}`.
 * **Copy** — one inventory line: a copy of (part of) a dataset in a region:
@@ -26,8 +29,10 @@ back with one clear error per malformed line.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal, TypeVar
 
 CopyKind = Literal["object", "tmp", "catalog_replica", "catalog_transfer", "dlq"]
@@ -144,4 +149,31 @@ def parse_copies(lines: Iterable[Mapping[str, object]], where: str) -> list[Copy
                 where=str(raw.get("where", "")),
             )
         )
+    return out
+
+
+AGENT_WRITE_EVENTS = frozenset({"object_stored", "object_deleted", "set_committed"})
+
+
+def accepts_from_agent_log(
+    lines: Iterable[str], region: str, agent: str, where: str
+) -> list[AcceptRecord]:
+    """Accept records from an agent's JSON log: each committed critical write
+    (`object_stored`, `object_deleted`, `set_committed` with an `epoch`) at its
+    structlog `timestamp`. Other lines (and non-JSON ones) are skipped."""
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.startswith("{"):
+            continue
+        try:
+            raw = json.loads(line)
+        except ValueError:
+            continue
+        if raw.get("event") not in AGENT_WRITE_EVENTS or raw.get("epoch") in (None, 0):
+            continue
+        try:
+            t = datetime.fromisoformat(str(raw["timestamp"]).replace("Z", "+00:00")).timestamp()
+            out.append(AcceptRecord(str(raw["dataset"]), int(raw["epoch"]), region, agent, True, t))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where} line {n}: a write record without {exc}") from exc
     return out

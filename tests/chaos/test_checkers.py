@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from chaos.checkers import (
     changelog,
     convergence,
@@ -12,7 +14,15 @@ from chaos.checkers import (
     split_brain,
     visibility,
 )
-from chaos.records import AcceptRecord, ApplyRecord, Copy, ObjectState, OwnerSample, PublishedEvent
+from chaos.records import (
+    AcceptRecord,
+    ApplyRecord,
+    Copy,
+    ObjectState,
+    OwnerSample,
+    PublishedEvent,
+    accepts_from_agent_log,
+)
 
 from .hist import Builder
 
@@ -253,3 +263,20 @@ def test_controller_views_must_match_etcd() -> None:
     assert journal.views_agree({"eu-west": 2.0, "eu-central": 1.0, "us-east": 0.0}, owners).held
     assert not journal.views_agree({"eu-west": 3.0, "eu-central": 1.0}, owners).held
     assert not journal.views_agree({"eu-west": None}, owners).held
+
+
+def test_accepts_are_read_from_an_agents_log() -> None:
+    lines = [
+        '{"event": "object_stored", "dataset": "ds", "key": "k", "epoch": 7, '
+        '"timestamp": "2026-12-01T11:00:00.500000Z"}',
+        '{"event": "object_stored", "dataset": "std", "key": "k", "epoch": null, '
+        '"timestamp": "2026-12-01T11:00:01Z"}',
+        "Task was destroyed but it is pending!",
+        '{"event": "agent_serving", "timestamp": "2026-12-01T11:00:00Z"}',
+    ]
+    got = accepts_from_agent_log(lines, "eu-west", "a1", "log")
+    assert [(a.dataset, a.epoch, a.region) for a in got] == [("ds", 7, "eu-west")]
+    assert got[0].t % 1 == 0.5
+    bad = ['{"event": "object_stored", "epoch": 3, "timestamp": "2026-12-01T11:00:00Z"}']
+    with pytest.raises(ValueError, match="log line 1"):
+        accepts_from_agent_log(bad, "eu-west", "a1", "log")
