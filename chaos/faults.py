@@ -58,6 +58,18 @@ class Injector:
             for proxy in region.links("etcd"):
                 await w.toxi.cut(proxy)
             return f"cut {region.name} from etcd"
+        if fault.kind in ("cut-etcd-up", "cut-etcd-down"):
+            region = w.regions[self._owner()]
+            stream = "upstream" if fault.kind == "cut-etcd-up" else "downstream"
+            for proxy in region.links("etcd"):
+                await w.toxi.cut(proxy, streams=(stream,))
+            what = "requests" if stream == "upstream" else "replies"
+            return f"cut {region.name}'s etcd {what} only (one way)"
+        if fault.kind == "isolate":
+            region = w.regions[self._owner()]
+            for link in region.proxies:
+                await w.toxi.cut(region.proxy_name(link))
+            return f"isolated {region.name} from everything ({', '.join(sorted(region.proxies))})"
         if fault.kind == "sigstop":
             region = w.regions[self._owner()]
             self.workload.regions[region.name].pause()
@@ -85,10 +97,10 @@ class Injector:
 
     async def end(self, fault: Fault) -> None:
         w = self.world
-        if fault.kind == "cut-etcd":
+        if fault.kind in ("cut-etcd", "cut-etcd-up", "cut-etcd-down", "isolate"):
             for region in w.regions.values():
-                for proxy in region.links("etcd"):
-                    await w.toxi.clear(proxy)
+                for link in region.proxies:
+                    await w.toxi.clear(region.proxy_name(link))
         elif fault.kind == "sigstop":
             for name in self._undo.pop(id(fault), []):
                 signal_daemon(w.regions[name].daemons["controller"], signal.SIGCONT)

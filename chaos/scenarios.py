@@ -38,6 +38,17 @@ SAFETY = (
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
+        "owner-isolated",
+        1,
+        "the region owning the critical datasets isolated from everything (etcd, Kafka, "
+        "catalog, agent links) past the lease TTL, then healed",
+        ("isolate",),
+        ("owner",),
+        (8.0, 11.0),
+        (4.0, 6.0),
+        SAFETY,
+    ),
+    Scenario(
         "owner-cut-from-etcd",
         2,
         "the owner region's controller and clients cut from every etcd member (their data "
@@ -54,6 +65,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         "the owner region's controller SIGSTOPped (and its clients held between reading "
         "their epoch and writing) past the lease TTL, then resumed",
         ("sigstop",),
+        ("owner",),
+        (8.0, 11.0),
+        (4.0, 6.0),
+        SAFETY,
+    ),
+    Scenario(
+        "owner-one-way-etcd",
+        4,
+        "a one-way partition of the owner region from etcd (a timeout toxic with 0 ms on "
+        "one direction only): its replies lost (its keepalives still arrive), then its "
+        "requests lost, in turn",
+        ("cut-etcd-down", "cut-etcd-up"),
         ("owner",),
         (8.0, 11.0),
         (4.0, 6.0),
