@@ -33,22 +33,24 @@ def schedule(
     gap_s: tuple[float, float],
     warmup_s: float = 3.0,
 ) -> list[Fault]:
-    """Faults one after another over `duration_s` of faults: each lasts a draw from
-    `hold_s`, then a quiet gap from `gap_s`; kinds cycle, targets are drawn."""
+    """Faults one after another until they add up to `duration_s` of faults: each lasts
+    a draw from `hold_s` (the last one cut to the total), then a quiet gap drawn from
+    `gap_s`; kinds cycle, targets are drawn."""
     if not kinds or not targets:
         raise ValueError("a nemesis schedule needs at least one fault kind and one target")
     if duration_s <= 0 or hold_s[0] <= 0 or hold_s[0] > hold_s[1] or gap_s[0] > gap_s[1]:
         raise ValueError("durations must be positive and each range ordered (low, high)")
     rng = random.Random(seed)  # noqa: S311 - replayable from the seed, not a secret
     faults: list[Fault] = []
-    t = warmup_s
-    end = warmup_s + duration_s
-    for i in range(10_000):  # bounded: at least hold_s[0] per fault
-        if t >= end:
+    t, faulted = warmup_s, 0.0
+    for i in range(10_000):  # bounded: each fault adds at least min(hold_s[0], what is left)
+        left = duration_s - faulted
+        if left <= 0:
             break
-        hold = min(rng.uniform(*hold_s), end - t)
-        if hold < hold_s[0] / 2 and faults:
-            break
+        hold = rng.uniform(*hold_s)
+        if left - hold < hold_s[0] / 2:
+            hold = left  # no stub of a fault at the end: the last one takes what is left
         faults.append(Fault(kinds[i % len(kinds)], rng.choice(list(targets)), t, t + hold))
+        faulted += hold
         t += hold + rng.uniform(*gap_s)
     return faults

@@ -27,6 +27,7 @@ from chaos.stack import PrivateStack
 from chaos.workload import FENCE_REGION, FencedWorkload, OwnerSampler
 from chaos.world import ChaosWorld
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.errors import StackError
 from controlplane.logs import get_logger
 
 log = get_logger("meridian.chaos")
@@ -86,6 +87,7 @@ async def run_scenario(
     run_dir.mkdir(parents=True, exist_ok=True)
     world = ChaosWorld(stack, run_dir, REGIONS, lease_ttl_s=3)
     history = History()
+    t_setup = time.monotonic()
     await _wipe_etcd(stack.etcd_endpoints)
     policy = run_dir / "policy.yaml"
     policy.write_text(policy_yaml(), encoding="utf-8")
@@ -117,7 +119,9 @@ async def run_scenario(
             return len(sampler.latest()) == len(CRITICAL)
 
         if not await _until("home claims", all_owned, 30):
-            raise RuntimeError("the home region never claimed every critical dataset")
+            raise StackError("the home region never claimed every critical dataset within 30 s")
+        setup_s = round(time.monotonic() - t_setup, 1)
+        log.info("chaos_ready", scenario=scenario.name, seed=seed, setup_s=setup_s)
         workload.start()
         injector = Injector(world, workload, sampler)
         t0 = time.monotonic()

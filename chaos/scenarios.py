@@ -45,7 +45,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("isolate",),
         ("owner",),
         (8.0, 11.0),
-        (4.0, 6.0),
+        (3.0, 5.0),
         SAFETY,
     ),
     Scenario(
@@ -56,7 +56,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("cut-etcd",),
         ("owner",),
         (8.0, 11.0),
-        (4.0, 6.0),
+        (3.0, 5.0),
         SAFETY,
     ),
     Scenario(
@@ -67,7 +67,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("sigstop",),
         ("owner",),
         (8.0, 11.0),
-        (4.0, 6.0),
+        (3.0, 5.0),
         SAFETY,
     ),
     Scenario(
@@ -79,7 +79,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("cut-etcd-down", "cut-etcd-up"),
         ("owner",),
         (8.0, 11.0),
-        (4.0, 6.0),
+        (3.0, 5.0),
         SAFETY,
     ),
     Scenario(
@@ -90,7 +90,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("kill-etcd-leader", "etcd-quorum-loss"),
         ("etcd",),
         (6.0, 9.0),
-        (5.0, 7.0),
+        (3.0, 5.0),
         (*SAFETY, ownership.STABLE),
         stable_during=("kill-etcd-leader", "etcd-quorum-loss"),
     ),
@@ -102,7 +102,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("stop-catalog",),
         ("catalog",),
         (12.0, 16.0),
-        (4.0, 6.0),
+        (3.0, 5.0),
         (*SAFETY, ownership.STABLE, ownership.DURING),
         stable_during=("stop-catalog",),
         progress_during=("stop-catalog",),

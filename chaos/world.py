@@ -33,6 +33,8 @@ from controlplane.stack.postgres import DB_USER, postgres_url
 
 log = get_logger("meridian.chaos")
 
+TEMPLATE_DB = "chaos_template"
+
 
 @dataclass
 class ChaosRegion:
@@ -145,18 +147,50 @@ class ChaosWorld:
         return out
 
     # -- set-up ------------------------------------------------------------------------------
-    def create_catalog(self, policy: Path) -> None:
-        """A fresh database of this run, migrated, with the policy applied and published."""
+    def _admin(self) -> psycopg.Connection[tuple[object, ...]]:
         port = self.stack.settings.stack_postgres_port
-        with psycopg.connect(
-            host="127.0.0.1", port=port, user=DB_USER, dbname="postgres", autocommit=True
-        ) as conn:
+        return psycopg.connect(
+            host="127.0.0.1", port=port, user=DB_USER, dbname="postgres", autocommit=True,
+            connect_timeout=5,
+        )  # fmt: skip
+
+    def create_catalog(self, policy: Path) -> None:
+        """A fresh database of this run, migrated, with the policy applied and published.
+
+        Migrating costs seconds per run, so the stack keeps a migrated template
+        (`chaos_template`, made on first use, as `meridian db upgrade` makes it) and
+        each run's database is a copy of it."""
+        with self._admin() as conn:
+            have = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (TEMPLATE_DB,)
+            ).fetchone()
+        if have is None:
+            self._migrate_template()
+        with self._admin() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.database}"')
-            conn.execute(f'CREATE DATABASE "{self.database}"')
-        for args in (["db", "upgrade"], ["policy", "apply", str(policy), "--yes"]):
-            done = self.cli(*args)
-            if done.returncode != 0:
-                raise StackError(f"meridian {' '.join(args)} failed: {done.stderr.strip()}")
+            conn.execute(f'CREATE DATABASE "{self.database}" TEMPLATE "{TEMPLATE_DB}"')
+        done = self.cli("policy", "apply", str(policy), "--yes")
+        if done.returncode != 0:
+            raise StackError(f"meridian policy apply failed: {done.stderr.strip()}")
+
+    def _migrate_template(self) -> None:
+        staging = f"{TEMPLATE_DB}_partial"
+        with self._admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{staging}"')
+            conn.execute(f'CREATE DATABASE "{staging}"')
+        url = postgres_url(self.stack.settings.stack_postgres_port, staging)
+        done = subprocess.run(
+            [*meridian_argv(), "db", "upgrade"],
+            env={**os.environ, **self.env(None), "MERIDIAN_CATALOG": url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise StackError(f"meridian db upgrade failed: {done.stderr.strip()}")
+        with self._admin() as conn:  # renamed only once whole: never a half-migrated template
+            conn.execute(f'ALTER DATABASE "{staging}" RENAME TO "{TEMPLATE_DB}"')
 
     def drop_catalog(self) -> None:
         port = self.stack.settings.stack_postgres_port
