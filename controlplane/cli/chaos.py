@@ -62,20 +62,12 @@ def run(
     if resolve_output(output) is Output.json:
         emit([r.as_json() for r in results], output)
     else:
-        rows = [
-            {
-                "scenario": r.scenario,
-                "seed": r.seed,
-                "operations": r.operations,
-                "acked": r.acked,
-                "invariant": v.name,
-                "held": v.held,
-                "detail": v.detail,
-            }
-            for r in results
-            for v in r.verdicts
-        ]
-        emit(rows, output, columns=list(rows[0]) if rows else None, title="chaos run")
+        for r in results:  # a table per scenario, its counts in the title
+            rows = [{"invariant": v.name, "held": v.held, "detail": v.detail} for v in r.verdicts]
+            title = (
+                f"{r.scenario} (seed {r.seed}): {r.operations} operations, {r.acked} acked writes"
+            )
+            emit(rows, output, columns=["invariant", "held", "detail"], title=title)
     failed = [r for r in results if not r.held]
     for r in failed:
         typer.echo(

@@ -51,3 +51,17 @@ def test_run_refuses_an_unknown_scenario_and_a_bad_duration() -> None:
     done = meridian("chaos", "run", "2", "--duration", "3s")
     assert done.returncode == 1
     assert "too short" in done.stderr
+
+
+def test_a_result_has_the_chaos_run_shape() -> None:
+    from chaos.checkers.verdict import Verdict
+    from chaos.runner import Result
+
+    held = Verdict.of("no-split-brain", [], "fine")
+    broken = Verdict.of("lost-acked-writes", [f"write w{i} absent" for i in range(7)])
+    result = Result("owner-sigstop", 3, 500, 120, [held, broken], ["sigstop eu-west"], "/tmp/x")
+    check_output("chaos_run", [result.as_json()])
+    assert not result.held
+    assert broken.detail is not None
+    assert broken.detail.startswith("7 violation(s): write w0 absent")
+    assert broken.detail.endswith("and 2 more")
