@@ -92,6 +92,7 @@ async def run_scenario(
     policy = run_dir / "policy.yaml"
     policy.write_text(policy_yaml(), encoding="utf-8")
     await asyncio.to_thread(world.create_catalog, policy)
+    phases = {"catalog_s": round(time.monotonic() - t_setup, 1)}
     await world.make_proxies()
     sampler = OwnerSampler(stack.etcd_endpoints)
     workload = FencedWorkload(
@@ -113,6 +114,7 @@ async def run_scenario(
     done: list[tuple[Fault, str, int, int, float, float]] = []  # fault, what, ns and wall
     try:
         await asyncio.to_thread(world.start_controllers)
+        phases["processes_s"] = round(time.monotonic() - t_setup, 1)
         sampler.start()
 
         async def all_owned() -> bool:
@@ -121,7 +123,7 @@ async def run_scenario(
         if not await _until("home claims", all_owned, 30):
             raise StackError("the home region never claimed every critical dataset within 30 s")
         setup_s = round(time.monotonic() - t_setup, 1)
-        log.info("chaos_ready", scenario=scenario.name, seed=seed, setup_s=setup_s)
+        log.info("chaos_ready", scenario=scenario.name, seed=seed, setup_s=setup_s, **phases)
         workload.start()
         injector = Injector(world, workload, sampler)
         t0 = time.monotonic()

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 
+import pytest
 from harness.cli_schema import check_output
 from harness.controllers import meridian_argv
 
@@ -65,3 +66,35 @@ def test_a_result_has_the_chaos_run_shape() -> None:
     assert broken.detail is not None
     assert broken.detail.startswith("7 violation(s): write w0 absent")
     assert broken.detail.endswith("and 2 more")
+
+
+def test_run_prints_a_table_per_scenario_and_fails_on_a_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run itself faked (the suite is exercised for real in test_scenarios.py)."""
+    from typer.testing import CliRunner
+
+    import chaos.suite
+    from chaos.checkers.verdict import Verdict
+    from chaos.runner import Result
+    from controlplane.cli.main import app
+
+    calls: list[tuple[list[str], int, float]] = []
+
+    def fake(_settings: object, chosen: list[object], seed: int, duration_s: float, **_: object):
+        calls.append(([s.name for s in chosen], seed, duration_s))  # type: ignore[attr-defined]
+        return [
+            Result("owner-isolated", seed, 300, 90, [Verdict.of("no-split-brain", [])]),
+            Result("owner-sigstop", seed + 1, 310, 80, [Verdict.of("residency", ["copy x"])]),
+        ]
+
+    monkeypatch.setattr(chaos.suite, "run_suite", fake)
+    done = CliRunner().invoke(
+        app, ["chaos", "run", "1", "owner-sigstop", "--seed", "5", "--duration", "1m",
+              "--output", "table"],
+    )  # fmt: skip
+    assert calls == [(["owner-isolated", "owner-sigstop"], 5, 60.0)]
+    assert done.exit_code == 1
+    assert "owner-isolated (seed 5): 300 operations, 90 acked writes" in done.output
+    assert "owner-sigstop (seed 6): 310 operations, 80 acked writes" in done.output
+    assert "owner-sigstop failed with seed 6" in done.output
