@@ -33,7 +33,15 @@ from controlplane.stack.postgres import DB_USER, postgres_url
 
 log = get_logger("meridian.chaos")
 
-TEMPLATE_DB = "chaos_template"
+TEMPLATE_PREFIX = "chaos_template_"
+
+
+def template_db() -> str:
+    """The migrated template's name carries the migration head, so a template made
+    before a new migration landed is never copied (a new one is made beside it)."""
+    from controlplane.catalog.migrate import head_revision
+
+    return TEMPLATE_PREFIX + head_revision().replace("-", "_")
 
 
 @dataclass
@@ -157,24 +165,25 @@ class ChaosWorld:
     def create_catalog(self, policy: Path) -> None:
         """A fresh database of this run, migrated, with the policy applied and published.
 
-        Migrating costs seconds per run, so the stack keeps a migrated template
-        (`chaos_template`, made on first use, as `meridian db upgrade` makes it) and
-        each run's database is a copy of it."""
+        Migrating costs seconds per run, so the stack keeps a migrated template per
+        migration head (made on first use, as `meridian db upgrade` makes it) and each
+        run's database is a copy of it."""
+        template = template_db()
         with self._admin() as conn:
             have = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (TEMPLATE_DB,)
+                "SELECT 1 FROM pg_database WHERE datname = %s", (template,)
             ).fetchone()
         if have is None:
-            self._migrate_template()
+            self._migrate_template(template)
         with self._admin() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.database}"')
-            conn.execute(f'CREATE DATABASE "{self.database}" TEMPLATE "{TEMPLATE_DB}"')
+            conn.execute(f'CREATE DATABASE "{self.database}" TEMPLATE "{template}"')
         done = self.cli("policy", "apply", str(policy), "--yes")
         if done.returncode != 0:
             raise StackError(f"meridian policy apply failed: {done.stderr.strip()}")
 
-    def _migrate_template(self) -> None:
-        staging = f"{TEMPLATE_DB}_partial"
+    def _migrate_template(self, template: str) -> None:
+        staging = f"{template}_partial"
         with self._admin() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{staging}"')
             conn.execute(f'CREATE DATABASE "{staging}"')
@@ -190,7 +199,7 @@ class ChaosWorld:
         if done.returncode != 0:
             raise StackError(f"meridian db upgrade failed: {done.stderr.strip()}")
         with self._admin() as conn:  # renamed only once whole: never a half-migrated template
-            conn.execute(f'ALTER DATABASE "{staging}" RENAME TO "{TEMPLATE_DB}"')
+            conn.execute(f'ALTER DATABASE "{staging}" RENAME TO "{template}"')
 
     def drop_catalog(self) -> None:
         port = self.stack.settings.stack_postgres_port
