@@ -203,6 +203,9 @@ async def run_scenario(
         elif name == ownership.DURING:
             ns_windows = [(d[2], d[3]) for d in done if d[0].kind in scenario.progress_during]
             verdicts.append(ownership.progress(ops, ns_windows))
+    if all(v.held for v in verdicts):
+        # A held run's catalog is of no further use; a failed one's is kept to inspect.
+        await asyncio.to_thread(world.drop_catalog)
     with (run_dir / "result.json").open("w") as out:
         json.dump({"faults": [d[1] for d in done], "exited": exited}, out)
     return Result(
