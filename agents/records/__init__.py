@@ -11,7 +11,7 @@ starts beside its API:
 standard write's commit publishes it without waiting for the next poll).
 """
 
-from agents.records.outbox import BatchProducer, OutboxDrain
+from agents.records.outbox import BatchProducer, OutboxDrain, track_outbox
 from agents.records.recorder import Recorder
 from agents.records.setaside import SetAside
 from agents.records.settings import OutboxSettings, RecorderSettings
@@ -26,4 +26,5 @@ __all__ = [
     "SetAside",
     "TransferFacts",
     "read_transfer",
+    "track_outbox",
 ]
