@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -166,7 +166,8 @@ class TransferService:
             policy_revision=header.policy_revision or None,
         )
         set_id = header.set if header.HasField("set") else None
-        try:
+
+        def admit() -> None:
             placement = self.admission.admit_store(header.dataset)
             if placement.dataset_class == "critical":
                 self.admission.admit_replica(header.dataset, header.epoch, tally.from_region)
@@ -175,6 +176,9 @@ class TransferService:
                     f"ReplicateHeader.epoch: {header.dataset} is a standard dataset, which "
                     f"takes epoch 0, not {header.epoch}"
                 )
+
+        try:
+            admit()
         except (RefusedError, FencedError, HandingOverError) as exc:
             await self._record(tally, "refused", version, str(exc))
             raise
@@ -191,8 +195,11 @@ class TransferService:
                 )
             else:
                 result = await self._receive_pushed(
-                    header.dataset, header.key, version, set_id, requests, tally
+                    header.dataset, header.key, version, set_id, requests, tally, admit
                 )
+        except (RefusedError, FencedError, HandingOverError) as exc:
+            await self._record(tally, "refused", version, str(exc))
+            raise
         except MeridianError as exc:
             await self._record(tally, "failed", version, str(exc))
             raise
@@ -212,6 +219,7 @@ class TransferService:
         set_id: str | None,
         requests: AsyncIterator[agent_pb2.ReplicateRequest],
         tally: TransferTally,
+        admit: Callable[[], None],
     ) -> ApplyResult:
         staged = await asyncio.to_thread(
             self.store.stage,
@@ -226,6 +234,9 @@ class TransferService:
                     raise InvalidInputError("a Replicate sent a second header")
                 tally.wire_bytes += len(request.chunk)
                 await asyncio.to_thread(staged.write, request.chunk)
+            # Admitted again at the commit: a failover (a newer epoch) or a narrowed
+            # residency during a long stream refuses what the header let in.
+            admit()
             return await asyncio.to_thread(
                 self.store.commit_apply,
                 staged,
