@@ -5,6 +5,8 @@ epoch on Replicate (FAILED_PRECONDITION), standard Replicate and tombstones."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import pytest
@@ -176,6 +178,8 @@ async def test_replicate_is_fenced_again_at_its_commit(agents: AgentFactory) -> 
     async with grpc.aio.insecure_channel(central.address, options=CHANNEL_OPTIONS) as channel:
         call = agent_pb2_grpc.AgentStub(channel).Replicate(frames(), timeout=30)
         await asyncio.wait_for(first_sent.wait(), 10)
+        # The header was admitted once the first chunk is on the receiver's disk.
+        assert await _until(lambda: _staged_bytes(central.store.root) >= 1 << 20, 10)
         central.fence.observe("crit", 6)  # the new owner's epoch, learnt mid-stream
         failover_seen.set()
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -184,3 +188,18 @@ async def test_replicate_is_fenced_again_at_its_commit(agents: AgentFactory) -> 
     with pytest.raises(NotFoundError):
         central.store.read_bytes("crit", "big")
     assert transfers(central.store)[-1]["outcome"] == "refused"
+
+
+def _staged_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "tmp").glob("*") if p.is_file())
+
+
+async def _until(pred: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    for _ in range(int(timeout_s / 0.01) + 1):
+        if pred():
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return False
