@@ -19,6 +19,7 @@ import contextlib
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -89,7 +90,8 @@ class TransferService:
             store, admission, region, metrics, self.limiter, self.policy, threads=threads
         )
         self.bundler = BundleSender(store, admission, region, metrics, self.limiter, self.policy)
-        self._pulling: dict[tuple[str, str, str], asyncio.Lock] = {}
+        # One pull per version at a time; an entry lives while someone holds or awaits it.
+        self._pulling: dict[tuple[str, str, str], _Pulling] = {}
 
     # -- Signature ---------------------------------------------------------------------
 
@@ -247,6 +249,22 @@ class TransferService:
         finally:
             staged.abort()  # after a commit this removes nothing
 
+    @contextlib.asynccontextmanager
+    async def _one_pull(self, name: tuple[str, str, str]) -> AsyncIterator[None]:
+        """Serialise pulls of one version (a second waits, then finds it held); the entry
+        goes once nobody holds or awaits it, so the map does not grow with every fetch."""
+        entry = self._pulling.get(name)
+        if entry is None:
+            entry = self._pulling[name] = _Pulling()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                self._pulling.pop(name, None)
+
     # -- Fetch (this agent pulls) ------------------------------------------------------
 
     async def Fetch(  # noqa: N802
@@ -301,8 +319,7 @@ class TransferService:
             )
         if not sources:
             raise InvalidInputError("FetchRequest.sources: a put needs at least one source")
-        lock = self._pulling.setdefault((dataset, key, version.hlc.text), asyncio.Lock())
-        async with lock:
+        async with self._one_pull((dataset, key, version.hlc.text)):
             errors: list[str] = []
             for source in order_sources(self.region, sources, self.policy):
                 try:
@@ -452,3 +469,9 @@ class TransferService:
                 tally.record(outcome, self.policy, reason),
             )
         tally.count(self.metrics, outcome)
+
+
+@dataclass
+class _Pulling:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
