@@ -294,11 +294,15 @@ class TransferService:
             self.admission.admit_store(dataset)
         except RefusedError as exc:
             tally.method = "refused"
+            # A partial copy an earlier attempt kept goes too (a narrowed residency).
+            await asyncio.to_thread(self.book.drop, dataset, key, version.hlc.text)
             await self._record(tally, "refused", version, str(exc))
             raise
         held = await asyncio.to_thread(self.store.head, dataset, key)
         verdict = lww(version, held)
         if not verdict.applies and not await asyncio.to_thread(self._lost, dataset, key, version):
+            # Superseded: a partial of this version will never be resumed.
+            await asyncio.to_thread(self.book.drop, dataset, key, version.hlc.text)
             return agent_pb2.FetchResponse(
                 outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
             )

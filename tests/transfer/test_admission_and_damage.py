@@ -5,6 +5,7 @@ epoch on Replicate (FAILED_PRECONDITION), standard Replicate and tombstones."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from xfer_helpers import content, fetch, rewrite, transfers
 from xfer_relay import Relay
 
 from agents.transfer.pull import CHANNEL_OPTIONS
+from agents.transfer.resume import ResumeState
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
 from controlplane.errors import NotFoundError
@@ -38,6 +40,24 @@ async def test_receiver_outside_the_residency_refuses_and_records(agents: AgentF
     assert transfers(west.store) == []  # nothing was asked of the sender
     refused = east.metrics.residency_refused.labels(dataset="ckpt", direction="receive")
     assert refused._value.get() == 1
+
+
+async def test_a_refused_fetch_removes_what_an_earlier_attempt_kept(agents: AgentFactory) -> None:
+    """A partial copy kept for a resume goes when the copy is refused (a residency that
+    was narrowed since), not after a day and a restart (review)."""
+    west = await agents("eu-west")
+    east = await agents("us-east")
+    version = west.store.put("ckpt", "b", [b"eu only"])
+    hlc = version.hlc.text
+    east.service.book.save(ResumeState("t1", "ckpt", "b", hlc, "raw", "", 4, 4, time.time()))
+    east.service.book.partial_path("ckpt", "b", hlc).write_bytes(b"eu o")
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await fetch(east.address, "ckpt", "b", version, [("eu-west", west.address)])
+
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert east.service.book.load("ckpt", "b", hlc) is None
+    assert not east.service.book.partial_path("ckpt", "b", hlc).exists()
 
 
 async def test_sender_refuses_a_region_outside_the_residency(agents: AgentFactory) -> None:
