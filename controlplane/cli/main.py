@@ -47,6 +47,9 @@ class Commands(LazyGroup):
         Lazy("dataset", "controlplane.cli.dataset:app"),
         Lazy("controller", "controlplane.cli.controller:app"),
         Lazy("delta", "controlplane.cli.delta:app"),
+        Lazy("object", "controlplane.cli.object:app"),
+        Lazy("replicator", "controlplane.cli.replicator:app"),
+        Lazy("replication", "controlplane.cli.replication:app"),
     )
 
 

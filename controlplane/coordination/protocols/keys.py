@@ -9,6 +9,7 @@ HANDOVER = ROOT + "handover/"
 LOCKS = ROOT + "locks/"
 POLICY_CURRENT = ROOT + "policy/current"
 MAINTENANCE = ROOT + "maintenance"
+AGENTS = ROOT + "agents/"
 DATASETS = ROOT + "datasets/"
 
 
@@ -35,6 +36,16 @@ def dataset(name: str) -> str:
 
 def handover(dataset: str) -> str:
     return HANDOVER + dataset
+
+
+def agent(region: str, agent_id: str) -> str:
+    """An agent's registration, on its lease."""
+    return f"{AGENTS}{region}/{agent_id}"
+
+
+def agents_of(region: str) -> str:
+    """The prefix of a region's agent registrations."""
+    return f"{AGENTS}{region}/"
 
 
 def lock(name: str) -> str:
