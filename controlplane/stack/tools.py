@@ -116,8 +116,11 @@ def _run(
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.with_name(path.name + ".lock").open("w") as handle:
+    # Locks and scratch folders live beside the tools, never in the provider mirror,
+    # where OpenTofu would take any `terraform-provider-*` file for a provider.
+    locks = _work_dir(path) / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with (locks / f"{path.parent.name}-{path.name}.lock").open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -132,13 +135,24 @@ def _build_once(binary: Path, build: Callable[[Path], None]) -> Path:
     with _locked(binary):
         if binary.exists():  # another process built it while we waited
             return binary
-        scratch = Path(tempfile.mkdtemp(prefix=f".{binary.name}-", dir=binary.parent))
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        scratch_root = _work_dir(binary) / "scratch"
+        scratch_root.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f"{binary.name}-", dir=scratch_root))
         try:
             build(scratch / binary.name)
             (scratch / binary.name).rename(binary)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return binary
+
+
+def _work_dir(path: Path) -> Path:
+    """The tools folder that holds `path` (the parent of its `tools` component)."""
+    for folder in path.parents:
+        if folder.name == "tools":
+            return folder / ".work"
+    return path.parent / ".work"
 
 
 def _need_go(what: str) -> str:
@@ -218,7 +232,6 @@ def provider_binary(cache_dir: Path, name: str) -> Path:
         / version
         / PLATFORM
     )
-    folder.mkdir(parents=True, exist_ok=True)
     binary = folder / f"terraform-provider-{name}_v{version}"
 
     def build(out: Path) -> None:

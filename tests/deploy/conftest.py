@@ -26,5 +26,15 @@ def promtool() -> Path:
 
 
 @pytest.fixture(scope="session")
+def helm(cache_dir: Path) -> Path:
+    return tool_install.helm_binary(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def checkov(cache_dir: Path) -> Path:
+    return tool_install.checkov_binary(cache_dir)
+
+
+@pytest.fixture(scope="session")
 def tools(cache_dir: Path) -> tool_install.Tools:
     return tool_install.ensure_all(cache_dir)
