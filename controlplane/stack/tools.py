@@ -59,7 +59,7 @@ PROVIDER_NAMESPACE = "hashicorp"
 PLATFORM = "linux_amd64"
 # Long enough for a cold OpenTofu build on a loaded 2-core machine, short enough that a
 # hung download ends the run with a message rather than CI's own limit.
-BUILD_TIMEOUT_S = 1500
+BUILD_TIMEOUT_S = 2400
 GO_HINT = "check that the Go module proxy is reachable (GOPROXY) and that `go` is 1.22+"
 
 
@@ -321,7 +321,8 @@ def checkov_binary(cache_dir: Path) -> Path:
 
 def ensure_all(cache_dir: Path) -> Tools:
     """Every tool, building the missing ones in parallel (a warm call takes milliseconds)."""
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    # Go builds share the two cores; checkov is mostly a download, so all five go at once.
+    with ThreadPoolExecutor(max_workers=5) as pool:
         tofu = pool.submit(tofu_binary, cache_dir)
         helm = pool.submit(helm_binary, cache_dir)
         providers = [pool.submit(provider_binary, cache_dir, name) for name in PROVIDERS]

@@ -26,15 +26,16 @@ def promtool() -> Path:
 
 
 @pytest.fixture(scope="session")
-def helm(cache_dir: Path) -> Path:
-    return tool_install.helm_binary(cache_dir)
-
-
-@pytest.fixture(scope="session")
-def checkov(cache_dir: Path) -> Path:
-    return tool_install.checkov_binary(cache_dir)
-
-
-@pytest.fixture(scope="session")
 def tools(cache_dir: Path) -> tool_install.Tools:
+    # Every tool at once: a cold machine builds them in parallel, whichever test asks first.
     return tool_install.ensure_all(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def helm(tools: tool_install.Tools) -> Path:
+    return tools.helm
+
+
+@pytest.fixture(scope="session")
+def checkov(tools: tool_install.Tools) -> Path:
+    return tools.checkov

@@ -8,26 +8,23 @@ from pathlib import Path
 
 import pytest
 from deploy_helpers import DEPLOY, explain, run_tool
-from test_deploy_helm import CHART, VALUES, write_values
+from test_deploy_helm import VALUES, template, write_values
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = pytest.mark.timeout(3000)
 # checkov's inline skips: `#checkov:skip=CKV_X:why` (HCL), `checkov.io/skipN: CKV_X=why`
 # (a manifest's annotation).
 SKIP = re.compile(r"checkov(?::skip=|\.io/skip\d+:\s*)(CKV\w*_\d+)[:=]?(.*)")
 
 
 def test_chart_manifests_pass_checkov(helm: Path, checkov: Path, tmp_path: Path) -> None:
-    done = run_tool(
-        [helm, "template", "meridian", CHART, "--namespace", "meridian", "-f",
-         write_values(tmp_path, VALUES)]
-    )  # fmt: skip
+    done = run_tool([*template(helm), "-f", write_values(tmp_path, VALUES)])
     assert done.returncode == 0, explain(done)
     rendered = tmp_path / "rendered" / "meridian.yaml"
     rendered.parent.mkdir()
     rendered.write_text(done.stdout)
     done = run_tool(
         [checkov, "--directory", rendered.parent, "--framework", "kubernetes", "--compact",
-         "--quiet", "--skip-download", "--no-guide"]
+         "--quiet", "--skip-download"]
     )  # fmt: skip
     assert done.returncode == 0, explain(done)
     assert "Passed checks:" in done.stdout, explain(done)
@@ -36,7 +33,7 @@ def test_chart_manifests_pass_checkov(helm: Path, checkov: Path, tmp_path: Path)
 def test_terraform_modules_pass_checkov(checkov: Path) -> None:
     done = run_tool(
         [checkov, "--directory", DEPLOY / "terraform", "--framework", "terraform", "--compact",
-         "--quiet", "--skip-download", "--no-guide"]
+         "--quiet", "--skip-download"]
     )  # fmt: skip
     assert done.returncode == 0, explain(done)
     assert "Passed checks:" in done.stdout, explain(done)

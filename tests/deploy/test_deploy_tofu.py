@@ -14,7 +14,7 @@ from controlplane.stack.tools import Tools
 TERRAFORM = DEPLOY / "terraform"
 ROOTS = ["modules/etcd", "modules/region", "modules/kafka", "examples/three-regions"]
 # The first run on a fresh machine builds OpenTofu and the providers (minutes).
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = pytest.mark.timeout(3000)
 
 
 @pytest.fixture(scope="module")
