@@ -170,9 +170,9 @@ def test_catalog_url_in_values_makes_a_secret(helm: Path, tmp_path: Path) -> Non
     ("change", "message"),
     [
         ({"region": ""}, "region is required"),
-        ({"etcd": {"endpoints": "https://etcd:2379"}}, "etcd.endpoints"),
+        ({"etcd": {"endpoints": "https://etcd:2379"}}, "/etcd/endpoints"),
         ({"catalog": {"key": "url"}}, "catalog.existingSecret"),
-        ({"image": {"repository": "m", "digest": "sha256:nothex"}}, "image.digest"),
+        ({"image": {"repository": "m", "digest": "sha256:nothex"}}, "/image/digest"),
     ],
 )
 def test_bad_values_refused_with_the_key_named(
