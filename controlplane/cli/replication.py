@@ -64,7 +64,7 @@ def resync(
     dataset: Annotated[str, typer.Option("--dataset", help="shell-style glob on names")],
     region: Annotated[str, typer.Option("--region", help="the region to bring up to date")],
     agent: Annotated[
-        str | None, typer.Option("--agent", help="HOST:PORT of an agent of REGION")
+        str | None, typer.Option("--agent", help="HOST:PORT of an agent of REGION [MERIDIAN_AGENT]")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan only")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
@@ -74,6 +74,7 @@ def resync(
     before it was a replica); prints what it would copy first."""
     from controlplane.errors import ConfigError
 
+    agent = agent or settings_from(ctx).agent
     if not dry_run and agent is None:
         raise ConfigError("--agent HOST:PORT (an agent of the region) is needed to resync")
     code = asyncio.run(_resync(ctx, dataset, region, agent, dry_run, yes, output))
@@ -96,8 +97,7 @@ async def _resync(
     from controlplane.policy.current import PolicyView
     from replicator.agent_grpc import GrpcAgent
     from replicator.catalog_link import CatalogLink
-    from replicator.holders import AGENTS, endpoint_of
-    from replicator.ports import Source
+    from replicator.holders import RegistryHolders
     from replicator.resync import drive_resync, plan_resync
 
     settings = settings_from(ctx)
@@ -138,11 +138,9 @@ async def _resync(
                 sys.stderr.write("nothing changed.\n")
                 return 1
 
-            async def agents_of(holder: str) -> list[Source]:
-                kvs, _ = await coord.get_prefix(f"{AGENTS}{holder}/")
-                return [Source(holder, e) for kv in kvs if (e := endpoint_of(kv.value)) is not None]
+            registry = RegistryHolders(catalog, coord, route=settings.agent_address)
 
-            async with GrpcAgent(agent_address or "") as agent:
+            async with GrpcAgent(agent_address or "", route=settings.agent_address) as agent:
                 results = await _with_progress(
                     len(items),
                     lambda tick: drive_resync(
@@ -151,7 +149,7 @@ async def _resync(
                         agent=agent,
                         records=catalog.open(),
                         policy=policy,
-                        agents_of=agents_of,
+                        agents_of=registry.agents_of,
                         on_done=lambda _r: tick(),
                     ),
                 )

@@ -18,8 +18,9 @@ def run(
     ctx: typer.Context,
     region: Annotated[str, typer.Option("--region", help="the destination region it applies to")],
     agent: Annotated[
-        str, typer.Option("--agent", help="HOST:PORT of this region's agent, which applies")
-    ],
+        str | None,
+        typer.Option("--agent", help="HOST:PORT of the region's agent [MERIDIAN_AGENT]"),
+    ] = None,
     metrics: Annotated[
         str | None, typer.Option("--metrics", help="serve Prometheus metrics on HOST:PORT")
     ] = None,
@@ -46,10 +47,13 @@ def run(
     """Consume meridian.changes for REGION: guard, LWW, copy via the agent, record, commit."""
     import socket
 
+    from controlplane.errors import ConfigError
     from replicator.config import ReplicatorConfig
     from replicator.run import run_replicator
 
-    settings = settings_from(ctx)
+    settings = settings_from(ctx, agent=agent)
+    if settings.agent is None:
+        raise ConfigError("no agent to apply through: give --agent HOST:PORT or MERIDIAN_AGENT")
     config = ReplicatorConfig(
         region=region,
         max_in_flight=max_in_flight,
@@ -60,7 +64,7 @@ def run(
         run_replicator(
             settings,
             config,
-            agent_address=agent,
+            agent_address=settings.agent,
             replicator_id=replicator_id or socket.gethostname(),
             metrics_addr=metrics,
             journal_path=journal,

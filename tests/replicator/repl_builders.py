@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -12,6 +13,7 @@ from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.placement import Placement
 from controlplane.domain.version import Digest, Version
 from controlplane.policy.current import CompiledPolicy, Link
+from controlplane.ports.changelog import Record
 from meridian.convert import encode_change_event
 
 REGIONS = {"eu-west": "EU", "eu-central": "EU", "us-east": "US"}
@@ -41,7 +43,9 @@ def placement(
 
 
 def policy(
-    *placements: Placement, rtt: dict[tuple[str, str], float] | None = None
+    *placements: Placement,
+    rtt: dict[tuple[str, str], float] | None = None,
+    revision: int = 3,
 ) -> CompiledPolicy:
     links = {
         frozenset(pair): Link(frozenset(pair), seconds, None)
@@ -49,12 +53,12 @@ def policy(
     }
     return CompiledPolicy(
         digest="sha256:test",
-        revision=3,
+        revision=revision,
         applied_at=datetime.now(UTC),
         regions=dict(REGIONS),
         links=links,
         placements={p.dataset: p for p in placements or (placement(),)},
-        rules={},
+        rules={"regions": {name: {"jurisdiction": j} for name, j in REGIONS.items()}},
     )
 
 
@@ -115,3 +119,15 @@ async def until(
     """Wait, bounded, until `predicate` holds; `cond` is notified when it may have changed."""
     async with asyncio.timeout(timeout_s), cond:
         await cond.wait_for(predicate)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rec_of(event: ChangeEvent, offset: int = 0) -> Record:
+    """The Kafka record that carries `event`."""
+    return Record("meridian.changes", 0, offset, log_key(event), value(event))
