@@ -194,3 +194,61 @@ def test_kafka_cluster_chart_keeps_meridians_guarantees(helm: Path) -> None:
     assert config["min.insync.replicas"] == 2
     topics = {d["metadata"]["name"] for d in docs if d["kind"] == "KafkaTopic"}
     assert topics == {"meridian.changes", "meridian.dlq"}
+
+
+ETCD_CHART = DEPLOY / "helm" / "meridian-etcd"
+ETCD_VALUES: dict[str, Any] = {
+    "region": "eu-west",
+    "members": [
+        {"name": n, "region": r, "peerHost": f"{n}.example", "clientHost": f"{n}.example"}
+        for n, r in [
+            ("a", "eu-west"),
+            ("b", "eu-west"),
+            ("c", "eu-central"),
+            ("d", "us-east"),
+            ("e", "us-east"),
+        ]
+    ],
+    "peerTlsSecret": "etcd-peer-tls",
+}
+
+
+def render_etcd(helm: Path, tmp_path: Path, values: dict[str, Any]) -> list[dict[str, Any]]:
+    done = run_tool(
+        [helm, "template", "etcd", ETCD_CHART, "--namespace", "meridian-etcd", "--kube-version",
+         KUBE, "-f", write_values(tmp_path, values)]
+    )  # fmt: skip
+    assert done.returncode == 0, explain(done)
+    return [doc for doc in YAML(typ="safe", pure=True).load_all(done.stdout) if doc]
+
+
+def test_etcd_chart_runs_this_regions_members_tuned_for_the_wan(helm: Path, tmp_path: Path) -> None:
+    done = run_tool(
+        [helm, "lint", "--strict", ETCD_CHART, "-f", write_values(tmp_path, ETCD_VALUES)]
+    )
+    assert done.returncode == 0, explain(done)
+    docs = render_etcd(helm, tmp_path, ETCD_VALUES)
+    members = by_kind(docs, "StatefulSet")
+    assert set(members) == {"a", "b"}, "only eu-west's members run in eu-west's cluster"
+    assert set(by_kind(docs, "Service")) == {"a", "b"}
+    command = members["a"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--heartbeat-interval=250" in command
+    assert "--election-timeout=2500" in command
+    assert "--peer-client-cert-auth" in command
+    cluster = next(c for c in command if c.startswith("--initial-cluster="))
+    assert cluster.count("=https://") == 5, "every member of every region, peers over TLS"
+    container = members["a"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["port"] == 2381
+    assert container["resources"]["requests"] == {"cpu": "500m", "memory": "1Gi"}
+
+
+def test_etcd_chart_refuses_an_election_timeout_under_ten_heartbeats(
+    helm: Path, tmp_path: Path
+) -> None:
+    values = {**ETCD_VALUES, "heartbeatIntervalMs": 250, "electionTimeoutMs": 1000}
+    done = run_tool(
+        [helm, "template", "etcd", ETCD_CHART, "--kube-version", KUBE, "-f",
+         write_values(tmp_path, values)]
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "electionTimeoutMs must be at least 10 x heartbeatIntervalMs" in done.stderr

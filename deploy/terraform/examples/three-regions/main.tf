@@ -15,21 +15,21 @@ locals {
 
 module "etcd_eu_west" {
   source    = "../../modules/etcd"
-  providers = { kubernetes = kubernetes.eu_west }
+  providers = { kubernetes = kubernetes.eu_west, helm = helm.eu_west }
   region    = "eu-west"
   members   = local.etcd_members
 }
 
 module "etcd_eu_central" {
   source    = "../../modules/etcd"
-  providers = { kubernetes = kubernetes.eu_central }
+  providers = { kubernetes = kubernetes.eu_central, helm = helm.eu_central }
   region    = "eu-central"
   members   = local.etcd_members
 }
 
 module "etcd_us_east" {
   source    = "../../modules/etcd"
-  providers = { kubernetes = kubernetes.us_east }
+  providers = { kubernetes = kubernetes.us_east, helm = helm.us_east }
   region    = "us-east"
   members   = local.etcd_members
 }

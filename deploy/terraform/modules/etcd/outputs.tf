@@ -10,5 +10,10 @@ output "initial_cluster" {
 
 output "local_members" {
   description = "Names of the members created in this region."
-  value       = sort(keys(local.local_members))
+  value       = local.local_members
+}
+
+output "values" {
+  description = "The chart values of this region's release (for review in a plan)."
+  value       = local.values
 }

@@ -124,4 +124,8 @@ variable "resources" {
     limits   = optional(map(string), { cpu = "2", memory = "4Gi" })
   })
   default = {}
+  validation {
+    condition     = contains(keys(var.resources.requests), "cpu") && contains(keys(var.resources.requests), "memory")
+    error_message = "resources.requests needs cpu and memory."
+  }
 }

@@ -29,14 +29,14 @@ resource "helm_release" "cluster" {
   namespace = var.namespace
   chart     = local.cluster_chart
   values = [yamlencode({
-    clusterName      = var.cluster_name
-    kafkaVersion     = var.kafka_version
-    nodes            = var.nodes
-    storageSize      = var.storage_size
-    replication      = local.replication
+    clusterName       = var.cluster_name
+    kafkaVersion      = var.kafka_version
+    nodes             = var.nodes
+    storageSize       = var.storage_size
+    replication       = local.replication
     minInsyncReplicas = local.replication - 1
     changesPartitions = var.changes_partitions
-    externalListener = var.external_listener
+    externalListener  = var.external_listener
   })]
   wait    = true
   timeout = 900

@@ -27,7 +27,7 @@ run "plan_three_regions" {
   command = plan
 
   assert {
-    condition     = output.etcd_members_by_region["eu-west"] == ["etcd-euw-0", "etcd-euw-1"] && output.etcd_members_by_region["us-east"] == ["etcd-use-0"]
+    condition     = output.etcd_members_by_region["eu-west"] == tolist(["etcd-euw-0", "etcd-euw-1"]) && output.etcd_members_by_region["us-east"] == tolist(["etcd-use-0"])
     error_message = "each region's cluster must get its own etcd members"
   }
   assert {

@@ -1,6 +1,7 @@
 # Offline: the kubernetes provider is mocked; plans and applies check what would be made.
 
 mock_provider "kubernetes" {}
+mock_provider "helm" {}
 
 variables {
   region = "eu-west"
@@ -15,16 +16,20 @@ run "one_member_per_region_with_wan_timeouts" {
   command = apply
 
   assert {
-    condition     = keys(kubernetes_stateful_set.member) == ["m-euw"]
+    condition     = output.local_members == tolist(["m-euw"])
     error_message = "eu-west's call must create only eu-west's member"
   }
   assert {
-    condition     = contains(kubernetes_stateful_set.member["m-euw"].spec[0].template[0].spec[0].container[0].command, "--heartbeat-interval=250")
-    error_message = "the WAN heartbeat interval is not passed to etcd"
+    condition     = yamldecode(helm_release.etcd.values[0]).heartbeatIntervalMs == 250 && yamldecode(helm_release.etcd.values[0]).electionTimeoutMs == 2500
+    error_message = "the WAN heartbeat interval and election timeout must reach the chart"
   }
   assert {
-    condition     = contains(kubernetes_stateful_set.member["m-euw"].spec[0].template[0].spec[0].container[0].command, "--election-timeout=2500")
-    error_message = "the WAN election timeout is not passed to etcd"
+    condition     = length(yamldecode(helm_release.etcd.values[0]).members) == 3 && yamldecode(helm_release.etcd.values[0]).region == "eu-west"
+    error_message = "the chart needs every member and this region's name"
+  }
+  assert {
+    condition     = helm_release.etcd.namespace == "meridian-etcd"
+    error_message = "the members go to their own namespace"
   }
   assert {
     condition     = output.initial_cluster == "m-euw=http://m-euw.example:2380,m-euc=http://m-euc.example:2380,m-use=http://m-use.example:2380"
@@ -46,8 +51,8 @@ run "peer_tls_switches_the_peer_urls" {
     error_message = "peer URLs must be https when peer TLS is on"
   }
   assert {
-    condition     = contains(kubernetes_stateful_set.member["m-euw"].spec[0].template[0].spec[0].container[0].command, "--peer-client-cert-auth")
-    error_message = "peers must authenticate each other with certificates"
+    condition     = yamldecode(helm_release.etcd.values[0]).peerTlsSecret == "etcd-peer-tls"
+    error_message = "the peer TLS Secret must reach the chart"
   }
 }
 
