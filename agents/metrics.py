@@ -41,6 +41,11 @@ class AgentMetrics:
             buckets=TRANSFER_BUCKETS,
             registry=self.registry,
         )
+        self.transfer_resent_bytes = Counter(
+            "meridian_transfer_resent_bytes_total",
+            "bytes a resumed transfer received twice (past the cut attempt's last checkpoint)",
+            registry=self.registry,
+        )
         self.transfers = Counter(
             "meridian_transfers_total",
             "transfers ended, by direction and outcome",

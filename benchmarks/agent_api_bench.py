@@ -101,6 +101,7 @@ async def _chunks(path: Path, size: int, key: str) -> AsyncIterator[agent_pb2.Pu
     with path.open("rb") as fh:
         while chunk := fh.read(CHUNK_BYTES):
             yield agent_pb2.PutRequest(chunk=chunk)
+    yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
 
 
 async def _api_round(port: int, sources: list[Path], tag: str) -> tuple[float, float]:

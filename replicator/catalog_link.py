@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from controlplane.catalog.api import Catalog, open_catalog
 from controlplane.catalog.records import Placement, TransferRecord, VersionRef
@@ -99,6 +100,9 @@ class CatalogLink:
 
     def incomplete_versions(self, dataset: str, region: str) -> list[VersionRef]:
         return self.open().incomplete_versions(dataset, region)
+
+    def dataset_locations(self, name: str) -> list[dict[str, Any]]:
+        return self.open().dataset_locations(name)
 
     def holders(self, dataset: str, key: str, version: str) -> list[str]:
         return self.open().holders(dataset, key, version)

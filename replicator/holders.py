@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Protocol
 
 from controlplane.coordination.protocols.keys import ROOT
@@ -40,10 +41,29 @@ def endpoint_of(value: bytes) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
+def _direct(_region: str, address: str) -> str:
+    return address
+
+
 class RegistryHolders:
-    def __init__(self, catalog: HolderRegions, etcd: PrefixReader) -> None:
+    def __init__(
+        self,
+        catalog: HolderRegions,
+        etcd: PrefixReader,
+        route: Callable[[str, str], str] = _direct,
+    ) -> None:
         self._catalog = catalog
         self._etcd = etcd
+        self._route = route
+
+    async def agents_of(self, region: str) -> list[Source]:
+        """The agents `region` has registered in etcd (routed), in key order."""
+        kvs, _ = await self._etcd.get_prefix(f"{AGENTS}{region}/")
+        return [
+            Source(region, self._route(region, endpoint))
+            for kv in kvs
+            if (endpoint := endpoint_of(kv.value)) is not None
+        ]
 
     async def holders(self, event: ChangeEvent) -> list[Source]:
         regions = await asyncio.to_thread(
@@ -51,10 +71,5 @@ class RegistryHolders:
         )
         out: list[Source] = []
         for region in regions:
-            kvs, _ = await self._etcd.get_prefix(f"{AGENTS}{region}/")
-            out.extend(
-                Source(region, endpoint)
-                for kv in kvs
-                if (endpoint := endpoint_of(kv.value)) is not None
-            )
+            out.extend(await self.agents_of(region))
         return out

@@ -29,6 +29,7 @@ from controlplane.policy.current import PolicyView
 from controlplane.settings import Settings, parse_endpoints
 from replicator.agent_grpc import GrpcAgent
 from replicator.applier import Applier
+from replicator.backfill import Backfill
 from replicator.backlog import BacklogProbe
 from replicator.catalog_link import CatalogLink
 from replicator.config import ReplicatorConfig, group_id
@@ -104,6 +105,7 @@ async def run_replicator(
                 KafkaProducer(settings.kafka, client_id=f"replicator-{region}-{replicator_id}")
             )
             shipper = await stack.enter_async_context(RecordShipper(journal, catalog))
+            holders = RegistryHolders(catalog, coord, route=settings.agent_address)
             applier = Applier(
                 config,
                 agent=agent,
@@ -112,7 +114,7 @@ async def run_replicator(
                 policy=view.require,
                 metrics=metrics,
                 clock=HybridClock(region, max_clock_skew_ms=config.max_clock_skew_ms),
-                holders=RegistryHolders(catalog, coord),
+                holders=holders,
                 on_record=shipper.nudge,
             )
             relay = _Relay()
@@ -124,7 +126,13 @@ async def run_replicator(
                 rebalance=relay,
                 session_timeout_ms=10_000,
             )
-            loop = ReplicatorLoop(config, consumer, applier, metrics)
+            loop = ReplicatorLoop(
+                config,
+                consumer,
+                applier,
+                metrics,
+                before_commit=lambda: asyncio.to_thread(journal.flush),
+            )
             relay.target = loop
             await stack.enter_async_context(consumer)
             await stack.enter_async_context(
@@ -139,6 +147,9 @@ async def run_replicator(
                     raise ConfigError(
                         f"cannot serve metrics on {metrics_addr}: {exc.strerror}"
                     ) from exc
+            await stack.enter_async_context(
+                Backfill(view, catalog, agent, holders.agents_of, region)
+            )
             await stack.enter_async_context(loop)  # stopped first: drains, commits
             log.info(
                 "replicator_started",

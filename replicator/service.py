@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from controlplane.errors import MeridianError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
@@ -40,6 +41,7 @@ class ReplicatorLoop(Lifecycle):
         metrics: ReplicatorMetrics,
         *,
         assigned_by_rebalance: bool = True,
+        before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
         self._consumer = consumer
@@ -50,6 +52,8 @@ class ReplicatorLoop(Lifecycle):
         # With a group consumer, only assigned partitions are taken; a consumer without
         # rebalance callbacks (a test's) takes whatever it returns.
         self._assigned: set[TopicPartition] | None = set() if assigned_by_rebalance else None
+        # Makes the effects' records durable (the journal's flush) before offsets go.
+        self._before_commit = before_commit
         self._commit_lock = asyncio.Lock()
         self._progress = asyncio.Condition()  # notified each time an event is done
         self._tasks: list[asyncio.Task[None]] = []
@@ -78,6 +82,11 @@ class ReplicatorLoop(Lifecycle):
         await self._runner.cancel()
         await cancel_and_wait(*rest)
         await self.commit()
+
+    async def wait_handled(self, count: int, timeout_s: float) -> None:
+        """Until `count` events have been handled (TimeoutError after `timeout_s`)."""
+        async with asyncio.timeout(timeout_s), self._progress:
+            await self._progress.wait_for(lambda: self.handled >= count)
 
     async def wait(self) -> None:
         """Until the loop fails (it never ends by itself)."""
@@ -157,6 +166,8 @@ class ReplicatorLoop(Lifecycle):
             if not ready:
                 return
             marks = [Record(tp[0], tp[1], off, None, b"") for tp, off in ready.items()]
+            if self._before_commit is not None:
+                await self._before_commit()
             try:
                 await self._consumer.commit(marks)
             except MeridianError as exc:

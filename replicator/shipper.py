@@ -17,7 +17,7 @@ from controlplane.catalog.records import TransferRecord
 from controlplane.errors import MeridianError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
-from replicator.journal import RecordJournal, ReplicaRecord
+from replicator.journal import JournalRow, RecordJournal, ReplicaRecord
 from replicator.ports import ReplicaRecords
 
 log = get_logger("meridian.replicator.shipper")
@@ -65,6 +65,28 @@ def ship_one(sink: ReplicaRecords, rec: ReplicaRecord) -> None:
     )
 
 
+def _ship_rows(sink: ReplicaRecords, rows: list[JournalRow], seqs: list[int]) -> None:
+    """Ship `rows` in order, appending each one's seq to `seqs` once it is settled; a
+    retriable error stops the batch (raised), a final one drops its row (logged)."""
+    for row in rows:
+        try:
+            ship_one(sink, row.record)
+        except MeridianError as exc:
+            if exc.retriable:
+                raise
+            log.warning(
+                "record_dropped",
+                dataset=row.record.dataset,
+                key=row.record.key,
+                version=row.record.hlc,
+                region=row.record.region,
+                state=row.record.state,
+                error=str(exc),
+                action="the catalog refused it for good; it is not retried",
+            )
+        seqs.append(row.seq)
+
+
 class RecordShipper(Lifecycle):
     def __init__(
         self,
@@ -101,28 +123,13 @@ class RecordShipper(Lifecycle):
         """Ship what the journal holds now; the number of rows shipped (or dropped)."""
         if self._sink is None:
             return 0
-        sink = self._sink
         done = 0
         while rows := await asyncio.to_thread(self._journal.pending, self._batch):
+            # One thread hop per batch; the rows shipped before a failure are forgotten
+            # even when a later one raises, so nothing is shipped twice needlessly.
             seqs: list[int] = []
             try:
-                for row in rows:
-                    try:
-                        await asyncio.to_thread(ship_one, sink, row.record)
-                    except MeridianError as exc:
-                        if exc.retriable:
-                            raise
-                        log.warning(
-                            "record_dropped",
-                            dataset=row.record.dataset,
-                            key=row.record.key,
-                            version=row.record.hlc,
-                            region=row.record.region,
-                            state=row.record.state,
-                            error=str(exc),
-                            action="the catalog refused it for good; it is not retried",
-                        )
-                    seqs.append(row.seq)
+                await asyncio.to_thread(_ship_rows, self._sink, rows, seqs)
             finally:
                 await asyncio.to_thread(self._journal.shipped, seqs)
                 done += len(seqs)

@@ -51,6 +51,9 @@ MAX_PAGE = 10_000
 _STRIPES = 256
 RECORDER = "recorder"
 _FSYNC_THREADS = 16
+# A bundle of at least this many files is made durable by one syncfs(2) of the store's
+# file system, not one fsync per file and folder.
+SYNCFS_MIN_FILES = 32
 
 
 @dataclass(frozen=True)
@@ -558,6 +561,13 @@ class ObjectStore:
             seen.add((dataset, key))
 
     def _each_staged(self, staged: Sequence[StagedWrite]) -> None:
+        if len(staged) >= SYNCFS_MIN_FILES and files.can_syncfs():
+            # Many small files: one syncfs makes them all durable (thousands of fsyncs
+            # cost a bundle of 4 KiB objects ~1 ms each even in parallel).
+            for s in staged:
+                s.close_unsynced()
+            self._syncfs()
+            return
         if len(staged) <= 1:
             for s in staged:
                 s.finish()
@@ -624,7 +634,10 @@ class ObjectStore:
                 files.replace(e.staged.path, self.root / rel)
                 targets.append(self.root / rel)
                 relatives.append(str(rel))
-            self._each(files.fsync_dir, sorted(folders))
+            if len(folders) >= SYNCFS_MIN_FILES and files.can_syncfs():
+                self._syncfs()  # every rename of the bundle at once
+            else:
+                self._each(files.fsync_dir, sorted(folders))
             with self._tx() as conn:
                 for n, (e, relative) in enumerate(zip(entries, relatives, strict=True)):
                     hlc = e.version.hlc.text
@@ -673,6 +686,15 @@ class ObjectStore:
             raise
         self._remove_files(victims)
         return completed
+
+    def _syncfs(self) -> None:
+        try:
+            files.syncfs(self.root)
+        except OSError as err:
+            raise StorageError(
+                f"store {self.root} could not make a bundle durable: {err.strerror or err}; "
+                "nothing was stored"
+            ) from err
 
     def _each(self, fn: Callable[[Path], None], items: Sequence[Path]) -> None:
         """Run a blocking call (an fsync) on each item, in parallel when there are several:

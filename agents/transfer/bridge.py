@@ -100,6 +100,10 @@ class ChunkPipe(Generic[T]):
         """Put one item; False (and the item dropped) if the consumer ended first."""
         if consumer.done() or self._gone.is_set():
             return False
+        if not self._slots.locked():  # a free slot: no need to watch the consumer
+            await self._slots.acquire()
+            self._queue.put(item)
+            return True
         slot: asyncio.Future[object] = asyncio.ensure_future(self._slots.acquire())
         done, _ = await asyncio.wait({slot, consumer}, return_when=asyncio.FIRST_COMPLETED)
         if slot not in done:

@@ -35,7 +35,7 @@ from agents.transfer.compress import ChunkDecompressor
 from agents.transfer.limiter import CHUNK_BYTES
 from agents.transfer.ports import PolicySource
 from agents.transfer.records import TransferTally
-from agents.transfer.resume import CHECKPOINT_BYTES, ResumeBook, ResumeState
+from agents.transfer.resume import CHECKPOINT_BYTES, Checkpointer, ResumeBook, ResumeState
 from agents.transfer.sender import BASIS, RAW, SIGNATURE
 from controlplane.domain.version import Version
 from controlplane.errors import InvalidInputError, MeridianError, UnavailableError
@@ -118,16 +118,16 @@ class _Receiving:
         )
         s.offset = staged.size
         unpack = ChunkDecompressor()
-        mark = staged.size
+        checkpoints = Checkpointer(self.book, s, self.checkpoint_bytes)
         try:
             for data, packed in self.pipe:
                 chunk = unpack.unpack(data, CHUNK_BYTES) if packed else data
                 staged.write(chunk)
                 s.received = max(s.received, staged.size)
-                if staged.size - mark >= self.checkpoint_bytes:
-                    s.offset = mark = staged.checkpoint()
-                    self.book.save(s)
+                checkpoints.maybe(staged.size, staged.checkpoint)
+            checkpoints.finish()
         except zstandard.ZstdError as exc:
+            checkpoints.finish()
             staged.abort()
             raise DigestMismatchError(
                 f"a compressed chunk of {s.dataset}/{s.key} was damaged in transit: {exc}"
@@ -135,8 +135,7 @@ class _Receiving:
         except BaseException:
             # Cut (or cancelled): keep what is durable for the next attempt.
             with contextlib.suppress(MeridianError, OSError):
-                s.offset = staged.checkpoint()
-                self.book.save(s)
+                checkpoints.finish(staged.checkpoint)
             staged.detach()
             raise
         return staged
@@ -155,10 +154,12 @@ class _Receiving:
             os.lseek(fd, s.offset, os.SEEK_SET)
             written = [s.offset]
 
-            def checkpoint() -> None:
+            def sync() -> int:
+                covered = written[0]
                 os.fsync(fd)
-                s.offset = written[0]
-                self.book.save(s)
+                return covered
+
+            checkpoints = Checkpointer(self.book, s, self.checkpoint_bytes)
 
             def tee() -> Iterator[bytes]:
                 done = 0
@@ -168,16 +169,13 @@ class _Receiving:
                         break
                     done += len(piece)
                     yield piece
-                mark = written[0]
                 for data, _ in self.pipe:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view) :]
                     written[0] += len(data)
                     s.received = max(s.received, written[0])
-                    if written[0] - mark >= self.checkpoint_bytes:
-                        checkpoint()
-                        mark = written[0]
+                    checkpoints.maybe(written[0], sync)
                     yield data
 
             old = _file(self.basis)
@@ -190,15 +188,17 @@ class _Receiving:
                     max_output_size=self.version.size,
                 )
             except (native.CorruptDeltaError, native.WrongBasisError) as exc:
+                checkpoints.finish()
                 self.book.drop(s.dataset, s.key, s.hlc)
                 raise DigestMismatchError(
                     f"the delta of {s.dataset}/{s.key} failed its checks: {exc}; nothing was stored"
                 ) from exc
             except BaseException:
                 with contextlib.suppress(OSError, MeridianError):
-                    checkpoint()
+                    checkpoints.finish(sync)
                 raise
             finally:
+                checkpoints.finish()  # idempotent after the above
                 old.close()
         finally:
             os.close(fd)
@@ -253,7 +253,12 @@ async def pull(
         policy_revision=policy_revision,
     )
     start = agent_pb2.SyncStart(dataset=dataset, key=key, version=hlc, receiver_region=region)
-    if held is not None and held.version.digest is not None:
+    # A raw attempt to resume names no basis, so the sender stays with raw.
+    if (
+        held is not None
+        and held.version.digest is not None
+        and (state is None or state.method != RAW)
+    ):
         start.basis.CopyFrom(
             agent_pb2.Basis(version=held.version.hlc.text, digest=held.version.digest.text)
         )

@@ -72,6 +72,7 @@ class TransferTally:
             self.logical_bytes
         )
         metrics.transfer_bytes.labels(kind="wire", direction=self.direction).inc(self.wire_bytes)
+        metrics.transfer_resent_bytes.inc(self.resent_bytes)
         metrics.transfers.labels(direction=self.direction, outcome=outcome).inc()
         metrics.transfer_seconds.labels(direction=self.direction, outcome=outcome).observe(
             time.monotonic() - self.started

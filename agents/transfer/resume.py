@@ -22,6 +22,8 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from controlplane.logs import get_logger
 log = get_logger(__name__)
 
 FOLDER = "transfers"
-CHECKPOINT_BYTES = 8 << 20
+CHECKPOINT_BYTES = 16 << 20
 MAX_AGE_S = 24 * 3600
 
 
@@ -129,3 +131,40 @@ class ResumeBook:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
         return removed
+
+
+class Checkpointer:
+    """Checkpoints of one attempt, each on a worker thread so that the fsync does not
+    stall the bytes arriving (at most one in flight; a due one waits for the next
+    chunk). `sync()` makes the partial file durable and returns the length it covers."""
+
+    def __init__(self, book: ResumeBook, state: ResumeState, every_bytes: int) -> None:
+        self.book, self.state, self.every = book, state, every_bytes
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="meridian-xfer-ckpt")
+        self._pending: Future[None] | None = None
+        self._mark = state.offset
+
+    def maybe(self, size: int, sync: Callable[[], int]) -> None:
+        if size - self._mark < self.every:
+            return
+        if self._pending is not None and not self._pending.done():
+            return
+        self._mark = size
+        self._pending = self._pool.submit(self._save, sync)
+
+    def _save(self, sync: Callable[[], int]) -> None:
+        offset = sync()
+        if offset > self.state.offset:
+            self.state.offset = offset
+            self.book.save(self.state)
+
+    def finish(self, sync: Callable[[], int] | None = None) -> None:
+        """Wait for the checkpoint in flight; with `sync`, take a last one (a cut)."""
+        try:
+            if self._pending is not None:
+                with contextlib.suppress(Exception):
+                    self._pending.result()
+            if sync is not None:
+                self._save(sync)
+        finally:
+            self._pool.shutdown(wait=True)

@@ -269,7 +269,7 @@ class TransferService:
             raise
         held = await asyncio.to_thread(self.store.head, dataset, key)
         verdict = lww(version, held)
-        if not verdict.applies:
+        if not verdict.applies and not await asyncio.to_thread(self._lost, dataset, key, version):
             return agent_pb2.FetchResponse(
                 outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
             )
@@ -389,6 +389,13 @@ class TransferService:
 
         await asyncio.gather(*(single(n) for n in sorted(set(singles))))
         return agent_pb2.FetchManyResponse(results=results, errors=errors)
+
+    def _lost(self, dataset: str, key: str, version: Version) -> bool:
+        """Whether this store holds `version` but startup repair found its bytes gone:
+        then a fetch of it restores them (commit_apply refills a missing row)."""
+        with contextlib.suppress(MeridianError):
+            return self.store.stat(dataset, key, version.hlc).state == "missing"
+        return False
 
     def _classify(
         self,

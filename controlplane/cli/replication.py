@@ -97,8 +97,7 @@ async def _resync(
     from controlplane.policy.current import PolicyView
     from replicator.agent_grpc import GrpcAgent
     from replicator.catalog_link import CatalogLink
-    from replicator.holders import AGENTS, endpoint_of
-    from replicator.ports import Source
+    from replicator.holders import RegistryHolders
     from replicator.resync import drive_resync, plan_resync
 
     settings = settings_from(ctx)
@@ -139,9 +138,7 @@ async def _resync(
                 sys.stderr.write("nothing changed.\n")
                 return 1
 
-            async def agents_of(holder: str) -> list[Source]:
-                kvs, _ = await coord.get_prefix(f"{AGENTS}{holder}/")
-                return [Source(holder, e) for kv in kvs if (e := endpoint_of(kv.value)) is not None]
+            registry = RegistryHolders(catalog, coord, route=settings.agent_address)
 
             async with GrpcAgent(agent_address or "", route=settings.agent_address) as agent:
                 results = await _with_progress(
@@ -152,7 +149,7 @@ async def _resync(
                         agent=agent,
                         records=catalog.open(),
                         policy=policy,
-                        agents_of=agents_of,
+                        agents_of=registry.agents_of,
                         on_done=lambda _r: tick(),
                     ),
                 )

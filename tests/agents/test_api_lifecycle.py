@@ -74,6 +74,7 @@ async def test_stop_lets_a_call_in_flight_finish_and_abandons_one_past_the_grace
         started.set()
         await asyncio.sleep(0.2)  # still streaming when the stop begins
         yield agent_pb2.PutRequest(chunk=b"done in time")
+        yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
 
     async def stuck() -> AsyncIterator[agent_pb2.PutRequest]:
         yield header(STANDARD, "stuck")

@@ -43,7 +43,9 @@ def placement(
 
 
 def policy(
-    *placements: Placement, rtt: dict[tuple[str, str], float] | None = None
+    *placements: Placement,
+    rtt: dict[tuple[str, str], float] | None = None,
+    revision: int = 3,
 ) -> CompiledPolicy:
     links = {
         frozenset(pair): Link(frozenset(pair), seconds, None)
@@ -51,12 +53,12 @@ def policy(
     }
     return CompiledPolicy(
         digest="sha256:test",
-        revision=3,
+        revision=revision,
         applied_at=datetime.now(UTC),
         regions=dict(REGIONS),
         links=links,
         placements={p.dataset: p for p in placements or (placement(),)},
-        rules={},
+        rules={"regions": {name: {"jurisdiction": j} for name, j in REGIONS.items()}},
     )
 
 

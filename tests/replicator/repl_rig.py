@@ -38,8 +38,16 @@ class Rig:
             self.log.append(builders.log_key(e), builders.value(e))
 
     def loop(self) -> ReplicatorLoop:
+        async def flush() -> None:
+            self.journal.flush()
+
         return ReplicatorLoop(
-            self.config, self.log, self.applier, self.metrics, assigned_by_rebalance=False
+            self.config,
+            self.log,
+            self.applier,
+            self.metrics,
+            assigned_by_rebalance=False,
+            before_commit=flush,
         )
 
     def metric(self, name: str, **labels: str) -> float:

@@ -115,7 +115,14 @@ class InProcessReplicator:
             rebalance=Relay(),
             session_timeout_ms=6000,
         )
-        self.loop = ReplicatorLoop(self.config, self.consumer, applier, self.metrics)
+        journal = self.journal
+
+        async def flush() -> None:
+            journal.flush()
+
+        self.loop = ReplicatorLoop(
+            self.config, self.consumer, applier, self.metrics, before_commit=flush
+        )
         await self.consumer.start()
         await self.loop.start()
         return self

@@ -11,6 +11,7 @@ and published through the CLI), with a fake agent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import repl_builders as b
+from fakes.coordination import MemoryCoordination
 from fakes.replicator import MemoryAgent, MemoryReplicaRecords
 from harness.cli_schema import check_output
 from harness.controllers import run_cli
@@ -25,10 +27,13 @@ from repl_rig import Rig, RigFactory
 from repl_world import prepare_world
 
 from controlplane.catalog.api import Catalog, open_catalog
+from controlplane.coordination.protocols import keys
 from controlplane.domain.events import ChangeEvent
 from controlplane.domain.hlc import system_ms
 from controlplane.errors import UnavailableError
+from controlplane.policy.current import PolicyView
 from controlplane.policy.placer import place
+from replicator.backfill import Backfill, newly_placed
 from replicator.backlog import BacklogProbe
 from replicator.journal import RecordJournal, ReplicaRecord
 from replicator.ports import Source
@@ -212,3 +217,35 @@ async def test_records_wait_in_the_journal_while_the_catalog_is_down(tmp_path: P
     assert journal.count() == 0
     assert {k[1]: v[0] for k, v in sink.states.items()} == {f"k{i}": "completed" for i in range(3)}
     journal.close()
+
+
+async def test_a_region_added_as_a_replica_is_backfilled_live(catalog: Catalog) -> None:
+    old = b.put("before", b"written before eu-north was a replica", dataset=DS)
+    written_at_origin(catalog, old)
+    coord = MemoryCoordination()
+    await coord.put(keys.POLICY_CURRENT, b.policy(b.placement(DS), revision=4).to_json())
+    agent = MemoryAgent()
+
+    async def agents_of(region: str) -> list[Source]:
+        return [Source(region, f"{region}.agent:7400")]
+
+    async with PolicyView(coord) as view:
+        backfill = Backfill(view, catalog, agent, agents_of, "eu-north")
+        async with backfill:
+            wider = b.placement(DS, replicas=("eu-central", "eu-north"))
+            await coord.put(keys.POLICY_CURRENT, b.policy(wider, revision=5).to_json())
+            await asyncio.wait_for(backfill.ran.wait(), 30)
+    assert backfill.runs == 1
+    assert agent.held[(DS, "before")] == old.version
+    (row,) = catalog.replica_status(DS, region="eu-north")
+    assert row.state == "completed"
+
+
+def test_only_datasets_newly_placed_in_the_region_are_backfilled() -> None:
+    a = b.placement("corpus/a")
+    a_wider = b.placement("corpus/a", replicas=("eu-central", "eu-north"))
+    c = b.placement("corpus/c", replicas=("eu-north",))
+    before = {"corpus/a": a, "corpus/c": c}
+    after = {"corpus/a": a_wider, "corpus/c": c, "corpus/d": b.placement("corpus/d")}
+    assert [p.dataset for p in newly_placed(before, after, "eu-north")] == ["corpus/a"]
+    assert newly_placed(before, after, "eu-central") == [after["corpus/d"]]

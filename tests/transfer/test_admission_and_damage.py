@@ -7,8 +7,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from agents_inproc import REGIONS, AgentFactory
-from helpers import content, fetch, rewrite, transfers
-from proxy import Relay
+from xfer_helpers import content, fetch, rewrite, transfers
+from xfer_relay import Relay
 
 from agents.transfer.pull import CHANNEL_OPTIONS
 from controlplane.domain.hlc import HLC

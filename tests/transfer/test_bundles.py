@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 from agents_inproc import AgentFactory
-from helpers import content, transfers
+from xfer_helpers import content, transfers
 
 from agents.transfer.pull import CHANNEL_OPTIONS
 from meridian.convert import version_to_wire

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from agent_proc import AgentProc, write_policy
 from agents_inproc import REGIONS, AgentFactory, placement
-from helpers import content, fetch, rewrite, transfers
+from xfer_helpers import content, fetch, rewrite, transfers
 
 from agents.store import ObjectStore
 from controlplane.domain.hlc import HybridClock

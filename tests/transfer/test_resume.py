@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 from agents_inproc import Agent, AgentFactory
-from helpers import content, fetch, rewrite, transfers
-from proxy import Relay
+from xfer_helpers import content, fetch, rewrite, transfers
+from xfer_relay import Relay
 
 from controlplane.domain.version import Version
 from meridian.v1 import agent_pb2

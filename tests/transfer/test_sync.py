@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from agents_inproc import AgentFactory
-from helpers import content, fetch, rewrite, transfers
+from xfer_helpers import content, fetch, rewrite, transfers
 
 import native
 from meridian.v1 import agent_pb2
@@ -142,3 +142,21 @@ async def test_fetch_takes_the_nearest_source_first(agents: AgentFactory) -> Non
     )
 
     assert got.source_region == "eu-west"
+
+
+async def test_a_version_whose_bytes_were_lost_is_restored_by_fetch(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    data = content(1 << 20)
+    version = west.store.put("ckpt", "a", [data])
+    await fetch(central.address, "ckpt", "a", version, [("eu-west", west.address)])
+    [stored] = list((central.root / "objects").glob("*/*"))
+    await central.stop()
+    stored.unlink()  # the disk lost it; startup repair marks the row missing
+    central = await agents("eu-central")
+    assert central.store.stat("ckpt", "a").state == "missing"
+
+    got = await fetch(central.address, "ckpt", "a", version, [("eu-west", west.address)])
+
+    assert got.outcome == agent_pb2.APPLY_OUTCOME_SAME
+    assert central.store.read_bytes("ckpt", "a") == data

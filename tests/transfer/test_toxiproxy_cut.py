@@ -8,7 +8,7 @@ import socket
 
 import pytest
 from agents_inproc import AgentFactory
-from helpers import content, fetch, rewrite, transfers
+from xfer_helpers import content, fetch, rewrite, transfers
 
 from controlplane.adapters.toxiproxy import ToxiproxyClient
 from meridian.v1 import agent_pb2
