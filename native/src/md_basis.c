@@ -33,6 +33,7 @@
  * cannot shrink by more than ~1% and is stored raw without trying. */
 #define PLANE_HASH_LOG 10
 #define PLANE_MIN_MATCH 7
+#define ZSTD_SAMPLE ((size_t)64 << 10)
 #define RAW_ABOVE_BITS 7.92
 /* The literal coding is tried too only when the numeric one saves less than this
  * share of the chunk: it almost never wins otherwise, and costs a compression. */
@@ -157,13 +158,22 @@ static size_t encode_plane(const uint8_t *src, size_t plane, uint8_t *sp, const 
     histogram(src, plane, count);
     for (int s = 0; s < 256; s++)
         if (count[s] > top) top = count[s];
-    if (entropy(count, plane) <= RAW_ABOVE_BITS) {
+    double bits = entropy(count, plane);
+    if (bits <= RAW_ABOVE_BITS) {
         size_t r = md_rans16_encode(src, plane, count, sp + 1, plane);
         if (r && r < best) {
             best = r;
             codec = MD_PLANE_RANS16;
         }
-        if (top > plane / 10 * 9) {
+        /* zstd pays only where runs beat order-0 coding, rarely on a large plane: a
+         * sample of its first ZSTD_SAMPLE bytes decides whether to try it in full
+         * (a plane no longer than that is tried outright). */
+        int try_zstd = top > plane / 10 * 9;
+        if (try_zstd && plane > ZSTD_SAMPLE) {
+            size_t z = ZSTD_compress2(b->pctx, b->lit, ZSTD_compressBound(ZSTD_SAMPLE), src, ZSTD_SAMPLE);
+            try_zstd = !ZSTD_isError(z) && (double)z < 0.97 * bits * ZSTD_SAMPLE / 8;
+        }
+        if (try_zstd) {
             size_t z = ZSTD_compress2(b->pctx, b->lit, ZSTD_compressBound(plane), src, plane);
             if (!ZSTD_isError(z) && z < best) {
                 memcpy(sp + 1, b->lit, z);
