@@ -74,6 +74,7 @@ class Settings(BaseSettings):
     etcd: str = Field("127.0.0.1:2379", description="comma-separated etcd endpoints")
     kafka: str = Field("127.0.0.1:9092", description="comma-separated Kafka bootstrap servers")
     toxiproxy: str = Field("127.0.0.1:8474", description="Toxiproxy API endpoint")
+    agent: str | None = Field(None, description="host:port of the agent `meridian object` talks to")
     kafka_advertised_host: str = Field(
         "127.0.0.1", description="host the local broker advertises to clients"
     )
@@ -104,6 +105,12 @@ class Settings(BaseSettings):
     bundle_max_bytes: int = Field(
         1024 * 1024, ge=0, description="smaller objects to one region travel in one stream"
     )
+    # How this process reaches other regions' agents when not at the endpoint they
+    # registered: `region=host:port,...`. The demo and the chaos suite route each
+    # link through a Toxiproxy proxy of its own this way (a WAN in miniature).
+    agent_routes: str = Field(
+        "", description="region=host:port,... overriding other regions' agent endpoints"
+    )
 
     @field_validator("log_level")
     @classmethod
@@ -123,6 +130,24 @@ class Settings(BaseSettings):
     @cached_property
     def toxiproxy_endpoint(self) -> tuple[str, int]:
         return parse_endpoints(self.toxiproxy, setting="MERIDIAN_TOXIPROXY")[0]
+
+    @cached_property
+    def agent_route_map(self) -> dict[str, str]:
+        """`agent_routes` parsed: region -> host:port (checked like every endpoint)."""
+        routes: dict[str, str] = {}
+        for item in (part.strip() for part in self.agent_routes.split(",")):
+            if not item:
+                continue
+            region, sep, endpoint = item.partition("=")
+            if not sep or not region.strip():
+                raise ConfigError(f"MERIDIAN_AGENT_ROUTES: {item!r} is not region=host:port")
+            host, port = parse_endpoints(endpoint.strip(), setting="MERIDIAN_AGENT_ROUTES")[0]
+            routes[region.strip()] = f"{host}:{port}"
+        return routes
+
+    def agent_address(self, region: str, registered: str) -> str:
+        """Where to call an agent of `region` that registered `registered`."""
+        return self.agent_route_map.get(region, registered)
 
     @property
     def stack_dir(self) -> Path:
@@ -150,4 +175,5 @@ def load_settings(*, check_endpoints: bool = True, **overrides: object) -> Setti
     if check_endpoints:
         # Touch the parsed forms so a malformed endpoint fails here, at start, once.
         _ = settings.etcd_endpoints, settings.kafka_bootstrap, settings.toxiproxy_endpoint
+        _ = settings.agent_route_map
     return settings

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import grpc
 
-from agents.errors import ResidencyError
+from agents.errors import NotGovernedError, NotOwnerError, ResidencyError
 from agents.store.errors import (
     DigestMismatchError,
     MissingContentError,
@@ -60,6 +60,8 @@ _BY_NAME: dict[str, type[MeridianError]] = {
     cls.__name__: cls
     for cls in (
         ResidencyError,
+        NotGovernedError,
+        NotOwnerError,
         DigestMismatchError,
         TooLargeError,
         ShortStreamError,

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
 from controlplane.errors import ConfigError, NotFoundError, UnavailableError
 from controlplane.lifecycle import Lifecycle
-from controlplane.ports.changelog import Delivery, Record, TopicSpec
+from controlplane.ports.changelog import Delivery, RebalanceHandler, Record, TopicSpec
 
 TOPIC_ALREADY_EXISTS = 36
 
@@ -171,8 +171,20 @@ class KafkaProducer(Lifecycle):
         return [Delivery(m.topic, m.partition, m.offset) for m in metas]
 
 
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # untyped base
+    def __init__(self, handler: RebalanceHandler) -> None:
+        self._handler = handler
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._handler.on_revoked({(tp.topic, tp.partition) for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._handler.on_assigned({(tp.topic, tp.partition) for tp in assigned})
+
+
 class KafkaConsumer(Lifecycle):
-    """Group consumer with manual commits only (at least once)."""
+    """Group consumer with manual commits only (at least once); `rebalance`, when given,
+    is told of partitions revoked and assigned (see `RebalanceHandler`)."""
 
     def __init__(
         self,
@@ -183,11 +195,14 @@ class KafkaConsumer(Lifecycle):
         client_id: str = "meridian",
         session_timeout_ms: int = 10_000,
         request_timeout_ms: int = 30_000,
+        rebalance: RebalanceHandler | None = None,
+        max_poll_interval_ms: int = 300_000,
     ) -> None:
         self.bootstrap = _bootstrap(bootstrap)
         self.topics = list(topics)
+        self._rebalance = rebalance
         self._consumer = AIOKafkaConsumer(
-            *topics,
+            *(() if rebalance is not None else topics),
             bootstrap_servers=self.bootstrap,
             group_id=group_id,
             client_id=client_id,
@@ -196,7 +211,11 @@ class KafkaConsumer(Lifecycle):
             session_timeout_ms=session_timeout_ms,
             request_timeout_ms=request_timeout_ms,
             isolation_level="read_committed",
+            max_poll_interval_ms=max_poll_interval_ms,
         )
+        if rebalance is not None:
+            # A listener can only be given with subscribe(), not with the topics above.
+            self._consumer.subscribe(self.topics, listener=_Rebalance(rebalance))
 
     async def _do_start(self) -> None:
         try:
@@ -243,3 +262,27 @@ class KafkaConsumer(Lifecycle):
             await self._consumer.commit(offsets)
         except KafkaError as exc:
             raise _unavailable("commit offsets", self.bootstrap, exc) from exc
+
+
+async def fast_forward_group(
+    bootstrap: Sequence[tuple[str, int]] | str, group_id: str, topic: str
+) -> int:
+    """Commit the end of every partition of `topic` for `group_id`, so the group's next
+    consumer starts from now rather than from what earlier runs left (the demo's fresh
+    regions must not replay a previous run's events); how many partitions."""
+    servers = _bootstrap(bootstrap)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=servers, group_id=group_id, enable_auto_commit=False
+    )
+    try:
+        await consumer.start()
+        partitions = await consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if tps:
+            ends = await consumer.end_offsets(tps)
+            await consumer.commit({tp: off for tp, off in ends.items()})
+        return len(tps)
+    except KafkaError as exc:
+        raise _unavailable(f"move group {group_id} to the end of {topic}", servers, exc) from exc
+    finally:
+        await consumer.stop()

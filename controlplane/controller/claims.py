@@ -2,7 +2,8 @@
 
 For one term: on start, on every new applied policy and every
 `reconcile_interval_s`. Which datasets are homed here comes from the policy in
-etcd (`PolicyView`), never from the catalog; with no policy applied nothing is
+etcd (`PolicyView`) and the datasets announced there after the apply
+(`protocols.datasets`), never from the catalog; with no policy applied nothing is
 claimed. Each claim is guarded by this term's liveness key and the region's
 state, so a claim made on a stale view fails instead of doing harm.
 """
@@ -18,6 +19,7 @@ from controlplane.controller.config import ControllerContext, Term
 from controlplane.controller.duty import Duty, Loop
 from controlplane.controller.ownership import OwnershipTracker
 from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.datasets import known_placements
 from controlplane.coordination.protocols.view import RegionState, read_view
 from controlplane.errors import ConflictError, OperationTimeoutError
 from controlplane.logs import get_logger
@@ -59,7 +61,12 @@ class Claims(Duty):
         view = await read_view(self.ctx.coord)
         if view.state_of(me) is not RegionState.ACTIVE:
             return 0
-        todo = [p.dataset for p in policy.critical_homed_in(me) if p.dataset not in view.owners]
+        placements = await known_placements(self.ctx.coord, policy)
+        todo = [
+            p.dataset
+            for p in placements
+            if p.dataset_class == "critical" and p.home == me and p.dataset not in view.owners
+        ]
         guards = [
             Compare(keys.alive(me), Target.CREATE, Cmp.EQUAL, self.term.alive_create_revision),
             Compare(keys.state(me), Target.MOD, Cmp.EQUAL, view.state_revisions.get(me, 0)),

@@ -7,7 +7,8 @@ each; see `coordination.orchestration.failover`). The `sweep` loop catches delet
 could not see (before this term, or while etcd was unreachable), once the term
 is a whole TTL old so that a cold start does not grab everything.
 
-Placements and jurisdictions come from the policy in etcd (`PolicyView`); with no
+Placements and jurisdictions come from the policy in etcd (`PolicyView`) and the
+datasets announced there after the apply (`protocols.datasets`); with no
 policy applied nothing moves (fail closed). A move's journal row and RPO
 exposure go through `CatalogRecords`, so a catalog outage delays the row, never
 the move.
@@ -23,20 +24,14 @@ from controlplane.controller.duty import Duty, Loop, describe
 from controlplane.coordination.orchestration.decide import plan_moves
 from controlplane.coordination.orchestration.failover import apply_move, automatic_guards
 from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.datasets import known_placements
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.coordination.protocols.view import read_view
 from controlplane.coordination.timeutil import utcnow
-from controlplane.domain.placement import Placement
 from controlplane.logs import get_logger
-from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.coordination import EventType
 
 log = get_logger("meridian.controller")
-
-
-def placement_infos(policy: CompiledPolicy) -> list[Placement]:
-    """The published placements, in name order, as `decide.plan_moves` takes them."""
-    return [p for _, p in sorted(policy.placements.items())]
 
 
 class FailoverWatch(Duty):
@@ -97,9 +92,8 @@ class FailoverWatch(Duty):
         if view.is_alive(region):
             log.info("failover_skipped", region=region, reason="the region is alive again")
             return 0
-        plan = plan_moves(
-            view, placement_infos(policy), dict(policy.regions), source=region, automatic=True
-        )
+        placements = await known_placements(self.ctx.coord, policy)
+        plan = plan_moves(view, placements, dict(policy.regions), source=region, automatic=True)
         if quiet and not plan.moves:
             return 0
         for r in plan.rejected:

@@ -76,6 +76,18 @@ class ChangeLogProducer(Protocol):
         ...
 
 
+class RebalanceHandler(Protocol):
+    """Told by a group consumer when partitions move (a rebalance), as (topic, partition).
+
+    `on_revoked` runs before the partitions go to another member, after fetching from
+    them stopped: the place to finish what is in flight and commit it. `on_assigned`
+    runs once the new assignment is known, before records of it are returned."""
+
+    async def on_revoked(self, partitions: set[tuple[str, int]]) -> None: ...
+
+    async def on_assigned(self, partitions: set[tuple[str, int]]) -> None: ...
+
+
 class ChangeLogConsumer(Protocol):
     async def start(self) -> None: ...
 

@@ -11,17 +11,19 @@ import pytest
 from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
 
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.catalog.errors import CatalogUnavailableError
 from controlplane.coordination.catalog_glue.sources import JournalEntry
 from controlplane.coordination.orchestration.decide import Move
 from controlplane.coordination.orchestration.failover import MoveTracker, apply_move
 from controlplane.coordination.orchestration.runbooks import Runbooks, SwitchoverAbortedError
 from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.datasets import announce
 from controlplane.coordination.protocols.fencing import DatasetHandingOverError, FencedResource
 from controlplane.coordination.protocols.follow import follow_ownership
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.errors import ConflictError, NotFoundError, OperationTimeoutError, RefusedError
 
-from .helpers import REGIONS, critical, wait_until
+from .helpers import REGIONS, critical, publish_world, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -434,3 +436,34 @@ async def test_a_runbook_whose_lease_is_lost_gives_up_and_restores_the_owner(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await rb.close()
+
+
+class DownPlacements:
+    """Test scaffolding: a catalog that is down for every read."""
+
+    def regions(self) -> list[Any]:
+        raise CatalogUnavailableError("the catalog at test:// is down")
+
+    def placements(self) -> list[Any]:
+        raise CatalogUnavailableError("the catalog at test:// is down")
+
+
+async def test_a_failover_plans_from_the_policy_in_etcd_while_the_catalog_is_down(
+    coord: EtcdCoordination,
+) -> None:
+    await seed(coord, ["eu-central", "eu-north", "us-east"], OWNERS)
+    world = MemoryPlacements(REGIONS, [critical("ckpt/a"), critical("ckpt/b", order=("eu-north",))])
+    await publish_world(coord, world)
+    # A dataset first seen after the apply is planned too, placed by the rules; these
+    # test rules place nothing, so it is announced and left alone (nothing governs it).
+    await announce(coord, "ckpt/unplaced", by="eu-west/a1")
+    rb = Runbooks(coord, DownPlacements(), MemoryJournal(), MemoryCatchUp(), actor="op@host")
+    plan, _ = await rb.plan_failover("eu-west", to=None, force=False)
+    assert sorted((m.dataset, m.to_region) for m in plan.moves) == [
+        ("ckpt/a", "eu-central"),
+        ("ckpt/b", "eu-north"),
+    ]
+    # With nothing published, the catalog is the only source left: its outage shows.
+    await coord.delete(keys.POLICY_CURRENT)
+    with pytest.raises(CatalogUnavailableError):
+        await rb.plan_failover("eu-west", to=None, force=False)

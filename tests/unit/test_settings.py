@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -107,4 +108,18 @@ def test_data_plane_settings_have_the_spec_defaults_and_bounds(
     assert (settings.inline_max_bytes, settings.bundle_max_bytes) == (256 * 1024, 1 << 20)
     monkeypatch.setenv("MERIDIAN_INLINE_MAX_BYTES", str(2 << 20))  # over one message's 1 MiB
     with pytest.raises(ConfigError, match="MERIDIAN_INLINE_MAX_BYTES"):
+        load_settings()
+
+
+def test_agent_routes_override_registered_endpoints_and_bad_ones_are_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MERIDIAN_AGENT_ROUTES", "us-east=127.0.0.1:7001, eu-central=localhost:7002")
+    settings = load_settings()
+    assert settings.agent_address("us-east", "10.0.0.5:50051") == "127.0.0.1:7001"
+    assert settings.agent_address("eu-west", "10.0.0.6:50051") == "10.0.0.6:50051"
+    monkeypatch.setenv("MERIDIAN_AGENT_ROUTES", "us-east127.0.0.1:7001")
+    with pytest.raises(
+        ConfigError, match=re.escape("MERIDIAN_AGENT_ROUTES: 'us-east127.0.0.1:7001'")
+    ):
         load_settings()

@@ -37,6 +37,7 @@ from controlplane.coordination.orchestration.failover import (
 )
 from controlplane.coordination.orchestration.journal import aborted_entry, moved_entry
 from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.datasets import known_placements
 from controlplane.coordination.protocols.ownership import (
     CorruptRecordError,
     Handover,
@@ -63,6 +64,7 @@ from controlplane.errors import (
     RefusedError,
 )
 from controlplane.logs import get_logger
+from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.coordination import Coordination, KeepAlive, Lease
 
 log = get_logger(__name__)
@@ -156,14 +158,24 @@ class Runbooks:
                 log.warning("runbook_lease_not_revoked", lease=f"{lease.id:x}", error=str(exc))
 
     async def context(self) -> Context:
-        regions, placements = await asyncio.gather(
+        """The topology and placements from the policy published in etcd (and the
+        datasets announced after it), as the controllers decide; so a runbook works
+        while the catalog is down. Only when no policy was ever published (a catalog
+        applied to by an older release) do they come from the catalog."""
+        view = await read_view(self.coord)
+        kv = await self.coord.get(keys.POLICY_CURRENT)
+        if kv is not None:
+            # An unreadable value raises: deciding from the catalog instead would hide it.
+            policy = CompiledPolicy.from_json(kv.value, etcd_revision=kv.mod_revision)
+            placements = await known_placements(self.coord, policy)
+            return Context(view, dict(policy.regions), {p.dataset: p for p in placements})
+        regions, listed = await asyncio.gather(
             asyncio.to_thread(self.source.regions), asyncio.to_thread(self.source.placements)
         )
-        view = await read_view(self.coord)
         return Context(
             view,
             {r.name: r.jurisdiction for r in regions},
-            {p.dataset: p for p in placements},
+            {p.dataset: p for p in listed},
         )
 
     @staticmethod

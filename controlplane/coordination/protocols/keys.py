@@ -9,6 +9,8 @@ HANDOVER = ROOT + "handover/"
 LOCKS = ROOT + "locks/"
 POLICY_CURRENT = ROOT + "policy/current"
 MAINTENANCE = ROOT + "maintenance"
+AGENTS = ROOT + "agents/"
+DATASETS = ROOT + "datasets/"
 
 
 def alive(region: str) -> str:
@@ -27,8 +29,23 @@ def owner(dataset: str) -> str:
     return OWNERS + dataset
 
 
+def dataset(name: str) -> str:
+    """A dataset first seen after the policy that places it was applied (see datasets.py)."""
+    return DATASETS + name
+
+
 def handover(dataset: str) -> str:
     return HANDOVER + dataset
+
+
+def agent(region: str, agent_id: str) -> str:
+    """An agent's registration, on its lease."""
+    return f"{AGENTS}{region}/{agent_id}"
+
+
+def agents_of(region: str) -> str:
+    """The prefix of a region's agent registrations."""
+    return f"{AGENTS}{region}/"
 
 
 def lock(name: str) -> str:

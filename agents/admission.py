@@ -1,0 +1,322 @@
+"""Admission at the agent's door: residency for every copy, fencing for critical writes.
+
+Every byte an agent stores or sends passes here first (spec/dataplane.md, *Residency*
+and *Classes*), and every check fails closed:
+
+* **Governed.** The dataset's placement comes from the applied policy (a
+  `PolicySource`, the etcd-watched `PolicyView` in the daemon). No policy, or none
+  that places the dataset, or a region the topology lacks: `NotGovernedError`
+  (UNAVAILABLE, retriable), never "admitted by default".
+* **Residency.** A region holds a copy only if its jurisdiction is in the
+  dataset's residency: the receiver checks itself (`admit_store`), the sender the
+  receiver (`admit_send`). A refusal is `ResidencyError` (PERMISSION_DENIED, not
+  retried), counted in `meridian_residency_refused_total{dataset,direction}` and
+  logged.
+* **Fencing** (critical datasets). A client write (`admit_write`) is accepted only
+  by an agent of the owner region, at the owner's current epoch, while no handover
+  is marked. The owner record is asked of an `OwnerSource` that answers from etcd
+  state no older than its bound (and raises `UnavailableError` when etcd cannot
+  say): the fence alone learns epochs from a watch, and a watch that lags would let
+  a stale epoch through just after a handover committed. A write without an epoch
+  gets the owner's current one attached (spec/cli.md); a stated epoch must be the
+  current one. A pushed copy (`admit_replica`) goes through the `FencedResource`,
+  which refuses an epoch older than the newest seen and every write while the
+  dataset hands over. Stale epochs and handovers are counted and logged.
+
+A dataset the policy's publish did not list but its rules place (`ckpt/run-7`,
+first written after the apply) is announced once through the optional `announce`
+port (`/meridian/datasets/`), so that controllers claim and fail it over; until
+its home region's controller has claimed a critical one, its writes are refused
+as not yet owned (retriable).
+
+The sources are ports (Protocols below) so that tests build an `Admission` from an
+in-memory policy and owners (tests/fakes/owners.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal, NoReturn, Protocol
+
+from agents.errors import NotGovernedError, NotOwnerError, ResidencyError
+from agents.metrics import AgentMetrics
+from controlplane.coordination.protocols.fencing import (
+    DatasetHandingOverError,
+    FencedResource,
+    StaleEpochError,
+)
+from controlplane.domain.placement import Placement
+from controlplane.errors import FencedError, InvalidInputError, MeridianError, NotFoundError
+from controlplane.logs import get_logger
+from controlplane.policy.current import CompiledPolicy, NoPolicyError
+
+log = get_logger("meridian.agent.admission")
+
+Direction = Literal["receive", "send"]
+# `announce(dataset)`: record in etcd that a dataset the publish did not list exists
+# (the daemon binds controlplane.coordination.protocols.datasets.announce to it).
+Announcer = Callable[[str], Awaitable[object]]
+_PLACED_MAX = 65_536
+
+
+class PolicySource(Protocol):
+    """The applied policy (`controlplane.policy.current.PolicyView` satisfies it)."""
+
+    def require(self) -> CompiledPolicy:
+        """The current snapshot; `NoPolicyError` (retriable) when none is published."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRecord:
+    """Who owns a critical dataset, at which epoch, and whether a handover is marked."""
+
+    dataset: str
+    region: str
+    epoch: int
+    handing_over: bool = False
+
+
+class OwnerSource(Protocol):
+    """Owners and epochs of critical datasets, as etcd holds them.
+
+    Contract: `owner` answers from state read from etcd no longer ago than the
+    source's freshness bound (re-reading when its cache is older), None when the
+    dataset has no owner record, and raises `UnavailableError` (retriable) when it
+    cannot say. `known` answers from what was last read or watched, without I/O
+    (None when nothing is known)."""
+
+    async def owner(self, dataset: str) -> OwnerRecord | None: ...
+
+    def known(self, dataset: str) -> OwnerRecord | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A client write let in: its placement, the epoch it is written at (0 for a
+    standard dataset) and the policy revision that decided it."""
+
+    placement: Placement
+    epoch: int
+    policy_revision: int
+
+    @property
+    def critical(self) -> bool:
+        return self.placement.dataset_class == "critical"
+
+
+class Admission:
+    """The admission decisions of one agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        region: str,
+        view: PolicySource,
+        fence: FencedResource,
+        owners: OwnerSource,
+        metrics: AgentMetrics,
+        *,
+        announce: Announcer | None = None,
+    ) -> None:
+        self.region = region
+        self._view = view
+        self._fence = fence
+        self._owners = owners
+        self._metrics = metrics
+        self._announce = announce
+        self._announced: set[str] = set()
+        # Placing a dataset the publish did not list runs the planner: kept per snapshot.
+        self._placed_in: CompiledPolicy | None = None
+        self._placed: dict[str, Placement | None] = {}
+
+    # -- placement and residency ---------------------------------------------------------
+
+    def placement(self, dataset: str) -> Placement:
+        """The dataset's placement under the applied policy; `NotGovernedError` when none."""
+        return self._decide(dataset)[1]
+
+    def admit_store(self, dataset: str) -> Placement:
+        """This region may hold a copy of `dataset`, else `ResidencyError` (counted)."""
+        policy, placement = self._decide(dataset)
+        self._residency(policy, placement, self.region, "receive")
+        return placement
+
+    def admit_send(self, dataset: str, to_region: str) -> Placement:
+        """`to_region` may hold a copy of `dataset`, else `ResidencyError` (counted)."""
+        policy, placement = self._decide(dataset)
+        self._residency(policy, placement, to_region, "send")
+        return placement
+
+    def _decide(self, dataset: str) -> tuple[CompiledPolicy, Placement]:
+        try:
+            policy = self._view.require()
+        except NoPolicyError as exc:
+            log.warning("admission_no_policy", dataset=dataset, error=str(exc))
+            raise NotGovernedError(f"dataset {dataset} cannot be admitted: {exc}") from exc
+        try:
+            placement = self._place(policy, dataset)
+        except InvalidInputError as exc:
+            # The published rules cannot be rebuilt: not the caller's fault, and no
+            # decision can be taken on them.
+            raise NotGovernedError(
+                f"dataset {dataset}: the applied policy (revision {policy.revision}) cannot "
+                f"place it ({exc}); refused until a readable policy is applied"
+            ) from exc
+        if placement is None:
+            log.warning("admission_not_governed", dataset=dataset, revision=policy.revision)
+            raise NotGovernedError(
+                f"dataset {dataset} is governed by no policy of the applied revision "
+                f"{policy.revision}; refused until `meridian policy apply` places it"
+            )
+        return policy, placement
+
+    def _place(self, policy: CompiledPolicy, dataset: str) -> Placement | None:
+        known = policy.placements.get(dataset)
+        if known is not None:
+            return known
+        if self._placed_in is not policy or len(self._placed) >= _PLACED_MAX:
+            self._placed_in, self._placed = policy, {}
+        if dataset not in self._placed:
+            self._placed[dataset] = policy.placement(dataset)
+        return self._placed[dataset]
+
+    async def _announce_new(self, policy: CompiledPolicy, dataset: str) -> None:
+        """Announce a dataset the applied policy's publish did not list (placed by its
+        rules) once, so that controllers claim and fail it over (see
+        controlplane/coordination/protocols/datasets.py)."""
+        if self._announce is None or dataset in policy.placements or dataset in self._announced:
+            return
+        try:
+            await self._announce(dataset)
+        except MeridianError as exc:
+            # A standard write needs no etcd; the next write announces it again.
+            log.warning("dataset_announce_failed", dataset=dataset, error=str(exc))
+            return
+        self._announced.add(dataset)
+
+    def _residency(
+        self, policy: CompiledPolicy, placement: Placement, region: str, direction: Direction
+    ) -> None:
+        try:
+            jurisdiction = policy.jurisdiction(region)
+        except NotFoundError as exc:
+            raise NotGovernedError(
+                f"dataset {placement.dataset}: region {region} is not in the applied topology "
+                f"(revision {policy.revision}), so its residency cannot be decided; refused"
+            ) from exc
+        if jurisdiction in placement.residency:
+            return
+        self._metrics.residency_refused.labels(dataset=placement.dataset, direction=direction).inc()
+        allowed = ", ".join(placement.residency)
+        log.warning(
+            "residency_refused",
+            dataset=placement.dataset,
+            region=region,
+            jurisdiction=jurisdiction,
+            residency=list(placement.residency),
+            direction=direction,
+            policy=placement.policy,
+            revision=policy.revision,
+        )
+        where = "store" if direction == "receive" else "receive"
+        raise ResidencyError(
+            f"dataset {placement.dataset} may only be held in {allowed} (policy "
+            f"{placement.policy}, revision {policy.revision}); region {region} is in "
+            f"{jurisdiction} and may not {where} a copy"
+        )
+
+    # -- fencing -------------------------------------------------------------------------
+
+    async def admit_write(self, dataset: str, epoch: int | None) -> Admitted:
+        """A client write (Put, Delete, CommitSet) in this region.
+
+        Residency first; then, for a critical dataset: this region owns it, no
+        handover is marked, and `epoch` (None: the owner's current one is attached)
+        is the current epoch read from etcd (`StaleEpochError` when older,
+        `FencedError` when it names no epoch etcd holds), and the fence agrees."""
+        policy, placement = self._decide(dataset)
+        self._residency(policy, placement, self.region, "receive")
+        await self._announce_new(policy, dataset)
+        if placement.dataset_class != "critical":
+            # Standard datasets are written in any region (LWW); an epoch means nothing.
+            return Admitted(placement, 0, policy.revision)
+        owner = await self._owners.owner(dataset)
+        if owner is None:
+            raise NotGovernedError(
+                f"critical dataset {dataset} has no owner in etcd yet (its home region's "
+                "controller claims it); the write is refused until it has one"
+            )
+        if owner.region != self.region:
+            log.warning(
+                "write_refused_not_owner",
+                dataset=dataset,
+                owner=owner.region,
+                epoch=owner.epoch,
+                region=self.region,
+            )
+            raise NotOwnerError(
+                f"critical dataset {dataset} is owned by {owner.region} at epoch {owner.epoch}, "
+                f"not by this agent's region {self.region}; write through an agent of "
+                f"{owner.region}"
+            )
+        # What etcd said is at least as new as what the watch told the fence; the fence
+        # then refuses a marked handover, or an epoch it has seen superseded.
+        self._fence.observe(dataset, owner.epoch, handing_over=owner.handing_over)
+        if epoch is not None and epoch != owner.epoch:
+            if epoch < owner.epoch:
+                self._refused_stale(dataset, epoch, owner.epoch)
+            raise FencedError(
+                f"write to {dataset} carried epoch {epoch}, but the current epoch in etcd is "
+                f"{owner.epoch}; re-read the owner and write at its epoch"
+            )
+        self._fenced(dataset, owner.epoch)
+        return Admitted(placement, owner.epoch, policy.revision)
+
+    def admit_replica(self, dataset: str, epoch: int, origin_region: str) -> Placement:
+        """A copy pushed to this region (Replicate, a fetched version): residency, and for
+        a critical dataset the fence (an epoch older than the newest seen, or a marked
+        handover, is refused). `origin_region` must be the owner at that epoch when the
+        owner record of that epoch is known here."""
+        placement = self.admit_store(dataset)
+        if placement.dataset_class != "critical":
+            return placement
+        if epoch <= 0:
+            raise InvalidInputError(
+                f"a copy of critical dataset {dataset} from {origin_region} must carry the "
+                "owner's epoch (got none)"
+            )
+        known = self._owners.known(dataset)
+        if known is not None and known.epoch == epoch and known.region != origin_region:
+            # Epochs are etcd revisions of ownership writes: one epoch, one owner.
+            raise FencedError(
+                f"a copy of {dataset} at epoch {epoch} came from {origin_region}, but the "
+                f"owner at that epoch is {known.region}; refused"
+            )
+        self._fenced(dataset, epoch)
+        return placement
+
+    def _fenced(self, dataset: str, epoch: int) -> None:
+        try:
+            self._fence.admit(dataset, epoch)
+        except StaleEpochError:
+            self._metrics.stale_epoch_refused.labels(dataset=dataset).inc()
+            log.warning(
+                "stale_epoch_refused",
+                dataset=dataset,
+                epoch=epoch,
+                newest=self._fence.highest_epoch(dataset),
+            )
+            raise
+        except DatasetHandingOverError:
+            self._metrics.handover_refused.labels(dataset=dataset).inc()
+            log.info("handover_refused", dataset=dataset, epoch=epoch)
+            raise
+
+    def _refused_stale(self, dataset: str, epoch: int, current: int) -> NoReturn:
+        self._metrics.stale_epoch_refused.labels(dataset=dataset).inc()
+        log.warning("stale_epoch_refused", dataset=dataset, epoch=epoch, newest=current)
+        raise StaleEpochError(
+            f"write to {dataset} carried epoch {epoch}, older than its current epoch {current} "
+            "in etcd; this writer lost ownership and must step down"
+        )

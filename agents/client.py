@@ -1,0 +1,593 @@
+"""The client library of the node agent's API (`meridian.v1.Agent`), asyncio.
+
+`AgentClient(address)` is what the CLI (`meridian object`), the replicator's agent
+adapter, the demo and the chaos workload talk to an agent with. It speaks domain
+types (`Version`, `HLC`, `VersionSet`), never protobuf, and raises Meridian errors:
+a call the agent refused comes back as the very class it raised (`from_rpc_error`:
+a stale epoch is a `StaleEpochError`, a residency refusal a `ResidencyError`); an
+agent that cannot be reached is a retriable `UnavailableError` naming it.
+
+Every call carries a deadline. Unary calls get `timeout_s`; a bulk transfer gets
+`timeout_s` plus its size at `min_rate_bytes_per_s`, so a 4 GiB put is not cut by
+a deadline sized for a stat, and a stalled one still ends.
+
+Bulk bytes move in 1 MiB chunks (the API's limit per message). Files are read and
+written in threads (`asyncio.to_thread`), so the loop never waits on a disk.
+`get` writes its output atomically: a temporary file beside it, size and content
+digest checked, fsync, rename, fsync of the folder; on any error the temporary
+file is removed and the output is untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO, Self
+
+import grpc
+import grpc.aio
+
+from agents.rpc.status import from_rpc_error
+from agents.store.errors import DigestMismatchError, ShortStreamError
+from controlplane.domain.errors import MessageError
+from controlplane.domain.hlc import HLC
+from controlplane.domain.version import ContentHasher, Verdict, Version
+from controlplane.domain.version_set import VersionSet
+from controlplane.errors import InvalidInputError, UnavailableError
+from meridian import convert
+from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+
+CHUNK_BYTES = 1024 * 1024
+# A message is one chunk plus its framing; allow headroom for the header messages.
+MAX_MESSAGE_BYTES = 4 * CHUNK_BYTES
+DEFAULT_TIMEOUT_S = 30.0
+# The slowest transfer rate a bulk call is given time for before its deadline ends it.
+DEFAULT_MIN_RATE_BYTES_PER_S = 4 * 1024 * 1024
+LIST_PAGE = 1000
+_ZEROS = bytes(CHUNK_BYTES)
+
+Progress = Callable[[int, int | None], None]
+"""Called with (bytes done, bytes in total or None) as a transfer advances."""
+
+_OUTCOMES: dict[int, Verdict] = {
+    agent_pb2.APPLY_OUTCOME_APPLIED: Verdict.APPLY,
+    agent_pb2.APPLY_OUTCOME_SAME: Verdict.SAME,
+    agent_pb2.APPLY_OUTCOME_OLDER: Verdict.OLDER,
+    agent_pb2.APPLY_OUTCOME_COLLISION: Verdict.COLLISION,
+}
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object as the agent describes it: its newest (or asked) version."""
+
+    dataset: str
+    key: str
+    version: Version
+    set_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Health:
+    live: bool
+    region: str
+    agent_id: str
+    objects: int
+    bytes_stored: int
+    bytes_free: int
+
+
+@dataclass(frozen=True)
+class FetchSource:
+    region: str
+    address: str
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """What `fetch` did: the LWW verdict, the newest version held after it, and the
+    source that served the bytes (empty when nothing was fetched)."""
+
+    outcome: Verdict
+    held: Version | None
+    source_region: str
+    logical_bytes: int
+    wire_bytes: int
+
+
+class AgentClient:
+    """An asyncio client of one agent (see the module docstring). Use `async with`,
+    or `close()` it: the channel is opened on first use."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        min_rate_bytes_per_s: float = DEFAULT_MIN_RATE_BYTES_PER_S,
+    ) -> None:
+        if not address or ":" not in address:
+            raise InvalidInputError(
+                f"agent address {address!r} is not host:port; give e.g. 127.0.0.1:7400"
+            )
+        if timeout_s <= 0 or min_rate_bytes_per_s <= 0:
+            raise InvalidInputError("an agent client's timeout and minimum rate must be positive")
+        self.address = address
+        self.timeout_s = timeout_s
+        self.min_rate_bytes_per_s = min_rate_bytes_per_s
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: agent_pb2_grpc.AgentAsyncStub | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    @property
+    def stub(self) -> agent_pb2_grpc.AgentAsyncStub:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(
+                self.address,
+                options=[
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ],
+            )
+            self._stub = agent_pb2_grpc.AgentStub(self._channel)
+        assert self._stub is not None  # noqa: S101 - set just above; narrows for mypy
+        return self._stub
+
+    async def close(self) -> None:
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _bulk_timeout(self, size: int | None) -> float:
+        return self.timeout_s + (size or 0) / self.min_rate_bytes_per_s
+
+    def _error(self, err: grpc.aio.AioRpcError) -> Exception:
+        return from_rpc_error(err, self.address)
+
+    # -- writes ----------------------------------------------------------------------
+    async def put(
+        self,
+        dataset: str,
+        key: str,
+        source: Path | str | AsyncIterable[bytes],
+        *,
+        epoch: int | None = None,
+        set_id: str | None = None,
+        size: int | None = None,
+        progress: Progress | None = None,
+    ) -> Version:
+        """Store `source` (a file path, or an async iterable of chunks of at most 1 MiB)
+        as a new version of `dataset/key`; returns the version the agent assigned.
+        `size`, when known, sizes the deadline (a file's size is read from it)."""
+        header = agent_pb2.PutHeader(dataset=dataset, key=key)
+        if epoch is not None:
+            header.epoch = epoch
+        if set_id is not None:
+            header.set = set_id
+        if isinstance(source, str | Path):
+            path = Path(source)
+            try:
+                size = (await asyncio.to_thread(path.stat)).st_size
+            except OSError as err:
+                raise InvalidInputError(f"cannot read {path}: {err.strerror or err}") from None
+            chunks: AsyncIterable[bytes] = _file_chunks(path)
+        else:
+            chunks = source
+
+        async def requests() -> AsyncIterator[agent_pb2.PutRequest]:
+            yield agent_pb2.PutRequest(header=header)
+            done = 0
+            async for chunk in chunks:
+                if len(chunk) > CHUNK_BYTES:
+                    raise InvalidInputError(
+                        f"a put chunk holds at most {CHUNK_BYTES} bytes, got {len(chunk)}"
+                    )
+                yield agent_pb2.PutRequest(chunk=bytes(chunk))
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, size)
+            # Without it the agent cannot tell the end from a writer killed mid-stream.
+            yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
+
+        try:
+            resp = await self.stub.Put(requests(), timeout=self._bulk_timeout(size))
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        return _version(resp.version, "PutResponse.version")
+
+    async def delete(
+        self, dataset: str, key: str, *, epoch: int | None = None, set_id: str | None = None
+    ) -> Version:
+        """Write a tombstone; returns its version."""
+        req = agent_pb2.DeleteRequest(dataset=dataset, key=key)
+        if epoch is not None:
+            req.epoch = epoch
+        if set_id is not None:
+            req.set = set_id
+        try:
+            resp = await self.stub.Delete(req, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        return _version(resp.version, "DeleteResponse.version")
+
+    async def commit_set(
+        self,
+        dataset: str,
+        set_id: str,
+        members: Mapping[str, HLC | str],
+        *,
+        epoch: int | None = None,
+    ) -> VersionSet:
+        """Commit a version set of objects already stored (key → version); the agent
+        stamps its HLC."""
+        wire = types_pb2.VersionSet(
+            dataset=dataset,
+            id=set_id,
+            members=[types_pb2.SetMember(key=k, version=str(v)) for k, v in members.items()],
+        )
+        req = agent_pb2.CommitSetRequest(set=wire)
+        if epoch is not None:
+            req.epoch = epoch
+        try:
+            resp = await self.stub.CommitSet(req, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        try:
+            return convert.version_set_from_wire(resp.set, "CommitSetResponse.set")
+        except MessageError as exc:
+            raise UnavailableError(f"the agent at {self.address} answered badly: {exc}") from None
+
+    async def replicate(
+        self,
+        dataset: str,
+        key: str,
+        version: Version,
+        data: bytes | None,
+        *,
+        epoch: int,
+        origin_region: str,
+        set_id: str | None = None,
+        policy_revision: int = 0,
+    ) -> Version:
+        """Push a version made elsewhere, with its bytes (None for a delete); the agent
+        acks once committed (by LWW; epoch 0 for a standard dataset)."""
+        header = agent_pb2.ReplicateHeader(
+            dataset=dataset,
+            key=key,
+            version=convert.version_to_wire(version),
+            epoch=epoch,
+            origin_region=origin_region,
+            policy_revision=policy_revision,
+        )
+        if set_id is not None:
+            header.set = set_id
+
+        async def requests() -> AsyncIterator[agent_pb2.ReplicateRequest]:
+            yield agent_pb2.ReplicateRequest(header=header)
+            view = memoryview(data or b"")
+            for at in range(0, len(view), CHUNK_BYTES):
+                yield agent_pb2.ReplicateRequest(chunk=bytes(view[at : at + CHUNK_BYTES]))
+
+        try:
+            resp = await self.stub.Replicate(
+                requests(), timeout=self._bulk_timeout(len(data or b""))
+            )
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        return _version(resp.version, "ReplicateResponse.version")
+
+    async def fetch(
+        self,
+        dataset: str,
+        key: str,
+        version: Version,
+        sources: Sequence[FetchSource],
+        *,
+        origin_region: str,
+        set_id: str | None = None,
+        policy_revision: int = 0,
+        timeout_s: float | None = None,
+    ) -> FetchResult:
+        """Ask the agent to pull `version` from `sources` (nearest first) and apply it."""
+        req = agent_pb2.FetchRequest(
+            dataset=dataset,
+            key=key,
+            version=convert.version_to_wire(version),
+            sources=[agent_pb2.FetchSource(region=s.region, address=s.address) for s in sources],
+            origin_region=origin_region,
+            policy_revision=policy_revision,
+        )
+        if set_id is not None:
+            req.set = set_id
+        timeout = timeout_s if timeout_s is not None else self._bulk_timeout(version.size)
+        try:
+            resp = await self.stub.Fetch(req, timeout=timeout)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        outcome = _OUTCOMES.get(resp.outcome)
+        if outcome is None:
+            raise UnavailableError(
+                f"the agent at {self.address} answered Fetch with outcome {resp.outcome}"
+            )
+        held = _version(resp.held, "FetchResponse.held") if resp.HasField("held") else None
+        return FetchResult(
+            outcome, held, resp.source_region, int(resp.logical_bytes), int(resp.wire_bytes)
+        )
+
+    # -- reads -----------------------------------------------------------------------
+    async def stat(self, dataset: str, key: str, *, version: HLC | str | None = None) -> ObjectInfo:
+        req = agent_pb2.StatRequest(dataset=dataset, key=key)
+        if version is not None:
+            req.version = str(version)
+        try:
+            resp = await self.stub.Stat(req, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        return _info(resp.object, "StatResponse.object")
+
+    async def list(
+        self, dataset: str, *, prefix: str = "", include_deleted: bool = False
+    ) -> list[ObjectInfo]:
+        """Every object under `prefix` (all pages), by key."""
+        out: list[ObjectInfo] = []
+        token = ""
+        for _page in range(1_000_000):  # bounded: a token that never ends is a bug
+            req = agent_pb2.ListRequest(
+                dataset=dataset,
+                prefix=prefix,
+                page_size=LIST_PAGE,
+                page_token=token,
+                include_deleted=include_deleted,
+            )
+            try:
+                resp = await self.stub.List(req, timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as err:
+                raise self._error(err) from None
+            out.extend(_info(o, "ListResponse.objects") for o in resp.objects)
+            if not resp.next_page_token:
+                return out
+            if resp.next_page_token == token:
+                raise UnavailableError(
+                    f"the agent at {self.address} repeated list page token {token!r}"
+                )
+            token = resp.next_page_token
+        raise UnavailableError(
+            f"the agent at {self.address} listed more pages than any store holds"
+        )
+
+    async def get_set(self, dataset: str, set_id: str = "latest") -> VersionSet:
+        """The newest complete set ("latest") or the named one, with its members'
+        versions (UnavailableError while a named set still misses members here)."""
+        try:
+            resp = await self.stub.GetSet(
+                agent_pb2.GetSetRequest(dataset=dataset, set=set_id), timeout=self.timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        try:
+            return convert.version_set_from_wire(resp.set, "GetSetResponse.set")
+        except MessageError as exc:
+            raise UnavailableError(f"the agent at {self.address} answered badly: {exc}") from None
+
+    async def get(
+        self,
+        dataset: str,
+        key: str,
+        out: Path | str,
+        *,
+        version: HLC | str | None = None,
+        set_id: str | None = None,
+        progress: Progress | None = None,
+    ) -> Version:
+        """Write the newest (or the given, or the set's) version of `dataset/key` to `out`,
+        atomically; its size and digest are checked before it replaces `out`. Runs of
+        zeros are left as holes, as the store keeps them."""
+        out = Path(out)
+        info = await self.stat(dataset, key, version=version) if set_id is None else None
+        req = agent_pb2.GetRequest(dataset=dataset, key=key)
+        if version is not None:
+            req.version = str(version)
+        if set_id is not None:
+            req.set = set_id
+        size = info.version.size if info is not None else None
+        call = self.stub.Get(req, timeout=self._bulk_timeout(size))
+        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            fh = await asyncio.to_thread(_open_new, tmp)
+        except OSError as err:
+            call.cancel()
+            raise InvalidInputError(
+                f"cannot write {out}: {err.strerror or err} (in {out.parent})"
+            ) from None
+        try:
+            got = await self._receive(call, fh, progress, f"{dataset}/{key}")
+            await asyncio.to_thread(_finish, fh)
+            await asyncio.to_thread(os.replace, tmp, out)
+            await asyncio.to_thread(_fsync_dir, out.parent)
+        except BaseException:
+            call.cancel()
+            await asyncio.to_thread(_discard, fh, tmp)
+            raise
+        return got
+
+    async def get_bytes(
+        self,
+        dataset: str,
+        key: str,
+        *,
+        version: HLC | str | None = None,
+        set_id: str | None = None,
+    ) -> tuple[Version, bytes]:
+        """The content of a (small) object in memory, checked like `get`'s."""
+        req = agent_pb2.GetRequest(dataset=dataset, key=key)
+        if version is not None:
+            req.version = str(version)
+        if set_id is not None:
+            req.set = set_id
+        call = self.stub.Get(req, timeout=self.timeout_s)
+        parts: list[bytes] = []
+        hasher = ContentHasher()
+        header: Version | None = None
+        try:
+            async for msg in call:
+                if msg.WhichOneof("frame") == "header":
+                    header = _version(msg.header, "GetResponse.header")
+                else:
+                    hasher.update(msg.chunk)
+                    parts.append(msg.chunk)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        data = b"".join(parts)
+        _check(self.address, f"{dataset}/{key}", header, len(data), hasher)
+        assert header is not None  # noqa: S101 - _check raised otherwise
+        return header, data
+
+    async def _receive(
+        self,
+        call: AsyncIterable[agent_pb2.GetResponse],
+        fh: BinaryIO,
+        progress: Progress | None,
+        name: str,
+    ) -> Version:
+        header: Version | None = None
+        hasher = ContentHasher()
+        done = 0
+        try:
+            async for msg in call:
+                if msg.WhichOneof("frame") == "header":
+                    header = _version(msg.header, "GetResponse.header")
+                    continue
+                if header is None:
+                    raise UnavailableError(
+                        f"the agent at {self.address} sent bytes before the version header"
+                    )
+                chunk = msg.chunk
+                done += len(chunk)
+                if done > header.size:
+                    break  # _check reports it, with the sizes
+                await asyncio.to_thread(_write_chunk, fh, hasher, chunk)
+                if progress is not None:
+                    progress(done, header.size)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        _check(self.address, name, header, done, hasher)
+        assert header is not None  # noqa: S101 - _check raised otherwise
+        return header
+
+    # -- health ----------------------------------------------------------------------
+    async def health(self, *, timeout_s: float | None = None) -> Health:
+        try:
+            resp = await self.stub.Health(
+                agent_pb2.HealthRequest(), timeout=timeout_s or self.timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        return Health(
+            live=resp.live,
+            region=resp.region,
+            agent_id=resp.agent_id,
+            objects=int(resp.store.objects),
+            bytes_stored=int(resp.store.bytes_stored),
+            bytes_free=int(resp.store.bytes_free),
+        )
+
+
+# -- conversions ---------------------------------------------------------------------------
+def _version(msg: types_pb2.Version, path: str) -> Version:
+    try:
+        return convert.version_from_wire(msg, path)
+    except MessageError as exc:
+        raise UnavailableError(f"an agent answered with a malformed version: {exc}") from None
+
+
+def _info(msg: agent_pb2.ObjectInfo, path: str) -> ObjectInfo:
+    return ObjectInfo(
+        dataset=msg.dataset,
+        key=msg.key,
+        version=_version(msg.version, f"{path}.version"),
+        set_id=msg.set if msg.HasField("set") else None,
+    )
+
+
+def _check(
+    address: str, name: str, header: Version | None, received: int, hasher: ContentHasher
+) -> None:
+    if header is None:
+        raise UnavailableError(f"the agent at {address} ended the read of {name} without a header")
+    if header.is_tombstone:
+        raise UnavailableError(f"the agent at {address} answered the read of {name} with a delete")
+    if received != header.size:
+        raise ShortStreamError(
+            f"the agent at {address} sent {received} bytes of {name}, whose version "
+            f"{header.hlc} has {header.size}; nothing was written"
+        )
+    digest = hasher.digest()
+    if digest != header.digest:
+        raise DigestMismatchError(
+            f"the bytes of {name} at {header.hlc} read from {address} have digest {digest}, "
+            f"not {header.digest}; nothing was written"
+        )
+
+
+# -- files (run in threads) -------------------------------------------------------------------
+async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+    try:
+        fh = await asyncio.to_thread(open, path, "rb")
+    except OSError as err:
+        raise InvalidInputError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        while chunk := await asyncio.to_thread(fh.read, CHUNK_BYTES):
+            yield chunk
+    finally:
+        await asyncio.to_thread(fh.close)
+
+
+def _open_new(path: Path) -> BinaryIO:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    return os.fdopen(fd, "wb")
+
+
+def _write_chunk(fh: BinaryIO, hasher: ContentHasher, chunk: bytes) -> None:
+    hasher.update(chunk)
+    if len(chunk) == CHUNK_BYTES and chunk == _ZEROS:
+        fh.seek(len(chunk), os.SEEK_CUR)  # a hole: the store keeps zeros as holes too
+    else:
+        fh.write(chunk)
+
+
+def _finish(fh: BinaryIO) -> None:
+    fh.truncate()  # a trailing hole needs the file's length set
+    fh.flush()
+    os.fsync(fh.fileno())
+    fh.close()
+
+
+def _discard(fh: BinaryIO, path: Path) -> None:
+    try:
+        fh.close()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

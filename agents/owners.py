@@ -1,0 +1,139 @@
+"""Owners, epochs and handover marks of critical datasets, for the agent's admission.
+
+`EtcdOwners` is the `agents.admission.OwnerSource` the daemon wires. A watch alone
+is not enough to admit a client's critical write: a watch that says nothing may be
+healthy or stuck behind a partition, and only a read can tell. So `owner()`
+answers from the newest of two things:
+
+* its own read of the dataset's owner record and handover mark (one etcd
+  transaction), reused for at most `max_age_s` and then read again;
+* the daemon's watched map (`agents.daemon.owners.OwnershipWatch`, the
+  `WatchedOwners` port), when it has seen a later etcd revision than that read
+  (a mark or a move it delivered since is used at once).
+
+A critical write therefore decides on etcd state at most `max_age_s` old, and on
+none when etcd cannot be reached: `UnavailableError`, the write fails closed. A
+handover freezes writes with its mark before it moves ownership; as long as the
+freeze outlasts `max_age_s`, no write at the old epoch is accepted once the move
+has committed. Every read also feeds the agent's `FencedResource`.
+
+`known()` (for replica-side checks, no I/O) answers from the watch, else from the
+last read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from agents.admission import OwnerRecord
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.fencing import FencedResource
+from controlplane.coordination.protocols.ownership import (
+    CorruptRecordError,
+    Owner,
+    decode_handover,
+    decode_owner,
+)
+from controlplane.errors import MeridianError, UnavailableError
+from controlplane.logs import get_logger
+from controlplane.ports.coordination import Coordination, Get
+
+log = get_logger("meridian.agent.owners")
+
+DEFAULT_MAX_AGE_S = 0.5
+
+
+class WatchedOwners(Protocol):
+    """A map of owners kept by a watch (`agents.daemon.owners.OwnershipWatch`)."""
+
+    @property
+    def revision(self) -> int:
+        """The etcd revision the map is up to date with."""
+        ...
+
+    def owner(self, dataset: str) -> Owner | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    record: OwnerRecord | None
+    revision: int  # etcd revision of the read
+    at: float  # monotonic time of the read's start
+
+
+class EtcdOwners:
+    """Bounded-age owner reads from etcd, combined with a watched map (module docstring)."""
+
+    def __init__(
+        self,
+        coord: Coordination,
+        fence: FencedResource,
+        *,
+        watched: WatchedOwners | None = None,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._coord = coord
+        self._fence = fence
+        self._watched = watched
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._reads: dict[str, _Read] = {}
+
+    async def owner(self, dataset: str) -> OwnerRecord | None:
+        found = self._reads.get(dataset)
+        if found is None or self._clock() - found.at > self.max_age_s:
+            found = await self.read(dataset)
+        watched = self._watched
+        if watched is not None and watched.revision > found.revision:
+            return _record(watched.owner(dataset))
+        return found.record
+
+    def known(self, dataset: str) -> OwnerRecord | None:
+        if self._watched is not None:
+            return _record(self._watched.owner(dataset))
+        found = self._reads.get(dataset)
+        return None if found is None else found.record
+
+    async def read(self, dataset: str) -> _Read:
+        """Read the owner record and handover mark of `dataset` from etcd now."""
+        started = self._clock()
+        try:
+            res = await self._coord.txn([], [Get(keys.owner(dataset)), Get(keys.handover(dataset))])
+        except MeridianError as exc:
+            log.warning("owner_read_failed", dataset=dataset, error=str(exc))
+            raise UnavailableError(
+                f"the owner of critical dataset {dataset} cannot be read from etcd ({exc}); "
+                "the write is refused until etcd answers"
+            ) from exc
+        owner_kvs, mark_kvs = res.reads
+        record: OwnerRecord | None = None
+        try:
+            if owner_kvs:
+                kv = owner_kvs[0]
+                owner = decode_owner(dataset, kv.value, kv.mod_revision, None)
+                frozen = bool(mark_kvs) and decode_handover(mark_kvs[0]).epoch >= owner.epoch
+                record = OwnerRecord(dataset, owner.region, owner.epoch, frozen)
+        except (CorruptRecordError, ValueError, KeyError, TypeError) as exc:
+            log.error("owner_record_unreadable", dataset=dataset, error=str(exc))
+            self._reads.pop(dataset, None)
+            raise UnavailableError(
+                f"the owner of critical dataset {dataset} cannot be decided: its record in "
+                f"etcd is unreadable ({exc})"
+            ) from exc
+        found = _Read(record, res.revision, started)
+        self._reads[dataset] = found
+        watched = self._watched
+        if record is not None and (watched is None or watched.revision <= res.revision):
+            # Only news for the fence: a watch already past this read told it more.
+            self._fence.observe(dataset, record.epoch, handing_over=record.handing_over)
+        return found
+
+
+def _record(owner: Owner | None) -> OwnerRecord | None:
+    if owner is None:
+        return None
+    return OwnerRecord(owner.dataset, owner.region, owner.epoch, owner.handing_over_to is not None)

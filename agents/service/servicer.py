@@ -1,0 +1,515 @@
+"""`AgentService`: the agent API's calls on this agent's store (spec/dataplane.md).
+
+It answers Put, Get, GetSet, Stat, List, Delete, CommitSet and Health itself and hands
+Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer),
+answering UNIMPLEMENTED while there is none.
+
+Writes (Put, Delete, CommitSet) are admitted first (`Admission.admit_write`:
+residency, and for a critical dataset owner, epoch and handover), so a refused
+write touches nothing; a Put is admitted again once its bytes have arrived, just
+before its commit, so a handover that committed during a long upload refuses it.
+A Put's bytes stream into the store's staged write, one thread hop per chunk
+(hashing and disk writes never run on the event loop), and commit atomically; a
+standard write's change event is committed with it (the store's outbox), a
+critical write's epoch is recorded with it. After the local commit a critical
+write is handed to the `Replication` hook (synchronous replication, issue 13;
+none yet: the owner acks after its local commit).
+
+Every call is counted by call and code and ends with the code of its error
+(agents.service.outcome).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Never, Protocol
+
+import grpc
+
+from agents.admission import Admission, Admitted
+from agents.metrics import AgentMetrics
+from agents.service import requests
+from agents.service.outcome import Context, stream, unary
+from agents.store import (
+    CHUNK_BYTES,
+    DigestMismatchError,
+    ObjectStore,
+    SetRecord,
+    ShortStreamError,
+    StoredVersion,
+    TooLargeError,
+)
+from controlplane.domain.version import Version
+from controlplane.errors import InvalidInputError, MeridianError, OperationTimeoutError
+from controlplane.logs import get_logger
+from meridian.convert import version_set_from_wire, version_set_to_wire, version_to_wire
+from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+log = get_logger("meridian.agent.api")
+
+
+class Transfers(Protocol):
+    """The agent's transfer calls (agents/transfer), with the generated servicer's
+    signatures."""
+
+    def Signature(  # noqa: N802 - the generated names
+        self, request: agent_pb2.SignatureRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SignatureResponse]: ...
+
+    def Sync(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.SyncRequest], context: Context
+    ) -> AsyncIterator[agent_pb2.SyncResponse]: ...
+
+    async def Replicate(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.ReplicateRequest], context: Context
+    ) -> agent_pb2.ReplicateResponse: ...
+
+    async def Fetch(  # noqa: N802
+        self, request: agent_pb2.FetchRequest, context: Context
+    ) -> agent_pb2.FetchResponse: ...
+
+    def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]: ...
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedWrite:
+    """A critical write committed here, for the replication hook: a version (`key` and
+    `version`) or a set (`set_record`)."""
+
+    admitted: Admitted
+    dataset: str
+    key: str | None = None
+    version: Version | None = None
+    set_id: str | None = None
+    set_record: SetRecord | None = None
+
+
+class Replication(Protocol):
+    """Synchronous replication of critical writes (issue 13): pushes the committed write
+    to the replica regions and returns once the policy's `ack` copies are committed,
+    raising (the client's call fails with that error) when they cannot be."""
+
+    async def replicate(self, write: CommittedWrite) -> None: ...
+
+
+class AgentService(agent_pb2_grpc.AgentServicer):
+    """The `meridian.v1.Agent` servicer of one agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        admission: Admission,
+        region: str,
+        agent_id: str,
+        metrics: AgentMetrics,
+        transfers: Transfers | None = None,
+        *,
+        replication: Replication | None = None,
+        max_object_bytes: int | None = None,
+    ) -> None:
+        self.store = store
+        self.admission = admission
+        self.region = region
+        self.agent_id = agent_id
+        self.metrics = metrics
+        self.transfers = transfers
+        self.replication = replication
+        self.max_object_bytes = max_object_bytes
+
+    # -- writes ------------------------------------------------------------------------
+
+    async def Put(  # noqa: N802 - the generated name
+        self, request_iterator: AsyncIterator[agent_pb2.PutRequest], context: Context
+    ) -> agent_pb2.PutResponse:
+        return await unary(
+            "Put", context, self.metrics, lambda: self._put(request_iterator, context)
+        )
+
+    async def _put(
+        self, frames: AsyncIterator[agent_pb2.PutRequest], context: Context
+    ) -> agent_pb2.PutResponse:
+        first = await anext(frames, None)
+        if first is None or first.WhichOneof("frame") != "header":
+            raise InvalidInputError("PutRequest.header: a Put's first message must be its header")
+        header = first.header
+        dataset = requests.name("PutHeader.dataset", header.dataset)
+        key = requests.name("PutHeader.key", header.key)
+        set_id = requests.set_id("PutHeader.set", header.HasField("set"), header.set)
+        epoch = requests.epoch(header.HasField("epoch"), header.epoch)
+        size = header.size if header.HasField("size") else None
+        digest = requests.digest("PutHeader.digest", header.HasField("digest"), header.digest)
+        if size is not None and self.max_object_bytes is not None and size > self.max_object_bytes:
+            raise TooLargeError(
+                f"PutHeader.size: {dataset}/{key} would be {size} bytes, more than this agent's "
+                f"cap of {self.max_object_bytes}; nothing was stored"
+            )
+        admitted = await self.admission.admit_write(dataset, epoch)
+        staged = await asyncio.to_thread(
+            self.store.stage,
+            dataset,
+            key,
+            expected_size=size,
+            max_size=self.max_object_bytes,
+            expected_digest=digest,
+        )
+        try:
+            end: agent_pb2.PutEnd | None = None
+            async for frame in frames:
+                kind = frame.WhichOneof("frame")
+                if end is not None:
+                    raise InvalidInputError("PutRequest: nothing may follow a Put's end")
+                if kind == "end":
+                    end = frame.end
+                    continue
+                if kind != "chunk":
+                    raise InvalidInputError(
+                        "PutRequest.chunk: every message after a Put's header must be a chunk"
+                    )
+                if len(frame.chunk) > CHUNK_BYTES:
+                    raise TooLargeError(
+                        f"PutRequest.chunk: a chunk holds at most {CHUNK_BYTES} bytes, got "
+                        f"{len(frame.chunk)}; nothing was stored"
+                    )
+                await asyncio.to_thread(staged.write, frame.chunk)
+            _before_commit(context, "Put")  # a stream cut by its deadline ends like this too
+            if end is None and (size is None or staged.size != size):
+                # grpc ends the request stream this way when the writer was killed, its
+                # connection cut, or a message refused as too large: not a whole object.
+                raise ShortStreamError(
+                    f"PutRequest.end: the stream of {dataset}/{key} ended after {staged.size} "
+                    "bytes without its end (the writer went away, its connection was cut, or "
+                    "a message was too large); nothing was stored"
+                )
+            if end is not None and end.HasField("digest"):
+                stated = requests.digest("PutEnd.digest", True, end.digest)
+                found = await asyncio.to_thread(staged.finish)
+                if found != stated:
+                    raise DigestMismatchError(
+                        f"object {dataset}/{key} hashed to {found}, not the stated {stated}; "
+                        "nothing was stored"
+                    )
+            # Admitted again at the end of the stream, which may have taken minutes: a
+            # handover or a narrowed residency meanwhile refuses it, nothing stored.
+            admitted = await self.admission.admit_write(
+                dataset, admitted.epoch if admitted.critical else None
+            )
+            _before_commit(context, "Put")
+            version = await asyncio.to_thread(
+                self.store.commit_put,
+                staged,
+                set_id=set_id,
+                outbox=not admitted.critical,
+                epoch=admitted.epoch,
+                policy_revision=admitted.policy_revision,
+            )
+        finally:
+            # After a commit this removes nothing; on an error or a cancel it drops the
+            # temporary file (waiting for a chunk a thread may still be writing).
+            staged.abort()
+        log.info(
+            "object_stored",
+            dataset=dataset,
+            key=key,
+            version=str(version.hlc),
+            size=version.size,
+            epoch=admitted.epoch or None,
+        )
+        await self._after_write(
+            CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id)
+        )
+        return agent_pb2.PutResponse(version=version_to_wire(version))
+
+    async def Delete(  # noqa: N802
+        self, request: agent_pb2.DeleteRequest, context: Context
+    ) -> agent_pb2.DeleteResponse:
+        return await unary("Delete", context, self.metrics, lambda: self._delete(request, context))
+
+    async def _delete(
+        self, request: agent_pb2.DeleteRequest, context: Context
+    ) -> agent_pb2.DeleteResponse:
+        dataset = requests.name("DeleteRequest.dataset", request.dataset)
+        key = requests.name("DeleteRequest.key", request.key)
+        set_id = requests.set_id("DeleteRequest.set", request.HasField("set"), request.set)
+        epoch = requests.epoch(request.HasField("epoch"), request.epoch)
+        admitted = await self.admission.admit_write(dataset, epoch)
+        _before_commit(context, "Delete")
+        version = await asyncio.to_thread(
+            self.store.delete,
+            dataset,
+            key,
+            set_id=set_id,
+            outbox=not admitted.critical,
+            epoch=admitted.epoch,
+            policy_revision=admitted.policy_revision,
+        )
+        log.info("object_deleted", dataset=dataset, key=key, version=str(version.hlc))
+        await self._after_write(
+            CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id)
+        )
+        return agent_pb2.DeleteResponse(version=version_to_wire(version))
+
+    async def CommitSet(  # noqa: N802
+        self, request: agent_pb2.CommitSetRequest, context: Context
+    ) -> agent_pb2.CommitSetResponse:
+        return await unary(
+            "CommitSet", context, self.metrics, lambda: self._commit_set(request, context)
+        )
+
+    async def _commit_set(
+        self, request: agent_pb2.CommitSetRequest, context: Context
+    ) -> agent_pb2.CommitSetResponse:
+        if not request.HasField("set"):
+            raise InvalidInputError("CommitSetRequest.set is missing")
+        if request.set.hlc:
+            raise InvalidInputError(
+                "CommitSetRequest.set.hlc: the agent assigns a set's HLC; leave it empty"
+            )
+        wanted = version_set_from_wire(request.set, "CommitSetRequest.set", stamped=False)
+        requests.set_id("CommitSetRequest.set.id", True, wanted.id)
+        epoch = requests.epoch(request.HasField("epoch"), request.epoch)
+        admitted = await self.admission.admit_write(wanted.dataset, epoch)
+        _before_commit(context, "CommitSet")
+        record = await asyncio.to_thread(
+            self.store.commit_set,
+            wanted.dataset,
+            wanted.id,
+            {m.key: m.version for m in wanted.members},
+            outbox=not admitted.critical,
+            epoch=admitted.epoch,
+            policy_revision=admitted.policy_revision,
+        )
+        log.info(
+            "set_committed",
+            dataset=record.dataset,
+            set=record.set_id,
+            hlc=str(record.hlc),
+            members=len(record.members),
+        )
+        await self._after_write(
+            CommittedWrite(admitted, record.dataset, set_id=record.set_id, set_record=record)
+        )
+        return agent_pb2.CommitSetResponse(set=version_set_to_wire(record.as_version_set()))
+
+    async def _after_write(self, write: CommittedWrite) -> None:
+        await self._refresh_usage()
+        if write.admitted.critical and self.replication is not None:
+            await self.replication.replicate(write)
+
+    async def _refresh_usage(self) -> None:
+        try:
+            usage = await asyncio.to_thread(self.store.usage)
+        except MeridianError as exc:
+            # The write is committed: a gauge must not turn it into a failed call.
+            log.warning("usage_unreadable", error=str(exc))
+            return
+        self.metrics.objects.set(usage.objects)
+        self.metrics.bytes_stored.set(usage.bytes)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    # grpc serves a server stream only from an async generator function, hence the loops.
+    async def Get(  # noqa: N802
+        self, request: agent_pb2.GetRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.GetResponse]:
+        async for msg in stream("Get", context, self.metrics, self._get(request)):
+            yield msg
+
+    async def _get(self, request: agent_pb2.GetRequest) -> AsyncIterator[agent_pb2.GetResponse]:
+        dataset = requests.name("GetRequest.dataset", request.dataset)
+        key = requests.name("GetRequest.key", request.key)
+        hlc = requests.version("GetRequest.version", request.HasField("version"), request.version)
+        set_id = requests.optional_name("GetRequest.set", request.HasField("set"), request.set)
+        reader = await asyncio.to_thread(self.store.open, dataset, key, hlc, set_id=set_id)
+        try:
+            yield agent_pb2.GetResponse(header=version_to_wire(reader.version))
+            while chunk := await asyncio.to_thread(reader.read, CHUNK_BYTES):
+                yield agent_pb2.GetResponse(chunk=chunk)
+        finally:
+            reader.close()
+
+    async def Stat(  # noqa: N802
+        self, request: agent_pb2.StatRequest, context: Context
+    ) -> agent_pb2.StatResponse:
+        return await unary("Stat", context, self.metrics, lambda: self._stat(request))
+
+    async def _stat(self, request: agent_pb2.StatRequest) -> agent_pb2.StatResponse:
+        dataset = requests.name("StatRequest.dataset", request.dataset)
+        key = requests.name("StatRequest.key", request.key)
+        hlc = requests.version("StatRequest.version", request.HasField("version"), request.version)
+        stored = await asyncio.to_thread(self.store.stat, dataset, key, hlc)
+        return agent_pb2.StatResponse(object=_info(stored))
+
+    async def List(  # noqa: N802
+        self, request: agent_pb2.ListRequest, context: Context
+    ) -> agent_pb2.ListResponse:
+        return await unary("List", context, self.metrics, lambda: self._list(request))
+
+    async def _list(self, request: agent_pb2.ListRequest) -> agent_pb2.ListResponse:
+        dataset = requests.name("ListRequest.dataset", request.dataset)
+        prefix = requests.name("ListRequest.prefix", request.prefix) if request.prefix else ""
+        limit = requests.page_size("ListRequest.page_size", request.page_size)
+        page = await asyncio.to_thread(
+            self.store.list_objects,
+            dataset,
+            prefix,
+            cursor=request.page_token or None,
+            limit=limit,
+            include_deleted=request.include_deleted,
+        )
+        return agent_pb2.ListResponse(
+            objects=[_info(s) for s in page.items], next_page_token=page.cursor or ""
+        )
+
+    async def GetSet(  # noqa: N802
+        self, request: agent_pb2.GetSetRequest, context: Context
+    ) -> agent_pb2.GetSetResponse:
+        return await unary("GetSet", context, self.metrics, lambda: self._get_set(request))
+
+    async def _get_set(self, request: agent_pb2.GetSetRequest) -> agent_pb2.GetSetResponse:
+        dataset = requests.name("GetSetRequest.dataset", request.dataset)
+        if not request.set:
+            raise InvalidInputError("GetSetRequest.set is missing (a set id, or 'latest')")
+        wanted = (
+            request.set
+            if request.set == "latest"
+            else requests.name("GetSetRequest.set", request.set)
+        )
+        record = await asyncio.to_thread(self.store.get_set, dataset, wanted)
+        return agent_pb2.GetSetResponse(set=version_set_to_wire(record.as_version_set()))
+
+    async def Health(  # noqa: N802
+        self, request: agent_pb2.HealthRequest, context: Context
+    ) -> agent_pb2.HealthResponse:
+        return await unary("Health", context, self.metrics, self._health)
+
+    async def _health(self) -> agent_pb2.HealthResponse:
+        usage = await asyncio.to_thread(self.store.usage)
+        self.metrics.objects.set(usage.objects)
+        self.metrics.bytes_stored.set(usage.bytes)
+        return agent_pb2.HealthResponse(
+            live=True,
+            region=self.region,
+            agent_id=self.agent_id,
+            store=agent_pb2.StoreUsage(
+                objects=usage.objects, bytes_stored=usage.bytes, bytes_free=usage.bytes_free
+            ),
+        )
+
+    # -- transfers (delegated) -------------------------------------------------------------
+
+    async def Signature(  # noqa: N802
+        self, request: agent_pb2.SignatureRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SignatureResponse]:
+        gen = (
+            _unimplemented("Signature", context)
+            if self.transfers is None
+            else self.transfers.Signature(request, context)
+        )
+        async for msg in stream("Signature", context, self.metrics, gen):
+            yield msg
+
+    async def Sync(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.SyncRequest], context: Context
+    ) -> AsyncIterator[agent_pb2.SyncResponse]:
+        gen = (
+            _unimplemented("Sync", context)
+            if self.transfers is None
+            else self.transfers.Sync(request_iterator, context)
+        )
+        async for msg in stream("Sync", context, self.metrics, gen):
+            yield msg
+
+    async def Replicate(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.ReplicateRequest], context: Context
+    ) -> agent_pb2.ReplicateResponse:
+        transfers = self.transfers
+        if transfers is None:
+            return await unary(
+                "Replicate",
+                context,
+                self.metrics,
+                lambda: _refuse_unimplemented("Replicate", context),
+            )
+        return await unary(
+            "Replicate",
+            context,
+            self.metrics,
+            lambda: transfers.Replicate(request_iterator, context),
+        )
+
+    async def Fetch(  # noqa: N802
+        self, request: agent_pb2.FetchRequest, context: Context
+    ) -> agent_pb2.FetchResponse:
+        transfers = self.transfers
+        if transfers is None:
+            return await unary(
+                "Fetch", context, self.metrics, lambda: _refuse_unimplemented("Fetch", context)
+            )
+        return await unary(
+            "Fetch", context, self.metrics, lambda: transfers.Fetch(request, context)
+        )
+
+    async def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]:
+        gen = (
+            _unimplemented("SyncBundle", context)
+            if self.transfers is None
+            else self.transfers.SyncBundle(request, context)
+        )
+        async for msg in stream("SyncBundle", context, self.metrics, gen):
+            yield msg
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse:
+        transfers = self.transfers
+        if transfers is None:
+            return await unary(
+                "FetchMany",
+                context,
+                self.metrics,
+                lambda: _refuse_unimplemented("FetchMany", context),
+            )
+        return await unary(
+            "FetchMany", context, self.metrics, lambda: transfers.FetchMany(request, context)
+        )
+
+
+def _info(stored: StoredVersion) -> agent_pb2.ObjectInfo:
+    info = agent_pb2.ObjectInfo(
+        dataset=stored.dataset, key=stored.key, version=version_to_wire(stored.version)
+    )
+    if stored.set_id is not None:
+        info.set = stored.set_id
+    return info
+
+
+def _before_commit(context: Context, call: str) -> None:
+    """Refuse to commit once the caller's deadline has passed: it has given up on the
+    answer, so nothing is stored on its behalf."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise OperationTimeoutError(
+            f"the {call} call's deadline passed before its commit; nothing was stored"
+        )
+
+
+async def _refuse_unimplemented(call: str, context: Context) -> Never:
+    await context.abort(
+        grpc.StatusCode.UNIMPLEMENTED, f"this agent does not serve {call} yet (no transfers)"
+    )
+    raise AssertionError("grpc's abort returned")  # pragma: no cover - abort always raises
+
+
+async def _unimplemented(call: str, context: Context) -> AsyncIterator[Never]:
+    await _refuse_unimplemented(call, context)
+    yield  # pragma: no cover - makes this an async generator

@@ -1,0 +1,187 @@
+"""`meridian replication status | resync`: where copies stand, and re-driving the missing.
+
+`status` reads the catalog alone (replicator/status.py). `resync` plans from the
+catalog (replicator/resync.py), prints the plan, asks unless `--yes` (nothing is
+changed with `--dry-run`), then has the region's agent (`--agent`) apply each
+version from its holders, whose agents it finds in etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
+
+app = typer.Typer(help="Replication of standard datasets: status and resync.", no_args_is_help=True)
+STATUS_COLUMNS = ["dataset", "region", "completed", "pending", "failed", "lag_s"]
+OBJECT_COLUMNS = ["dataset", "region", "object", "version", "state", "attempts", "why"]
+PLAN_COLUMNS = ["dataset", "key", "version", "op", "state", "holders"]
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    dataset: Annotated[str, typer.Option("--dataset", help="shell-style glob on names")] = "*",
+    region: Annotated[str | None, typer.Option("--region", help="only this region")] = None,
+    state: Annotated[
+        str | None,
+        typer.Option("--state", help="pending or failed: list those objects, with why"),
+    ] = None,
+    output: OutputOpt = None,
+) -> None:
+    """Per dataset and region: completed, pending, failed, lag; with --state, the objects."""
+    from datetime import UTC, datetime
+
+    from controlplane.catalog.api import open_catalog
+    from controlplane.errors import InvalidInputError
+    from replicator.status import replication_status
+
+    if state is not None and state not in ("pending", "failed"):
+        raise InvalidInputError(f"--state must be pending or failed, got {state!r}")
+    catalog = open_catalog(settings_from(ctx, check_endpoints=False).catalog)
+    try:
+        rows = replication_status(
+            catalog, datetime.now(UTC), dataset_glob=dataset, region=region, state=state
+        )
+    finally:
+        catalog.close()
+    if state is None or resolve_output(output) is Output.json:
+        emit(rows, output, columns=STATUS_COLUMNS)
+        return
+    objects = [
+        {"dataset": r["dataset"], "region": r["region"], **o} for r in rows for o in r["objects"]
+    ]
+    emit(objects, output, columns=OBJECT_COLUMNS)
+
+
+@app.command()
+def resync(
+    ctx: typer.Context,
+    dataset: Annotated[str, typer.Option("--dataset", help="shell-style glob on names")],
+    region: Annotated[str, typer.Option("--region", help="the region to bring up to date")],
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="HOST:PORT of an agent of REGION [MERIDIAN_AGENT]")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan only")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
+    output: OutputOpt = None,
+) -> None:
+    """Re-drive every missing, pending or failed copy of REGION (also objects written
+    before it was a replica); prints what it would copy first."""
+    from controlplane.errors import ConfigError
+
+    agent = agent or settings_from(ctx).agent
+    if not dry_run and agent is None:
+        raise ConfigError("--agent HOST:PORT (an agent of the region) is needed to resync")
+    code = asyncio.run(_resync(ctx, dataset, region, agent, dry_run, yes, output))
+    if code:
+        raise typer.Exit(code)
+
+
+async def _resync(
+    ctx: typer.Context,
+    pattern: str,
+    region: str,
+    agent_address: str | None,
+    dry_run: bool,
+    yes: bool,
+    output: Output | None,
+) -> int:
+    import fnmatch
+
+    from controlplane.adapters.etcd import EtcdCoordination
+    from controlplane.policy.current import PolicyView
+    from replicator.agent_grpc import GrpcAgent
+    from replicator.catalog_link import CatalogLink
+    from replicator.holders import RegistryHolders
+    from replicator.resync import drive_resync, plan_resync
+
+    settings = settings_from(ctx)
+    catalog = CatalogLink(settings.catalog)
+    coord = EtcdCoordination(
+        [f"{h}:{p}" for h, p in settings.etcd_endpoints], timeout_s=settings.etcd_timeout_s
+    )
+    try:
+        await asyncio.to_thread(catalog.open)
+        await coord.connect()
+        async with PolicyView(coord) as view:
+            policy = view.require()
+            placements = [
+                p
+                for p in await asyncio.to_thread(catalog.list_placements)
+                if fnmatch.fnmatchcase(p.dataset, pattern)
+            ]
+            items = await asyncio.to_thread(plan_resync, catalog.open(), placements, region)
+            plan = [
+                {
+                    "dataset": i.dataset,
+                    "key": i.key,
+                    "version": str(i.version.hlc),
+                    "op": i.version.op,
+                    "state": i.state,
+                    "holders": list(i.holders),
+                }
+                for i in items
+            ]
+            fmt = resolve_output(output)
+            if dry_run or fmt is not Output.json:
+                emit({"plan": plan} if fmt is Output.json else plan, output, columns=PLAN_COLUMNS)
+            if dry_run or not items:
+                if not items:
+                    sys.stderr.write(f"nothing to resync in {region}\n")
+                return 0
+            if not yes and not typer.confirm(f"copy {len(items)} version(s) into {region}?"):
+                sys.stderr.write("nothing changed.\n")
+                return 1
+
+            registry = RegistryHolders(catalog, coord, route=settings.agent_address)
+
+            async with GrpcAgent(agent_address or "", route=settings.agent_address) as agent:
+                results = await _with_progress(
+                    len(items),
+                    lambda tick: drive_resync(
+                        items,
+                        region=region,
+                        agent=agent,
+                        records=catalog.open(),
+                        policy=policy,
+                        agents_of=registry.agents_of,
+                        on_done=lambda _r: tick(),
+                    ),
+                )
+            summary = [
+                {
+                    "dataset": r.item.dataset,
+                    "key": r.item.key,
+                    "version": str(r.item.version.hlc),
+                    "outcome": r.outcome,
+                    "error": r.error,
+                }
+                for r in results
+            ]
+            if fmt is Output.json:
+                emit({"plan": plan, "results": summary}, output)
+            failed = [r for r in results if r.outcome == "failed"]
+            sys.stderr.write(
+                f"resynced {len(results) - len(failed)} of {len(results)} version(s) "
+                f"into {region}" + (f"; {len(failed)} failed" if failed else "") + "\n"
+            )
+            return 1 if failed else 0
+    finally:
+        await coord.close()
+        await asyncio.to_thread(catalog.close)
+
+
+async def _with_progress(total: int, run: Any) -> Any:
+    """A progress bar on a terminal (stderr), nothing otherwise."""
+    if not sys.stderr.isatty():
+        return await run(lambda: None)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as progress:
+        task = progress.add_task("resync", total=total)
+        return await run(lambda: progress.advance(task))

@@ -1,0 +1,114 @@
+"""`AgentPort` over the region's agent, through the client library `agents.client.AgentClient`.
+
+- an inline put or a delete: `Replicate` with epoch 0 (the standard class has no
+  epoch), the inline bytes in 1 MiB chunks (none for a delete); the agent applies
+  by LWW and answers the newest version it holds after its commit, from which the
+  outcome is read (that very version: held; a newer one: the event was older; the
+  same HLC with another digest: a collision);
+- a large put: `Fetch` with the sources nearest first; the agent pulls it with
+  `Sync` and answers the outcome itself;
+- `head`: `Stat` of the newest version (NOT_FOUND: none).
+
+Failures come back as Meridian errors (`from_rpc_error` in the client): a refused
+residency as `ResidencyError`, a stale epoch as `StaleEpochError`, an unreachable
+agent as a retriable `UnavailableError`. `route(region, address)` rewrites where
+another region's agent is reached (`Settings.agent_address`: the demo and the
+chaos suite route every link through a proxy of its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from agents.client import AgentClient, FetchSource
+from controlplane.domain.events import ChangeEvent
+from controlplane.domain.version import Verdict, Version
+from controlplane.errors import MeridianError, NotFoundError
+from controlplane.lifecycle import Lifecycle
+from replicator.ports import ApplyOutcome, ApplyResult, Source
+
+_OUTCOMES = {
+    Verdict.APPLY: ApplyOutcome.APPLIED,
+    Verdict.SAME: ApplyOutcome.SAME,
+    Verdict.OLDER: ApplyOutcome.OLDER,
+    Verdict.COLLISION: ApplyOutcome.COLLISION,
+}
+
+
+def outcome_of(event: ChangeEvent, held: Version) -> ApplyOutcome:
+    """What an apply did, from the version held after it (Replicate answers only that)."""
+    if held.hlc < event.version.hlc:
+        raise MeridianError(
+            f"the agent holds {held.hlc} of {event.dataset}/{event.key} after applying "
+            f"{event.version.hlc}: it did not apply by LWW"
+        )
+    if held.hlc > event.version.hlc:
+        return ApplyOutcome.OLDER
+    return ApplyOutcome.APPLIED if held == event.version else ApplyOutcome.COLLISION
+
+
+def _direct(_region: str, address: str) -> str:
+    return address
+
+
+class GrpcAgent(Lifecycle):
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float = 30.0,
+        route: Callable[[str, str], str] = _direct,
+    ) -> None:
+        self.address = address
+        self._client = AgentClient(address, timeout_s=timeout_s)
+        self._route = route
+
+    async def _do_start(self) -> None:
+        return None
+
+    async def _do_stop(self) -> None:
+        await self._client.close()
+
+    async def _replicate(self, event: ChangeEvent) -> ApplyResult:
+        held = await self._client.replicate(
+            event.dataset,
+            event.key,
+            event.version,
+            event.inline if not event.version.is_tombstone else None,
+            epoch=0,
+            origin_region=event.origin_region,
+            set_id=event.set,
+            policy_revision=event.policy_revision,
+        )
+        return ApplyResult(outcome_of(event, held), held, logical_bytes=event.version.size)
+
+    async def apply_inline(self, event: ChangeEvent) -> ApplyResult:
+        return await self._replicate(event)
+
+    async def delete(self, event: ChangeEvent) -> ApplyResult:
+        return await self._replicate(event)
+
+    async def fetch(self, event: ChangeEvent, sources: Sequence[Source]) -> ApplyResult:
+        result = await self._client.fetch(
+            event.dataset,
+            event.key,
+            event.version,
+            [FetchSource(s.region, self._route(s.region, s.address)) for s in sources],
+            origin_region=event.origin_region,
+            set_id=event.set,
+            policy_revision=event.policy_revision,
+        )
+        return ApplyResult(
+            _OUTCOMES[result.outcome],
+            result.held,
+            source_region=result.source_region or None,
+            logical_bytes=result.logical_bytes,
+            wire_bytes=result.wire_bytes,
+        )
+
+    async def head(self, dataset: str, key: str) -> Version | None:
+        try:
+            info = await self._client.stat(dataset, key)
+        except NotFoundError:
+            return None
+        return info.version

@@ -1,0 +1,309 @@
+"""One change event, from its Kafka record to its durable effect in this region.
+
+The pipeline of dataplane.md, *The replicator*, for one record:
+
+1. decode; bytes that are no valid `ChangeEvent` → dead letter `undecodable`;
+2. an event this region wrote itself → nothing to do;
+3. residency guard (guard.py) on the current policy snapshot: not governed, or not
+   for this region → no copy; a region the placement names but whose jurisdiction is
+   outside the residency → refused: recorded as a refused transfer, dead-lettered
+   (`residency`), counted; no byte moves;
+4. clock-skew quarantine: an HLC more than `max_clock_skew_ms` ahead of our clock →
+   dead letter `clock skew`, counted;
+5. `deletes: retain` → the tombstone is recorded, the copy stays;
+6. LWW and the copy, in the agent (ports.AgentPort): inline bytes or a delete via
+   `apply_inline`/`delete`, otherwise `fetch` from the holders nearest first. The
+   agent decides by `lww()` and commits durably before it answers, so a replay of
+   the event (redelivery, rebalance, a crash before the offset commit) is a no-op;
+7. record: a failed attempt journals the replica `pending` with its error and is
+   retried with exponential backoff and jitter; after `max_attempts` it is `failed`
+   (re-driven by `meridian replication resync`); a held version is `completed`.
+
+`handle` returns only once the effect is durable (the agent's commit, the journal
+row, the dead letter acknowledged), so the caller may then commit the offset; it
+never raises except when cancelled (then nothing is committed and the event is
+replayed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Protocol
+
+from agents.errors import ResidencyError
+from controlplane.domain.errors import ClockSkewError, MessageError
+from controlplane.domain.events import ChangeEvent
+from controlplane.domain.hlc import HybridClock
+from controlplane.errors import FencedError, MeridianError
+from controlplane.logs import get_logger
+from controlplane.policy.current import CompiledPolicy
+from controlplane.ports.changelog import Record
+from meridian.convert import decode_change_event
+from replicator import dlq
+from replicator.config import ReplicatorConfig
+from replicator.guard import Admission, admit, sources_for
+from replicator.journal import RecordJournal, ReplicaRecord
+from replicator.metrics import ReplicatorMetrics
+from replicator.ports import AgentPort, ApplyOutcome, ApplyResult, Source
+
+log = get_logger("meridian.replicator")
+
+
+class HolderLookup(Protocol):
+    async def holders(self, event: ChangeEvent) -> list[Source]:
+        """Agents of other regions known to hold the event's version (best effort)."""
+        ...
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Applier:
+    def __init__(
+        self,
+        config: ReplicatorConfig,
+        *,
+        agent: AgentPort,
+        journal: RecordJournal,
+        dead_letters: dlq.DeadLetters,
+        policy: Callable[[], CompiledPolicy],
+        metrics: ReplicatorMetrics,
+        clock: HybridClock | None = None,
+        holders: HolderLookup | None = None,
+        on_record: Callable[[], None] = lambda: None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.config = config
+        self.region = config.region
+        self._agent = agent
+        self._journal = journal
+        self._dlq = dead_letters
+        self._policy = policy
+        self._metrics = metrics
+        self._clock = clock or HybridClock(
+            config.region, max_clock_skew_ms=config.max_clock_skew_ms
+        )
+        self._holders = holders
+        self._on_record = on_record
+        self._sleep = sleep
+
+    # -- the pipeline --------------------------------------------------------------------
+    async def handle(self, record: Record) -> str:
+        """Apply one record; return what became of it (a label, also counted)."""
+        result = await self._handle(record)
+        self._metrics.events.labels(result).inc()
+        return result
+
+    async def _handle(self, record: Record) -> str:
+        try:
+            event = decode_change_event(record.value)
+        except MessageError as exc:
+            await self._dead_letter(record, dlq.UNDECODABLE, str(exc))
+            return "dead-lettered"
+        if event.origin_region == self.region:
+            return "own"
+        policy = await self._current_policy()
+        decision = admit(event, policy, self.region)
+        if decision.admission is Admission.REFUSED:
+            await self._refuse(record, event, decision.reason, policy.revision)
+            return "refused"
+        if decision.admission is not Admission.ADMIT or decision.placement is None:
+            log.debug(
+                "event_skipped",
+                event_id=event.event_id,
+                dataset=event.dataset,
+                key=event.key,
+                reason=decision.reason,
+            )
+            return "skipped"
+        try:
+            self._clock.check_skew(event.version.hlc)
+        except ClockSkewError as exc:
+            await self._dead_letter(record, dlq.CLOCK_SKEW, str(exc), event)
+            return "dead-lettered"
+        if event.version.is_tombstone and decision.placement.deletes == "retain":
+            # The delete is recorded (its tombstone version, processed here by policy);
+            # the copy stays. See the report: this counts as the region's completed state.
+            self._append(self._record(event, "completed"))
+            log.info(
+                "delete_retained",
+                dataset=event.dataset,
+                key=event.key,
+                version=str(event.version.hlc),
+                reason="the dataset's policy says deletes: retain",
+            )
+            return "retained"
+        return await self._apply(record, event, policy)
+
+    async def _apply(self, record: Record, event: ChangeEvent, policy: CompiledPolicy) -> str:
+        attempts = self.config.max_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                result = await self._call(event, policy)
+            except ResidencyError as exc:
+                await self._refuse(record, event, str(exc), policy.revision)
+                return "refused"
+            except FencedError as exc:  # a stale epoch (StaleEpochError) among them
+                await self._dead_letter(record, dlq.STALE_EPOCH, str(exc), event)
+                return "dead-lettered"
+            except ClockSkewError as exc:  # the agent's clock refused it
+                await self._dead_letter(record, dlq.CLOCK_SKEW, str(exc), event)
+                return "dead-lettered"
+            except Exception as exc:  # noqa: BLE001 - every failure is recorded, none ends the loop
+                error = _describe(exc)
+                final = attempt == attempts or (
+                    isinstance(exc, MeridianError) and not exc.retriable
+                )
+                if final:
+                    self._append(self._record(event, "failed", error=error, attempted=True))
+                    self._metrics.failed.labels(event.dataset, self.region).inc()
+                    log.warning(
+                        "replica_failed",
+                        event_id=event.event_id,
+                        dataset=event.dataset,
+                        key=event.key,
+                        version=str(event.version.hlc),
+                        attempts=attempt,
+                        error=error,
+                        action="marked failed; `meridian replication resync` re-drives it",
+                    )
+                    return "failed"
+                self._append(self._record(event, "pending", error=error, attempted=True))
+                self._metrics.retries.labels(event.dataset).inc()
+                delay = self._backoff(attempt)
+                log.info(
+                    "replica_retry",
+                    event_id=event.event_id,
+                    dataset=event.dataset,
+                    key=event.key,
+                    attempt=attempt,
+                    error=error,
+                    retry_in_s=round(delay, 3),
+                )
+                await self._sleep(delay)
+                continue
+            return self._settle(event, result)
+        raise AssertionError("unreachable: the last attempt returns")  # pragma: no cover
+
+    async def _call(self, event: ChangeEvent, policy: CompiledPolicy) -> ApplyResult:
+        if event.version.is_tombstone:
+            return await self._agent.delete(event)
+        if event.inline is not None:
+            return await self._agent.apply_inline(event)
+        holders: Sequence[Source] = ()
+        if self._holders is not None:
+            try:
+                holders = await self._holders.holders(event)
+            except Exception as exc:  # noqa: BLE001 - other holders are an optimisation
+                log.debug("holders_unknown", dataset=event.dataset, error=_describe(exc))
+        sources = sources_for(event, policy, self.region, holders)
+        return await self._agent.fetch(event, sources)
+
+    def _settle(self, event: ChangeEvent, result: ApplyResult) -> str:
+        # Checked before the apply, so it cannot refuse here; suppressed all the same.
+        with contextlib.suppress(ClockSkewError):
+            self._clock.observe(event.version.hlc)
+        if result.outcome.holds_version:
+            self._append(self._record(event, "completed"))
+        elif result.outcome is ApplyOutcome.COLLISION:
+            log.warning(
+                "hlc_collision",
+                dataset=event.dataset,
+                key=event.key,
+                version=str(event.version.hlc),
+                incoming=str(event.version.digest),
+                held=str(result.held.digest if result.held else None),
+                action="kept the version held (equal HLC is a no-op)",
+            )
+        return result.outcome.value
+
+    # -- helpers ---------------------------------------------------------------------------
+    async def _current_policy(self) -> CompiledPolicy:
+        """The policy snapshot; while none is published, wait (fail closed: no copy is
+        decided on nothing, and the offset is not committed)."""
+        delay = self.config.retry_initial_s
+        while True:
+            try:
+                return self._policy()
+            except MeridianError as exc:
+                if not exc.retriable:
+                    raise
+                log.warning("no_policy", error=str(exc), retry_in_s=delay)
+                await self._sleep(delay)
+                delay = min(self.config.retry_max_s, delay * 2)
+
+    def _backoff(self, attempt: int) -> float:
+        top = min(self.config.retry_max_s, self.config.retry_initial_s * 2.0 ** (attempt - 1))
+        jitter: float = random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not secrecy
+        return top * jitter
+
+    async def _refuse(self, record: Record, event: ChangeEvent, reason: str, revision: int) -> None:
+        self._metrics.residency_refused.labels(event.dataset, "receive").inc()
+        self._append(self._record(event, "refused", kind="refused", revision=revision))
+        await self._dead_letter(record, dlq.RESIDENCY, reason, event)
+
+    async def _dead_letter(
+        self, record: Record, reason: str, detail: str, event: ChangeEvent | None = None
+    ) -> None:
+        delay = self.config.retry_initial_s
+        while True:
+            try:
+                await self._dlq.send(record, reason, detail)
+                break
+            except MeridianError as exc:
+                # Kafka is the log we read from: wait for it rather than drop the letter.
+                log.warning("dlq_unavailable", error=str(exc), retry_in_s=delay)
+                await self._sleep(delay)
+                delay = min(self.config.retry_max_s, delay * 2)
+        self._metrics.dlq.labels(reason).inc()
+        log.warning(
+            "dead_lettered",
+            reason=reason,
+            detail=detail,
+            event_id=event.event_id if event else None,
+            source=f"{record.topic}/{record.partition}/{record.offset}",
+        )
+
+    def _record(
+        self,
+        event: ChangeEvent,
+        state: str,
+        *,
+        kind: str = "replica",
+        error: str | None = None,
+        attempted: bool = False,
+        revision: int | None = None,
+    ) -> ReplicaRecord:
+        version = event.version
+        return ReplicaRecord(
+            kind="refused" if kind == "refused" else "replica",
+            event_id=event.event_id,
+            dataset=event.dataset,
+            key=event.key,
+            hlc=str(version.hlc),
+            op=version.op,
+            size=version.size,
+            digest=str(version.digest) if version.digest is not None else "",
+            origin_region=event.origin_region,
+            set_id=event.set,
+            region=self.region,
+            state=state,
+            at=utcnow(),
+            attempted=attempted,
+            error=error,
+            policy_revision=revision or event.policy_revision,
+        )
+
+    def _append(self, rec: ReplicaRecord) -> None:
+        self._journal.append(rec)
+        self._on_record()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,35 @@
+"""The replicator's knobs, with units in their names (STYLE.md item 7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.domain.hlc import DEFAULT_MAX_CLOCK_SKEW_MS
+
+
+def group_id(region: str) -> str:
+    """The consumer group of a destination region: one per region (dataplane.md)."""
+    return f"meridian-replicator-{region}"
+
+
+@dataclass(frozen=True)
+class ReplicatorConfig:
+    region: str
+    # Events applied at once (across objects; one object's events stay in order).
+    max_in_flight: int = 64
+    # Attempts of one copy before its replica is `failed` (then `replication resync`).
+    max_attempts: int = 5
+    retry_initial_s: float = 0.2
+    retry_max_s: float = 10.0
+    max_clock_skew_ms: int = DEFAULT_MAX_CLOCK_SKEW_MS
+    poll_max_records: int = 500
+    poll_timeout_ms: int = 200
+    commit_interval_s: float = 0.2
+    backlog_interval_s: float = 1.0
+    # How long a stop (or a rebalance) waits for events in flight before it cancels them.
+    drain_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_in_flight", "max_attempts", "poll_max_records"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

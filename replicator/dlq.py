@@ -1,0 +1,47 @@
+"""Dead letters: an event a region will not apply goes to `meridian.dlq`, with the
+original bytes (so nothing is lost to a bug in decoding) and the reason; the
+replicator then moves on (dataplane.md, *Change events*).
+
+The record keeps the original key and value; headers say why (`reason`, the short
+category that `meridian_dlq_total{reason}` counts, and `detail`, the sentence), who
+refused it (`region`) and where it came from (`source`: topic/partition/offset).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from controlplane.adapters.kafka import DLQ_TOPIC
+from controlplane.ports.changelog import ChangeLogProducer, Record
+
+# The reasons counted (`meridian_dlq_total{reason}`).
+UNDECODABLE = "undecodable"
+CLOCK_SKEW = "clock skew"
+RESIDENCY = "residency"
+STALE_EPOCH = "stale epoch"
+REJECTED = "rejected"
+
+
+class DeadLetters(Protocol):
+    async def send(self, record: Record, reason: str, detail: str) -> None:
+        """Return once the dead letter is durable (acks=all)."""
+        ...
+
+
+class KafkaDeadLetters:
+    def __init__(self, producer: ChangeLogProducer, region: str) -> None:
+        self._producer = producer
+        self._region = region
+
+    async def send(self, record: Record, reason: str, detail: str) -> None:
+        await self._producer.send(
+            DLQ_TOPIC.name,
+            record.key or b"",
+            record.value,
+            headers=[
+                ("reason", reason.encode()),
+                ("detail", detail.encode()),
+                ("region", self._region.encode()),
+                ("source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
+            ],
+        )

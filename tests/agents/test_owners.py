@@ -1,0 +1,202 @@
+"""`EtcdOwners`: owner records read from etcd with a bounded age, combined with the
+daemon's watched map; the fake coordination port for units, real etcd for the
+integration test."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from agent_api_helpers import CRITICAL, REGION, REGIONS, put, start_agent, stop_agent, world
+from fakes.admission import StaticPolicy, compiled
+from fakes.coordination import MemoryCoordination
+
+from agents.admission import Admission, OwnerRecord
+from agents.daemon.owners import OwnershipWatch
+from agents.errors import NotOwnerError
+from agents.metrics import AgentMetrics
+from agents.owners import EtcdOwners
+from agents.rpc.status import from_rpc_error
+from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination.protocols.fencing import (
+    DatasetHandingOverError,
+    FencedResource,
+    StaleEpochError,
+)
+from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.errors import UnavailableError
+from controlplane.stack.etcd import EtcdCluster, start_etcd_cluster
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def admission_in(region: str, fence: FencedResource, owners: EtcdOwners) -> Admission:
+    policy = StaticPolicy(compiled(REGIONS, world()))
+    return Admission(region, policy, fence, owners, AgentMetrics(region))
+
+
+async def test_a_read_feeds_the_fence_and_an_unowned_dataset_is_none() -> None:
+    coord = MemoryCoordination()
+    epoch = await Ownership(coord).claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
+    fence = FencedResource()
+    owners = EtcdOwners(coord, fence)
+    assert await owners.owner(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, False)
+    assert owners.known(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, False)
+    assert fence.highest_epoch(CRITICAL) == epoch
+    assert await owners.owner("unowned/ds") is None
+
+
+async def test_a_read_older_than_the_bound_is_redone_and_etcd_down_fails_closed() -> None:
+    coord = MemoryCoordination()
+    await Ownership(coord).claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
+    clock = Clock()
+    owners = EtcdOwners(coord, FencedResource(), max_age_s=0.5, clock=clock)
+    first = await owners.owner(CRITICAL)
+    coord.set_unavailable(True)
+    clock.now += 0.4
+    assert await owners.owner(CRITICAL) == first  # within the bound: the read is reused
+    clock.now += 0.2
+    with pytest.raises(UnavailableError, match="cannot be read from etcd"):
+        await owners.owner(CRITICAL)
+    coord.set_unavailable(False)
+    assert await owners.owner(CRITICAL) == first
+
+
+async def test_a_mark_the_watch_delivered_after_the_read_is_used_at_once() -> None:
+    coord = MemoryCoordination()
+    ownership = Ownership(coord)
+    epoch = await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
+    fence = FencedResource()
+    async with OwnershipWatch(coord, fence, retry_initial_s=0.05) as watch:
+        owners = EtcdOwners(coord, fence, watched=watch, max_age_s=60)
+        assert await owners.owner(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, False)
+        owner = await ownership.get(CRITICAL)
+        assert owner is not None
+        mark = await ownership.begin_handover(CRITICAL, owner, "eu-central", "t")
+        await watch.wait_for_revision(mark.create_revision, timeout_s=10)
+        # The read is fresh (60 s bound), but the watch is past it.
+        assert await owners.owner(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, True)
+        assert owners.known(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, True)
+
+
+async def test_after_a_committed_handover_the_old_epoch_is_never_accepted() -> None:
+    # No watch at all and no reuse (max_age 0): every write reads etcd.
+    coord = MemoryCoordination()
+    ownership = Ownership(coord)
+    old = await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
+    west_fence, central_fence = FencedResource(), FencedResource()
+    west = admission_in(REGION, west_fence, EtcdOwners(coord, west_fence, max_age_s=0))
+    central = admission_in(
+        "eu-central", central_fence, EtcdOwners(coord, central_fence, max_age_s=0)
+    )
+    assert (await west.admit_write(CRITICAL, None)).epoch == old
+    owner = await ownership.get(CRITICAL)
+    assert owner is not None
+    mark = await ownership.begin_handover(CRITICAL, owner, "eu-central", "t")
+    with pytest.raises(DatasetHandingOverError):
+        await west.admit_write(CRITICAL, old)
+    await coord.put("/meridian/regions/eu-central/alive", b"x")
+    new = await ownership.complete_handover(mark, reason="switchover", actor="t")
+    with pytest.raises(NotOwnerError):
+        await west.admit_write(CRITICAL, old)
+    with pytest.raises(StaleEpochError):
+        await central.admit_write(CRITICAL, old)
+    assert (await central.admit_write(CRITICAL, None)).epoch == new
+
+
+async def test_an_unreadable_owner_record_fails_closed() -> None:
+    coord = MemoryCoordination()
+    await coord.put(f"/meridian/owners/{CRITICAL}", b"not json")
+    with pytest.raises(UnavailableError, match="unreadable"):
+        await EtcdOwners(coord, FencedResource()).owner(CRITICAL)
+
+
+# -- against real etcd ---------------------------------------------------------------
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def etcd1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    client, peer = _free_ports(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # the launcher drops its Popen handles
+        cluster = start_etcd_cluster(
+            tmp_path_factory.mktemp("etcd-owners"), members=1, client_port=client, peer_port=peer
+        )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def etcd(etcd1: EtcdCluster) -> AsyncIterator[EtcdCoordination]:
+    async with EtcdCoordination(etcd1.endpoints, timeout_s=5) as coord:
+        await coord.delete("/meridian/", prefix=True)
+        yield coord
+
+
+@pytest.mark.integration
+async def test_a_switchover_in_real_etcd_fences_the_old_owners_writes(
+    etcd: EtcdCoordination, tmp_path: Path
+) -> None:
+    ownership = Ownership(etcd)
+    old = await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
+    fence = FencedResource()
+    async with OwnershipWatch(etcd, fence, retry_initial_s=0.05) as watch:
+        owners = EtcdOwners(etcd, fence, watched=watch, max_age_s=0.5)
+        agent = await start_agent(tmp_path / "root", owners_source=owners, fence=fence)
+        try:
+            resp = await put(agent, CRITICAL, "shard-0", b"epoch attached")
+            assert agent.replication.writes[-1].admitted.epoch == old
+            assert resp.version.size == len(b"epoch attached")
+
+            owner = await ownership.get(CRITICAL)
+            assert owner is not None
+            mark = await ownership.begin_handover(CRITICAL, owner, "eu-central", "t")
+            await asyncio.sleep(0.6)  # past the bound, whatever the watch delivered
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await put(agent, CRITICAL, "shard-1", b"frozen", epoch=old)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert isinstance(from_rpc_error(caught.value), DatasetHandingOverError)
+
+            await etcd.put("/meridian/regions/eu-central/alive", b"x")
+            new = await ownership.complete_handover(mark, reason="switchover", actor="t")
+            # At once, before waiting for the watch: never accepted at the old epoch
+            # (the read, or the watch, still holds the freeze, or already the move).
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await put(agent, CRITICAL, "shard-1", b"late", epoch=old)
+            assert caught.value.code() in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.FAILED_PRECONDITION,
+            )
+            await watch.wait_for_revision(new, timeout_s=10)
+            assert owners.known(CRITICAL) == OwnerRecord(CRITICAL, "eu-central", new)
+            assert fence.highest_epoch(CRITICAL) == new
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await put(agent, CRITICAL, "shard-1", b"not the owner")
+            assert isinstance(from_rpc_error(caught.value), NotOwnerError)
+            assert [s.key for s in agent.store.list_objects(CRITICAL).items] == ["shard-0"]
+        finally:
+            await stop_agent(agent)

@@ -1,0 +1,251 @@
+"""Records, backlog, status and resync against a real catalog (SQLite, policy applied
+and published through the CLI), with a fake agent.
+
+- the backlog gauges are computed from the catalog, so a replicator that starts
+  (or restarts) with a backlog reports it at once, and 0 once it is applied;
+- a copy that fails `max_attempts` times is `failed` in the catalog with its last
+  error, and `replication status --state failed` says why;
+- while the catalog is down, records wait in the journal and the data path goes on;
+- `replication resync` re-drives objects written before the region had them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import repl_builders as b
+from fakes.coordination import MemoryCoordination
+from fakes.replicator import MemoryAgent, MemoryReplicaRecords
+from harness.cli_schema import check_output
+from harness.controllers import run_cli
+from repl_rig import Rig, RigFactory
+from repl_world import prepare_world
+
+from controlplane.catalog.api import Catalog, open_catalog
+from controlplane.coordination.protocols import keys
+from controlplane.domain.events import ChangeEvent
+from controlplane.domain.hlc import system_ms
+from controlplane.errors import UnavailableError
+from controlplane.policy.current import PolicyView
+from controlplane.policy.placer import place
+from replicator.backfill import Backfill, newly_placed
+from replicator.backlog import BacklogProbe
+from replicator.journal import RecordJournal, ReplicaRecord
+from replicator.ports import Source
+from replicator.resync import drive_resync, plan_resync
+from replicator.shipper import RecordShipper
+
+pytestmark = pytest.mark.integration
+
+DS = "corpus/records"
+POLICY = b.policy(b.placement(DS, replicas=("eu-central", "eu-north")))
+
+
+@pytest.fixture
+def world(tmp_path: Path, etcd_endpoint: str, kafka_bootstrap: str) -> dict[str, str]:
+    return prepare_world(tmp_path / "world", etcd_endpoint, kafka_bootstrap)
+
+
+@pytest.fixture
+def catalog(world: dict[str, str]) -> Iterator[Catalog]:
+    cat = open_catalog(world["MERIDIAN_CATALOG"], placer=place)
+    yield cat
+    cat.close()
+
+
+def written_at_origin(catalog: Catalog, event: ChangeEvent) -> None:
+    """What the origin agent's recorder ships: the version, completed in its region."""
+    v = event.version
+    catalog.register_version(
+        event.dataset,
+        event.key,
+        str(v.hlc),
+        str(v.digest) if v.digest else "",
+        size=v.size,
+        origin_region=event.origin_region,
+        hlc=str(v.hlc),
+        op=v.op,
+    )
+    catalog.set_replica_state(
+        event.dataset,
+        event.key,
+        str(v.hlc),
+        event.origin_region,
+        "completed",
+        digest=str(v.digest) if v.digest else None,
+    )
+
+
+def status(world: dict[str, str], *args: str) -> list[dict[str, object]]:
+    done = run_cli(["replication", "status", "--dataset", DS, *args, "--output", "json"], world)
+    assert done.returncode == 0, done.stderr
+    rows: list[dict[str, object]] = json.loads(done.stdout)
+    return rows
+
+
+async def test_backlog_is_read_from_the_catalog_at_start_and_drains_to_zero(
+    world: dict[str, str], catalog: Catalog, rig_factory: RigFactory
+) -> None:
+    t = system_ms() - 30_000
+    events = [b.put(f"k{i}", f"v{i}".encode(), wall_ms=t + i, dataset=DS) for i in range(3)]
+    for e in events:
+        written_at_origin(catalog, e)
+    rig: Rig = rig_factory(region="eu-central", policy=POLICY)
+    probe = BacklogProbe(catalog, "eu-central", rig.metrics)
+    # A replicator (re)starting now: its first refresh is the true backlog.
+    found = await probe.refresh()
+    lag, pending = found[DS]
+    assert pending == 3 and 29 < lag < 120
+    assert rig.metric("meridian_replication_pending", dataset=DS, region="eu-central") == 3
+    assert status(world, "--region", "eu-central")[0]["pending"] == 3
+    # Applied and recorded: the backlog is gone, in the gauges and in `status` alike.
+    for i, e in enumerate(events):
+        await rig.applier.handle(b.rec_of(e, i))
+    shipper = RecordShipper(rig.journal, catalog)
+    assert await shipper.ship_once() == 3
+    found = await probe.refresh()
+    assert found[DS] == (0.0, 0)
+    assert rig.metric("meridian_replication_lag_seconds", dataset=DS, region="eu-central") == 0
+    rows = status(world)
+    check_output("replication_status", rows)
+    by_region = {r["region"]: r for r in rows}
+    assert by_region["eu-central"] == {
+        "dataset": DS,
+        "region": "eu-central",
+        "completed": 3,
+        "pending": 0,
+        "failed": 0,
+        "lag_s": 0.0,
+    }
+    assert by_region["eu-north"]["pending"] == 3  # not there yet: still counted
+
+
+async def test_a_failed_copy_is_shown_with_its_error_and_resync_redrives_it(
+    world: dict[str, str], catalog: Catalog, rig_factory: RigFactory
+) -> None:
+    rig = rig_factory(region="eu-central", policy=POLICY, max_attempts=2)
+    event = b.put("big", b"x" * 64, inline=False, dataset=DS)
+    written_at_origin(catalog, event)
+    rig.agent.failures = [UnavailableError("eu-west agent unreachable")] * 2
+    assert await rig.applier.handle(b.rec_of(event)) == "failed"
+    await RecordShipper(rig.journal, catalog).ship_once()
+    (row,) = status(world, "--region", "eu-central", "--state", "failed")
+    assert row["failed"] == 1 and row["pending"] == 0
+    (obj,) = row["objects"]  # type: ignore[misc]
+    assert obj["attempts"] == 2
+    assert obj["last_error"] == "UnavailableError: eu-west agent unreachable"
+    assert "replication resync" in obj["why"]
+    # Resync: the plan names it (and the objects eu-north never had), then re-drives it.
+    items = plan_resync(catalog, catalog.list_placements(), "eu-central")
+    assert [(i.key, i.state, i.holders) for i in items] == [("big", "failed", ("eu-west",))]
+    agent = MemoryAgent()
+
+    async def agents_of(region: str) -> list[Source]:
+        return [Source(region, f"{region}.agent:7400")]
+
+    results = await drive_resync(
+        items,
+        region="eu-central",
+        agent=agent,
+        records=catalog,
+        policy=POLICY,
+        agents_of=agents_of,
+    )
+    assert [r.outcome for r in results] == ["applied"]
+    assert agent.fetch_sources == [[Source("eu-west", "eu-west.agent:7400")]]
+    (after,) = status(world, "--region", "eu-central")
+    assert (after["completed"], after["pending"], after["failed"]) == (1, 0, 0)
+
+
+def test_resync_dry_run_prints_the_plan_and_changes_nothing(
+    world: dict[str, str], catalog: Catalog
+) -> None:
+    e = b.put("old", dataset=DS)
+    written_at_origin(catalog, e)  # written before eu-north held anything
+    done = run_cli(
+        [
+            "replication",
+            "resync",
+            "--dataset",
+            "corpus/*",
+            "--region",
+            "eu-north",
+            "--dry-run",
+            "--output",
+            "json",
+        ],
+        world,
+    )
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)["plan"]
+    assert [(p["key"], p["state"], p["holders"]) for p in plan] == [("old", "missing", ["eu-west"])]
+    assert catalog.replica_status(DS, region="eu-north") == []
+
+
+async def test_records_wait_in_the_journal_while_the_catalog_is_down(tmp_path: Path) -> None:
+    journal = RecordJournal(tmp_path / "j.db")
+    sink = MemoryReplicaRecords(down=True)
+    for e in [b.put(f"k{i}") for i in range(3)]:
+        journal.append(
+            ReplicaRecord(
+                kind="replica",
+                event_id=e.event_id,
+                dataset=e.dataset,
+                key=e.key,
+                hlc=str(e.version.hlc),
+                op="put",
+                size=e.version.size,
+                digest=str(e.version.digest),
+                origin_region="eu-west",
+                set_id=None,
+                region="eu-central",
+                state="completed",
+                at=datetime.now(UTC),
+            )
+        )
+    shipper = RecordShipper(journal, sink)
+    with pytest.raises(UnavailableError):
+        await shipper.ship_once()
+    assert journal.count() == 3 and sink.states == {}
+    sink.down = False
+    assert await shipper.ship_once() == 3
+    assert journal.count() == 0
+    assert {k[1]: v[0] for k, v in sink.states.items()} == {f"k{i}": "completed" for i in range(3)}
+    journal.close()
+
+
+async def test_a_region_added_as_a_replica_is_backfilled_live(catalog: Catalog) -> None:
+    old = b.put("before", b"written before eu-north was a replica", dataset=DS)
+    written_at_origin(catalog, old)
+    coord = MemoryCoordination()
+    await coord.put(keys.POLICY_CURRENT, b.policy(b.placement(DS), revision=4).to_json())
+    agent = MemoryAgent()
+
+    async def agents_of(region: str) -> list[Source]:
+        return [Source(region, f"{region}.agent:7400")]
+
+    async with PolicyView(coord) as view:
+        backfill = Backfill(view, catalog, agent, agents_of, "eu-north")
+        async with backfill:
+            wider = b.placement(DS, replicas=("eu-central", "eu-north"))
+            await coord.put(keys.POLICY_CURRENT, b.policy(wider, revision=5).to_json())
+            await asyncio.wait_for(backfill.ran.wait(), 30)
+    assert backfill.runs == 1
+    assert agent.held[(DS, "before")] == old.version
+    (row,) = catalog.replica_status(DS, region="eu-north")
+    assert row.state == "completed"
+
+
+def test_only_datasets_newly_placed_in_the_region_are_backfilled() -> None:
+    a = b.placement("corpus/a")
+    a_wider = b.placement("corpus/a", replicas=("eu-central", "eu-north"))
+    c = b.placement("corpus/c", replicas=("eu-north",))
+    before = {"corpus/a": a, "corpus/c": c}
+    after = {"corpus/a": a_wider, "corpus/c": c, "corpus/d": b.placement("corpus/d")}
+    assert [p.dataset for p in newly_placed(before, after, "eu-north")] == ["corpus/a"]
+    assert newly_placed(before, after, "eu-central") == [after["corpus/d"]]
