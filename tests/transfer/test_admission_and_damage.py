@@ -4,6 +4,10 @@ epoch on Replicate (FAILED_PRECONDITION), standard Replicate and tombstones."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
 import grpc
 import pytest
 from agents_inproc import REGIONS, AgentFactory
@@ -146,3 +150,56 @@ async def test_replicate_standard_with_epoch_zero_applies_by_lww(agents: AgentFa
     with pytest.raises(NotFoundError):
         central.store.read_bytes("ckpt", "k")
     assert [r["outcome"] for r in transfers(central.store)] == ["completed", "skipped", "completed"]
+
+
+async def test_replicate_is_fenced_again_at_its_commit(agents: AgentFactory) -> None:
+    """A failover (a newer epoch seen by the fence) while a push streams refuses the push
+    at its commit: the header's admission alone let a stale owner's copy in (review)."""
+    central = await agents("eu-central")
+    data = bytes(range(256)) * 8192  # 2 MiB: two chunks
+    version = put_version(1_764_579_123_456, data)
+    first_sent, failover_seen = asyncio.Event(), asyncio.Event()
+
+    async def frames() -> object:
+        yield agent_pb2.ReplicateRequest(
+            header=agent_pb2.ReplicateHeader(
+                dataset="crit",
+                key="big",
+                version=version_to_wire(version),
+                epoch=5,
+                origin_region="eu-west",
+            )
+        )
+        yield agent_pb2.ReplicateRequest(chunk=data[: 1 << 20])
+        first_sent.set()
+        await failover_seen.wait()
+        yield agent_pb2.ReplicateRequest(chunk=data[1 << 20 :])
+
+    async with grpc.aio.insecure_channel(central.address, options=CHANNEL_OPTIONS) as channel:
+        call = agent_pb2_grpc.AgentStub(channel).Replicate(frames(), timeout=30)
+        await asyncio.wait_for(first_sent.wait(), 10)
+        # The header was admitted once the first chunk is on the receiver's disk.
+        assert await _until(lambda: _staged_bytes(central.store.root) >= 1 << 20, 10)
+        central.fence.observe("crit", 6)  # the new owner's epoch, learnt mid-stream
+        failover_seen.set()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(NotFoundError):
+        central.store.read_bytes("crit", "big")
+    assert transfers(central.store)[-1]["outcome"] == "refused"
+
+
+def _staged_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "tmp").glob("*") if p.is_file())
+
+
+async def _until(pred: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    for _ in range(int(timeout_s / 0.01) + 1):
+        if pred():
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return False
