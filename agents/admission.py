@@ -23,12 +23,19 @@ and *Classes*), and every check fails closed:
   which refuses an epoch older than the newest seen and every write while the
   dataset hands over. Stale epochs and handovers are counted and logged.
 
+A dataset the policy's publish did not list but its rules place (`ckpt/run-7`,
+first written after the apply) is announced once through the optional `announce`
+port (`/meridian/datasets/`), so that controllers claim and fail it over; until
+its home region's controller has claimed a critical one, its writes are refused
+as not yet owned (retriable).
+
 The sources are ports (Protocols below) so that tests build an `Admission` from an
 in-memory policy and owners (tests/fakes/owners.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, NoReturn, Protocol
 
@@ -40,13 +47,17 @@ from controlplane.coordination.protocols.fencing import (
     StaleEpochError,
 )
 from controlplane.domain.placement import Placement
-from controlplane.errors import FencedError, InvalidInputError, NotFoundError
+from controlplane.errors import FencedError, InvalidInputError, MeridianError, NotFoundError
 from controlplane.logs import get_logger
 from controlplane.policy.current import CompiledPolicy, NoPolicyError
 
 log = get_logger("meridian.agent.admission")
 
 Direction = Literal["receive", "send"]
+# `announce(dataset)`: record in etcd that a dataset the publish did not list exists
+# (the daemon binds controlplane.coordination.protocols.datasets.announce to it).
+Announcer = Callable[[str], Awaitable[object]]
+_PLACED_MAX = 65_536
 
 
 class PolicySource(Protocol):
@@ -105,12 +116,19 @@ class Admission:
         fence: FencedResource,
         owners: OwnerSource,
         metrics: AgentMetrics,
+        *,
+        announce: Announcer | None = None,
     ) -> None:
         self.region = region
         self._view = view
         self._fence = fence
         self._owners = owners
         self._metrics = metrics
+        self._announce = announce
+        self._announced: set[str] = set()
+        # Placing a dataset the publish did not list runs the planner: kept per snapshot.
+        self._placed_in: CompiledPolicy | None = None
+        self._placed: dict[str, Placement | None] = {}
 
     # -- placement and residency ---------------------------------------------------------
 
@@ -137,7 +155,7 @@ class Admission:
             log.warning("admission_no_policy", dataset=dataset, error=str(exc))
             raise NotGovernedError(f"dataset {dataset} cannot be admitted: {exc}") from exc
         try:
-            placement = policy.placement(dataset)
+            placement = self._place(policy, dataset)
         except InvalidInputError as exc:
             # The published rules cannot be rebuilt: not the caller's fault, and no
             # decision can be taken on them.
@@ -152,6 +170,30 @@ class Admission:
                 f"{policy.revision}; refused until `meridian policy apply` places it"
             )
         return policy, placement
+
+    def _place(self, policy: CompiledPolicy, dataset: str) -> Placement | None:
+        known = policy.placements.get(dataset)
+        if known is not None:
+            return known
+        if self._placed_in is not policy or len(self._placed) >= _PLACED_MAX:
+            self._placed_in, self._placed = policy, {}
+        if dataset not in self._placed:
+            self._placed[dataset] = policy.placement(dataset)
+        return self._placed[dataset]
+
+    async def _announce_new(self, policy: CompiledPolicy, dataset: str) -> None:
+        """Announce a dataset the applied policy's publish did not list (placed by its
+        rules) once, so that controllers claim and fail it over (see
+        controlplane/coordination/protocols/datasets.py)."""
+        if self._announce is None or dataset in policy.placements or dataset in self._announced:
+            return
+        try:
+            await self._announce(dataset)
+        except MeridianError as exc:
+            # A standard write needs no etcd; the next write announces it again.
+            log.warning("dataset_announce_failed", dataset=dataset, error=str(exc))
+            return
+        self._announced.add(dataset)
 
     def _residency(
         self, policy: CompiledPolicy, placement: Placement, region: str, direction: Direction
@@ -195,6 +237,7 @@ class Admission:
         `FencedError` when it names no epoch etcd holds), and the fence agrees."""
         policy, placement = self._decide(dataset)
         self._residency(policy, placement, self.region, "receive")
+        await self._announce_new(policy, dataset)
         if placement.dataset_class != "critical":
             # Standard datasets are written in any region (LWW); an epoch means nothing.
             return Admitted(placement, 0, policy.revision)

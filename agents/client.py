@@ -202,6 +202,8 @@ class AgentClient:
                 done += len(chunk)
                 if progress is not None:
                     progress(done, size)
+            # Without it the agent cannot tell the end from a writer killed mid-stream.
+            yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
 
         try:
             resp = await self.stub.Put(requests(), timeout=self._bulk_timeout(size))

@@ -41,6 +41,11 @@ class AgentMetrics:
             buckets=TRANSFER_BUCKETS,
             registry=self.registry,
         )
+        self.transfer_resent_bytes = Counter(
+            "meridian_transfer_resent_bytes_total",
+            "bytes a resumed transfer received twice (past the cut attempt's last checkpoint)",
+            registry=self.registry,
+        )
         self.transfers = Counter(
             "meridian_transfers_total",
             "transfers ended, by direction and outcome",
@@ -73,6 +78,13 @@ class AgentMetrics:
         self.records_shipped = Counter(
             "meridian_records_shipped_total",
             "journal records shipped to the catalog",
+            registry=self.registry,
+        )
+        self.records_set_aside = Counter(
+            "meridian_records_set_aside_total",
+            "journal records the catalog refused for good, and outbox events that could not "
+            "be encoded, kept aside (in the store root) instead of blocking their queue",
+            ["queue"],
             registry=self.registry,
         )
         self.outbox_pending = Gauge(

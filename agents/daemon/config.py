@@ -6,12 +6,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.errors import ConfigError
-from controlplane.settings import parse_endpoints
 
 DEFAULT_KEEP_VERSIONS = 2
 DEFAULT_STOP_GRACE_S = 10.0
 # How often the registration's usage figures are rewritten (only when they changed).
 DEFAULT_USAGE_INTERVAL_S = 5.0
+
+
+def parse_listen(addr: str, flag: str) -> tuple[str, int]:
+    """`host:port` of an address this process binds; port 0 lets the OS choose."""
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{flag} {addr!r} is not HOST:PORT; give e.g. 127.0.0.1:7400")
+    return host, int(port)
 
 
 @dataclass(frozen=True)
@@ -30,11 +37,11 @@ class AgentConfig:
     retry_max_s: float = 2.0
 
     def __post_init__(self) -> None:
-        parse_endpoints(self.listen, setting="--listen")
+        parse_listen(self.listen, "--listen")
         if self.metrics is not None:
-            parse_endpoints(self.metrics, setting="--metrics")
+            parse_listen(self.metrics, "--metrics")
         if self.advertise is not None:
-            parse_endpoints(self.advertise, setting="--advertise")
+            parse_listen(self.advertise, "--advertise")
         if self.keep_versions < 1:
             raise ConfigError(f"--keep-versions must be at least 1, got {self.keep_versions}")
         if self.weight < 1:

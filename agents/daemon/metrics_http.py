@@ -14,11 +14,11 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
+from agents.daemon.config import parse_listen
 from agents.metrics import AgentMetrics
 from agents.store.model import Usage
 from controlplane.errors import ConfigError
 from controlplane.logs import get_logger
-from controlplane.settings import parse_endpoints
 
 log = get_logger("meridian.agent")
 
@@ -43,7 +43,7 @@ class MetricsEndpoint:
     """Serves `metrics.registry` over HTTP until `close()`."""
 
     def __init__(self, metrics: AgentMetrics, addr: str) -> None:
-        host, port = parse_endpoints(addr, setting="--metrics")[0]
+        host, port = parse_listen(addr, "--metrics")
         try:
             server, thread = start_http_server(port, host, registry=metrics.registry)
         except OSError as exc:

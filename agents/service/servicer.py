@@ -1,17 +1,19 @@
 """`AgentService`: the agent API's calls on this agent's store (spec/dataplane.md).
 
-It answers Put, Get, Stat, List, Delete, CommitSet and Health itself and hands
+It answers Put, Get, GetSet, Stat, List, Delete, CommitSet and Health itself and hands
 Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer),
 answering UNIMPLEMENTED while there is none.
 
 Writes (Put, Delete, CommitSet) are admitted first (`Admission.admit_write`:
 residency, and for a critical dataset owner, epoch and handover), so a refused
-write touches nothing. A Put's bytes stream into the store's staged write, one
-thread hop per chunk (hashing and disk writes never run on the event loop), and
-commit atomically; a standard write's change event is committed with it (the
-store's outbox), a critical write's epoch is recorded with it. After the local
-commit a critical write is handed to the `Replication` hook (synchronous
-replication, issue 13; none yet: the owner acks after its local commit).
+write touches nothing; a Put is admitted again once its bytes have arrived, just
+before its commit, so a handover that committed during a long upload refuses it.
+A Put's bytes stream into the store's staged write, one thread hop per chunk
+(hashing and disk writes never run on the event loop), and commit atomically; a
+standard write's change event is committed with it (the store's outbox), a
+critical write's epoch is recorded with it. After the local commit a critical
+write is handed to the `Replication` hook (synchronous replication, issue 13;
+none yet: the owner acks after its local commit).
 
 Every call is counted by call and code and ends with the code of its error
 (agents.service.outcome).
@@ -30,9 +32,17 @@ from agents.admission import Admission, Admitted
 from agents.metrics import AgentMetrics
 from agents.service import requests
 from agents.service.outcome import Context, stream, unary
-from agents.store import CHUNK_BYTES, ObjectStore, SetRecord, StoredVersion, TooLargeError
+from agents.store import (
+    CHUNK_BYTES,
+    DigestMismatchError,
+    ObjectStore,
+    SetRecord,
+    ShortStreamError,
+    StoredVersion,
+    TooLargeError,
+)
 from controlplane.domain.version import Version
-from controlplane.errors import InvalidInputError, OperationTimeoutError
+from controlplane.errors import InvalidInputError, MeridianError, OperationTimeoutError
 from controlplane.logs import get_logger
 from meridian.convert import version_set_from_wire, version_set_to_wire, version_to_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
@@ -59,6 +69,14 @@ class Transfers(Protocol):
     async def Fetch(  # noqa: N802
         self, request: agent_pb2.FetchRequest, context: Context
     ) -> agent_pb2.FetchResponse: ...
+
+    def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]: ...
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +161,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             expected_digest=digest,
         )
         try:
+            end: agent_pb2.PutEnd | None = None
             async for frame in frames:
-                if frame.WhichOneof("frame") != "chunk":
+                kind = frame.WhichOneof("frame")
+                if end is not None:
+                    raise InvalidInputError("PutRequest: nothing may follow a Put's end")
+                if kind == "end":
+                    end = frame.end
+                    continue
+                if kind != "chunk":
                     raise InvalidInputError(
                         "PutRequest.chunk: every message after a Put's header must be a chunk"
                     )
@@ -154,6 +179,28 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         f"{len(frame.chunk)}; nothing was stored"
                     )
                 await asyncio.to_thread(staged.write, frame.chunk)
+            _before_commit(context, "Put")  # a stream cut by its deadline ends like this too
+            if end is None and (size is None or staged.size != size):
+                # grpc ends the request stream this way when the writer was killed, its
+                # connection cut, or a message refused as too large: not a whole object.
+                raise ShortStreamError(
+                    f"PutRequest.end: the stream of {dataset}/{key} ended after {staged.size} "
+                    "bytes without its end (the writer went away, its connection was cut, or "
+                    "a message was too large); nothing was stored"
+                )
+            if end is not None and end.HasField("digest"):
+                stated = requests.digest("PutEnd.digest", True, end.digest)
+                found = await asyncio.to_thread(staged.finish)
+                if found != stated:
+                    raise DigestMismatchError(
+                        f"object {dataset}/{key} hashed to {found}, not the stated {stated}; "
+                        "nothing was stored"
+                    )
+            # Admitted again at the end of the stream, which may have taken minutes: a
+            # handover or a narrowed residency meanwhile refuses it, nothing stored.
+            admitted = await self.admission.admit_write(
+                dataset, admitted.epoch if admitted.critical else None
+            )
             _before_commit(context, "Put")
             version = await asyncio.to_thread(
                 self.store.commit_put,
@@ -257,7 +304,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await self.replication.replicate(write)
 
     async def _refresh_usage(self) -> None:
-        usage = await asyncio.to_thread(self.store.usage)
+        try:
+            usage = await asyncio.to_thread(self.store.usage)
+        except MeridianError as exc:
+            # The write is committed: a gauge must not turn it into a failed call.
+            log.warning("usage_unreadable", error=str(exc))
+            return
         self.metrics.objects.set(usage.objects)
         self.metrics.bytes_stored.set(usage.bytes)
 
@@ -315,6 +367,23 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return agent_pb2.ListResponse(
             objects=[_info(s) for s in page.items], next_page_token=page.cursor or ""
         )
+
+    async def GetSet(  # noqa: N802
+        self, request: agent_pb2.GetSetRequest, context: Context
+    ) -> agent_pb2.GetSetResponse:
+        return await unary("GetSet", context, self.metrics, lambda: self._get_set(request))
+
+    async def _get_set(self, request: agent_pb2.GetSetRequest) -> agent_pb2.GetSetResponse:
+        dataset = requests.name("GetSetRequest.dataset", request.dataset)
+        if not request.set:
+            raise InvalidInputError("GetSetRequest.set is missing (a set id, or 'latest')")
+        wanted = (
+            request.set
+            if request.set == "latest"
+            else requests.name("GetSetRequest.set", request.set)
+        )
+        record = await asyncio.to_thread(self.store.get_set, dataset, wanted)
+        return agent_pb2.GetSetResponse(set=version_set_to_wire(record.as_version_set()))
 
     async def Health(  # noqa: N802
         self, request: agent_pb2.HealthRequest, context: Context
@@ -386,6 +455,32 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         return await unary(
             "Fetch", context, self.metrics, lambda: transfers.Fetch(request, context)
+        )
+
+    async def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]:
+        gen = (
+            _unimplemented("SyncBundle", context)
+            if self.transfers is None
+            else self.transfers.SyncBundle(request, context)
+        )
+        async for msg in stream("SyncBundle", context, self.metrics, gen):
+            yield msg
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse:
+        transfers = self.transfers
+        if transfers is None:
+            return await unary(
+                "FetchMany",
+                context,
+                self.metrics,
+                lambda: _refuse_unimplemented("FetchMany", context),
+            )
+        return await unary(
+            "FetchMany", context, self.metrics, lambda: transfers.FetchMany(request, context)
         )
 
 

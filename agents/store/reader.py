@@ -29,6 +29,13 @@ class ObjectReader:
             return b""
         return os.read(self._fd, limit)
 
+    def fileno(self) -> int:
+        """The open file's descriptor (the delta engine reads a version in place); the
+        reader keeps owning it: dup it to hold it longer than the reader."""
+        if self._fd is None:
+            raise ValueError("the reader is closed")
+        return self._fd
+
     def chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
         while chunk := self.read(chunk_bytes):
             yield chunk

@@ -49,6 +49,8 @@ class StagedWrite:
         expected_size: int | None = None,
         max_size: int | None = None,
         expected_digest: Digest | None = None,
+        path: Path | None = None,
+        resume_offset: int = 0,
     ) -> None:
         for name, value in (("expected_size", expected_size), ("max_size", max_size)):
             if value is not None and (
@@ -60,9 +62,10 @@ class StagedWrite:
         self.expected_size = expected_size
         self.max_size = max_size
         self.expected_digest = expected_digest
-        self.path = root / TMP / f"{uuid.uuid4().hex}.part"
+        self.path = path if path is not None else root / TMP / f"{uuid.uuid4().hex}.part"
+        flags = os.O_RDWR | os.O_CREAT if path is not None else os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
-            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self._fd: int | None = os.open(self.path, flags, 0o644)
         except OSError as err:
             raise StorageError(
                 f"could not start writing {dataset}/{key} in {self.path.parent}: {err.strerror}"
@@ -71,7 +74,64 @@ class StagedWrite:
         self.size = 0
         self._digest: Digest | None = None
         self._aborted = False
+        self._detached = False
         self._lock = threading.Lock()  # abort may come from another thread (cancellation)
+        if path is not None:
+            self._continue(resume_offset)
+
+    def _continue(self, offset: int) -> None:
+        """Take up a file a resumable transfer left: keep its first `offset` bytes (what
+        its last checkpoint made durable; anything after it may be torn), hash them
+        again (a hasher's state cannot be saved) and continue writing after them."""
+        fd = self._require_open()
+        try:
+            held = os.fstat(fd).st_size
+            # A checkpoint that claims more than the file kept: trust the file.
+            offset = min(offset, held)
+            os.ftruncate(fd, offset)
+            done = 0
+            while done < offset:
+                piece = os.pread(fd, min(1 << 22, offset - done), done)
+                if not piece:
+                    break
+                self._hasher.update(piece)
+                done += len(piece)
+            os.lseek(fd, done, os.SEEK_SET)
+        except OSError as err:
+            self._abort_locked()
+            raise StorageError(
+                f"could not take up the partial {self.dataset}/{self.key} at {self.path}: "
+                f"{err.strerror}"
+            ) from err
+        self.size = done
+
+    def checkpoint(self) -> int:
+        """fsync what was written so far and return its length: a resumable transfer
+        records that length, and a later attempt continues from it (`_continue`)."""
+        with self._lock:
+            # A duplicate descriptor, so the fsync runs outside the lock: writes go on
+            # meanwhile (the fsync covers every byte written before `size` was read).
+            fd = os.dup(self._require_open())
+            size = self.size
+        try:
+            files.fsync_file(fd)
+        except OSError as err:
+            raise StorageError(
+                f"could not make the partial {self.dataset}/{self.key} durable: {err.strerror}"
+            ) from err
+        finally:
+            os.close(fd)
+        return size
+
+    def detach(self) -> None:
+        """Close the file but keep it (a cut resumable transfer continues from it later);
+        the write can no longer be committed or aborted through this object."""
+        with self._lock:
+            self._aborted = True
+            self._detached = True
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Append one chunk: hash it and write it; refuse it if it passes a size limit."""
@@ -153,6 +213,24 @@ class StagedWrite:
                 self._fd = None
             return self._digest
 
+    def close_unsynced(self) -> None:
+        """After `finish(sync=False)`: set the length and close without an fsync, for a
+        caller that makes many files durable with one `files.syncfs` instead."""
+        with self._lock:
+            if self._digest is None:
+                raise InvalidInputError(f"the write of {self.dataset}/{self.key} is not finished")
+            if self._fd is not None:
+                try:
+                    os.ftruncate(self._fd, self.size)
+                except OSError as err:
+                    self._abort_locked()
+                    raise StorageError(
+                        f"could not write {self.dataset}/{self.key}: {err.strerror}; "
+                        "nothing was stored"
+                    ) from err
+                os.close(self._fd)
+                self._fd = None
+
     @property
     def digest(self) -> Digest:
         if self._digest is None:
@@ -169,7 +247,8 @@ class StagedWrite:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        files.remove_file(self.path)
+        if not self._detached:
+            files.remove_file(self.path)
 
     def _require_open(self) -> int:
         if self._fd is None:

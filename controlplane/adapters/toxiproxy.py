@@ -154,6 +154,20 @@ class ToxiproxyClient:
         """Stop all data and close the connection after `timeout_ms` (0: never close)."""
         self._add_both(proxy, "timeout", {"timeout": timeout_ms})
 
+    def add_limit_data(self, proxy: str, limit_bytes: int, stream: str = "downstream") -> None:
+        """Close the connection once `limit_bytes` have passed in `stream` (`downstream`:
+        from the upstream server to the client), as a link that breaks mid-transfer."""
+
+        def add() -> None:
+            self._proxy(proxy).add_toxic(
+                type="limit_data",
+                stream=stream,
+                name=f"limit_data_{stream}",
+                attributes={"bytes": limit_bytes},
+            )
+
+        self._call(f"add a limit_data toxic to {proxy}", add)
+
     def remove_toxics(self, proxy: str) -> None:
         def remove() -> None:
             target = self._proxy(proxy)

@@ -47,6 +47,7 @@ class Commands(LazyGroup):
         Lazy("dataset", "controlplane.cli.dataset:app"),
         Lazy("controller", "controlplane.cli.controller:app"),
         Lazy("delta", "controlplane.cli.delta:app"),
+        Lazy("agent", "controlplane.cli.agent:app"),
         Lazy("object", "controlplane.cli.object:app"),
         Lazy("replicator", "controlplane.cli.replicator:app"),
         Lazy("replication", "controlplane.cli.replication:app"),

@@ -167,11 +167,13 @@ def header(dataset: str, key: str, **fields: object) -> agent_pb2.PutRequest:
 
 
 async def frames(
-    dataset: str, key: str, chunks: Iterable[bytes], **fields: object
+    dataset: str, key: str, chunks: Iterable[bytes], *, end: bool = True, **fields: object
 ) -> AsyncIterator[agent_pb2.PutRequest]:
     yield header(dataset, key, **fields)
     for chunk in chunks:
         yield agent_pb2.PutRequest(chunk=chunk)
+    if end:
+        yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
 
 
 def split(data: bytes, size: int = MiB) -> list[bytes]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from agent_api_helpers import CRITICAL, REGION, REGIONS, STANDARD, US_ONLY, world
 from fakes.admission import MemoryOwners, StaticPolicy, compiled
@@ -14,7 +16,10 @@ from controlplane.coordination.protocols.fencing import (
     FencedResource,
     StaleEpochError,
 )
-from controlplane.errors import FencedError, InvalidInputError
+from controlplane.coordination.timeutil import utcnow
+from controlplane.errors import FencedError, InvalidInputError, UnavailableError
+from controlplane.policy.compiler import compile_files
+from controlplane.policy.current import CompiledPolicy
 
 
 def make(region: str = REGION) -> tuple[Admission, FencedResource, MemoryOwners, AgentMetrics]:
@@ -100,3 +105,65 @@ async def test_a_critical_write_without_an_epoch_gets_the_owners() -> None:
     admitted = await admission.admit_write(CRITICAL, None)
     assert (admitted.epoch, admitted.critical) == (7, True)
     assert fence.highest_epoch(CRITICAL) == 7
+
+
+def rules_policy() -> CompiledPolicy:
+    """The example policy of tests/policy/data, compiled with its rules (a dataset the
+    publish did not list is placed by them)."""
+    policy, problems = compile_files(
+        [Path(__file__).parents[1] / "policy" / "data" / "example.yaml"]
+    )
+    assert policy is not None, problems
+    return CompiledPolicy.build(
+        policy, policy.placements({}), digest="rules-1", revision=3, applied_at=utcnow()
+    )
+
+
+async def test_a_dataset_placed_by_the_rules_is_announced_once_and_admitted() -> None:
+    announced: list[str] = []
+
+    async def announce(dataset: str) -> None:
+        announced.append(dataset)
+
+    policy = rules_policy()
+    assert "corpus/new-shard" not in policy.placements
+    admission = Admission(
+        "eu-west",
+        StaticPolicy(policy),
+        FencedResource(),
+        MemoryOwners(),
+        AgentMetrics("eu-west"),
+        announce=announce,
+    )
+    for _ in range(3):
+        admitted = await admission.admit_write("corpus/new-shard", None)
+    assert admitted.placement.dataset_class == "standard"
+    assert admitted.policy_revision == 3
+    assert announced == ["corpus/new-shard"]
+    # An ungoverned dataset is refused, and not announced.
+    with pytest.raises(NotGovernedError):
+        await admission.admit_write("logs/nobody", None)
+    assert announced == ["corpus/new-shard"]
+
+
+async def test_a_failed_announcement_does_not_stop_a_standard_write_and_is_retried() -> None:
+    calls = 0
+
+    async def announce(dataset: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise UnavailableError("etcd is down (test)")
+
+    admission = Admission(
+        "eu-west",
+        StaticPolicy(rules_policy()),
+        FencedResource(),
+        MemoryOwners(),
+        AgentMetrics("eu-west"),
+        announce=announce,
+    )
+    await admission.admit_write("corpus/new-shard", None)
+    await admission.admit_write("corpus/new-shard", None)
+    await admission.admit_write("corpus/new-shard", None)
+    assert calls == 2

@@ -195,6 +195,19 @@ async def test_a_set_commits_once_its_members_are_stored_and_reads_through_lates
     _, in_set = await get(agent, STANDARD, "ckpt/a", set="latest")
     _, newest = await get(agent, STANDARD, "ckpt/a")
     assert (in_set, newest) == (b"A1", b"A2")
+    for name in ("latest", "step-1"):
+        shown = await agent.stub.GetSet(
+            agent_pb2.GetSetRequest(dataset=STANDARD, set=name), timeout=TIMEOUT_S
+        )
+        assert shown.set == resp.set
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await agent.stub.GetSet(
+            agent_pb2.GetSetRequest(dataset=STANDARD, set="step-9"), timeout=TIMEOUT_S
+        )
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await agent.stub.GetSet(agent_pb2.GetSetRequest(dataset=STANDARD), timeout=TIMEOUT_S)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_transfer_calls_are_unimplemented_without_transfers(agent: Agent) -> None:

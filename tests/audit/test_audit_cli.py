@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.digests import fake_digest
 from sqlalchemy import text
 
 from controlplane.catalog.api import Catalog, open_catalog
@@ -34,13 +35,17 @@ def seeded(catalog_url: str) -> Iterator[str]:
     apply_policy(cat, policy, source="t", publisher=None)
     ds = "ckpt/llama-70b"
     for key in ("a", "b"):
-        cat.register_version(ds, key, "v1", f"sha-{key}", size=10)
-        cat.set_replica_state(ds, key, "v1", "eu-west", "completed", digest=f"sha-{key}")
+        cat.register_version(ds, key, "v1", fake_digest(f"sha-{key}"), size=10)
+        cat.set_replica_state(
+            ds, key, "v1", "eu-west", "completed", digest=fake_digest(f"sha-{key}")
+        )
         cat.set_replica_state(ds, key, "v1", "eu-central", "pending")
-    cat.set_replica_state(ds, "b", "v1", "us-east", "completed", digest="sha-b")  # planted
-    cat.register_version("corpus/web", "p", "v1", "sha-p")
     cat.set_replica_state(
-        "corpus/web", "p", "v1", "us-east", "completed", digest="sha-p"
+        ds, "b", "v1", "us-east", "completed", digest=fake_digest("sha-b")
+    )  # planted
+    cat.register_version("corpus/web", "p", "v1", fake_digest("sha-p"))
+    cat.set_replica_state(
+        "corpus/web", "p", "v1", "us-east", "completed", digest=fake_digest("sha-p")
     )  # allowed (EU, US)
 
     def transfer(tid: str, to: str, ago_h: float, dataset: str = ds) -> TransferRecord:
@@ -160,7 +165,7 @@ def test_audit_dataset(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
         ("b", "eu-west", "completed"),
         ("b", "us-east", "completed"),
     ]
-    assert rows[0]["digest"] == "sha-a"
+    assert rows[0]["digest"] == fake_digest("sha-a")
     assert run(["audit", "dataset", "nope", "--catalog", seeded]) == 1
     assert "dataset 'nope' is not in the catalog" in capsys.readouterr().err
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from harness.digests import fake_digest
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
@@ -63,12 +64,14 @@ def test_regions_and_placements(cat: Catalog) -> None:
 
 
 def test_dataset_registered_on_first_write_is_placed(cat: Catalog) -> None:
-    cat.register_version("corpus/web", "a.parquet", "v1", "d1", size=10, origin_region="us-east")
+    cat.register_version(
+        "corpus/web", "a.parquet", "v1", fake_digest("d1"), size=10, origin_region="us-east"
+    )
     p = cat.get_placement("corpus/web")
     assert p is not None and p.policy == "web-corpus"
     # Nearest allowed regions by RTT from us-east: eu-west (80ms), then eu-central (no link).
     assert p.replicas == ("eu-west", "eu-central")
-    cat.register_version("logs/x", "k", "v1", "d")
+    cat.register_version("logs/x", "k", "v1", fake_digest("d"))
     assert cat.get_placement("logs/x") is None  # no policy selects it
 
 
@@ -76,29 +79,34 @@ def test_register_is_idempotent_and_refuses_a_new_digest(cat: Catalog, sql: SqlS
     for _ in range(3):
         cat.register_dataset("ckpt/other")
         cat.register_object("ckpt/other", "shard-0")
-        cat.register_version("ckpt/other", "shard-0", "v1", "abc", size=3)
+        cat.register_version("ckpt/other", "shard-0", "v1", fake_digest("abc"), size=3)
     assert _count(cat, ObjectVersion, sql) == 1
-    with pytest.raises(CatalogInputError, match="registered with digest abc, not xyz"):
-        cat.register_version("ckpt/other", "shard-0", "v1", "xyz")
+    with pytest.raises(
+        CatalogInputError,
+        match=f"registered with digest {fake_digest('abc')}, not {fake_digest('xyz')}",
+    ):
+        cat.register_version("ckpt/other", "shard-0", "v1", fake_digest("xyz"))
 
 
 def test_replica_states_and_incomplete_versions(cat: Catalog, sql: SqlSession) -> None:
     ds = "ckpt/llama-70b"
     for key in ("a", "b", "c"):
-        cat.register_version(ds, key, "v1", f"{key}1")
-        cat.set_replica_state(ds, key, "v1", "eu-west", "completed", digest=f"{key}1")
-    cat.register_version(ds, "a", "v2", "a2")
-    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="a1")
+        cat.register_version(ds, key, "v1", fake_digest(f"{key}1"))
+        cat.set_replica_state(ds, key, "v1", "eu-west", "completed", digest=fake_digest(f"{key}1"))
+    cat.register_version(ds, "a", "v2", fake_digest("a2"))
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest=fake_digest("a1"))
     cat.set_replica_state(ds, "b", "v1", "eu-central", "pending")
     cat.set_replica_state(ds, "c", "v1", "eu-central", "failed", error="timeout")
     cat.set_replica_state(ds, "c", "v1", "eu-central", "pending")
-    cat.set_replica_state(ds, "c", "v1", "eu-central", "completed", digest="c1")
-    cat.set_replica_state(ds, "c", "v1", "eu-central", "completed", digest="c1")  # no-op
+    cat.set_replica_state(ds, "c", "v1", "eu-central", "completed", digest=fake_digest("c1"))
+    cat.set_replica_state(
+        ds, "c", "v1", "eu-central", "completed", digest=fake_digest("c1")
+    )  # no-op
     # a: latest is v2, never copied; b: pending; c: completed.
     got = cat.incomplete_versions(ds, "eu-central")
     assert [(v.object, v.version, v.digest, v.op) for v in got] == [
-        ("a", "v2", "a2", "put"),
-        ("b", "v1", "b1", "put"),
+        ("a", "v2", fake_digest("a2"), "put"),
+        ("b", "v1", fake_digest("b1"), "put"),
     ]
     assert [(v.object, v.version) for v in cat.incomplete_versions(ds, "eu-west")] == [("a", "v2")]
     assert _count(cat, Replica, sql) == 6
@@ -112,9 +120,9 @@ def test_replica_states_and_incomplete_versions(cat: Catalog, sql: SqlSession) -
 
 def test_replica_outside_residency_is_marked(cat: Catalog, sql: SqlSession) -> None:
     ds = "ckpt/llama-70b"
-    cat.register_version(ds, "a", "v1", "d")
-    cat.set_replica_state(ds, "a", "v1", "us-east", "completed", digest="d")
-    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="d")
+    cat.register_version(ds, "a", "v1", fake_digest("d"))
+    cat.set_replica_state(ds, "a", "v1", "us-east", "completed", digest=fake_digest("d"))
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest=fake_digest("d"))
     with sql(cat.url) as s:
         rows = s.execute(
             select(Replica.region, Replica.jurisdiction, Replica.allowed).order_by(Replica.region)
@@ -188,9 +196,14 @@ def test_concurrent_idempotent_writes_from_threads(cat: Catalog, sql: SqlSession
     def work() -> None:
         try:
             for i in range(10):
-                cat.register_version("corpus/race", f"k{i}", "v1", f"d{i}")
+                cat.register_version("corpus/race", f"k{i}", "v1", fake_digest(f"d{i}"))
                 cat.set_replica_state(
-                    "corpus/race", f"k{i}", "v1", "eu-west", "completed", digest=f"d{i}"
+                    "corpus/race",
+                    f"k{i}",
+                    "v1",
+                    "eu-west",
+                    "completed",
+                    digest=fake_digest(f"d{i}"),
                 )
                 cat.record_transfer(_transfer(f"race-{i}"))
         except Exception as exc:  # noqa: BLE001 - collected and asserted on below
@@ -216,14 +229,14 @@ def test_latest_is_the_highest_hlc_not_the_last_row(cat: Catalog) -> None:
     and a tombstone is a version: when it is newest, it is what a region must apply."""
     ds = "corpus/web"
     newer, older = _hlc(1_764_579_200_000), _hlc(1_764_579_100_000, 7, "us-east")
-    cat.register_version(ds, "k", newer, "blake3:bb", origin_region="eu-west")
-    cat.register_version(ds, "k", older, "blake3:aa", origin_region="us-east")
+    cat.register_version(ds, "k", newer, fake_digest("bb"), origin_region="eu-west")
+    cat.register_version(ds, "k", older, fake_digest("aa"), origin_region="us-east")
     latest = cat.latest_version(ds, "k")
     assert latest is not None and latest.version == newer and latest.hlc == newer
     # the region tie-break is byte-wise: "eu-west" < "us-east" at the same (wall, logical)
     tie_a, tie_b = _hlc(1_764_579_300_000, 0, "us-east"), _hlc(1_764_579_300_000, 0, "eu-west")
-    cat.register_version(ds, "t", tie_a, "blake3:01")
-    cat.register_version(ds, "t", tie_b, "blake3:02")
+    cat.register_version(ds, "t", tie_a, fake_digest("01"))
+    cat.register_version(ds, "t", tie_b, fake_digest("02"))
     assert [v.version for v in cat.incomplete_versions(ds, "eu-central")] == [newer, tie_a]
     tomb = _hlc(1_764_579_400_000)
     cat.register_version(ds, "k", tomb, "", op="delete", origin_region="eu-west")
@@ -234,46 +247,48 @@ def test_latest_is_the_highest_hlc_not_the_last_row(cat: Catalog) -> None:
     with pytest.raises(CatalogInputError, match="version op 'move'"):
         cat.register_version(ds, "k", _hlc(1_764_579_500_000), "", op="move")
     with pytest.raises(CatalogInputError, match=r"v9 of corpus/web/k: malformed HLC"):
-        cat.register_version(ds, "k", "v9", "d", hlc="12.3@x")
+        cat.register_version(ds, "k", "v9", fake_digest("d"), hlc="12.3@x")
 
 
 def test_lag_is_measured_from_the_hlc_wall_time(cat: Catalog) -> None:
     ds = "corpus/web"
     wall = 1_764_579_000_000
-    cat.register_version(ds, "a", _hlc(wall + 5_000), "blake3:aa", origin_region="eu-west")
-    cat.register_version(ds, "b", _hlc(wall), "blake3:bb", origin_region="eu-west")
+    cat.register_version(ds, "a", _hlc(wall + 5_000), fake_digest("aa"), origin_region="eu-west")
+    cat.register_version(ds, "b", _hlc(wall), fake_digest("bb"), origin_region="eu-west")
     at = cat.oldest_incomplete_at(ds, ["eu-west", "eu-central"])
     assert at == datetime.fromtimestamp(wall / 1000, UTC)  # b, the older, not the last written
-    cat.set_replica_state(ds, "b", _hlc(wall), "eu-central", "completed", digest="blake3:bb")
+    cat.set_replica_state(ds, "b", _hlc(wall), "eu-central", "completed", digest=fake_digest("bb"))
     at = cat.oldest_incomplete_at(ds, ["eu-west", "eu-central"])
     assert at == datetime.fromtimestamp((wall + 5_000) / 1000, UTC)
 
 
 def test_replica_transitions_are_checked(cat: Catalog) -> None:
     ds = "ckpt/llama-70b"
-    cat.register_version(ds, "a", "v1", "blake3:aa")
+    cat.register_version(ds, "a", "v1", fake_digest("aa"))
     cat.set_replica_state(ds, "a", "v1", "eu-central", "pending")
     with pytest.raises(CatalogInputError, match="cannot complete without the digest"):
         cat.set_replica_state(ds, "a", "v1", "eu-central", "completed")
-    with pytest.raises(CatalogInputError, match="verified digest blake3:zz, but the version's"):
-        cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="blake3:zz")
+    with pytest.raises(
+        CatalogInputError, match=f"verified digest {fake_digest('zz')}, but the version's"
+    ):
+        cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest=fake_digest("zz"))
     cat.set_replica_state(ds, "a", "v1", "eu-central", "failed", error="peer reset")
     with pytest.raises(CatalogInputError, match="is failed and cannot become completed"):
-        cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="blake3:aa")
+        cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest=fake_digest("aa"))
     cat.set_replica_state(ds, "a", "v1", "eu-central", "pending")
-    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest="blake3:aa")
+    cat.set_replica_state(ds, "a", "v1", "eu-central", "completed", digest=fake_digest("aa"))
     with pytest.raises(CatalogInputError, match="is completed and cannot become pending"):
         cat.set_replica_state(ds, "a", "v1", "eu-central", "pending")
     (status,) = cat.replica_status(ds, key="a", region="eu-central")
-    assert status.state == "completed" and status.verified_digest == "blake3:aa"
+    assert status.state == "completed" and status.verified_digest == fake_digest("aa")
     assert status.attempts == 1 and status.last_error == "peer reset"
     assert status.attempted_at is not None
 
 
 def test_holders_and_replica_status(cat: Catalog) -> None:
     ds = "ckpt/llama-70b"
-    cat.register_version(ds, "a", "v1", "blake3:aa")
-    cat.set_replica_state(ds, "a", "v1", "eu-west", "completed", digest="blake3:aa")
+    cat.register_version(ds, "a", "v1", fake_digest("aa"))
+    cat.set_replica_state(ds, "a", "v1", "eu-west", "completed", digest=fake_digest("aa"))
     cat.set_replica_state(ds, "a", "v1", "eu-central", "failed", error="disk full")
     assert cat.holders(ds, "a", "v1") == ["eu-west"]
     assert cat.holders(ds, "a", "v9") == []
@@ -283,7 +298,7 @@ def test_holders_and_replica_status(cat: Catalog) -> None:
     ]
 
 
-def _copy(cid: str, state: str = "completed", digest: str | None = "blake3:aa") -> CopyRecord:
+def _copy(cid: str, state: str = "completed", digest: str | None = fake_digest("aa")) -> CopyRecord:
     return CopyRecord(
         id=cid,
         dataset="ckpt/llama-70b",
@@ -304,7 +319,7 @@ def test_record_copy_writes_replica_and_transfer_together_once(
     cat: Catalog, sql: SqlSession
 ) -> None:
     ds = "ckpt/llama-70b"
-    cat.register_version(ds, "a", "v1", "blake3:aa")
+    cat.register_version(ds, "a", "v1", fake_digest("aa"))
     assert cat.record_copy(_copy("c1", "failed", None)) is True
     assert cat.record_copy(_copy("c1", "failed", None)) is False  # the same copy again
     cat.set_replica_state(ds, "a", "v1", "eu-central", "pending")
@@ -312,9 +327,9 @@ def test_record_copy_writes_replica_and_transfer_together_once(
     assert cat.holders(ds, "a", "v1") == ["eu-central"]
     assert _count(cat, Transfer, sql) == 2
     # a bad digest refuses the whole copy: neither the replica nor the transfer is written
-    cat.register_version(ds, "b", "v1", "blake3:bb")
+    cat.register_version(ds, "b", "v1", fake_digest("bb"))
     bad = CopyRecord(**{**_copy("c3").__dict__, "object": "b"})
-    with pytest.raises(CatalogInputError, match="verified digest blake3:aa"):
+    with pytest.raises(CatalogInputError, match=f"verified digest {fake_digest('aa')}"):
         cat.record_copy(bad)
     assert _count(cat, Transfer, sql) == 2
     assert cat.replica_status(ds, key="b") == []
@@ -352,13 +367,13 @@ def test_new_dataset_without_a_placer_is_refused(catalog_url: str) -> None:
         open_catalog(catalog_url) as bare,
         pytest.raises(CatalogInputError, match="opened without a placer"),
     ):
-        bare.register_version("corpus/new", "k", "v1", "d")
+        bare.register_version("corpus/new", "k", "v1", fake_digest("d"))
 
 
 def test_record_copy_races_record_once(cat: Catalog) -> None:
     """Eight threads recording the same copy: exactly one records it, one attempt counts."""
     ds = "ckpt/llama-70b"
-    cat.register_version(ds, "a", "v1", "blake3:aa")
+    cat.register_version(ds, "a", "v1", fake_digest("aa"))
     wins: list[bool] = []
     errors: list[Exception] = []
 
@@ -381,22 +396,38 @@ def test_record_copy_races_record_once(cat: Catalog) -> None:
 
 def test_copies_of_an_unplaced_dataset_are_outside_residency(cat: Catalog) -> None:
     """Fail closed: no applied policy places `logs/x`, so no residency admits its copy."""
-    cat.register_version("logs/x", "k", "v1", "blake3:aa")
+    cat.register_version("logs/x", "k", "v1", fake_digest("aa"))
     assert cat.get_placement("logs/x") is None
-    cat.set_replica_state("logs/x", "k", "v1", "eu-west", "completed", digest="blake3:aa")
+    cat.set_replica_state("logs/x", "k", "v1", "eu-west", "completed", digest=fake_digest("aa"))
     found = [(v["dataset"], v["region"]) for v in cat.residency_violations()]
     assert ("logs/x", "eu-west") in found
 
 
 def test_a_version_is_registered_once_as_what_it_is(cat: Catalog) -> None:
     ds, hlc = "corpus/web", _hlc(1_764_579_000_000)
-    cat.register_version(ds, "k", hlc, "blake3:aa")
+    cat.register_version(ds, "k", hlc, fake_digest("aa"))
     with pytest.raises(CatalogInputError, match="registered as a put"):
         cat.register_version(ds, "k", hlc, "", op="delete")
     with pytest.raises(CatalogInputError, match="is HLC text, so its HLC cannot be"):
-        cat.register_version(ds, "k", hlc, "blake3:aa", hlc=_hlc(1_764_579_000_001))
+        cat.register_version(ds, "k", hlc, fake_digest("aa"), hlc=_hlc(1_764_579_000_001))
     with pytest.raises(CatalogInputError, match=r"a delete \(a tombstone\), which has no digest"):
-        cat.register_version(ds, "k", _hlc(1_764_579_000_002), "blake3:aa", op="delete")
+        cat.register_version(ds, "k", _hlc(1_764_579_000_002), fake_digest("aa"), op="delete")
+
+
+@pytest.mark.parametrize(
+    ("digest", "why"),
+    [
+        ("d1", "names no algorithm"),
+        ("sha256:" + "a" * 64, "algorithm 'sha256' is not known"),
+        ("blake3:aa", "has 2 hex digits, not 64"),
+        ("blake3:" + "A" * 64, "is not lower-case hexadecimal"),
+        ("", "names no algorithm"),
+    ],
+)
+def test_a_put_needs_a_digest_of_a_known_algorithm(cat: Catalog, digest: str, why: str) -> None:
+    with pytest.raises(CatalogInputError, match=f"version v1 of corpus/web/k: .*{why}"):
+        cat.register_version("corpus/web", "k", "v1", digest)
+    assert cat.latest_version("corpus/web", "k") is None  # nothing half-written
 
 
 def test_lag_counts_from_the_oldest_version_not_yet_completed(cat: Catalog) -> None:
@@ -404,13 +435,15 @@ def test_lag_counts_from_the_oldest_version_not_yet_completed(cat: Catalog) -> N
     ds, wall = "corpus/web", 1_764_579_000_000
     for n in range(3):
         cat.register_version(
-            ds, "k", _hlc(wall + n * 1000), f"blake3:0{n}", origin_region="eu-west"
+            ds, "k", _hlc(wall + n * 1000), fake_digest(f"0{n}"), origin_region="eu-west"
         )
-    cat.set_replica_state(ds, "k", _hlc(wall), "eu-central", "completed", digest="blake3:00")
+    cat.set_replica_state(ds, "k", _hlc(wall), "eu-central", "completed", digest=fake_digest("00"))
     at = cat.oldest_incomplete_at(ds, ["eu-central"])
     assert at == datetime.fromtimestamp((wall + 1000) / 1000, UTC)
     # completing the latest makes the older gaps moot: the region is up to date
-    cat.set_replica_state(ds, "k", _hlc(wall + 2000), "eu-central", "completed", digest="blake3:02")
+    cat.set_replica_state(
+        ds, "k", _hlc(wall + 2000), "eu-central", "completed", digest=fake_digest("02")
+    )
     assert cat.oldest_incomplete_at(ds, ["eu-central"]) is None
     # the origin itself never lags behind its own writes
     assert cat.oldest_incomplete_at(ds, ["eu-west"]) is None

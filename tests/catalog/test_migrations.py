@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.digests import fake_digest
 from sqlalchemy import inspect, text
 
 from controlplane.catalog import migrate
@@ -206,7 +207,7 @@ def test_hlc_order_is_byte_wise_on_every_backend(catalog_url: str, sql: Any) -> 
     cat = open_catalog(catalog_url, placer=place)
     try:
         for region in regions:
-            cat.register_version("d", "k", wall + region, "x")
+            cat.register_version("d", "k", wall + region, fake_digest("x"))
         latest = cat.latest_version("d", "k")
         assert latest is not None and latest.version == wall + "euvest"
     finally:

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from harness.controllers import ControllerProcess, prepare_catalog, run_cli
+from harness.digests import fake_digest
 from harness.invariants import epoch_violations, split_brain
 
 from controlplane.adapters.etcd import EtcdCoordination
@@ -118,9 +119,9 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
     # RPO exposure: eu-central has not completed the latest version of d000.
     catalog = open_catalog(env["MERIDIAN_CATALOG"], placer=place)
     try:
-        catalog.register_version(AUTOMATIC[0], "shard-0", "v7", "sha256:77")
+        catalog.register_version(AUTOMATIC[0], "shard-0", "v7", fake_digest("77"))
         catalog.set_replica_state(
-            AUTOMATIC[0], "shard-0", "v7", "eu-west", "completed", digest="sha256:77"
+            AUTOMATIC[0], "shard-0", "v7", "eu-west", "completed", digest=fake_digest("77")
         )
         catalog.set_replica_state(AUTOMATIC[0], "shard-0", "v7", "eu-central", "pending")
     finally:

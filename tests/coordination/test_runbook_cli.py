@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from harness.cli_schema import check_output
 from harness.controllers import meridian_argv, prepare_catalog
+from harness.digests import fake_digest
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
@@ -159,9 +160,9 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
 ) -> None:
     catalog = open_catalog(world["MERIDIAN_CATALOG"], placer=place)
     try:
-        catalog.register_version("ckpt/d000", "shard-0", "v1", "sha256:aa")
+        catalog.register_version("ckpt/d000", "shard-0", "v1", fake_digest("aa"))
         catalog.set_replica_state(
-            "ckpt/d000", "shard-0", "v1", "eu-west", "completed", digest="sha256:aa"
+            "ckpt/d000", "shard-0", "v1", "eu-west", "completed", digest=fake_digest("aa")
         )
         catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-central", "pending")
         before = asyncio.run(_owners(etcd3.endpoints))[0]["ckpt/d000"]
@@ -181,7 +182,7 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
         assert code != 0 and "aborted" in err and "eu-west still owns it" in err
         assert asyncio.run(_owners(etcd3.endpoints))[0]["ckpt/d000"] == before
         catalog.set_replica_state(
-            "ckpt/d000", "shard-0", "v1", "eu-central", "completed", digest="sha256:aa"
+            "ckpt/d000", "shard-0", "v1", "eu-central", "completed", digest=fake_digest("aa")
         )
     finally:
         catalog.close()
@@ -368,13 +369,18 @@ def test_dataset_list_and_show_cover_unplaced_datasets_exact_names_and_lag(
         catalog.register_dataset("scratch/x")  # no applied policy selects scratch/*
         written = datetime.now(UTC) - timedelta(seconds=30)
         catalog.register_version(
-            "ckpt/d000", "shard-0", "v1", "sha256:aa", origin_region="eu-west", created_at=written
+            "ckpt/d000",
+            "shard-0",
+            "v1",
+            fake_digest("aa"),
+            origin_region="eu-west",
+            created_at=written,
         )
         catalog.set_replica_state(
-            "ckpt/d000", "shard-0", "v1", "eu-west", "completed", digest="sha256:aa"
+            "ckpt/d000", "shard-0", "v1", "eu-west", "completed", digest=fake_digest("aa")
         )
         catalog.set_replica_state(
-            "ckpt/d000", "shard-0", "v1", "eu-central", "completed", digest="sha256:aa"
+            "ckpt/d000", "shard-0", "v1", "eu-central", "completed", digest=fake_digest("aa")
         )
         catalog.set_replica_state("ckpt/d000", "shard-0", "v1", "eu-north", "pending")
     finally:
@@ -415,9 +421,11 @@ def _lagging_target(catalog_url: str, dataset: str, target: str) -> None:
     """A version `target` has not completed: a switchover to it waits (freezing writes)."""
     catalog = open_catalog(catalog_url)
     try:
-        catalog.register_version(dataset, "shard-0", "v1", "sha256:aa", origin_region="eu-west")
+        catalog.register_version(
+            dataset, "shard-0", "v1", fake_digest("aa"), origin_region="eu-west"
+        )
         catalog.set_replica_state(
-            dataset, "shard-0", "v1", "eu-west", "completed", digest="sha256:aa"
+            dataset, "shard-0", "v1", "eu-west", "completed", digest=fake_digest("aa")
         )
         catalog.set_replica_state(dataset, "shard-0", "v1", target, "pending")
     finally:

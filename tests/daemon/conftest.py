@@ -1,12 +1,16 @@
-"""Fixtures of the agent daemon's tests: etcd of the local stack, on a clean keyspace."""
+"""Fixtures of the agent daemon's tests: etcd of the local stack on a clean keyspace, and
+real agent processes (see harness.agent_fixtures)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import pytest
+from harness.agent_fixtures import agent, world
 
 from controlplane.adapters.etcd import EtcdCoordination
+
+__all__ = ["agent", "coord", "world"]
 
 
 @pytest.fixture

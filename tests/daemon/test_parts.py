@@ -133,6 +133,7 @@ def test_the_identity_is_kept_in_the_root_and_tied_to_its_region(tmp_path: Path)
     assert first.agent_id.startswith("eu-west-")
     assert load_or_create(root, "eu-west") == first
     assert json.loads((root / IDENTITY_FILE).read_text())["id"] == first.agent_id
+    assert os.listdir(root) == [IDENTITY_FILE]  # the probe and the temporary are gone
     with pytest.raises(ConfigError, match="belongs to region eu-west"):
         load_or_create(root, "us-east")
     (root / IDENTITY_FILE).write_text("{not json")

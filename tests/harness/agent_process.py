@@ -9,7 +9,7 @@
     agent.start()               # again, on the same root (a new port unless `port` is set)
 
 The agent listens on port 0 (the OS picks a free one, so parallel tests never
-collide) and logs the endpoint it got in its `agent_serving` event, which `start`
+collide) and logs the endpoint it got in its `agent_ready` event, which `start`
 reads. `prepare_world` migrates a catalog, and applies a policy (through the
 `meridian` CLI, as a user would) that publishes it to etcd: three regions (eu-west
 and eu-central in EU, us-east in US) and four policies:
@@ -109,15 +109,20 @@ def world_policy() -> str:
     return WORLD_POLICY.format(regions=regions)
 
 
-def prepare_world(folder: Path, etcd: str, catalog_url: str | None = None) -> dict[str, str]:
+def prepare_world(
+    folder: Path, etcd: str, catalog_url: str | None = None, kafka: str | None = None
+) -> dict[str, str]:
     """Migrate the catalog (a SQLite file in `folder` unless `catalog_url` is given), apply
-    the world policy and publish it to `etcd`; returns the environment for `meridian`."""
+    the world policy and publish it to `etcd`; returns the environment for `meridian`
+    (with `kafka` as MERIDIAN_KAFKA when given: the agents' outbox drains there)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = {
         "MERIDIAN_CATALOG": catalog_url or f"sqlite:///{folder / 'catalog.db'}",
         "MERIDIAN_ETCD": etcd,
         "MERIDIAN_HOME": str(folder / "home"),
     }
+    if kafka is not None:
+        env["MERIDIAN_KAFKA"] = kafka
     policy = folder / "policy.yaml"
     policy.write_text(world_policy(), encoding="utf-8")
     for args in (["db", "upgrade"], ["policy", "apply", str(policy), "--yes"]):
@@ -183,7 +188,7 @@ class AgentProcess:
         if it exits or does not answer in time."""
         self.spawn()
         deadline = time.monotonic() + timeout_s
-        event = self.wait_event("agent_serving", timeout_s)
+        event = self.wait_event("agent_ready", timeout_s)
         if event is None:
             status = self.proc.poll() if self.proc else None
             self.kill()

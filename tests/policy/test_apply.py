@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from etcd3aio import Etcd3Client
+from harness.digests import fake_digest
 from sqlalchemy import select
 
 from controlplane.catalog.api import Catalog, open_catalog
@@ -102,7 +103,7 @@ def test_reformatted_files_are_no_change(cat: Catalog) -> None:
 
 def test_plan_names_changed_fields(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
-    cat.register_version("corpus/web", "a", "v1", "d")
+    cat.register_version("corpus/web", "a", "v1", fake_digest("d"))
     changed = EXAMPLE.replace("rpo: 30s", "rpo: 60s").replace("count: 2", "count: 1")
     changes = {(c.action, c.kind, c.name): c.fields for c in plan_changes(cat, policy_of(changed))}
     assert changes[("change", "ReplicationPolicy", "web-corpus")] == {
@@ -124,8 +125,10 @@ def test_plan_names_changed_fields(cat: Catalog, sql: Any) -> None:
 
 def test_apply_refuses_to_strand_replicas_and_changes_nothing(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
-    cat.register_version("corpus/web", "shard-1", "v1", "d")
-    cat.set_replica_state("corpus/web", "shard-1", "v1", "us-east", "completed", digest="d")
+    cat.register_version("corpus/web", "shard-1", "v1", fake_digest("d"))
+    cat.set_replica_state(
+        "corpus/web", "shard-1", "v1", "us-east", "completed", digest=fake_digest("d")
+    )
     eu_only = (
         EXAMPLE.replace("residency: [EU, US]", "residency: [EU]")
         .replace("home: us-east", "home: eu-west")
@@ -143,8 +146,10 @@ def test_apply_refuses_to_strand_replicas_and_changes_nothing(cat: Catalog, sql:
 
 def test_removing_a_region_that_holds_replicas_is_refused(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
-    cat.register_version("ckpt/llama-70b", "a", "v1", "d")
-    cat.set_replica_state("ckpt/llama-70b", "a", "v1", "eu-central", "completed", digest="d")
+    cat.register_version("ckpt/llama-70b", "a", "v1", fake_digest("d"))
+    cat.set_replica_state(
+        "ckpt/llama-70b", "a", "v1", "eu-central", "completed", digest=fake_digest("d")
+    )
     without = (
         EXAMPLE.replace("    - name: eu-central\n      jurisdiction: EU\n", "")
         .replace(
@@ -161,9 +166,9 @@ def test_removing_a_region_that_holds_replicas_is_refused(cat: Catalog, sql: Any
 
 def test_widening_residency_clears_violations(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
-    cat.register_version("ckpt/llama-70b", "a", "v1", "d")
+    cat.register_version("ckpt/llama-70b", "a", "v1", fake_digest("d"))
     cat.set_replica_state(
-        "ckpt/llama-70b", "a", "v1", "us-east", "completed", digest="d"
+        "ckpt/llama-70b", "a", "v1", "us-east", "completed", digest=fake_digest("d")
     )  # a violation
     from controlplane.catalog.audit import residency_violations
 
@@ -178,9 +183,9 @@ def test_widening_residency_clears_violations(cat: Catalog, sql: Any) -> None:
 
 def test_a_dataset_that_loses_its_placement_keeps_its_violations(cat: Catalog, sql: Any) -> None:
     apply_policy(cat, policy_of(EXAMPLE), source="a", publisher=None)
-    cat.register_version("ckpt/llama-70b", "a", "v1", "d")
+    cat.register_version("ckpt/llama-70b", "a", "v1", fake_digest("d"))
     cat.set_replica_state(
-        "ckpt/llama-70b", "a", "v1", "us-east", "completed", digest="d"
+        "ckpt/llama-70b", "a", "v1", "us-east", "completed", digest=fake_digest("d")
     )  # a violation
     from controlplane.catalog.audit import residency_violations
 

@@ -1,0 +1,176 @@
+"""One node agent: the parts of `meridian agent serve`, started in order, stopped in reverse.
+
+Start (each step raises one clear error, and what was started is stopped again):
+
+1. the applied policy (`PolicyView`): etcd must answer, and the region must be in
+   the applied topology (an agent of an unknown region could not admit anything);
+2. the owners of critical datasets: the watched map (`OwnershipWatch`), feeding the
+   fence, and the bounded-age reads admission decides on (`agents.owners.EtcdOwners`);
+3. the store (startup repair, logged by the store);
+4. the gRPC API on `--listen`: the servicer, admission in front of it, and the
+   transfers (Signature, Sync, Replicate, Fetch) behind it;
+5. the records duties (records.py): the recorder shipping the store's journal to
+   the catalog, the outbox drain publishing change events to Kafka (neither needs
+   its engine up to start);
+6. the metrics endpoint, if asked;
+7. the registration on a lease (last, so that a listed agent answers).
+
+Stop (SIGTERM): the registration goes first (its lease revoked, so peers stop
+choosing this agent at once), then the server stops accepting calls and gives
+those in flight `stop_grace_s` to finish; the rest are cancelled, and a cancelled
+write leaves nothing behind (the store commits a version only whole). Then the
+records duties, the watches and the store stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import grpc.aio
+
+from agents.admission import Admission
+from agents.daemon.config import AgentConfig, parse_listen
+from agents.daemon.identity import Identity
+from agents.daemon.metrics_http import MetricsEndpoint, bind_store_gauges
+from agents.daemon.owners import OwnershipWatch
+from agents.daemon.records import RecordDuties
+from agents.daemon.registration import AgentRecord, Registration
+from agents.metrics import AgentMetrics
+from agents.owners import EtcdOwners
+from agents.service.server import start_server, stop_server
+from agents.service.servicer import AgentService
+from agents.store import ObjectStore
+from agents.transfer.service import TransferService
+from controlplane.coordination.protocols.fencing import FencedResource
+from controlplane.domain.hlc import HybridClock
+from controlplane.errors import NotFoundError
+from controlplane.lifecycle import Lifecycle
+from controlplane.logs import get_logger
+from controlplane.policy.current import PolicyView
+from controlplane.ports.coordination import Coordination
+from controlplane.settings import Settings
+
+log = get_logger("meridian.agent")
+
+
+class NodeAgent(Lifecycle):
+    """See the module docstring. `endpoint` and `metrics_address` are known once started."""
+
+    def __init__(
+        self, config: AgentConfig, settings: Settings, coord: Coordination, identity: Identity
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.coord = coord
+        self.identity = identity
+        self.region = config.region
+        self.metrics = AgentMetrics(config.region, identity.agent_id)
+        self.fence = FencedResource()
+        self.view = PolicyView(
+            coord, retry_initial_s=config.retry_initial_s, retry_max_s=config.retry_max_s
+        )
+        self.watch = OwnershipWatch(
+            coord,
+            self.fence,
+            retry_initial_s=config.retry_initial_s,
+            retry_max_s=config.retry_max_s,
+        )
+        self.owners = EtcdOwners(coord, self.fence, watched=self.watch)
+        self.store: ObjectStore | None = None
+        self.server: grpc.aio.Server | None = None
+        self.endpoint = ""
+        self.metrics_endpoint: MetricsEndpoint | None = None
+        self.registration: Registration | None = None
+        self.records: RecordDuties | None = None
+
+    @property
+    def metrics_address(self) -> str | None:
+        return self.metrics_endpoint.address if self.metrics_endpoint else None
+
+    async def _do_start(self) -> None:
+        await self.view.start()
+        self._check_region()
+        await self.watch.start()
+        clock = HybridClock(self.region, max_clock_skew_ms=self.settings.max_clock_skew_ms)
+        self.store = store = await asyncio.to_thread(
+            ObjectStore,
+            self.config.root,
+            clock=clock,
+            keep_versions=self.config.keep_versions,
+            tombstone_retention_s=self.settings.tombstone_retention_s,
+        )
+        admission = Admission(self.region, self.view, self.fence, self.owners, self.metrics)
+        # The policy as of each transfer (RTTs for source order, per-link caps).
+        transfers = TransferService(
+            store, admission, self.region, self.metrics, None, lambda: self.view.current
+        )
+        service = AgentService(
+            store, admission, self.region, self.identity.agent_id, self.metrics, transfers
+        )
+        self.server, port = await start_server(service, self.config.listen)
+        self.endpoint = self._advertised(port)
+        bind_store_gauges(self.metrics, store.usage)
+        self.records = RecordDuties(
+            store, self.metrics, self.region, self.settings, origin_agent=self.endpoint
+        )
+        await self.records.start()
+        if self.config.metrics is not None:
+            self.metrics_endpoint = MetricsEndpoint(self.metrics, self.config.metrics)
+        self.registration = Registration(
+            self.coord,
+            AgentRecord(
+                agent_id=self.identity.agent_id,
+                region=self.region,
+                endpoint=self.endpoint,
+                weight=self.config.weight,
+                started_at=Registration.started_now(),
+            ),
+            store.usage,
+            lease_ttl_s=self.config.lease_ttl_s,
+            usage_interval_s=self.config.usage_interval_s,
+            retry_initial_s=self.config.retry_initial_s,
+            retry_max_s=self.config.retry_max_s,
+        )
+        await self.registration.start()
+        log.info(
+            "agent_ready",
+            region=self.region,
+            id=self.identity.agent_id,
+            endpoint=self.endpoint,
+            metrics=self.metrics_address,
+            root=str(self.config.root),
+        )
+
+    def _check_region(self) -> None:
+        policy = self.view.current
+        if policy is None or self.region not in policy.regions:
+            known = ", ".join(sorted(policy.regions)) if policy else ""
+            raise NotFoundError(
+                f"region {self.region!r} is not in the applied topology "
+                f"(it has: {known or 'none (apply a policy first)'})"
+            )
+
+    def _advertised(self, port: int) -> str:
+        if self.config.advertise is not None:
+            return self.config.advertise
+        host, _ = parse_listen(self.config.listen, "--listen")
+        if host in ("0.0.0.0", "::", "[::]", ""):  # noqa: S104 - naming the wildcard, not binding
+            host = socket.gethostname()
+        return f"{host}:{port}"
+
+    async def _do_stop(self) -> None:
+        if self.registration is not None:
+            await self.registration.stop()
+        if self.server is not None:
+            log.info("agent_stopping", region=self.region, grace_s=self.config.stop_grace_s)
+            await stop_server(self.server, self.config.stop_grace_s)
+        if self.records is not None:
+            await self.records.stop()
+        if self.metrics_endpoint is not None:
+            await asyncio.to_thread(self.metrics_endpoint.close)
+        await self.watch.stop()
+        await self.view.stop()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+        log.info("agent_shutdown_complete", region=self.region, id=self.identity.agent_id)

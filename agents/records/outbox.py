@@ -1,0 +1,207 @@
+"""The outbox drain: publishes the store's change events to Kafka `meridian.changes`.
+
+The store commits a standard write's change event in its outbox in the same
+SQLite transaction as the write (dataplane.md, *Classes*). This duty reads the
+oldest events in commit order, a bounded batch at a time (loop.py), encodes each
+as a protobuf `ChangeEvent` (key `dataset/key`; `schema` set; inline bytes up to
+`inline_max_bytes`, else this agent's address to fetch from), sends the batch
+through the idempotent, `acks=all` producer (controlplane/adapters/kafka.py), and
+only once the broker has acknowledged every record of it removes them from the
+outbox (`outbox_published`).
+
+Guarantees, and why:
+- No event is lost: an event leaves the outbox only after its acknowledgement, and
+  the outbox is as durable as the write itself. A SIGKILL at any point leaves it
+  in the outbox or acknowledged (or both).
+- No event is published twice *as a different event*: the event id is chosen
+  once, when the write commits, and stored with it, so an event sent again after
+  a crash (acknowledged, not yet removed) or after a failed batch is the same
+  event with the same `event_id` and version. Consumers dedup on `event_id`, and
+  in any case applying one version twice is a no-op by LWW (an equal HLC is not
+  applied). The content source of a re-send may differ (inline the first time,
+  the agent's address once the version has been pruned), never the version.
+- Per key, events go out in commit order: batches are sent in outbox order through
+  one producer (same key, same partition, in order). After a failed batch a
+  re-send can put an older copy of an event after a newer one of the same key
+  (`A B A B`); LWW on the HLC makes that harmless.
+- Version-set events (`kind = set`) stay in the outbox: ChangeEvent schema 1 has
+  no form for them (see the report); they are neither published nor dropped, and
+  not counted as pending.
+- An event that cannot be encoded (e.g. written without a policy revision) is set
+  aside with its reason (setaside.py) and removed, so it cannot wedge the queue.
+
+`meridian_outbox_pending` is read from the outbox when scraped (right after a
+restart too); `meridian_outbox_published_total` counts acknowledged events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
+from agents.metrics import AgentMetrics
+from agents.records.loop import BatchDuty, log
+from agents.records.setaside import SetAside
+from agents.records.settings import OutboxSettings
+from agents.store.errors import MissingContentError
+from agents.store.model import JsonValue, OutboxEvent
+from agents.store.store import ObjectStore
+from controlplane.controller.duty import describe
+from controlplane.domain.events import ChangeEvent
+from controlplane.errors import MeridianError, NotFoundError, UnavailableError
+from controlplane.lifecycle import cancel_and_wait
+from controlplane.ports.changelog import Delivery
+from meridian.convert import encode_change_event
+
+SET_ASIDE_FILE = "outbox-set-aside.jsonl"
+
+
+class BatchProducer(Protocol):
+    """What the drain needs of a producer (`KafkaProducer` is one): send records in
+    order and return once every one is durable (acks=all), or raise
+    UnavailableError (retriable) having possibly written some of them."""
+
+    async def send_many(
+        self, topic: str, items: Sequence[tuple[bytes, bytes]]
+    ) -> list[Delivery]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    records: list[tuple[bytes, bytes]]
+    event_ids: list[str]
+    bad: list[tuple[OutboxEvent, str]]
+
+
+class OutboxDrain(BatchDuty):
+    name = "outbox"
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        producer: BatchProducer,
+        metrics: AgentMetrics,
+        region: str,
+        settings: OutboxSettings,
+    ) -> None:
+        super().__init__(
+            region,
+            batch_size=settings.batch_size,
+            idle_interval_s=settings.idle_interval_s,
+            retry_initial_s=settings.retry_initial_s,
+            retry_max_s=settings.retry_max_s,
+            stop_timeout_s=settings.stop_timeout_s,
+        )
+        self._store = store
+        self._producer = producer
+        self._metrics = metrics
+        self.settings = settings
+        self.set_aside = SetAside(store.root / SET_ASIDE_FILE)
+        self._pending = 0
+        self._inflight: tuple[asyncio.Task[list[Delivery]], _Batch] | None = None
+        metrics.outbox_pending.set_function(self.pending)
+
+    def pending(self) -> int:
+        """Change events committed and not yet acknowledged by Kafka."""
+        with contextlib.suppress(MeridianError):  # closing: the last value read
+            self._pending = self._store.outbox_count(kind="version")
+        return self._pending
+
+    async def step(self) -> int:
+        if self._inflight is None:
+            events = await asyncio.to_thread(
+                self._store.outbox_pending, self.batch_size, kind="version"
+            )
+            if not events:
+                return 0
+            batch = await asyncio.to_thread(self._encode, events)
+            if batch.bad:
+                for event, reason in batch.bad:
+                    await asyncio.to_thread(self.set_aside.keep, "outbox", _as_json(event), reason)
+                    self._metrics.records_set_aside.labels(queue="outbox").inc()
+                await asyncio.to_thread(
+                    self._store.outbox_published, [event.event_id for event, _ in batch.bad]
+                )
+            send = self._producer.send_many(self.settings.topic, batch.records)
+            self._inflight = (asyncio.create_task(send), batch)
+        task, batch = self._inflight
+        try:
+            # Shielded: a batch that is slow to be acknowledged is waited for again at
+            # the next step rather than sent again (the producer retries it meanwhile).
+            await asyncio.wait_for(asyncio.shield(task), self.settings.ack_timeout_s)
+        except TimeoutError:
+            raise UnavailableError(
+                f"Kafka has not acknowledged {len(batch.event_ids)} change events within "
+                f"{self.settings.ack_timeout_s} s; still waiting for them"
+            ) from None
+        except Exception:
+            if task.done():
+                self._inflight = None  # refused: read them again (same event ids) next step
+            raise
+        self._inflight = None
+        # Acknowledged (acks=all): only now may they leave the outbox.
+        await asyncio.to_thread(self._store.outbox_published, batch.event_ids)
+        self._metrics.outbox_published.inc(len(batch.event_ids))
+        log.debug(
+            "outbox_published",
+            region=self.region,
+            events=len(batch.event_ids),
+            set_aside=len(batch.bad),
+        )
+        return len(batch.event_ids) + len(batch.bad)
+
+    async def _do_stop(self) -> None:
+        await super()._do_stop()
+        if self._inflight is not None:
+            task, self._inflight = self._inflight[0], None
+            await cancel_and_wait(task)  # not acknowledged: still in the outbox
+
+    def _encode(self, events: list[OutboxEvent]) -> _Batch:
+        records: list[tuple[bytes, bytes]] = []
+        ids: list[str] = []
+        bad: list[tuple[OutboxEvent, str]] = []
+        for event in events:
+            try:
+                value = encode_change_event(self._change_event(event))
+            except MeridianError as exc:
+                if exc.retriable:
+                    raise
+                bad.append((event, describe(exc)))
+                continue
+            records.append((f"{event.dataset}/{event.key}".encode(), value))
+            ids.append(event.event_id)
+        return _Batch(records, ids, bad)
+
+    def _change_event(self, event: OutboxEvent) -> ChangeEvent:
+        version = event.version
+        if version is None or version.is_tombstone:
+            return event.change_event()
+        if event.key is not None and version.size <= self.settings.inline_max_bytes:
+            try:
+                data = self._store.read_bytes(event.dataset, event.key, version.hlc)
+            except (NotFoundError, MissingContentError):
+                pass  # pruned or lost since: the consumer fetches it (or has newer)
+            else:
+                return event.change_event(inline=data)
+        return event.change_event(origin_agent=self.settings.origin_agent)
+
+
+def _as_json(event: OutboxEvent) -> dict[str, JsonValue]:
+    version = event.version
+    return {
+        "seq": event.seq,
+        "event_id": event.event_id,
+        "dataset": event.dataset,
+        "key": event.key,
+        "hlc": None if version is None else version.hlc.text,
+        "op": None if version is None else version.op,
+        "size": None if version is None else version.size,
+        "digest": None if version is None or version.digest is None else version.digest.text,
+        "set": event.set_id,
+        "origin_region": event.origin_region,
+        "epoch": event.epoch,
+        "policy_revision": event.policy_revision,
+    }

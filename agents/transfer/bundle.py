@@ -1,0 +1,297 @@
+"""Bundles: many small versions going the same way travel in one stream (SyncBundle)
+rather than one call each (spec/dataplane.md, *Transfers*: objects below
+`bundle_max_bytes`).
+
+Wire form (additive to agent.proto): the receiver names the items (dataset, key,
+version) and its region; the sender answers, per item in order, a BundleItemStart
+(or the item's refusal: residency, not held) and then its content in chunks of at
+most 1 MiB, each zstd-compressed on its own when that is smaller and the dataset's
+policy asks for it. The receiver stages the items as they arrive and commits them in
+batches with `apply_many` (one transaction and one parallel fsync round per batch,
+each batch recorded as one transfer), committing batch n while batch n+1 arrives.
+A damaged item fails its batch (apply_many is all or nothing); the caller fetches
+that batch's items one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from agents.errors import ResidencyError
+from agents.metrics import AgentMetrics
+from agents.rpc.status import from_rpc_error
+from agents.store import ApplyResult, ObjectStore
+from agents.store.errors import DigestMismatchError
+from agents.transfer.bridge import iterate_in_thread
+from agents.transfer.compress import ChunkCompressor, ChunkDecompressor
+from agents.transfer.limiter import CHUNK_BYTES, LinkLimiter
+from agents.transfer.ports import AdmissionPort, PolicySource
+from agents.transfer.pull import CHANNEL_OPTIONS, DEFAULT_DEADLINE_S, Source
+from agents.transfer.records import TransferTally, new_transfer_id
+from controlplane.domain.placement import Placement
+from controlplane.domain.version import Version
+from controlplane.errors import InvalidInputError, MeridianError, NotFoundError, UnavailableError
+from controlplane.logs import get_logger
+from meridian.convert import version_from_wire, version_to_wire
+from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+log = get_logger(__name__)
+
+BUNDLE_MAX_BYTES = 1 << 20  # objects below this size travel in bundles
+BATCH_ITEMS = 1000
+BATCH_BYTES = 16 << 20
+MAX_ITEMS = 100_000
+
+
+@dataclass(frozen=True)
+class Wanted:
+    dataset: str
+    key: str
+    version: Version
+
+
+class BundleSender:
+    """The sending side of SyncBundle."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        admission: AdmissionPort,
+        region: str,
+        metrics: AgentMetrics,
+        limiter: LinkLimiter,
+        policy: PolicySource,
+    ) -> None:
+        self.store, self.admission, self.region = store, admission, region
+        self.metrics, self.limiter, self.policy = metrics, limiter, policy
+
+    async def serve(
+        self, request: agent_pb2.SyncBundleRequest
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]:
+        if not request.receiver_region:
+            raise InvalidInputError("SyncBundleRequest.receiver_region: the receiver must name it")
+        if len(request.items) > MAX_ITEMS:
+            raise InvalidInputError(
+                f"SyncBundleRequest.items: at most {MAX_ITEMS} items per bundle, got "
+                f"{len(request.items)}"
+            )
+        to = request.receiver_region
+        tally = TransferTally(new_transfer_id(), "", "", self.region, to, "out", method="bundle")
+        outcome = "failed"
+        try:
+            async for frame, placement in iterate_in_thread(lambda: self._frames(request)):
+                n = len(frame.content or frame.content_zstd)
+                if n and placement is not None:
+                    await self.limiter.acquire(
+                        self.region,
+                        to,
+                        n,
+                        placement.transfer_bandwidth_bps,
+                        critical=placement.dataset_class == "critical",
+                    )
+                tally.wire_bytes += n
+                yield frame
+            outcome = "completed"
+        finally:
+            tally.count(self.metrics, "completed" if outcome == "completed" else "failed")
+
+    def _frames(
+        self, request: agent_pb2.SyncBundleRequest
+    ) -> Iterator[tuple[agent_pb2.SyncBundleResponse, Placement | None]]:
+        """On a thread: admit, read and compress each item."""
+        to = request.receiver_region
+        placements: dict[str, Placement | MeridianError] = {}
+        packers: dict[str, ChunkCompressor] = {}
+        for index, item in enumerate(request.items):
+            try:
+                version = version_from_wire(
+                    item.version, f"SyncBundleRequest.items[{index}].version"
+                )
+                if item.dataset not in placements:
+                    try:
+                        placements[item.dataset] = self.admission.admit_send(item.dataset, to)
+                    except ResidencyError as exc:
+                        placements[item.dataset] = exc
+                        self._refused(item.dataset, item.key, version, to, exc)
+                found = placements[item.dataset]
+                if isinstance(found, MeridianError):
+                    raise found
+                placement = found
+                with self.store.open(item.dataset, item.key, version.hlc) as reader:
+                    data = reader.read_all()
+            except MeridianError as exc:
+                code = (
+                    "PERMISSION_DENIED"
+                    if isinstance(exc, ResidencyError)
+                    else ("NOT_FOUND" if isinstance(exc, NotFoundError) else "UNAVAILABLE")
+                )
+                start = agent_pb2.BundleItemStart(index=index, refused=str(exc), refused_code=code)
+                yield agent_pb2.SyncBundleResponse(item=start), None
+                continue
+            yield agent_pb2.SyncBundleResponse(item=agent_pb2.BundleItemStart(index=index)), None
+            packer = packers.setdefault(
+                item.dataset, ChunkCompressor(placement.transfer_compression == "zstd")
+            )
+            for at in range(0, len(data), CHUNK_BYTES):
+                packed, compressed = packer.pack(data[at : at + CHUNK_BYTES])
+                frame = (
+                    agent_pb2.SyncBundleResponse(content_zstd=packed)
+                    if compressed
+                    else agent_pb2.SyncBundleResponse(content=packed)
+                )
+                yield frame, placement
+
+    def _refused(
+        self, dataset: str, key: str, version: Version, to: str, exc: ResidencyError
+    ) -> None:
+        tally = TransferTally(new_transfer_id(), dataset, key, self.region, to, "out", "refused")
+        with contextlib.suppress(MeridianError):
+            self.store.record_transfer(
+                dataset, key, version.hlc.text, tally.record("refused", self.policy, str(exc))
+            )
+        tally.count(self.metrics, "refused")
+
+
+@dataclass
+class _Item:
+    index: int
+    chunks: list[tuple[bytes, bool]] = field(default_factory=list)
+    size: int = 0
+
+
+async def pull_bundle(
+    store: ObjectStore,
+    source: Source,
+    items: Sequence[Wanted],
+    *,
+    region: str,
+    metrics: AgentMetrics,
+    policy: PolicySource,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> list[ApplyResult | MeridianError]:
+    """Receive `items` from `source` in one SyncBundle and commit them in batches.
+    Returns, per item in order, its ApplyResult or the error that kept it out (a
+    refusal by the sender, a failed batch, a cut stream)."""
+    results: list[ApplyResult | MeridianError | None] = [None] * len(items)
+    request = agent_pb2.SyncBundleRequest(
+        items=[
+            agent_pb2.BundleItem(dataset=w.dataset, key=w.key, version=version_to_wire(w.version))
+            for w in items
+        ],
+        receiver_region=region,
+    )
+    commits: list[asyncio.Task[None]] = []
+    batch: list[_Item] = []
+    batch_bytes = 0
+    wire = [0]
+
+    def commit(done: list[_Item], wire_bytes: int) -> None:
+        tally = TransferTally(
+            new_transfer_id(),
+            items[done[0].index].dataset,
+            f"{len(done)} objects",
+            source.region,
+            region,
+            "in",
+            method="bundle",
+            logical_bytes=sum(i.size for i in done),
+            wire_bytes=wire_bytes,
+        )
+        unpack = ChunkDecompressor()
+        try:
+            entries = []
+            for it in done:
+                w = items[it.index]
+                data = b"".join(
+                    unpack.unpack(c, CHUNK_BYTES) if packed else c for c, packed in it.chunks
+                )
+                entries.append((w.dataset, w.key, w.version, [data]))
+            record = tally.record("completed", policy)
+            record["items"] = len(done)
+            applied = store.apply_many(entries, transfer=record)
+            for it, result in zip(done, applied, strict=True):
+                results[it.index] = result
+            tally.count(metrics, "completed")
+        except Exception as exc:  # noqa: BLE001 - the batch's items get the error
+            error = (
+                exc
+                if isinstance(exc, MeridianError)
+                else DigestMismatchError(f"a bundle item was damaged in transit: {exc}")
+            )
+            for it in done:
+                results[it.index] = error
+            with contextlib.suppress(MeridianError):
+                store.record_transfer(
+                    tally.dataset, None, None, tally.record("failed", policy, str(error))
+                )
+            tally.count(metrics, "failed")
+
+    async def flush() -> None:
+        nonlocal batch, batch_bytes
+        if batch:
+            done, batch, batch_bytes = batch, [], 0
+            wire_bytes, wire[0] = wire[0], 0
+            if len(commits) >= 2:  # at most two batches committing while more arrive
+                await commits.pop(0)
+            commits.append(asyncio.ensure_future(asyncio.to_thread(commit, done, wire_bytes)))
+
+    current: _Item | None = None
+    try:
+        async with grpc.aio.insecure_channel(source.address, options=CHANNEL_OPTIONS) as channel:
+            call = agent_pb2_grpc.AgentStub(channel).SyncBundle(request, timeout=deadline_s)
+            try:
+                async for response in call:
+                    kind = response.WhichOneof("frame")
+                    if kind == "item":
+                        start = response.item
+                        if current is not None:
+                            batch.append(current)
+                            current = None
+                        if batch and (len(batch) >= BATCH_ITEMS or batch_bytes >= BATCH_BYTES):
+                            await flush()
+                        if not 0 <= start.index < len(items):
+                            raise InvalidInputError(f"a bundle named item {start.index}")
+                        if start.refused:
+                            results[start.index] = _refusal(start.refused_code, start.refused)
+                            continue
+                        current = _Item(start.index)
+                    elif kind in ("content", "content_zstd"):
+                        if current is None:
+                            raise InvalidInputError("a bundle sent content before an item")
+                        data = response.content or response.content_zstd
+                        current.chunks.append((data, kind == "content_zstd"))
+                        current.size = items[current.index].version.size
+                        wire[0] += len(data)
+                        batch_bytes += len(data)
+            except grpc.aio.AioRpcError as err:
+                raise from_rpc_error(err, source.address) from None
+        if current is not None:
+            batch.append(current)
+            current = None
+        await flush()
+    except MeridianError as exc:
+        for n, result in enumerate(results):
+            if result is None and all(it.index != n for it in batch):
+                results[n] = exc
+        for it in batch:
+            results[it.index] = exc
+    finally:
+        for task in commits:
+            await task
+    return [
+        r if r is not None else UnavailableError(f"the bundle from {source.region} ended early")
+        for r in results
+    ]
+
+
+def _refusal(code: str, message: str) -> MeridianError:
+    if code == "PERMISSION_DENIED":
+        return ResidencyError(message)
+    if code == "NOT_FOUND":
+        return NotFoundError(message)
+    return UnavailableError(message)

@@ -1,0 +1,443 @@
+"""`TransferService`: the agent's Signature, Sync (sender), Replicate (receiver) and
+Fetch handlers, which the agent's servicer (agents/service/) delegates to.
+
+- Signature: the engine signature of a held version.
+- Sync: see sender.py.
+- Replicate: a version pushed by its owner (critical, with its epoch: fenced by
+  `admit_replica`) or by the replicator (epoch 0, a standard dataset's inline event or
+  delete: an LWW apply); acked only after the commit.
+- Fetch: pull a version from the holders given (nearest first, by the policy's RTT),
+  falling back to the next on a retriable failure; a refusal is final.
+Every copy in is recorded in the store's journal with the version it committed (or
+on its own when refused or failed) and counted in the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+
+import grpc
+
+import native
+from agents.errors import ResidencyError
+from agents.metrics import AgentMetrics
+from agents.rpc.status import abort, code_of
+from agents.store import ApplyResult, ObjectStore
+from agents.store.staging import TMP
+from agents.transfer.bridge import file_chunks, remove
+from agents.transfer.bundle import BUNDLE_MAX_BYTES, BundleSender, Wanted, pull_bundle
+from agents.transfer.limiter import CHUNK_BYTES, LinkLimiter
+from agents.transfer.ports import AdmissionPort, PolicySource
+from agents.transfer.pull import Source, pull
+from agents.transfer.records import Outcome, TransferTally, new_transfer_id
+from agents.transfer.resume import CHECKPOINT_BYTES, ResumeBook
+from agents.transfer.sender import SyncSender, _file
+from agents.transfer.sources import order_sources
+from controlplane.domain.version import Verdict, Version, lww
+from controlplane.errors import (
+    FencedError,
+    HandingOverError,
+    InvalidInputError,
+    MeridianError,
+    RefusedError,
+    UnavailableError,
+)
+from controlplane.logs import get_logger
+from meridian.convert import version_from_wire, version_to_wire
+from meridian.v1 import agent_pb2
+
+log = get_logger(__name__)
+
+Context = grpc.aio.ServicerContext[object, object]
+
+_OUTCOMES = {
+    Verdict.APPLY: agent_pb2.APPLY_OUTCOME_APPLIED,
+    Verdict.SAME: agent_pb2.APPLY_OUTCOME_SAME,
+    Verdict.OLDER: agent_pb2.APPLY_OUTCOME_OLDER,
+    Verdict.COLLISION: agent_pb2.APPLY_OUTCOME_COLLISION,
+}
+
+
+class TransferService:
+    def __init__(
+        self,
+        store: ObjectStore,
+        admission: AdmissionPort,
+        region: str,
+        metrics: AgentMetrics,
+        limiter: LinkLimiter | None = None,
+        policy: PolicySource | None = None,
+        *,
+        threads: int = 2,
+        checkpoint_bytes: int = CHECKPOINT_BYTES,
+    ) -> None:
+        self.store = store
+        self.admission = admission
+        self.region = region
+        self.metrics = metrics
+        self.limiter = limiter or LinkLimiter()
+        self.policy: PolicySource = policy or (lambda: None)
+        self.threads = threads
+        self.checkpoint_bytes = checkpoint_bytes
+        self.book = ResumeBook(store.root)
+        self.book.expire()
+        self.sender = SyncSender(
+            store, admission, region, metrics, self.limiter, self.policy, threads=threads
+        )
+        self.bundler = BundleSender(store, admission, region, metrics, self.limiter, self.policy)
+        self._pulling: dict[tuple[str, str, str], asyncio.Lock] = {}
+
+    # -- Signature ---------------------------------------------------------------------
+
+    async def Signature(  # noqa: N802 - the generated servicer's name
+        self, request: agent_pb2.SignatureRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SignatureResponse]:
+        try:
+            version = request.version if request.HasField("version") else None
+            reader = await asyncio.to_thread(self.store.open, request.dataset, request.key, version)
+            fd, path = tempfile.mkstemp(prefix="sig-", suffix=".part", dir=self.store.root / TMP)
+            os.close(fd)
+            try:
+                old = _file(reader)
+                try:
+                    await asyncio.to_thread(native.signature, old, path, threads=self.threads)
+                finally:
+                    old.close()
+                    reader.close()
+                yield agent_pb2.SignatureResponse(header=version_to_wire(reader.version))
+                async for chunk in file_chunks(path, CHUNK_BYTES):
+                    yield agent_pb2.SignatureResponse(chunk=chunk)
+            finally:
+                await remove(path)
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    # -- Sync (this agent sends) -------------------------------------------------------
+
+    async def Sync(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.SyncRequest], context: Context
+    ) -> AsyncIterator[agent_pb2.SyncResponse]:
+        try:
+            async for response in self.sender.serve(request_iterator):
+                yield response
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    async def SyncBundle(  # noqa: N802
+        self, request: agent_pb2.SyncBundleRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.SyncBundleResponse]:
+        try:
+            async for response in self.bundler.serve(request):
+                yield response
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    # -- Replicate (this agent receives a pushed version) ------------------------------
+
+    async def Replicate(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.ReplicateRequest], context: Context
+    ) -> agent_pb2.ReplicateResponse:
+        try:
+            return await self._replicate(request_iterator)
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    async def _replicate(
+        self, requests: AsyncIterator[agent_pb2.ReplicateRequest]
+    ) -> agent_pb2.ReplicateResponse:
+        first = await anext(requests, None)
+        if first is None or first.WhichOneof("frame") != "header":
+            raise InvalidInputError("a Replicate must begin with its header")
+        header = first.header
+        version = version_from_wire(header.version, "ReplicateHeader.version")
+        tally = TransferTally(
+            new_transfer_id(),
+            header.dataset,
+            header.key,
+            header.origin_region or version.hlc.region,
+            self.region,
+            "in",
+            method="push",
+            logical_bytes=version.size,
+            policy_revision=header.policy_revision or None,
+        )
+        set_id = header.set if header.HasField("set") else None
+        try:
+            placement = self.admission.admit_store(header.dataset)
+            if placement.dataset_class == "critical":
+                self.admission.admit_replica(header.dataset, header.epoch, tally.from_region)
+            elif header.epoch:
+                raise InvalidInputError(
+                    f"ReplicateHeader.epoch: {header.dataset} is a standard dataset, which "
+                    f"takes epoch 0, not {header.epoch}"
+                )
+        except (RefusedError, FencedError, HandingOverError) as exc:
+            await self._record(tally, "refused", version, str(exc))
+            raise
+        try:
+            if version.is_tombstone:
+                result = await asyncio.to_thread(
+                    self.store.apply,
+                    header.dataset,
+                    header.key,
+                    version,
+                    None,
+                    set_id=set_id,
+                    transfer=tally.record("completed", self.policy),
+                )
+            else:
+                result = await self._receive_pushed(
+                    header.dataset, header.key, version, set_id, requests, tally
+                )
+        except MeridianError as exc:
+            await self._record(tally, "failed", version, str(exc))
+            raise
+        if not result.verdict.applies and not result.restored:
+            await self._record(tally, "skipped", version, result.verdict.value)
+        else:
+            tally.count(self.metrics, "completed")
+        return agent_pb2.ReplicateResponse(
+            version=version_to_wire(result.newest), region=self.region
+        )
+
+    async def _receive_pushed(
+        self,
+        dataset: str,
+        key: str,
+        version: Version,
+        set_id: str | None,
+        requests: AsyncIterator[agent_pb2.ReplicateRequest],
+        tally: TransferTally,
+    ) -> ApplyResult:
+        staged = await asyncio.to_thread(
+            self.store.stage,
+            dataset,
+            key,
+            expected_size=version.size,
+            expected_digest=version.digest,
+        )
+        try:
+            async for request in requests:
+                if request.WhichOneof("frame") != "chunk":
+                    raise InvalidInputError("a Replicate sent a second header")
+                tally.wire_bytes += len(request.chunk)
+                await asyncio.to_thread(staged.write, request.chunk)
+            return await asyncio.to_thread(
+                self.store.commit_apply,
+                staged,
+                version,
+                set_id=set_id,
+                transfer=tally.record("completed", self.policy),
+            )
+        finally:
+            staged.abort()  # after a commit this removes nothing
+
+    # -- Fetch (this agent pulls) ------------------------------------------------------
+
+    async def Fetch(  # noqa: N802
+        self, request: agent_pb2.FetchRequest, context: Context
+    ) -> agent_pb2.FetchResponse:
+        try:
+            return await self.fetch(request)
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    async def fetch(self, request: agent_pb2.FetchRequest) -> agent_pb2.FetchResponse:
+        version = version_from_wire(request.version, "FetchRequest.version")
+        dataset, key = request.dataset, request.key
+        set_id = request.set if request.HasField("set") else None
+        sources = [Source(s.region, s.address) for s in request.sources]
+        tally = TransferTally(
+            new_transfer_id(),
+            dataset,
+            key,
+            sources[0].region if sources else request.origin_region,
+            self.region,
+            "in",
+            logical_bytes=version.size,
+            policy_revision=request.policy_revision or None,
+        )
+        try:
+            self.admission.admit_store(dataset)
+        except RefusedError as exc:
+            tally.method = "refused"
+            await self._record(tally, "refused", version, str(exc))
+            raise
+        held = await asyncio.to_thread(self.store.head, dataset, key)
+        verdict = lww(version, held)
+        if not verdict.applies and not await asyncio.to_thread(self._lost, dataset, key, version):
+            return agent_pb2.FetchResponse(
+                outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
+            )
+        if version.is_tombstone:
+            tally.method = "tombstone"
+            result = await asyncio.to_thread(
+                self.store.apply,
+                dataset,
+                key,
+                version,
+                None,
+                set_id=set_id,
+                transfer=tally.record("completed", self.policy),
+            )
+            tally.count(self.metrics, "completed")
+            return agent_pb2.FetchResponse(
+                outcome=_OUTCOMES[result.verdict], held=version_to_wire(result.newest)
+            )
+        if not sources:
+            raise InvalidInputError("FetchRequest.sources: a put needs at least one source")
+        lock = self._pulling.setdefault((dataset, key, version.hlc.text), asyncio.Lock())
+        async with lock:
+            errors: list[str] = []
+            for source in order_sources(self.region, sources, self.policy):
+                try:
+                    pulled = await pull(
+                        self.store,
+                        self.book,
+                        source,
+                        dataset,
+                        key,
+                        version,
+                        region=self.region,
+                        metrics=self.metrics,
+                        policy=self.policy,
+                        set_id=set_id,
+                        policy_revision=request.policy_revision or None,
+                        threads=self.threads,
+                        checkpoint_bytes=self.checkpoint_bytes,
+                    )
+                except (ResidencyError, RefusedError):
+                    raise
+                except MeridianError as exc:
+                    if not exc.retriable:
+                        raise
+                    errors.append(f"{source.region} ({source.address}): {exc}")
+                    log.warning(
+                        "fetch source failed; trying the next", source=source.region, error=str(exc)
+                    )
+                    continue
+                result = pulled.result
+                return agent_pb2.FetchResponse(
+                    outcome=_OUTCOMES[result.verdict],
+                    held=version_to_wire(result.newest),
+                    source_region=source.region,
+                    logical_bytes=pulled.tally.logical_bytes,
+                    wire_bytes=pulled.tally.wire_bytes,
+                )
+        raise UnavailableError(
+            f"no source could send {dataset}/{key} at {version.hlc}: " + "; ".join(errors)
+        )
+
+    # -- FetchMany (this agent pulls many; small ones in bundles) -----------------------
+
+    async def FetchMany(  # noqa: N802
+        self, request: agent_pb2.FetchManyRequest, context: Context
+    ) -> agent_pb2.FetchManyResponse:
+        try:
+            return await self.fetch_many(request)
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    async def fetch_many(self, request: agent_pb2.FetchManyRequest) -> agent_pb2.FetchManyResponse:
+        count = len(request.items)
+        results: list[agent_pb2.FetchResponse] = [agent_pb2.FetchResponse() for _ in range(count)]
+        errors = [""] * count
+        groups: dict[Source, list[tuple[int, Wanted]]] = {}
+        singles: list[int] = []
+
+        def classify() -> None:  # on a thread: admission and LWW read the store
+            for n, item in enumerate(request.items):
+                try:
+                    self._classify(n, item, results, groups, singles)
+                except MeridianError:
+                    singles.append(n)  # fetched alone, which records and words its refusal
+
+        await asyncio.to_thread(classify)
+        for source, group in groups.items():
+            pulled = await pull_bundle(
+                self.store,
+                source,
+                [w for _, w in group],
+                region=self.region,
+                metrics=self.metrics,
+                policy=self.policy,
+            )
+            for (n, wanted), got in zip(group, pulled, strict=True):
+                if isinstance(got, ApplyResult):
+                    results[n] = agent_pb2.FetchResponse(
+                        outcome=_OUTCOMES[got.verdict],
+                        held=version_to_wire(got.newest),
+                        source_region=source.region,
+                        logical_bytes=wanted.version.size,
+                    )
+                elif isinstance(got, ResidencyError):
+                    errors[n] = f"{code_of(got).name}: {got}"
+                else:
+                    singles.append(n)  # the next source, or this one alone
+        gate = asyncio.Semaphore(4)
+
+        async def single(n: int) -> None:
+            async with gate:
+                try:
+                    results[n] = await self.fetch(request.items[n])
+                except MeridianError as exc:
+                    errors[n] = f"{code_of(exc).name}: {exc}"
+
+        await asyncio.gather(*(single(n) for n in sorted(set(singles))))
+        return agent_pb2.FetchManyResponse(results=results, errors=errors)
+
+    def _lost(self, dataset: str, key: str, version: Version) -> bool:
+        """Whether this store holds `version` but startup repair found its bytes gone:
+        then a fetch of it restores them (commit_apply refills a missing row)."""
+        with contextlib.suppress(MeridianError):
+            return self.store.stat(dataset, key, version.hlc).state == "missing"
+        return False
+
+    def _classify(
+        self,
+        n: int,
+        item: agent_pb2.FetchRequest,
+        results: list[agent_pb2.FetchResponse],
+        groups: dict[Source, list[tuple[int, Wanted]]],
+        singles: list[int],
+    ) -> None:
+        """Put item n in a bundle of its nearest source, among the singles, or answer it
+        at once (LWW: already held or older)."""
+        version = version_from_wire(item.version, f"FetchManyRequest.items[{n}].version")
+        sources = [Source(s.region, s.address) for s in item.sources]
+        # Set members go alone: apply_many commits no set membership.
+        if (
+            version.is_tombstone
+            or version.size >= BUNDLE_MAX_BYTES
+            or not sources
+            or item.HasField("set")
+        ):
+            singles.append(n)
+            return
+        self.admission.admit_store(item.dataset)
+        held = self.store.head(item.dataset, item.key)
+        verdict = lww(version, held)
+        if not verdict.applies:
+            results[n] = agent_pb2.FetchResponse(
+                outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
+            )
+            return
+        nearest = order_sources(self.region, sources, self.policy)[0]
+        groups.setdefault(nearest, []).append((n, Wanted(item.dataset, item.key, version)))
+
+    async def _record(
+        self, tally: TransferTally, outcome: Outcome, version: Version, reason: str
+    ) -> None:
+        with contextlib.suppress(MeridianError):
+            await asyncio.to_thread(
+                self.store.record_transfer,
+                tally.dataset,
+                tally.key,
+                version.hlc.text,
+                tally.record(outcome, self.policy, reason),
+            )
+        tally.count(self.metrics, outcome)

@@ -1,0 +1,446 @@
+"""Transfers between two agents against rsync (issue 10, *Benchmark*), one table with
+ratios in one run:
+
+    python benchmarks/transfer_bench.py            # the issue's sizes (1 GiB, 10,000 files)
+    python benchmarks/transfer_bench.py --quick    # a smoke run (CI, a test)
+
+Two agent processes (tests/transfer/agent_main.py: the real store, admission,
+servicer and transfers) on loopback, and the same pair through a Toxiproxy link with
+a 40 ms round trip (20 ms each way) and a 12,500 KB/s bandwidth toxic. The peer is
+`rsync` in daemon mode through an identical link (`rsync://`, `--no-whole-file`),
+with and without `-z`, the best of the two. The floor of the no-basis case is a
+plain TCP copy into a fresh file with fsync, measured in the same run.
+
+Workloads:
+- checkpoint: a new version of a file, 2% of it rewritten in scattered 64 KiB runs,
+  over the old one the receiver holds; through the link;
+- no basis: a file new to the receiver, loopback without toxics (received,
+  verified, fsynced, committed), against the TCP floor;
+- files: 4 KiB files new to the receiver, through the link (FetchMany: bundles);
+- cut: a Sync cut at 50% (a `limit_data` toxic) and resumed; bytes sent in total
+  against an uncut transfer.
+Wire bytes are the payload bytes the agents count (delta, content and signature
+bytes); rsync's are its own `--stats` totals (sent + received). rsync does not
+fsync what it writes; the agents do.
+
+Needs the stack's Toxiproxy (`meridian stack up`; MERIDIAN_STACK_TOXIPROXY_PORT) and
+rsync. Peak RSS of each agent is read from /proc (VmHWM) when it stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "tests" / "transfer"), str(HERE.parent / "tests")]
+
+import grpc  # noqa: E402
+from agent_proc import AgentProc, write_policy  # noqa: E402
+from blake3 import blake3  # noqa: E402
+
+from agents.store import ObjectStore  # noqa: E402
+from agents.transfer.pull import CHANNEL_OPTIONS  # noqa: E402
+from controlplane.adapters.toxiproxy import ToxiproxyClient  # noqa: E402
+from controlplane.domain.hlc import HybridClock  # noqa: E402
+from controlplane.domain.placement import Placement  # noqa: E402
+from controlplane.domain.version import Version  # noqa: E402
+from controlplane.settings import load_settings  # noqa: E402
+from meridian.convert import version_to_wire  # noqa: E402
+from meridian.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
+
+REGIONS = {"eu-west": "EU", "eu-central": "EU"}
+LATENCY_MS = 20  # each way: a 40 ms round trip
+BANDWIDTH_KB_S = 12_500
+FETCH_MANY_ITEMS = 2000  # per call: the request stays under the 1 MiB message cap
+
+
+@dataclass(frozen=True)
+class Sizes:
+    checkpoint: int
+    fresh: int
+    files: int
+    cut: int
+
+
+FULL = Sizes(checkpoint=1 << 30, fresh=1 << 30, files=10_000, cut=1 << 30)
+QUICK = Sizes(checkpoint=32 << 20, fresh=32 << 20, files=300, cut=32 << 20)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def random_bytes(size: int, seed: bytes) -> bytes:
+    """Deterministic bytes that neither compress nor repeat (blake3's XOF: GB/s)."""
+    return blake3(seed).digest(length=size)
+
+
+def rewrite(data: bytes, fraction: float, seed: int = 2, run: int = 64 << 10) -> bytes:
+    rng = random.Random(seed)
+    out = bytearray(data)
+    for _ in range(max(1, int(len(data) * fraction / run))):
+        at = rng.randrange(0, max(1, len(data) - run))
+        out[at : at + run] = rng.randbytes(run)
+    return bytes(out)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    begin = time.monotonic()
+    fn()
+    return time.monotonic() - begin
+
+
+# -- the peers -------------------------------------------------------------------------
+
+
+def rsync_daemon(src: Path, work: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    conf = work / "rsyncd.conf"
+    conf.write_text(
+        f"use chroot = false\nuid = root\ngid = root\npid file = {work}/rsyncd.pid\n"
+        f"[bench]\npath = {src}\nread only = true\n"
+    )
+    proc = subprocess.Popen(
+        [
+            "rsync",
+            "--daemon",
+            "--no-detach",
+            f"--config={conf}",
+            f"--port={port}",
+            "--address=127.0.0.1",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, port
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("rsync --daemon did not start")
+
+
+def rsync(url: str, dest: Path, *, compress: bool) -> tuple[float, int]:
+    args = ["rsync", "-a", "--no-whole-file", "--stats", url, str(dest)]
+    if compress:
+        args.insert(2, "-z")
+    begin = time.monotonic()
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    elapsed = time.monotonic() - begin
+    sent = int(re.search(r"Total bytes sent: ([\d,]+)", out).group(1).replace(",", ""))  # type: ignore[union-attr]
+    got = int(re.search(r"Total bytes received: ([\d,]+)", out).group(1).replace(",", ""))  # type: ignore[union-attr]
+    return elapsed, sent + got
+
+
+def best_rsync(url: str, dest: Path, reset: Callable[[], None]) -> tuple[float, int, str]:
+    runs = []
+    for compress in (False, True):
+        reset()
+        elapsed, wire = rsync(url, dest, compress=compress)
+        runs.append((elapsed, wire, "-z" if compress else "plain"))
+    return min(runs)
+
+
+def tcp_floor(src: Path, dest: Path) -> float:
+    """A plain TCP copy of `src` into a fresh file with fsync: the disk's floor."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def send() -> None:
+        conn, _ = server.accept()
+        with conn, open(src, "rb") as f:
+            conn.sendfile(f)
+        server.close()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    begin = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)) as conn, open(dest, "wb") as out:
+        while chunk := conn.recv(1 << 20):
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    elapsed = time.monotonic() - begin
+    sender.join()
+    return elapsed
+
+
+# -- the agents ------------------------------------------------------------------------
+
+
+async def fetch(
+    address: str, dataset: str, key: str, version: Version, source: str
+) -> agent_pb2.FetchResponse:
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        request = agent_pb2.FetchRequest(
+            dataset=dataset,
+            key=key,
+            version=version_to_wire(version),
+            sources=[agent_pb2.FetchSource(region="eu-west", address=source)],
+        )
+        response: agent_pb2.FetchResponse = await agent_pb2_grpc.AgentStub(channel).Fetch(
+            request, timeout=1800
+        )
+        return response
+
+
+async def fetch_many(address: str, items: list[tuple[str, Version]], source: str) -> None:
+    async def one(part: list[tuple[str, Version]]) -> None:
+        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            request = agent_pb2.FetchManyRequest(
+                items=[
+                    agent_pb2.FetchRequest(
+                        dataset="files",
+                        key=k,
+                        version=version_to_wire(v),
+                        sources=[agent_pb2.FetchSource(region="eu-west", address=source)],
+                    )
+                    for k, v in part
+                ]
+            )
+            got = await agent_pb2_grpc.AgentStub(channel).FetchMany(request, timeout=1800)
+            bad = [e for e in got.errors if e]
+            if bad:
+                raise RuntimeError(f"FetchMany failed {len(bad)} items: {bad[0]}")
+
+    parts = [items[n : n + FETCH_MANY_ITEMS] for n in range(0, len(items), FETCH_MANY_ITEMS)]
+    await asyncio.gather(*(one(p) for p in parts))
+
+
+def run(sizes: Sizes, work: Path) -> list[tuple[str, str, str, str, str]]:
+    settings = load_settings()
+    toxi = ToxiproxyClient(f"http://127.0.0.1:{settings.stack_toxiproxy_port}")
+    print("preparing content...", flush=True)
+    placements = [
+        Placement(
+            dataset=d,
+            policy="bench",
+            dataset_class="standard",
+            home="eu-west",
+            replicas=("eu-central",),
+            residency=("EU",),
+            rpo_s=60.0,
+            failover_mode="manual",
+            failover_order=(),
+        )
+        for d in ("ckpt", "files")
+    ]
+    policy = write_policy(
+        work / "policy.json", REGIONS, placements, [("eu-west", "eu-central", 0.04)]
+    )
+    a_root, b_root = work / "a", work / "b"
+    src, dst = work / "rsync-src", work / "rsync-dst"
+    (src / "files").mkdir(parents=True)
+    dst.mkdir()
+    # One content at a time (1 GiB each at the full size), written where it is needed.
+    with (
+        ObjectStore(a_root, clock=HybridClock("eu-west")) as a,
+        ObjectStore(b_root, clock=HybridClock("eu-central")) as b,
+    ):
+        old = random_bytes(sizes.checkpoint, b"old")
+        v_old = a.put("ckpt", "ckpt.bin", [old])
+        b.apply("ckpt", "ckpt.bin", v_old, [old])
+        (work / "old.bin").write_bytes(old)
+        new = rewrite(old, 0.02)
+        del old
+        v_new = a.put("ckpt", "ckpt.bin", [new])
+        (src / "ckpt.bin").write_bytes(new)
+        del new
+        fresh = random_bytes(sizes.fresh, b"fresh")
+        v_fresh = a.put("ckpt", "fresh.bin", [fresh])
+        (work / "fresh.bin").write_bytes(fresh)
+        del fresh
+        cut = random_bytes(sizes.cut, b"cut")
+        v_cut = a.put("ckpt", "cut.bin", [cut])
+        v_cut_ref = a.put("ckpt", "cut-ref.bin", [cut])
+        del cut
+        names = [f"f{n:05d}.bin" for n in range(sizes.files)]
+        v_small: list[Version] = []
+        for n in range(0, len(names), 1000):
+            part = {k: random_bytes(4096, k.encode()) for k in names[n : n + 1000]}
+            v_small += a.put_many([("files", k, [data]) for k, data in part.items()])
+            for k, data in part.items():
+                (src / "files" / k).write_bytes(data)
+
+    agent_a = AgentProc(a_root, "eu-west", policy, work / "a.log").start()
+    agent_b = AgentProc(b_root, "eu-central", policy, work / "b.log").start()
+    daemon, rsync_port = rsync_daemon(src, work)
+    link, rlink, cutlink = (
+        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{free_port()}",
+    )
+    rows: list[tuple[str, str, str, str, str]] = []
+    try:
+        for name, listen, upstream in (
+            ("xb-link", link, agent_a.address),
+            ("xb-rsync", rlink, f"127.0.0.1:{rsync_port}"),
+        ):
+            toxi.create_proxy(name, listen, upstream)
+            toxi.add_latency(name, LATENCY_MS)
+            toxi.add_bandwidth(name, BANDWIDTH_KB_S)
+        toxi.create_proxy("xb-cut", cutlink, agent_a.address)
+
+        # 1. checkpoint, new over old, through the link
+        print("checkpoint: agents...", flush=True)
+        begin = time.monotonic()
+        got = asyncio.run(fetch(agent_b.address, "ckpt", "ckpt.bin", v_new, link))
+        ours_t, ours_w = time.monotonic() - begin, got.wire_bytes
+        print("checkpoint: rsync...", flush=True)
+        rs_t, rs_w, rs_mode = best_rsync(
+            f"rsync://{rlink}/bench/ckpt.bin",
+            dst / "ckpt.bin",
+            lambda: shutil.copyfile(work / "old.bin", dst / "ckpt.bin"),
+        )
+        rows.append(
+            (
+                "checkpoint 2% rewritten, over the old (link)",
+                "wall time",
+                f"{ours_t:.2f} s",
+                f"rsync {rs_mode} {rs_t:.2f} s",
+                f"{ours_t / rs_t:.2f}x (target <= 0.8x)",
+            )
+        )
+        rows.append(
+            (
+                "",
+                "wire bytes",
+                f"{ours_w:,}",
+                f"rsync {rs_w:,}",
+                f"{ours_w / rs_w:.2f}x (target <= 1x)",
+            )
+        )
+
+        # 2. no basis, loopback
+        print("no basis: floor and agents...", flush=True)
+        floor = tcp_floor(work / "fresh.bin", b_root / "tmp" / "floor.bin")
+        (b_root / "tmp" / "floor.bin").unlink()
+        begin = time.monotonic()
+        asyncio.run(fetch(agent_b.address, "ckpt", "fresh.bin", v_fresh, agent_a.address))
+        fresh_t = time.monotonic() - begin
+        rows.append(
+            (
+                "no basis, loopback",
+                "end to end",
+                f"{fresh_t:.2f} s",
+                f"TCP copy + fsync {floor:.2f} s",
+                f"{fresh_t / floor:.2f}x (target <= 1.4x)",
+            )
+        )
+
+        # 3. small files through the link
+        print("files: agents...", flush=True)
+        begin = time.monotonic()
+        asyncio.run(fetch_many(agent_b.address, list(zip(names, v_small, strict=True)), link))
+        files_t = time.monotonic() - begin
+        print("files: rsync...", flush=True)
+        rf_t, _, rf_mode = best_rsync(
+            f"rsync://{rlink}/bench/files/",
+            dst / "files",
+            lambda: shutil.rmtree(dst / "files", ignore_errors=True),
+        )
+        rows.append(
+            (
+                f"{sizes.files:,} files of 4 KiB, new (link)",
+                "wall time",
+                f"{files_t:.2f} s",
+                f"rsync {rf_mode} {rf_t:.2f} s",
+                f"{files_t / rf_t:.2f}x (target <= 1x)",
+            )
+        )
+
+        # 4. a Sync cut at 50% and resumed
+        print("cut and resume...", flush=True)
+        uncut = asyncio.run(
+            fetch(agent_b.address, "ckpt", "cut-ref.bin", v_cut_ref, cutlink)
+        ).wire_bytes
+        toxi.add_limit_data("xb-cut", uncut // 2)
+        try:
+            asyncio.run(fetch(agent_b.address, "ckpt", "cut.bin", v_cut, cutlink))
+            raise RuntimeError("the cut transfer was not cut")
+        except grpc.aio.AioRpcError:
+            pass
+        toxi.remove_toxics("xb-cut")
+        resumed = asyncio.run(fetch(agent_b.address, "ckpt", "cut.bin", v_cut, cutlink)).wire_bytes
+        agent_b.stop()
+        with ObjectStore(b_root, clock=HybridClock("eu-central")) as b:
+            records = [
+                e.data
+                for e in b.journal_pending(100_000)
+                if e.kind == "transfer" and e.hlc == v_cut.hlc.text
+            ]
+        first = sum(int(r["wire_bytes"]) for r in records if r["outcome"] == "failed")  # type: ignore[call-overload]
+        total = first + resumed
+        rows.append(
+            (
+                "Sync cut at 50%, resumed",
+                "bytes sent in total",
+                f"{total:,}",
+                f"uncut {uncut:,}",
+                f"{total / uncut:.3f}x (target <= 1.1x)",
+            )
+        )
+    finally:
+        for name in ("xb-link", "xb-rsync", "xb-cut"):
+            with contextlib.suppress(Exception):  # best effort in cleanup
+                toxi.delete_proxy(name)
+        daemon.kill()
+        daemon.wait()
+        agent_a.stop()
+        agent_b.stop()
+    rows.append(("peak RSS", "sender agent", f"{agent_a.peak_rss_kib / 1024:.0f} MiB", "", ""))
+    rows.append(("", "receiver agent", f"{agent_b.peak_rss_kib / 1024:.0f} MiB", "", ""))
+    return rows
+
+
+def print_table(rows: list[tuple[str, str, str, str, str]], sizes: Sizes) -> None:
+    print(
+        f"\ntransfer benchmark: checkpoint {sizes.checkpoint >> 20} MiB, no-basis "
+        f"{sizes.fresh >> 20} MiB, {sizes.files} files, cut {sizes.cut >> 20} MiB; link "
+        f"{2 * LATENCY_MS} ms RTT, {BANDWIDTH_KB_S:,} KB/s"
+    )
+    header = ("workload", "measure", "agents", "peer", "ratio")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
+    for row in [header, *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
+    args = parser.parse_args()
+    if shutil.which("rsync") is None:
+        raise SystemExit("rsync is not installed (apt-get install rsync)")
+    sizes = QUICK if args.quick else FULL
+    base = args.work or Path(tempfile.mkdtemp(prefix="transfer-bench-"))
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=base))
+    try:
+        rows = run(sizes, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_table(rows, sizes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Refusals and damage: residency at the receiver and at the sender (each recorded
+where it happened), a byte damaged in transit (DATA_LOSS, nothing stored), a stale
+epoch on Replicate (FAILED_PRECONDITION), standard Replicate and tombstones."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from agents_inproc import REGIONS, AgentFactory
+from xfer_helpers import content, fetch, rewrite, transfers
+from xfer_relay import Relay
+
+from agents.transfer.pull import CHANNEL_OPTIONS
+from controlplane.domain.hlc import HLC
+from controlplane.domain.version import Digest, Version
+from controlplane.errors import NotFoundError
+from meridian.convert import version_to_wire
+from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+
+async def test_receiver_outside_the_residency_refuses_and_records(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    east = await agents("us-east")
+    version = west.store.put("ckpt", "a", [b"eu only"])
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await fetch(east.address, "ckpt", "a", version, [("eu-west", west.address)])
+
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert east.store.head("ckpt", "a") is None
+    [record] = transfers(east.store)
+    assert record["outcome"] == "refused"
+    assert record["to_jurisdiction"] == "US"
+    assert transfers(west.store) == []  # nothing was asked of the sender
+    refused = east.metrics.residency_refused.labels(dataset="ckpt", direction="receive")
+    assert refused._value.get() == 1
+
+
+async def test_sender_refuses_a_region_outside_the_residency(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    # A receiver whose policy is stale: it believes us-east is in the EU.
+    east = await agents("us-east", regions={**REGIONS, "us-east": "EU"})
+    version = west.store.put("ckpt", "a", [b"eu only"])
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await fetch(east.address, "ckpt", "a", version, [("eu-west", west.address)])
+
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert east.store.head("ckpt", "a") is None
+    [record] = transfers(west.store)
+    assert (record["outcome"], record["to_region"], record["to_jurisdiction"]) == (
+        "refused",
+        "us-east",
+        "US",
+    )
+    refused = west.metrics.residency_refused.labels(dataset="ckpt", direction="send")
+    assert refused._value.get() == 1
+
+
+@pytest.mark.parametrize("with_basis", [False, True], ids=["raw", "delta"])
+async def test_a_byte_damaged_in_transit_is_data_loss_and_nothing_is_stored(
+    agents: AgentFactory, with_basis: bool
+) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    old = content(4 << 20)
+    if with_basis:
+        v1 = west.store.put("ckpt", "m", [old])
+        await fetch(central.address, "ckpt", "m", v1, [("eu-west", west.address)])
+    v2 = west.store.put("ckpt", "m", [rewrite(old, 0.3)])
+    relay = await Relay(west.address, damage_at_byte=100_000).start()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await fetch(central.address, "ckpt", "m", v2, [("eu-west", relay.address)])
+    finally:
+        await relay.stop()
+
+    assert caught.value.code() == grpc.StatusCode.DATA_LOSS
+    head = central.store.head("ckpt", "m")
+    assert head is None or head.hlc != v2.hlc
+    assert not list((central.root / "transfers").iterdir())  # damaged bytes are not resumed
+    assert transfers(central.store)[-1]["outcome"] == "failed"
+
+
+async def replicate(
+    address: str,
+    dataset: str,
+    key: str,
+    version: Version,
+    data: bytes | None,
+    epoch: int,
+) -> agent_pb2.ReplicateResponse:
+    async def frames() -> object:
+        yield agent_pb2.ReplicateRequest(
+            header=agent_pb2.ReplicateHeader(
+                dataset=dataset,
+                key=key,
+                version=version_to_wire(version),
+                epoch=epoch,
+                origin_region=version.hlc.region,
+            )
+        )
+        if data is not None:
+            for at in range(0, len(data), 1 << 20):
+                yield agent_pb2.ReplicateRequest(chunk=data[at : at + (1 << 20)])
+
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        response: agent_pb2.ReplicateResponse = await agent_pb2_grpc.AgentStub(channel).Replicate(
+            frames(), timeout=30
+        )
+        return response
+
+
+def put_version(hlc_ms: int, data: bytes) -> Version:
+    return Version.put(HLC(hlc_ms, 0, "eu-west"), len(data), Digest.of(data))
+
+
+async def test_replicate_refuses_a_stale_epoch(agents: AgentFactory) -> None:
+    central = await agents("eu-central")
+    first = put_version(1_764_579_123_456, b"epoch five")
+    late = put_version(1_764_579_123_999, b"epoch four")
+
+    done = await replicate(central.address, "crit", "k", first, b"epoch five", epoch=5)
+    assert done.region == "eu-central"
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await replicate(central.address, "crit", "k", late, b"epoch four", epoch=4)
+
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert central.store.read_bytes("crit", "k") == b"epoch five"
+    assert transfers(central.store)[-1]["outcome"] == "refused"
+    assert central.metrics.stale_epoch_refused.labels(dataset="crit")._value.get() == 1
+
+
+async def test_replicate_standard_with_epoch_zero_applies_by_lww(agents: AgentFactory) -> None:
+    central = await agents("eu-central")
+    newer = put_version(1_764_579_124_000, b"newer")
+    older = put_version(1_764_579_123_000, b"older")
+
+    await replicate(central.address, "ckpt", "k", newer, b"newer", epoch=0)
+    got = await replicate(central.address, "ckpt", "k", older, b"older", epoch=0)
+
+    assert got.version.hlc == newer.hlc.text  # the newest held: the older one lost
+    assert central.store.read_bytes("ckpt", "k") == b"newer"
+    tomb = Version.delete(HLC(1_764_579_125_000, 0, "eu-west"))
+    await replicate(central.address, "ckpt", "k", tomb, None, epoch=0)
+    with pytest.raises(NotFoundError):
+        central.store.read_bytes("ckpt", "k")
+    assert [r["outcome"] for r in transfers(central.store)] == ["completed", "skipped", "completed"]

@@ -1,0 +1,73 @@
+"""Bundles: many small objects from one source in one SyncBundle stream, committed in
+batches; large ones, refused ones and held ones take their own way."""
+
+from __future__ import annotations
+
+import grpc
+from agents_inproc import AgentFactory
+from xfer_helpers import content, transfers
+
+from agents.transfer.pull import CHANNEL_OPTIONS
+from meridian.convert import version_to_wire
+from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+
+async def fetch_many(
+    address: str, items: list[agent_pb2.FetchRequest]
+) -> agent_pb2.FetchManyResponse:
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        response: agent_pb2.FetchManyResponse = await agent_pb2_grpc.AgentStub(channel).FetchMany(
+            agent_pb2.FetchManyRequest(items=items), timeout=120
+        )
+        return response
+
+
+async def test_small_objects_travel_in_one_bundle(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    files = {f"shard/{n:05d}": content(4096, seed=n) for n in range(1500)}
+    big = content(3 << 20, seed=99)
+    versions = west.store.put_many([("ckpt", k, [v]) for k, v in files.items()])
+    big_version = west.store.put("ckpt", "big.bin", [big])
+    source = [agent_pb2.FetchSource(region="eu-west", address=west.address)]
+    items = [
+        agent_pb2.FetchRequest(dataset="ckpt", key=k, version=version_to_wire(v), sources=source)
+        for k, v in zip(files, versions, strict=True)
+    ]
+    items.append(
+        agent_pb2.FetchRequest(
+            dataset="ckpt", key="big.bin", version=version_to_wire(big_version), sources=source
+        )
+    )
+
+    got = await fetch_many(central.address, items)
+
+    assert list(got.errors) == [""] * len(items)
+    assert {r.outcome for r in got.results} == {agent_pb2.APPLY_OUTCOME_APPLIED}
+    for key, data in files.items():
+        assert central.store.read_bytes("ckpt", key) == data
+    assert central.store.read_bytes("ckpt", "big.bin") == big
+    records = transfers(central.store)
+    bundles = [r for r in records if r["method"] == "bundle"]
+    assert [r["items"] for r in bundles] == [1000, 500]  # two batches of one stream
+    assert sum(r["logical_bytes"] for r in bundles) == 1500 * 4096
+    assert [r["method"] for r in records if r["method"] != "bundle"] == ["raw"]  # the big one
+
+    again = await fetch_many(central.address, items[:10])  # held already: nothing moves
+    assert {r.outcome for r in again.results} == {agent_pb2.APPLY_OUTCOME_SAME}
+    assert len(transfers(central.store)) == len(records)
+
+
+async def test_a_refused_dataset_in_a_bundle_refuses_only_its_items(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    east = await agents("us-east")
+    source = [agent_pb2.FetchSource(region="eu-west", address=west.address)]
+    v = west.store.put("ckpt", "a", [b"eu only"])
+    item = agent_pb2.FetchRequest(
+        dataset="ckpt", key="a", version=version_to_wire(v), sources=source
+    )
+
+    got = await fetch_many(east.address, [item])
+
+    assert got.errors[0].startswith("PERMISSION_DENIED")
+    assert east.store.head("ckpt", "a") is None

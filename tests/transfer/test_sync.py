@@ -1,0 +1,162 @@
+"""Sync between two agents in this process: raw (no basis), delta with both files at
+hand, delta from the receiver's signature; bytes identical, wire bytes close to the
+engine's delta, a transfer record committed with the version."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agents_inproc import AgentFactory
+from xfer_helpers import content, fetch, rewrite, transfers
+
+import native
+from meridian.v1 import agent_pb2
+
+SIZE = 8 << 20
+
+
+async def test_first_copy_goes_raw_and_is_recorded(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    data = content(SIZE)
+    version = west.store.put("ckpt", "model.bin", [data])
+
+    got = await fetch(central.address, "ckpt", "model.bin", version, [("eu-west", west.address)])
+
+    assert got.outcome == agent_pb2.APPLY_OUTCOME_APPLIED
+    assert got.source_region == "eu-west"
+    assert central.store.read_bytes("ckpt", "model.bin") == data
+    assert SIZE <= got.wire_bytes <= SIZE * 1.01  # random bytes: sent as they are
+    [record] = transfers(central.store)
+    assert record["method"] == "raw"
+    assert record["outcome"] == "completed"
+    assert (record["from_region"], record["to_region"]) == ("eu-west", "eu-central")
+    assert (record["from_jurisdiction"], record["to_jurisdiction"]) == ("EU", "EU")
+    assert record["logical_bytes"] == SIZE
+    assert record["wire_bytes"] == got.wire_bytes
+    assert not os.listdir(central.root / "transfers")  # no resume state left behind
+
+
+async def test_compressible_content_travels_compressed(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    data = b"meridian checkpoint row\n" * (SIZE // 24)
+    version = west.store.put("ckpt", "log.txt", [data])
+
+    got = await fetch(central.address, "ckpt", "log.txt", version, [("eu-west", west.address)])
+
+    assert central.store.read_bytes("ckpt", "log.txt") == data
+    assert got.wire_bytes < len(data) / 20
+
+
+async def test_new_version_over_old_sends_about_the_engine_delta(
+    agents: AgentFactory, tmp_path: Path
+) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    old = content(SIZE)
+    new = rewrite(old, 0.02)
+    v1 = west.store.put("ckpt", "model.bin", [old])
+    await fetch(central.address, "ckpt", "model.bin", v1, [("eu-west", west.address)])
+    v2 = west.store.put("ckpt", "model.bin", [new])
+
+    got = await fetch(central.address, "ckpt", "model.bin", v2, [("eu-west", west.address)])
+
+    assert central.store.read_bytes("ckpt", "model.bin") == new
+    (tmp_path / "old").write_bytes(old)
+    (tmp_path / "new").write_bytes(new)
+    engine = native.delta_basis(tmp_path / "old", tmp_path / "new", tmp_path / "delta")
+    delta_size = (tmp_path / "delta").stat().st_size
+    assert engine.output_bytes == delta_size
+    assert delta_size <= got.wire_bytes <= delta_size + 4096
+    assert got.wire_bytes < SIZE * 0.05
+    record = transfers(central.store)[-1]
+    assert record["method"] == "basis"
+    assert record["wire_bytes"] == got.wire_bytes
+    assert record["logical_bytes"] == SIZE
+
+
+async def test_basis_the_sender_lacks_goes_by_signature(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    old = content(SIZE)
+    new = rewrite(old, 0.02)
+    central.store.put("ckpt", "model.bin", [old])  # written here: the sender never had it
+    v2 = west.store.put("ckpt", "model.bin", [new])
+
+    got = await fetch(central.address, "ckpt", "model.bin", v2, [("eu-west", west.address)])
+
+    assert central.store.read_bytes("ckpt", "model.bin") == new
+    assert transfers(central.store)[-1]["method"] == "signature"
+    assert got.wire_bytes < SIZE * 0.1  # signature up, delta down
+
+
+async def test_an_older_version_is_not_fetched(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    v1 = west.store.put("ckpt", "a", [b"one"])
+    v2 = west.store.put("ckpt", "a", [b"two"])
+    await fetch(central.address, "ckpt", "a", v2, [("eu-west", west.address)])
+
+    got = await fetch(central.address, "ckpt", "a", v1, [("eu-west", west.address)])
+
+    assert got.outcome == agent_pb2.APPLY_OUTCOME_OLDER
+    assert got.wire_bytes == 0
+    assert central.store.read_bytes("ckpt", "a") == b"two"
+
+
+async def test_fetch_falls_back_to_the_next_source(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    version = west.store.put("ckpt", "a", [b"payload"])
+
+    got = await fetch(
+        central.address,
+        "ckpt",
+        "a",
+        version,
+        [("eu-west", "127.0.0.1:1"), ("eu-west", west.address)],  # the first is down
+    )
+
+    assert got.source_region == "eu-west"
+    assert central.store.read_bytes("ckpt", "a") == b"payload"
+    outcomes = [r["outcome"] for r in transfers(central.store)]
+    assert outcomes == ["failed", "completed"]
+
+
+async def test_fetch_takes_the_nearest_source_first(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    north = await agents("eu-north")
+    central = await agents("eu-central")
+    version = west.store.put("ckpt", "a", [b"payload"])
+    north.store.apply("ckpt", "a", version, [b"payload"])
+
+    # eu-north is 30 ms from eu-central, eu-west 10 ms: listed last, asked first.
+    got = await fetch(
+        central.address,
+        "ckpt",
+        "a",
+        version,
+        [("eu-north", north.address), ("eu-west", west.address)],
+    )
+
+    assert got.source_region == "eu-west"
+
+
+async def test_a_version_whose_bytes_were_lost_is_restored_by_fetch(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    data = content(1 << 20)
+    version = west.store.put("ckpt", "a", [data])
+    await fetch(central.address, "ckpt", "a", version, [("eu-west", west.address)])
+    [stored] = list((central.root / "objects").glob("*/*"))
+    await central.stop()
+    stored.unlink()  # the disk lost it; startup repair marks the row missing
+    central = await agents("eu-central")
+    assert central.store.stat("ckpt", "a").state == "missing"
+
+    got = await fetch(central.address, "ckpt", "a", version, [("eu-west", west.address)])
+
+    assert got.outcome == agent_pb2.APPLY_OUTCOME_SAME
+    assert central.store.read_bytes("ckpt", "a") == data
