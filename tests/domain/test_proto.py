@@ -82,6 +82,11 @@ CALLS = [
     ("Health", False, False),
     # An addition to the spec table: the replicator asks its agent to fetch (issue 12).
     ("Fetch", False, False),
+    # Additions of issue 10: a set as one agent shows it (the client library), and
+    # bundles of small objects in one stream (transfers).
+    ("GetSet", False, False),
+    ("SyncBundle", False, True),
+    ("FetchMany", False, False),
 ]
 
 
