@@ -122,7 +122,12 @@ class NodeAgent(Lifecycle):
         self.endpoint = self._advertised(port)
         bind_store_gauges(self.metrics, store.usage)
         self.records = RecordDuties(
-            store, self.metrics, self.region, self.settings, origin_agent=self.endpoint
+            store,
+            self.metrics,
+            self.region,
+            self.settings,
+            origin_agent=self.endpoint,
+            policy=lambda: self.view.current,
         )
         await self.records.start()
         if self.config.metrics is not None:

@@ -20,6 +20,7 @@ restart, every record being idempotent), then the catalog's pool.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from agents.metrics import AgentMetrics
 from agents.records import OutboxDrain, OutboxSettings, Recorder, RecorderSettings
@@ -30,6 +31,7 @@ from controlplane.catalog.engine import make_engine
 from controlplane.errors import MeridianError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
+from controlplane.policy.current import CompiledPolicy
 from controlplane.policy.placer import place
 from controlplane.settings import Settings
 
@@ -63,6 +65,7 @@ class RecordDuties(Lifecycle):
         settings: Settings,
         *,
         origin_agent: str,
+        policy: Callable[[], CompiledPolicy | None] | None = None,
         retry_initial_s: float = 0.2,
         retry_max_s: float = 5.0,
     ) -> None:
@@ -71,6 +74,7 @@ class RecordDuties(Lifecycle):
         self._region = region
         self._settings = settings
         self._origin_agent = origin_agent
+        self._policy = policy
         self._retry = (retry_initial_s, retry_max_s)
         self.catalog: Catalog | None = None
         self.recorder: Recorder | None = None
@@ -112,7 +116,9 @@ class RecordDuties(Lifecycle):
         settings = OutboxSettings(
             origin_agent=self._origin_agent, inline_max_bytes=self._settings.inline_max_bytes
         )
-        self.drain = OutboxDrain(self._store, producer, self._metrics, self._region, settings)
+        self.drain = OutboxDrain(
+            self._store, producer, self._metrics, self._region, settings, policy=self._policy
+        )
         await self.drain.start()
         log.info("outbox_drain_started", bootstrap=self._settings.kafka)
 

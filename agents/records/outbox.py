@@ -58,6 +58,7 @@ from controlplane.controller.duty import describe
 from controlplane.domain.events import ChangeEvent
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.lifecycle import cancel_and_wait
+from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.changelog import Delivery
 from meridian.convert import encode_change_event
 
@@ -91,7 +92,13 @@ class OutboxDrain(BatchDuty):
         metrics: AgentMetrics,
         region: str,
         settings: OutboxSettings,
+        policy: Callable[[], CompiledPolicy | None] | None = None,
     ) -> None:
+        # Every region's replicator reads the whole change log: bytes inline in an
+        # event reach them all, so they ride inline only when every region of the
+        # applied topology may hold the dataset (else the event names the origin agent,
+        # whose sender checks each receiver's residency). No policy known: by address.
+        self._policy = policy
         super().__init__(
             region,
             batch_size=settings.batch_size,
@@ -177,11 +184,20 @@ class OutboxDrain(BatchDuty):
             ids.append(event.event_id)
         return _Batch(records, ids, bad)
 
+    def _inline_allowed(self, dataset: str) -> bool:
+        if self._policy is None:  # no policy source (a store-only test): as before
+            return True
+        return _everywhere_allowed(self._policy(), dataset)
+
     def _change_event(self, event: OutboxEvent) -> ChangeEvent:
         version = event.version
         if version is None or version.is_tombstone:
             return event.change_event()
-        if event.key is not None and version.size <= self.settings.inline_max_bytes:
+        if (
+            event.key is not None
+            and version.size <= self.settings.inline_max_bytes
+            and self._inline_allowed(event.dataset)
+        ):
             try:
                 data = self._store.read_bytes(event.dataset, event.key, version.hlc)
             except (NotFoundError, MissingContentError):
@@ -189,6 +205,15 @@ class OutboxDrain(BatchDuty):
             else:
                 return event.change_event(inline=data)
         return event.change_event(origin_agent=self.settings.origin_agent)
+
+
+def _everywhere_allowed(policy: CompiledPolicy | None, dataset: str) -> bool:
+    if policy is None:
+        return False
+    placement = policy.placement(dataset)
+    if placement is None:
+        return False
+    return all(j in placement.residency for j in policy.regions.values())
 
 
 def track_outbox(store: ObjectStore, metrics: AgentMetrics) -> Callable[[], int]:

@@ -277,7 +277,10 @@ async def fast_forward_group(
     try:
         await consumer.start()
         await consumer.topics()  # loads the cluster's metadata
-        partitions = consumer.partitions_for_topic(topic) or set()
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:  # seen empty even after topics(): the project's own count
+            known = {t.name: t.partitions for t in PROJECT_TOPICS}
+            partitions = set(range(known.get(topic, 1)))
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         if tps:
             ends = await consumer.end_offsets(tps)
