@@ -233,8 +233,11 @@ async def published_events(
     out: list[PublishedEvent] = []
     await asyncio.wait_for(consumer.start(), timeout_s)
     try:
-        parts = (
-            await asyncio.wait_for(consumer.partitions_for_topic(CHANGES_TOPIC.name), 5) or set()
+        await asyncio.wait_for(consumer.topics(), 5)
+        # The client's metadata may not name the topic's partitions yet (None): the
+        # project creates the topic with this count (controlplane/adapters/kafka.py).
+        parts = consumer.partitions_for_topic(CHANGES_TOPIC.name) or set(
+            range(CHANGES_TOPIC.partitions)
         )
         tps = [TopicPartition(CHANGES_TOPIC.name, p) for p in sorted(parts)]
         if not tps:
