@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -89,7 +90,8 @@ class TransferService:
             store, admission, region, metrics, self.limiter, self.policy, threads=threads
         )
         self.bundler = BundleSender(store, admission, region, metrics, self.limiter, self.policy)
-        self._pulling: dict[tuple[str, str, str], asyncio.Lock] = {}
+        # One pull per version at a time; an entry lives while someone holds or awaits it.
+        self._pulling: dict[tuple[str, str, str], _Pulling] = {}
 
     # -- Signature ---------------------------------------------------------------------
 
@@ -166,7 +168,8 @@ class TransferService:
             policy_revision=header.policy_revision or None,
         )
         set_id = header.set if header.HasField("set") else None
-        try:
+
+        def admit() -> None:
             placement = self.admission.admit_store(header.dataset)
             if placement.dataset_class == "critical":
                 self.admission.admit_replica(header.dataset, header.epoch, tally.from_region)
@@ -175,6 +178,9 @@ class TransferService:
                     f"ReplicateHeader.epoch: {header.dataset} is a standard dataset, which "
                     f"takes epoch 0, not {header.epoch}"
                 )
+
+        try:
+            admit()
         except (RefusedError, FencedError, HandingOverError) as exc:
             await self._record(tally, "refused", version, str(exc))
             raise
@@ -191,8 +197,11 @@ class TransferService:
                 )
             else:
                 result = await self._receive_pushed(
-                    header.dataset, header.key, version, set_id, requests, tally
+                    header.dataset, header.key, version, set_id, requests, tally, admit
                 )
+        except (RefusedError, FencedError, HandingOverError) as exc:
+            await self._record(tally, "refused", version, str(exc))
+            raise
         except MeridianError as exc:
             await self._record(tally, "failed", version, str(exc))
             raise
@@ -212,6 +221,7 @@ class TransferService:
         set_id: str | None,
         requests: AsyncIterator[agent_pb2.ReplicateRequest],
         tally: TransferTally,
+        admit: Callable[[], None],
     ) -> ApplyResult:
         staged = await asyncio.to_thread(
             self.store.stage,
@@ -226,6 +236,9 @@ class TransferService:
                     raise InvalidInputError("a Replicate sent a second header")
                 tally.wire_bytes += len(request.chunk)
                 await asyncio.to_thread(staged.write, request.chunk)
+            # Admitted again at the commit: a failover (a newer epoch) or a narrowed
+            # residency during a long stream refuses what the header let in.
+            admit()
             return await asyncio.to_thread(
                 self.store.commit_apply,
                 staged,
@@ -235,6 +248,22 @@ class TransferService:
             )
         finally:
             staged.abort()  # after a commit this removes nothing
+
+    @contextlib.asynccontextmanager
+    async def _one_pull(self, name: tuple[str, str, str]) -> AsyncIterator[None]:
+        """Serialise pulls of one version (a second waits, then finds it held); the entry
+        goes once nobody holds or awaits it, so the map does not grow with every fetch."""
+        entry = self._pulling.get(name)
+        if entry is None:
+            entry = self._pulling[name] = _Pulling()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                self._pulling.pop(name, None)
 
     # -- Fetch (this agent pulls) ------------------------------------------------------
 
@@ -265,11 +294,15 @@ class TransferService:
             self.admission.admit_store(dataset)
         except RefusedError as exc:
             tally.method = "refused"
+            # A partial copy an earlier attempt kept goes too (a narrowed residency).
+            await asyncio.to_thread(self.book.drop, dataset, key, version.hlc.text)
             await self._record(tally, "refused", version, str(exc))
             raise
         held = await asyncio.to_thread(self.store.head, dataset, key)
         verdict = lww(version, held)
         if not verdict.applies and not await asyncio.to_thread(self._lost, dataset, key, version):
+            # Superseded: a partial of this version will never be resumed.
+            await asyncio.to_thread(self.book.drop, dataset, key, version.hlc.text)
             return agent_pb2.FetchResponse(
                 outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
             )
@@ -290,8 +323,7 @@ class TransferService:
             )
         if not sources:
             raise InvalidInputError("FetchRequest.sources: a put needs at least one source")
-        lock = self._pulling.setdefault((dataset, key, version.hlc.text), asyncio.Lock())
-        async with lock:
+        async with self._one_pull((dataset, key, version.hlc.text)):
             errors: list[str] = []
             for source in order_sources(self.region, sources, self.policy):
                 try:
@@ -441,3 +473,9 @@ class TransferService:
                 tally.record(outcome, self.policy, reason),
             )
         tally.count(self.metrics, outcome)
+
+
+@dataclass
+class _Pulling:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
