@@ -151,9 +151,9 @@ SCENARIOS += (
         "limit_data, reset_peer and slicer toxics on one region's agent links during large "
         "Syncs (objects fetched as deltas of the key's previous version), and an agent "
         "SIGKILLed mid-patch",
-        ("limit-data", "reset-peer", "slicer", "kill-agent"),
+        ("limit-data", "kill-agent", "reset-peer", "slicer"),
         EU,
-        (4.0, 6.0),
+        (3.0, 4.0),
         (2.0, 3.0),
         DATA,
         data_plane=True,
