@@ -156,7 +156,9 @@ class Applier:
 
     async def _apply(self, record: Record, event: ChangeEvent, policy: CompiledPolicy) -> str:
         attempts = self.config.max_attempts
-        for attempt in range(1, attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 result = await self._call(event, policy)
             except ResidencyError as exc:
@@ -170,6 +172,16 @@ class Applier:
                 return "dead-lettered"
             except Exception as exc:  # noqa: BLE001 - every failure is recorded, none ends the loop
                 error = _describe(exc)
+                retriable = isinstance(exc, MeridianError) and exc.retriable
+                if retriable and not await self._agent_answers(event):
+                    # Our own agent is away: no copy can succeed, and it is not this copy's
+                    # fault. Wait for it without spending an attempt (nothing is failed,
+                    # no offset moves) rather than mark every event failed.
+                    attempt -= 1
+                    delay = self._backoff(4)
+                    log.warning("agent_unreachable", error=error, retry_in_s=round(delay, 3))
+                    await self._sleep(delay)
+                    continue
                 final = attempt == attempts or (
                     isinstance(exc, MeridianError) and not exc.retriable
                 )
@@ -202,7 +214,16 @@ class Applier:
                 await self._sleep(delay)
                 continue
             return self._settle(event, result)
-        raise AssertionError("unreachable: the last attempt returns")  # pragma: no cover
+
+    async def _agent_answers(self, event: ChangeEvent) -> bool:
+        """Whether this region's agent itself answers (a cheap `head`)."""
+        try:
+            await self._agent.head(event.dataset, event.key)
+        except MeridianError as exc:
+            return not exc.retriable
+        except Exception:  # noqa: BLE001 - anything else: treat the agent as answering
+            return True
+        return True
 
     async def _call(self, event: ChangeEvent, policy: CompiledPolicy) -> ApplyResult:
         if event.version.is_tombstone:

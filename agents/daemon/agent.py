@@ -42,6 +42,7 @@ from agents.service.server import start_server, stop_server
 from agents.service.servicer import AgentService
 from agents.store import ObjectStore
 from agents.transfer.service import TransferService
+from controlplane.coordination.protocols import datasets
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HybridClock
 from controlplane.errors import NotFoundError
@@ -100,7 +101,16 @@ class NodeAgent(Lifecycle):
             keep_versions=self.config.keep_versions,
             tombstone_retention_s=self.settings.tombstone_retention_s,
         )
-        admission = Admission(self.region, self.view, self.fence, self.owners, self.metrics)
+        coord, agent_id = self.coord, self.identity.agent_id
+
+        async def announce(dataset: str) -> None:
+            # A critical dataset the rules place but the apply did not list: recorded in
+            # etcd so that its home region's controller claims it (then writes go in).
+            await datasets.announce(coord, dataset, by=f"{self.region}/{agent_id}")
+
+        admission = Admission(
+            self.region, self.view, self.fence, self.owners, self.metrics, announce=announce
+        )
         # The policy as of each transfer (RTTs for source order, per-link caps).
         transfers = TransferService(
             store, admission, self.region, self.metrics, None, lambda: self.view.current

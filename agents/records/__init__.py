@@ -11,11 +11,11 @@ starts beside its API:
 standard write's commit publishes it without waiting for the next poll).
 """
 
-from agents.records.outbox import BatchProducer, OutboxDrain
+from agents.records.outbox import BatchProducer, OutboxDrain, track_outbox
 from agents.records.recorder import Recorder
 from agents.records.setaside import SetAside
 from agents.records.settings import OutboxSettings, RecorderSettings
-from agents.records.transfer import TransferFacts, read_transfer, transfer_data
+from agents.records.transfer import TransferFacts, read_transfer
 
 __all__ = [
     "BatchProducer",
@@ -26,5 +26,5 @@ __all__ = [
     "SetAside",
     "TransferFacts",
     "read_transfer",
-    "transfer_data",
+    "track_outbox",
 ]

@@ -29,6 +29,11 @@ Guarantees, and why:
   not counted as pending.
 - An event that cannot be encoded (e.g. written without a policy revision) is set
   aside with its reason (setaside.py) and removed, so it cannot wedge the queue.
+- Kafka down: aiokafka keeps retrying a batch rather than failing it, so after
+  `ack_timeout_s` without an acknowledgement the drain reports Kafka unavailable
+  (logged, `failing`) and keeps waiting for that same batch, without sending it
+  again; a batch the producer fails is read again from the outbox and re-sent with
+  the same event ids, after a backoff.
 
 `meridian_outbox_pending` is read from the outbox when scraped (right after a
 restart too); `meridian_outbox_published_total` counts acknowledged events.
@@ -39,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from agents.metrics import AgentMetrics
@@ -100,15 +105,12 @@ class OutboxDrain(BatchDuty):
         self._metrics = metrics
         self.settings = settings
         self.set_aside = SetAside(store.root / SET_ASIDE_FILE)
-        self._pending = 0
+        self._gauge = track_outbox(store, metrics)
         self._inflight: tuple[asyncio.Task[list[Delivery]], _Batch] | None = None
-        metrics.outbox_pending.set_function(self.pending)
 
     def pending(self) -> int:
         """Change events committed and not yet acknowledged by Kafka."""
-        with contextlib.suppress(MeridianError):  # closing: the last value read
-            self._pending = self._store.outbox_count(kind="version")
-        return self._pending
+        return self._gauge()
 
     async def step(self) -> int:
         if self._inflight is None:
@@ -187,6 +189,22 @@ class OutboxDrain(BatchDuty):
             else:
                 return event.change_event(inline=data)
         return event.change_event(origin_agent=self.settings.origin_agent)
+
+
+def track_outbox(store: ObjectStore, metrics: AgentMetrics) -> Callable[[], int]:
+    """Make `meridian_outbox_pending` read the store's outbox when scraped, and return
+    that reader. The drain does it; a daemon whose drain waits for Kafka to start can
+    call it first, so the gauge shows the backlog meanwhile."""
+    last = 0
+
+    def pending() -> int:
+        nonlocal last
+        with contextlib.suppress(MeridianError):  # closing: the last value read
+            last = store.outbox_count(kind="version")
+        return last
+
+    metrics.outbox_pending.set_function(pending)
+    return pending
 
 
 def _as_json(event: OutboxEvent) -> dict[str, JsonValue]:

@@ -1,15 +1,18 @@
 """The recorder: ships the store's journal to the catalog (dataplane.md, *Records*).
 
 In journal order, a bounded batch at a time (see loop.py): each record becomes its
-catalog calls (journal.py), then `journal_shipped` moves the store's position past
-the batch. A crash between the catalog's commits and that move ships the batch
-again, which changes nothing (every call is idempotent, see journal.py). While the
-catalog is unreachable the recorder backs off and retries; the store's writes
-never wait for it, and the journal keeps every record until it is shipped.
+catalog facts (journal.py), the batch's facts are written in ONE catalog
+transaction (`Catalog.record_holdings`), then `journal_shipped` moves the store's
+position past the batch. A crash between the catalog's commit and that move ships
+the batch again, which changes nothing (every fact is idempotent, see journal.py).
+While the catalog is unreachable the recorder backs off and retries; the store's
+writes never wait for it, and the journal keeps every record until it is shipped.
 
 A record the catalog refuses for good (a non-retriable error: it names a region
 the catalog does not know, a digest conflicting with the one registered, a dataset
-new to a catalog opened without a placer while a policy is applied) is set aside
+new to a catalog opened without a placer while a policy is applied) fails its
+batch's transaction; the batch is then shipped one record at a time, and that
+record is set aside
 with its reason in `ROOT/records-set-aside.jsonl` (setaside.py) and counted, and
 the queue moves on: one bad record must not stop every later one from reaching
 the catalog, nor be dropped without trace. Datasets the catalog has not seen are
@@ -28,7 +31,7 @@ import dataclasses
 import time
 
 from agents.metrics import AgentMetrics
-from agents.records.journal import ship_entry
+from agents.records.journal import Plan, plan
 from agents.records.loop import BatchDuty, log
 from agents.records.setaside import SetAside
 from agents.records.settings import RecorderSettings
@@ -85,43 +88,59 @@ class Recorder(BatchDuty):
     def ship_pending(self, *, mark: bool = True) -> int:
         """Ship the next batch of the journal (blocking); return how many records were
         handled. `mark=False` leaves the store's position where it was, as a crash
-        right after the catalog's commits would (the tests replay with it)."""
+        right after the catalog's commit would (the tests replay with it)."""
         entries = self._store.journal_pending(limit=self.batch_size)
         if not entries:
             return 0
-        last: int | None = None
-        handled = 0
+        plans: list[tuple[JournalEntry, Plan]] = []
+        for entry in entries:
+            try:
+                plans.append((entry, plan(self.region, entry, self._lookup)))
+            except MeridianError as exc:  # malformed: shipping it would fail the same way
+                self._set_aside(entry, exc)
+        whole = Plan()
+        for _, one in plans:
+            whole.extend(one)
         try:
-            for entry in entries:
-                self._ship_one(entry)
-                last, handled = entry.seq, handled + 1
-        finally:
-            # Also after a retriable failure part-way: what reached the catalog need
-            # not be shipped again.
-            if last is not None and mark:
-                self._store.journal_shipped(last)
-            if handled:
-                self._metrics.records_shipped.inc(handled)
-        return handled
-
-    def _ship_one(self, entry: JournalEntry) -> None:
-        try:
-            what = ship_entry(self._catalog, self.region, entry, self._lookup)
+            self._record(whole)
         except MeridianError as exc:
             if exc.retriable:
                 raise
-            self.set_aside.keep("journal", _as_json(entry), describe(exc))
-            self._metrics.records_set_aside.labels(queue="journal").inc()
-            return
+            # The catalog refused one of them for good (nothing of the batch committed):
+            # ship them one at a time to set that one aside and keep the rest.
+            self._one_by_one(plans, mark=mark)
+        if mark:
+            self._store.journal_shipped(entries[-1].seq)
+        self._metrics.records_shipped.inc(len(entries))
         log.debug(
-            "record_shipped",
-            seq=entry.seq,
-            kind=entry.kind,
-            dataset=entry.dataset,
-            key=entry.key,
-            hlc=entry.hlc,
-            did=what,
+            "records_shipped",
+            region=self.region,
+            records=len(entries),
+            first_seq=entries[0].seq,
+            last_seq=entries[-1].seq,
         )
+        return len(entries)
+
+    def _one_by_one(self, plans: list[tuple[JournalEntry, Plan]], *, mark: bool) -> None:
+        done: JournalEntry | None = None
+        for entry, one in plans:
+            try:
+                self._record(one)
+            except MeridianError as exc:
+                if exc.retriable:
+                    if done is not None and mark:
+                        self._store.journal_shipped(done.seq)  # what reached the catalog
+                    raise
+                self._set_aside(entry, exc)
+            done = entry
+
+    def _record(self, facts: Plan) -> None:
+        if facts.versions or facts.holdings or facts.transfers:
+            self._catalog.record_holdings(facts.versions, facts.holdings, facts.transfers)
+
+    def _set_aside(self, entry: JournalEntry, exc: MeridianError) -> None:
+        self.set_aside.keep("journal", _as_json(entry), describe(exc))
+        self._metrics.records_set_aside.labels(queue="journal").inc()
 
     def _lookup(self, dataset: str, key: str, hlc: str) -> Version | None:
         try:

@@ -1,24 +1,23 @@
-"""The transfer record an agent journals (the store's `transfer=` / `journal_transfer`),
-as the recorder ships it to the catalog's `transfers` table.
+"""Reading the transfer record an agent journals, as the recorder ships it to the
+catalog's `transfers` table.
 
-Transfers build it with `transfer_data`; the recorder reads it back with
-`read_transfer`, which names the field that is wrong. The object and version come
-from the journal row (the write it was committed with), or from `version` here
-for a transfer that stored nothing. `id` is the transfer's own id, the same at
-both ends (the catalog keeps one row per id, so a sender and a receiver that both
-journal one transfer make one row, as does a record shipped twice).
+Transfers write it (agents/transfer/records.py, `TransferTally.record`) through the
+store's `transfer=` when a version is committed, or `store.record_transfer` for one
+that committed nothing (refused, failed, skipped, or the sender's side). The object
+and version come from the journal row. `id` is the transfer's own id (the catalog
+keeps one row per id, so a sender and a receiver that both journal one transfer
+make one row, as does a record shipped twice). Fields the catalog has no column
+for (direction, method, seconds, ...) stay in the journal only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from agents.store.model import JsonValue
 from controlplane.errors import InvalidInputError
 
-Outcome = Literal["completed", "failed", "refused"]
-OUTCOMES: tuple[str, ...] = ("completed", "failed", "refused")
+OUTCOMES: tuple[str, ...] = ("completed", "failed", "refused", "skipped")
 ID_MAX = 64  # the catalog's transfers.id
 
 
@@ -29,46 +28,13 @@ class TransferFacts:
     to_region: str
     logical_bytes: int
     wire_bytes: int
-    outcome: Outcome
-    error: str | None = None
+    outcome: str
     policy_revision: int | None = None
-    version: str | None = None
-
-
-def transfer_data(
-    *,
-    id: str,
-    from_region: str,
-    to_region: str,
-    logical_bytes: int,
-    wire_bytes: int,
-    outcome: Outcome,
-    error: str | None = None,
-    policy_revision: int | None = None,
-    version: str | None = None,
-) -> dict[str, JsonValue]:
-    """The journal `data` of a transfer (checked now, so a bad one fails at the writer)."""
-    data: dict[str, JsonValue] = {
-        "id": id,
-        "from_region": from_region,
-        "to_region": to_region,
-        "logical_bytes": logical_bytes,
-        "wire_bytes": wire_bytes,
-        "outcome": outcome,
-        "error": error,
-        "policy_revision": policy_revision,
-        "version": version,
-    }
-    read_transfer(data)
-    return data
+    object: str | None = None
 
 
 def read_transfer(data: dict[str, JsonValue]) -> TransferFacts:
     """The facts of a journalled transfer; InvalidInputError naming the bad field."""
-
-    def optional(name: str) -> str | None:
-        value = data.get(name)
-        return None if value is None else required(name)
 
     def required(name: str) -> str:
         value = data.get(name)
@@ -90,7 +56,7 @@ def read_transfer(data: dict[str, JsonValue]) -> TransferFacts:
     if len(tid) > ID_MAX:
         raise InvalidInputError(f"transfer record: id {tid!r} is longer than {ID_MAX} characters")
     outcome = data.get("outcome")
-    if outcome not in OUTCOMES:
+    if not isinstance(outcome, str) or outcome not in OUTCOMES:
         raise InvalidInputError(
             f"transfer record {tid}: outcome {outcome!r} is not one of {', '.join(OUTCOMES)}"
         )
@@ -99,14 +65,14 @@ def read_transfer(data: dict[str, JsonValue]) -> TransferFacts:
         raise InvalidInputError(
             f"transfer record {tid}: policy_revision must be an integer, got {revision!r}"
         )
+    obj = data.get("object")
     return TransferFacts(
         id=tid,
         from_region=required("from_region"),
         to_region=required("to_region"),
         logical_bytes=count("logical_bytes"),
         wire_bytes=count("wire_bytes"),
-        outcome=outcome,  # type: ignore[arg-type]  # checked above
-        error=optional("error"),
+        outcome=outcome,
         policy_revision=revision,
-        version=optional("version"),
+        object=obj if isinstance(obj, str) and obj else None,
     )

@@ -1251,17 +1251,6 @@ class ObjectStore:
             for seq, kind, ds, key, hlc, at, data in found
         ]
 
-    def journal_transfer(
-        self, dataset: str, key: str, data: Mapping[str, JsonValue], *, hlc: HLC | None = None
-    ) -> None:
-        """Journal a transfer that stored no version here (refused, failed, or sent from
-        this agent): the recorder ships it to the catalog like the transfer records
-        committed with a version (`transfer=` of the writes)."""
-        dataset, key = check_name("dataset", dataset), check_name("key", key)
-        with self._tx() as conn:
-            text = None if hlc is None else hlc.text
-            rows.journal(conn, "transfer", dataset, key, text, dict(data))
-
     def journal_shipped(self, seq: int) -> None:
         """The catalog holds every record up to `seq`: move the position, drop them."""
         with self._tx() as conn:

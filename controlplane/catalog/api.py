@@ -47,6 +47,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.catalog import audit, bulk, revisions
+from controlplane.catalog import holdings as holdings_mod
 from controlplane.catalog.engine import check_migrated, make_engine, redacted, sqlite_file
 from controlplane.catalog.errors import (
     CatalogConflictError,
@@ -74,19 +75,18 @@ from controlplane.catalog.records import (
     CatalogState,
     CopyRecord,
     FailoverRecord,
+    HeldVersion,
+    Holding,
     Placement,
     Placer,
     PolicyRevisionRecord,
     RegionRecord,
-    ReplicaState,
     ReplicaStatus,
     RevisionOutcome,
     TransferRecord,
     VersionRef,
 )
 from controlplane.catalog.translate import translated
-from controlplane.domain.errors import DigestError
-from controlplane.domain.version import Digest
 
 
 def utcnow() -> datetime:
@@ -589,7 +589,7 @@ class Catalog:
         if op == "delete" and digest:
             raise CatalogInputError(f"{what} is a delete (a tombstone), which has no digest")
         if op == "put":
-            _check_digest(digest, what=what)
+            holdings_mod.check_digest(digest, what=what)
         with self._tx() as s:
             residency_lock(s, exclusive=False)
             self._ensure_version(
@@ -803,73 +803,22 @@ class Catalog:
             raise CatalogConflictError(f"{where} changed state while being moved; retry")
 
     @translated
-    def record_holding(
+    def record_holdings(
         self,
-        dataset: str,
-        key: str,
-        version: str,
-        region: str,
-        *,
-        state: ReplicaState,
-        digest: str | None = None,
-        error: str | None = None,
-        at: datetime | None = None,
+        versions: Sequence[HeldVersion],
+        holdings: Sequence[Holding],
+        transfers: Sequence[TransferRecord] = (),
     ) -> None:
-        """Record what the agents of `region` report they hold of a registered version:
-        `completed` (its bytes are stored and verified, `digest` names them; a
-        tombstone needs none) or `failed` (the bytes were lost there; `error` says how).
-
-        The holder is the authority on its own copy, so this sets the state whatever
-        the replica's state was (the `NEXT_STATES` moves are the replicator's): a
-        region's journal replayed from any point in order leaves the state its last
-        record says. Idempotent on (version, region)."""
-        if state not in ("completed", "failed"):
-            raise CatalogInputError(
-                f"a holder reports a replica completed or failed, not {state!r}"
-            )
+        """Record, in one transaction, a batch of what an agent reports: versions it
+        stored (registered as `register_version` would, with their datasets and objects),
+        its region's replica of versions (`Holding`: completed, failed or removed; the
+        holder is the authority on its own copy, so this sets the state whatever it was,
+        and the last holding of a replica in the batch stands), and transfers
+        (idempotent on their id). All or nothing; repeating a batch changes nothing.
+        See `holdings.py`."""
         with self._tx() as s:
             residency_lock(s, exclusive=False)
-            where = f"the replica of {dataset}/{key}@{version} in {region}"
-            row = s.execute(
-                select(ObjectVersion.id, ObjectVersion.digest, ObjectVersion.op)
-                .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
-                .where(
-                    CatalogObject.dataset == dataset,
-                    CatalogObject.key == key,
-                    ObjectVersion.version == version,
-                )
-            ).first()
-            if row is None:
-                raise CatalogInputError(f"version {version} of {dataset}/{key} is not registered")
-            verified: str | None = None
-            if state == "completed":
-                verified = row.digest if row.op == "delete" and digest is None else digest
-                if verified != row.digest:
-                    raise CatalogInputError(
-                        f"{where} holds digest {verified}, but the version's digest is {row.digest}"
-                    )
-            jurisdiction, allowed = self._judge(s, dataset, region)
-            now = utcnow()
-            values: dict[str, Any] = {
-                "state": state,
-                "updated_at": now,
-                "verified_digest": verified,
-                "last_error": None if error is None else error[:ERROR_TEXT_MAX],
-                "attempted_at": at or now,
-            }
-            insert = (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(
-                Replica
-            ).values(
-                version_id=int(row.id),
-                region=region,
-                jurisdiction=jurisdiction,
-                allowed=allowed,
-                attempts=0,
-                **values,
-            )
-            s.execute(
-                insert.on_conflict_do_update(index_elements=["version_id", "region"], set_=values)
-            )
+            holdings_mod.record(self, s, versions, holdings, transfers)
 
     @translated
     def remove_replica(self, dataset: str, key: str, version: str, region: str) -> None:
@@ -1045,14 +994,6 @@ def _lineage(s: Session) -> str:
         return ""
     seed = f"{first.id}|{first.digest}|{first.applied_by}|{first.applied_at.isoformat()}"
     return hashlib.sha256(seed.encode()).hexdigest()[:16]
-
-
-def _check_digest(digest: str, *, what: str) -> None:
-    """A put's digest names a known algorithm (dataplane.md: `blake3:<64 hex>`)."""
-    try:
-        Digest.parse(digest)
-    except DigestError as exc:
-        raise CatalogInputError(f"{what}: {exc}") from exc
 
 
 def _allowed_moves(state: str) -> str:

@@ -23,6 +23,9 @@ __all__ = [
     "FailoverMode",
     "FailoverOutcome",
     "FailoverRecord",
+    "HeldVersion",
+    "Holding",
+    "HoldingState",
     "Placement",
     "Placer",
     "PolicyRevisionRecord",
@@ -101,6 +104,42 @@ class TransferRecord:
     outcome: str
     at: datetime
     policy_revision: int | None = None
+
+
+@dataclass(frozen=True)
+class HeldVersion:
+    """A version an agent stored, to register (`Catalog.record_holdings`); `version` is
+    its HLC text, `digest` empty for a tombstone."""
+
+    dataset: str
+    key: str
+    version: str
+    op: VersionOp
+    size: int
+    digest: str
+    origin_region: str
+    created_at: datetime
+    set_id: str | None = None
+
+
+# What a region's agent says of its own copy of a version: it holds it (`completed`),
+# lost its bytes (`failed`), or no longer holds it (`removed`).
+HoldingState = Literal["completed", "failed", "removed"]
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One agent report on its region's copy of a registered version (see `HoldingState`);
+    `digest` is the one it verified (completed puts), `error` says how bytes were lost."""
+
+    dataset: str
+    key: str
+    version: str
+    region: str
+    state: HoldingState
+    at: datetime
+    digest: str | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)

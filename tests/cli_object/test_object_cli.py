@@ -8,12 +8,13 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from harness.agent_process import AgentProcess
 from harness.cli_schema import check_output
-from harness.controllers import meridian_argv, run_cli
+from harness.controllers import ControllerProcess, meridian_argv, run_cli
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
@@ -277,3 +278,39 @@ async def test_a_critical_put_gets_the_owners_epoch_at_the_owners_agent_only(
         assert "eu-west" in line, line
     finally:
         central.stop()
+
+
+async def test_a_critical_dataset_first_written_after_the_apply_is_announced_and_claimed(
+    agent: AgentProcess, tmp_path: Path, world: dict[str, str], etcd_endpoint: str
+) -> None:
+    """`ckpt/fresh` is placed by the rules but was not listed at apply time: its first
+    write is refused (no owner yet) and announces it; eu-west's controller claims it,
+    and the same write then goes in (before, it was refused for ever)."""
+    shard = tmp_path / "fresh.bin"
+    shard.write_bytes(os.urandom(3000))
+    put = ["object", "put", "--dataset", "ckpt/fresh", str(shard), "-o", "json"]
+    first = await asyncio.to_thread(cli, agent, *put)
+    assert first.returncode == 1 and "owner" in first.stderr, first.stderr
+    controller = ControllerProcess(
+        "eu-west", world, tmp_path / "ctl.log", lease_ttl_s=3, controller_id="ctl-west"
+    ).start()
+    try:
+        deadline = time.monotonic() + 60
+        done = first
+        for _ in range(120):
+            done = await asyncio.to_thread(cli, agent, *put)
+            if done.returncode == 0 or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.5)  # the controller's reconcile interval is 1 s
+        assert done.returncode == 0, done.stderr + controller.log_path.read_text()[-2000:]
+        [row] = json.loads(done.stdout)
+        assert row["digest"] == digest_of(shard)
+    finally:
+        controller.stop()
+    coord = EtcdCoordination([etcd_endpoint], timeout_s=5)
+    await coord.connect()
+    try:
+        owner = await Ownership(coord).get("ckpt/fresh")
+    finally:
+        await coord.close()
+    assert owner is not None and owner.region == "eu-west"

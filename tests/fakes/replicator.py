@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from controlplane.catalog.records import TransferRecord
 from controlplane.domain.events import ChangeEvent
 from controlplane.domain.version import Verdict, Version, lww
-from controlplane.errors import MeridianError
+from controlplane.errors import MeridianError, UnavailableError
 from controlplane.ports.changelog import Record
 from replicator.ports import ApplyOutcome, ApplyResult, Source
 
@@ -44,6 +44,8 @@ class MemoryAgent:
     fetch_sources: list[list[Source]] = field(default_factory=list)
     # Raised by the next calls, in order (then calls succeed again).
     failures: list[BaseException] = field(default_factory=list)
+    # While > 0, every call (head included) fails as an unreachable agent, counting down.
+    down_calls: int = 0
     # When set, calls wait for it (tests hold calls to observe concurrency).
     gate: asyncio.Event | None = None
     running: int = 0
@@ -54,7 +56,13 @@ class MemoryAgent:
         async with self.changed:
             self.changed.notify_all()
 
+    def _reachable(self) -> None:
+        if self.down_calls > 0:
+            self.down_calls -= 1
+            raise UnavailableError("the agent at 127.0.0.1:7400 failed the call (UNAVAILABLE)")
+
     async def _apply(self, event: ChangeEvent, how: str, data: bytes | None) -> ApplyResult:
+        self._reachable()
         self.calls.append((how, event.event_id))
         self.running += 1
         self.max_running = max(self.max_running, self.running)
@@ -92,6 +100,7 @@ class MemoryAgent:
         return await self._apply(event, "fetch", b"fetched")
 
     async def head(self, dataset: str, key: str) -> Version | None:
+        self._reachable()
         return self.held.get((dataset, key))
 
 

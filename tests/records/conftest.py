@@ -1,5 +1,5 @@
-"""Fixtures of the records tests: a store, and a real catalog (SQLite and PostgreSQL)
-with the example topology and policies applied."""
+"""Fixtures of the records tests: a store, metrics, and a real catalog (SQLite and
+PostgreSQL) with the example topology and policies applied."""
 
 from __future__ import annotations
 

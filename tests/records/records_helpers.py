@@ -1,16 +1,23 @@
-"""Constants and helpers of the records tests (a module of its own: test folders each
-have a conftest, and `from conftest import` would find another folder's)."""
+"""Helpers of the records tests: the example catalog, constants, bounded waiting, and
+reading `meridian.changes` back (test scaffolding; a name of its own, so that test
+folders collected together do not shadow each other's modules)."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from agents.store import ObjectStore
+from controlplane.adapters.kafka import CHANGES_TOPIC, KafkaConsumer
 from controlplane.catalog.api import Catalog, open_catalog
 from controlplane.policy.apply import apply_policy
 from controlplane.policy.compiler import compile_files
 from controlplane.policy.placer import place
+from controlplane.ports.changelog import Record
 
 EXAMPLE = Path(__file__).parents[1] / "policy" / "data" / "example.yaml"
 REGION = "eu-west"
@@ -27,3 +34,41 @@ def applied_catalog(url: str) -> Catalog:
         raise RuntimeError(f"the example policy does not compile: {problems}")
     apply_policy(catalog, policy, source="test", publisher=None, applied_by="tester")
     return catalog
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Await `condition`, polled, bounded in time (never a bare sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def records_of(
+    bootstrap: str, dataset: str, *, at_least: int, timeout_s: float = 60.0
+) -> list[Record]:
+    """The records of `meridian.changes` whose key is `dataset/...`, from the start of the
+    topic in a fresh consumer group: polls until `at_least` arrived and a poll then
+    comes back empty (so duplicates written after them are seen too)."""
+    prefix = f"{dataset}/".encode()
+    consumer = KafkaConsumer(
+        bootstrap, topics=[CHANGES_TOPIC.name], group_id=f"records-test-{uuid.uuid4().hex[:8]}"
+    )
+    found: list[Record] = []
+    deadline = time.monotonic() + timeout_s
+    async with consumer:
+        while time.monotonic() < deadline:
+            batch = await consumer.poll(max_records=1000, timeout_ms=1000)
+            found += [r for r in batch if r.key is not None and r.key.startswith(prefix)]
+            if not batch and len(found) >= at_least:
+                return found
+    raise AssertionError(
+        f"read {len(found)} records of {dataset} in {timeout_s} s, expected {at_least}"
+    )

@@ -14,12 +14,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from kafka_reading import records_of
-from records_helpers import REGION, StoreFactory
-from waiting import until
+from records_helpers import REGION, StoreFactory, records_of, until
 
 from agents.metrics import AgentMetrics
-from agents.records import OutboxDrain, OutboxSettings
+from agents.records import OutboxDrain, OutboxSettings, track_outbox
 from agents.store import ObjectStore
 from controlplane.adapters.kafka import KafkaProducer
 from controlplane.adapters.toxiproxy import ToxiproxyClient
@@ -171,3 +169,13 @@ async def test_a_sigkill_while_draining_loses_no_event_and_resends_the_same(
     # mid-send: half of batch 2 reached Kafka before the kill and went again; after-ack:
     # all of it did; after-mark: nothing is sent twice.
     assert resent == {"mid-send": 2, "after-ack": 5, "after-mark": 0}[step]
+
+
+def test_the_pending_gauge_reads_the_outbox_before_any_drain_exists(
+    store: ObjectStore, metrics: AgentMetrics
+) -> None:
+    """A daemon whose drain waits for Kafka still shows the backlog (and after a
+    restart, the backlog the last run left)."""
+    store.put(_dataset(), "k", [b"x"], outbox=True, policy_revision=1)
+    track_outbox(store, metrics)
+    assert _pending(metrics) == 1

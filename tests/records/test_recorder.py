@@ -12,8 +12,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from agents.metrics import AgentMetrics
-from agents.records import Recorder, RecorderSettings, transfer_data
+from agents.records import Recorder, RecorderSettings
 from agents.store import ObjectStore
+from agents.store.model import JsonValue
+from agents.transfer.records import Outcome, TransferTally
 from controlplane.catalog.api import Catalog
 from controlplane.catalog.models import CatalogObject, Dataset, ObjectVersion, Replica, Transfer
 
@@ -28,6 +30,21 @@ def _ship_all(recorder: Recorder) -> int:
         if done == 0:
             return total
     raise AssertionError("the recorder never caught up")
+
+
+def _transfer(
+    tid: str,
+    dataset: str,
+    key: str,
+    from_region: str,
+    to_region: str,
+    logical: int,
+    wire: int,
+    outcome: Outcome,
+) -> dict[str, JsonValue]:
+    """A transfer record as the transfers journal it (their own TransferTally)."""
+    tally = TransferTally(tid, dataset, key, from_region, to_region, "in", "sync", logical, wire)
+    return tally.record(outcome, lambda: None, "why" if outcome != "completed" else "")
 
 
 def _counts(cat: Catalog, sql: SqlSession) -> dict[str, int]:
@@ -88,18 +105,11 @@ def test_a_batch_shipped_twice_makes_no_duplicate(
     store.put(DATASET, "a", [b"two"])
     store.put(DATASET, "a", [b"three"])  # prunes the first: a removal in the batch
     moved = store.put(DATASET, "c", [b"copied"])
-    store.journal_transfer(
+    store.record_transfer(
         DATASET,
         "c",
-        transfer_data(
-            id=uuid.uuid4().hex,
-            from_region="us-east",
-            to_region=REGION,
-            logical_bytes=6,
-            wire_bytes=4,
-            outcome="completed",
-            version=moved.hlc.text,
-        ),
+        moved.hlc.text,
+        _transfer(uuid.uuid4().hex, DATASET, "c", "us-east", REGION, 6, 4, "completed"),
     )
     first = Recorder(store, cat, metrics, REGION)
     assert first.ship_pending(mark=False) == 6
@@ -151,17 +161,9 @@ def test_a_dataset_new_to_the_catalog_is_registered_not_set_aside(
 def test_a_record_the_catalog_refuses_is_set_aside_and_the_queue_moves_on(
     store: ObjectStore, cat: Catalog, metrics: AgentMetrics
 ) -> None:
-    store.journal_transfer(
-        DATASET,
-        "k",
-        transfer_data(
-            id="t-mars",
-            from_region="mars-1",  # no such region in the catalog: refused for good
-            to_region=REGION,
-            logical_bytes=1,
-            wire_bytes=1,
-            outcome="refused",
-        ),
+    # No region mars-1 in the catalog: refused for good.
+    store.record_transfer(
+        DATASET, "k", None, _transfer("t-mars", DATASET, "k", "mars-1", REGION, 1, 1, "refused")
     )
     after = store.put(DATASET, "after", [b"next"])
     recorder = Recorder(store, cat, metrics, REGION)
@@ -183,19 +185,10 @@ def test_a_refused_transfer_is_audited_but_is_no_residency_violation(
     store: ObjectStore, cat: Catalog, metrics: AgentMetrics
 ) -> None:
     # ckpt/llama-70b may live in the EU only: us-east was refused a copy.
-    store.journal_transfer(
-        "ckpt/llama-70b",
-        "shard-0",
-        transfer_data(
-            id="t-refused",
-            from_region=REGION,
-            to_region="us-east",
-            logical_bytes=100,
-            wire_bytes=0,
-            outcome="refused",
-            error="us-east (US) is outside the residency of ckpt/llama-70b (EU)",
-        ),
+    refused = _transfer(
+        "t-refused", "ckpt/llama-70b", "shard-0", REGION, "us-east", 100, 0, "refused"
     )
+    store.record_transfer("ckpt/llama-70b", "shard-0", None, refused)
     _ship_all(Recorder(store, cat, metrics, REGION))
     [row] = cat.transfers()
     assert (row["id"], row["outcome"], row["to"]) == ("t-refused", "refused", "us-east")

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 from harness.catalogs import scratch_postgres
-from records_helpers import DATASET, REGION, StoreFactory, applied_catalog
+from records_helpers import DATASET, REGION, StoreFactory, applied_catalog, free_port, until
 from sqlalchemy.engine import make_url
-from waiting import free_port, until
 
 from agents.metrics import AgentMetrics
 from agents.records import Recorder, RecorderSettings

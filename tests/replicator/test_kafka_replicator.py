@@ -147,13 +147,13 @@ async def test_a_rebalance_redelivers_without_a_second_effect(
     ds = dataset()
     t = system_ms() - 60_000
     events = [
-        b.put(f"k{i % 40:02d}", f"v{i}".encode(), wall_ms=t + i, dataset=ds) for i in range(1500)
+        b.put(f"k{i % 30:02d}", f"v{i}".encode(), wall_ms=t + i, dataset=ds) for i in range(300)
     ]
     newest = {e.key: e for e in events}
 
     async def paced() -> None:  # a stream long enough for the second member to join mid-way
-        for start in range(0, len(events), 50):
-            await publish(kafka_bootstrap, events[start : start + 50])
+        for start in range(0, len(events), 20):
+            await publish(kafka_bootstrap, events[start : start + 20])
             await asyncio.sleep(0.2)
 
     coord = EtcdCoordination([etcd_endpoint])
@@ -161,7 +161,7 @@ async def test_a_rebalance_redelivers_without_a_second_effect(
     writer = asyncio.create_task(paced())
     try:
         async with InProcessReplicator("a", kafka_bootstrap, coord, address, tmp_path) as first:
-            await until(stand_in, lambda: stand_in.commits_of(ds) >= 100)
+            await until(stand_in, lambda: stand_in.commits_of(ds) >= 30)
             second_one = InProcessReplicator("b", kafka_bootstrap, coord, address, tmp_path)
             async with second_one as second:
                 await asyncio.wait_for(second.got_partitions.wait(), 60)

@@ -180,6 +180,19 @@ async def test_a_failing_copy_is_retried_then_marked_failed(rig_factory: RigFact
     )
 
 
+async def test_an_unreachable_agent_spends_no_attempt_and_fails_nothing(
+    rig_factory: RigFactory,
+) -> None:
+    r = rig_factory(max_attempts=2)
+    r.agent.down_calls = 20  # ten rounds of a failed call and a failed probe
+    assert await handle(r, b.put("a")) == ["applied"]
+    assert [x.record.state for x in r.journal.pending()] == ["completed"]
+    assert (
+        r.metric("meridian_replication_failed_total", dataset="corpus/web", region="eu-central")
+        == 0
+    )
+
+
 async def test_a_retry_that_succeeds_completes_the_replica(rig_factory: RigFactory) -> None:
     r = rig_factory(max_attempts=3)
     r.agent.failures = [UnavailableError("blip")]

@@ -1,0 +1,288 @@
+"""What agents report of their own copies, written in bulk: one transaction per batch.
+
+An agent's recorder ships its journal as batches of three kinds of facts
+(`Catalog.record_holdings`): versions it stored (registered, idempotent on
+dataset, key, version), its region's replica of a version (`completed`, `failed`
+or `removed`), and transfers (idempotent on their id). Per batch the statements
+are a handful of multi-row inserts and selects rather than several transactions
+per record, which is what lets one agent's records keep up with its writes.
+
+The holder is the authority on its own copy: a holding sets the replica's state
+whatever it was (the `NEXT_STATES` moves of `set_replica_state` are the
+replicator's), and several holdings of one replica in a batch come down to the
+last one, which is exactly what applying them in order would leave. So a batch
+shipped twice, or a run of batches replayed from any point in order, leaves the
+catalog as shipping it once did. Called by `Catalog.record_holdings` in its
+transaction, under the shared residency lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import BigInteger, ColumnElement, String, any_, bindparam, delete, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Session
+
+from controlplane.catalog.errors import CatalogInputError
+from controlplane.catalog.hlc_text import check_hlc
+from controlplane.catalog.models import CatalogObject, ObjectVersion, Replica
+from controlplane.catalog.records import VERSION_OPS, HeldVersion, Holding, TransferRecord
+from controlplane.domain.errors import DigestError
+from controlplane.domain.version import Digest
+
+if TYPE_CHECKING:
+    from controlplane.catalog.api import Catalog
+
+CHUNK = 400  # rows per IN list (SQLite's bound-parameter limit is 32,766; 3 per row)
+ERROR_TEXT_MAX = 2000
+T = TypeVar("T")
+
+
+def check_digest(digest: str, *, what: str) -> None:
+    """A put's digest names a known algorithm (dataplane.md: `blake3:<64 hex>`)."""
+    try:
+        Digest.parse(digest)
+    except DigestError as exc:
+        raise CatalogInputError(f"{what}: {exc}") from exc
+
+
+def check_version(v: HeldVersion) -> None:
+    what = f"version {v.version} of {v.dataset}/{v.key}"
+    if v.op not in VERSION_OPS:
+        raise CatalogInputError(f"{what}: op {v.op!r} is not one of {', '.join(VERSION_OPS)}")
+    check_hlc(v.version, what=what)
+    if v.op == "delete" and v.digest:
+        raise CatalogInputError(f"{what} is a delete (a tombstone), which has no digest")
+    if v.op == "put":
+        check_digest(v.digest, what=what)
+
+
+def record(
+    cat: Catalog,
+    s: Session,
+    versions: Sequence[HeldVersion],
+    holdings: Sequence[Holding],
+    transfers: Sequence[TransferRecord],
+) -> None:
+    for v in versions:
+        check_version(v)
+    for name in sorted({v.dataset for v in versions} | {h.dataset for h in holdings}):
+        cat._ensure_dataset(s, name, {})
+    _register(cat.dialect, s, versions)
+    _hold(cat, s, holdings)
+    for rec in transfers:
+        cat._insert_transfer(s, rec)
+
+
+def _insert(dialect: str, table: Any) -> postgresql.Insert | sqlite.Insert:
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+
+
+def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), CHUNK):
+        yield items[start : start + CHUNK]
+
+
+def _register(dialect: str, s: Session, versions: Sequence[HeldVersion]) -> None:
+    wanted: dict[tuple[str, str, str], HeldVersion] = {}
+    for v in versions:
+        seen = wanted.setdefault((v.dataset, v.key, v.version), v)
+        if (seen.op, seen.digest) != (v.op, v.digest):
+            raise CatalogInputError(
+                f"version {v.version} of {v.dataset}/{v.key} is reported both as a {seen.op} "
+                f"with digest {seen.digest or '(none)'} and as a {v.op} with digest "
+                f"{v.digest or '(none)'}"
+            )
+    if not wanted:
+        return
+    conn = s.connection()
+    pairs = sorted({(d, k) for d, k, _ in wanted})
+    conn.execute(
+        _insert(dialect, CatalogObject.__table__).on_conflict_do_nothing(
+            index_elements=["dataset", "key"]
+        ),
+        [{"dataset": d, "key": k} for d, k in pairs],
+    )
+    oids = _object_ids(s, pairs)
+    conn.execute(
+        _insert(dialect, ObjectVersion.__table__).on_conflict_do_nothing(
+            index_elements=["object_id", "version"]
+        ),
+        [
+            {
+                "object_id": oids[(v.dataset, v.key)],
+                "version": v.version,
+                "digest": v.digest,
+                "size": v.size,
+                "origin_region": v.origin_region,
+                "created_at": v.created_at,
+                "hlc": v.version,
+                "op": v.op,
+                "set_id": v.set_id,
+            }
+            for v in wanted.values()
+        ],
+    )
+    # What is registered now must be what was reported (an older registration of the
+    # same version with another digest or op is refused, as register_version does).
+    for found in _versions(s, list(wanted)):
+        v = wanted[(found.dataset, found.key, found.version)]
+        if (found.op, found.hlc) != (v.op, v.version):
+            raise CatalogInputError(
+                f"version {v.version} of {v.dataset}/{v.key} is registered as a {found.op} "
+                f"at HLC {found.hlc}, not as a {v.op} at {v.version}"
+            )
+        if found.digest != v.digest:
+            raise CatalogInputError(
+                f"version {v.version} of {v.dataset}/{v.key} is registered with digest "
+                f"{found.digest}, not {v.digest}"
+            )
+
+
+def _by_dataset(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    keys: dict[str, list[str]] = {}
+    for dataset, key in pairs:
+        keys.setdefault(dataset, []).append(key)
+    return sorted(keys.items())
+
+
+def _among(s: Session, column: Any, values: Sequence[Any], type_: Any) -> ColumnElement[bool]:
+    """`column IN values`; on PostgreSQL as `= ANY(one array parameter)`, which the driver
+    sends as one value (hundreds of placeholders cost more to build than the query)."""
+    if s.get_bind().dialect.name == "postgresql":
+        return column == any_(bindparam(None, list(values), type_=ARRAY(type_)))  # type: ignore[no-any-return]
+    return column.in_(list(values))  # type: ignore[no-any-return]
+
+
+def _object_ids(s: Session, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    oids: dict[tuple[str, str], int] = {}
+    for dataset, keys in _by_dataset(pairs):
+        for chunk in _chunks(keys):
+            found = s.execute(
+                select(CatalogObject.id, CatalogObject.key).where(
+                    CatalogObject.dataset == dataset,
+                    _among(s, CatalogObject.key, chunk, String),
+                )
+            )
+            oids.update({(dataset, r.key): int(r.id) for r in found})
+    return oids
+
+
+def _versions(s: Session, refs: Sequence[tuple[str, str, str]]) -> list[_Row]:
+    """The registered rows of these (dataset, key, version) triples, with their dataset
+    and key. Looked up by object id and version (scalar IN lists on the unique index:
+    a row-value IN of hundreds of triples, or a join, plans badly on PostgreSQL)."""
+    wanted = set(refs)
+    oids = _object_ids(s, sorted({(d, k) for d, k, _ in wanted}))
+    names = {oid: pair for pair, oid in oids.items()}
+    rows: list[_Row] = []
+    for chunk in _chunks(sorted(names)):
+        ids = set(chunk)
+        versions = sorted({v for d, k, v in wanted if oids.get((d, k)) in ids})
+        found = s.execute(
+            select(
+                ObjectVersion.id,
+                ObjectVersion.object_id,
+                ObjectVersion.digest,
+                ObjectVersion.op,
+                ObjectVersion.hlc,
+                ObjectVersion.version,
+            ).where(
+                _among(s, ObjectVersion.object_id, chunk, BigInteger),
+                _among(s, ObjectVersion.version, versions, String),
+            )
+        ).all()
+        for r in found:
+            dataset, key = names[int(r.object_id)]
+            if (dataset, key, r.version) in wanted:
+                rows.append(_Row(int(r.id), r.digest, r.op, r.hlc, r.version, dataset, key))
+    return rows
+
+
+@dataclass(frozen=True)
+class _Row:
+    id: int
+    digest: str
+    op: str
+    hlc: str
+    version: str
+    dataset: str
+    key: str
+
+
+def _hold(cat: Catalog, s: Session, holdings: Sequence[Holding]) -> None:
+    last: dict[tuple[str, str, str, str], Holding] = {}
+    for h in holdings:
+        last[(h.dataset, h.key, h.version, h.region)] = h  # in order: the last one stands
+    if not last:
+        return
+    known = {(r.dataset, r.key, r.version): r for r in _versions(s, [k[:3] for k in last])}
+    judged: dict[tuple[str, str], tuple[str, bool]] = {}
+    upserts: list[dict[str, Any]] = []
+    removals: list[dict[str, Any]] = []
+    for h in last.values():
+        where = f"the replica of {h.dataset}/{h.key}@{h.version} in {h.region}"
+        row = known.get((h.dataset, h.key, h.version))
+        if row is None:
+            if h.state == "removed":
+                continue  # never registered, so nothing to forget
+            raise CatalogInputError(f"version {h.version} of {h.dataset}/{h.key} is not registered")
+        if h.state == "removed":
+            removals.append({"vid": int(row.id), "r": h.region})
+            continue
+        verified: str | None = None
+        if h.state == "completed":
+            verified = row.digest if row.op == "delete" and h.digest is None else h.digest
+            if verified != row.digest:
+                raise CatalogInputError(
+                    f"{where} holds digest {verified}, but the version's digest is {row.digest}"
+                )
+        if (h.dataset, h.region) not in judged:
+            judged[(h.dataset, h.region)] = cat._judge(s, h.dataset, h.region)
+        jurisdiction, allowed = judged[(h.dataset, h.region)]
+        upserts.append(
+            {
+                "version_id": int(row.id),
+                "region": h.region,
+                "jurisdiction": jurisdiction,
+                "allowed": allowed,
+                "state": h.state,
+                "updated_at": h.at,
+                "verified_digest": verified,
+                "attempts": 0,
+                "attempted_at": h.at,
+                "last_error": None if h.error is None else h.error[:ERROR_TEXT_MAX],
+            }
+        )
+    conn = s.connection()
+    if upserts:
+        insert = _insert(cat.dialect, Replica.__table__)
+        conn.execute(
+            insert.on_conflict_do_update(
+                index_elements=["version_id", "region"],
+                set_={
+                    name: insert.excluded[name]
+                    for name in (
+                        "jurisdiction",
+                        "allowed",
+                        "state",
+                        "updated_at",
+                        "verified_digest",
+                        "attempted_at",
+                        "last_error",
+                    )
+                },
+            ),
+            upserts,
+        )
+    if removals:
+        conn.execute(
+            delete(Replica).where(
+                Replica.version_id == bindparam("vid"), Replica.region == bindparam("r")
+            ),
+            removals,
+        )

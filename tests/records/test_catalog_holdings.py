@@ -1,0 +1,93 @@
+"""`Catalog.record_holdings`, the recorder's one-transaction batch, on SQLite and
+PostgreSQL: the last report of a replica stands, the holder overrides the replicator's
+state machine, and a bad batch writes nothing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from harness.digests import fake_digest
+from records_helpers import DATASET, REGION
+
+from controlplane.catalog.api import Catalog
+from controlplane.catalog.errors import CatalogInputError
+from controlplane.catalog.records import HeldVersion, Holding, HoldingState
+
+AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def _version(key: str, wall_ms: int, content: str = "c") -> HeldVersion:
+    return HeldVersion(
+        dataset=DATASET,
+        key=key,
+        version=f"{wall_ms:013d}.00000@eu-west",
+        op="put",
+        size=1,
+        digest=fake_digest(content),
+        origin_region="eu-west",
+        created_at=AT,
+    )
+
+
+def _holding(v: HeldVersion, state: HoldingState, region: str = REGION) -> Holding:
+    return Holding(v.dataset, v.key, v.version, region, state, AT, digest=v.digest, error="lost")
+
+
+def _states(cat: Catalog, key: str) -> list[tuple[str, str, str]]:
+    return [(r.version, r.region, r.state) for r in cat.replica_status(DATASET, key=key)]
+
+
+def test_the_last_holding_of_a_replica_in_a_batch_stands(cat: Catalog) -> None:
+    a, b = _version("a", 1_796_000_000_000), _version("b", 1_796_000_000_000)
+    cat.record_holdings(
+        [a, b],
+        [
+            _holding(a, "completed"),
+            _holding(a, "failed"),
+            _holding(a, "completed"),
+            _holding(b, "completed"),
+            _holding(b, "removed"),
+        ],
+    )
+    assert _states(cat, "a") == [(a.version, REGION, "completed")]
+    assert _states(cat, "b") == []
+    cat.record_holdings([a], [_holding(a, "completed")])  # again: nothing changes
+    assert _states(cat, "a") == [(a.version, REGION, "completed")]
+
+
+def test_the_holder_overrides_the_replicators_state(cat: Catalog) -> None:
+    a = _version("a", 1_796_000_000_000)
+    cat.record_holdings([a], [])
+    cat.set_replica_state(DATASET, "a", a.version, "eu-central", "pending")
+    cat.record_holdings([], [_holding(a, "completed", "eu-central")])
+    [done] = cat.replica_status(DATASET, key="a")
+    assert (done.state, done.verified_digest) == ("completed", a.digest)
+    # completed is final for the replicator, not for the holder that lost the bytes
+    cat.record_holdings([], [_holding(a, "failed", "eu-central")])
+    [lost] = cat.replica_status(DATASET, key="a")
+    assert (lost.state, lost.last_error, lost.verified_digest) == ("failed", "lost", None)
+
+
+def test_a_bad_batch_writes_nothing(cat: Catalog) -> None:
+    a = _version("a", 1_796_000_000_000)
+    cat.record_holdings([a], [_holding(a, "completed")])
+    good = _version("good", 1_796_000_000_000)
+    other = _version("a", 1_796_000_000_000, content="other")  # same version, new digest
+    with pytest.raises(CatalogInputError, match="is registered with digest"):
+        cat.record_holdings([good, other], [_holding(good, "completed")])
+    assert cat.latest_version(DATASET, "good") is None
+    with pytest.raises(CatalogInputError, match="is not registered"):
+        cat.record_holdings([], [_holding(good, "completed")])
+    cat.record_holdings([], [_holding(good, "removed")])  # forgetting nothing is fine
+    with pytest.raises(CatalogInputError, match="holds digest"):
+        wrong = Holding(DATASET, "a", a.version, REGION, "completed", AT, digest=fake_digest("x"))
+        cat.record_holdings([], [wrong])
+    assert _states(cat, "a") == [(a.version, REGION, "completed")]
+
+
+def test_a_held_version_needs_a_known_digest(cat: Catalog) -> None:
+    bad = HeldVersion(DATASET, "k", "1796000000000.00000@eu-west", "put", 1, "d1", "eu-west", AT)
+    with pytest.raises(CatalogInputError, match="names no algorithm"):
+        cat.record_holdings([bad], [])
+    assert cat.latest_version(DATASET, "k") is None
