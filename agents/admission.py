@@ -303,6 +303,7 @@ class Admission:
             self._metrics.stale_epoch_refused.labels(dataset=dataset).inc()
             log.warning(
                 "stale_epoch_refused",
+                region=self.region,
                 dataset=dataset,
                 epoch=epoch,
                 newest=self._fence.highest_epoch(dataset),
@@ -315,7 +316,9 @@ class Admission:
 
     def _refused_stale(self, dataset: str, epoch: int, current: int) -> NoReturn:
         self._metrics.stale_epoch_refused.labels(dataset=dataset).inc()
-        log.warning("stale_epoch_refused", dataset=dataset, epoch=epoch, newest=current)
+        log.warning(
+            "stale_epoch_refused", region=self.region, dataset=dataset, epoch=epoch, newest=current
+        )
         raise StaleEpochError(
             f"write to {dataset} carried epoch {epoch}, older than its current epoch {current} "
             "in etcd; this writer lost ownership and must step down"

@@ -8,7 +8,9 @@ begins, to the region owning most critical datasets then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import random
 import signal
 import time
 from collections import Counter
@@ -44,6 +46,28 @@ class Injector:
     workload: FencedWorkload
     sampler: OwnerSampler
     _undo: dict[int, list[str]] = field(default_factory=dict)  # id(fault) -> killed members
+    _flappers: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+
+    def _agent_links(self, region: str | None = None) -> list[str]:
+        """Every agent-to-agent proxy (both directions) touching `region`, or all of them."""
+        out = []
+        for r in self.world.regions.values():
+            for link in r.proxies:
+                if not link.startswith("agent-to-"):
+                    continue
+                if region is None or r.name == region or link == f"agent-to-{region}":
+                    out.append(r.proxy_name(link))
+        return out
+
+    async def _flap(self, proxies: list[str], seed: int) -> None:
+        """Disable then enable `proxies` every 1-2 s (drawn from `seed`) until cancelled."""
+        rng = random.Random(seed)  # noqa: S311 - replayable from the scenario's seed
+        enabled = True
+        for _ in range(10_000):  # bounded; cancelled at the fault's end
+            enabled = not enabled
+            for proxy in proxies:
+                await self.world.toxi.set_enabled(proxy, enabled)
+            await asyncio.sleep(rng.uniform(1.0, 2.0))
 
     def _owner(self) -> str:
         counts = Counter(s.region for s in self.sampler.latest().values())
@@ -76,6 +100,36 @@ class Injector:
             signal_daemon(region.daemons["controller"], signal.SIGSTOP)
             self._undo[id(fault)] = [region.name]
             return f"SIGSTOP {region.name} controller"
+        if fault.kind in ("kill-agent", "kill-replicator"):
+            kind = fault.kind.removeprefix("kill-")
+            region = w.regions[fault.target]
+            await asyncio.to_thread(region.daemons[kind].kill)
+            self._undo[id(fault)] = [region.name]
+            return f"SIGKILL {region.name} {kind}"
+        if fault.kind == "restart-kafka":
+            await asyncio.to_thread(w.stack.kafka.process.kill)
+            return "SIGKILL the Kafka broker"
+        if fault.kind in ("limit-data", "reset-peer", "slicer", "reset-peer-0.3"):
+            proxies = self._agent_links(None if fault.target == "all" else fault.target)
+            for proxy in proxies:
+                if fault.kind == "limit-data":  # each connection closed after 256 KiB
+                    await w.toxi.add_toxic(proxy, "limit_data", {"bytes": 256 * 1024})
+                elif fault.kind == "reset-peer":
+                    await w.toxi.add_toxic(proxy, "reset_peer", {"timeout": 300})
+                elif fault.kind == "reset-peer-0.3":
+                    await w.toxi.add_toxic(proxy, "reset_peer", {"timeout": 0}, toxicity=0.3)
+                else:  # TCP segments sliced small and delayed: many short reads
+                    await w.toxi.add_toxic(
+                        proxy,
+                        "slicer",
+                        {"average_size": 512, "size_variation": 256, "delay": 50},
+                    )
+            return f"{fault.kind} on {len(proxies)} agent links ({fault.target})"
+        if fault.kind == "flap":
+            proxies = self._agent_links(fault.target) + w.regions[fault.target].links("kafka")
+            seed = int(fault.start_s * 1000)
+            self._flappers[id(fault)] = asyncio.create_task(self._flap(proxies, seed))
+            return f"flapping {len(proxies)} links of {fault.target} every 1-2 s"
         cluster = w.stack.etcd_cluster()
         if fault.kind == "kill-etcd-leader":
             leader = await asyncio.to_thread(cluster.leader_index)
@@ -112,3 +166,20 @@ class Injector:
             await asyncio.to_thread(cluster.wait_healthy, 60.0)
         elif fault.kind == "stop-catalog":
             await asyncio.to_thread(w.stack.postgres.start)
+        elif fault.kind in ("kill-agent", "kill-replicator"):
+            kind = fault.kind.removeprefix("kill-")
+            for name in self._undo.pop(id(fault), []):
+                await asyncio.to_thread(w.restart, w.regions[name], kind)
+        elif fault.kind == "restart-kafka":
+            await asyncio.to_thread(w.stack.kafka.start)
+        elif fault.kind in ("limit-data", "reset-peer", "slicer", "reset-peer-0.3", "flap"):
+            task = self._flappers.pop(id(fault), None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for proxy in self._agent_links():
+                await w.toxi.clear(proxy)
+            for region in w.regions.values():
+                for proxy in region.links("kafka"):
+                    await w.toxi.clear(proxy)

@@ -160,7 +160,8 @@ def accepts_from_agent_log(
 ) -> list[AcceptRecord]:
     """Accept records from an agent's JSON log: each committed critical write
     (`object_stored`, `object_deleted`, `set_committed` with an `epoch`) at its
-    structlog `timestamp`. Other lines (and non-JSON ones) are skipped."""
+    admission time, and each `stale_epoch_refused` as a refusal. Other lines (and
+    non-JSON ones) are skipped."""
     out = []
     for n, line in enumerate(lines, start=1):
         if not line.startswith("{"):
@@ -169,11 +170,70 @@ def accepts_from_agent_log(
             raw = json.loads(line)
         except ValueError:
             continue
-        if raw.get("event") not in AGENT_WRITE_EVENTS or raw.get("epoch") in (None, 0):
+        event = raw.get("event")
+        accepted = event in AGENT_WRITE_EVENTS
+        if not (accepted or event == "stale_epoch_refused") or raw.get("epoch") in (None, 0):
             continue
         try:
-            t = datetime.fromisoformat(str(raw["timestamp"]).replace("Z", "+00:00")).timestamp()
-            out.append(AcceptRecord(str(raw["dataset"]), int(raw["epoch"]), region, agent, True, t))
+            # The admission decision's time when the agent logs it (`admitted_at`), else
+            # the commit's: an epoch is judged current at admission, not at commit.
+            t = (
+                float(raw["admitted_at"])
+                if isinstance(raw.get("admitted_at"), int | float)
+                else _timestamp(raw)
+            )
+            out.append(
+                AcceptRecord(str(raw["dataset"]), int(raw["epoch"]), region, agent, accepted, t)
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where} line {n}: a write record without {exc}") from exc
+    return out
+
+
+def _timestamp(raw: Mapping[str, object]) -> float:
+    return datetime.fromisoformat(str(raw["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
+# The replicator's `event_applied` outcomes (replicator/applier.py) → an ApplyRecord's.
+APPLY_OUTCOMES: dict[str, ApplyOutcome] = {
+    "applied": "applied",
+    "same": "superseded",
+    "older": "superseded",
+    "collision": "superseded",
+    "retained": "superseded",
+    "skipped": "superseded",
+    "own": "own",
+    "refused": "refused",
+    "dead-lettered": "refused",
+    "failed": "refused",
+}
+
+
+def applies_from_replicator_log(lines: Iterable[str], where: str) -> list[ApplyRecord]:
+    """Apply records from a replicator's JSON log (`event_applied` lines)."""
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.startswith("{"):
+            continue
+        try:
+            raw = json.loads(line)
+        except ValueError:
+            continue
+        if raw.get("event") != "event_applied":
+            continue
+        w = f"{where} line {n}"
+        outcome = str(_field(raw, "outcome", str, w))
+        if outcome not in APPLY_OUTCOMES:
+            raise ValueError(f"{w}: outcome {outcome!r} is not one the replicator logs")
+        out.append(
+            ApplyRecord(
+                region=str(_field(raw, "region", str, w)),
+                event_id=str(_field(raw, "event_id", str, w)),
+                dataset=str(_field(raw, "dataset", str, w)),
+                key=str(_field(raw, "key", str, w)),
+                version=str(_field(raw, "version", str, w)),
+                outcome=APPLY_OUTCOMES[outcome],
+                t=float(_field(raw, "t", float, w)),  # type: ignore[arg-type]
+            )
+        )
     return out

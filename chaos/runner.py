@@ -16,12 +16,32 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.checkers import journal, lost_writes, ownership, split_brain
+from chaos import dataplane
+from chaos.checkers import (
+    changelog,
+    convergence,
+    journal,
+    lost_writes,
+    ownership,
+    residency,
+    split_brain,
+    visibility,
+)
 from chaos.checkers.verdict import Verdict
 from chaos.faults import Injector
 from chaos.history import History
 from chaos.nemesis import Fault, schedule
-from chaos.policy import CRITICAL, REGIONS, policy_yaml
+from chaos.policy import (
+    CRITICAL,
+    JURISDICTIONS,
+    REGIONS,
+    RESIDENCY,
+    STANDARD,
+    STANDARD_HOLDERS,
+    STANDARD_RESIDENCY,
+    policy_yaml,
+)
+from chaos.records import ObjectState, accepts_from_agent_log, applies_from_replicator_log
 from chaos.scenarios import Scenario
 from chaos.stack import PrivateStack
 from chaos.workload import FENCE_REGION, FencedWorkload, OwnerSampler
@@ -34,6 +54,7 @@ log = get_logger("meridian.chaos")
 
 RECOVERY_S = 40.0
 JOURNAL_WAIT_S = 30.0
+CONVERGENCE_S = 45.0  # after recovery: every replicator caught up, every Fetch retried
 
 
 @dataclass
@@ -88,12 +109,13 @@ async def run_scenario(
     world = ChaosWorld(stack, run_dir, REGIONS, lease_ttl_s=3)
     history = History()
     t_setup = time.monotonic()
+    run_start_ms = int(time.time() * 1000)
     await _wipe_etcd(stack.etcd_endpoints)
     policy = run_dir / "policy.yaml"
-    policy.write_text(policy_yaml(), encoding="utf-8")
+    policy.write_text(policy_yaml(standard=scenario.data_plane), encoding="utf-8")
     await asyncio.to_thread(world.create_catalog, policy)
     phases = {"catalog_s": round(time.monotonic() - t_setup, 1)}
-    await world.make_proxies()
+    await world.make_proxies(agents=scenario.data_plane)
     sampler = OwnerSampler(stack.etcd_endpoints)
     workload = FencedWorkload(
         history,
@@ -112,8 +134,25 @@ async def run_scenario(
         gap_s=scenario.gap_s,
     )
     done: list[tuple[Fault, str, int, int, float, float]] = []  # fault, what, ns and wall
+    # Every region's clients write through their own agent (us-east's are refused by
+    # residency: a write there must never leave a byte behind).
+    data = (
+        dataplane.StandardWorkload(
+            history,
+            {r.name: r.agent_listen for r in world.regions.values()},
+            STANDARD,
+            seed=seed,
+            size=scenario.object_size,
+            interval_s=0.05 if scenario.object_size < 1 << 20 else 0.2,
+        )
+        if scenario.data_plane
+        else None
+    )
+    final_data: list[ObjectState] = []
     try:
         await asyncio.to_thread(world.start_controllers)
+        if scenario.data_plane:
+            await asyncio.to_thread(world.start_data_plane)
         phases["processes_s"] = round(time.monotonic() - t_setup, 1)
         sampler.start()
 
@@ -125,6 +164,8 @@ async def run_scenario(
         setup_s = round(time.monotonic() - t_setup, 1)
         log.info("chaos_ready", scenario=scenario.name, seed=seed, setup_s=setup_s, **phases)
         workload.start()
+        if data is not None:
+            data.start()
         injector = Injector(world, workload, sampler)
         t0 = time.monotonic()
         for fault in faults:
@@ -169,8 +210,18 @@ async def run_scenario(
             return journal.views_agree(gauges, truth).held
 
         await _until("controllers' views", views_agree, 10)
+        if data is not None:
+            await data.stop()
+            final_data = await dataplane.settled_state(
+                {n: world.regions[n].agent_listen for n in STANDARD_HOLDERS[STANDARD[0]]},
+                STANDARD,
+                STANDARD_HOLDERS,
+                CONVERGENCE_S,
+            )
         exited = world.exited()
     finally:
+        if data is not None:
+            await data.stop()
         await workload.stop()
         await sampler.stop()
         await asyncio.to_thread(world.stop_all)
@@ -180,13 +231,37 @@ async def run_scenario(
         await world.toxi.close()
     history.save(run_dir / "history.jsonl")
     ops = history.operations()
+    accepts = workload.accept_log()
+    published = []
+    if scenario.data_plane:
+        for region, lines in world.logs_of("agent").items():
+            accepts += accepts_from_agent_log(lines, region, f"{region}-agent", region)
+        published = await dataplane.published_events(stack.kafka_endpoint, run_start_ms)
     verdicts: list[Verdict] = []
     for name in scenario.invariants:
         if name == split_brain.NAME:
-            verdicts.append(split_brain.check(workload.accept_log(), sampler.samples))
+            verdicts.append(split_brain.check(accepts, sampler.samples))
         elif name == lost_writes.NAME:
-            required = {ds: [FENCE_REGION] for ds in CRITICAL}
-            verdicts.append(lost_writes.check(ops, workload.final_state(), required))
+            required: dict[str, list[str]] = {ds: [FENCE_REGION] for ds in CRITICAL}
+            if scenario.data_plane:
+                required.update(STANDARD_HOLDERS)
+            verdicts.append(lost_writes.check(ops, workload.final_state() + final_data, required))
+        elif name == convergence.NAME:
+            verdicts.append(convergence.check(final_data, STANDARD_HOLDERS))
+        elif name == changelog.NAME:
+            applies = [
+                a
+                for region, lines in world.logs_of("replicator").items()
+                for a in applies_from_replicator_log(lines, f"{region} replicator log")
+                if dataplane.of_run(a.version, run_start_ms)
+            ]
+            verdicts.append(changelog.check(published, applies, STANDARD_HOLDERS))
+        elif name == visibility.NAME:
+            verdicts.append(visibility.check(ops))
+        elif name == residency.NAME:
+            roots = {r.name: run_dir / "agents" / r.name for r in world.regions.values()}
+            allowed = {**RESIDENCY, **STANDARD_RESIDENCY}
+            verdicts.append(residency.check(dataplane.inventory(roots), allowed, JURISDICTIONS))
         elif name == ownership.RESUMED:
             verdicts.append(ownership.resumed(ops, first_fault_ns, heal_ns))
         elif name == ownership.STABLE:

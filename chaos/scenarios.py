@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chaos.checkers import journal, lost_writes, ownership, split_brain
+from chaos.checkers import (
+    changelog,
+    convergence,
+    journal,
+    lost_writes,
+    ownership,
+    residency,
+    split_brain,
+    visibility,
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,10 @@ class Scenario:
     stable_during: tuple[str, ...] = ()
     # Invariant `writes-during-fault`: the data path must keep acking through these.
     progress_during: tuple[str, ...] = ()
+    # Agents and replicators in every region, and the standard-class data workload
+    # writing objects of `object_size` bytes (above 256 KiB: fetched by Sync, not inline).
+    data_plane: bool = False
+    object_size: int = 4096
 
 
 SAFETY = (
@@ -109,4 +122,57 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
 )
 
+DATA = (
+    split_brain.NAME,
+    lost_writes.NAME,
+    convergence.NAME,
+    changelog.NAME,
+    visibility.NAME,
+    residency.NAME,
+)
+EU = ("eu-west", "eu-central", "eu-north")
+
+SCENARIOS += (
+    Scenario(
+        "kafka-and-crashes",
+        7,
+        "the Kafka broker SIGKILLed and restarted under load; an agent SIGKILLed mid-publish "
+        "(its outbox not yet drained); a replicator SIGKILLed mid-apply; each restarted",
+        ("restart-kafka", "kill-agent", "kill-replicator"),
+        EU,
+        (4.0, 6.0),
+        (3.0, 4.0),
+        DATA,
+        data_plane=True,
+    ),
+    Scenario(
+        "torn-transfers",
+        9,
+        "limit_data, reset_peer and slicer toxics on one region's agent links during large "
+        "Syncs (objects fetched as deltas of the key's previous version), and an agent "
+        "SIGKILLed mid-patch",
+        ("limit-data", "kill-agent", "reset-peer", "slicer"),
+        EU,
+        (3.0, 4.0),
+        (2.0, 3.0),
+        DATA,
+        data_plane=True,
+        object_size=1536 * 1024,
+    ),
+    Scenario(
+        "flapping-links",
+        11,
+        "one region's agent and Kafka links disabled and enabled every 1-2 s; then reset_peer "
+        "at toxicity 0.3 on every agent link",
+        ("flap", "reset-peer-0.3"),
+        EU,
+        (6.0, 9.0),
+        (2.0, 3.0),
+        DATA,
+        data_plane=True,
+        object_size=384 * 1024,
+    ),
+)
+
+SCENARIOS = tuple(sorted(SCENARIOS, key=lambda s: s.number))
 BY_NAME = {s.name: s for s in SCENARIOS}

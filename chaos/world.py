@@ -51,6 +51,7 @@ class ChaosRegion:
     index: int
     proxies: dict[str, str] = field(default_factory=dict)  # link name -> listen address
     daemons: dict[str, Daemon] = field(default_factory=dict)
+    agent_listen: str = ""  # this region's agent (its own clients reach it directly)
 
     def proxy_name(self, link: str) -> str:
         return f"chaos-{self.name}-{link}"
@@ -212,7 +213,13 @@ class ChaosWorld:
         except psycopg.Error as exc:
             log.warning("chaos_catalog_not_dropped", database=self.database, error=str(exc))
 
-    async def make_proxies(self) -> None:
+    async def make_proxies(self, *, agents: bool = False) -> None:
+        """Each region's proxies to etcd, Kafka and the catalog; with `agents`, also one
+        per ordered pair of regions to the other region's agent (`agent-to-<region>`,
+        routed by MERIDIAN_AGENT_ROUTES), so a fault can tear one direction of one link."""
+        if agents:
+            for r in self.regions.values():
+                r.agent_listen = f"127.0.0.1:{free_port()}"
         members = self.stack.etcd_endpoints
         pg = f"127.0.0.1:{self.stack.settings.stack_postgres_port}"
         kafka_wan = self.stack.settings.stack_kafka_port + 3
@@ -223,6 +230,11 @@ class ChaosWorld:
                 f"127.0.0.1:{region_wan_port(self.stack.settings, r.index)}",
                 f"127.0.0.1:{kafka_wan + r.index}",
             )
+            if agents:
+                for other in self.regions.values():
+                    if other.name != r.name:
+                        listen = f"127.0.0.1:{free_port()}"
+                        wanted[f"agent-to-{other.name}"] = (listen, other.agent_listen)
             for link, (listen, upstream) in wanted.items():
                 await self.toxi.create_proxy(r.proxy_name(link), listen, upstream)
                 r.proxies[link] = listen
@@ -266,6 +278,66 @@ class ChaosWorld:
             r.daemons["controller"].start()
         for r in self.regions.values():
             r.daemons["controller"].wait_ready(timeout_s)
+
+    def agent(self, region: ChaosRegion) -> Daemon:
+        metrics = f"127.0.0.1:{free_port()}"
+        root = self.run_dir / "agents" / region.name
+        argv = [
+            *meridian_argv(), "agent", "serve", "--region", region.name, "--root", str(root),
+            "--listen", region.agent_listen, "--metrics", metrics,
+        ]  # fmt: skip
+        return Daemon(
+            f"{region.name} agent",
+            argv,
+            self.env(region),
+            self.run_dir / "logs" / f"{region.name}-agent.log",
+            metrics,
+        )
+
+    def replicator(self, region: ChaosRegion) -> Daemon:
+        metrics = f"127.0.0.1:{free_port()}"
+        argv = [
+            *meridian_argv(), "replicator", "run", "--region", region.name,
+            "--agent", region.agent_listen, "--metrics", metrics,
+        ]  # fmt: skip
+        return Daemon(
+            f"{region.name} replicator",
+            argv,
+            self.env(region),
+            self.run_dir / "logs" / f"{region.name}-replicator.log",
+            metrics,
+        )
+
+    def start_data_plane(self, timeout_s: float = 60) -> None:
+        """An agent and a replicator in every region (after `make_proxies(agents=True)`)."""
+        for r in self.regions.values():
+            if not r.agent_listen:
+                raise StackError("the data plane needs the agent links: make_proxies(agents=True)")
+            r.daemons["agent"] = self.agent(r)
+            r.daemons["agent"].start()
+        for r in self.regions.values():
+            r.daemons["agent"].wait_ready(timeout_s)
+        for r in self.regions.values():
+            r.daemons["replicator"] = self.replicator(r)
+            r.daemons["replicator"].start()
+        for r in self.regions.values():
+            r.daemons["replicator"].wait_ready(timeout_s)
+
+    def restart(self, region: ChaosRegion, kind: str, timeout_s: float = 60) -> None:
+        """Start a (killed) daemon of the region again, same ports, same root, same log."""
+        daemon = region.daemons[kind]
+        daemon.kill()
+        daemon.start()
+        daemon.wait_ready(timeout_s)
+
+    def logs_of(self, kind: str) -> dict[str, list[str]]:
+        """Every region's `kind` daemon's log lines (all its restarts: the log is appended)."""
+        out: dict[str, list[str]] = {}
+        for r in self.regions.values():
+            d = r.daemons.get(kind)
+            if d is not None and d.log_path.exists():
+                out[r.name] = d.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return out
 
     def stop_all(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every daemon at once, then wait for each (SIGKILL past the timeout):

@@ -5,6 +5,8 @@ replicator then moves on (dataplane.md, *Change events*).
 The record keeps the original key and value; headers say why (`reason`, the short
 category that `meridian_dlq_total{reason}` counts, and `detail`, the sentence), who
 refused it (`region`) and where it came from (`source`: topic/partition/offset).
+`dataset` names the event's dataset (empty when the bytes do not decode), so the
+chaos suite's residency inventory can attribute every dead letter's payload.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from controlplane.adapters.kafka import DLQ_TOPIC
+from controlplane.domain.errors import MessageError
 from controlplane.ports.changelog import ChangeLogProducer, Record
+from meridian.convert import decode_change_event
 
 # The reasons counted (`meridian_dlq_total{reason}`).
 UNDECODABLE = "undecodable"
@@ -43,5 +47,13 @@ class KafkaDeadLetters:
                 ("detail", detail.encode()),
                 ("region", self._region.encode()),
                 ("source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
+                ("dataset", _dataset_of(record).encode()),
             ],
         )
+
+
+def _dataset_of(record: Record) -> str:
+    try:
+        return decode_change_event(record.value).dataset
+    except MessageError:
+        return ""

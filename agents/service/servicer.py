@@ -22,6 +22,7 @@ Every call is counted by call and code and ends with the code of its error
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Never, Protocol
@@ -201,6 +202,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             admitted = await self.admission.admit_write(
                 dataset, admitted.epoch if admitted.critical else None
             )
+            # The decision's time, beside the commit's (structlog's timestamp): the
+            # split-brain checker needs when the epoch was judged current.
+            admitted_at = time.time()
             _before_commit(context, "Put")
             version = await asyncio.to_thread(
                 self.store.commit_put,
@@ -221,6 +225,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             version=str(version.hlc),
             size=version.size,
             epoch=admitted.epoch or None,
+            admitted_at=admitted_at,
         )
         await self._after_write(
             CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id)

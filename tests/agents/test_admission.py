@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from agent_api_helpers import CRITICAL, REGION, REGIONS, STANDARD, US_ONLY, world
 from fakes.admission import MemoryOwners, StaticPolicy, compiled
+from structlog.testing import capture_logs
 
 from agents.admission import Admission
 from agents.errors import NotGovernedError, ResidencyError
@@ -167,3 +168,16 @@ async def test_a_failed_announcement_does_not_stop_a_standard_write_and_is_retri
     await admission.admit_write("corpus/new-shard", None)
     await admission.admit_write("corpus/new-shard", None)
     assert calls == 2
+
+
+def test_a_stale_epoch_refusal_is_logged_with_the_refusing_region() -> None:
+    # The chaos suite's split-brain checker reads refusals from the agent's log
+    # (chaos/records.py): each must say which region refused, at which epoch.
+    admission, _fence, _owners, _metrics = make("eu-central")
+    admission.admit_replica(CRITICAL, 9, REGION)
+    with capture_logs() as logs, pytest.raises(StaleEpochError):
+        admission.admit_replica(CRITICAL, 7, REGION)
+    refusals = [e for e in logs if e["event"] == "stale_epoch_refused"]
+    assert [(e["region"], e["dataset"], e["epoch"]) for e in refusals] == [
+        ("eu-central", CRITICAL, 7)
+    ]

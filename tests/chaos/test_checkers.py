@@ -214,6 +214,19 @@ def test_each_event_once_in_order_holds() -> None:
     assert changelog.check(events, applies, REQ).held
 
 
+def test_a_replay_after_a_crash_is_no_second_effect_and_no_disorder() -> None:
+    events = [pub("e1", "v1", 0), pub("e2", "v2", 1)]
+    applies = [
+        app("e1", "v1", 1.0),
+        app("e2", "v2", 2.0),
+        app("e1", "v1", 3.0, "superseded"),  # re-read from the committed offset
+        app("e2", "v2", 4.0, "superseded"),
+    ]
+    assert changelog.check(events, applies, REQ).held
+    applied_again = [*applies[:2], app("e1", "v1", 3.0)]
+    assert not changelog.check(events, applied_again, REQ).held
+
+
 def test_lost_duplicated_and_reordered_events_fail() -> None:
     events = [pub("e1", "v1", 0), pub("e2", "v2", 1)]
     lost = changelog.check(events, [app("e1", "v1", 1.0)], REQ)
