@@ -169,6 +169,8 @@ class TransferService:
         try:
             placement = self.admission.admit_store(header.dataset)
             if placement.dataset_class == "critical":
+                # Fence (the watched newest epoch) now, and etcd's owner record again just
+                # before the commit (below): a deposed owner's copy is never acked here.
                 self.admission.admit_replica(header.dataset, header.epoch, tally.from_region)
             elif header.epoch:
                 raise InvalidInputError(
@@ -178,8 +180,11 @@ class TransferService:
         except (RefusedError, FencedError, HandingOverError) as exc:
             await self._record(tally, "refused", version, str(exc))
             raise
+        critical = placement.dataset_class == "critical"
         try:
             if version.is_tombstone:
+                if critical:
+                    await self._admit_current(header, tally, version)
                 result = await asyncio.to_thread(
                     self.store.apply,
                     header.dataset,
@@ -191,8 +196,10 @@ class TransferService:
                 )
             else:
                 result = await self._receive_pushed(
-                    header.dataset, header.key, version, set_id, requests, tally
+                    header, version, set_id, requests, tally, critical=critical
                 )
+        except (RefusedError, FencedError, HandingOverError):
+            raise  # a fencing refusal, recorded as refused by _admit_current
         except MeridianError as exc:
             await self._record(tally, "failed", version, str(exc))
             raise
@@ -204,15 +211,29 @@ class TransferService:
             version=version_to_wire(result.newest), region=self.region
         )
 
+    async def _admit_current(
+        self, header: agent_pb2.ReplicateHeader, tally: TransferTally, version: Version
+    ) -> None:
+        """etcd's owner record, read now, must still name the pusher at its epoch."""
+        try:
+            await self.admission.admit_replica_current(
+                header.dataset, header.epoch, tally.from_region
+            )
+        except (RefusedError, FencedError, HandingOverError) as exc:
+            await self._record(tally, "refused", version, str(exc))
+            raise
+
     async def _receive_pushed(
         self,
-        dataset: str,
-        key: str,
+        header: agent_pb2.ReplicateHeader,
         version: Version,
         set_id: str | None,
         requests: AsyncIterator[agent_pb2.ReplicateRequest],
         tally: TransferTally,
+        *,
+        critical: bool,
     ) -> ApplyResult:
+        dataset, key = header.dataset, header.key
         staged = await asyncio.to_thread(
             self.store.stage,
             dataset,
@@ -226,6 +247,8 @@ class TransferService:
                     raise InvalidInputError("a Replicate sent a second header")
                 tally.wire_bytes += len(request.chunk)
                 await asyncio.to_thread(staged.write, request.chunk)
+            if critical:
+                await self._admit_current(header, tally, version)
             return await asyncio.to_thread(
                 self.store.commit_apply,
                 staged,
