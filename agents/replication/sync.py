@@ -144,15 +144,17 @@ class SyncReplication:
         fenced = next((e for e in errors.values() if isinstance(e, FencedError)), None)
         if fenced is not None:
             raise fenced
+        timed_out = time.monotonic() >= until
         why = "; ".join(
-            f"{r}: {errors[r]}" if r in errors else f"{r}: no answer within {deadline:.1f} s"
+            f"{r}: {errors[r]}"
+            if r in errors
+            else (f"{r}: no answer within {deadline:.1f} s" if timed_out else f"{r}: still pushing")
             for r in missing
         )
         raise UnavailableError(
             f"critical write {write.dataset}/{write.key} at {version.hlc} is committed in "
             f"{', '.join(held)} but not acked: ack {placement.ack or DEFAULT_ACK} needs {need} "
-            f"of {1 + len(placement.replicas)} regions and {', '.join(missing)} did not commit "
-            f"it ({why}); retry the write"
+            f"of {1 + len(placement.replicas)} regions ({why}); retry the write"
         )
 
     def _finished(self, task: asyncio.Task[str]) -> None:
