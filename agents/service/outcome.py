@@ -44,6 +44,10 @@ def _aborted(context: Context) -> grpc.StatusCode:
     return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
 
 
+def _code(exc: BaseException) -> grpc.StatusCode:
+    return code_of(exc) if isinstance(exc, MeridianError) else grpc.StatusCode.INTERNAL
+
+
 async def _refuse(call: str, context: Context, exc: BaseException) -> grpc.StatusCode:
     """Log `exc` and end the call with its code (raises grpc's AbortError)."""
     if isinstance(exc, MeridianError):
@@ -58,7 +62,7 @@ async def unary(
     call: str, context: Context, metrics: AgentMetrics, fn: Callable[[], Awaitable[T]]
 ) -> T:
     """Run a unary (or client-stream) handler body and count how it ended."""
-    code = grpc.StatusCode.OK
+    code: grpc.StatusCode | None = grpc.StatusCode.OK
     try:
         return await fn()
     except grpc.aio.AbortError:
@@ -68,18 +72,22 @@ async def unary(
         code = _ended(context)
         raise
     except Exception as exc:
-        code = code_of(exc) if isinstance(exc, MeridianError) else grpc.StatusCode.INTERNAL
+        # Counted before the status leaves: a client that reads the metric right after
+        # its refusal must find it (counting in `finally` raced the client).
+        metrics.requests.labels(call=call, code=_code(exc).name).inc()
+        code = None
         await _refuse(call, context, exc)
         raise  # pragma: no cover - _refuse always raises
     finally:
-        metrics.requests.labels(call=call, code=code.name).inc()
+        if code is not None:
+            metrics.requests.labels(call=call, code=code.name).inc()
 
 
 async def stream(
     call: str, context: Context, metrics: AgentMetrics, gen: AsyncIterator[T]
 ) -> AsyncIterator[T]:
     """Relay a server-stream handler's messages and count how the call ended."""
-    code = grpc.StatusCode.OK
+    code: grpc.StatusCode | None = grpc.StatusCode.OK
     try:
         async with contextlib.aclosing(gen):  # type: ignore[type-var]
             async for item in gen:
@@ -91,7 +99,9 @@ async def stream(
         code = _ended(context)
         raise
     except Exception as exc:  # noqa: BLE001 - every error ends the call with a code
-        code = code_of(exc) if isinstance(exc, MeridianError) else grpc.StatusCode.INTERNAL
+        metrics.requests.labels(call=call, code=_code(exc).name).inc()  # before it leaves
+        code = None
         await _refuse(call, context, exc)
     finally:
-        metrics.requests.labels(call=call, code=code.name).inc()
+        if code is not None:
+            metrics.requests.labels(call=call, code=code.name).inc()

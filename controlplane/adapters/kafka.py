@@ -276,7 +276,8 @@ async def fast_forward_group(
     )
     try:
         await consumer.start()
-        partitions = await consumer.partitions_for_topic(topic) or set()
+        await consumer.topics()  # loads the cluster's metadata
+        partitions = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         if tps:
             ends = await consumer.end_offsets(tps)

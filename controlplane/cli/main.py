@@ -51,6 +51,7 @@ class Commands(LazyGroup):
         Lazy("object", "controlplane.cli.object:app"),
         Lazy("replicator", "controlplane.cli.replicator:app"),
         Lazy("replication", "controlplane.cli.replication:app"),
+        Lazy("chaos", "controlplane.cli.chaos:app"),
     )
 
 

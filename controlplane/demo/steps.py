@@ -82,17 +82,13 @@ class Story:
         return False
 
     def put_checkpoint(self, region: str, step: int, files: list[Path]) -> tuple[bool, str]:
-        args = ["object", "put", "--dataset", CKPT, "--set", f"step-{step:04d}"]
-        done = self.world.cli(
-            *args,
-            *[str(f.relative_to(self.work)) for f in files],
-            "--agent",
-            self.agent(region),
-            cwd=self.work,
-        )
-        return done.returncode == 0, (done.stderr or done.stdout).strip().splitlines()[-1:][0] if (
-            done.stderr or done.stdout
-        ).strip() else ""
+        args = ["object", "put", "--dataset", CKPT, "--set", f"step-{step:04d}", "--output", "json"]
+        keys = [str(f.relative_to(self.work)) for f in files]
+        done = self.world.cli(*args, *keys, "--agent", self.agent(region), cwd=self.work)
+        if done.returncode != 0:
+            return False, _last_line(done.stderr or done.stdout)
+        size = sum(f.stat().st_size for f in files)
+        return True, f"{len(files)} files, {size:,} bytes, set step-{step:04d}"
 
     # -- the steps -------------------------------------------------------------------------
     def checkpoints_step(self) -> None:

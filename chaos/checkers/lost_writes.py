@@ -1,0 +1,64 @@
+"""Lost acknowledged writes (Jepsen's set-full, with last-writer-wins).
+
+Every `ok` write must be present in every region its placement requires, or be
+superseded there by a newer version (higher HLC) that some write of the run
+produced (`ok` or `info`: an `info` write may have taken effect). A region that
+holds an older version, nothing, or a newer version nobody wrote, loses it.
+
+Writes are `f == "write"` operations whose completion carries `version` (the HLC
+text, which sorts as the HLC) and whose invoke carries `digest`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from chaos.checkers.verdict import Verdict
+from chaos.history import Operation
+from chaos.records import ObjectState
+
+NAME = "lost-acked-writes"
+
+
+def check(
+    operations: Iterable[Operation],
+    final: Iterable[ObjectState],
+    required_regions: Mapping[str, Sequence[str]],
+) -> Verdict:
+    """`required_regions`: dataset -> the regions that must hold its acked writes."""
+    held: dict[tuple[str, str, str], ObjectState] = {}
+    for state in final:
+        held[(state.region, state.dataset, state.key)] = state
+    written: set[tuple[str, str, str]] = set()  # (dataset, key, version) maybe in effect
+    acked: list[Operation] = []
+    for op in operations:
+        if op.f != "write":
+            continue
+        version = op.seen("version")
+        if op.outcome in ("ok", "info") and isinstance(version, str):
+            written.add((op.invoke.dataset, op.invoke.key, version))
+        if op.outcome == "ok":
+            acked.append(op)
+    problems: list[str] = []
+    for op in acked:
+        ds, key = op.invoke.dataset, op.invoke.key
+        version = op.seen("version")
+        if not isinstance(version, str):
+            problems.append(f"{op.describe()}: acked without a version")
+            continue
+        for region in required_regions.get(ds, ()):
+            got = held.get((region, ds, key))
+            if got is None:
+                problems.append(f"{op.describe()}: absent in {region}")
+            elif got.version < version:
+                problems.append(f"{op.describe()}: {region} holds the older {got.version} instead")
+            elif got.version == version:
+                if got.digest != op.seen("digest"):
+                    problems.append(
+                        f"{op.describe()}: {region} holds {version} with digest {got.digest}"
+                    )
+            elif (ds, key, got.version) not in written:
+                problems.append(
+                    f"{op.describe()}: {region} holds {got.version}, which no write produced"
+                )
+    return Verdict.of(NAME, problems, f"{len(acked)} acked writes all present")

@@ -1,0 +1,95 @@
+"""Issue 14's open question: can etcd3aio's watch resume after a reconnect skip events?
+
+A watch through a Toxiproxy proxy of its own (one etcd member behind it) while
+writes go on directly; the link is black-holed, then reset (connections
+closed), then healed. Every change must arrive once, in revision order, with no
+gap: either the watch resumes transparently, or it ends with an error (and the
+caller re-reads); it must never skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import uuid
+
+import pytest
+
+from chaos.stack import PrivateStack
+from chaos.toxiproxy import AsyncToxiproxy
+from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.errors import MeridianError
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_watch_across_cut_and_reset_links_skips_nothing(
+    private_stack: PrivateStack,
+) -> None:
+    prefix = f"/chaos-test/{uuid.uuid4().hex[:8]}/"
+    name = f"chaos-test-watch-{uuid.uuid4().hex[:6]}"
+    listen = f"127.0.0.1:{free_port()}"
+    member = private_stack.etcd_endpoints[0]
+    seen: list[int] = []
+    ended: list[BaseException] = []
+    target = [0]  # the revision of the last write, once made
+    done = asyncio.Event()  # set when the watch saw the last write, or ended
+    async with (
+        AsyncToxiproxy(private_stack.toxiproxy_url) as toxi,
+        EtcdCoordination(private_stack.etcd_endpoints, timeout_s=5) as direct,
+    ):
+        await toxi.create_proxy(name, listen, member)
+        watcher = EtcdCoordination([listen], timeout_s=3)
+        await watcher.connect()
+        start = await direct.put(prefix + "start", b"0")
+
+        async def follow() -> None:
+            try:
+                async for ev in watcher.watch(prefix, prefix=True, start_revision=start + 1):
+                    seen.append(ev.revision)
+                    if target[0] and ev.revision >= target[0]:
+                        done.set()
+            except (MeridianError, OSError) as exc:
+                ended.append(exc)
+            done.set()
+
+        task = asyncio.create_task(follow())
+        written: list[int] = []
+        try:
+            for phase in ("before", "cut", "reset", "after"):
+                if phase == "cut":
+                    await toxi.cut(name)
+                elif phase == "reset":
+                    await toxi.clear(name)
+                    await toxi.set_enabled(name, False)  # closes every connection
+                elif phase == "after":
+                    await toxi.clear(name)
+                for i in range(5):
+                    written.append(await direct.put(f"{prefix}{phase}-{i}", b"x"))
+                    await asyncio.sleep(0.3)
+            target[0] = written[-1]
+            if seen and seen[-1] >= target[0]:
+                done.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 20)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await watcher.close()
+            await direct.delete(prefix, prefix=True)
+            await toxi.delete_proxy(name)
+    assert seen == sorted(set(seen)), f"events out of order or twice: {seen}"
+    delivered = [r for r in written if r in set(seen)]
+    assert seen == written[: len(seen)], (
+        f"the watch skipped events: wrote {written}, saw {seen} (ended: {ended})"
+    )
+    if not ended:
+        assert delivered == written, f"the watch stalled: wrote {written}, saw {seen}"
