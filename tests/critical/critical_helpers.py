@@ -3,7 +3,8 @@ in EU, us-east in US) and critical policies homed in eu-west:
 
 * `pair/*`: one replica (eu-central), `ack: quorum` = 2 of 2;
 * `tri/*`: two replicas (eu-central, eu-north), `ack: quorum` = 2 of 3;
-* `every/*`: two replicas, `ack: all` = 3 of 3.
+* `every/*`: two replicas, `ack: all` = 3 of 3;
+* `plain/*`: standard, acked after the local commit (the benchmark's baseline).
 
 Agents are real `meridian agent serve` processes (harness.agent_process), owners are
 claimed in etcd as a controller would (Ownership.claim), writes go through the raw
@@ -65,6 +66,10 @@ spec:
         + _policy("pair", "pair/*", ["eu-central"], "quorum")
         + _policy("tri", "tri/*", ["eu-central", "eu-north"], "quorum")
         + _policy("every", "every/*", ["eu-central", "eu-north"], "all")
+        + _policy("plain", "plain/*", ["eu-central"], "quorum")
+        .replace("class: critical", "class: standard")
+        .replace("rpo: 0s", "rpo: 30s")
+        .replace("  ack: quorum\n", "")
     )
 
 
