@@ -25,6 +25,14 @@ A 2-copy placement (home + 1 replica, quorum = 2) whose replica is gone refuses
 writes until the replica is back or the operator changes the policy: durability
 over availability (an ack from one copy would be lost with that copy).
 
+**Catch-up.** A replica whose push failed (down, partitioned, refusing, too slow)
+is marked behind for that dataset: it gets every new write pushed still, but its
+commits do not count toward acks until a catch-up task of its own (one per dataset
+and replica) has listed what it lacks (its agent's listing against this store's,
+by HLC and digest, tombstones included) and pushed it in HLC order, retrying with
+a bounded backoff while the replica is away. The mark is in memory: an owner that
+restarts does not know who was behind (see the report of issue 13).
+
 The bytes are pushed whole (chunks of the local copy): no delta against what the
 replica holds yet (see the report of issue 13).
 """
@@ -46,7 +54,7 @@ from controlplane.domain.placement import DEFAULT_ACK, Placement
 from controlplane.domain.version import Version
 from controlplane.errors import FencedError, MeridianError, RefusedError, UnavailableError
 from controlplane.logs import get_logger
-from meridian.convert import version_to_wire
+from meridian.convert import version_from_wire, version_to_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 log = get_logger("meridian.agent.replication")
@@ -85,6 +93,14 @@ class SyncReplication:
         self.min_rate_bps = min_rate_bps
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._background: set[asyncio.Task[str]] = set()
+        # (dataset, replica) -> its catch-up task, while that replica is behind.
+        self._behind: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.retry_initial_s = 0.2
+        self.retry_max_s = 5.0
+
+    def behind(self, dataset: str) -> list[str]:
+        """The replicas of `dataset` catching up (not counted toward acks)."""
+        return sorted(r for (ds, r) in self._behind if ds == dataset)
 
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
         placement = write.admitted.placement
@@ -118,7 +134,9 @@ class SyncReplication:
             for task in done:
                 region = tasks[task]
                 exc = task.exception()
-                if exc is None:
+                if exc is None and (write.dataset, region) in self._behind:
+                    pass  # committed, but it may lack earlier versions: not counted yet
+                elif exc is None:
                     held.append(region)
                 elif isinstance(exc, MeridianError):
                     errors[region] = exc
@@ -128,6 +146,11 @@ class SyncReplication:
             # Still pushing: goes on to its own deadline; reached or not, never awaited.
             self._background.add(task)
             task.add_done_callback(self._finished)
+        for region, exc in errors.items():
+            if not isinstance(exc, FencedError):
+                self._mark_behind(write, region)
+        for task in pending:
+            self._mark_behind(write, tasks[task])  # it may time out: caught up to be sure
         if len(held) >= need:
             return tuple(held)
         missing = [r for r in placement.replicas if r not in held]
@@ -157,6 +180,100 @@ class SyncReplication:
             f"of {1 + len(placement.replicas)} regions ({why}); retry the write"
         )
 
+    def _mark_behind(self, write: CommittedWrite, region: str) -> None:
+        key = (write.dataset, region)
+        if key in self._behind:
+            return
+        log.warning("replica_behind", dataset=write.dataset, region=region)
+        self._behind[key] = asyncio.create_task(
+            self._catch_up(write, region), name=f"catch-up {write.dataset} {region}"
+        )
+
+    async def _catch_up(self, write: CommittedWrite, region: str) -> None:
+        """Push what `region` lacks of the dataset, oldest first, until it lacks nothing
+        (then its commits count toward acks again); stops when this owner is fenced."""
+        delay = self.retry_initial_s
+        try:
+            while True:
+                try:
+                    pushed = await self._catch_up_once(write, region)
+                except FencedError as exc:
+                    log.warning(
+                        "catch_up_fenced", dataset=write.dataset, region=region, error=str(exc)
+                    )
+                    return
+                except MeridianError as exc:
+                    log.info(
+                        "catch_up_retry",
+                        dataset=write.dataset,
+                        region=region,
+                        error=str(exc),
+                        retry_in_s=delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(self.retry_max_s, delay * 2)
+                    continue
+                log.info("replica_caught_up", dataset=write.dataset, region=region, pushed=pushed)
+                return
+        finally:
+            self._behind.pop((write.dataset, region), None)
+
+    async def _catch_up_once(self, write: CommittedWrite, region: str) -> int:
+        """One pass; the number of versions pushed. Raises when one cannot be."""
+        address = await self.peers.address(region)
+        theirs = await self._listing(address, write.dataset)
+        ours = await asyncio.to_thread(self._local, write.dataset)
+        wanted = sorted(
+            (v for v in ours if _lacks(theirs.get(v[0]), v[1])), key=lambda kv: kv[1].hlc
+        )
+        for key, version, set_id in wanted:
+            entry = CommittedWrite(
+                write.admitted, write.dataset, key=key, version=version, set_id=set_id
+            )
+            await self._push(
+                region, entry, version, self.timeout_s + version.size / self.min_rate_bps
+            )
+        return len(wanted)
+
+    def _local(self, dataset: str) -> list[tuple[str, Version, str | None]]:
+        out: list[tuple[str, Version, str | None]] = []
+        cursor: str | None = None
+        for _page in range(1_000_000):  # bounded: a cursor that never ends is a bug
+            page = self.store.list_objects(dataset, cursor=cursor, include_deleted=True)
+            out += [(s.key, s.version, s.set_id) for s in page.items]
+            cursor = page.cursor
+            if cursor is None:
+                break
+        return out
+
+    async def _listing(self, address: str, dataset: str) -> dict[str, Version]:
+        stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        held: dict[str, Version] = {}
+        token = ""
+        for _page in range(1_000_000):
+            try:
+                page = await stub.List(
+                    agent_pb2.ListRequest(
+                        dataset=dataset, page_token=token, include_deleted=True, page_size=1000
+                    ),
+                    timeout=self.timeout_s,
+                )
+            except grpc.aio.AioRpcError as err:
+                raise from_rpc_error(err, address) from err
+            for info in page.objects:
+                held[info.key] = version_from_wire(info.version, "ListResponse.objects.version")
+            token = page.next_page_token
+            if not token:
+                break
+        return held
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
     def _finished(self, task: asyncio.Task[str]) -> None:
         self._background.discard(task)
         if task.cancelled():
@@ -169,11 +286,7 @@ class SyncReplication:
         self, region: str, write: CommittedWrite, version: Version, deadline_s: float
     ) -> str:
         address = await self.peers.address(region)
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-            self._channels[address] = channel
-        stub = agent_pb2_grpc.AgentStub(channel)
+        stub = agent_pb2_grpc.AgentStub(self._channel(address))
         header = agent_pb2.ReplicateHeader(
             dataset=write.dataset,
             key=write.key or "",
@@ -206,12 +319,21 @@ class SyncReplication:
             reader.close()
 
     async def close(self) -> None:
-        """Cancel pushes still running and close the channels."""
-        for task in list(self._background):
+        """Cancel pushes and catch-ups still running and close the channels."""
+        tasks: list[asyncio.Task[object]] = [*self._background, *self._behind.values()]
+        for task in tasks:
             task.cancel()
-        for task in list(self._background):
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _lacks(held: Version | None, version: Version) -> bool:
+    """Whether a replica whose newest is `held` lacks `version` (older, or the same HLC
+    with other bytes)."""
+    if held is None:
+        return True
+    return held.hlc < version.hlc or (held.hlc == version.hlc and held.digest != version.digest)

@@ -5,6 +5,7 @@ refuse copies at an epoch etcd no longer gives (a paused former owner included).
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import grpc
@@ -73,9 +74,29 @@ async def test_a_replica_down_fails_a_two_of_two_quorum_not_a_two_of_three(
         # The owner's copy stays (unacked); nothing reached the replica that was up.
         assert await stat(west.address, dataset, "k") is not None
 
-    eu_agents["eu-central"].start()  # back: writes are acked again
-    again = await put(west.address, "pair/b", "k", b"needs eu-central")
+    eu_agents["eu-central"].start()
+    # Back: once caught up (the owner pushes what it missed) it counts again; until
+    # then a write is refused as retriable, and a client retries (bounded here).
+    again = await put_until_acked(west.address, "pair/b", "k", b"after the return")
     assert list(again.regions) == ["eu-west", "eu-central"]
+    # every/b was not written since: its catch-up alone brings the missed version.
+    unacked = await stat(west.address, "every/b", "k")
+    assert unacked is not None
+    central = eu_agents["eu-central"].address
+    assert await wait_stat_digest(central, "every/b", "k", unacked.version.digest, 30)
+
+
+async def put_until_acked(
+    address: str, dataset: str, key: str, data: bytes
+) -> agent_pb2.PutResponse:
+    for _ in range(60):  # bounded: 60 tries, 0.25 s apart
+        try:
+            return await put(address, dataset, key, data)
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"{dataset}/{key} was never acked")
 
 
 async def replicate(
