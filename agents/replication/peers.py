@@ -16,6 +16,10 @@ from controlplane.ports.coordination import Coordination
 Route = Callable[[str, str], str]
 
 
+class NoAgentError(UnavailableError):
+    """No agent of the region is registered (retriable: one may register)."""
+
+
 class Peers(Protocol):
     """The address of an agent of `region` to push to; `UnavailableError` when none is
     registered (or etcd cannot say)."""
@@ -46,7 +50,7 @@ class EtcdPeers:
             endpoint = _endpoint(kv.value)
             if endpoint is not None:
                 return self._route(region, endpoint)
-        raise UnavailableError(f"region {region} has no agent registered in etcd")
+        raise NoAgentError(f"region {region} has no agent registered in etcd")
 
 
 def _endpoint(value: bytes) -> str | None:

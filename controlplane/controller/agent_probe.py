@@ -12,7 +12,9 @@ probe (`fallback`) still reports, so that neither source is dropped.
 `incomplete_versions` is synchronous (the runbooks call it on a thread): each call
 runs its own short event loop with its own etcd connection and channels. When etcd
 or an agent cannot answer it reports the dataset as not caught up (a sentinel
-entry naming why): the wait goes on rather than moving on a guess.
+entry naming why): the wait goes on rather than moving on a guess. When the owner
+region has no agent registered at all (no data plane there: a control-plane-only
+deployment, the controllers' own tests) only the catalog decides.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import asyncio
 from collections.abc import Callable
 
 from agents.client import AgentClient, ObjectInfo
-from agents.replication.peers import EtcdPeers
+from agents.replication.peers import EtcdPeers, NoAgentError
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.catalog_glue.sources import CatchUpProbe
 from controlplane.coordination.protocols.ownership import Ownership
@@ -67,7 +69,13 @@ class AgentCatchUpProbe:
             if owner is None or owner.region == region:
                 return []
             peers = EtcdPeers(coord, self._route)
-            source = await _listing(await peers.address(owner.region), dataset)
+            try:
+                owner_agent = await peers.address(owner.region)
+            except NoAgentError:
+                # No data plane in the owner region (a control-plane-only deployment):
+                # nothing to compare, the catalog decides.
+                return []
+            source = await _listing(owner_agent, dataset)
             target = await _listing(await peers.address(region), dataset)
         finally:
             await coord.close()
