@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+# prometheus: promtool checks deploy/prometheus/ and the demo runs the server.
 for pkg in etcd-server postgresql libxxhash-dev libzstd-dev rdiff xdelta3 zstd rsync \
-           clang libclang-rt-14-dev make gcc; do
+           clang libclang-rt-14-dev make gcc prometheus; do
   have_pkg "$pkg" || need+=("$pkg")
 done
 command -v java >/dev/null || need+=(openjdk-17-jdk-headless)

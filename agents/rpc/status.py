@@ -23,6 +23,7 @@ from agents.store.errors import (
     TooLargeError,
 )
 from controlplane.coordination.protocols.fencing import DatasetHandingOverError, StaleEpochError
+from controlplane.domain.errors import ClockSkewError
 from controlplane.errors import (
     ConfigError,
     ConflictError,
@@ -60,6 +61,7 @@ _BY_NAME: dict[str, type[MeridianError]] = {
     cls.__name__: cls
     for cls in (
         ResidencyError,
+        ClockSkewError,
         NotGovernedError,
         NotOwnerError,
         DigestMismatchError,
@@ -130,9 +132,21 @@ def from_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError, peer: str = "") ->
             name = value if isinstance(value, str) else bytes(value or b"").decode()
     cls = _BY_NAME.get(name)
     if cls is not None:
-        return cls(details or f"the agent at {peer or 'the peer'} refused the call")
+        return _rebuilt(cls, details or f"the agent at {peer or 'the peer'} refused the call")
     where = f"the agent at {peer}" if peer else "the agent"
     fallback = _BY_CODE.get(code)
     if fallback is None or code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return UnavailableError(f"{where} failed the call ({code.name}): {details or 'no detail'}")
     return fallback(details or f"{where} answered {code.name}")
+
+
+def _rebuilt(cls: type[MeridianError], message: str) -> MeridianError:
+    """An instance of `cls` with `message`, also for a class whose constructor wants more
+    than the message (its extra fields are the server's business: a client acts on the
+    class, `retriable` and the sentence)."""
+    try:
+        return cls(message)
+    except TypeError:
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        return exc

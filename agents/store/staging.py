@@ -109,10 +109,21 @@ class StagedWrite:
         """fsync what was written so far and return its length: a resumable transfer
         records that length, and a later attempt continues from it (`_continue`)."""
         with self._lock:
-            # A duplicate descriptor, so the fsync runs outside the lock: writes go on
-            # meanwhile (the fsync covers every byte written before `size` was read).
-            fd = os.dup(self._require_open())
+            fd = self._require_open()
             size = self.size
+            try:
+                # Zero chunks are left as holes (seeked over, not written), so a file
+                # cut inside a run of zeros is shorter than `size`: extend it, or a
+                # resume would take up fewer bytes than the sender was told to skip.
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+                # A duplicate descriptor, so the fsync runs outside the lock: writes go
+                # on meanwhile (the fsync covers every byte written before `size` was read).
+                fd = os.dup(fd)
+            except OSError as err:
+                raise StorageError(
+                    f"could not checkpoint the partial {self.dataset}/{self.key}: {err.strerror}"
+                ) from err
         try:
             files.fsync_file(fd)
         except OSError as err:

@@ -294,7 +294,10 @@ async def pull(
         outcome = "completed"
         return PullResult(result, tally)
     except ResidencyError:
-        raise  # the sender refused, and recorded it
+        # The sender refused (and recorded it): no byte of a copy this region may not
+        # hold stays here, not even a partial one kept for a resume.
+        await asyncio.to_thread(book.drop, dataset, key, hlc)
+        raise
     except MeridianError as exc:
         if not exc.retriable:
             # Damaged or refused, not cut: what this attempt kept must not be resumed.

@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -37,6 +38,7 @@ from agents.transfer.records import Outcome, TransferTally, new_transfer_id
 from agents.transfer.resume import CHECKPOINT_BYTES, ResumeBook
 from agents.transfer.sender import SyncSender, _file
 from agents.transfer.sources import order_sources
+from controlplane.domain.placement import Placement
 from controlplane.domain.version import Verdict, Version, lww
 from controlplane.errors import (
     FencedError,
@@ -89,7 +91,8 @@ class TransferService:
             store, admission, region, metrics, self.limiter, self.policy, threads=threads
         )
         self.bundler = BundleSender(store, admission, region, metrics, self.limiter, self.policy)
-        self._pulling: dict[tuple[str, str, str], asyncio.Lock] = {}
+        # One pull per version at a time; an entry lives while someone holds or awaits it.
+        self._pulling: dict[tuple[str, str, str], _Pulling] = {}
 
     # -- Signature ---------------------------------------------------------------------
 
@@ -166,7 +169,8 @@ class TransferService:
             policy_revision=header.policy_revision or None,
         )
         set_id = header.set if header.HasField("set") else None
-        try:
+
+        def admit() -> Placement:
             placement = self.admission.admit_store(header.dataset)
             if placement.dataset_class == "critical":
                 # Fence (the watched newest epoch) now, and etcd's owner record again just
@@ -177,6 +181,10 @@ class TransferService:
                     f"ReplicateHeader.epoch: {header.dataset} is a standard dataset, which "
                     f"takes epoch 0, not {header.epoch}"
                 )
+            return placement
+
+        try:
+            placement = admit()
         except (RefusedError, FencedError, HandingOverError) as exc:
             await self._record(tally, "refused", version, str(exc))
             raise
@@ -184,7 +192,7 @@ class TransferService:
         try:
             if version.is_tombstone:
                 if critical:
-                    await self._admit_current(header, tally, version)
+                    await self._admit_current(header, tally.from_region)
                 result = await asyncio.to_thread(
                     self.store.apply,
                     header.dataset,
@@ -196,10 +204,11 @@ class TransferService:
                 )
             else:
                 result = await self._receive_pushed(
-                    header, version, set_id, requests, tally, critical=critical
+                    header, version, set_id, requests, tally, admit, critical=critical
                 )
-        except (RefusedError, FencedError, HandingOverError):
-            raise  # a fencing refusal, recorded as refused by _admit_current
+        except (RefusedError, FencedError, HandingOverError) as exc:
+            await self._record(tally, "refused", version, str(exc))
+            raise
         except MeridianError as exc:
             await self._record(tally, "failed", version, str(exc))
             raise
@@ -211,17 +220,10 @@ class TransferService:
             version=version_to_wire(result.newest), region=self.region
         )
 
-    async def _admit_current(
-        self, header: agent_pb2.ReplicateHeader, tally: TransferTally, version: Version
-    ) -> None:
-        """etcd's owner record, read now, must still name the pusher at its epoch."""
-        try:
-            await self.admission.admit_replica_current(
-                header.dataset, header.epoch, tally.from_region
-            )
-        except (RefusedError, FencedError, HandingOverError) as exc:
-            await self._record(tally, "refused", version, str(exc))
-            raise
+    async def _admit_current(self, header: agent_pb2.ReplicateHeader, origin: str) -> None:
+        """etcd's owner record, read now, must still name the pusher (`origin`) at its
+        epoch (a refusal is recorded by the caller)."""
+        await self.admission.admit_replica_current(header.dataset, header.epoch, origin)
 
     async def _receive_pushed(
         self,
@@ -230,6 +232,7 @@ class TransferService:
         set_id: str | None,
         requests: AsyncIterator[agent_pb2.ReplicateRequest],
         tally: TransferTally,
+        admit: Callable[[], object],
         *,
         critical: bool,
     ) -> ApplyResult:
@@ -247,8 +250,12 @@ class TransferService:
                     raise InvalidInputError("a Replicate sent a second header")
                 tally.wire_bytes += len(request.chunk)
                 await asyncio.to_thread(staged.write, request.chunk)
+            # Admitted again at the commit: a failover (a newer epoch) or a narrowed
+            # residency during a long stream refuses what the header let in; for a
+            # critical dataset etcd's owner record is read again too.
+            admit()
             if critical:
-                await self._admit_current(header, tally, version)
+                await self._admit_current(header, tally.from_region)
             return await asyncio.to_thread(
                 self.store.commit_apply,
                 staged,
@@ -258,6 +265,22 @@ class TransferService:
             )
         finally:
             staged.abort()  # after a commit this removes nothing
+
+    @contextlib.asynccontextmanager
+    async def _one_pull(self, name: tuple[str, str, str]) -> AsyncIterator[None]:
+        """Serialise pulls of one version (a second waits, then finds it held); the entry
+        goes once nobody holds or awaits it, so the map does not grow with every fetch."""
+        entry = self._pulling.get(name)
+        if entry is None:
+            entry = self._pulling[name] = _Pulling()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                self._pulling.pop(name, None)
 
     # -- Fetch (this agent pulls) ------------------------------------------------------
 
@@ -288,11 +311,15 @@ class TransferService:
             self.admission.admit_store(dataset)
         except RefusedError as exc:
             tally.method = "refused"
+            # A partial copy an earlier attempt kept goes too (a narrowed residency).
+            await asyncio.to_thread(self.book.drop, dataset, key, version.hlc.text)
             await self._record(tally, "refused", version, str(exc))
             raise
         held = await asyncio.to_thread(self.store.head, dataset, key)
         verdict = lww(version, held)
         if not verdict.applies and not await asyncio.to_thread(self._lost, dataset, key, version):
+            # Superseded: a partial of this version will never be resumed.
+            await asyncio.to_thread(self.book.drop, dataset, key, version.hlc.text)
             return agent_pb2.FetchResponse(
                 outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
             )
@@ -313,8 +340,7 @@ class TransferService:
             )
         if not sources:
             raise InvalidInputError("FetchRequest.sources: a put needs at least one source")
-        lock = self._pulling.setdefault((dataset, key, version.hlc.text), asyncio.Lock())
-        async with lock:
+        async with self._one_pull((dataset, key, version.hlc.text)):
             errors: list[str] = []
             for source in order_sources(self.region, sources, self.policy):
                 try:
@@ -464,3 +490,9 @@ class TransferService:
                 tally.record(outcome, self.policy, reason),
             )
         tally.count(self.metrics, outcome)
+
+
+@dataclass
+class _Pulling:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0

@@ -243,37 +243,39 @@ async def _ls(
     async with client:
         health = await client.health()
         objects = await client.list(dataset, prefix=prefix)
-    holders = await asyncio.to_thread(
+    holders, problem = await asyncio.to_thread(
         _holders, catalog_url, dataset, [(o.key, str(o.version.hlc)) for o in objects]
     )
-    if holders is None:
+    if problem is not None and objects:
         _note(
-            f"note: the catalog is not reachable; regions show only this agent's region "
-            f"({health.region})"
+            f"note: the catalog cannot be read ({problem}); regions show only this agent's "
+            f"region ({health.region})"
         )
     rows = []
     for o in objects:
-        regions = {health.region} | set((holders or {}).get(o.key, []))
+        regions = {health.region} | set(holders.get(o.key, []))
         rows.append(_row(dataset, o.key, o.version, sorted(regions)))
     return rows
 
 
 def _holders(
     url: str, dataset: str, versions: list[tuple[str, str]]
-) -> dict[str, list[str]] | None:
-    """Key → regions holding that version, from the catalog's replica rows; None when
-    the catalog cannot be read."""
+) -> tuple[dict[str, list[str]], str | None]:
+    """Key → regions holding that version, from the catalog's replica rows, and why the
+    catalog could not be read (None when it could)."""
     from controlplane.catalog.api import open_catalog
     from controlplane.errors import MeridianError
 
+    if not versions:
+        return {}, None
     try:
         catalog = open_catalog(url)
-    except MeridianError:
-        return None
+    except MeridianError as exc:
+        return {}, str(exc).rstrip(".")
     try:
-        return {key: catalog.holders(dataset, key, hlc) for key, hlc in versions}
-    except MeridianError:
-        return None
+        return {key: catalog.holders(dataset, key, hlc) for key, hlc in versions}, None
+    except MeridianError as exc:
+        return {}, str(exc).rstrip(".")
     finally:
         catalog.close()
 

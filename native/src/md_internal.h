@@ -235,6 +235,17 @@ size_t md_rans_bound(size_t n); /* the dst capacity md_rans_encode needs */
 size_t md_rans_encode(const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap);
 /* Decodes exactly n bytes from all len bytes of src; -1 on any malformed input. */
 int md_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n);
+/* Byte counts of n symbols scaled to frequencies summing to 4096, each present symbol >= 1. */
+void md_rans_normalize(const uint32_t count[256], size_t n, uint32_t freq[256]);
+
+/* ---- sixteen-state rANS with 16-bit words (md_rans16.c), plane codec 3: what the
+ * encoder writes since engine 2.1 ---- */
+#define MD_PLANE_RANS16 3u
+/* Codes src into dst (cap bytes); returns the coded size, or 0 when it does not fit
+ * in cap (pass the raw size: a plane coded larger than raw is stored raw anyway). */
+size_t md_rans16_encode(const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap);
+/* Decodes exactly n bytes from all len bytes of src; -1 on any malformed input. */
+int md_rans16_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n);
 
 /* ---- safetensors (md_safetensors.c) ---- */
 typedef struct md_tensor {

@@ -328,7 +328,8 @@ static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, con
             size_t z = ZSTD_decompressDCtx(dctx, dst, plane, sp + 1, s - 1);
             ok = !ZSTD_isError(z) && z == plane;
         } else {
-            ok = codec == MD_PLANE_RANS && md_rans_decode(sp + 1, s - 1, dst, plane) == 0;
+            ok = (codec == MD_PLANE_RANS16 && md_rans16_decode(sp + 1, s - 1, dst, plane) == 0) ||
+                 (codec == MD_PLANE_RANS && md_rans_decode(sp + 1, s - 1, dst, plane) == 0);
         }
         if (!ok) return corrupt(err, "a numeric plane does not decode");
         sp += s;

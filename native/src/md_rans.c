@@ -22,7 +22,7 @@
 #define WAYS 4u
 
 /* Counts scaled to sum to SCALE, every present symbol at least 1. */
-static void normalize(const uint32_t count[256], size_t n, uint32_t freq[256]) {
+void md_rans_normalize(const uint32_t count[256], size_t n, uint32_t freq[256]) {
     uint32_t total = 0;
     int biggest = 0;
     for (int s = 0; s < 256; s++) {
@@ -87,7 +87,7 @@ size_t md_rans_encode(const uint8_t *src, size_t n, const uint32_t count[256], u
     uint32_t freq[256];
     enc_sym sym[256];
     if (!n || cap < md_rans_bound(n)) return 0;
-    normalize(count, n, freq);
+    md_rans_normalize(count, n, freq);
     uint32_t acc = 0;
     size_t hdr = 0;
     for (int s = 0; s < 256; s++) {

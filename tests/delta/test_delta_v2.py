@@ -188,6 +188,35 @@ def test_version_1_delta_still_patches(tmp_path: Path) -> None:
         native.patch(tmp_path / "other", DATA / "v1.delta", tmp_path / "out2")
 
 
+def _plane_codecs(delta: bytes) -> set[int]:
+    """The codec byte of every plane of every numeric frame (FORMAT.md layout)."""
+    codecs, at = set(), 64
+    while at < len(delta):
+        kind, param = delta[at], delta[at + 2]
+        cmd, _, stored = struct.unpack_from("<III", delta, at + 4)
+        if kind == 3:
+            plane_at = at + 40 + cmd
+            for k in range(1 << (param & 3)):
+                codecs.add(delta[plane_at])
+                plane_at += struct.unpack_from("<I", delta, at + 48 + 4 * k)[0]
+        at += 40 + cmd + stored + 8
+    return codecs
+
+
+def test_four_state_rans_delta_still_patches(tmp_path: Path) -> None:
+    """A numeric delta of engine 2.0 (committed bytes: planes in the four-state rANS,
+    codec 2, zstd and raw) patches as before; today's engine writes codec 3 instead."""
+    delta = (DATA / "v2rans.delta").read_bytes()
+    assert _plane_codecs(delta) == {0, 1, 2}
+    native.patch(DATA / "v2rans.old", DATA / "v2rans.delta", tmp_path / "out")
+    assert (tmp_path / "out").read_bytes() == (DATA / "v2rans.new").read_bytes()
+    native.delta_basis(DATA / "v2rans.old", DATA / "v2rans.new", tmp_path / "now.delta")
+    assert 3 in _plane_codecs((tmp_path / "now.delta").read_bytes())
+    assert 2 not in _plane_codecs((tmp_path / "now.delta").read_bytes())
+    native.patch(DATA / "v2rans.old", tmp_path / "now.delta", tmp_path / "out2")
+    assert (tmp_path / "out2").read_bytes() == (DATA / "v2rans.new").read_bytes()
+
+
 # ---------------------------------------------------------------- streaming patch
 
 

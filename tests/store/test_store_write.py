@@ -334,3 +334,25 @@ def test_zero_regions_are_stored_as_holes(store: ObjectStore) -> None:
     assert store.read_bytes("ds", "sparse.img") == data
     with store.open("ds", "sparse.img") as reader:
         assert sum(len(c) for c in reader) == len(data)
+
+
+def test_a_resumable_write_cut_inside_a_run_of_zeros_resumes_whole(store: ObjectStore) -> None:
+    """A checkpoint taken while the file ends in a hole (zero chunks are seeked over)
+    must make the file as long as the offset it reports, or the resume takes up fewer
+    bytes than the sender skips and the result comes out short (found by review)."""
+    data = os.urandom(MiB) + bytes(MiB) + os.urandom(MiB)
+    path = store.root / "transfers" / "cut.part"
+    path.parent.mkdir(exist_ok=True)
+    first = store.stage_resumable("ds", "img", path, offset=0, expected_size=len(data))
+    first.write(data[:MiB])
+    first.write(data[MiB : 2 * MiB])  # a whole chunk of zeros: left as a hole
+    offset = first.checkpoint()
+    first.detach()
+    assert offset == 2 * MiB
+    assert path.stat().st_size == offset
+    again = store.stage_resumable(
+        "ds", "img", path, offset=offset, expected_size=len(data), expected_digest=Digest.of(data)
+    )
+    again.write(data[offset:])
+    version = store.commit_put(again)
+    assert store.read_bytes("ds", "img", version.hlc) == data

@@ -4,6 +4,11 @@ epoch on Replicate (FAILED_PRECONDITION), standard Replicate and tombstones."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
 import grpc
 import pytest
 from agents_inproc import REGIONS, AgentFactory
@@ -11,6 +16,7 @@ from xfer_helpers import content, fetch, rewrite, transfers
 from xfer_relay import Relay
 
 from agents.transfer.pull import CHANNEL_OPTIONS
+from agents.transfer.resume import ResumeState
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
 from controlplane.errors import NotFoundError
@@ -34,6 +40,24 @@ async def test_receiver_outside_the_residency_refuses_and_records(agents: AgentF
     assert transfers(west.store) == []  # nothing was asked of the sender
     refused = east.metrics.residency_refused.labels(dataset="ckpt", direction="receive")
     assert refused._value.get() == 1
+
+
+async def test_a_refused_fetch_removes_what_an_earlier_attempt_kept(agents: AgentFactory) -> None:
+    """A partial copy kept for a resume goes when the copy is refused (a residency that
+    was narrowed since), not after a day and a restart (review)."""
+    west = await agents("eu-west")
+    east = await agents("us-east")
+    version = west.store.put("ckpt", "b", [b"eu only"])
+    hlc = version.hlc.text
+    east.service.book.save(ResumeState("t1", "ckpt", "b", hlc, "raw", "", 4, 4, time.time()))
+    east.service.book.partial_path("ckpt", "b", hlc).write_bytes(b"eu o")
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await fetch(east.address, "ckpt", "b", version, [("eu-west", west.address)])
+
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert east.service.book.load("ckpt", "b", hlc) is None
+    assert not east.service.book.partial_path("ckpt", "b", hlc).exists()
 
 
 async def test_sender_refuses_a_region_outside_the_residency(agents: AgentFactory) -> None:
@@ -148,3 +172,56 @@ async def test_replicate_standard_with_epoch_zero_applies_by_lww(agents: AgentFa
     with pytest.raises(NotFoundError):
         central.store.read_bytes("ckpt", "k")
     assert [r["outcome"] for r in transfers(central.store)] == ["completed", "skipped", "completed"]
+
+
+async def test_replicate_is_fenced_again_at_its_commit(agents: AgentFactory) -> None:
+    """A failover (a newer epoch seen by the fence) while a push streams refuses the push
+    at its commit: the header's admission alone let a stale owner's copy in (review)."""
+    central = await agents("eu-central")
+    data = bytes(range(256)) * 8192  # 2 MiB: two chunks
+    version = put_version(1_764_579_123_456, data)
+    first_sent, failover_seen = asyncio.Event(), asyncio.Event()
+
+    async def frames() -> object:
+        yield agent_pb2.ReplicateRequest(
+            header=agent_pb2.ReplicateHeader(
+                dataset="crit",
+                key="big",
+                version=version_to_wire(version),
+                epoch=5,
+                origin_region="eu-west",
+            )
+        )
+        yield agent_pb2.ReplicateRequest(chunk=data[: 1 << 20])
+        first_sent.set()
+        await failover_seen.wait()
+        yield agent_pb2.ReplicateRequest(chunk=data[1 << 20 :])
+
+    async with grpc.aio.insecure_channel(central.address, options=CHANNEL_OPTIONS) as channel:
+        call = agent_pb2_grpc.AgentStub(channel).Replicate(frames(), timeout=30)
+        await asyncio.wait_for(first_sent.wait(), 10)
+        # The header was admitted once the first chunk is on the receiver's disk.
+        assert await _until(lambda: _staged_bytes(central.store.root) >= 1 << 20, 10)
+        central.fence.observe("crit", 6)  # the new owner's epoch, learnt mid-stream
+        failover_seen.set()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(NotFoundError):
+        central.store.read_bytes("crit", "big")
+    assert transfers(central.store)[-1]["outcome"] == "refused"
+
+
+def _staged_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "tmp").glob("*") if p.is_file())
+
+
+async def _until(pred: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    for _ in range(int(timeout_s / 0.01) + 1):
+        if pred():
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return False

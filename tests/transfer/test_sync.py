@@ -4,6 +4,7 @@ engine's delta, a transfer record committed with the version."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -160,3 +161,23 @@ async def test_a_version_whose_bytes_were_lost_is_restored_by_fetch(agents: Agen
 
     assert got.outcome == agent_pb2.APPLY_OUTCOME_SAME
     assert central.store.read_bytes("ckpt", "a") == data
+
+
+async def test_concurrent_fetches_of_one_version_pull_it_once_and_leave_no_entry(
+    agents: AgentFactory,
+) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    data = content(SIZE)
+    version = west.store.put("ckpt", "twice.bin", [data])
+    source = [("eu-west", west.address)]
+
+    got = await asyncio.gather(
+        *(fetch(central.address, "ckpt", "twice.bin", version, source) for _ in range(3))
+    )
+
+    outcomes = sorted(g.outcome for g in got)
+    # One pulled it; the others waited for it, then found it held.
+    assert outcomes.count(agent_pb2.APPLY_OUTCOME_APPLIED) == 1
+    assert central.store.read_bytes("ckpt", "twice.bin") == data
+    assert central.service._pulling == {}

@@ -9,6 +9,7 @@ from agents.errors import ResidencyError
 from agents.rpc.status import abort, code_of, from_rpc_error
 from agents.store.errors import DigestMismatchError, MissingContentError, TooLargeError
 from controlplane.coordination.protocols.fencing import StaleEpochError
+from controlplane.domain.errors import ClockSkewError
 from controlplane.errors import (
     HandingOverError,
     InvalidInputError,
@@ -26,6 +27,11 @@ CASES: list[tuple[MeridianError, grpc.StatusCode]] = [
     (DigestMismatchError("digest differs"), grpc.StatusCode.DATA_LOSS),
     (TooLargeError("over 1 MiB"), grpc.StatusCode.RESOURCE_EXHAUSTED),
     (MissingContentError("bytes lost"), grpc.StatusCode.UNAVAILABLE),
+    # Not a stale epoch, though it shares the code: the replicator dead-letters it as skew.
+    (
+        ClockSkewError("2 s ahead of this clock", ahead_ms=2000, max_skew_ms=1000),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ),
 ]
 
 
