@@ -57,6 +57,9 @@ Direction = Literal["receive", "send"]
 # `announce(dataset)`: record in etcd that a dataset the publish did not list exists
 # (the daemon binds controlplane.coordination.protocols.datasets.announce to it).
 Announcer = Callable[[str], Awaitable[object]]
+# `fresh_owner(dataset)`: the owner record read from etcd now, not reused (the daemon
+# binds `EtcdOwners.read`); a replica decides on it before acking a pushed copy.
+FreshOwner = Callable[[str], Awaitable["OwnerRecord | None"]]
 _PLACED_MAX = 65_536
 
 
@@ -118,6 +121,7 @@ class Admission:
         metrics: AgentMetrics,
         *,
         announce: Announcer | None = None,
+        fresh_owner: FreshOwner | None = None,
     ) -> None:
         self.region = region
         self._view = view
@@ -125,6 +129,7 @@ class Admission:
         self._owners = owners
         self._metrics = metrics
         self._announce = announce
+        self._fresh_owner = fresh_owner
         self._announced: set[str] = set()
         # Placing a dataset the publish did not list runs the planner: kept per snapshot.
         self._placed_in: CompiledPolicy | None = None
@@ -294,6 +299,37 @@ class Admission:
                 f"owner at that epoch is {known.region}; refused"
             )
         self._fenced(dataset, epoch)
+        return placement
+
+    async def admit_replica_current(
+        self, dataset: str, epoch: int, origin_region: str
+    ) -> Placement:
+        """`admit_replica`, then, for a critical dataset, the owner record read from etcd
+        now (`fresh_owner`; the bounded-age `owners` without one): the copy is refused
+        unless `origin_region` owns the dataset at exactly `epoch` with no handover
+        marked. Called just before a replica commits a pushed copy, so a former owner
+        whose own reads lag (paused, partitioned, its read reused) cannot get a copy
+        acked once etcd names another owner: the watch feeding the fence may lag, etcd
+        does not."""
+        placement = self.admit_replica(dataset, epoch, origin_region)
+        if placement.dataset_class != "critical":
+            return placement
+        read = self._fresh_owner or self._owners.owner
+        owner = await read(dataset)
+        if owner is None:
+            raise NotGovernedError(
+                f"a copy of critical dataset {dataset} at epoch {epoch} came from "
+                f"{origin_region}, but etcd holds no owner for it; refused"
+            )
+        self._fence.observe(dataset, owner.epoch, handing_over=owner.handing_over)
+        if owner.epoch > epoch:
+            self._refused_stale(dataset, epoch, owner.epoch)
+        if owner.epoch != epoch or owner.region != origin_region:
+            raise FencedError(
+                f"a copy of {dataset} at epoch {epoch} came from {origin_region}, but etcd "
+                f"names {owner.region} at epoch {owner.epoch} as its owner; refused"
+            )
+        self._fenced(dataset, epoch)  # a handover marked in etcd refuses it (UNAVAILABLE)
         return placement
 
     def _fenced(self, dataset: str, epoch: int) -> None:

@@ -29,7 +29,7 @@ import socket
 
 import grpc.aio
 
-from agents.admission import Admission
+from agents.admission import Admission, OwnerRecord
 from agents.daemon.config import AgentConfig, parse_listen
 from agents.daemon.identity import Identity
 from agents.daemon.metrics_http import MetricsEndpoint, bind_store_gauges
@@ -38,11 +38,12 @@ from agents.daemon.records import RecordDuties
 from agents.daemon.registration import AgentRecord, Registration
 from agents.metrics import AgentMetrics
 from agents.owners import EtcdOwners
+from agents.replication import EtcdPeers, SyncReplication
 from agents.service.server import start_server, stop_server
 from agents.service.servicer import AgentService
 from agents.store import ObjectStore
 from agents.transfer.service import TransferService
-from controlplane.coordination.protocols import datasets
+from controlplane.coordination.protocols.datasets import announce
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HybridClock
 from controlplane.errors import NotFoundError
@@ -84,6 +85,7 @@ class NodeAgent(Lifecycle):
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.registration: Registration | None = None
         self.records: RecordDuties | None = None
+        self.replication: SyncReplication | None = None
 
     @property
     def metrics_address(self) -> str | None:
@@ -101,22 +103,31 @@ class NodeAgent(Lifecycle):
             keep_versions=self.config.keep_versions,
             tombstone_retention_s=self.settings.tombstone_retention_s,
         )
-        coord, agent_id = self.coord, self.identity.agent_id
-
-        async def announce(dataset: str) -> None:
-            # A critical dataset the rules place but the apply did not list: recorded in
-            # etcd so that its home region's controller claims it (then writes go in).
-            await datasets.announce(coord, dataset, by=f"{self.region}/{agent_id}")
-
         admission = Admission(
-            self.region, self.view, self.fence, self.owners, self.metrics, announce=announce
+            self.region,
+            self.view,
+            self.fence,
+            self.owners,
+            self.metrics,
+            announce=self._announce,
+            fresh_owner=self._fresh_owner,
         )
         # The policy as of each transfer (RTTs for source order, per-link caps).
         transfers = TransferService(
             store, admission, self.region, self.metrics, None, lambda: self.view.current
         )
+        # Critical writes: pushed to the replica regions' agents, acked at `ack` copies.
+        self.replication = SyncReplication(
+            store, self.region, EtcdPeers(self.coord, self.settings.agent_address)
+        )
         service = AgentService(
-            store, admission, self.region, self.identity.agent_id, self.metrics, transfers
+            store,
+            admission,
+            self.region,
+            self.identity.agent_id,
+            self.metrics,
+            transfers,
+            replication=self.replication,
         )
         self.server, port = await start_server(service, self.config.listen)
         self.endpoint = self._advertised(port)
@@ -157,6 +168,12 @@ class NodeAgent(Lifecycle):
             root=str(self.config.root),
         )
 
+    async def _announce(self, dataset: str) -> None:
+        await announce(self.coord, dataset, by=self.identity.agent_id)
+
+    async def _fresh_owner(self, dataset: str) -> OwnerRecord | None:
+        return (await self.owners.read(dataset)).record
+
     def _check_region(self) -> None:
         policy = self.view.current
         if policy is None or self.region not in policy.regions:
@@ -180,6 +197,8 @@ class NodeAgent(Lifecycle):
         if self.server is not None:
             log.info("agent_stopping", region=self.region, grace_s=self.config.stop_grace_s)
             await stop_server(self.server, self.config.stop_grace_s)
+        if self.replication is not None:
+            await self.replication.close()
         if self.records is not None:
             await self.records.stop()
         if self.metrics_endpoint is not None:

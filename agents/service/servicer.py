@@ -12,8 +12,9 @@ A Put's bytes stream into the store's staged write, one thread hop per chunk
 (hashing and disk writes never run on the event loop), and commit atomically; a
 standard write's change event is committed with it (the store's outbox), a
 critical write's epoch is recorded with it. After the local commit a critical
-write is handed to the `Replication` hook (synchronous replication, issue 13;
-none yet: the owner acks after its local commit).
+write is handed to the `Replication` hook (synchronous replication, issue 13:
+agents/replication/), which returns once the policy's `ack` copies hold it; the
+response names the regions holding it.
 
 Every call is counted by call and code and ends with the code of its error
 (agents.service.outcome).
@@ -96,9 +97,10 @@ class CommittedWrite:
 class Replication(Protocol):
     """Synchronous replication of critical writes (issue 13): pushes the committed write
     to the replica regions and returns once the policy's `ack` copies are committed,
-    raising (the client's call fails with that error) when they cannot be."""
+    raising (the client's call fails with that error) when they cannot be. Returns the
+    regions that hold the write (this one first)."""
 
-    async def replicate(self, write: CommittedWrite) -> None: ...
+    async def replicate(self, write: CommittedWrite) -> tuple[str, ...]: ...
 
 
 class AgentService(agent_pb2_grpc.AgentServicer):
@@ -227,10 +229,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             epoch=admitted.epoch or None,
             admitted_at=admitted_at,
         )
-        await self._after_write(
+        regions = await self._after_write(
             CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id)
         )
-        return agent_pb2.PutResponse(version=version_to_wire(version))
+        return agent_pb2.PutResponse(version=version_to_wire(version), regions=regions)
 
     async def Delete(  # noqa: N802
         self, request: agent_pb2.DeleteRequest, context: Context
@@ -256,10 +258,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             policy_revision=admitted.policy_revision,
         )
         log.info("object_deleted", dataset=dataset, key=key, version=str(version.hlc))
-        await self._after_write(
+        regions = await self._after_write(
             CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id)
         )
-        return agent_pb2.DeleteResponse(version=version_to_wire(version))
+        return agent_pb2.DeleteResponse(version=version_to_wire(version), regions=regions)
 
     async def CommitSet(  # noqa: N802
         self, request: agent_pb2.CommitSetRequest, context: Context
@@ -298,15 +300,20 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             hlc=str(record.hlc),
             members=len(record.members),
         )
-        await self._after_write(
+        regions = await self._after_write(
             CommittedWrite(admitted, record.dataset, set_id=record.set_id, set_record=record)
         )
-        return agent_pb2.CommitSetResponse(set=version_set_to_wire(record.as_version_set()))
+        return agent_pb2.CommitSetResponse(
+            set=version_set_to_wire(record.as_version_set()), regions=regions
+        )
 
-    async def _after_write(self, write: CommittedWrite) -> None:
+    async def _after_write(self, write: CommittedWrite) -> tuple[str, ...]:
+        """The regions holding the committed write once it may be acked (replication
+        raises when it may not)."""
         await self._refresh_usage()
         if write.admitted.critical and self.replication is not None:
-            await self.replication.replicate(write)
+            return await self.replication.replicate(write)
+        return (self.region,)
 
     async def _refresh_usage(self) -> None:
         try:

@@ -24,6 +24,10 @@ class AdmissionPort(Protocol):
 
     def admit_replica(self, dataset: str, epoch: int, origin_region: str) -> Placement: ...
 
+    async def admit_replica_current(
+        self, dataset: str, epoch: int, origin_region: str
+    ) -> Placement: ...
+
 
 # The applied policy now (None before the first one arrives): `PolicyView.current`.
 PolicySource = Callable[[], CompiledPolicy | None]

@@ -38,6 +38,7 @@ from agents.transfer.records import Outcome, TransferTally, new_transfer_id
 from agents.transfer.resume import CHECKPOINT_BYTES, ResumeBook
 from agents.transfer.sender import SyncSender, _file
 from agents.transfer.sources import order_sources
+from controlplane.domain.placement import Placement
 from controlplane.domain.version import Verdict, Version, lww
 from controlplane.errors import (
     FencedError,
@@ -169,23 +170,29 @@ class TransferService:
         )
         set_id = header.set if header.HasField("set") else None
 
-        def admit() -> None:
+        def admit() -> Placement:
             placement = self.admission.admit_store(header.dataset)
             if placement.dataset_class == "critical":
+                # Fence (the watched newest epoch) now, and etcd's owner record again just
+                # before the commit (below): a deposed owner's copy is never acked here.
                 self.admission.admit_replica(header.dataset, header.epoch, tally.from_region)
             elif header.epoch:
                 raise InvalidInputError(
                     f"ReplicateHeader.epoch: {header.dataset} is a standard dataset, which "
                     f"takes epoch 0, not {header.epoch}"
                 )
+            return placement
 
         try:
-            admit()
+            placement = admit()
         except (RefusedError, FencedError, HandingOverError) as exc:
             await self._record(tally, "refused", version, str(exc))
             raise
+        critical = placement.dataset_class == "critical"
         try:
             if version.is_tombstone:
+                if critical:
+                    await self._admit_current(header, tally.from_region)
                 result = await asyncio.to_thread(
                     self.store.apply,
                     header.dataset,
@@ -197,7 +204,7 @@ class TransferService:
                 )
             else:
                 result = await self._receive_pushed(
-                    header.dataset, header.key, version, set_id, requests, tally, admit
+                    header, version, set_id, requests, tally, admit, critical=critical
                 )
         except (RefusedError, FencedError, HandingOverError) as exc:
             await self._record(tally, "refused", version, str(exc))
@@ -213,16 +220,23 @@ class TransferService:
             version=version_to_wire(result.newest), region=self.region
         )
 
+    async def _admit_current(self, header: agent_pb2.ReplicateHeader, origin: str) -> None:
+        """etcd's owner record, read now, must still name the pusher (`origin`) at its
+        epoch (a refusal is recorded by the caller)."""
+        await self.admission.admit_replica_current(header.dataset, header.epoch, origin)
+
     async def _receive_pushed(
         self,
-        dataset: str,
-        key: str,
+        header: agent_pb2.ReplicateHeader,
         version: Version,
         set_id: str | None,
         requests: AsyncIterator[agent_pb2.ReplicateRequest],
         tally: TransferTally,
-        admit: Callable[[], None],
+        admit: Callable[[], object],
+        *,
+        critical: bool,
     ) -> ApplyResult:
+        dataset, key = header.dataset, header.key
         staged = await asyncio.to_thread(
             self.store.stage,
             dataset,
@@ -237,8 +251,11 @@ class TransferService:
                 tally.wire_bytes += len(request.chunk)
                 await asyncio.to_thread(staged.write, request.chunk)
             # Admitted again at the commit: a failover (a newer epoch) or a narrowed
-            # residency during a long stream refuses what the header let in.
+            # residency during a long stream refuses what the header let in; for a
+            # critical dataset etcd's owner record is read again too.
             admit()
+            if critical:
+                await self._admit_current(header, tally.from_region)
             return await asyncio.to_thread(
                 self.store.commit_apply,
                 staged,

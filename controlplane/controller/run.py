@@ -11,6 +11,7 @@ from pathlib import Path
 from prometheus_client import start_http_server
 
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.controller.agent_probe import AgentCatchUpProbe
 from controlplane.controller.catalog_link import CatalogLink
 from controlplane.controller.daemon import ControllerConfig, RegionController
 from controlplane.errors import ConfigError, MeridianError
@@ -62,7 +63,15 @@ async def run_controller(
         )
         if controller_id:
             config = dataclasses.replace(config, controller_id=controller_id)
-        ctl = RegionController(coord, catalog, catalog, config)
+        # The catch-up wait asks the owner's and the target's agents (by digest), and
+        # the catalog (issue 13).
+        probe = AgentCatchUpProbe(
+            [f"{h}:{p}" for h, p in settings.etcd_endpoints],
+            settings.agent_address,
+            fallback=catalog,
+            etcd_timeout_s=settings.etcd_timeout_s,
+        )
+        ctl = RegionController(coord, catalog, probe, config)
         server = None
         if metrics is not None:
             try:

@@ -143,6 +143,8 @@ async def test_replicate_refuses_a_stale_epoch(agents: AgentFactory) -> None:
     central = await agents("eu-central")
     first = put_version(1_764_579_123_456, b"epoch five")
     late = put_version(1_764_579_123_999, b"epoch four")
+    # A replica also checks etcd's owner record before acking (issue 13): eu-west at 5.
+    central.owners.set("crit", "eu-west", 5)
 
     done = await replicate(central.address, "crit", "k", first, b"epoch five", epoch=5)
     assert done.region == "eu-central"

@@ -1,0 +1,339 @@
+"""`SyncReplication`: the owner's synchronous push of a committed critical write.
+
+After the owner's local commit (agents/service, `Replication` hook) the version is
+pushed with `Replicate` to an agent of every replica region at once, and the call
+returns once `copies_needed` regions hold it, counting the owner's own commit:
+
+* `ack: quorum`: a majority of home + replicas (2 of 2, 2 of 3, 3 of 4 or 5);
+* `ack: all`: every one.
+
+The ack names the regions that hold it. Pushes still running when the ack is
+reached go on in the background (bounded by their deadline), so a straggler of a
+quorum still gets its copy.
+
+When the ack cannot be reached (a replica down, partitioned, slower than its
+deadline, or refusing) the call fails with a retriable `UnavailableError` naming
+the regions that did not commit it; the owner's local copy stays and is logged as
+unacked (`critical_write_unacked`). A replica's fencing refusal (its etcd names a
+newer epoch) fails the call with that `StaleEpochError` (not retriable): this
+owner was deposed. A retry of the same write is idempotent in content: it commits
+a new version of the same bytes with a newer HLC, which every replica applies by
+LWW over the unacked one, so what a reader sees afterwards is the retried bytes
+whichever attempt reached which replica.
+
+A 2-copy placement (home + 1 replica, quorum = 2) whose replica is gone refuses
+writes until the replica is back or the operator changes the policy: durability
+over availability (an ack from one copy would be lost with that copy).
+
+**Catch-up.** A replica whose push failed (down, partitioned, refusing, too slow)
+is marked behind for that dataset: it gets every new write pushed still, but its
+commits do not count toward acks until a catch-up task of its own (one per dataset
+and replica) has listed what it lacks (its agent's listing against this store's,
+by HLC and digest, tombstones included) and pushed it in HLC order, retrying with
+a bounded backoff while the replica is away. The mark is in memory: an owner that
+restarts does not know who was behind (see the report of issue 13).
+
+The bytes are pushed whole (chunks of the local copy): no delta against what the
+replica holds yet (see the report of issue 13).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from agents.replication.peers import Peers
+from agents.rpc.status import from_rpc_error
+from agents.service.servicer import CommittedWrite
+from agents.store import CHUNK_BYTES, ObjectStore
+from controlplane.domain.placement import DEFAULT_ACK, Placement
+from controlplane.domain.version import Version
+from controlplane.errors import FencedError, MeridianError, RefusedError, UnavailableError
+from controlplane.logs import get_logger
+from meridian.convert import version_from_wire, version_to_wire
+from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+log = get_logger("meridian.agent.replication")
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 4 * CHUNK_BYTES),
+    ("grpc.max_receive_message_length", 4 * CHUNK_BYTES),
+]
+
+
+def copies_needed(placement: Placement) -> int:
+    """How many regions (the owner included) must hold a write before it is acked."""
+    copies = 1 + len(placement.replicas)
+    if (placement.ack or DEFAULT_ACK) == "all":
+        return copies
+    return copies // 2 + 1
+
+
+class SyncReplication:
+    """See the module docstring. `timeout_s` bounds a small push; a large one gets
+    `size / min_rate_bps` more."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        region: str,
+        peers: Peers,
+        *,
+        timeout_s: float = 5.0,
+        min_rate_bps: float = 8 * 1024 * 1024,
+    ) -> None:
+        self.store = store
+        self.region = region
+        self.peers = peers
+        self.timeout_s = timeout_s
+        self.min_rate_bps = min_rate_bps
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._background: set[asyncio.Task[str]] = set()
+        # (dataset, replica) -> its catch-up task, while that replica is behind.
+        self._behind: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.retry_initial_s = 0.2
+        self.retry_max_s = 5.0
+
+    def behind(self, dataset: str) -> list[str]:
+        """The replicas of `dataset` catching up (not counted toward acks)."""
+        return sorted(r for (ds, r) in self._behind if ds == dataset)
+
+    async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
+        placement = write.admitted.placement
+        need = copies_needed(placement)
+        if not placement.replicas:
+            return (self.region,)
+        if write.version is None or write.key is None:
+            # A set record has no Replicate frame yet: its members were pushed by
+            # their own Puts, the set itself is not, so it cannot be acked.
+            raise RefusedError(
+                f"set {write.set_id} of critical dataset {write.dataset} is committed in "
+                f"{self.region} only: replicating version sets of critical datasets is not "
+                "built yet, so it is not acked"
+            )
+        version = write.version
+        deadline = self.timeout_s + version.size / self.min_rate_bps
+        tasks = {
+            asyncio.create_task(self._push(region, write, version, deadline), name=region): region
+            for region in placement.replicas
+        }
+        held = [self.region]
+        errors: dict[str, MeridianError] = {}
+        pending = set(tasks)
+        until = time.monotonic() + deadline
+        while pending and len(held) < need and len(held) + len(pending) >= need:
+            done, pending = await asyncio.wait(
+                pending, timeout=max(0.0, until - time.monotonic()), return_when="FIRST_COMPLETED"
+            )
+            if not done:
+                break
+            for task in done:
+                region = tasks[task]
+                exc = task.exception()
+                if exc is None and (write.dataset, region) in self._behind:
+                    pass  # committed, but it may lack earlier versions: not counted yet
+                elif exc is None:
+                    held.append(region)
+                elif isinstance(exc, MeridianError):
+                    errors[region] = exc
+                else:
+                    errors[region] = UnavailableError(f"{type(exc).__name__}: {exc}")
+        for task in pending:
+            # Still pushing: goes on to its own deadline; reached or not, never awaited.
+            self._background.add(task)
+            task.add_done_callback(self._finished)
+        for region, exc in errors.items():
+            if not isinstance(exc, FencedError):
+                self._mark_behind(write, region)
+        for task in pending:
+            self._mark_behind(write, tasks[task])  # it may time out: caught up to be sure
+        if len(held) >= need:
+            return tuple(held)
+        missing = [r for r in placement.replicas if r not in held]
+        log.warning(
+            "critical_write_unacked",
+            dataset=write.dataset,
+            key=write.key,
+            version=str(version.hlc),
+            held=held,
+            missing=missing,
+            needed=need,
+            errors={r: str(e) for r, e in errors.items()},
+        )
+        fenced = next((e for e in errors.values() if isinstance(e, FencedError)), None)
+        if fenced is not None:
+            raise fenced
+        timed_out = time.monotonic() >= until
+        why = "; ".join(
+            f"{r}: {errors[r]}"
+            if r in errors
+            else (f"{r}: no answer within {deadline:.1f} s" if timed_out else f"{r}: still pushing")
+            for r in missing
+        )
+        raise UnavailableError(
+            f"critical write {write.dataset}/{write.key} at {version.hlc} is committed in "
+            f"{', '.join(held)} but not acked: ack {placement.ack or DEFAULT_ACK} needs {need} "
+            f"of {1 + len(placement.replicas)} regions ({why}); retry the write"
+        )
+
+    def _mark_behind(self, write: CommittedWrite, region: str) -> None:
+        key = (write.dataset, region)
+        if key in self._behind:
+            return
+        log.warning("replica_behind", dataset=write.dataset, region=region)
+        self._behind[key] = asyncio.create_task(
+            self._catch_up(write, region), name=f"catch-up {write.dataset} {region}"
+        )
+
+    async def _catch_up(self, write: CommittedWrite, region: str) -> None:
+        """Push what `region` lacks of the dataset, oldest first, until it lacks nothing
+        (then its commits count toward acks again); stops when this owner is fenced."""
+        delay = self.retry_initial_s
+        try:
+            while True:
+                try:
+                    pushed = await self._catch_up_once(write, region)
+                except FencedError as exc:
+                    log.warning(
+                        "catch_up_fenced", dataset=write.dataset, region=region, error=str(exc)
+                    )
+                    return
+                except MeridianError as exc:
+                    log.info(
+                        "catch_up_retry",
+                        dataset=write.dataset,
+                        region=region,
+                        error=str(exc),
+                        retry_in_s=delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(self.retry_max_s, delay * 2)
+                    continue
+                log.info("replica_caught_up", dataset=write.dataset, region=region, pushed=pushed)
+                return
+        finally:
+            self._behind.pop((write.dataset, region), None)
+
+    async def _catch_up_once(self, write: CommittedWrite, region: str) -> int:
+        """One pass; the number of versions pushed. Raises when one cannot be."""
+        address = await self.peers.address(region)
+        theirs = await self._listing(address, write.dataset)
+        ours = await asyncio.to_thread(self._local, write.dataset)
+        wanted = sorted(
+            (v for v in ours if _lacks(theirs.get(v[0]), v[1])), key=lambda kv: kv[1].hlc
+        )
+        for key, version, set_id in wanted:
+            entry = CommittedWrite(
+                write.admitted, write.dataset, key=key, version=version, set_id=set_id
+            )
+            await self._push(
+                region, entry, version, self.timeout_s + version.size / self.min_rate_bps
+            )
+        return len(wanted)
+
+    def _local(self, dataset: str) -> list[tuple[str, Version, str | None]]:
+        out: list[tuple[str, Version, str | None]] = []
+        cursor: str | None = None
+        for _page in range(1_000_000):  # bounded: a cursor that never ends is a bug
+            page = self.store.list_objects(dataset, cursor=cursor, include_deleted=True)
+            out += [(s.key, s.version, s.set_id) for s in page.items]
+            cursor = page.cursor
+            if cursor is None:
+                break
+        return out
+
+    async def _listing(self, address: str, dataset: str) -> dict[str, Version]:
+        stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        held: dict[str, Version] = {}
+        token = ""
+        for _page in range(1_000_000):
+            try:
+                page = await stub.List(
+                    agent_pb2.ListRequest(
+                        dataset=dataset, page_token=token, include_deleted=True, page_size=1000
+                    ),
+                    timeout=self.timeout_s,
+                )
+            except grpc.aio.AioRpcError as err:
+                raise from_rpc_error(err, address) from err
+            for info in page.objects:
+                held[info.key] = version_from_wire(info.version, "ListResponse.objects.version")
+            token = page.next_page_token
+            if not token:
+                break
+        return held
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
+    def _finished(self, task: asyncio.Task[str]) -> None:
+        self._background.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.warning("replica_push_failed_after_ack", region=task.get_name(), error=str(exc))
+
+    async def _push(
+        self, region: str, write: CommittedWrite, version: Version, deadline_s: float
+    ) -> str:
+        address = await self.peers.address(region)
+        stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        header = agent_pb2.ReplicateHeader(
+            dataset=write.dataset,
+            key=write.key or "",
+            version=version_to_wire(version),
+            epoch=write.admitted.epoch,
+            origin_region=self.region,
+            policy_revision=write.admitted.policy_revision,
+        )
+        if write.set_id is not None:
+            header.set = write.set_id
+        try:
+            await stub.Replicate(self._frames(header, write, version), timeout=deadline_s)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, f"{region} ({address})") from err
+        return region
+
+    async def _frames(
+        self, header: agent_pb2.ReplicateHeader, write: CommittedWrite, version: Version
+    ) -> AsyncIterator[agent_pb2.ReplicateRequest]:
+        yield agent_pb2.ReplicateRequest(header=header)
+        if version.is_tombstone:
+            return
+        reader = await asyncio.to_thread(
+            self.store.open, write.dataset, write.key or "", version.hlc.text
+        )
+        try:
+            while chunk := await asyncio.to_thread(reader.read, CHUNK_BYTES):
+                yield agent_pb2.ReplicateRequest(chunk=chunk)
+        finally:
+            reader.close()
+
+    async def close(self) -> None:
+        """Cancel pushes and catch-ups still running and close the channels."""
+        tasks: list[asyncio.Task[object]] = [*self._background, *self._behind.values()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+
+def _lacks(held: Version | None, version: Version) -> bool:
+    """Whether a replica whose newest is `held` lacks `version` (older, or the same HLC
+    with other bytes)."""
+    if held is None:
+        return True
+    return held.hlc < version.hlc or (held.hlc == version.hlc and held.digest != version.digest)

@@ -1,0 +1,91 @@
+"""A replica decides on etcd's owner record read at the push, not only on the fence its
+watch feeds: a watch that lags behind a failover must not let the deposed owner's copy
+in (unit test: in-memory policy and owners)."""
+
+from __future__ import annotations
+
+import pytest
+from fakes.admission import MemoryOwners, StaticPolicy, compiled
+
+from agents.admission import Admission
+from agents.metrics import AgentMetrics
+from agents.replication import copies_needed
+from controlplane.coordination.protocols.fencing import (
+    DatasetHandingOverError,
+    FencedResource,
+    StaleEpochError,
+)
+from controlplane.domain.placement import Placement
+from controlplane.errors import FencedError
+
+
+def critical(replicas: tuple[str, ...], ack: str = "quorum") -> Placement:
+    return Placement(
+        dataset="crit/a",
+        policy="crit",
+        dataset_class="critical",
+        home="eu-west",
+        replicas=replicas,
+        residency=("EU",),
+        rpo_s=0,
+        ack=ack,  # type: ignore[arg-type]
+        failover_mode="manual",
+        failover_order=replicas,
+    )
+
+
+def replica(owners: MemoryOwners) -> tuple[Admission, FencedResource, AgentMetrics]:
+    policy = compiled(
+        {"eu-west": "EU", "eu-central": "EU", "eu-north": "EU"},
+        [critical(("eu-central", "eu-north"))],
+    )
+    fence, metrics = FencedResource(), AgentMetrics("eu-north", "eu-north-1")
+    return Admission("eu-north", StaticPolicy(policy), fence, owners, metrics), fence, metrics
+
+
+async def test_a_lagging_watch_does_not_let_a_deposed_owner_s_copy_in() -> None:
+    owners = MemoryOwners()
+    admission, fence, metrics = replica(owners)
+    owners.set("crit/a", "eu-west", 5)
+    fence.observe("crit/a", 5, handing_over=False)
+    await admission.admit_replica_current("crit/a", 5, "eu-west")
+
+    # etcd moved the dataset to eu-central at epoch 9; the fence has not heard yet.
+    owners.set("crit/a", "eu-central", 9)
+    assert fence.highest_epoch("crit/a") == 5
+    admission.admit_replica("crit/a", 5, "eu-west")  # the fence alone would take it
+    with pytest.raises(StaleEpochError):
+        await admission.admit_replica_current("crit/a", 5, "eu-west")
+    assert metrics.stale_epoch_refused.labels(dataset="crit/a")._value.get() == 1
+    assert fence.highest_epoch("crit/a") == 9  # and the fence learnt it
+    await admission.admit_replica_current("crit/a", 9, "eu-central")
+
+
+async def test_a_copy_from_a_region_etcd_does_not_name_or_during_a_handover_is_refused() -> None:
+    owners = MemoryOwners()
+    admission, _, _ = replica(owners)
+    owners.set("crit/a", "eu-west", 5)
+    with pytest.raises(
+        FencedError, match="came from eu-central, but the owner at that epoch is eu-west"
+    ):
+        await admission.admit_replica_current("crit/a", 5, "eu-central")
+    owners.set("crit/a", "eu-west", 5, handing_over=True)
+    with pytest.raises(DatasetHandingOverError):
+        await admission.admit_replica_current("crit/a", 5, "eu-west")
+
+
+@pytest.mark.parametrize(
+    ("replicas", "ack", "needed"),
+    [
+        ((), "quorum", 1),
+        (("b",), "quorum", 2),
+        (("b", "c"), "quorum", 2),
+        (("b", "c", "d"), "quorum", 3),
+        (("b", "c", "d", "e"), "quorum", 3),
+        (("b", "c"), "all", 3),
+    ],
+)
+def test_copies_needed_counts_the_owner_s_own_commit(
+    replicas: tuple[str, ...], ack: str, needed: int
+) -> None:
+    assert copies_needed(critical(replicas, ack)) == needed
