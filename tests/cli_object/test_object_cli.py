@@ -252,6 +252,18 @@ async def test_a_critical_put_gets_the_owners_epoch_at_the_owners_agent_only(
         await coord.close()
     shard = tmp_path / "shard.bin"
     shard.write_bytes(os.urandom(5000))
+    # The replica region's agent: a critical write is acked once both copies are in.
+    central = AgentProcess("eu-central", tmp_path / "c", world, tmp_path / "c.log")
+    central.start()
+    try:
+        await _owner_epoch_and_refusals(agent, central, shard, epoch, world)
+    finally:
+        central.stop()
+
+
+async def _owner_epoch_and_refusals(
+    agent: AgentProcess, central: AgentProcess, shard: Path, epoch: int, world: dict[str, str]
+) -> None:
     done = await asyncio.to_thread(
         cli, agent, "object", "put", "--dataset", "ckpt/run1", str(shard), "-o", "json"
     )
@@ -266,18 +278,13 @@ async def test_a_critical_put_gets_the_owners_epoch_at_the_owners_agent_only(
     )
     assert f"epoch {epoch - 1}" in line
 
-    central = AgentProcess("eu-central", tmp_path / "c", world, tmp_path / "c.log")
-    central.start()
-    try:
-        done = await asyncio.to_thread(
-            run_cli,
-            ["object", "put", "--dataset", "ckpt/run1", str(shard)],
-            {**world, "MERIDIAN_AGENT": central.address},
-        )
-        line = one_error(done)
-        assert "eu-west" in line, line
-    finally:
-        central.stop()
+    done = await asyncio.to_thread(
+        run_cli,
+        ["object", "put", "--dataset", "ckpt/run1", str(shard)],
+        {**world, "MERIDIAN_AGENT": central.address},
+    )
+    line = one_error(done)
+    assert "eu-west" in line, line
 
 
 async def test_a_critical_dataset_first_written_after_the_apply_is_announced_and_claimed(
@@ -291,6 +298,8 @@ async def test_a_critical_dataset_first_written_after_the_apply_is_announced_and
     put = ["object", "put", "--dataset", "ckpt/fresh", str(shard), "-o", "json"]
     first = await asyncio.to_thread(cli, agent, *put)
     assert first.returncode == 1 and "owner" in first.stderr, first.stderr
+    central = AgentProcess("eu-central", tmp_path / "c", world, tmp_path / "c.log")
+    central.start()  # the replica: critical writes are acked at both copies
     controller = ControllerProcess(
         "eu-west", world, tmp_path / "ctl.log", lease_ttl_s=3, controller_id="ctl-west"
     ).start()
@@ -307,6 +316,7 @@ async def test_a_critical_dataset_first_written_after_the_apply_is_announced_and
         assert row["digest"] == digest_of(shard)
     finally:
         controller.stop()
+        central.stop()
     coord = EtcdCoordination([etcd_endpoint], timeout_s=5)
     await coord.connect()
     try:
