@@ -31,7 +31,7 @@ import grpc.aio
 
 from agents.admission import Admission, OwnerRecord
 from agents.daemon.config import AgentConfig, parse_listen
-from agents.daemon.holdings import HoldingsPublisher
+from agents.daemon.holdings import HoldingsPublisher, UnackedWrites
 from agents.daemon.identity import Identity
 from agents.daemon.metrics_http import MetricsEndpoint, bind_store_gauges
 from agents.daemon.owners import OwnershipWatch
@@ -129,7 +129,8 @@ class NodeAgent(Lifecycle):
             self.identity.agent_id,
             self.metrics,
             transfers,
-            replication=self.replication,
+            # Writes whose ack failed are remembered for the failover (holdings.py).
+            replication=(unacked := UnackedWrites(self.replication)),
         )
         self.server, port = await start_server(service, self.config.listen)
         self.endpoint = self._advertised(port)
@@ -171,6 +172,7 @@ class NodeAgent(Lifecycle):
             policy=lambda: self.view.current,
             fence=self.fence,
             lease_ttl_s=self.config.lease_ttl_s,
+            unacked=unacked,
             retry_initial_s=self.config.retry_initial_s,
             retry_max_s=self.config.retry_max_s,
         )

@@ -14,6 +14,15 @@ count, newest HLC, digest of the listing), and a record is written only when its
 summary changed. So a burst of thousands of commits costs one listing and one
 etcd put per dataset per interval, and an idle agent costs one SQLite read.
 
+`UnackedWrites` wraps the replication hook of the servicer: a critical write this
+agent committed whose ack failed (its client was told "not acked, retry") is
+remembered, and published in the record's `unacked` while it is still the newest
+version of its object here. The failover does not count such a version as lost
+when the new owner lacks it (it was never acked); without that mark a version only
+the old owner held, committed just as a handover froze the dataset, would look
+like a lost ack. The marks are in memory: after a restart they are gone, and the
+exposure is then over-counted, never under-counted.
+
 A lost lease (etcd away for a whole TTL) is granted again and every record written
 again; an etcd error is logged and retried with backoff, never fatal: serving
 writes matters more than describing them.
@@ -24,6 +33,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from agents.service.servicer import CommittedWrite, Replication
 from agents.store import ObjectStore
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.coordination.protocols.holdings import (
@@ -41,10 +51,45 @@ from controlplane.ports.coordination import Coordination, KeepAlive
 log = get_logger("meridian.agent.holdings")
 
 _PAGE = 1000
+UNACKED_KEPT = 1000  # marks kept per dataset (the oldest are forgotten first)
 
 
-def summarise(store: ObjectStore, dataset: str) -> tuple[int, str | None, str]:
-    """(objects, newest HLC text or None, listing digest) of `dataset` in `store`."""
+class UnackedWrites:
+    """The servicer's replication hook, remembering the writes whose ack failed."""
+
+    def __init__(self, inner: Replication) -> None:
+        self.inner = inner
+        self.marks: dict[str, dict[str, str]] = {}  # dataset -> key -> HLC text
+
+    async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
+        try:
+            return await self.inner.replicate(write)
+        except BaseException:
+            if write.key is not None and write.version is not None:
+                marks = self.marks.setdefault(write.dataset, {})
+                marks.pop(write.key, None)
+                marks[write.key] = write.version.hlc.text
+                while len(marks) > UNACKED_KEPT:
+                    del marks[next(iter(marks))]
+            raise
+
+    def still_newest(self, dataset: str, newest: dict[str, str]) -> list[str]:
+        """`key@hlc` of the marks of `dataset` still the newest version of their object
+        (`newest`: key -> HLC text); the others are forgotten."""
+        marks = self.marks.get(dataset)
+        if not marks:
+            return []
+        for key in [k for k, hlc in marks.items() if newest.get(k) != hlc]:
+            del marks[key]
+        return [f"{k}@{h}" for k, h in sorted(marks.items())]
+
+
+Summary = tuple[int, str | None, str, dict[str, str]]
+
+
+def summarise(store: ObjectStore, dataset: str) -> Summary:
+    """(objects, newest HLC text or None, listing digest, key -> newest HLC text) of
+    `dataset` in `store`."""
     entries: list[tuple[str, str, str]] = []
     newest: str | None = None
     cursor: str | None = None
@@ -59,7 +104,7 @@ def summarise(store: ObjectStore, dataset: str) -> tuple[int, str | None, str]:
         cursor = page.cursor
         if cursor is None:
             break
-    return len(entries), newest, listing_digest(entries)
+    return len(entries), newest, listing_digest(entries), {k: h for k, h, _ in entries}
 
 
 class HoldingsPublisher(Lifecycle):
@@ -76,6 +121,7 @@ class HoldingsPublisher(Lifecycle):
         policy: Callable[[], CompiledPolicy | None],
         fence: FencedResource,
         lease_ttl_s: int,
+        unacked: UnackedWrites | None = None,
         interval_s: float = 0.1,
         retry_initial_s: float = 0.1,
         retry_max_s: float = 2.0,
@@ -87,13 +133,14 @@ class HoldingsPublisher(Lifecycle):
         self.endpoint = endpoint
         self._policy = policy
         self._fence = fence
+        self._unacked = unacked
         self._ttl_s = lease_ttl_s
         self._interval_s = interval_s
         self._retry = (retry_initial_s, retry_max_s)
         self._keepalive: KeepAlive | None = None
         self._task: asyncio.Task[None] | None = None
         self._published: dict[str, HoldingRecord] = {}
-        self._summaries: dict[str, tuple[int, str | None, str]] = {}
+        self._summaries: dict[str, Summary] = {}
         self._seen: tuple[int, int] | None = None  # (change_seq, policy revision) summarised
         self.writes = 0  # etcd puts and deletes made (for tests: batching)
 
@@ -129,12 +176,10 @@ class HoldingsPublisher(Lifecycle):
             self._seen = seen
         await self._write(self._keepalive.lease.id)
 
-    def _summarise_all(
-        self, policy: CompiledPolicy | None
-    ) -> dict[str, tuple[int, str | None, str]]:
+    def _summarise_all(self, policy: CompiledPolicy | None) -> dict[str, Summary]:
         if policy is None:
             return {}
-        out: dict[str, tuple[int, str | None, str]] = {}
+        out: dict[str, Summary] = {}
         for dataset in self.store.dataset_names():
             placement = policy.placement(dataset)
             if placement is None or placement.dataset_class != "critical":
@@ -146,7 +191,8 @@ class HoldingsPublisher(Lifecycle):
 
     async def _write(self, lease_id: int) -> None:
         at = rfc3339(utcnow()) or ""
-        for dataset, (objects, newest, digest) in sorted(self._summaries.items()):
+        for dataset, (objects, newest, digest, heads) in sorted(self._summaries.items()):
+            unacked = [] if self._unacked is None else self._unacked.still_newest(dataset, heads)
             rec = HoldingRecord(
                 dataset=dataset,
                 region=self.region,
@@ -157,6 +203,7 @@ class HoldingsPublisher(Lifecycle):
                 digest=digest,
                 epoch=self._fence.highest_epoch(dataset),
                 at=at,
+                unacked=tuple(unacked),
             )
             old = self._published.get(dataset)
             if old is not None and old.same_holding(rec):

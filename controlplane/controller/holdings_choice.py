@@ -62,7 +62,13 @@ class HoldingsChooser:
                 holders,
             )
         listings = await self._listings(records)
-        union = union_newest(listings.values())
+        # A version its owner marked unacked (its client was told to retry) is not lost
+        # when the new owner lacks it: leave it out of what must be held.
+        unacked = {u for recs in records.values() for r in recs for u in r.unacked}
+        union = union_newest(
+            {k: ver for k, ver in listing.items() if f"{k}@{ver.hlc}" not in unacked}
+            for listing in listings.values()
+        )
         standings: dict[str, Standing] = {}
         for c in candidates:
             best: tuple[str, ...] | None = None

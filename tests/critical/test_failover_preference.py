@@ -53,3 +53,21 @@ def test_the_listing_digest_tells_listings_apart() -> None:
     assert one != listing_digest([("a", "1", "d1")])
     # Field boundaries count: ("ab", "c") is not ("a", "bc").
     assert listing_digest([("ab", "1", "")]) != listing_digest([("a", "b1", "")])
+
+
+def test_the_switchover_waits_only_for_what_an_ack_may_have_covered() -> None:
+    from agents.client import ObjectInfo
+    from controlplane.controller.agent_probe import lacking, required
+
+    def info(key: str, wall: int) -> ObjectInfo:
+        return ObjectInfo("d", key, v(wall))
+
+    owner = [info("a", 3), info("b", 2), info("c", 1)]
+    target = [info("a", 1), info("b", 1), info("c", 1)]
+    other = [info("a", 1), info("b", 2), info("c", 1)]
+    # a@3 is held by the owner only (its pushes refused): never acked at 2 copies.
+    # b@2 is held by the owner and the other replica: it may have been acked.
+    need = required([owner, target, other], 2)
+    assert lacking(need, target) == [f"b@{v(2).hlc}"]
+    # With `ack: all` (3 copies) neither can have been acked.
+    assert lacking(required([owner, target, other], 3), target) == []

@@ -11,7 +11,10 @@ dead agent's record goes with it, and only live holders are ever compared). Valu
                  content digest, in key order): two agents with the same digest
                  hold the same newest versions, so they need not be listed,
      "epoch":    the newest epoch of the dataset this agent has seen (its fence),
-     "at":       when it was computed (RFC 3339)}
+     "at":       when it was computed (RFC 3339),
+     "unacked":  ["key@hlc", ...] versions it committed as the owner whose ack
+                 failed (their clients were told to retry) and that are still the
+                 newest of their object here: never acked, so never "lost"}
 
 The agent rewrites it after commits (agents/daemon/holdings.py: polled, batched,
 written only when it changed). The failover controller reads the records of the
@@ -56,6 +59,7 @@ class HoldingRecord:
     digest: str
     epoch: int
     at: str
+    unacked: tuple[str, ...] = ()
 
     def value(self) -> bytes:
         return json.dumps(
@@ -69,17 +73,19 @@ class HoldingRecord:
                 "digest": self.digest,
                 "epoch": self.epoch,
                 "at": self.at,
+                "unacked": list(self.unacked),
             },
             sort_keys=True,
         ).encode()
 
     def same_holding(self, other: HoldingRecord) -> bool:
         """The same listing (what `at` and the agent's identity do not change)."""
-        return (self.objects, self.newest, self.digest, self.epoch) == (
+        return (self.objects, self.newest, self.digest, self.epoch, self.unacked) == (
             other.objects,
             other.newest,
             other.digest,
             other.epoch,
+            other.unacked,
         )
 
 
@@ -99,6 +105,7 @@ def decode(raw: bytes) -> HoldingRecord | None:
             digest=str(doc["digest"]),
             epoch=int(doc["epoch"]),
             at=str(doc["at"]),
+            unacked=tuple(str(u) for u in doc.get("unacked", ())),
         )
     except (ValueError, KeyError, TypeError):
         return None
