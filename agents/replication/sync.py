@@ -105,7 +105,11 @@ class SyncReplication:
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
         placement = write.admitted.placement
         need = copies_needed(placement)
-        if not placement.replicas:
+        # Every other region of the placement: after a move the owner is not the home,
+        # and the home is then a replica to push to (`placement.replicas` would name
+        # the owner itself and skip the home; found by tests/critical/test_faults_*).
+        targets = [r for r in placement.regions if r != self.region]
+        if not targets:
             return (self.region,)
         if write.version is None or write.key is None:
             # A set record has no Replicate frame yet: its members were pushed by
@@ -119,7 +123,7 @@ class SyncReplication:
         deadline = self.timeout_s + version.size / self.min_rate_bps
         tasks = {
             asyncio.create_task(self._push(region, write, version, deadline), name=region): region
-            for region in placement.replicas
+            for region in targets
         }
         held = [self.region]
         errors: dict[str, MeridianError] = {}
@@ -153,7 +157,7 @@ class SyncReplication:
             self._mark_behind(write, tasks[task])  # it may time out: caught up to be sure
         if len(held) >= need:
             return tuple(held)
-        missing = [r for r in placement.replicas if r not in held]
+        missing = [r for r in targets if r not in held]
         log.warning(
             "critical_write_unacked",
             dataset=write.dataset,

@@ -35,6 +35,7 @@ from harness.controllers import ControllerProcess, run_cli
 
 from chaos.toxiproxy import AsyncToxiproxy
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Owner, Ownership
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
@@ -95,7 +96,6 @@ class FaultsWorld:
     controllers: dict[str, ControllerProcess] = field(default_factory=dict)
     proxies: dict[str, str] = field(default_factory=dict)  # region -> proxy name
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    killed: set[str] = field(default_factory=set)  # regions a test SIGKILLed
 
     async def start(self, datasets: list[str]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -135,15 +135,6 @@ class FaultsWorld:
         await asyncio.gather(*(asyncio.to_thread(a.start) for a in self.agents.values()))
         for c in self.controllers.values():
             c.start()
-
-    async def restart_killed(self) -> None:
-        """Start again the agents and controllers of the regions in `killed`."""
-        for r in sorted(self.killed):
-            if not self.agents[r].running:
-                await asyncio.to_thread(self.agents[r].start)
-            if self.controllers[r].proc is None or self.controllers[r].proc.poll() is not None:
-                self.controllers[r].start()
-        self.killed.clear()
 
     async def stop(self) -> None:
         # All at once (SIGCONT first, so a paused one stops too): each may take seconds.
@@ -189,25 +180,60 @@ async def wait_owner(
     raise AssertionError(f"owner of {dataset} never satisfied the check (last: {last})")
 
 
-async def raw_put(address: str, dataset: str, key: str, data: bytes) -> agent_pb2.PutResponse:
+async def wait_alive(
+    coord: EtcdCoordination, regions: tuple[str, ...], timeout_s: float = 30
+) -> None:
+    """Until every region of `regions` has a live controller (its liveness key)."""
+    until = time.monotonic() + timeout_s
+    for _ in range(int(timeout_s / 0.05) + 1):
+        found = [r for r in regions if await coord.get(keys.alive(r)) is not None]
+        if len(found) == len(regions):
+            return
+        if time.monotonic() >= until:
+            break
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"regions {regions} not all alive after {timeout_s} s")
+
+
+async def raw_put(
+    address: str,
+    dataset: str,
+    key: str,
+    data: bytes,
+    *,
+    channel: grpc.aio.Channel | None = None,
+) -> agent_pb2.PutResponse:
+    """One Put through the raw API (on `channel` when given, else a channel of its own)."""
+
     async def frames() -> object:
         yield agent_pb2.PutRequest(header=agent_pb2.PutHeader(dataset=dataset, key=key))
         yield agent_pb2.PutRequest(chunk=data)
         yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
 
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = agent_pb2_grpc.AgentStub(channel)
-        return await stub.Put(frames(), timeout=15)  # type: ignore[arg-type]
+    if channel is not None:
+        return await agent_pb2_grpc.AgentStub(channel).Put(frames(), timeout=15)  # type: ignore[arg-type]
+    async with grpc.aio.insecure_channel(address) as own:
+        return await agent_pb2_grpc.AgentStub(own).Put(frames(), timeout=15)  # type: ignore[arg-type]
 
 
-async def raw_get(address: str, dataset: str, key: str) -> bytes:
+async def raw_gets(address: str, dataset: str, keys: list[str]) -> dict[str, bytes]:
+    """The newest bytes of each of `keys` (one channel, a few reads at a time)."""
+    out: dict[str, bytes] = {}
+    gate = asyncio.Semaphore(8)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
-        out = bytearray()
-        async for msg in stub.Get(agent_pb2.GetRequest(dataset=dataset, key=key), timeout=15):
-            if msg.HasField("chunk"):
-                out += msg.chunk
-        return bytes(out)
+
+        async def one(key: str) -> None:
+            async with gate:
+                got = bytearray()
+                req = agent_pb2.GetRequest(dataset=dataset, key=key)
+                async for msg in stub.Get(req, timeout=15):
+                    if msg.HasField("chunk"):
+                        got += msg.chunk
+                out[key] = bytes(got)
+
+        await asyncio.gather(*(one(k) for k in keys))
+    return out
 
 
 async def listing(address: str, dataset: str) -> dict[str, str]:
@@ -253,6 +279,16 @@ class Writer:
         self._stop.set()
 
     async def run(self, *, max_writes: int = 400, max_s: float = 60) -> None:
+        channels: dict[str, grpc.aio.Channel] = {}
+        try:
+            await self._run(channels, max_writes, max_s)
+        finally:
+            for channel in channels.values():
+                await channel.close()
+
+    async def _run(
+        self, channels: dict[str, grpc.aio.Channel], max_writes: int, max_s: float
+    ) -> None:
         until = time.monotonic() + max_s
         for i in range(max_writes):
             if self._stop.is_set() or time.monotonic() >= until:
@@ -266,7 +302,11 @@ class Writer:
             data = hashlib.sha256(f"{self.dataset} {key}".encode()).digest() * (64 + i % 64)
             self.attempts += 1
             try:
-                resp = await raw_put(agent.address, self.dataset, key, data)
+                if agent.address not in channels:
+                    channels[agent.address] = grpc.aio.insecure_channel(agent.address)
+                resp = await raw_put(
+                    agent.address, self.dataset, key, data, channel=channels[agent.address]
+                )
             except grpc.aio.AioRpcError as err:
                 code = err.code().name
                 self.refused[code] = self.refused.get(code, 0) + 1

@@ -32,8 +32,9 @@ from faults_world import (
     bounded,
     listing,
     metric,
-    raw_get,
+    raw_gets,
     raw_put,
+    wait_alive,
     wait_owner,
 )
 from harness.agent_fixtures import clear_keyspace
@@ -76,8 +77,8 @@ async def assert_readable_from(
     held = await listing(address, dataset)
     lost = [a.key for a in acked if held.get(a.key) != a.digest]
     assert not lost, f"{len(lost)} acked write(s) not held by {region}: {lost[:5]}"
-    for a in acked:  # bit-exact, not only by digest
-        assert await raw_get(address, dataset, a.key) == a.data, a.key
+    got = await raw_gets(address, dataset, [a.key for a in acked])
+    assert [a.key for a in acked if got[a.key] != a.data] == []  # bit-exact, not by digest
 
 
 def history(world: FaultsWorld, dataset: str) -> list[dict[str, object]]:
@@ -107,86 +108,6 @@ def assert_no_overlap(rows: list[dict[str, object]], acked: list[Acked], first: 
         while at < len(chain) and chain[at] != o:
             at += 1
         assert at < len(chain), f"acking owners {owners} do not follow the moves {chain}"
-
-
-async def test_acked_writes_survive_a_switchover_and_a_sigkilled_owner_region(
-    world: FaultsWorld, coord: EtcdCoordination
-) -> None:
-    ds = "auto/a"
-    await wait_owner(coord, ds, lambda o: o.region == "eu-west")
-    writer = Writer(world, coord, ds)
-    load = asyncio.create_task(writer.run(max_writes=600, max_s=90))
-    try:
-        await writer.until(lambda: len(writer.acked) >= 10)
-        # A planned switchover under load, through the CLI as an operator runs it.
-        code, _out, err = await asyncio.to_thread(
-            world.cli,
-            "switchover",
-            "--dataset",
-            ds,
-            "--to",
-            "eu-central",
-            "--yes",
-            "--output",
-            "json",
-        )
-        assert code == 0, err
-        await writer.until(lambda: sum(a.region == "eu-central" for a in writer.acked) >= 10)
-
-        # The owner region dies: agent and controller SIGKILLed, failed over automatically.
-        killed_at = time.monotonic()
-        world.controllers["eu-central"].kill()
-        world.agents["eu-central"].kill()
-        world.killed.add("eu-central")
-        moved = await wait_owner(coord, ds, lambda o: o.region != "eu-central", timeout_s=30)
-        to_new_owner_s = time.monotonic() - killed_at
-        await writer.until(lambda: sum(a.region == moved.region for a in writer.acked) >= 10)
-    finally:
-        writer.stop()
-        await bounded("the writer", load, 30)
-        await world.restart_killed()  # the next tests need three regions
-
-    # Home first unless it lacks acked versions (it was a replica catching up).
-    assert moved.region in ("eu-west", "eu-north")
-    runs = [
-        a.region
-        for i, a in enumerate(writer.acked)
-        if i == 0 or writer.acked[i - 1].region != a.region
-    ]
-    assert runs == ["eu-west", "eu-central", moved.region], runs
-    await assert_readable_from(world, moved.region, ds, writer.acked)
-    rows = history(world, ds)
-    moves = [r for r in rows if r["from"] is not None]  # the home's first claim aside
-    assert [(r["from"], r["to"]) for r in moves] == [
-        ("eu-west", "eu-central"),
-        ("eu-central", moved.region),
-    ]
-    assert_no_overlap(moves, writer.acked, "eu-west")
-    # The failover's RPO exposure, from the agents' own records: zero.
-    rpo = failover_row(world, ds, int(moved.epoch))
-    assert rpo["rpo_versions"] == 0, rpo
-    assert str(rpo["details"].get("rpo_source", "")).startswith("agents"), rpo
-    print(f"failover: new owner {to_new_owner_s:.2f} s after SIGKILL, rpo_versions 0")
-
-
-def failover_row(world: FaultsWorld, dataset: str, epoch: int) -> dict[str, object]:
-    """The journal row of the move to `epoch`, with its details, from the catalog."""
-    from controlplane.catalog.api import open_catalog
-
-    catalog = open_catalog(world.env["MERIDIAN_CATALOG"])
-    try:
-        for until in range(200):  # the row may be written a moment after the move
-            for rec in catalog.list_failovers():
-                if rec.dataset == dataset and rec.epoch == epoch:
-                    return {
-                        "rpo_versions": rec.rpo_versions,
-                        "details": json.loads(rec.details or "{}"),
-                        "kind": rec.kind,
-                    }
-            time.sleep(0.05 if until < 199 else 0)
-    finally:
-        catalog.close()
-    raise AssertionError(f"no journal row for {dataset} at epoch {epoch}")
 
 
 def catalog_status(world: FaultsWorld, dataset: str, region: str) -> dict[str, object]:
@@ -351,3 +272,87 @@ async def test_a_woken_owner_region_gets_no_write_accepted_by_any_replica(
     # republishes its own, which holds nothing acked after the move.
     records = await read_holdings(coord, ds)
     assert set(records) >= set(replicas)
+
+
+def failover_row(world: FaultsWorld, dataset: str, epoch: int) -> dict[str, object]:
+    """The journal row of the move to `epoch`, with its details, from the catalog."""
+    from controlplane.catalog.api import open_catalog
+
+    catalog = open_catalog(world.env["MERIDIAN_CATALOG"])
+    try:
+        for until in range(200):  # the row may be written a moment after the move
+            for rec in catalog.list_failovers():
+                if rec.dataset == dataset and rec.epoch == epoch:
+                    return {
+                        "rpo_versions": rec.rpo_versions,
+                        "details": json.loads(rec.details or "{}"),
+                        "kind": rec.kind,
+                    }
+            time.sleep(0.05 if until < 199 else 0)
+    finally:
+        catalog.close()
+    raise AssertionError(f"no journal row for {dataset} at epoch {epoch}")
+
+
+async def test_acked_writes_survive_a_switchover_and_a_sigkilled_owner_region(
+    world: FaultsWorld, coord: EtcdCoordination
+) -> None:
+    """Last in the module: it kills a region. The earlier tests moved `auto/a` away
+    from eu-west (its owner region paused), so it starts wherever it is now."""
+    ds = "auto/a"
+    await wait_alive(coord, EU)  # eu-west's controller, resumed, is back
+    start = await wait_owner(coord, ds, lambda o: o.handing_over_to is None)
+    target = next(r for r in ("eu-west", "eu-central", "eu-north") if r != start.region)
+    writer = Writer(world, coord, ds)
+    load = asyncio.create_task(writer.run(max_writes=600, max_s=90))
+    try:
+        await writer.until(lambda: len(writer.acked) >= 8)
+        # A planned switchover under load, through the CLI as an operator runs it.
+        code, _out, err = await asyncio.to_thread(
+            world.cli, "switchover", "--dataset", ds, "--to", target, "--yes"
+        )
+        assert code == 0, err
+        await writer.until(lambda: sum(a.region == target for a in writer.acked) >= 8)
+
+        # The owner region dies: agent and controller SIGKILLed, failed over automatically.
+        killed_at = time.monotonic()
+        world.controllers[target].kill()
+        world.agents[target].kill()
+        moved = await wait_owner(coord, ds, lambda o: o.region != target, timeout_s=30)
+        to_new_owner_s = time.monotonic() - killed_at
+        await writer.until(lambda: sum(a.region == moved.region for a in writer.acked) >= 8)
+    finally:
+        writer.stop()
+        await bounded("the writer", load, 30)
+
+    runs = [
+        a.region
+        for i, a in enumerate(writer.acked)
+        if i == 0 or writer.acked[i - 1].region != a.region
+    ]
+    assert runs == [start.region, target, moved.region], [
+        (a.key, a.region, a.regions) for a in writer.acked
+    ]
+    # Each ack names distinct regions, at least a quorum of them, the owner first.
+    short = [
+        a for a in writer.acked if len(set(a.regions)) < 2 or len(set(a.regions)) != len(a.regions)
+    ]
+    assert short == [], short[:3]
+    assert all(a.regions[0] == a.region for a in writer.acked)
+    await assert_readable_from(world, moved.region, ds, writer.acked)
+    rows = history(world, ds)
+    moves = [r for r in rows if int(r["epoch"]) > start.epoch]
+    assert [(r["from"], r["to"]) for r in moves] == [
+        (start.region, target),
+        (target, moved.region),
+    ]
+    assert_no_overlap(moves, writer.acked, start.region)
+    # The failover's RPO exposure, from the agents' own records: zero.
+    rpo = failover_row(world, ds, int(moved.epoch))
+    assert rpo["rpo_versions"] == 0, rpo
+    assert str(rpo["details"].get("rpo_source", "")).startswith("agents"), rpo
+    print(
+        f"failover of {ds}: new owner {moved.region} {to_new_owner_s:.2f} s after the "
+        f"SIGKILL of {target}, rpo_versions {rpo['rpo_versions']}, "
+        f"{len(writer.acked)} acked of {writer.attempts} attempts, refused {writer.refused}"
+    )
