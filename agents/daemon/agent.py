@@ -31,6 +31,7 @@ import grpc.aio
 
 from agents.admission import Admission, OwnerRecord
 from agents.daemon.config import AgentConfig, parse_listen
+from agents.daemon.holdings import HoldingsPublisher, UnackedWrites
 from agents.daemon.identity import Identity
 from agents.daemon.metrics_http import MetricsEndpoint, bind_store_gauges
 from agents.daemon.owners import OwnershipWatch
@@ -87,6 +88,7 @@ class NodeAgent(Lifecycle):
         self.registration: Registration | None = None
         self.records: RecordDuties | None = None
         self.replication: SyncReplication | None = None
+        self.holdings: HoldingsPublisher | None = None
 
     @property
     def metrics_address(self) -> str | None:
@@ -128,7 +130,8 @@ class NodeAgent(Lifecycle):
             self.identity.agent_id,
             self.metrics,
             transfers,
-            replication=self.replication,
+            # Writes whose ack failed are remembered for the failover (holdings.py).
+            replication=(unacked := UnackedWrites(self.replication)),
             sets=ReplicaSets(store, admission, self.region),  # critical sets pushed here
         )
         self.server, port = await start_server(service, self.config.listen)
@@ -161,6 +164,21 @@ class NodeAgent(Lifecycle):
             retry_max_s=self.config.retry_max_s,
         )
         await self.registration.start()
+        # What it holds of critical datasets, for the failover's choice (issue 13).
+        self.holdings = HoldingsPublisher(
+            self.coord,
+            store,
+            region=self.region,
+            agent_id=self.identity.agent_id,
+            endpoint=self.endpoint,
+            policy=lambda: self.view.current,
+            fence=self.fence,
+            lease_ttl_s=self.config.lease_ttl_s,
+            unacked=unacked,
+            retry_initial_s=self.config.retry_initial_s,
+            retry_max_s=self.config.retry_max_s,
+        )
+        await self.holdings.start()
         log.info(
             "agent_ready",
             region=self.region,
@@ -194,6 +212,8 @@ class NodeAgent(Lifecycle):
         return f"{host}:{port}"
 
     async def _do_stop(self) -> None:
+        if self.holdings is not None:
+            await self.holdings.stop()
         if self.registration is not None:
             await self.registration.stop()
         if self.server is not None:

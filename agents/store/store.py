@@ -1278,6 +1278,24 @@ class ObjectStore:
             )
             conn.execute("DELETE FROM journal WHERE seq <= ?", (seq,))
 
+    def change_seq(self) -> int:
+        """A number that grows with every commit that changes what is held (each one
+        journals a record: this is the journal's AUTOINCREMENT counter, one row read),
+        so a poller can tell cheaply whether anything changed since it last looked."""
+        with self._lock:
+            self._require_open()
+            row = self._db.execute(
+                "SELECT seq FROM sqlite_sequence WHERE name = 'journal'"
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def dataset_names(self) -> list[str]:
+        """The datasets of which this store holds any version, by name."""
+        with self._lock:
+            self._require_open()
+            found = self._db.execute("SELECT DISTINCT dataset FROM versions ORDER BY dataset")
+            return [str(r[0]) for r in found.fetchall()]
+
     def journal_position(self) -> int:
         """The seq of the last record the catalog holds (0 at first)."""
         with self._lock:
