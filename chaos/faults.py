@@ -47,6 +47,7 @@ class Injector:
     sampler: OwnerSampler
     _undo: dict[int, list[str]] = field(default_factory=dict)  # id(fault) -> killed members
     _flappers: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    clock_offset_ms: int = 0  # what a `skew-clock` fault shifts its region's HLC by
 
     def _agent_links(self, region: str | None = None) -> list[str]:
         """Every agent-to-agent proxy (both directions) touching `region`, or all of them."""
@@ -125,6 +126,45 @@ class Injector:
                         {"average_size": 512, "size_variation": 256, "delay": 50},
                     )
             return f"{fault.kind} on {len(proxies)} agent links ({fault.target})"
+        if fault.kind == "cut-pair":  # A<->B cut both ways; both still reach everyone else
+            a, b = fault.target.split("|")
+            proxies = [w.regions[a].proxy_name(f"agent-to-{b}")]
+            proxies.append(w.regions[b].proxy_name(f"agent-to-{a}"))
+            for proxy in proxies:
+                await w.toxi.cut(proxy)
+            return f"cut the agent links {a} <-> {b} (both still reach the others)"
+        if fault.kind == "wan":
+            agents = self._agent_links()
+            kafka = [p for r in w.regions.values() for p in r.links("kafka")]
+            for proxy in agents + kafka:
+                await w.toxi.add_toxic(proxy, "latency", {"latency": 100, "jitter": 50})
+            for proxy in agents:  # KB/s: a 1 MiB/s cap on every agent (delta) link
+                await w.toxi.add_toxic(proxy, "bandwidth", {"rate": 1024})
+            return (
+                f"100+/-50 ms each way on {len(agents) + len(kafka)} agent and Kafka links, "
+                f"1 MiB/s on the {len(agents)} agent links"
+            )
+        if fault.kind == "strand-compliant":
+            owner = w.regions[self._owner()]
+            for link in owner.proxies:
+                await w.toxi.cut(owner.proxy_name(link))
+            others = []
+            for region in w.regions.values():
+                if region is owner or region.jurisdiction != owner.jurisdiction:
+                    continue
+                others.append(region.name)
+                for proxy in region.links("etcd"):
+                    await w.toxi.cut(proxy)
+            return (
+                f"isolated {owner.name} and cut {', '.join(others)} from etcd: only regions "
+                f"outside {owner.jurisdiction} reach etcd"
+            )
+        if fault.kind == "skewed":
+            # The skew itself is set when the region's agent and replicator start (a
+            # restart costs tens of seconds on a loaded machine); these windows pace
+            # the run and name what holds during them.
+            offset = self.clock_offset_ms
+            return f"{fault.target}'s agent and replicator run {offset:+d} ms off (since start)"
         if fault.kind == "flap":
             proxies = self._agent_links(fault.target) + w.regions[fault.target].links("kafka")
             seed = int(fault.start_s * 1000)
@@ -151,7 +191,12 @@ class Injector:
 
     async def end(self, fault: Fault) -> None:
         w = self.world
-        if fault.kind in ("cut-etcd", "cut-etcd-up", "cut-etcd-down", "isolate"):
+        if fault.kind == "skewed":
+            return
+        if fault.kind in (
+            "cut-etcd", "cut-etcd-up", "cut-etcd-down", "isolate", "cut-pair", "wan",
+            "strand-compliant",
+        ):  # fmt: skip
             for region in w.regions.values():
                 for link in region.proxies:
                     await w.toxi.clear(region.proxy_name(link))

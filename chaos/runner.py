@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos import dataplane
+from chaos.catalog_inventory import catalog_copies, dlq_copies
 from chaos.checkers import (
     changelog,
+    clock_skew,
     convergence,
     journal,
     lost_writes,
@@ -27,12 +29,15 @@ from chaos.checkers import (
     split_brain,
     visibility,
 )
+from chaos.checkers import critical as critical_checks
 from chaos.checkers.verdict import Verdict
+from chaos.critical_workload import CriticalWorkload
 from chaos.faults import Injector
-from chaos.history import History
+from chaos.history import History, Operation
 from chaos.nemesis import Fault, schedule
 from chaos.policy import (
     CRITICAL,
+    HOLDERS,
     JURISDICTIONS,
     REGIONS,
     RESIDENCY,
@@ -41,7 +46,13 @@ from chaos.policy import (
     STANDARD_RESIDENCY,
     policy_yaml,
 )
-from chaos.records import ObjectState, accepts_from_agent_log, applies_from_replicator_log
+from chaos.records import (
+    ApplyRecord,
+    Copy,
+    ObjectState,
+    accepts_from_agent_log,
+    applies_from_replicator_log,
+)
 from chaos.scenarios import Scenario
 from chaos.stack import PrivateStack
 from chaos.workload import FENCE_REGION, FencedWorkload, OwnerSampler
@@ -66,6 +77,7 @@ class Result:
     verdicts: list[Verdict]
     faults: list[str] = field(default_factory=list)
     run_dir: str = ""
+    elapsed_s: float = 0.0  # the whole run: set-up, faults, recovery, checks, teardown
 
     @property
     def held(self) -> bool:
@@ -80,6 +92,7 @@ class Result:
             "invariants": [v.as_json() for v in self.verdicts],
             "faults": self.faults,
             "run_dir": self.run_dir,
+            "elapsed_s": self.elapsed_s,
         }
 
 
@@ -109,6 +122,9 @@ async def run_scenario(
     world = ChaosWorld(stack, run_dir, REGIONS, lease_ttl_s=3)
     history = History()
     t_setup = time.monotonic()
+    # The harness's wall clock at monotonic 0: a completion's wall time, to tell a
+    # skewed version (HLC ahead of when it was acked) from an on-time one.
+    wall_anchor = time.time() - time.monotonic()
     run_start_ms = int(time.time() * 1000)
     await _wipe_etcd(stack.etcd_endpoints)
     policy = run_dir / "policy.yaml"
@@ -148,9 +164,31 @@ async def run_scenario(
         if scenario.data_plane
         else None
     )
+    crit = (
+        CriticalWorkload(
+            history,
+            workload.regions,
+            {r.name: r.agent_listen for r in world.regions.values()},
+            CRITICAL,
+            seed=seed,
+        )
+        if scenario.critical_plane
+        else None
+    )
+    skewed = scenario.targets[0] if scenario.clock_offset_ms else None
+    # What must converge: the standard datasets' holders (a skewed region's versions are
+    # quarantined elsewhere by design, so it is left out), and with the critical
+    # workload the critical datasets' holders (catch-up fills every replica).
+    must_hold = {
+        ds: [r for r in regions if r != skewed] for ds, regions in STANDARD_HOLDERS.items()
+    }
+    if crit is not None:
+        must_hold.update(HOLDERS)
     final_data: list[ObjectState] = []
     try:
         await asyncio.to_thread(world.start_controllers)
+        if skewed is not None:
+            world.data_env[skewed] = {"MERIDIAN_CLOCK_OFFSET_MS": str(scenario.clock_offset_ms)}
         if scenario.data_plane:
             await asyncio.to_thread(world.start_data_plane)
         phases["processes_s"] = round(time.monotonic() - t_setup, 1)
@@ -166,7 +204,9 @@ async def run_scenario(
         workload.start()
         if data is not None:
             data.start()
-        injector = Injector(world, workload, sampler)
+        if crit is not None:
+            crit.start()
+        injector = Injector(world, workload, sampler, clock_offset_ms=scenario.clock_offset_ms)
         t0 = time.monotonic()
         for fault in faults:
             await asyncio.sleep(max(0.0, t0 + fault.start_s - time.monotonic()))
@@ -212,16 +252,20 @@ async def run_scenario(
         await _until("controllers' views", views_agree, 10)
         if data is not None:
             await data.stop()
+            if crit is not None:
+                await crit.stop()
             final_data = await dataplane.settled_state(
                 {n: world.regions[n].agent_listen for n in STANDARD_HOLDERS[STANDARD[0]]},
-                STANDARD,
-                STANDARD_HOLDERS,
+                STANDARD + (CRITICAL if crit is not None else []),
+                must_hold,
                 CONVERGENCE_S,
             )
         exited = world.exited()
     finally:
         if data is not None:
             await data.stop()
+        if crit is not None:
+            await crit.stop()
         await workload.stop()
         await sampler.stop()
         await asyncio.to_thread(world.stop_all)
@@ -233,10 +277,38 @@ async def run_scenario(
     ops = history.operations()
     accepts = workload.accept_log()
     published = []
+    catalog_claims: list[Copy] = []
+    dead_letters: list[Copy] = []
+    if residency.NAME in scenario.invariants:
+        url = world.catalog_direct.replace("postgresql+psycopg://", "postgresql://", 1)
+        catalog_claims = await asyncio.to_thread(catalog_copies, url)
+        dead_letters = await dlq_copies(stack.kafka_endpoint, run_start_ms)
     if scenario.data_plane:
         for region, lines in world.logs_of("agent").items():
             accepts += accepts_from_agent_log(lines, region, f"{region}-agent", region)
         published = await dataplane.published_events(stack.kafka_endpoint, run_start_ms)
+
+    def all_applies() -> list[ApplyRecord]:
+        return [
+            a
+            for region, lines in world.logs_of("replicator").items()
+            for a in applies_from_replicator_log(lines, f"{region} replicator log")
+            if dataplane.of_run(a.version, run_start_ms)
+        ]
+
+    critical_ops = [op for op in ops if op.invoke.process.endswith("/critical")]
+    other_ops = [op for op in ops if not op.invoke.process.endswith("/critical")]
+    max_skew_ms = stack.settings.max_clock_skew_ms
+
+    def skewed_write(op: Operation) -> list[str] | None:
+        """A write of the skewed region acked with an HLC ahead of the harness's clock
+        by more than the allowed skew: it must stay in its own region only."""
+        wall = clock_skew.wall_ms(str(op.seen("version") or ""))
+        if skewed is None or op.invoke.region != skewed or op.complete is None or wall is None:
+            return None
+        acked_ms = (wall_anchor + op.complete.time_ns / 1e9) * 1000
+        return [skewed] if wall > acked_ms + max_skew_ms else None
+
     verdicts: list[Verdict] = []
     for name in scenario.invariants:
         if name == split_brain.NAME:
@@ -245,23 +317,30 @@ async def run_scenario(
             required: dict[str, list[str]] = {ds: [FENCE_REGION] for ds in CRITICAL}
             if scenario.data_plane:
                 required.update(STANDARD_HOLDERS)
-            verdicts.append(lost_writes.check(ops, workload.final_state() + final_data, required))
+            verdicts.append(
+                lost_writes.check(
+                    other_ops, workload.final_state() + final_data, required, only_in=skewed_write
+                )
+            )
+        elif name == critical_checks.LOST:
+            verdicts.append(critical_checks.lost(critical_ops, final_data, HOLDERS))
+        elif name == critical_checks.ONE_OWNER:
+            verdicts.append(critical_checks.one_owner(accepts, CRITICAL))
+        elif name == residency.OWNERS:
+            verdicts.append(residency.owners(sampler.samples, RESIDENCY, JURISDICTIONS))
+        elif name == clock_skew.NAME:
+            verdicts.append(clock_skew.check(all_applies(), max_skew_ms))
         elif name == convergence.NAME:
-            verdicts.append(convergence.check(final_data, STANDARD_HOLDERS))
+            verdicts.append(convergence.check(final_data, must_hold))
         elif name == changelog.NAME:
-            applies = [
-                a
-                for region, lines in world.logs_of("replicator").items()
-                for a in applies_from_replicator_log(lines, f"{region} replicator log")
-                if dataplane.of_run(a.version, run_start_ms)
-            ]
-            verdicts.append(changelog.check(published, applies, STANDARD_HOLDERS))
+            verdicts.append(changelog.check(published, all_applies(), STANDARD_HOLDERS))
         elif name == visibility.NAME:
             verdicts.append(visibility.check(ops))
         elif name == residency.NAME:
             roots = {r.name: run_dir / "agents" / r.name for r in world.regions.values()}
             allowed = {**RESIDENCY, **STANDARD_RESIDENCY}
-            verdicts.append(residency.check(dataplane.inventory(roots), allowed, JURISDICTIONS))
+            copies = dataplane.inventory(roots) + catalog_claims + dead_letters
+            verdicts.append(residency.check(copies, allowed, JURISDICTIONS))
         elif name == ownership.RESUMED:
             verdicts.append(ownership.resumed(ops, first_fault_ns, heal_ns))
         elif name == ownership.STABLE:
@@ -291,4 +370,5 @@ async def run_scenario(
         verdicts,
         [f"{d[0].describe()}: {d[1]}" for d in done],
         str(run_dir),
+        round(time.monotonic() - t_setup, 1),
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from chaos.checkers import (
     changelog,
+    clock_skew,
     convergence,
     journal,
     lost_writes,
@@ -19,6 +20,7 @@ from chaos.checkers import (
     split_brain,
     visibility,
 )
+from chaos.checkers import critical as critical_checks
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,12 @@ class Scenario:
     # writing objects of `object_size` bytes (above 256 KiB: fetched by Sync, not inline).
     data_plane: bool = False
     object_size: int = 4096
+    # Critical-class writes through the owner's agent with its epoch (sync replication),
+    # beside the standard workload (needs `data_plane`).
+    critical_plane: bool = False
+    # Scenario 13: the target region's agent and replicator run with their HLC's
+    # physical clock shifted by this many ms (from their start).
+    clock_offset_ms: int = 0
 
 
 SAFETY = (
@@ -171,6 +179,70 @@ SCENARIOS += (
         DATA,
         data_plane=True,
         object_size=384 * 1024,
+    ),
+)
+
+CRITICAL_DATA = (*DATA, critical_checks.LOST, critical_checks.ONE_OWNER)
+PAIRS = ("eu-west|eu-central", "eu-west|eu-north", "eu-central|eu-north")
+
+SCENARIOS += (
+    Scenario(
+        "partial-partition",
+        5,
+        "a partial partition: the agent links between two EU regions cut both ways while "
+        "both still reach the third (and etcd, Kafka, the catalog): pushes and Fetches "
+        "between them must go another way or wait",
+        ("cut-pair",),
+        PAIRS,
+        (4.0, 6.0),
+        (2.0, 3.0),
+        CRITICAL_DATA,
+        data_plane=True,
+        critical_plane=True,
+        object_size=384 * 1024,
+    ),
+    Scenario(
+        "wan-degraded",
+        8,
+        "WAN degradation: 100 +/- 50 ms latency each way on every agent and Kafka link and "
+        "a 1 MiB/s bandwidth cap on the agent (delta) links, under a checkpoint series "
+        "(1.5 MiB objects rewritten: fetched as deltas)",
+        ("wan",),
+        ("all",),
+        (6.0, 8.0),
+        (2.0, 3.0),
+        DATA,
+        data_plane=True,
+        object_size=1536 * 1024,
+    ),
+    Scenario(
+        "residency-failover",
+        10,
+        "residency under failover: the owner of the EU-only datasets isolated and the other "
+        "EU regions cut from etcd, so only us-east (US, not allowed) can reach etcd: no "
+        "dataset may fail over there, no byte may land there",
+        ("strand-compliant",),
+        ("owner",),
+        (6.0, 8.0),
+        (3.0, 4.0),
+        (*CRITICAL_DATA, residency.OWNERS, ownership.RESUMED),
+        data_plane=True,
+        critical_plane=True,
+    ),
+    Scenario(
+        "clock-skew",
+        13,
+        "clock skew: eu-north's agent and replicator run with their HLC's physical clock "
+        "30 s ahead (setting clock_offset_ms; max_clock_skew_ms is 1000) for the whole run: "
+        "its versions are quarantined elsewhere (dead letter `clock skew`), never applied, "
+        "while the other regions' writes reach it and everyone else",
+        ("skewed",),
+        ("eu-north",),
+        (6.0, 8.0),
+        (3.0, 4.0),
+        (*DATA, clock_skew.NAME),
+        data_plane=True,
+        clock_offset_ms=30_000,
     ),
 )
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
+from collections.abc import Iterator
 
 import pytest
 from harness.cli_schema import check_output
@@ -29,9 +31,31 @@ DATA_PLANE_DURATION = "12s"
 BUDGET_S = 240  # set-up, 30 s of faults with their gaps, recovery, checks, teardown
 
 
+Row = tuple[int, str, float, int, int, str]  # number, name, seconds, operations, acked, held
+
+
+@pytest.fixture(scope="module")
+def timings(request: pytest.FixtureRequest) -> Iterator[list[Row]]:
+    """Every scenario's wall time, printed as one table after the module (CI's budget)."""
+    rows: list[Row] = []
+    yield rows
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or not rows:
+        return
+    reporter.write_line("")
+    reporter.write_line("chaos scenario times (s), seed 1400 + number:")
+    reporter.write_line(f"{'#':>3}  {'scenario':<24} {'seconds':>8} {'ops':>6} {'acked':>6}  held")
+    for number, name, seconds, ops, acked, held in sorted(rows):
+        reporter.write_line(f"{number:>3}  {name:<24} {seconds:>8.1f} {ops:>6} {acked:>6}  {held}")
+    reporter.write_line(f"     {'total':<24} {sum(r[2] for r in rows):>8.1f}")
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: f"{s.number}-{s.name}")
-def test_scenario_holds_every_invariant(private_stack: PrivateStack, scenario: Scenario) -> None:
+def test_scenario_holds_every_invariant(
+    private_stack: PrivateStack, scenario: Scenario, timings: list[Row]
+) -> None:
     seed = SEED + scenario.number
+    started = time.monotonic()
     done = subprocess.run(
         [*meridian_argv(), "chaos", "run", scenario.name, "--seed", str(seed),
          "--duration", DATA_PLANE_DURATION if scenario.data_plane else DURATION,
@@ -47,6 +71,11 @@ def test_scenario_holds_every_invariant(private_stack: PrivateStack, scenario: S
     check_output("chaos_run", results)
     assert [r["scenario"] for r in results] == [scenario.name]
     result = results[0]
+    held = all(v["held"] for v in result["invariants"])
+    timings.append(
+        (scenario.number, scenario.name, time.monotonic() - started, result["operations"],
+         result["acked"], "yes" if held else "NO")
+    )  # fmt: skip
     assert result["seed"] == seed
     failures = [f"{v['name']}: {v['detail']}" for v in result["invariants"] if not v["held"]]
     assert not failures, (
