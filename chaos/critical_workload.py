@@ -5,7 +5,8 @@ etcd *through its region's proxies* (a region cut from etcd cannot learn it stil
 owns), and when its region is the owner it puts a small object (unique id stamped
 in it, digest computed here) to its own agent with that epoch. The agent admits it
 against etcd's owner record, commits, and pushes it synchronously to the replicas:
-the ack means the policy's copies hold it.
+the ack means the policy's copies hold it. Every write has a key of its own (its
+id), so no later write can supersede it: an acked write missing is lost, plainly.
 
 Outcomes: `ok` when acknowledged (the digest is checked); `fail` when etcd named
 another owner (nothing sent) or the agent refused it definitively before storing
@@ -28,7 +29,6 @@ from chaos.workload import RegionClients
 from controlplane.errors import MeridianError
 
 OP_TIMEOUT_S = 6.0
-KEYS_PER_DATASET = 4
 SIZE = 8192
 
 
@@ -44,6 +44,7 @@ class CriticalWorkload:
         *,
         seed: int,
         interval_s: float = 0.1,
+        key_prefix: str = "",
     ) -> None:
         self.history = history
         self.regions = dict(regions)
@@ -51,6 +52,7 @@ class CriticalWorkload:
         self.datasets = list(datasets)
         self.seed = seed
         self.interval_s = interval_s
+        self.key_prefix = key_prefix
         self.rng = random.Random(seed ^ 0xC217)  # noqa: S311 - replayable from the seed
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -77,16 +79,13 @@ class CriticalWorkload:
             for _ in range(1_000_000):  # bounded; stopped long before
                 if self._stop.is_set():
                     return
-                dataset = rng.choice(self.datasets)
-                key = f"c{rng.randrange(KEYS_PER_DATASET)}"
-                await self._write(client, rc, name, dataset, key)
+                await self._write(client, rc, name, rng.choice(self.datasets))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.interval_s)
 
-    async def _write(
-        self, client: AgentClient, rc: RegionClients, name: str, dataset: str, key: str
-    ) -> None:
+    async def _write(self, client: AgentClient, rc: RegionClients, name: str, dataset: str) -> None:
         op_id = History.new_id("c")
+        key = f"{self.key_prefix}{op_id}"
         data = content(self.seed, dataset, key, op_id, SIZE)
         digest = digest_of(data)
         inv = self.history.invoke(name, "write", rc.region, dataset, key, op_id, digest=digest)

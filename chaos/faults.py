@@ -98,9 +98,11 @@ class Injector:
         if fault.kind == "sigstop":
             region = w.regions[self._owner()]
             self.workload.regions[region.name].pause()
-            signal_daemon(region.daemons["controller"], signal.SIGSTOP)
+            stopped: list[str] = [k for k in ("agent", "controller") if k in region.daemons]
+            for name in stopped:
+                signal_daemon(region.daemons[name], signal.SIGSTOP)
             self._undo[id(fault)] = [region.name]
-            return f"SIGSTOP {region.name} controller"
+            return f"SIGSTOP {region.name} {' and '.join(stopped)}"
         if fault.kind in ("kill-agent", "kill-replicator"):
             kind = fault.kind.removeprefix("kill-")
             region = w.regions[fault.target]
@@ -202,7 +204,8 @@ class Injector:
                     await w.toxi.clear(region.proxy_name(link))
         elif fault.kind == "sigstop":
             for name in self._undo.pop(id(fault), []):
-                signal_daemon(w.regions[name].daemons["controller"], signal.SIGCONT)
+                for daemon in w.regions[name].daemons.values():
+                    signal_daemon(daemon, signal.SIGCONT)
                 self.workload.regions[name].unpause()
         elif fault.kind in ("kill-etcd-leader", "etcd-quorum-loss"):
             cluster = w.stack.etcd_cluster()

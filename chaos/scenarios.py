@@ -48,6 +48,11 @@ class Scenario:
     # physical clock shifted by this many ms (from their start).
     clock_offset_ms: int = 0
 
+    @property
+    def agents(self) -> bool:
+        """Agents and replicators run in every region (for either workload)."""
+        return self.data_plane or self.critical_plane
+
 
 SAFETY = (
     split_brain.NAME,
@@ -56,6 +61,8 @@ SAFETY = (
     journal.JOURNALED,
     journal.VIEWS,
 )
+# With the critical workload through the agents (sync replication, epochs from etcd).
+CRIT = (critical_checks.LOST, critical_checks.ONE_OWNER, convergence.NAME)
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
@@ -67,7 +74,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("owner",),
         (8.0, 11.0),
         (3.0, 5.0),
-        SAFETY,
+        (*SAFETY, *CRIT),
+        critical_plane=True,
     ),
     Scenario(
         "owner-cut-from-etcd",
@@ -78,18 +86,20 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("owner",),
         (8.0, 11.0),
         (3.0, 5.0),
-        SAFETY,
+        (*SAFETY, *CRIT),
+        critical_plane=True,
     ),
     Scenario(
         "owner-sigstop",
         3,
-        "the owner region's controller SIGSTOPped (and its clients held between reading "
-        "their epoch and writing) past the lease TTL, then resumed",
+        "the owner region's agent and controller SIGSTOPped (and its clients held between "
+        "reading their epoch and writing) past the lease TTL, then resumed",
         ("sigstop",),
         ("owner",),
         (8.0, 11.0),
         (3.0, 5.0),
-        SAFETY,
+        (*SAFETY, *CRIT),
+        critical_plane=True,
     ),
     Scenario(
         "owner-one-way-etcd",
@@ -101,7 +111,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("owner",),
         (8.0, 11.0),
         (3.0, 5.0),
-        SAFETY,
+        (*SAFETY, *CRIT),
+        critical_plane=True,
     ),
     Scenario(
         "etcd-leader-and-quorum",
@@ -112,8 +123,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("etcd",),
         (6.0, 9.0),
         (3.0, 5.0),
-        (*SAFETY, ownership.STABLE),
+        (*SAFETY, ownership.STABLE, *CRIT),
         stable_during=("kill-etcd-leader", "etcd-quorum-loss"),
+        critical_plane=True,
     ),
     Scenario(
         "catalog-stopped",
@@ -124,9 +136,10 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("catalog",),
         (12.0, 16.0),
         (3.0, 5.0),
-        (*SAFETY, ownership.STABLE, ownership.DURING),
+        (*SAFETY, ownership.STABLE, ownership.DURING, *CRIT),
         stable_during=("stop-catalog",),
         progress_during=("stop-catalog",),
+        critical_plane=True,
     ),
 )
 
@@ -182,7 +195,7 @@ SCENARIOS += (
     ),
 )
 
-CRITICAL_DATA = (*DATA, critical_checks.LOST, critical_checks.ONE_OWNER)
+CRITICAL_DATA = (*DATA, critical_checks.LOST, critical_checks.ONE_OWNER)  # DATA converges
 PAIRS = ("eu-west|eu-central", "eu-west|eu-north", "eu-central|eu-north")
 
 SCENARIOS += (

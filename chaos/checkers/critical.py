@@ -1,9 +1,11 @@
 """Critical-class writes through the agents: none acked and lost, one owner per epoch.
 
 * `LOST`: every critical write the owner's agent acknowledged (synchronous
-  replication reached its copies) is, after heal and catch-up, in every region
-  its placement names, or superseded there by a newer version some write made
-  (the lost-writes check over the critical datasets only).
+  replication reached its copies) is, after heal and catch-up, held (or
+  superseded by a newer version some write made) by the dataset's owner at the
+  end, whose agent serves its reads, and by at least `quorum` of the regions its
+  placement names: an ack promised that many copies, so fewer is a lost write.
+  (That every holder ends with it is convergence's business.)
 * `ONE_OWNER`: from the agents' accept logs, no epoch of a dataset had writes
   accepted by two regions' agents (two owners in one epoch is a split brain the
   fence must make impossible), and each region's accepted epochs never go down.
@@ -26,9 +28,32 @@ def lost(
     operations: Iterable[Operation],
     final: Iterable[ObjectState],
     holders: Mapping[str, Sequence[str]],
+    owners: Mapping[str, str] | None = None,
+    quorum: int | None = None,
 ) -> Verdict:
-    """`holders`: critical dataset -> the regions its placement names (home + replicas)."""
-    return lost_writes.check(operations, final, holders, datasets=set(holders), name=LOST)
+    """`holders`: critical dataset -> the regions its placement names (home + replicas);
+    `owners`: dataset -> its owner at the end; `quorum`: copies an ack promises
+    (default: every holder)."""
+    problems: list[str] = []
+    judged = lost_writes.judge(operations, final, holders, datasets=set(holders))
+    for op, faults in judged:
+        ds = op.invoke.dataset
+        regions = holders[ds]
+        need = len(regions) if quorum is None else quorum
+        owner = (owners or {}).get(ds)
+        missing = sorted({r for r, _ in faults})
+        if "" in missing:
+            problems.append(f"{op.describe()}: acked without a version")
+        elif owner is not None and owner in missing:
+            why = next(w for r, w in faults if r == owner)
+            problems.append(f"{op.describe()}: lost by the owner at the end ({why})")
+        elif len(regions) - len(missing) < need:
+            problems.append(
+                f"{op.describe()}: kept by {len(regions) - len(missing)} of {len(regions)} "
+                f"holders, the ack promised {need} ({'; '.join(w for _, w in faults)})"
+            )
+    acked = len(judged)
+    return Verdict.of(LOST, problems, f"{acked} acked critical writes all kept")
 
 
 def one_owner(accepts: Iterable[AcceptRecord], datasets: Iterable[str]) -> Verdict:

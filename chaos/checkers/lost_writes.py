@@ -33,6 +33,21 @@ def check(
     `only_in(op)`, when it returns regions, narrows them for that write (a version the
     system must quarantine elsewhere, such as a skewed clock's); `datasets` limits the
     acked writes judged (every write still counts as a possible superseder)."""
+    judged = judge(operations, final, required_regions, only_in=only_in, datasets=datasets)
+    problems = [f"{op.describe()}: {why}" for op, faults in judged for _, why in faults]
+    return Verdict.of(name, problems, f"{len(judged)} acked writes all present")
+
+
+def judge(
+    operations: Iterable[Operation],
+    final: Iterable[ObjectState],
+    required_regions: Mapping[str, Sequence[str]],
+    *,
+    only_in: Callable[[Operation], Sequence[str] | None] | None = None,
+    datasets: Set[str] | None = None,
+) -> list[tuple[Operation, list[tuple[str, str]]]]:
+    """Every acked write judged, with the (region, why) of each required region that
+    lost it (an empty list: kept everywhere it must be)."""
     held: dict[tuple[str, str, str], ObjectState] = {}
     for state in final:
         held[(state.region, state.dataset, state.key)] = state
@@ -52,30 +67,28 @@ def check(
             written_digests.add((op.invoke.dataset, op.invoke.key, digest))
         if op.outcome == "ok" and (datasets is None or op.invoke.dataset in datasets):
             acked.append(op)
-    problems: list[str] = []
+    out: list[tuple[Operation, list[tuple[str, str]]]] = []
     for op in acked:
         ds, key = op.invoke.dataset, op.invoke.key
         version = op.seen("version")
-        if not isinstance(version, str):
-            problems.append(f"{op.describe()}: acked without a version")
-            continue
         narrowed = only_in(op) if only_in is not None else None
         regions = required_regions.get(ds, ()) if narrowed is None else narrowed
+        faults: list[tuple[str, str]] = []
+        out.append((op, faults))
+        if not isinstance(version, str):
+            faults.append(("", "acked without a version"))
+            continue
         for region in regions:
             got = held.get((region, ds, key))
             if got is None:
-                problems.append(f"{op.describe()}: absent in {region}")
+                faults.append((region, f"absent in {region}"))
             elif got.version < version:
-                problems.append(f"{op.describe()}: {region} holds the older {got.version} instead")
+                faults.append((region, f"{region} holds the older {got.version} instead"))
             elif got.version == version:
                 if got.digest != op.seen("digest"):
-                    problems.append(
-                        f"{op.describe()}: {region} holds {version} with digest {got.digest}"
-                    )
+                    faults.append((region, f"{region} holds {version} with digest {got.digest}"))
             elif (ds, key, got.version) not in written and (
                 (ds, key, got.digest) not in written_digests
             ):
-                problems.append(
-                    f"{op.describe()}: {region} holds {got.version}, which no write produced"
-                )
-    return Verdict.of(name, problems, f"{len(acked)} acked writes all present")
+                faults.append((region, f"{region} holds {got.version}, which no write produced"))
+    return out

@@ -113,3 +113,16 @@ def test_a_skewed_version_applied_is_a_violation() -> None:
 def test_no_quarantine_at_all_means_the_skew_did_not_bite() -> None:
     assert not clock_skew.check([rec("applied", 1_000_000_000, 1e6)], 1000).held
     assert clock_skew.check([], 1000, expect_quarantine=False).held
+
+
+def test_a_critical_write_kept_by_a_quorum_and_the_owner_is_not_lost() -> None:
+    b = Builder()
+    b.write("k", "v1")
+    three = {"ds": ["eu-west", "eu-central", "eu-north"]}
+    two_copies = held("v1", "d-v1", ("eu-west", "eu-central"))
+    assert critical.lost(b.ops(), two_copies, three, {"ds": "eu-central"}, quorum=2).held
+    verdict = critical.lost(b.ops(), two_copies, three, {"ds": "eu-north"}, quorum=2)
+    assert not verdict.held and "lost by the owner at the end" in (verdict.detail or "")
+    one_copy = held("v1", "d-v1", ("eu-west",))
+    verdict = critical.lost(b.ops(), one_copy, three, {"ds": "eu-west"}, quorum=2)
+    assert not verdict.held and "kept by 1 of 3 holders" in (verdict.detail or "")
