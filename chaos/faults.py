@@ -12,6 +12,7 @@ import contextlib
 import os
 import random
 import signal
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,6 +49,19 @@ class Injector:
     _undo: dict[int, list[str]] = field(default_factory=dict)  # id(fault) -> killed members
     _flappers: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     clock_offset_ms: int = 0  # what a `skew-clock` fault shifts its region's HLC by
+    _operators: dict[int, asyncio.Task[str]] = field(default_factory=dict)
+    # What each operator action of the run answered (the run's log and result.json).
+    operator_log: list[str] = field(default_factory=list)
+
+    def _force_failover(self, source: str, to: str) -> str:
+        argv = ["failover", "--from", source, "--to", to, "--force", "--yes"]
+        try:
+            done = self.world.cli(*argv, "--reason", "chaos: only this region reaches etcd",
+                                  timeout_s=60)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"meridian {' '.join(argv)}: no answer within 60 s"
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return f"meridian {' '.join(argv)} exited {done.returncode}: {said[-1] if said else ''}"
 
     def _agent_links(self, region: str | None = None) -> list[str]:
         """Every agent-to-agent proxy (both directions) touching `region`, or all of them."""
@@ -157,9 +171,18 @@ class Injector:
                 others.append(region.name)
                 for proxy in region.links("etcd"):
                     await w.toxi.cut(proxy)
+            # An operator who can only reach etcd from outside the residency tries to
+            # force the datasets there: the failover must refuse (runbook residency rule).
+            outside = next(
+                r.name for r in w.regions.values() if r.jurisdiction != owner.jurisdiction
+            )
+            self._operators[id(fault)] = asyncio.create_task(
+                asyncio.to_thread(self._force_failover, owner.name, outside)
+            )
             return (
                 f"isolated {owner.name} and cut {', '.join(others)} from etcd: only regions "
-                f"outside {owner.jurisdiction} reach etcd"
+                f"outside {owner.jurisdiction} reach etcd; an operator forces a failover of "
+                f"{owner.name} to {outside}"
             )
         if fault.kind == "skewed":
             # The skew itself is set when the region's agent and replicator start (a
@@ -195,6 +218,11 @@ class Injector:
         w = self.world
         if fault.kind == "skewed":
             return
+        operator = self._operators.pop(id(fault), None)
+        if operator is not None:
+            said = await operator
+            self.operator_log.append(said)
+            log.info("chaos_operator", answer=said)
         if fault.kind in (
             "cut-etcd", "cut-etcd-up", "cut-etcd-down", "isolate", "cut-pair", "wan",
             "strand-compliant",

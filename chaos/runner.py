@@ -269,6 +269,7 @@ async def run_on_world(
     gauges: dict[str, float | None] = {}
     truth: dict[str, str] = {}
     spent: dict[str, float] = {}  # seconds from the scenario's start to the end of each step
+    answers: list[str] = []  # what operator actions of the faults were told
 
     async def all_owned() -> bool:
         return len(sampler.latest()) == len(CRITICAL)
@@ -283,6 +284,7 @@ async def run_on_world(
         if crit is not None:
             crit.start()
         injector = Injector(world, workload, sampler, clock_offset_ms=scenario.clock_offset_ms)
+        answers = injector.operator_log
         t0 = time.monotonic()
         for fault in faults:
             await asyncio.sleep(max(0.0, t0 + fault.start_s - time.monotonic()))
@@ -451,7 +453,7 @@ async def run_on_world(
         len(ops),
         sum(1 for op in ops if op.outcome == "ok" and op.f == "write"),
         verdicts,
-        [f"{d[0].describe()}: {d[1]}" for d in done],
+        [f"{d[0].describe()}: {d[1]}" for d in done] + [f"operator: {a}" for a in answers],
         str(run_dir),
         round(time.monotonic() - t_start, 1),
     )
