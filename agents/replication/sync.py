@@ -65,9 +65,21 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def copy_regions(placement: Placement) -> tuple[str, ...]:
+    """Every region that keeps a copy of the dataset: home and replicas, each once."""
+    return tuple(dict.fromkeys(r for r in (placement.home, *placement.replicas) if r))
+
+
+def push_targets(placement: Placement, owner: str) -> tuple[str, ...]:
+    """Where the owner pushes a write: every other copy region. After a failover the
+    owner is a replica region and the home is one of them (the chaos suite found the
+    owner pushing to `replicas`, itself included, and never to the home)."""
+    return tuple(r for r in copy_regions(placement) if r != owner)
+
+
 def copies_needed(placement: Placement) -> int:
     """How many regions (the owner included) must hold a write before it is acked."""
-    copies = 1 + len(placement.replicas)
+    copies = len(copy_regions(placement))
     if (placement.ack or DEFAULT_ACK) == "all":
         return copies
     return copies // 2 + 1
@@ -105,7 +117,8 @@ class SyncReplication:
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
         placement = write.admitted.placement
         need = copies_needed(placement)
-        if not placement.replicas:
+        targets = push_targets(placement, self.region)
+        if not targets:
             return (self.region,)
         if write.version is None or write.key is None:
             # A set record has no Replicate frame yet: its members were pushed by
@@ -119,7 +132,7 @@ class SyncReplication:
         deadline = self.timeout_s + version.size / self.min_rate_bps
         tasks = {
             asyncio.create_task(self._push(region, write, version, deadline), name=region): region
-            for region in placement.replicas
+            for region in targets
         }
         held = [self.region]
         errors: dict[str, MeridianError] = {}
@@ -153,7 +166,7 @@ class SyncReplication:
             self._mark_behind(write, tasks[task])  # it may time out: caught up to be sure
         if len(held) >= need:
             return tuple(held)
-        missing = [r for r in placement.replicas if r not in held]
+        missing = [r for r in targets if r not in held]
         log.warning(
             "critical_write_unacked",
             dataset=write.dataset,
@@ -177,7 +190,7 @@ class SyncReplication:
         raise UnavailableError(
             f"critical write {write.dataset}/{write.key} at {version.hlc} is committed in "
             f"{', '.join(held)} but not acked: ack {placement.ack or DEFAULT_ACK} needs {need} "
-            f"of {1 + len(placement.replicas)} regions ({why}); retry the write"
+            f"of {len(copy_regions(placement))} regions ({why}); retry the write"
         )
 
     def _mark_behind(self, write: CommittedWrite, region: str) -> None:

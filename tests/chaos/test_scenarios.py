@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # name: (first seed, --duration, scenario numbers in run order)
 GROUPS: dict[str, tuple[int, str, list[int]]] = {
-    "control": (1400, "30s", [1, 2, 3, 4, 6, 12]),
+    "control": (1400, "20s", [1, 2, 3, 4, 6, 12]),
     # The data-plane scenarios (agents and replicators in four regions) cost twice the
     # CPU: a shorter fault time keeps the suite's CI time bounded.
     "data": (1420, "12s", [5, 7, 8, 9, 10, 11]),
