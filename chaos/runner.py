@@ -445,7 +445,14 @@ async def run_on_world(
     log.info("chaos_scenario_times", scenario=scenario.name, **spent)
     with (run_dir / "result.json").open("w") as out:
         json.dump(
-            {"faults": [d[1] for d in done], "exited": exited, "world": str(world.run_dir)}, out
+            {
+                "faults": [d[1] for d in done],
+                "exited": exited,
+                "world": str(world.run_dir),
+                "invariants": [{**v.as_json(), "offending": list(v.offending)} for v in verdicts],
+                "times": spent,
+            },
+            out,
         )
     return Result(
         scenario.name,
