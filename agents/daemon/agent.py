@@ -31,6 +31,7 @@ import grpc.aio
 
 from agents.admission import Admission, OwnerRecord
 from agents.daemon.config import AgentConfig, parse_listen
+from agents.daemon.holdings import HoldingsPublisher, UnackedWrites
 from agents.daemon.identity import Identity
 from agents.daemon.metrics_http import MetricsEndpoint, bind_store_gauges
 from agents.daemon.owners import OwnershipWatch
@@ -41,13 +42,14 @@ from agents.owners import EtcdOwners
 from agents.placement import MembershipWatch
 from agents.rebalance import Rebalancer
 from agents.replication import EtcdPeers, SyncReplication
+from agents.replication.replica_sets import ReplicaSets
 from agents.routing import PeerStubs, RoutedAgentService
 from agents.service.server import start_server, stop_server
 from agents.store import ObjectStore
 from agents.transfer.service import TransferService
 from controlplane.coordination.protocols.datasets import announce
 from controlplane.coordination.protocols.fencing import FencedResource
-from controlplane.domain.hlc import HybridClock
+from controlplane.domain.hlc import HybridClock, offset_ms
 from controlplane.errors import NotFoundError
 from controlplane.lifecycle import Lifecycle
 from controlplane.logs import get_logger
@@ -97,6 +99,7 @@ class NodeAgent(Lifecycle):
         self.registration: Registration | None = None
         self.records: RecordDuties | None = None
         self.replication: SyncReplication | None = None
+        self.holdings: HoldingsPublisher | None = None
         self.rebalancer: Rebalancer | None = None
 
     @property
@@ -108,7 +111,11 @@ class NodeAgent(Lifecycle):
         self._check_region()
         await self.watch.start()
         await self.members.start()
-        clock = HybridClock(self.region, max_clock_skew_ms=self.settings.max_clock_skew_ms)
+        clock = HybridClock(
+            self.region,
+            max_clock_skew_ms=self.settings.max_clock_skew_ms,
+            physical_ms=offset_ms(self.settings.clock_offset_ms),
+        )
         self.store = store = await asyncio.to_thread(
             ObjectStore,
             self.config.root,
@@ -141,7 +148,9 @@ class NodeAgent(Lifecycle):
             self.identity.agent_id,
             self.metrics,
             transfers,
-            replication=self.replication,
+            # Writes whose ack failed are remembered for the failover (holdings.py).
+            replication=(unacked := UnackedWrites(self.replication)),
+            sets=ReplicaSets(store, admission, self.region),  # critical sets pushed here
             members=self.members,
             peers=self.peers,
         )
@@ -186,6 +195,21 @@ class NodeAgent(Lifecycle):
             extra=self.rebalancer.registration_fields,
         )
         await self.registration.start()
+        # What it holds of critical datasets, for the failover's choice (issue 13).
+        self.holdings = HoldingsPublisher(
+            self.coord,
+            store,
+            region=self.region,
+            agent_id=self.identity.agent_id,
+            endpoint=self.endpoint,
+            policy=lambda: self.view.current,
+            fence=self.fence,
+            lease_ttl_s=self.config.lease_ttl_s,
+            unacked=unacked,
+            retry_initial_s=self.config.retry_initial_s,
+            retry_max_s=self.config.retry_max_s,
+        )
+        await self.holdings.start()
         await self.rebalancer.start()
         log.info(
             "agent_ready",
@@ -230,6 +254,8 @@ class NodeAgent(Lifecycle):
                 # still serves their pulls (a lone agent has nobody to hand to).
                 await self.rebalancer.drain(self.settings.drain_timeout_s)
             await self.rebalancer.stop()
+        if self.holdings is not None:
+            await self.holdings.stop()
         if self.registration is not None:
             await self.registration.stop()
         if self.server is not None:

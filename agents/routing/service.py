@@ -39,7 +39,7 @@ from agents.routing.peers import PeerStubs, routed_by
 from agents.rpc.status import abort, from_rpc_error
 from agents.service import requests
 from agents.service.outcome import Context, stream, unary
-from agents.service.servicer import AgentService, Replication, Transfers
+from agents.service.servicer import AgentService, Replication, SetReceiver, Transfers
 from agents.store import ObjectStore
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.logs import get_logger
@@ -75,6 +75,7 @@ class RoutedAgentService(AgentService):
         members: MembersSource,
         peers: PeerStubs,
         replication: Replication | None = None,
+        sets: SetReceiver | None = None,
         max_object_bytes: int | None = None,
     ) -> None:
         super().__init__(
@@ -85,6 +86,7 @@ class RoutedAgentService(AgentService):
             metrics,
             transfers,
             replication=replication,
+            sets=sets,
             max_object_bytes=max_object_bytes,
         )
         self.members = members

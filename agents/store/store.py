@@ -1176,6 +1176,23 @@ class ObjectStore:
                 )
         return SetRecord(dataset, row[0], HLC.parse(row[1]), members, complete=True)
 
+    def missing_members(self, dataset: str, set_id: str) -> list[str]:
+        """The member keys of a recorded set that are not stored here at the set's
+        version (empty: the set is complete, hence visible); NotFoundError if the set
+        is not recorded here."""
+        dataset, set_id = check_name("dataset", dataset), check_name("set", set_id)
+        with self._lock:
+            self._require_open()
+            if (
+                self._db.execute(
+                    "SELECT 1 FROM sets WHERE dataset = ? AND set_id = ?", (dataset, set_id)
+                ).fetchone()
+                is None
+            ):
+                raise NotFoundError(f"set {set_id} of {dataset} is not known here")
+            members = self._members(self._db, dataset, set_id)
+            return [k for k, h in members.items() if not self._present(dataset, k, h)]
+
     def list_sets(self, dataset: str) -> list[SetRecord]:
         """Every set recorded for a dataset, complete or not, newest first."""
         dataset = check_name("dataset", dataset)
@@ -1301,6 +1318,24 @@ class ObjectStore:
                 (RECORDER, seq),
             )
             conn.execute("DELETE FROM journal WHERE seq <= ?", (seq,))
+
+    def change_seq(self) -> int:
+        """A number that grows with every commit that changes what is held (each one
+        journals a record: this is the journal's AUTOINCREMENT counter, one row read),
+        so a poller can tell cheaply whether anything changed since it last looked."""
+        with self._lock:
+            self._require_open()
+            row = self._db.execute(
+                "SELECT seq FROM sqlite_sequence WHERE name = 'journal'"
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def dataset_names(self) -> list[str]:
+        """The datasets of which this store holds any version, by name."""
+        with self._lock:
+            self._require_open()
+            found = self._db.execute("SELECT DISTINCT dataset FROM versions ORDER BY dataset")
+            return [str(r[0]) for r in found.fetchall()]
 
     def journal_position(self) -> int:
         """The seq of the last record the catalog holds (0 at first)."""
