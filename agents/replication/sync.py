@@ -80,9 +80,21 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def copy_regions(placement: Placement) -> tuple[str, ...]:
+    """Every region that keeps a copy of the dataset: home and replicas, each once."""
+    return tuple(dict.fromkeys(r for r in (placement.home, *placement.replicas) if r))
+
+
+def push_targets(placement: Placement, owner: str) -> tuple[str, ...]:
+    """Where the owner pushes a write: every other copy region. After a failover the
+    owner is a replica region and the home is one of them (the chaos suite found the
+    owner pushing to `replicas`, itself included, and never to the home)."""
+    return tuple(r for r in copy_regions(placement) if r != owner)
+
+
 def copies_needed(placement: Placement) -> int:
     """How many regions (the owner included) must hold a write before it is acked."""
-    copies = 1 + len(placement.replicas)
+    copies = len(copy_regions(placement))
     if (placement.ack or DEFAULT_ACK) == "all":
         return copies
     return copies // 2 + 1
@@ -125,7 +137,7 @@ class SyncReplication:
 
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
         placement = write.admitted.placement
-        if not placement.replicas:
+        if not push_targets(placement, self.region):
             return (self.region,)
         push: Callable[[str], Awaitable[str]]
         if write.set_record is not None:
@@ -160,7 +172,8 @@ class SyncReplication:
         do (the owner first), or the error that says why they cannot."""
         placement = write.admitted.placement
         need = copies_needed(placement)
-        tasks = {asyncio.ensure_future(push(region)): region for region in placement.replicas}
+        targets = push_targets(placement, self.region)
+        tasks = {asyncio.ensure_future(push(region)): region for region in targets}
         for task, region in tasks.items():
             task.set_name(region)
         held = [self.region]
@@ -195,7 +208,7 @@ class SyncReplication:
             self._mark_behind(write, tasks[task])  # it may time out: caught up to be sure
         if len(held) >= need:
             return tuple(held)
-        missing = [r for r in placement.replicas if r not in held]
+        missing = [r for r in targets if r not in held]
         log.warning(
             "critical_write_unacked",
             dataset=write.dataset,
@@ -217,7 +230,7 @@ class SyncReplication:
         )
         raise UnavailableError(
             f"{what} is committed in {', '.join(held)} but not acked: ack "
-            f"{placement.ack or DEFAULT_ACK} needs {need} of {1 + len(placement.replicas)} "
+            f"{placement.ack or DEFAULT_ACK} needs {need} of {len(copy_regions(placement))} "
             f"regions ({why}); retry the write"
         )
 
