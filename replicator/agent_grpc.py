@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agents.client import AgentClient, FetchSource
+from agents.client import AgentClient, FetchSource, ReplicateItem
 from controlplane.domain.events import ChangeEvent
 from controlplane.domain.version import Verdict, Version
 from controlplane.errors import MeridianError, NotFoundError
@@ -87,6 +87,32 @@ class GrpcAgent(Lifecycle):
 
     async def delete(self, event: ChangeEvent) -> ApplyResult:
         return await self._replicate(event)
+
+    async def apply_many(self, events: Sequence[ChangeEvent]) -> list[ApplyResult | Exception]:
+        answers = await self._client.replicate_many(
+            [
+                ReplicateItem(
+                    e.dataset,
+                    e.key,
+                    e.version,
+                    None if e.version.is_tombstone else (e.inline or b""),
+                    e.origin_region,
+                    e.policy_revision,
+                )
+                for e in events
+            ]
+        )
+        out: list[ApplyResult | Exception] = []
+        for e, answer in zip(events, answers, strict=True):
+            if isinstance(answer, Exception):
+                out.append(answer)
+            else:
+                out.append(
+                    ApplyResult(
+                        _OUTCOMES[answer.outcome], answer.held, logical_bytes=e.version.size
+                    )
+                )
+        return out
 
     async def fetch(self, event: ChangeEvent, sources: Sequence[Source]) -> ApplyResult:
         result = await self._client.fetch(

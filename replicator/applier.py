@@ -19,6 +19,13 @@ The pipeline of dataplane.md, *The replicator*, for one record:
    retried with exponential backoff and jitter; after `max_attempts` it is `failed`
    (re-driven by `meridian replication resync`); a held version is `completed`.
 
+`handle_many` runs the same pipeline over consecutive records of one partition:
+steps 1-5 record by record, then the inline puts and deletes that reach step 6 go
+to the agent in one `apply_many` call (one store transaction and one syncfs there),
+at most one event per object per call (a second event of an object waits for the
+next call, so each object's events still apply in log order); fetches run beside it.
+An item the agent refuses takes the one-by-one path (its retries, its records).
+
 `handle` returns only once the effect is durable (the agent's commit, the journal
 row, the dead letter acknowledged), so the caller may then commit the offset; it
 never raises except when cancelled (then nothing is committed and the event is
@@ -118,7 +125,125 @@ class Applier:
         self._metrics.events.labels(result).inc()
         return result
 
+    async def handle_many(self, records: Sequence[Record]) -> list[str]:
+        """`handle` for consecutive records of one partition, batched (module docstring);
+        what became of each, in order. Returns once every effect is durable."""
+        if len(records) == 1:
+            return [await self.handle(records[0])]
+        results: list[str] = [""] * len(records)
+        events: dict[int, ChangeEvent] = {}
+        rounds: list[list[tuple[int, CompiledPolicy]]] = []
+        depth: dict[tuple[str, str], int] = {}
+        for n, record in enumerate(records):
+            try:
+                event = decode_change_event(record.value)
+            except MessageError as exc:
+                await self._dead_letter(record, dlq.UNDECODABLE, str(exc))
+                results[n] = "dead-lettered"
+                continue
+            events[n] = event
+            got = await self._admit(record, event)
+            if isinstance(got, str):
+                results[n] = got
+                continue
+            # The k-th event of an object goes in round k: rounds run one after another.
+            name = (event.dataset, event.key)
+            k = depth[name] = depth.get(name, -1) + 1
+            if k == len(rounds):
+                rounds.append([])
+            rounds[k].append((n, got))
+        for round_ in rounds:
+            await self._apply_round(records, events, round_, results)
+        counts: dict[str, int] = {}
+        for n, result in enumerate(results):
+            counts[result] = counts.get(result, 0) + 1
+            decoded = events.get(n)
+            if decoded is not None:
+                log.info(
+                    "event_applied",
+                    region=self.region,
+                    event_id=decoded.event_id,
+                    dataset=decoded.dataset,
+                    key=decoded.key,
+                    version=str(decoded.version.hlc),
+                    outcome=result,
+                    t=time.time(),
+                )
+        for result, count in counts.items():
+            self._metrics.events.labels(result).inc(count)
+        return results
+
+    async def _apply_round(
+        self,
+        records: Sequence[Record],
+        events: dict[int, ChangeEvent],
+        round_: list[tuple[int, CompiledPolicy]],
+        results: list[str],
+    ) -> None:
+        """Events of distinct objects: the batchable ones in `apply_many` calls (bounded
+        by count and bytes), the others (fetches, set members) one by one, at once."""
+        batches: list[list[tuple[int, CompiledPolicy]]] = [[]]
+        size = 0
+        singles: list[tuple[int, CompiledPolicy]] = []
+        for n, policy in round_:
+            event = events[n]
+            if event.set is not None or not (event.version.is_tombstone or event.inline):
+                singles.append((n, policy))
+                continue
+            weight = len(event.inline or b"")
+            if batches[-1] and (
+                len(batches[-1]) >= self.config.batch_max_events
+                or size + weight > self.config.batch_max_bytes
+            ):
+                batches.append([])
+                size = 0
+            batches[-1].append((n, policy))
+            size += weight
+
+        async def one(n: int, policy: CompiledPolicy) -> None:
+            results[n] = await self._apply(records[n], events[n], policy)
+
+        async def many(batch: list[tuple[int, CompiledPolicy]]) -> None:
+            if len(batch) == 1:
+                await one(*batch[0])
+                return
+            try:
+                answers = await self._agent.apply_many([events[n] for n, _ in batch])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - each item retries on its own path
+                log.info("batch_apply_failed", events=len(batch), error=_describe(exc))
+                await asyncio.gather(*(one(n, policy) for n, policy in batch))
+                return
+            retry: list[tuple[int, CompiledPolicy]] = []
+            done: list[ReplicaRecord] = []
+            for (n, policy), answer in zip(batch, answers, strict=True):
+                event = events[n]
+                if isinstance(answer, ApplyResult):
+                    results[n] = self._settle(event, answer, done)
+                elif isinstance(answer, ResidencyError):
+                    await self._refuse(records[n], event, str(answer), policy.revision)
+                    results[n] = "refused"
+                else:
+                    retry.append((n, policy))
+            if done:
+                self._journal.append_many(done)
+                self._on_record()
+            await asyncio.gather(*(one(n, policy) for n, policy in retry))
+
+        await asyncio.gather(
+            *(many(b) for b in batches if b), *(one(n, policy) for n, policy in singles)
+        )
+
     async def _handle(self, record: Record, event: ChangeEvent) -> str:
+        got = await self._admit(record, event)
+        if isinstance(got, str):
+            return got
+        return await self._apply(record, event, got)
+
+    async def _admit(self, record: Record, event: ChangeEvent) -> str | CompiledPolicy:
+        """Steps 2-5: what became of the event when it needs no copy (a label), else the
+        policy snapshot its copy is made under."""
         if event.origin_region == self.region:
             return "own"
         policy = await self._current_policy()
@@ -152,7 +277,7 @@ class Applier:
                 reason="the dataset's policy says deletes: retain",
             )
             return "retained"
-        return await self._apply(record, event, policy)
+        return policy
 
     async def _apply(self, record: Record, event: ChangeEvent, policy: CompiledPolicy) -> str:
         attempts = self.config.max_attempts
@@ -239,12 +364,18 @@ class Applier:
         sources = sources_for(event, policy, self.region, holders)
         return await self._agent.fetch(event, sources)
 
-    def _settle(self, event: ChangeEvent, result: ApplyResult) -> str:
+    def _settle(
+        self, event: ChangeEvent, result: ApplyResult, into: list[ReplicaRecord] | None = None
+    ) -> str:
         # Checked before the apply, so it cannot refuse here; suppressed all the same.
         with contextlib.suppress(ClockSkewError):
             self._clock.observe(event.version.hlc)
         if result.outcome.holds_version:
-            self._append(self._record(event, "completed"))
+            done = self._record(event, "completed")
+            if into is None:
+                self._append(done)
+            else:
+                into.append(done)
         elif result.outcome is ApplyOutcome.COLLISION:
             log.warning(
                 "hlc_collision",
