@@ -53,7 +53,7 @@ from controlplane.ports.changelog import Record
 from meridian.convert import decode_change_event
 from replicator import dlq
 from replicator.config import ReplicatorConfig
-from replicator.guard import Admission, admit, sources_for
+from replicator.guard import Admission, Decision, admit, sources_for
 from replicator.journal import RecordJournal, ReplicaRecord
 from replicator.metrics import ReplicatorMetrics
 from replicator.ports import AgentPort, ApplyOutcome, ApplyResult, Source
@@ -99,6 +99,8 @@ class Applier:
         self._holders = holders
         self._on_record = on_record
         self._sleep = sleep
+        self._decided_under: CompiledPolicy | None = None
+        self._decisions: dict[str, Decision] = {}
 
     # -- the pipeline --------------------------------------------------------------------
     async def handle(self, record: Record) -> str:
@@ -247,7 +249,7 @@ class Applier:
         if event.origin_region == self.region:
             return "own"
         policy = await self._current_policy()
-        decision = admit(event, policy, self.region)
+        decision = self._decide(event, policy)
         if decision.admission is Admission.REFUSED:
             await self._refuse(record, event, decision.reason, policy.revision)
             return "refused"
@@ -290,6 +292,7 @@ class Applier:
                 await self._refuse(record, event, str(exc), policy.revision)
                 return "refused"
             except FencedError as exc:  # a stale epoch (StaleEpochError) among them
+                self._metrics.stale_epoch_refused.labels(event.dataset).inc()
                 await self._dead_letter(record, dlq.STALE_EPOCH, str(exc), event)
                 return "dead-lettered"
             except ClockSkewError as exc:  # the agent's clock refused it
@@ -389,6 +392,17 @@ class Applier:
         return result.outcome.value
 
     # -- helpers ---------------------------------------------------------------------------
+    def _decide(self, event: ChangeEvent, policy: CompiledPolicy) -> Decision:
+        """`admit`, remembered per dataset for one policy snapshot (a placement lookup
+        was the costliest step per event): another region's event is decided by its
+        dataset alone; a new snapshot starts afresh."""
+        if policy is not self._decided_under:
+            self._decided_under, self._decisions = policy, {}
+        decision = self._decisions.get(event.dataset)
+        if decision is None:
+            decision = self._decisions[event.dataset] = admit(event, policy, self.region)
+        return decision
+
     async def _current_policy(self) -> CompiledPolicy:
         """The policy snapshot; while none is published, wait (fail closed: no copy is
         decided on nothing, and the offset is not committed)."""
