@@ -39,6 +39,7 @@ from agents.daemon.registration import AgentRecord, Registration
 from agents.metrics import AgentMetrics
 from agents.owners import EtcdOwners
 from agents.replication import EtcdPeers, SyncReplication
+from agents.replication.replica_sets import ReplicaSets
 from agents.service.server import start_server, stop_server
 from agents.service.servicer import AgentService
 from agents.store import ObjectStore
@@ -128,6 +129,7 @@ class NodeAgent(Lifecycle):
             self.metrics,
             transfers,
             replication=self.replication,
+            sets=ReplicaSets(store, admission, self.region),  # critical sets pushed here
         )
         self.server, port = await start_server(service, self.config.listen)
         self.endpoint = self._advertised(port)

@@ -1152,6 +1152,23 @@ class ObjectStore:
                 )
         return SetRecord(dataset, row[0], HLC.parse(row[1]), members, complete=True)
 
+    def missing_members(self, dataset: str, set_id: str) -> list[str]:
+        """The member keys of a recorded set that are not stored here at the set's
+        version (empty: the set is complete, hence visible); NotFoundError if the set
+        is not recorded here."""
+        dataset, set_id = check_name("dataset", dataset), check_name("set", set_id)
+        with self._lock:
+            self._require_open()
+            if (
+                self._db.execute(
+                    "SELECT 1 FROM sets WHERE dataset = ? AND set_id = ?", (dataset, set_id)
+                ).fetchone()
+                is None
+            ):
+                raise NotFoundError(f"set {set_id} of {dataset} is not known here")
+            members = self._members(self._db, dataset, set_id)
+            return [k for k, h in members.items() if not self._present(dataset, k, h)]
+
     def list_sets(self, dataset: str) -> list[SetRecord]:
         """Every set recorded for a dataset, complete or not, newest first."""
         dataset = check_name("dataset", dataset)
