@@ -60,6 +60,9 @@ from replicator.ports import AgentPort, ApplyOutcome, ApplyResult, Source
 
 log = get_logger("meridian.replicator")
 
+# Events of a batch the agent could not take at once go one by one, this many at a time.
+_SINGLES_AT_ONCE = 4
+
 
 class HolderLookup(Protocol):
     async def holders(self, event: ChangeEvent) -> list[Source]:
@@ -100,6 +103,7 @@ class Applier:
         self._on_record = on_record
         self._sleep = sleep
         self._decided_under: CompiledPolicy | None = None
+        self._batch_gate = asyncio.Semaphore(config.max_batch_calls)
         self._decisions: dict[str, Decision] = {}
 
     # -- the pipeline --------------------------------------------------------------------
@@ -205,17 +209,22 @@ class Applier:
         async def one(n: int, policy: CompiledPolicy) -> None:
             results[n] = await self._apply(records[n], events[n], policy)
 
+        async def one_by_one(items: list[tuple[int, CompiledPolicy]]) -> None:
+            gate = asyncio.Semaphore(_SINGLES_AT_ONCE)  # not a burst of calls at the agent
+
+            async def bounded(n: int, policy: CompiledPolicy) -> None:
+                async with gate:
+                    await one(n, policy)
+
+            await asyncio.gather(*(bounded(n, policy) for n, policy in items))
+
         async def many(batch: list[tuple[int, CompiledPolicy]]) -> None:
             if len(batch) == 1:
                 await one(*batch[0])
                 return
-            try:
-                answers = await self._agent.apply_many([events[n] for n, _ in batch])
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - each item retries on its own path
-                log.info("batch_apply_failed", events=len(batch), error=_describe(exc))
-                await asyncio.gather(*(one(n, policy) for n, policy in batch))
+            answers = await self._call_batch([events[n] for n, _ in batch])
+            if answers is None:
+                await one_by_one(batch)
                 return
             retry: list[tuple[int, CompiledPolicy]] = []
             done: list[ReplicaRecord] = []
@@ -231,11 +240,46 @@ class Applier:
             if done:
                 self._journal.append_many(done)
                 self._on_record()
-            await asyncio.gather(*(one(n, policy) for n, policy in retry))
+            await one_by_one(retry)
 
         await asyncio.gather(
             *(many(b) for b in batches if b), *(one(n, policy) for n, policy in singles)
         )
+
+    async def _call_batch(self, events: list[ChangeEvent]) -> list[ApplyResult | Exception] | None:
+        """The agent's answers to one batch, at most `max_batch_calls` batches at the agent
+        at once (a busy agent gets a queue here, not a pile of calls that time out). A
+        retriable failure of the whole call (the agent busy or away) retries the whole
+        batch with backoff; after `max_attempts`, or a failure the call itself cannot
+        get past (a malformed item, an agent without the call), None: one by one, on
+        the single path's retries and records."""
+        attempt = 0
+        while True:
+            try:
+                async with self._batch_gate:
+                    return await self._agent.apply_many(events)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the events go one by one then
+                attempt += 1
+                retriable = isinstance(exc, MeridianError) and exc.retriable
+                if not retriable or attempt >= self.config.max_attempts:
+                    log.info(
+                        "batch_apply_failed",
+                        events=len(events),
+                        error=_describe(exc),
+                        action="applying them one by one",
+                    )
+                    return None
+                delay = self._backoff(attempt)
+                log.info(
+                    "batch_apply_retry",
+                    events=len(events),
+                    attempt=attempt,
+                    error=_describe(exc),
+                    retry_in_s=round(delay, 3),
+                )
+                await self._sleep(delay)
 
     async def _handle(self, record: Record, event: ChangeEvent) -> str:
         got = await self._admit(record, event)
