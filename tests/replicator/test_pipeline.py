@@ -277,3 +277,15 @@ async def test_a_batch_holds_each_object_once_and_keeps_its_order(rig: Rig) -> N
         order = [e.version.hlc.wall_ms - t for e in rig.agent.effects if e.key == k]
         assert order == ([0, 1, 2, 3] if k == "a" else [0, 1, 2])
     assert rig.metric("meridian_replicator_events_total", result="applied") == 13
+
+
+async def test_a_batch_call_that_fails_is_retried_whole(rig: Rig) -> None:
+    rig.agent.down_calls = 1  # the first call finds the agent away
+    for e in [b.put(k) for k in "abcd"]:
+        rig.log.append(b.log_key(e), b.value(e), partition=0)
+    async with rig.loop():
+        await b.until(rig.log.changed, lambda: rig.log.lag() == 0)
+    # Not a burst of single calls at an agent that may be busy: the batch once more.
+    assert rig.agent.batches == [4]
+    assert [how for how, _ in rig.agent.calls] == ["inline"] * 4
+    assert len(rig.agent.effects) == 4
