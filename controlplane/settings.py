@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     max_clock_skew_ms: int = Field(
         1000, ge=0, description="a received version further ahead of our clock is not applied"
     )
+    # A test knob (the chaos suite's clock-skew scenario): this process's HLC reads its
+    # physical clock shifted by this many ms, so one region's clock can run ahead or
+    # behind without touching the machine's clock.
+    clock_offset_ms: int = Field(0, description="shift of the HLC's physical clock, ms")
     tombstone_retention_s: int = Field(
         7 * 24 * 3600, gt=0, description="how long a delete is kept so no older put resurrects"
     )

@@ -50,7 +50,7 @@ from agents.transfer.service import TransferService
 from agents.transfer.sweep import ResumeSweeper
 from controlplane.coordination.protocols.datasets import announce
 from controlplane.coordination.protocols.fencing import FencedResource
-from controlplane.domain.hlc import HybridClock
+from controlplane.domain.hlc import HybridClock, offset_ms
 from controlplane.errors import NotFoundError
 from controlplane.lifecycle import Lifecycle
 from controlplane.logs import get_logger
@@ -113,7 +113,11 @@ class NodeAgent(Lifecycle):
         self._check_region()
         await self.watch.start()
         await self.members.start()
-        clock = HybridClock(self.region, max_clock_skew_ms=self.settings.max_clock_skew_ms)
+        clock = HybridClock(
+            self.region,
+            max_clock_skew_ms=self.settings.max_clock_skew_ms,
+            physical_ms=offset_ms(self.settings.clock_offset_ms),
+        )
         self.store = store = await asyncio.to_thread(
             ObjectStore,
             self.config.root,

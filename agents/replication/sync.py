@@ -77,9 +77,21 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def copy_regions(placement: Placement) -> tuple[str, ...]:
+    """Every region that keeps a copy of the dataset: home and replicas, each once."""
+    return tuple(dict.fromkeys(r for r in (placement.home, *placement.replicas) if r))
+
+
+def push_targets(placement: Placement, owner: str) -> tuple[str, ...]:
+    """Where the owner pushes a write: every other copy region. After a failover the
+    owner is a replica region and the home is one of them (the chaos suite found the
+    owner pushing to `replicas`, itself included, and never to the home)."""
+    return tuple(r for r in copy_regions(placement) if r != owner)
+
+
 def copies_needed(placement: Placement) -> int:
     """How many regions (the owner included) must hold a write before it is acked."""
-    copies = 1 + len(placement.replicas)
+    copies = len(copy_regions(placement))
     if (placement.ack or DEFAULT_ACK) == "all":
         return copies
     return copies // 2 + 1
@@ -110,20 +122,13 @@ class SyncReplication:
         self.retry_initial_s = 0.2
         self.retry_max_s = 5.0
 
-    def _targets(self, placement: Placement) -> list[str]:
-        """Every region of the placement but this one: after a move the owner is not
-        the home, and the home is then a replica to push to."""
-        return [r for r in placement.regions if r != self.region]
-
     def behind(self, dataset: str) -> list[str]:
         """The replicas of `dataset` catching up (not counted toward acks)."""
         return sorted(r for (ds, r) in self._behind if ds == dataset)
 
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
         placement = write.admitted.placement
-        # `placement.replicas` would name the owner itself after a move and skip the
-        # home (found by tests/critical/test_faults_*): push to every other region.
-        if not self._targets(placement):
+        if not push_targets(placement, self.region):
             return (self.region,)
         push: Callable[[str], Awaitable[str]]
         if write.set_record is not None:
@@ -158,7 +163,7 @@ class SyncReplication:
         do (the owner first), or the error that says why they cannot."""
         placement = write.admitted.placement
         need = copies_needed(placement)
-        targets = self._targets(placement)
+        targets = push_targets(placement, self.region)
         tasks = {asyncio.ensure_future(push(region)): region for region in targets}
         for task, region in tasks.items():
             task.set_name(region)
@@ -216,7 +221,7 @@ class SyncReplication:
         )
         raise UnavailableError(
             f"{what} is committed in {', '.join(held)} but not acked: ack "
-            f"{placement.ack or DEFAULT_ACK} needs {need} of {1 + len(placement.replicas)} "
+            f"{placement.ack or DEFAULT_ACK} needs {need} of {len(copy_regions(placement))} "
             f"regions ({why}); retry the write"
         )
 
