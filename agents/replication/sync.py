@@ -117,9 +117,12 @@ class SyncReplication:
             )
         version = write.version
         deadline = self.timeout_s + version.size / self.min_rate_bps
+        # Every other region of the placement: after a failover the owner is a replica
+        # and the home is one of the copies it must push to.
+        peers = [r for r in placement.regions if r != self.region]
         tasks = {
             asyncio.create_task(self._push(region, write, version, deadline), name=region): region
-            for region in placement.replicas
+            for region in peers
         }
         held = [self.region]
         errors: dict[str, MeridianError] = {}
@@ -153,7 +156,7 @@ class SyncReplication:
             self._mark_behind(write, tasks[task])  # it may time out: caught up to be sure
         if len(held) >= need:
             return tuple(held)
-        missing = [r for r in placement.replicas if r not in held]
+        missing = [r for r in peers if r not in held]
         log.warning(
             "critical_write_unacked",
             dataset=write.dataset,
