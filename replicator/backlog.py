@@ -38,12 +38,17 @@ class BacklogSource(Protocol):
     def incomplete_versions(self, dataset: str, region: str) -> list[VersionRef]: ...
 
 
-def backlog_of(source: BacklogSource, region: str, now: datetime) -> dict[str, tuple[float, int]]:
-    """Per standard dataset placed in `region`: (lag in seconds, pending objects)."""
+def backlog_of(
+    source: BacklogSource, region: str, now: datetime, rpo: dict[str, float] | None = None
+) -> dict[str, tuple[float, int]]:
+    """Per standard dataset placed in `region`: (lag in seconds, pending objects); fills
+    `rpo` (dataset → its rpo in seconds) when given."""
     out: dict[str, tuple[float, int]] = {}
     for placement in source.list_placements():
         if placement.dataset_class != "standard" or region not in placement.regions:
             continue
+        if rpo is not None:
+            rpo[placement.dataset] = placement.rpo_s
         oldest = source.oldest_incomplete_at(placement.dataset, [region])
         lag = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
         pending = [
@@ -75,14 +80,17 @@ class BacklogProbe(Lifecycle):
         self.refreshed = asyncio.Event()  # set after each successful refresh
 
     async def refresh(self) -> dict[str, tuple[float, int]]:
-        found = await asyncio.to_thread(backlog_of, self._source, self._region, self._now())
+        rpo: dict[str, float] = {}
+        found = await asyncio.to_thread(backlog_of, self._source, self._region, self._now(), rpo)
         for dataset, (lag, pending) in found.items():
             self._metrics.lag_seconds.labels(dataset, self._region).set(lag)
             self._metrics.pending.labels(dataset, self._region).set(pending)
+            self._metrics.rpo_seconds.labels(dataset, self._region).set(rpo[dataset])
         for gone in self._known - set(found):  # no longer placed here: no backlog here
             with contextlib.suppress(KeyError):
                 self._metrics.lag_seconds.remove(gone, self._region)
                 self._metrics.pending.remove(gone, self._region)
+                self._metrics.rpo_seconds.remove(gone, self._region)
         self._known = set(found)
         self.refreshed.set()
         return found

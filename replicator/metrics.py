@@ -20,6 +20,12 @@ class ReplicatorMetrics:
             ["dataset", "region"],
             registry=self.registry,
         )
+        self.rpo_seconds = Gauge(
+            "meridian_dataset_rpo_seconds",
+            "the dataset's rpo from its placement (what the lag is held against)",
+            ["dataset", "region"],
+            registry=self.registry,
+        )
         self.pending = Gauge(
             "meridian_replication_pending",
             "objects whose newest version is not yet completed in the region",

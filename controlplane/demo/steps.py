@@ -225,11 +225,18 @@ class Story:
 
         self.wait(converged, 120, step_s=0.5)
         took = time.monotonic() - started
-        every = all(keys <= set(self.objects(r, CORPUS)) for r in CORPUS_REGIONS)
+        # One `object ls` shows, per shard, the regions the catalog knows hold it (its
+        # records arrive a moment after the copies themselves).
+        rows: dict[str, dict[str, Any]] = {}
+
+        def listed() -> bool:
+            rows.update(self.objects("eu-central", CORPUS))
+            return all(set(CORPUS_REGIONS) <= set(rows.get(k, {}).get("regions", [])) for k in keys)
+
         self.check(
             step,
             f"all {len(keys)} shards in {', '.join(CORPUS_REGIONS)} (meridian object ls)",
-            every,
+            self.wait(listed, 30, step_s=1),
             f"converged {took:.1f} s after the first put",
         )
         status = self.world.cli_json("replication", "status", "--dataset", CORPUS)
@@ -308,7 +315,12 @@ class Story:
             "switchover", "--dataset", CKPT, "--to", HOME, "--yes",
             "--reason", f"{HOME} is back", timeout_s=180,
         )  # fmt: skip
-        self.check(step, f"switchover to {HOME}", done.returncode == 0, _last_line(done.stderr))
+        self.check(
+            step,
+            f"switchover to {HOME} (waits until it caught up)",
+            done.returncode == 0,
+            "" if done.returncode == 0 else _last_line(done.stderr),
+        )
         owner, epoch = self.owner()
         self.check(step, f"{HOME} owns the checkpoints again", owner == HOME, f"epoch {epoch}")
         west = self.objects(HOME, CKPT)
