@@ -119,7 +119,7 @@ class Narrator:
                 for sample, labels, value in scrape(region.metrics["agent"])
                 if sample == "meridian_transfer_bytes_total"
                 and labels.get("kind") == "wire"
-                and labels.get("direction") == "sent"
+                and labels.get("direction") == "out"
             )
             if elapsed and sent >= view.sent_bytes:
                 view.rate = (sent - view.sent_bytes) / elapsed

@@ -76,7 +76,7 @@ def build() -> dashboard.Dashboard:
         "Transfer bytes sent: logical against wire",
         "Bps",
         query(
-            'sum by (region, kind) (rate(meridian_transfer_bytes_total{direction="sent"}[1m]))',
+            'sum by (region, kind) (rate(meridian_transfer_bytes_total{direction="out"}[1m]))',
             "{{region}} {{kind}}",
         ),
     )
