@@ -31,7 +31,7 @@ class RegionView:
     up: str = ""
     owns: list[str] = field(default_factory=list)
     lag_s: float | None = None
-    sent_bytes: float = 0.0  # the agent's wire bytes sent, as of the last poll
+    sent_bytes: float = 0.0  # wire bytes the agent received (every transfer is recorded there)
     rate: float = 0.0  # wire bytes per second since the poll before
 
 
@@ -119,7 +119,7 @@ class Narrator:
                 for sample, labels, value in scrape(region.metrics["agent"])
                 if sample == "meridian_transfer_bytes_total"
                 and labels.get("kind") == "wire"
-                and labels.get("direction") == "out"
+                and labels.get("direction") == "in"
             )
             if elapsed and sent >= view.sent_bytes:
                 view.rate = (sent - view.sent_bytes) / elapsed
@@ -128,7 +128,7 @@ class Narrator:
     def render(self) -> Table:
 
         table = Table(title="meridian demo: regions", expand=False)
-        for column in ("region", "processes", "owns (dataset @epoch)", "lag", "sent/s"):
+        for column in ("region", "processes", "owns (dataset @epoch)", "lag", "in/s"):
             table.add_column(column)
         for view in self.views.values():
             table.add_row(
