@@ -33,6 +33,15 @@ by HLC and digest, tombstones included) and pushed it in HLC order, retrying wit
 a bounded backoff while the replica is away. The mark is in memory: an owner that
 restarts does not know who was behind (see the report of issue 13).
 
+**Version sets.** A critical set's members are ordinary critical writes (each
+pushed and acked as above); its CommitSet is then pushed with `ReplicateSet` (the
+replica fences it like a `Replicate` and records it, visible there once every member
+is stored, see replica_sets.py). A replica whose answer names members it lacks (a
+straggler of the members' quorums) is pushed those members and the set again, so a
+region counts toward the set's ack only when it shows the whole set: the ack covers
+every member and the set record in `ack` regions. Catch-up pushes, besides the
+newest version of each key, the members of the newest complete set and that set.
+
 The bytes are pushed whole (chunks of the local copy): no delta against what the
 replica holds yet (see the report of issue 13).
 """
@@ -42,22 +51,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
 from agents.replication.peers import Peers
+from agents.replication.replica_sets import MAX_SETS
 from agents.rpc.status import from_rpc_error
 from agents.service.servicer import CommittedWrite
-from agents.store import CHUNK_BYTES, ObjectStore
+from agents.store import CHUNK_BYTES, ObjectStore, SetRecord
 from controlplane.domain.placement import DEFAULT_ACK, Placement
 from controlplane.domain.version import Version
-from controlplane.errors import FencedError, MeridianError, RefusedError, UnavailableError
+from controlplane.errors import FencedError, InvalidInputError, MeridianError, UnavailableError
 from controlplane.logs import get_logger
-from meridian.convert import version_from_wire, version_to_wire
+from meridian.convert import version_from_wire, version_set_to_wire, version_to_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 log = get_logger("meridian.agent.replication")
+
+Held = tuple[str, Version, str | None]  # key, version, the set it was written in
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 4 * CHUNK_BYTES),
@@ -65,9 +77,21 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def copy_regions(placement: Placement) -> tuple[str, ...]:
+    """Every region that keeps a copy of the dataset: home and replicas, each once."""
+    return tuple(dict.fromkeys(r for r in (placement.home, *placement.replicas) if r))
+
+
+def push_targets(placement: Placement, owner: str) -> tuple[str, ...]:
+    """Where the owner pushes a write: every other copy region. After a failover the
+    owner is a replica region and the home is one of them (the chaos suite found the
+    owner pushing to `replicas`, itself included, and never to the home)."""
+    return tuple(r for r in copy_regions(placement) if r != owner)
+
+
 def copies_needed(placement: Placement) -> int:
     """How many regions (the owner included) must hold a write before it is acked."""
-    copies = 1 + len(placement.replicas)
+    copies = len(copy_regions(placement))
     if (placement.ack or DEFAULT_ACK) == "all":
         return copies
     return copies // 2 + 1
@@ -104,26 +128,45 @@ class SyncReplication:
 
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
         placement = write.admitted.placement
-        need = copies_needed(placement)
-        if not placement.replicas:
+        if not push_targets(placement, self.region):
             return (self.region,)
-        if write.version is None or write.key is None:
-            # A set record has no Replicate frame yet: its members were pushed by
-            # their own Puts, the set itself is not, so it cannot be acked.
-            raise RefusedError(
-                f"set {write.set_id} of critical dataset {write.dataset} is committed in "
-                f"{self.region} only: replicating version sets of critical datasets is not "
-                "built yet, so it is not acked"
-            )
-        version = write.version
-        deadline = self.timeout_s + version.size / self.min_rate_bps
-        # Every other region of the placement: after a failover the owner is a replica
-        # and the home is one of the copies it must push to.
-        peers = [r for r in placement.regions if r != self.region]
-        tasks = {
-            asyncio.create_task(self._push(region, write, version, deadline), name=region): region
-            for region in peers
-        }
+        push: Callable[[str], Awaitable[str]]
+        if write.set_record is not None:
+            record = write.set_record
+            size = await asyncio.to_thread(self._members_size, record)
+            deadline = self.timeout_s + size / self.min_rate_bps
+            what = f"set {record.set_id} of critical dataset {write.dataset} at {record.hlc}"
+
+            def push(region: str) -> Awaitable[str]:
+                return self._push_sets(region, write, [record], deadline)
+
+        elif write.version is not None and write.key is not None:
+            version = write.version
+            deadline = self.timeout_s + version.size / self.min_rate_bps
+            what = f"critical write {write.dataset}/{write.key} at {version.hlc}"
+
+            def push(region: str) -> Awaitable[str]:
+                return self._push(region, write, version, deadline)
+
+        else:
+            raise InvalidInputError(f"a committed write of {write.dataset} names nothing to push")
+        return await self._acked(write, what, deadline, push)
+
+    async def _acked(
+        self,
+        write: CommittedWrite,
+        what: str,
+        deadline: float,
+        push: Callable[[str], Awaitable[str]],
+    ) -> tuple[str, ...]:
+        """Push to every replica at once; the regions holding it once `copies_needed`
+        do (the owner first), or the error that says why they cannot."""
+        placement = write.admitted.placement
+        need = copies_needed(placement)
+        targets = push_targets(placement, self.region)
+        tasks = {asyncio.ensure_future(push(region)): region for region in targets}
+        for task, region in tasks.items():
+            task.set_name(region)
         held = [self.region]
         errors: dict[str, MeridianError] = {}
         pending = set(tasks)
@@ -156,12 +199,11 @@ class SyncReplication:
             self._mark_behind(write, tasks[task])  # it may time out: caught up to be sure
         if len(held) >= need:
             return tuple(held)
-        missing = [r for r in peers if r not in held]
+        missing = [r for r in targets if r not in held]
         log.warning(
             "critical_write_unacked",
             dataset=write.dataset,
-            key=write.key,
-            version=str(version.hlc),
+            what=what,
             held=held,
             missing=missing,
             needed=need,
@@ -178,10 +220,80 @@ class SyncReplication:
             for r in missing
         )
         raise UnavailableError(
-            f"critical write {write.dataset}/{write.key} at {version.hlc} is committed in "
-            f"{', '.join(held)} but not acked: ack {placement.ack or DEFAULT_ACK} needs {need} "
-            f"of {1 + len(placement.replicas)} regions ({why}); retry the write"
+            f"{what} is committed in {', '.join(held)} but not acked: ack "
+            f"{placement.ack or DEFAULT_ACK} needs {need} of {len(copy_regions(placement))} "
+            f"regions ({why}); retry the write"
         )
+
+    def _members_size(self, record: SetRecord) -> int:
+        total = 0
+        for key, hlc in record.members.items():
+            with contextlib.suppress(MeridianError):
+                total += self.store.stat(record.dataset, key, hlc).version.size
+        return total
+
+    async def _push_sets(
+        self, region: str, write: CommittedWrite, records: list[SetRecord], deadline_s: float
+    ) -> str:
+        """Push set records to `region`; members it lacks are pushed and the sets again,
+        so this returns only once every set is complete (visible) there."""
+        address = await self.peers.address(region)
+        stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        request = agent_pb2.ReplicateSetRequest(
+            sets=[version_set_to_wire(r.as_version_set()) for r in records],
+            epoch=write.admitted.epoch,
+            origin_region=self.region,
+            policy_revision=write.admitted.policy_revision,
+        )
+        for attempt in range(2):  # push the sets, the members they lack, the sets again
+            try:
+                resp = await stub.ReplicateSet(request, timeout=deadline_s)
+            except grpc.aio.AioRpcError as err:
+                raise from_rpc_error(err, f"{region} ({address})") from err
+            if len(resp.sets) != len(records):
+                raise UnavailableError(
+                    f"{region} ({address}) answered {len(resp.sets)} sets for {len(records)}"
+                )
+            lacking = [
+                (r, list(got.missing))
+                for r, got in zip(records, resp.sets, strict=True)
+                if not got.complete
+            ]
+            if not lacking:
+                return region
+            if attempt == 1 or any(not keys for _, keys in lacking):
+                break
+            await self._push_members(region, write, lacking, deadline_s)
+        names = "; ".join(
+            f"set {r.set_id} lacks {', '.join(k)}" if k else f"a newer set {r.set_id} is held"
+            for r, k in lacking
+        )
+        raise UnavailableError(f"{region} does not show the sets of {write.dataset}: {names}")
+
+    async def _push_members(
+        self,
+        region: str,
+        write: CommittedWrite,
+        lacking: list[tuple[SetRecord, list[str]]],
+        deadline_s: float,
+    ) -> None:
+        gate = asyncio.Semaphore(4)
+
+        async def one(record: SetRecord, key: str) -> None:
+            stored = await asyncio.to_thread(
+                self.store.stat, record.dataset, key, record.members[key]
+            )
+            member = CommittedWrite(
+                write.admitted,
+                record.dataset,
+                key=key,
+                version=stored.version,
+                set_id=record.set_id,
+            )
+            async with gate:
+                await self._push(region, member, stored.version, deadline_s)
+
+        await asyncio.gather(*(one(r, k) for r, keys in lacking for k in keys))
 
     def _mark_behind(self, write: CommittedWrite, region: str) -> None:
         key = (write.dataset, region)
@@ -225,9 +337,14 @@ class SyncReplication:
         """One pass; the number of versions pushed. Raises when one cannot be."""
         address = await self.peers.address(region)
         theirs = await self._listing(address, write.dataset)
-        ours = await asyncio.to_thread(self._local, write.dataset)
+        ours, sets, members = await asyncio.to_thread(self._local, write.dataset)
+        # The newest version of each key, and the members of the sets this region
+        # shows (the newest complete set and any newer: older versions of their keys),
+        # oldest first, so that the replica's newest equals ours and its sets complete.
+        candidates = {(k, v.hlc): (k, v, s) for k, v, s in [*members, *ours]}
         wanted = sorted(
-            (v for v in ours if _lacks(theirs.get(v[0]), v[1])), key=lambda kv: kv[1].hlc
+            (c for c in candidates.values() if _lacks(theirs.get(c[0]), c[1])),
+            key=lambda kv: kv[1].hlc,
         )
         for key, version, set_id in wanted:
             entry = CommittedWrite(
@@ -236,18 +353,33 @@ class SyncReplication:
             await self._push(
                 region, entry, version, self.timeout_s + version.size / self.min_rate_bps
             )
-        return len(wanted)
+        for at in range(0, len(sets), MAX_SETS):
+            page = sets[at : at + MAX_SETS]
+            size = sum(map(self._members_size, page))
+            await self._push_sets(region, write, page, self.timeout_s + size / self.min_rate_bps)
+        return len(wanted) + len(sets)
 
-    def _local(self, dataset: str) -> list[tuple[str, Version, str | None]]:
-        out: list[tuple[str, Version, str | None]] = []
+    def _local(self, dataset: str) -> tuple[list[Held], list[SetRecord], list[Held]]:
+        """This store's newest version of each key, its newest complete set (what a
+        reader here is shown; older ones are superseded and their members may be
+        pruned), and the versions that set names."""
+        newest: list[Held] = []
         cursor: str | None = None
         for _page in range(1_000_000):  # bounded: a cursor that never ends is a bug
             page = self.store.list_objects(dataset, cursor=cursor, include_deleted=True)
-            out += [(s.key, s.version, s.set_id) for s in page.items]
+            newest += [(s.key, s.version, s.set_id) for s in page.items]
             cursor = page.cursor
             if cursor is None:
                 break
-        return out
+        shown = [r for r in self.store.list_sets(dataset) if r.complete]  # newest first
+        latest = shown[:1]  # older complete sets: superseded, their members may go
+        members: list[Held] = []
+        for record in latest:
+            for key, hlc in record.members.items():
+                with contextlib.suppress(MeridianError):
+                    stored = self.store.stat(dataset, key, hlc)
+                    members.append((key, stored.version, record.set_id))
+        return newest, latest, members
 
     async def _listing(self, address: str, dataset: str) -> dict[str, Version]:
         stub = agent_pb2_grpc.AgentStub(self._channel(address))

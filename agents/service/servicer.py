@@ -1,8 +1,9 @@
 """`AgentService`: the agent API's calls on this agent's store (spec/dataplane.md).
 
 It answers Put, Get, GetSet, Stat, List, Delete, CommitSet and Health itself and hands
-Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer),
-answering UNIMPLEMENTED while there is none.
+Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer), and
+ReplicateSet to a `SetReceiver` (agents/replication), answering UNIMPLEMENTED while
+there is none.
 
 Writes (Put, Delete, CommitSet) are admitted first (`Admission.admit_write`:
 residency, and for a critical dataset owner, epoch and handover), so a refused
@@ -103,6 +104,15 @@ class Replication(Protocol):
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]: ...
 
 
+class SetReceiver(Protocol):
+    """A replica's side of ReplicateSet (issue 13: agents/replication/replica_sets.py):
+    version sets of a critical dataset pushed by its owner, fenced like Replicate."""
+
+    async def receive_sets(
+        self, request: agent_pb2.ReplicateSetRequest
+    ) -> agent_pb2.ReplicateSetResponse: ...
+
+
 class AgentService(agent_pb2_grpc.AgentServicer):
     """The `meridian.v1.Agent` servicer of one agent (see the module docstring)."""
 
@@ -117,6 +127,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         *,
         replication: Replication | None = None,
         max_object_bytes: int | None = None,
+        sets: SetReceiver | None = None,
     ) -> None:
         self.store = store
         self.admission = admission
@@ -126,6 +137,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.transfers = transfers
         self.replication = replication
         self.max_object_bytes = max_object_bytes
+        self.sets = sets
 
     # -- writes ------------------------------------------------------------------------
 
@@ -493,6 +505,21 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         return await unary(
             "FetchMany", context, self.metrics, lambda: transfers.FetchMany(request, context)
+        )
+
+    async def ReplicateSet(  # noqa: N802
+        self, request: agent_pb2.ReplicateSetRequest, context: Context
+    ) -> agent_pb2.ReplicateSetResponse:
+        sets = self.sets
+        if sets is None:
+            return await unary(
+                "ReplicateSet",
+                context,
+                self.metrics,
+                lambda: _refuse_unimplemented("ReplicateSet", context),
+            )
+        return await unary(
+            "ReplicateSet", context, self.metrics, lambda: sets.receive_sets(request)
         )
 
 

@@ -1006,6 +1006,47 @@ class ObjectStore:
             if len(found) < batch:
                 return Page(items, None)
 
+    def held(self, after: tuple[str, str] | None = None, limit: int = 1000) -> list[StoredVersion]:
+        """The newest version (puts and tombstones) of each object held, in (dataset,
+        key) order, at most `limit`, after the object `after` (issue 16: the rebalance
+        walks the store with it)."""
+        d, k = after if after is not None else ("", "")
+        with self._lock:
+            self._require_open()
+            found = self._db.execute(
+                # With one max(), SQLite takes the bare columns from the row holding it.
+                "SELECT dataset, key, max(hlc), op, size, digest, state, set_id, stored_ms"
+                " FROM versions WHERE (dataset, key) > (?, ?)"
+                " GROUP BY dataset, key ORDER BY dataset, key LIMIT ?",
+                (d, k, limit),
+            ).fetchall()
+        return [rows.to_stored(row) for row in found]
+
+    def hand_off(self, dataset: str, key: str, newest: HLC) -> bool:
+        """Forget every version of an object once other agents of the region hold it
+        (issue 16: a rebalance moved it), if `newest` is still the newest held; returns
+        whether it was forgotten. No journal record: the region still holds the object
+        (on its new owners), so the catalog's view of the region does not change."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        with self._object_lock(dataset, key):
+            with self._tx() as conn:
+                held = conn.execute(
+                    rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ? ORDER BY hlc DESC",
+                    (dataset, key),
+                ).fetchall()
+                if not held or held[0][2] != newest.text:
+                    return False
+                paths: list[Path] = []
+                for row in held:
+                    conn.execute(
+                        "DELETE FROM versions WHERE dataset = ? AND key = ? AND hlc = ?",
+                        (dataset, key, row[2]),
+                    )
+                    if row[-1] is not None:
+                        paths.append(self.root / str(row[-1]))
+            self._remove_files(paths)
+        return True
+
     def usage(self) -> Usage:
         """Objects whose newest version is a put, version files kept, their bytes (counters
         kept by triggers, see schema.py: no scan), and the space left on the root's
@@ -1135,6 +1176,23 @@ class ObjectStore:
                 )
         return SetRecord(dataset, row[0], HLC.parse(row[1]), members, complete=True)
 
+    def missing_members(self, dataset: str, set_id: str) -> list[str]:
+        """The member keys of a recorded set that are not stored here at the set's
+        version (empty: the set is complete, hence visible); NotFoundError if the set
+        is not recorded here."""
+        dataset, set_id = check_name("dataset", dataset), check_name("set", set_id)
+        with self._lock:
+            self._require_open()
+            if (
+                self._db.execute(
+                    "SELECT 1 FROM sets WHERE dataset = ? AND set_id = ?", (dataset, set_id)
+                ).fetchone()
+                is None
+            ):
+                raise NotFoundError(f"set {set_id} of {dataset} is not known here")
+            members = self._members(self._db, dataset, set_id)
+            return [k for k, h in members.items() if not self._present(dataset, k, h)]
+
     def list_sets(self, dataset: str) -> list[SetRecord]:
         """Every set recorded for a dataset, complete or not, newest first."""
         dataset = check_name("dataset", dataset)
@@ -1260,6 +1318,24 @@ class ObjectStore:
                 (RECORDER, seq),
             )
             conn.execute("DELETE FROM journal WHERE seq <= ?", (seq,))
+
+    def change_seq(self) -> int:
+        """A number that grows with every commit that changes what is held (each one
+        journals a record: this is the journal's AUTOINCREMENT counter, one row read),
+        so a poller can tell cheaply whether anything changed since it last looked."""
+        with self._lock:
+            self._require_open()
+            row = self._db.execute(
+                "SELECT seq FROM sqlite_sequence WHERE name = 'journal'"
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def dataset_names(self) -> list[str]:
+        """The datasets of which this store holds any version, by name."""
+        with self._lock:
+            self._require_open()
+            found = self._db.execute("SELECT DISTINCT dataset FROM versions ORDER BY dataset")
+            return [str(r[0]) for r in found.fetchall()]
 
     def journal_position(self) -> int:
         """The seq of the last record the catalog holds (0 at first)."""
