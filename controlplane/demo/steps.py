@@ -24,9 +24,6 @@ HOME, TAKEOVER = "eu-west", "eu-central"
 # The checkpoints' copies (examples/policies/training.yaml): home and replicas.
 CKPT_REGIONS = ("eu-west", "eu-central", "eu-north")
 CORPUS_REGIONS = ("eu-west", "eu-central", "us-east")
-# Critical version sets (issue 13, step 6): once agents ack a set of a critical dataset
-# as a whole, a training step's files are written as one set (`object put --set`).
-CRITICAL_SETS = False
 
 
 @dataclass(frozen=True)
@@ -106,23 +103,23 @@ class Story:
         return held is not None and all(held.get(k) == v for k, v in wanted.items())
 
     def put_checkpoint(self, region: str, step: int, files: list[Path]) -> tuple[bool, str]:
-        """Write one training step's files through `meridian object put`; remembers the
-        acked versions. Returns (acked, what the CLI said)."""
+        """Write one training step's files as one version set with `meridian object put
+        --set` (acked once a quorum holds the whole set); remembers the acked versions.
+        Returns (acked, what the CLI said)."""
         keys = [str(f.relative_to(self.work)) for f in files]
-        agent = ["--agent", self.agent(region), "--output", "json"]
-        calls = (
-            [["--set", f"step-{step:04d}", *keys]]
-            if CRITICAL_SETS
-            else [[key, key] for key in keys]  # FILE KEY, one object at a time
-        )
-        for args in calls:
-            done = self.world.cli("object", "put", "--dataset", CKPT, *args, *agent, cwd=self.work)
-            if done.returncode != 0:
-                return False, _last_line(done.stderr or done.stdout)
-            for row in _rows(done.stdout):
-                self.acked[str(row["key"])] = str(row["version"])
+        set_id = f"step-{step:04d}"
+        done = self.world.cli(
+            "object", "put", "--dataset", CKPT, "--set", set_id, *keys,
+            "--agent", self.agent(region), "--output", "json", cwd=self.work,
+        )  # fmt: skip
+        if done.returncode != 0:
+            return False, _last_line(done.stderr or done.stdout)
+        rows = _rows(done.stdout)
+        for row in rows:
+            self.acked[str(row["key"])] = str(row["version"])
         size = sum(f.stat().st_size for f in files)
-        return True, f"{len(files)} files, {size:,} bytes"
+        committed = rows[0].get("set", set_id) if rows else set_id
+        return len(rows) == len(files), f"set {committed}: {len(files)} files, {size:,} bytes"
 
     def sent_bytes(self, keys: set[str], timeout_s: float = 30) -> tuple[int, int]:
         """(wire bytes, transfers) of the completed pushes of `keys`, once the catalog
@@ -146,8 +143,8 @@ class Story:
         step = "1 checkpoints"
         replicas = [r for r in CKPT_REGIONS if r != HOME]
         self.say(
-            f"1. A training job writes checkpoints to {HOME} (critical, EU only): each is "
-            f"acked once a quorum of {', '.join(CKPT_REGIONS)} holds it."
+            f"1. A training job writes checkpoints to {HOME} (critical, EU only), one version "
+            f"set per step, acked once a quorum of {', '.join(CKPT_REGIONS)} holds the set."
         )
         series = list(
             checkpoints(self.work / "ckpt", steps=self.scale.steps + 1, width=self.scale.width)
