@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from agents.placement.members import LEAVING, SERVING, Members
 from agents.placement.watch import MembershipWatch
-from agents.routing.copies import fetch_to
+from agents.routing.copies import fetch_many_to
 from agents.routing.peers import PeerStubs
 from agents.store import ObjectStore, StoredVersion
 from controlplane.domain.version import Version
@@ -48,6 +48,8 @@ _HELD_OUTCOMES = (
     agent_pb2.APPLY_OUTCOME_OLDER,
 )
 _PAGE = 500
+# Objects per FetchMany call of a pass.
+_BATCH = 64
 
 
 @dataclass
@@ -203,19 +205,7 @@ class Rebalancer(Lifecycle):
                     serving=[m.agent_id for m in current.serving],
                 )
                 await self._publish_quietly()
-            stray = 0
-            gate = asyncio.Semaphore(self.concurrency)
-
-            async def one(item: _Move) -> None:
-                nonlocal stray
-                async with gate:
-                    done = await self._move(item)
-                self.progress.remaining_objects -= 1
-                self.progress.remaining_bytes -= item.version.size
-                if not done:
-                    stray += 1
-
-            await asyncio.gather(*(one(w) for w in work))
+            stray = await self._move_all(work)
             self.passes += 1
             if work:
                 log.info(
@@ -274,52 +264,83 @@ class Rebalancer(Lifecycle):
             return None
         return _Move(stored, tuple(targets), owners, drop=not mine)
 
-    async def _move(self, item: _Move) -> bool:
-        """Push to the new owners; forget the local copy if this agent is not an owner and
-        they all hold it. True when the object is where it belongs."""
-        stored, version = item.stored, item.version
+    async def _move_all(self, work: list[_Move]) -> int:
+        """Push each object to its new owners, batched per target (`FetchMany`), then
+        forget the copies this agent no longer owns once every owner holds them.
+        Returns how many objects are not yet where they belong."""
         current = self.members.current
-        ok = True
-        for target_id in item.targets if not item.drop else item.owners:
-            if target_id == self.agent_id:
-                continue
+        by_target: dict[str, list[_Move]] = {}
+        pending: dict[int, int] = {}
+        for n, item in enumerate(work):
+            wanted = [t for t in (item.owners if item.drop else item.targets) if t != self.agent_id]
+            pending[n] = len(wanted)
+            for target_id in wanted:
+                by_target.setdefault(target_id, []).append(item)
+        index = {id(item): n for n, item in enumerate(work)}
+        failed: set[int] = set()
+        gate = asyncio.Semaphore(self.concurrency)
+
+        def done(item: _Move, ok: bool) -> None:
+            n = index[id(item)]
+            if not ok:
+                failed.add(n)
+            pending[n] -= 1
+            if pending[n] == 0:
+                self.progress.remaining_objects -= 1
+                self.progress.remaining_bytes -= item.version.size
+
+        async def batch(target_id: str, items: list[_Move]) -> None:
             target = current.get(target_id)
             if target is None:
-                ok = False
+                for item in items:
+                    done(item, False)
+                return
+            async with gate:
+                try:
+                    answer = await fetch_many_to(
+                        self.peers,
+                        target,
+                        [(i.stored.dataset, i.stored.key, i.version) for i in items],
+                        region=self.region,
+                        source=self.endpoint(),
+                    )
+                except Exception as exc:  # noqa: BLE001 - retried at the next pass
+                    log.warning("rebalance_copy_failed", to=target_id, error=str(exc))
+                    for item in items:
+                        done(item, False)
+                    return
+            for item, result, error in zip(items, answer.results, answer.errors, strict=False):
+                held = not error and result.outcome in _HELD_OUTCOMES
+                if held and result.outcome == agent_pb2.APPLY_OUTCOME_APPLIED:
+                    self.progress.moved_objects += 1
+                    self.progress.moved_bytes += item.version.size
+                if error:
+                    log.warning(
+                        "rebalance_copy_failed",
+                        dataset=item.stored.dataset,
+                        key=item.stored.key,
+                        to=target_id,
+                        error=error,
+                    )
+                done(item, held)
+            for item in items[len(answer.results) :]:
+                done(item, False)
+
+        await asyncio.gather(
+            *(
+                batch(target_id, items[i : i + _BATCH])
+                for target_id, items in by_target.items()
+                for i in range(0, len(items), _BATCH)
+            )
+        )
+        for n, item in enumerate(work):
+            if n in failed or not item.drop:
                 continue
-            try:
-                answer = await fetch_to(
-                    self.peers,
-                    target,
-                    stored.dataset,
-                    stored.key,
-                    version,
-                    region=self.region,
-                    source=self.endpoint(),
-                )
-            except Exception as exc:  # noqa: BLE001 - retried at the next pass
-                log.warning(
-                    "rebalance_copy_failed",
-                    dataset=stored.dataset,
-                    key=stored.key,
-                    to=target_id,
-                    error=str(exc),
-                )
-                ok = False
-                continue
-            if answer.outcome not in _HELD_OUTCOMES:
-                ok = False
-            elif answer.outcome == agent_pb2.APPLY_OUTCOME_APPLIED:
-                self.progress.moved_objects += 1
-                self.progress.moved_bytes += version.size
-                log.debug("object_moved", dataset=stored.dataset, key=stored.key, to=target_id)
-        if not ok:
-            return False
-        if item.drop and await asyncio.to_thread(
-            self.store.hand_off, stored.dataset, stored.key, version.hlc
-        ):
-            self.progress.handed_off += 1
-        return True
+            if await asyncio.to_thread(
+                self.store.hand_off, item.stored.dataset, item.stored.key, item.version.hlc
+            ):
+                self.progress.handed_off += 1
+        return len(failed)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,39 @@ async def fetch_to(
     return response
 
 
+async def fetch_many_to(
+    peers: PeerStubs,
+    target: Member,
+    items: list[tuple[str, str, Version]],
+    *,
+    region: str,
+    source: str,
+) -> agent_pb2.FetchManyResponse:
+    """Ask `target` to pull several versions from `source` in one call (`FetchMany`:
+    small objects travel in bundles, committed with one sync), one result or error
+    per item, in order."""
+    request = agent_pb2.FetchManyRequest(
+        items=[
+            agent_pb2.FetchRequest(
+                dataset=dataset,
+                key=key,
+                version=version_to_wire(version),
+                sources=[agent_pb2.FetchSource(region=region, address=source)],
+                origin_region=version.hlc.region,
+            )
+            for dataset, key, version in items
+        ]
+    )
+    timeout = _COPY_BASE_S + sum(v.size for _, _, v in items) / _COPY_BYTES_PER_S
+    try:
+        response: agent_pb2.FetchManyResponse = await peers.stub(target.endpoint).FetchMany(
+            request, timeout=timeout, metadata=peers.metadata
+        )
+    except grpc.aio.AioRpcError as err:
+        raise from_rpc_error(err, target.endpoint) from err
+    return response
+
+
 async def place_copies(
     peers: PeerStubs,
     ranked: list[Member],

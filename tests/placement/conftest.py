@@ -1,5 +1,7 @@
 """Fixtures of the placement tests: a world on the stack's etcd (a SQLite catalog: these
-tests need neither Kafka nor PostgreSQL) and a region of real agents, stopped after."""
+tests need neither Kafka nor PostgreSQL), one per module since applying the policy
+through the CLI takes seconds, and a region of real agents per test, killed after it
+with their registrations removed (the next test's region starts empty)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,19 @@ from pathlib import Path
 import pytest
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import prepare_world
-from region_harness import RegionOfAgents
+from region_harness import RegionOfAgents, clear_prefix
+
+from controlplane.coordination.protocols import keys
 
 __all__ = ["region", "small_world"]
 
 
-@pytest.fixture
-def small_world(tmp_path: Path, etcd_endpoint: str) -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="module")
+def small_world(
+    tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str
+) -> Iterator[dict[str, str]]:
     clear_keyspace(etcd_endpoint)
-    env = prepare_world(tmp_path / "world", etcd_endpoint)
+    env = prepare_world(tmp_path_factory.mktemp("world"), etcd_endpoint)
     # Nobody drains the outboxes here (no Kafka): point the drain at a closed port.
     env["MERIDIAN_KAFKA"] = "127.0.0.1:1"
     yield env
@@ -26,8 +32,9 @@ def small_world(tmp_path: Path, etcd_endpoint: str) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def region(tmp_path: Path, small_world: dict[str, str]) -> Iterator[RegionOfAgents]:
-    found = RegionOfAgents(tmp_path / "region", small_world)
+    found = RegionOfAgents(tmp_path / "region", dict(small_world))
     try:
         yield found
     finally:
         found.stop_all()
+        clear_prefix(small_world["MERIDIAN_ETCD"], keys.agents_of(found.region))

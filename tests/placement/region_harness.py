@@ -13,6 +13,7 @@ Every wait here is bounded in time and count.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ class RegionOfAgents:
     folder: Path
     env: dict[str, str]
     region: str = "eu-west"
-    lease_ttl_s: int = 2
+    lease_ttl_s: int = 3
     agents: list[AgentProcess] = field(default_factory=list)
     ids: dict[str, str] = field(default_factory=dict)
 
@@ -94,6 +95,22 @@ class RegionOfAgents:
         for proc in self.live():
             found[self.agent_id(proc)] = await local_objects(proc.address)
         return found
+
+
+def clear_prefix(etcd: str, prefix: str) -> None:
+    """Delete every key under `prefix` (the killed agents' registrations)."""
+
+    async def clear() -> None:
+        coord = EtcdCoordination([etcd], timeout_s=5.0)
+        await coord.connect()
+        try:
+            await coord.delete(prefix, prefix=True)
+        finally:
+            await coord.close()
+
+    # In a thread of its own: asyncio.run here would replace the session's event loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, clear()).result(timeout=30)
 
 
 async def local_objects(address: str, dataset: str | None = None) -> dict[tuple[str, str], str]:
