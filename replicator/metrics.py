@@ -32,6 +32,12 @@ class ReplicatorMetrics:
             ["dataset", "region"],
             registry=self.registry,
         )
+        self.stale_epoch_refused = Counter(
+            "meridian_stale_epoch_refused_total",
+            "events of an older epoch than the dataset's current one, dead-lettered",
+            ["dataset"],
+            registry=self.registry,
+        )
         self.failed = Counter(
             "meridian_replication_failed_total",
             "copies marked failed after max_attempts (re-driven by `meridian replication resync`)",
