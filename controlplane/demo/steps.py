@@ -61,6 +61,7 @@ class Story:
     checks: list[Check] = field(default_factory=list)
     acked: dict[str, str] = field(default_factory=dict)  # checkpoint key -> acked version
     held_back: list[Path] = field(default_factory=list)  # the checkpoint written after failover
+    step_versions: set[str] = field(default_factory=set)  # of the last checkpoint put
     trained: int = 0
 
     # -- helpers ---------------------------------------------------------------------------
@@ -104,34 +105,35 @@ class Story:
 
     def put_checkpoint(self, region: str, step: int, files: list[Path]) -> tuple[bool, str]:
         """Write one training step's files as one version set with `meridian object put
-        --set` (acked once a quorum holds the whole set); remembers the acked versions.
-        Returns (acked, what the CLI said)."""
-        keys = [str(f.relative_to(self.work)) for f in files]
+        --set` (acked once a quorum holds the whole set): the same keys at every step,
+        so each is a new version of the last step's file and a replica holding that one
+        receives a delta. Remembers the acked versions. Returns (acked, what was said)."""
         set_id = f"step-{step:04d}"
         done = self.world.cli(
-            "object", "put", "--dataset", CKPT, "--set", set_id, *keys,
-            "--agent", self.agent(region), "--output", "json", cwd=self.work,
+            "object", "put", "--dataset", CKPT, "--set", set_id, *(f.name for f in files),
+            "--agent", self.agent(region), "--output", "json", cwd=files[0].parent,
         )  # fmt: skip
         if done.returncode != 0:
             return False, _last_line(done.stderr or done.stdout)
         rows = _rows(done.stdout)
+        self.step_versions = {str(row["version"]) for row in rows}
         for row in rows:
             self.acked[str(row["key"])] = str(row["version"])
         size = sum(f.stat().st_size for f in files)
         committed = rows[0].get("set", set_id) if rows else set_id
         return len(rows) == len(files), f"set {committed}: {len(files)} files, {size:,} bytes"
 
-    def sent_bytes(self, keys: set[str], timeout_s: float = 30) -> tuple[int, int]:
-        """(wire bytes, transfers) of the completed pushes of `keys`, once the catalog
-        has a record of each push to each replica (records ship asynchronously)."""
-        want = len(keys) * (len(CKPT_REGIONS) - 1)
+    def sent_bytes(self, versions: set[str], timeout_s: float = 30) -> tuple[int, int]:
+        """(wire bytes, transfers) of the completed pushes of `versions`, once the
+        catalog has a record of each push to each replica (records ship asynchronously)."""
+        want = len(versions) * (len(CKPT_REGIONS) - 1)
         found: list[dict[str, Any]] = []
 
         def recorded() -> bool:
             found[:] = [
                 r
                 for r in self.probe.transfers(self.world.catalog, CKPT)
-                if r.get("object") in keys and r.get("outcome") == "completed"
+                if r.get("version") in versions and r.get("outcome") == "completed"
             ]
             return len(found) >= want
 
@@ -150,7 +152,8 @@ class Story:
             checkpoints(self.work / "ckpt", steps=self.scale.steps + 1, width=self.scale.width)
         )
         *before, (_, self.held_back) = series
-        total_full = total_sent = 0
+        total_full = total_sent = later_full = later_sent = 0
+        versions: set[str] = set()
         all_acked = True
         for n, files in before:
             self.trained = n
@@ -158,10 +161,12 @@ class Story:
             all_acked &= self.check(step, f"checkpoint step {n} acked", ok, why)
             if not ok:
                 continue
-            keys = {str(f.relative_to(self.work)) for f in files}
             full = sum(f.stat().st_size for f in files) * len(replicas)
-            sent, pushes = self.sent_bytes(keys)
+            sent, pushes = self.sent_bytes(self.step_versions)
+            versions |= self.step_versions
             total_full, total_sent = total_full + full, total_sent + sent
+            if n > 1:
+                later_full, later_sent = later_full + full, later_sent + sent
             self.say(
                 f"   step {n}: a full copy to {len(replicas)} replicas is {full:,} bytes; "
                 f"sent {sent:,} bytes in {pushes} pushes ({sent / full:.2f} of full)"
@@ -182,14 +187,20 @@ class Story:
         audited = sum(
             int(r["wire_bytes"])
             for r in (rows if isinstance(rows, list) else [])
-            if r.get("outcome") == "completed" and r.get("object") in acked
+            if r.get("outcome") == "completed" and r.get("version") in versions
         )
         self.check(
             step,
-            "bytes sent (meridian audit transfers) are at most a full copy",
+            "meridian audit transfers shows the bytes sent, at most a full copy",
             0 < total_sent == audited <= total_full,
-            f"{total_sent:,} of {total_full:,} bytes"
-            + ("; critical pushes send whole objects today" if total_sent == total_full else ""),
+            f"{total_sent:,} of {total_full:,} bytes",
+        )
+        self.check(
+            step,
+            "after the first step, pushes are deltas: less than a full copy was sent",
+            0 < later_sent < later_full,
+            f"{later_sent:,} of {later_full:,} bytes"
+            + (f" ({later_sent / later_full:.2f})" if later_full else ""),
         )
 
     def corpus_step(self) -> None:

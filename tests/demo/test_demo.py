@@ -105,8 +105,10 @@ def _mentioning(text: str) -> list[int]:
 
 
 def _port_free(address: str) -> bool:
+    """Nothing listens there (a closed connection's TIME_WAIT may linger: allowed)."""
     host, _, port = address.rpartition(":")
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, int(port)))
         except OSError:
