@@ -149,11 +149,29 @@ class FaultsWorld:
                     await tp.delete_proxy(name)
 
     async def partition(self, region: str, cut: bool) -> None:
-        """Refuse (or heal) every connection to `region`'s agent from the others."""
+        """Refuse (or heal) every connection to `region`'s agent from the others; returns
+        once a call through the proxy is refused (or answered) as it should be."""
         async with AsyncToxiproxy(self.toxiproxy_url) as tp:
             await tp.set_enabled(self.proxies[region], not cut)
+        route = dict(p.split("=", 1) for p in self.env["MERIDIAN_AGENT_ROUTES"].split(","))
+        until = time.monotonic() + 10
+        for _ in range(200):
+            try:
+                async with grpc.aio.insecure_channel(route[region]) as channel:
+                    await agent_pb2_grpc.AgentStub(channel).Health(
+                        agent_pb2.HealthRequest(), timeout=1
+                    )
+                reached = True
+            except grpc.aio.AioRpcError:
+                reached = False
+            if reached != cut:
+                return
+            if time.monotonic() >= until:
+                break
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the proxy of {region} did not {'cut' if cut else 'heal'}")
 
-    def cli(self, *args: str, timeout_s: float = 60) -> tuple[int, str, str]:
+    def cli(self, *args: str, timeout_s: float = 150) -> tuple[int, str, str]:
         done = run_cli(list(args), self.env, timeout_s=timeout_s)
         return done.returncode, done.stdout, done.stderr
 
