@@ -77,7 +77,7 @@ from controlplane.logs import get_logger
 log = get_logger("meridian.chaos")
 
 RECOVERY_S = 40.0
-JOURNAL_WAIT_S = 30.0
+JOURNAL_WAIT_S = 60.0  # rows of moves made under load came 30-40 s after the heal
 CONVERGENCE_S = 45.0  # after recovery: every replicator caught up, every Fetch retried
 CLAIMS_S = 30.0
 QUORUM = 2  # copies a critical ack promises: `ack: quorum` of home + 2 replicas

@@ -39,10 +39,10 @@ GROUPS: dict[str, tuple[int, str, list[int]]] = {
 # expected failure while exactly these invariants fail (any other failing fails it).
 KNOWN: dict[str, tuple[set[str], str]] = {
     name: (
-        {"no-acked-critical-write-lost", "convergence"},
-        "after two failovers the home region becomes the owner again without the acked "
-        "critical writes of the owner in between (they are on the other replica): failover "
-        "must prefer the candidate holding every acked version (issue 13, failover preference)",
+        {"convergence"},
+        "an unacked critical write committed at an owner deposed before its catch-up ran "
+        "stays there alone (the catch-up is fenced, the new owner does not have it): "
+        "nothing reconciles the copies",
     )
     for name in ("owner-cut-from-etcd", "owner-sigstop")
 }
