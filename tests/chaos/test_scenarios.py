@@ -47,6 +47,7 @@ KNOWN: dict[str, tuple[set[str], str]] = {
     )
     for name in ("owner-cut-from-etcd", "owner-sigstop")
 }
+WORLD_S = 240  # a world's set-up and teardown on a loaded machine
 BUDGET_S = 200  # per scenario: 30 s of faults with their gaps, recovery, checks, its share
 Row = tuple[int, str, float, float, int, int, str]  # number, name, s, world s, ops, acked, held
 
@@ -91,7 +92,7 @@ class Groups:
             seed, duration, numbers = GROUPS[name]
             argv = [*meridian_argv(), "chaos", "run", *map(str, numbers), "--seed", str(seed),
                     "--duration", duration, "--output", "json"]  # fmt: skip
-            done = run_bounded(argv, BUDGET_S * len(numbers))
+            done = run_bounded(argv, WORLD_S + BUDGET_S * len(numbers))
             results: dict[str, Any] = {}
             if done.stdout:
                 results = {r["scenario"]: r for r in json.loads(done.stdout)}
@@ -123,7 +124,7 @@ def groups(request: pytest.FixtureRequest) -> Iterator[Groups]:
 
 # The first scenario of a group waits for the whole group's run (its CLI has its own
 # bound, BUDGET_S per scenario): above pytest's default 600 s.
-@pytest.mark.timeout(BUDGET_S * 6 + 300)
+@pytest.mark.timeout(WORLD_S + BUDGET_S * 6 + 300)
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: f"{s.number}-{s.name}")
 def test_scenario_holds_every_invariant(
     private_stack: PrivateStack, scenario: Scenario, groups: Groups
