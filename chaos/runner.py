@@ -71,13 +71,13 @@ from chaos.stack import PrivateStack
 from chaos.workload import FENCE_REGION, FencedWorkload, OwnerSampler
 from chaos.world import ChaosWorld
 from controlplane.adapters.etcd import EtcdCoordination
-from controlplane.errors import StackError
+from controlplane.errors import MeridianError, StackError
 from controlplane.logs import get_logger
 
 log = get_logger("meridian.chaos")
 
 RECOVERY_S = 40.0
-JOURNAL_WAIT_S = 30.0
+JOURNAL_WAIT_S = 60.0  # rows of moves made under load came 30-40 s after the heal
 CONVERGENCE_S = 45.0  # after recovery: every replicator caught up, every Fetch retried
 CLAIMS_S = 30.0
 QUORUM = 2  # copies a critical ack promises: `ack: quorum` of home + 2 replicas
@@ -503,7 +503,16 @@ async def run_group(
         for scenario, seed in zip(scenarios, seeds, strict=True):
             announce(f"chaos: {scenario.name} with seed {seed} (re-run: --seed {seed})")
             run_dir = world_dir / f"{scenario.name}-{seed}"
-            results.append(await run_on_world(w, scenario, seed, duration_s, run_dir))
+            try:
+                results.append(await run_on_world(w, scenario, seed, duration_s, run_dir))
+            except MeridianError as exc:
+                # The world broke (an engine that did not come back): this scenario fails
+                # with why, and the rest of the group is not run on it; earlier results stand.
+                w.all_held = False
+                broken = Verdict.of("run-completed", [f"{type(exc).__name__}: {exc}"])
+                results.append(Result(scenario.name, seed, 0, 0, [broken], [], str(run_dir)))
+                announce(f"chaos: {scenario.name} could not finish: {exc}")
+                break
             announce(f"chaos: {scenario.name} {'held' if results[-1].held else 'FAILED'}")
     finally:
         await close_world(w)

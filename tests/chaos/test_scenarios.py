@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -39,13 +40,14 @@ GROUPS: dict[str, tuple[int, str, list[int]]] = {
 # expected failure while exactly these invariants fail (any other failing fails it).
 KNOWN: dict[str, tuple[set[str], str]] = {
     name: (
-        {"no-acked-critical-write-lost", "convergence"},
-        "after two failovers the home region becomes the owner again without the acked "
-        "critical writes of the owner in between (they are on the other replica): failover "
-        "must prefer the candidate holding every acked version (issue 13, failover preference)",
+        {"convergence"},
+        "an unacked critical write committed at an owner deposed before its catch-up ran "
+        "stays there alone (the catch-up is fenced, the new owner does not have it): "
+        "nothing reconciles the copies",
     )
     for name in ("owner-cut-from-etcd", "owner-sigstop")
 }
+WORLD_S = 240  # a world's set-up and teardown on a loaded machine
 BUDGET_S = 200  # per scenario: 30 s of faults with their gaps, recovery, checks, its share
 Row = tuple[int, str, float, float, int, int, str]  # number, name, s, world s, ops, acked, held
 
@@ -59,6 +61,25 @@ def test_every_scenario_is_in_one_group() -> None:
     assert numbers == sorted(s.number for s in SCENARIOS)
 
 
+def run_bounded(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; past `timeout_s`, SIGINT it first (it stops its world's daemons, which
+    a SIGKILL would leave running), then kill it."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ}
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        err = f"{err}\ntimed out after {timeout_s:g} s"
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 class Groups:
     """Each group's CLI run, made when its first scenario's test asks for it."""
 
@@ -69,20 +90,15 @@ class Groups:
     def run(self, name: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
         if name not in self.done:
             seed, duration, numbers = GROUPS[name]
-            done = subprocess.run(
-                [*meridian_argv(), "chaos", "run", *map(str, numbers), "--seed", str(seed),
-                 "--duration", duration, "--output", "json"],
-                capture_output=True,
-                text=True,
-                timeout=BUDGET_S * len(numbers),
-                check=False,
-                env={**os.environ},
-            )  # fmt: skip
+            argv = [*meridian_argv(), "chaos", "run", *map(str, numbers), "--seed", str(seed),
+                    "--duration", duration, "--output", "json"]  # fmt: skip
+            done = run_bounded(argv, WORLD_S + BUDGET_S * len(numbers))
             results: dict[str, Any] = {}
             if done.stdout:
                 results = {r["scenario"]: r for r in json.loads(done.stdout)}
+            self.done[name] = (done, results)  # cached before any check: run once only
+            if done.stdout:
                 check_output("chaos_run", list(results.values()))
-            self.done[name] = (done, results)
         return self.done[name]
 
 
@@ -106,6 +122,9 @@ def groups(request: pytest.FixtureRequest) -> Iterator[Groups]:
     reporter.write_line(f"     {'total':<24} {total:>15.1f}")
 
 
+# The first scenario of a group waits for the whole group's run (its CLI has its own
+# bound, BUDGET_S per scenario): above pytest's default 600 s.
+@pytest.mark.timeout(WORLD_S + BUDGET_S * 6 + 300)
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: f"{s.number}-{s.name}")
 def test_scenario_holds_every_invariant(
     private_stack: PrivateStack, scenario: Scenario, groups: Groups
