@@ -49,6 +49,10 @@ DEFAULT_TIMEOUT_S = 30.0
 # The slowest transfer rate a bulk call is given time for before its deadline ends it.
 DEFAULT_MIN_RATE_BYTES_PER_S = 4 * 1024 * 1024
 LIST_PAGE = 1000
+# What grpc aio says instead of a server's early status (grpc/grpc#36066), and how many
+# times a Put asks again for the real one (see AgentClient._put_verdict).
+CORE_INTERNAL = "Internal error from Core"
+VERDICT_ATTEMPTS = 3
 _ZEROS = bytes(CHUNK_BYTES)
 
 Progress = Callable[[int, int | None], None]
@@ -229,8 +233,47 @@ class AgentClient:
         try:
             resp = await self.stub.Put(requests(), timeout=self._bulk_timeout(size))
         except grpc.aio.AioRpcError as err:
-            raise self._error(err) from None
+            if not _core_internal(err):
+                raise self._error(err) from None
+            raise await self._put_verdict(header, size) from None
         return _version(resp.version, "PutResponse.version")
+
+    async def _put_verdict(self, header: agent_pb2.PutHeader, size: int | None) -> Exception:
+        """The typed error of a Put the agent ended early while we were still sending.
+
+        grpc aio (grpc/grpc#36066) sometimes reports a server's early status on a
+        client stream that is still sending as INTERNAL "Internal error from Core"
+        instead of the status the agent set (a refusal at the header: residency, not
+        the owner, a stale epoch, a handover; or a size over the cap). The agent
+        committed nothing: without our end frame it never commits. So ask again with
+        the header alone, stating the size when there is one, and end the stream at
+        once: the agent decides the same refusals at the header, and with nothing left
+        to send the status arrives intact. A header alone is never stored (no end
+        frame, and a stated size the stream does not reach). If the agent admits it
+        now, the write is retriable: `UnavailableError`, nothing stored."""
+        probe = agent_pb2.PutHeader()
+        probe.CopyFrom(header)
+        if size:  # never a stated 0: a header alone would then be a whole empty object
+            probe.size = size
+
+        async def alone() -> AsyncIterator[agent_pb2.PutRequest]:
+            yield agent_pb2.PutRequest(header=probe)
+
+        for _ in range(VERDICT_ATTEMPTS):
+            try:
+                await self.stub.Put(alone(), timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as err:
+                if _core_internal(err):
+                    continue  # the same bug again; ask once more
+                found = self._error(err)
+                if not isinstance(found, ShortStreamError):
+                    return found  # the refusal the first attempt lost
+            break  # admitted at the header now (it refused the header alone as short)
+        return UnavailableError(
+            f"the agent at {self.address} ended the put of {header.dataset}/{header.key} "
+            "early and its reason was lost (grpc/grpc#36066); asked again it gives none; "
+            "nothing was stored, try again"
+        )
 
     async def delete(
         self, dataset: str, key: str, *, epoch: int | None = None, set_id: str | None = None
@@ -574,6 +617,12 @@ class AgentClient:
 
 
 # -- conversions ---------------------------------------------------------------------------
+def _core_internal(err: grpc.aio.AioRpcError) -> bool:
+    """grpc aio's INTERNAL in place of a server's early status (grpc/grpc#36066). The
+    agent's own INTERNAL (a StorageError) never says this."""
+    return err.code() == grpc.StatusCode.INTERNAL and CORE_INTERNAL in (err.details() or "")
+
+
 def _version(msg: types_pb2.Version, path: str) -> Version:
     try:
         return convert.version_from_wire(msg, path)

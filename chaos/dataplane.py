@@ -80,6 +80,7 @@ class StandardWorkload:
         size: int = 4096,
         interval_s: float = 0.05,
         read_ratio: float = 0.4,
+        key_prefix: str = "",
     ) -> None:
         self.history = history
         self.addresses = dict(addresses)
@@ -88,6 +89,7 @@ class StandardWorkload:
         self.size = size
         self.interval_s = interval_s
         self.read_ratio = read_ratio
+        self.key_prefix = key_prefix  # a scenario's own objects on a shared world
         self.rng = random.Random(seed)  # noqa: S311 - replayable from the seed
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -113,7 +115,7 @@ class StandardWorkload:
                 if self._stop.is_set():
                     return
                 dataset = rng.choice(self.datasets)
-                key = f"k{rng.randrange(KEYS_PER_DATASET)}"
+                key = f"{self.key_prefix}k{rng.randrange(KEYS_PER_DATASET)}"
                 if rng.random() < self.read_ratio:
                     await self._read(client, region, name, dataset, key)
                 else:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import random
 import signal
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -47,6 +48,20 @@ class Injector:
     sampler: OwnerSampler
     _undo: dict[int, list[str]] = field(default_factory=dict)  # id(fault) -> killed members
     _flappers: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    clock_offset_ms: int = 0  # what a `skew-clock` fault shifts its region's HLC by
+    _operators: dict[int, asyncio.Task[str]] = field(default_factory=dict)
+    # What each operator action of the run answered (the run's log and result.json).
+    operator_log: list[str] = field(default_factory=list)
+
+    def _force_failover(self, source: str, to: str) -> str:
+        argv = ["failover", "--from", source, "--to", to, "--force", "--yes"]
+        try:
+            done = self.world.cli(*argv, "--reason", "chaos: only this region reaches etcd",
+                                  timeout_s=60)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"meridian {' '.join(argv)}: no answer within 60 s"
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return f"meridian {' '.join(argv)} exited {done.returncode}: {said[-1] if said else ''}"
 
     def _agent_links(self, region: str | None = None) -> list[str]:
         """Every agent-to-agent proxy (both directions) touching `region`, or all of them."""
@@ -97,9 +112,11 @@ class Injector:
         if fault.kind == "sigstop":
             region = w.regions[self._owner()]
             self.workload.regions[region.name].pause()
-            signal_daemon(region.daemons["controller"], signal.SIGSTOP)
+            stopped: list[str] = [k for k in ("agent", "controller") if k in region.daemons]
+            for name in stopped:
+                signal_daemon(region.daemons[name], signal.SIGSTOP)
             self._undo[id(fault)] = [region.name]
-            return f"SIGSTOP {region.name} controller"
+            return f"SIGSTOP {region.name} {' and '.join(stopped)}"
         if fault.kind in ("kill-agent", "kill-replicator"):
             kind = fault.kind.removeprefix("kill-")
             region = w.regions[fault.target]
@@ -125,6 +142,54 @@ class Injector:
                         {"average_size": 512, "size_variation": 256, "delay": 50},
                     )
             return f"{fault.kind} on {len(proxies)} agent links ({fault.target})"
+        if fault.kind == "cut-pair":  # A<->B cut both ways; both still reach everyone else
+            a, b = fault.target.split("|")
+            proxies = [w.regions[a].proxy_name(f"agent-to-{b}")]
+            proxies.append(w.regions[b].proxy_name(f"agent-to-{a}"))
+            for proxy in proxies:
+                await w.toxi.cut(proxy)
+            return f"cut the agent links {a} <-> {b} (both still reach the others)"
+        if fault.kind == "wan":
+            agents = self._agent_links()
+            kafka = [p for r in w.regions.values() for p in r.links("kafka")]
+            for proxy in agents + kafka:
+                await w.toxi.add_toxic(proxy, "latency", {"latency": 100, "jitter": 50})
+            for proxy in agents:  # KB/s: a 1 MiB/s cap on every agent (delta) link
+                await w.toxi.add_toxic(proxy, "bandwidth", {"rate": 1024})
+            return (
+                f"100+/-50 ms each way on {len(agents) + len(kafka)} agent and Kafka links, "
+                f"1 MiB/s on the {len(agents)} agent links"
+            )
+        if fault.kind == "strand-compliant":
+            owner = w.regions[self._owner()]
+            for link in owner.proxies:
+                await w.toxi.cut(owner.proxy_name(link))
+            others = []
+            for region in w.regions.values():
+                if region is owner or region.jurisdiction != owner.jurisdiction:
+                    continue
+                others.append(region.name)
+                for proxy in region.links("etcd"):
+                    await w.toxi.cut(proxy)
+            # An operator who can only reach etcd from outside the residency tries to
+            # force the datasets there: the failover must refuse (runbook residency rule).
+            outside = next(
+                r.name for r in w.regions.values() if r.jurisdiction != owner.jurisdiction
+            )
+            self._operators[id(fault)] = asyncio.create_task(
+                asyncio.to_thread(self._force_failover, owner.name, outside)
+            )
+            return (
+                f"isolated {owner.name} and cut {', '.join(others)} from etcd: only regions "
+                f"outside {owner.jurisdiction} reach etcd; an operator forces a failover of "
+                f"{owner.name} to {outside}"
+            )
+        if fault.kind == "skewed":
+            # The skew itself is set when the region's agent and replicator start (a
+            # restart costs tens of seconds on a loaded machine); these windows pace
+            # the run and name what holds during them.
+            offset = self.clock_offset_ms
+            return f"{fault.target}'s agent and replicator run {offset:+d} ms off (since start)"
         if fault.kind == "flap":
             proxies = self._agent_links(fault.target) + w.regions[fault.target].links("kafka")
             seed = int(fault.start_s * 1000)
@@ -151,13 +216,24 @@ class Injector:
 
     async def end(self, fault: Fault) -> None:
         w = self.world
-        if fault.kind in ("cut-etcd", "cut-etcd-up", "cut-etcd-down", "isolate"):
+        if fault.kind == "skewed":
+            return
+        operator = self._operators.pop(id(fault), None)
+        if operator is not None:
+            said = await operator
+            self.operator_log.append(said)
+            log.info("chaos_operator", answer=said)
+        if fault.kind in (
+            "cut-etcd", "cut-etcd-up", "cut-etcd-down", "isolate", "cut-pair", "wan",
+            "strand-compliant",
+        ):  # fmt: skip
             for region in w.regions.values():
                 for link in region.proxies:
                     await w.toxi.clear(region.proxy_name(link))
         elif fault.kind == "sigstop":
             for name in self._undo.pop(id(fault), []):
-                signal_daemon(w.regions[name].daemons["controller"], signal.SIGCONT)
+                for daemon in w.regions[name].daemons.values():
+                    signal_daemon(daemon, signal.SIGCONT)
                 self.workload.regions[name].unpause()
         elif fault.kind in ("kill-etcd-leader", "etcd-quorum-loss"):
             cluster = w.stack.etcd_cluster()

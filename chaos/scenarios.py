@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from chaos.checkers import (
     changelog,
+    clock_skew,
     convergence,
     journal,
     lost_writes,
@@ -19,6 +20,7 @@ from chaos.checkers import (
     split_brain,
     visibility,
 )
+from chaos.checkers import critical as critical_checks
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,17 @@ class Scenario:
     # writing objects of `object_size` bytes (above 256 KiB: fetched by Sync, not inline).
     data_plane: bool = False
     object_size: int = 4096
+    # Critical-class writes through the owner's agent with its epoch (sync replication),
+    # beside the standard workload (needs `data_plane`).
+    critical_plane: bool = False
+    # Scenario 13: the target region's agent and replicator run with their HLC's
+    # physical clock shifted by this many ms (from their start).
+    clock_offset_ms: int = 0
+
+    @property
+    def agents(self) -> bool:
+        """Agents and replicators run in every region (for either workload)."""
+        return self.data_plane or self.critical_plane
 
 
 SAFETY = (
@@ -48,6 +61,8 @@ SAFETY = (
     journal.JOURNALED,
     journal.VIEWS,
 )
+# With the critical workload through the agents (sync replication, epochs from etcd).
+CRIT = (critical_checks.LOST, critical_checks.ONE_OWNER, convergence.NAME)
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
@@ -59,7 +74,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("owner",),
         (8.0, 11.0),
         (3.0, 5.0),
-        SAFETY,
+        (*SAFETY, *CRIT),
+        critical_plane=True,
     ),
     Scenario(
         "owner-cut-from-etcd",
@@ -70,18 +86,20 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("owner",),
         (8.0, 11.0),
         (3.0, 5.0),
-        SAFETY,
+        (*SAFETY, *CRIT),
+        critical_plane=True,
     ),
     Scenario(
         "owner-sigstop",
         3,
-        "the owner region's controller SIGSTOPped (and its clients held between reading "
-        "their epoch and writing) past the lease TTL, then resumed",
+        "the owner region's agent and controller SIGSTOPped (and its clients held between "
+        "reading their epoch and writing) past the lease TTL, then resumed",
         ("sigstop",),
         ("owner",),
         (8.0, 11.0),
         (3.0, 5.0),
-        SAFETY,
+        (*SAFETY, *CRIT),
+        critical_plane=True,
     ),
     Scenario(
         "owner-one-way-etcd",
@@ -93,7 +111,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("owner",),
         (8.0, 11.0),
         (3.0, 5.0),
-        SAFETY,
+        (*SAFETY, *CRIT),
+        critical_plane=True,
     ),
     Scenario(
         "etcd-leader-and-quorum",
@@ -104,8 +123,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("etcd",),
         (6.0, 9.0),
         (3.0, 5.0),
-        (*SAFETY, ownership.STABLE),
+        (*SAFETY, ownership.STABLE, *CRIT),
         stable_during=("kill-etcd-leader", "etcd-quorum-loss"),
+        critical_plane=True,
     ),
     Scenario(
         "catalog-stopped",
@@ -116,9 +136,10 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("catalog",),
         (12.0, 16.0),
         (3.0, 5.0),
-        (*SAFETY, ownership.STABLE, ownership.DURING),
+        (*SAFETY, ownership.STABLE, ownership.DURING, *CRIT),
         stable_during=("stop-catalog",),
         progress_during=("stop-catalog",),
+        critical_plane=True,
     ),
 )
 
@@ -171,6 +192,70 @@ SCENARIOS += (
         DATA,
         data_plane=True,
         object_size=384 * 1024,
+    ),
+)
+
+CRITICAL_DATA = (*DATA, critical_checks.LOST, critical_checks.ONE_OWNER)  # DATA converges
+PAIRS = ("eu-west|eu-central", "eu-west|eu-north", "eu-central|eu-north")
+
+SCENARIOS += (
+    Scenario(
+        "partial-partition",
+        5,
+        "a partial partition: the agent links between two EU regions cut both ways while "
+        "both still reach the third (and etcd, Kafka, the catalog): pushes and Fetches "
+        "between them must go another way or wait",
+        ("cut-pair",),
+        PAIRS,
+        (4.0, 6.0),
+        (2.0, 3.0),
+        CRITICAL_DATA,
+        data_plane=True,
+        critical_plane=True,
+        object_size=384 * 1024,
+    ),
+    Scenario(
+        "wan-degraded",
+        8,
+        "WAN degradation: 100 +/- 50 ms latency each way on every agent and Kafka link and "
+        "a 1 MiB/s bandwidth cap on the agent (delta) links, under a checkpoint series "
+        "(1.5 MiB objects rewritten: fetched as deltas)",
+        ("wan",),
+        ("all",),
+        (6.0, 8.0),
+        (2.0, 3.0),
+        DATA,
+        data_plane=True,
+        object_size=1536 * 1024,
+    ),
+    Scenario(
+        "residency-failover",
+        10,
+        "residency under failover: the owner of the EU-only datasets isolated and the other "
+        "EU regions cut from etcd, so only us-east (US, not allowed) can reach etcd: no "
+        "dataset may fail over there, no byte may land there",
+        ("strand-compliant",),
+        ("owner",),
+        (6.0, 8.0),
+        (3.0, 4.0),
+        (*CRITICAL_DATA, residency.OWNERS, ownership.RESUMED),
+        data_plane=True,
+        critical_plane=True,
+    ),
+    Scenario(
+        "clock-skew",
+        13,
+        "clock skew: eu-north's agent and replicator run with their HLC's physical clock "
+        "30 s ahead (setting clock_offset_ms; max_clock_skew_ms is 1000) for the whole run: "
+        "its versions are quarantined elsewhere (dead letter `clock skew`), never applied, "
+        "while the other regions' writes reach it and everyone else",
+        ("skewed",),
+        ("eu-north",),
+        (6.0, 8.0),
+        (3.0, 4.0),
+        (*DATA, clock_skew.NAME),
+        data_plane=True,
+        clock_offset_ms=30_000,
     ),
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from chaos.runner import Result, run_scenario
+from chaos.runner import Result, groups, run_group
 from chaos.scenarios import BY_NAME, SCENARIOS, Scenario
 from chaos.stack import PrivateStack
 from controlplane.errors import InvalidInputError
@@ -35,7 +35,11 @@ def run_suite(
     seed: int,
     duration_s: float,
     announce: Callable[[str], None] = lambda _: None,
+    *,
+    shared: bool = True,
 ) -> list[Result]:
+    """`shared`: consecutive scenarios of one world kind run on one world (False: a
+    fresh world each, slower, for isolating a failure)."""
     if duration_s < MIN_DURATION_S:
         raise InvalidInputError(
             f"--duration {duration_s:g}s is too short: faults need at least "
@@ -45,13 +49,15 @@ def run_suite(
     runs_dir = stack.settings.home / "runs"
     announce(f"chaos: private stack under {stack.run_dir} (starting it if needed)")
     stack.up()
-    results = []
+    results: list[Result] = []
     try:
-        for i, scenario in enumerate(scenarios):
-            s = seed + i
-            announce(f"chaos: {scenario.name} with seed {s} (re-run: --seed {s})")
-            results.append(asyncio.run(run_scenario(stack, scenario, s, duration_s, runs_dir)))
-            announce(f"chaos: {scenario.name} {'held' if results[-1].held else 'FAILED'}")
+        # Consecutive scenarios needing the same kind of world share one (chaos.runner).
+        for group in groups(scenarios) if shared else [[i] for i in range(len(scenarios))]:
+            chosen = [scenarios[i] for i in group]
+            seeds = [seed + i for i in group]
+            results += asyncio.run(
+                run_group(stack, chosen, seeds, duration_s, runs_dir, announce=announce)
+            )
     finally:
         stack.down()
     return results

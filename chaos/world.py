@@ -89,6 +89,8 @@ class ChaosWorld:
         self.database = f"chaos_{run_dir.name.replace('-', '_')}"
         self.toxi = AsyncToxiproxy(stack.toxiproxy_url)
         self.fence_dir = run_dir / "fence"
+        # Per region, extra settings of its agent and replicator (scenario 13's clock).
+        self.data_env: dict[str, dict[str, str]] = {}
 
     @property
     def catalog_direct(self) -> str:
@@ -131,7 +133,10 @@ class ChaosWorld:
 
     def journal(self) -> list[dict[str, object]] | None:
         """The failover journal (`meridian history`), or None while the catalog is down."""
-        done = self.cli("history", "--output", "json", timeout_s=30)
+        try:
+            done = self.cli("history", "--output", "json", timeout_s=30)
+        except subprocess.TimeoutExpired:  # a loaded machine, or a catalog not back yet
+            return None
         if done.returncode != 0:
             return None
         rows = json.loads(done.stdout)
@@ -289,7 +294,7 @@ class ChaosWorld:
         return Daemon(
             f"{region.name} agent",
             argv,
-            self.env(region),
+            {**self.env(region), **self.data_env.get(region.name, {})},
             self.run_dir / "logs" / f"{region.name}-agent.log",
             metrics,
         )
@@ -303,7 +308,7 @@ class ChaosWorld:
         return Daemon(
             f"{region.name} replicator",
             argv,
-            self.env(region),
+            {**self.env(region), **self.data_env.get(region.name, {})},
             self.run_dir / "logs" / f"{region.name}-replicator.log",
             metrics,
         )

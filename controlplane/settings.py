@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     max_clock_skew_ms: int = Field(
         1000, ge=0, description="a received version further ahead of our clock is not applied"
     )
+    # A test knob (the chaos suite's clock-skew scenario): this process's HLC reads its
+    # physical clock shifted by this many ms, so one region's clock can run ahead or
+    # behind without touching the machine's clock.
+    clock_offset_ms: int = Field(0, description="shift of the HLC's physical clock, ms")
     tombstone_retention_s: int = Field(
         7 * 24 * 3600, gt=0, description="how long a delete is kept so no older put resurrects"
     )
@@ -111,6 +115,18 @@ class Settings(BaseSettings):
     agent_routes: str = Field(
         "", description="region=host:port,... overriding other regions' agent endpoints"
     )
+
+    # Copies of each object inside a region of several agents (issue 16):
+    # `region=r,...`; a region not named keeps 2 (1 while it has one agent).
+    region_copies: str = Field(
+        "", description="region=r,... copies of each object among a region's agents"
+    )
+    # How often an agent checks that what it holds sits on the right agents of its
+    # region, besides on every membership change.
+    rebalance_interval_s: float = Field(30.0, gt=0)
+    # On SIGTERM an agent of a region of several hands what it holds to the others
+    # first, for at most this long (then it stops; the copies left move on its loss).
+    drain_timeout_s: float = Field(30.0, ge=0)
 
     @field_validator("log_level")
     @classmethod
@@ -144,6 +160,23 @@ class Settings(BaseSettings):
             host, port = parse_endpoints(endpoint.strip(), setting="MERIDIAN_AGENT_ROUTES")[0]
             routes[region.strip()] = f"{host}:{port}"
         return routes
+
+    @cached_property
+    def region_copy_map(self) -> dict[str, int]:
+        """`region_copies` parsed: region -> r (at least 1)."""
+        found: dict[str, int] = {}
+        for item in (part.strip() for part in self.region_copies.split(",")):
+            if not item:
+                continue
+            region, sep, count = item.partition("=")
+            if not sep or not region.strip() or not count.strip().isdigit() or int(count) < 1:
+                raise ConfigError(f"MERIDIAN_REGION_COPIES: {item!r} is not region=N (N >= 1)")
+            found[region.strip()] = int(count)
+        return found
+
+    def copies_of(self, region: str) -> int | None:
+        """The configured copy count of `region`'s objects (None: the default)."""
+        return self.region_copy_map.get(region)
 
     def agent_address(self, region: str, registered: str) -> str:
         """Where to call an agent of `region` that registered `registered`."""

@@ -83,12 +83,12 @@ class BacklogProbe(Lifecycle):
         for dataset, (lag, pending, rpo) in found.items():
             self._metrics.lag_seconds.labels(dataset, self._region).set(lag)
             self._metrics.pending.labels(dataset, self._region).set(pending)
-            self._metrics.rpo_seconds.labels(dataset).set(rpo)
+            self._metrics.rpo_seconds.labels(dataset, self._region).set(rpo)
         for gone in self._known - set(found):  # no longer placed here: no backlog here
             with contextlib.suppress(KeyError):
                 self._metrics.lag_seconds.remove(gone, self._region)
                 self._metrics.pending.remove(gone, self._region)
-                self._metrics.rpo_seconds.remove(gone)
+                self._metrics.rpo_seconds.remove(gone, self._region)
         self._known = set(found)
         self.refreshed.set()
         return found

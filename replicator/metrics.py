@@ -20,16 +20,16 @@ class ReplicatorMetrics:
             ["dataset", "region"],
             registry=self.registry,
         )
+        self.rpo_seconds = Gauge(
+            "meridian_dataset_rpo_seconds",
+            "the dataset's rpo from its placement (what the lag is held against)",
+            ["dataset", "region"],
+            registry=self.registry,
+        )
         self.pending = Gauge(
             "meridian_replication_pending",
             "objects whose newest version is not yet completed in the region",
             ["dataset", "region"],
-            registry=self.registry,
-        )
-        self.rpo_seconds = Gauge(
-            "meridian_dataset_rpo_seconds",
-            "the dataset's rpo in the applied policy (the lag's target), per dataset placed here",
-            ["dataset"],
             registry=self.registry,
         )
         self.stale_epoch_refused = Counter(

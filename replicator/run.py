@@ -22,7 +22,7 @@ from prometheus_client import start_http_server
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.kafka import CHANGES_TOPIC, KafkaConsumer, KafkaProducer
-from controlplane.domain.hlc import HybridClock
+from controlplane.domain.hlc import HybridClock, offset_ms
 from controlplane.errors import ConfigError, MeridianError
 from controlplane.logs import get_logger
 from controlplane.policy.current import PolicyView
@@ -113,7 +113,11 @@ async def run_replicator(
                 dead_letters=KafkaDeadLetters(producer, region),
                 policy=view.require,
                 metrics=metrics,
-                clock=HybridClock(region, max_clock_skew_ms=config.max_clock_skew_ms),
+                clock=HybridClock(
+                    region,
+                    max_clock_skew_ms=config.max_clock_skew_ms,
+                    physical_ms=offset_ms(settings.clock_offset_ms),
+                ),
                 holders=holders,
                 on_record=shipper.nudge,
             )

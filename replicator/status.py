@@ -1,7 +1,10 @@
 """`meridian replication status`: per dataset and region, how far copies have got, and why
 an object is not yet everywhere it should be. Read from the catalog alone.
 
-Per (dataset, region) of every standard dataset's placement: `completed` (objects
+Per (dataset, region) of every dataset's placement, standard and critical (a
+critical replica that missed versions, being down or partitioned when the owner
+pushed them, shows them `pending` until the owner's catch-up has pushed them and
+its records reached the catalog): `completed` (objects
 whose newest version is completed there), `pending` (newest version not completed
 there and not failed: not yet attempted, or attempted and to be retried), `failed`
 (marked failed after `max_attempts`; `replication resync` re-drives them) and
@@ -43,7 +46,13 @@ def _rfc3339(at: datetime | None) -> str | None:
     return None if at is None else at.isoformat().replace("+00:00", "Z")
 
 
-def _why(state: str, rs: ReplicaStatus | None) -> str:
+def _why(state: str, rs: ReplicaStatus | None, critical: bool = False) -> str:
+    if rs is None and critical:
+        return (
+            "lacks it: the owner's synchronous push did not reach it (down, partitioned "
+            "or refusing); the owner's catch-up pushes it, and it counts toward acks again "
+            "once it lacks nothing"
+        )
     if rs is None:
         return "not yet attempted: the replicator has not reached its change event"
     if state == "failed":
@@ -66,17 +75,22 @@ def replication_status(
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for p in sorted(catalog.list_placements(), key=lambda p: p.dataset):
-        if p.dataset_class != "standard" or not fnmatch.fnmatchcase(p.dataset, dataset_glob):
+        if not fnmatch.fnmatchcase(p.dataset, dataset_glob):
             continue
         for r in p.regions:
             if region is not None and r != region:
                 continue
-            rows.append(_row(catalog, p.dataset, r, now, state))
+            rows.append(_row(catalog, p.dataset, r, now, state, p.dataset_class == "critical"))
     return rows
 
 
 def _row(
-    catalog: StatusCatalog, dataset: str, region: str, now: datetime, state: str | None
+    catalog: StatusCatalog,
+    dataset: str,
+    region: str,
+    now: datetime,
+    state: str | None,
+    critical: bool = False,
 ) -> dict[str, Any]:
     incomplete = {
         (v.object, v.version): v
@@ -112,7 +126,7 @@ def _row(
                     "attempts": rs.attempts if rs else 0,
                     "last_error": rs.last_error if rs else None,
                     "attempted_at": _rfc3339(rs.attempted_at if rs else None),
-                    "why": _why(current, rs),
+                    "why": _why(current, rs, critical),
                 }
             )
         row["objects"] = objects

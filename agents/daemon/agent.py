@@ -31,6 +31,7 @@ import grpc.aio
 
 from agents.admission import Admission, OwnerRecord
 from agents.daemon.config import AgentConfig, parse_listen
+from agents.daemon.holdings import HoldingsPublisher, UnackedWrites
 from agents.daemon.identity import Identity
 from agents.daemon.metrics_http import MetricsEndpoint, bind_store_gauges
 from agents.daemon.owners import OwnershipWatch
@@ -38,15 +39,18 @@ from agents.daemon.records import RecordDuties
 from agents.daemon.registration import AgentRecord, Registration
 from agents.metrics import AgentMetrics
 from agents.owners import EtcdOwners
+from agents.placement import MembershipWatch
+from agents.rebalance import Rebalancer
 from agents.replication import EtcdPeers, SyncReplication
 from agents.replication.replica_sets import ReplicaSets
+from agents.routing import PeerStubs, RoutedAgentService
 from agents.service.server import start_server, stop_server
-from agents.service.servicer import AgentService
 from agents.store import ObjectStore
 from agents.transfer.service import TransferService
+from agents.transfer.sweep import ResumeSweeper
 from controlplane.coordination.protocols.datasets import announce
 from controlplane.coordination.protocols.fencing import FencedResource
-from controlplane.domain.hlc import HybridClock
+from controlplane.domain.hlc import HybridClock, offset_ms
 from controlplane.errors import NotFoundError
 from controlplane.lifecycle import Lifecycle
 from controlplane.logs import get_logger
@@ -80,6 +84,15 @@ class NodeAgent(Lifecycle):
             retry_max_s=config.retry_max_s,
         )
         self.owners = EtcdOwners(coord, self.fence, watched=self.watch)
+        # The region's agents (issue 16): placement, routing and rebalance follow it.
+        self.members = MembershipWatch(
+            coord,
+            config.region,
+            configured_r=settings.copies_of(config.region),
+            retry_initial_s=config.retry_initial_s,
+            retry_max_s=config.retry_max_s,
+        )
+        self.peers = PeerStubs(identity.agent_id)
         self.store: ObjectStore | None = None
         self.server: grpc.aio.Server | None = None
         self.endpoint = ""
@@ -87,6 +100,9 @@ class NodeAgent(Lifecycle):
         self.registration: Registration | None = None
         self.records: RecordDuties | None = None
         self.replication: SyncReplication | None = None
+        self.holdings: HoldingsPublisher | None = None
+        self.rebalancer: Rebalancer | None = None
+        self.sweeper: ResumeSweeper | None = None
 
     @property
     def metrics_address(self) -> str | None:
@@ -96,7 +112,12 @@ class NodeAgent(Lifecycle):
         await self.view.start()
         self._check_region()
         await self.watch.start()
-        clock = HybridClock(self.region, max_clock_skew_ms=self.settings.max_clock_skew_ms)
+        await self.members.start()
+        clock = HybridClock(
+            self.region,
+            max_clock_skew_ms=self.settings.max_clock_skew_ms,
+            physical_ms=offset_ms(self.settings.clock_offset_ms),
+        )
         self.store = store = await asyncio.to_thread(
             ObjectStore,
             self.config.root,
@@ -117,22 +138,29 @@ class NodeAgent(Lifecycle):
         transfers = TransferService(
             store, admission, self.region, self.metrics, None, lambda: self.view.current
         )
+        # Cut transfers never retried: their resume states expire (at start, then here).
+        self.sweeper = ResumeSweeper(transfers.book, interval_s=self.config.resume_sweep_interval_s)
+        await self.sweeper.start()
         # Critical writes: pushed to the replica regions' agents, acked at `ack` copies.
         self.replication = SyncReplication(
             store, self.region, EtcdPeers(self.coord, self.settings.agent_address)
         )
-        service = AgentService(
+        # A region of one agent is served as by AgentService; of several, routed.
+        service = RoutedAgentService(
             store,
             admission,
             self.region,
             self.identity.agent_id,
             self.metrics,
             transfers,
-            replication=self.replication,
+            # Writes whose ack failed are remembered for the failover (holdings.py).
+            replication=(unacked := UnackedWrites(self.replication)),
             sets=ReplicaSets(store, admission, self.region),  # critical sets pushed here
+            members=self.members,
+            peers=self.peers,
         )
         self.server, port = await start_server(service, self.config.listen)
-        self.endpoint = self._advertised(port)
+        self.endpoint = service.endpoint = self._advertised(port)
         bind_store_gauges(self.metrics, store.usage)
         self.records = RecordDuties(
             store,
@@ -145,6 +173,16 @@ class NodeAgent(Lifecycle):
         await self.records.start()
         if self.config.metrics is not None:
             self.metrics_endpoint = MetricsEndpoint(self.metrics, self.config.metrics)
+        self.rebalancer = Rebalancer(
+            store,
+            self.members,
+            self.peers,
+            self.identity.agent_id,
+            self.region,
+            lambda: self.endpoint,
+            publish=self._publish_registration,
+            interval_s=self.settings.rebalance_interval_s,
+        )
         self.registration = Registration(
             self.coord,
             AgentRecord(
@@ -159,8 +197,25 @@ class NodeAgent(Lifecycle):
             usage_interval_s=self.config.usage_interval_s,
             retry_initial_s=self.config.retry_initial_s,
             retry_max_s=self.config.retry_max_s,
+            extra=self.rebalancer.registration_fields,
         )
         await self.registration.start()
+        # What it holds of critical datasets, for the failover's choice (issue 13).
+        self.holdings = HoldingsPublisher(
+            self.coord,
+            store,
+            region=self.region,
+            agent_id=self.identity.agent_id,
+            endpoint=self.endpoint,
+            policy=lambda: self.view.current,
+            fence=self.fence,
+            lease_ttl_s=self.config.lease_ttl_s,
+            unacked=unacked,
+            retry_initial_s=self.config.retry_initial_s,
+            retry_max_s=self.config.retry_max_s,
+        )
+        await self.holdings.start()
+        await self.rebalancer.start()
         log.info(
             "agent_ready",
             region=self.region,
@@ -169,6 +224,10 @@ class NodeAgent(Lifecycle):
             metrics=self.metrics_address,
             root=str(self.config.root),
         )
+
+    async def _publish_registration(self) -> None:
+        if self.registration is not None:
+            await self.registration.publish()
 
     async def _announce(self, dataset: str) -> None:
         await announce(self.coord, dataset, by=self.identity.agent_id)
@@ -194,6 +253,16 @@ class NodeAgent(Lifecycle):
         return f"{host}:{port}"
 
     async def _do_stop(self) -> None:
+        if self.sweeper is not None:
+            await self.sweeper.stop()
+        if self.rebalancer is not None:
+            if self.rebalancer.running and self.registration is not None:
+                # Hand what this agent holds to the region's other agents while it
+                # still serves their pulls (a lone agent has nobody to hand to).
+                await self.rebalancer.drain(self.settings.drain_timeout_s)
+            await self.rebalancer.stop()
+        if self.holdings is not None:
+            await self.holdings.stop()
         if self.registration is not None:
             await self.registration.stop()
         if self.server is not None:
@@ -201,10 +270,12 @@ class NodeAgent(Lifecycle):
             await stop_server(self.server, self.config.stop_grace_s)
         if self.replication is not None:
             await self.replication.close()
+        await self.peers.close()
         if self.records is not None:
             await self.records.stop()
         if self.metrics_endpoint is not None:
             await asyncio.to_thread(self.metrics_endpoint.close)
+        await self.members.stop()
         await self.watch.stop()
         await self.view.stop()
         if self.store is not None:

@@ -38,8 +38,9 @@ class AgentRecord:
     weight: int
     started_at: str
 
-    def value(self, usage: Usage | None) -> bytes:
+    def value(self, usage: Usage | None, extra: dict[str, object] | None = None) -> bytes:
         doc: dict[str, object] = {
+            **(extra or {}),
             "id": self.agent_id,
             "region": self.region,
             "endpoint": self.endpoint,
@@ -68,8 +69,12 @@ class Registration(Lifecycle):
         usage_interval_s: float,
         retry_initial_s: float = 0.1,
         retry_max_s: float = 2.0,
+        extra: Callable[[], dict[str, object]] | None = None,
     ) -> None:
         self.coord = coord
+        # More fields for the value (issue 16: the agent's placement state and its
+        # rebalance in progress, agents/rebalance/), read at every rewrite.
+        self._extra = extra
         self.record = record
         self.key = keys.agent(record.region, record.agent_id)
         self._usage = usage
@@ -114,7 +119,7 @@ class Registration(Lifecycle):
     async def _register(self) -> None:
         lease = await self.coord.grant(self._ttl_s)
         try:
-            value = self.record.value(await asyncio.to_thread(self._usage))
+            value = await self._value()
             await self.coord.put(self.key, value, lease=lease.id)
         except BaseException:
             await _revoke_quietly(self.coord, lease.id)
@@ -155,14 +160,25 @@ class Registration(Lifecycle):
             async with asyncio.timeout(self._interval_s):
                 await keepalive.lost.wait()
         except TimeoutError:
-            value = self.record.value(await asyncio.to_thread(self._usage))
-            if value != self._written:
-                await self.coord.put(self.key, value, lease=keepalive.lease.id)
-                self._written = value
+            await self.publish()
             return
         log.warning("agent_lease_lost", key=self.key, action="registering again")
         self._keepalive = None
         await keepalive.stop()
+
+    async def _value(self) -> bytes:
+        usage = await asyncio.to_thread(self._usage)
+        return self.record.value(usage, self._extra() if self._extra is not None else None)
+
+    async def publish(self) -> None:
+        """Rewrite the value now if it changed (a state change peers must see at once)."""
+        keepalive = self._keepalive
+        if keepalive is None:
+            return
+        value = await self._value()
+        if value != self._written:
+            await self.coord.put(self.key, value, lease=keepalive.lease.id)
+            self._written = value
 
 
 async def _revoke_quietly(coord: Coordination, lease_id: int) -> None:

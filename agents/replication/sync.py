@@ -42,8 +42,10 @@ region counts toward the set's ack only when it shows the whole set: the ack cov
 every member and the set record in `ack` regions. Catch-up pushes, besides the
 newest version of each key, the members of the newest complete set and that set.
 
-The bytes are pushed whole (chunks of the local copy): no delta against what the
-replica holds yet (see the report of issue 13).
+**Deltas.** A version of at least 64 KiB is pushed as a delta against the version
+the replica holds (the one it was last seen to commit, else this store's previous
+one), patched by the replica as it arrives; a replica without that basis answers at
+once and gets the version whole (delta_push.py says why a push and not a pull).
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 
+from agents.replication.delta_push import ReplicaBases, choose_basis, delta_frames
 from agents.replication.peers import Peers
 from agents.replication.replica_sets import MAX_SETS
 from agents.rpc.status import from_rpc_error
@@ -77,9 +80,21 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def copy_regions(placement: Placement) -> tuple[str, ...]:
+    """Every region that keeps a copy of the dataset: home and replicas, each once."""
+    return tuple(dict.fromkeys(r for r in (placement.home, *placement.replicas) if r))
+
+
+def push_targets(placement: Placement, owner: str) -> tuple[str, ...]:
+    """Where the owner pushes a write: every other copy region. After a failover the
+    owner is a replica region and the home is one of them (the chaos suite found the
+    owner pushing to `replicas`, itself included, and never to the home)."""
+    return tuple(r for r in copy_regions(placement) if r != owner)
+
+
 def copies_needed(placement: Placement) -> int:
     """How many regions (the owner included) must hold a write before it is acked."""
-    copies = 1 + len(placement.replicas)
+    copies = len(copy_regions(placement))
     if (placement.ack or DEFAULT_ACK) == "all":
         return copies
     return copies // 2 + 1
@@ -97,6 +112,8 @@ class SyncReplication:
         *,
         timeout_s: float = 5.0,
         min_rate_bps: float = 8 * 1024 * 1024,
+        deltas: bool = True,
+        delta_threads: int = 1,
     ) -> None:
         self.store = store
         self.region = region
@@ -107,6 +124,10 @@ class SyncReplication:
         self._background: set[asyncio.Task[str]] = set()
         # (dataset, replica) -> its catch-up task, while that replica is behind.
         self._behind: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Deltas against what each replica holds (delta_push.py); False: always whole.
+        self.deltas = deltas
+        self.delta_threads = delta_threads
+        self.bases = ReplicaBases()
         self.retry_initial_s = 0.2
         self.retry_max_s = 5.0
 
@@ -116,7 +137,7 @@ class SyncReplication:
 
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
         placement = write.admitted.placement
-        if not placement.replicas:
+        if not push_targets(placement, self.region):
             return (self.region,)
         push: Callable[[str], Awaitable[str]]
         if write.set_record is not None:
@@ -151,7 +172,8 @@ class SyncReplication:
         do (the owner first), or the error that says why they cannot."""
         placement = write.admitted.placement
         need = copies_needed(placement)
-        tasks = {asyncio.ensure_future(push(region)): region for region in placement.replicas}
+        targets = push_targets(placement, self.region)
+        tasks = {asyncio.ensure_future(push(region)): region for region in targets}
         for task, region in tasks.items():
             task.set_name(region)
         held = [self.region]
@@ -186,7 +208,7 @@ class SyncReplication:
             self._mark_behind(write, tasks[task])  # it may time out: caught up to be sure
         if len(held) >= need:
             return tuple(held)
-        missing = [r for r in placement.replicas if r not in held]
+        missing = [r for r in targets if r not in held]
         log.warning(
             "critical_write_unacked",
             dataset=write.dataset,
@@ -208,7 +230,7 @@ class SyncReplication:
         )
         raise UnavailableError(
             f"{what} is committed in {', '.join(held)} but not acked: ack "
-            f"{placement.ack or DEFAULT_ACK} needs {need} of {1 + len(placement.replicas)} "
+            f"{placement.ack or DEFAULT_ACK} needs {need} of {len(copy_regions(placement))} "
             f"regions ({why}); retry the write"
         )
 
@@ -407,11 +429,14 @@ class SyncReplication:
     async def _push(
         self, region: str, write: CommittedWrite, version: Version, deadline_s: float
     ) -> str:
+        """Push one version to `region`: as a delta over a basis it should hold when that
+        pays (delta_push.py), whole otherwise or when it does not hold that basis."""
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        key = write.key or ""
         header = agent_pb2.ReplicateHeader(
             dataset=write.dataset,
-            key=write.key or "",
+            key=key,
             version=version_to_wire(version),
             epoch=write.admitted.epoch,
             origin_region=self.region,
@@ -419,15 +444,60 @@ class SyncReplication:
         )
         if write.set_id is not None:
             header.set = write.set_id
+        known = self.bases.get(region, write.dataset, key)
+        basis = None
+        if self.deltas:
+            basis = await asyncio.to_thread(
+                choose_basis, self.store, write.dataset, key, version, known
+            )
+        if basis is not None and basis.digest is not None:
+            header.basis.CopyFrom(agent_pb2.Basis(version=basis.hlc.text, digest=basis.digest.text))
+            frames = self._delta_frames(header, write, version, basis)
+            resp = await self._replicate_call(stub, frames, deadline_s, region, address)
+            if not resp.basis_missing:
+                self._committed(region, write.dataset, key, resp)
+                return region
+            log.info("replica_basis_missing", dataset=write.dataset, key=key, region=region)
+            self.bases.forget(region, write.dataset, key)
+            header.ClearField("basis")
+        resp = await self._replicate_call(
+            stub, self._frames(header, write, version), deadline_s, region, address
+        )
+        self._committed(region, write.dataset, key, resp)
+        return region
+
+    async def _replicate_call(
+        self,
+        stub: agent_pb2_grpc.AgentAsyncStub,
+        frames: AsyncGenerator[agent_pb2.ReplicateRequest],
+        deadline_s: float,
+        region: str,
+        address: str,
+    ) -> agent_pb2.ReplicateResponse:
         try:
-            await stub.Replicate(self._frames(header, write, version), timeout=deadline_s)
+            return await stub.Replicate(frames, timeout=deadline_s)
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err, f"{region} ({address})") from err
-        return region
+        finally:
+            # A replica answering early (basis_missing, a refusal) leaves the frames
+            # unread: close them, which stops the engine's thread. While grpc's own
+            # task is still inside them they cannot be closed from here ("already
+            # running"): that task is cancelled as the call ends, and the generator
+            # is finalised (closed) by the loop then.
+            with contextlib.suppress(RuntimeError):
+                await frames.aclose()
+
+    def _committed(
+        self, region: str, dataset: str, key: str, resp: agent_pb2.ReplicateResponse
+    ) -> None:
+        with contextlib.suppress(MeridianError):
+            newest = version_from_wire(resp.version, "ReplicateResponse.version")
+            if not newest.is_tombstone:
+                self.bases.committed(region, dataset, key, newest)
 
     async def _frames(
         self, header: agent_pb2.ReplicateHeader, write: CommittedWrite, version: Version
-    ) -> AsyncIterator[agent_pb2.ReplicateRequest]:
+    ) -> AsyncGenerator[agent_pb2.ReplicateRequest]:
         yield agent_pb2.ReplicateRequest(header=header)
         if version.is_tombstone:
             return
@@ -439,6 +509,23 @@ class SyncReplication:
                 yield agent_pb2.ReplicateRequest(chunk=chunk)
         finally:
             reader.close()
+
+    async def _delta_frames(
+        self,
+        header: agent_pb2.ReplicateHeader,
+        write: CommittedWrite,
+        version: Version,
+        basis: Version,
+    ) -> AsyncGenerator[agent_pb2.ReplicateRequest]:
+        yield agent_pb2.ReplicateRequest(header=header)
+        chunks = delta_frames(
+            self.store, write.dataset, write.key or "", version, basis, threads=self.delta_threads
+        )
+        try:
+            async for chunk in chunks:
+                yield agent_pb2.ReplicateRequest(delta=chunk)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     async def close(self) -> None:
         """Cancel pushes and catch-ups still running and close the channels."""

@@ -5,7 +5,9 @@ Fetch handlers, which the agent's servicer (agents/service/) delegates to.
 - Sync: see sender.py.
 - Replicate: a version pushed by its owner (critical, with its epoch: fenced by
   `admit_replica`) or by the replicator (epoch 0, a standard dataset's inline event or
-  delete: an LWW apply); acked only after the commit.
+  delete: an LWW apply); acked only after the commit. A push naming a basis carries
+  delta frames (agents/replication/delta_push.py), answered `basis_missing` at once
+  when this agent does not hold that basis.
 - Fetch: pull a version from the holders given (nearest first, by the policy's RTT),
   falling back to the next on a retriable failure; a refusal is final.
 Every copy in is recorded in the store's journal with the version it committed (or
@@ -26,6 +28,7 @@ import grpc
 import native
 from agents.errors import ResidencyError
 from agents.metrics import AgentMetrics
+from agents.replication.delta_push import PUSH_DELTA, holds_basis, receive_delta
 from agents.rpc.status import abort, code_of
 from agents.store import ApplyResult, ObjectStore
 from agents.store.staging import TMP
@@ -189,6 +192,14 @@ class TransferService:
             await self._record(tally, "refused", version, str(exc))
             raise
         critical = placement.dataset_class == "critical"
+        delta = header.HasField("basis") and bool(header.basis.version)
+        if delta and not await asyncio.to_thread(holds_basis, self.store, header):
+            # Answered before any frame is read: the owner pushes it whole (issue 13).
+            return agent_pb2.ReplicateResponse(
+                version=version_to_wire(version), region=self.region, basis_missing=True
+            )
+        if delta:
+            tally.method = PUSH_DELTA
         try:
             if version.is_tombstone:
                 if critical:
@@ -314,13 +325,18 @@ class TransferService:
         critical: bool,
     ) -> ApplyResult:
         dataset, key = header.dataset, header.key
-        staged = await asyncio.to_thread(
-            self.store.stage,
-            dataset,
-            key,
-            expected_size=version.size,
-            expected_digest=version.digest,
-        )
+        if tally.method == PUSH_DELTA:  # patched over the basis as the frames arrive
+            staged, tally.wire_bytes = await receive_delta(
+                self.store, header, version, requests, threads=self.threads
+            )
+        else:
+            staged = await asyncio.to_thread(
+                self.store.stage,
+                dataset,
+                key,
+                expected_size=version.size,
+                expected_digest=version.digest,
+            )
         try:
             async for request in requests:
                 if request.WhichOneof("frame") != "chunk":

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Set
 
 from chaos.checkers.verdict import Verdict
-from chaos.records import Copy
+from chaos.records import Copy, OwnerSample
 
 NAME = "residency"
+OWNERS = "owners-within-residency"
 
 
 def check(
@@ -48,3 +49,27 @@ def check(
                 f"{', '.join(sorted(allowed))} ({c.where})"
             )
     return Verdict.of(NAME, problems, f"{count} copies inventoried, all within residency")
+
+
+def owners(
+    samples: Iterable[OwnerSample],
+    residency: Mapping[str, Set[str]],
+    jurisdiction: Mapping[str, str],
+) -> Verdict:
+    """No dataset was ever owned (in etcd's owner records) by a region outside its
+    residency: a failover with only non-compliant regions reachable must wait."""
+    problems: list[str] = []
+    seen: set[tuple[str, str, int]] = set()
+    for s in samples:
+        allowed = residency.get(s.dataset)
+        if allowed is None or (s.dataset, s.region, s.epoch) in seen:
+            continue
+        seen.add((s.dataset, s.region, s.epoch))
+        where = jurisdiction.get(s.region)
+        if where not in allowed:
+            problems.append(
+                f"{s.dataset} owned by {s.region} ({where}) at epoch {s.epoch} from t={s.t:.3f}; "
+                f"its residency is {', '.join(sorted(allowed))}"
+            )
+    owned = len({ds for ds, _, _ in seen})
+    return Verdict.of(OWNERS, problems, f"{owned} datasets only ever owned within residency")

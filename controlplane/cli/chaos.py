@@ -65,7 +65,8 @@ def run(
         for r in results:  # a table per scenario, its counts in the title
             rows = [{"invariant": v.name, "held": v.held, "detail": v.detail} for v in r.verdicts]
             title = (
-                f"{r.scenario} (seed {r.seed}): {r.operations} operations, {r.acked} acked writes"
+                f"{r.scenario} (seed {r.seed}): {r.operations} operations, {r.acked} acked "
+                f"writes, {r.elapsed_s:g} s"
             )
             emit(rows, output, columns=["invariant", "held", "detail"], title=title)
     failed = [r for r in results if not r.held]

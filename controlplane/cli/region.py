@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from controlplane.cli.common import OutputOpt, emit, settings_from
+from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
 from controlplane.cli.runbook import DryRunOpt, ReasonOpt, YesOpt, confirm, emit_results, print_plan
 
 app = typer.Typer(
@@ -35,6 +35,50 @@ def list_regions(ctx: typer.Context, output: OutputOpt = None) -> None:
         ]
 
     emit(asyncio.run(go()), output, columns=["name", "jurisdiction", "state", "alive", "owns"])
+
+
+@app.command("show")
+def show_region(
+    ctx: typer.Context,
+    region: Annotated[str, typer.Argument(help="the region")],
+    output: OutputOpt = None,
+) -> None:
+    """That region's agents: endpoint, weight, usage, objects, liveness; the rebalance in
+    progress with its remaining bytes; the cache."""
+    from agents.placement.report import region_report
+    from controlplane.adapters.etcd import EtcdCoordination
+
+    settings = settings_from(ctx)
+
+    async def go() -> dict[str, object]:
+        coord = EtcdCoordination(
+            [f"{h}:{p}" for h, p in settings.etcd_endpoints], timeout_s=settings.etcd_timeout_s
+        )
+        await coord.connect()
+        try:
+            return await region_report(coord, region, settings.copies_of(region))
+        finally:
+            await coord.close()
+
+    doc = asyncio.run(go())
+    if resolve_output(output) is Output.json:
+        emit(doc, output)
+        return
+    rebalance = doc["rebalance"]
+    moving = (
+        "none"
+        if not isinstance(rebalance, dict)
+        else (
+            f"{rebalance['remaining_objects']} object(s), {rebalance['remaining_bytes']} bytes left"
+        )
+    )
+    agents = doc["agents"]
+    emit(
+        agents if isinstance(agents, list) else [],
+        output,
+        columns=["id", "endpoint", "weight", "objects", "bytes", "alive", "state"],
+        title=f"{region}: {doc['copies']} cop(ies) per object; rebalance: {moving}",
+    )
 
 
 @app.command()

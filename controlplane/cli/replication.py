@@ -16,7 +16,9 @@ import typer
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
 
-app = typer.Typer(help="Replication of standard datasets: status and resync.", no_args_is_help=True)
+app = typer.Typer(
+    help="Replication: status (standard and critical datasets) and resync.", no_args_is_help=True
+)
 STATUS_COLUMNS = ["dataset", "region", "completed", "pending", "failed", "lag_s"]
 OBJECT_COLUMNS = ["dataset", "region", "object", "version", "state", "attempts", "why"]
 PLAN_COLUMNS = ["dataset", "key", "version", "op", "state", "holders"]

@@ -3,18 +3,30 @@
 Before a critical dataset moves to `region`, the target must hold every version the
 owner acked. The catalog learns of copies through the agents' recorders, later than
 the copies exist and possibly not at all while the catalog is down; the agents' own
-listings are the truth. So this probe lists the dataset on an agent of the owner
-region and on one of the target (their etcd registrations, routed through
-`Settings.agent_address`), and reports every object whose newest version the target
-lacks by HLC and digest (tombstones included), as `key@hlc`; then what the catalog
-probe (`fallback`) still reports, so that neither source is dropped.
+listings are the truth. So this probe lists the dataset on an agent of every region
+of its placement (their etcd registrations, routed through `Settings.agent_address`)
+and reports, as `key@hlc`, every object whose possibly-acked newest version the
+target lacks by HLC and digest (tombstones included).
+
+*Possibly acked* (`required`): a write is acked once `copies_needed` regions hold
+it, and during the handover every replica refuses every push, so no more are
+acked. So per object, the newest version that at least `copies_needed` regions
+hold (at or above: a newer version supersedes it by LWW) is what the target must
+hold. A version only the owner holds (committed just as the freeze began, its
+pushes refused, its client told "not acked, retry") is not waited for: it cannot
+reach the target during the freeze, and waiting for it aborted every switchover
+under load (found by tests/critical/test_faults_failover.py). When some region of
+the placement cannot be listed, it may hold acked versions nobody else shows, so
+the target must then hold everything the owner holds (the strict rule).
 
 `incomplete_versions` is synchronous (the runbooks call it on a thread): each call
 runs its own short event loop with its own etcd connection and channels. When etcd
-or an agent cannot answer it reports the dataset as not caught up (a sentinel
-entry naming why): the wait goes on rather than moving on a guess. When the owner
-region has no agent registered at all (no data plane there: a control-plane-only
-deployment, the controllers' own tests) only the catalog decides.
+or the owner's or the target's agent cannot answer it reports the dataset as not
+caught up (a sentinel entry naming why): the wait goes on rather than moving on a
+guess. The catalog (`fallback`) decides only when the owner region has no agent
+registered at all (no data plane there: a control-plane-only deployment, the
+controllers' own tests); when the agents answered they decide alone, since the
+catalog also lists the owner's unacked versions and lags behind the copies.
 """
 
 from __future__ import annotations
@@ -24,11 +36,15 @@ from collections.abc import Callable
 
 from agents.client import AgentClient, ObjectInfo
 from agents.replication.peers import EtcdPeers, NoAgentError
+from agents.replication.sync import copies_needed
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.catalog_glue.sources import CatchUpProbe
+from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.domain.placement import Placement
 from controlplane.errors import MeridianError
 from controlplane.logs import get_logger
+from controlplane.policy.current import CompiledPolicy
 
 log = get_logger("meridian.controller.catchup")
 
@@ -55,13 +71,15 @@ class AgentCatchUpProbe:
         except MeridianError as exc:
             log.warning("catchup_probe_unanswered", dataset=dataset, region=region, error=str(exc))
             missing = [f"(agents of {dataset} cannot be compared: {exc})"]
-        if self._fallback is not None:
-            missing += [
-                m for m in self._fallback.incomplete_versions(dataset, region) if m not in missing
-            ]
+        if missing is None:  # no data plane in the owner region: the catalog decides
+            return (
+                []
+                if self._fallback is None
+                else self._fallback.incomplete_versions(dataset, region)
+            )
         return missing
 
-    async def _compare(self, dataset: str, region: str) -> list[str]:
+    async def _compare(self, dataset: str, region: str) -> list[str] | None:
         coord = EtcdCoordination(self._etcd, timeout_s=self._timeout_s)
         await coord.connect()
         try:
@@ -74,17 +92,53 @@ class AgentCatchUpProbe:
             except NoAgentError:
                 # No data plane in the owner region (a control-plane-only deployment):
                 # nothing to compare, the catalog decides.
-                return []
+                return None
             source = await _listing(owner_agent, dataset)
             target = await _listing(await peers.address(region), dataset)
+            placement = await _placement(coord, dataset)
+            others: list[list[ObjectInfo]] = []
+            complete = placement is not None
+            for other in placement.regions if placement is not None else ():
+                if other in (owner.region, region):
+                    continue
+                try:
+                    others.append(await _listing(await peers.address(other), dataset))
+                except MeridianError as exc:
+                    log.info("catchup_probe_region_unlisted", region=other, error=str(exc))
+                    complete = False
         finally:
             await coord.close()
-        return lacking(source, target)
+        if not complete or placement is None:
+            return lacking(source, target)
+        return lacking(required([source, target, *others], copies_needed(placement)), target)
 
 
 async def _listing(address: str, dataset: str) -> list[ObjectInfo]:
     async with AgentClient(address) as client:
         return await client.list(dataset, include_deleted=True)
+
+
+async def _placement(coord: EtcdCoordination, dataset: str) -> Placement | None:
+    kv = await coord.get(keys.POLICY_CURRENT)
+    if kv is None:
+        return None
+    return CompiledPolicy.from_json(kv.value, etcd_revision=kv.mod_revision).placement(dataset)
+
+
+def required(listings: list[list[ObjectInfo]], need: int) -> list[ObjectInfo]:
+    """Per object, the newest version that at least `need` of the regions' `listings`
+    hold at or above (their own newest is that one or newer): what an ack at `need`
+    copies may have covered. Objects no `need` regions hold are left out."""
+    by_key: dict[str, list[ObjectInfo]] = {}
+    for listing in listings:
+        for obj in listing:
+            by_key.setdefault(obj.key, []).append(obj)
+    out: list[ObjectInfo] = []
+    for key in sorted(by_key):
+        held = sorted(by_key[key], key=lambda o: o.version.hlc, reverse=True)
+        if len(held) >= need:
+            out.append(held[need - 1])
+    return out
 
 
 def lacking(source: list[ObjectInfo], target: list[ObjectInfo]) -> list[str]:

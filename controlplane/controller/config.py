@@ -10,6 +10,7 @@ from pathlib import Path
 from controlplane.controller.metrics import ControllerMetrics
 from controlplane.controller.records import CatalogRecords
 from controlplane.coordination.orchestration.failover import MoveTracker
+from controlplane.coordination.orchestration.holders import Assessor
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.policy.current import PolicyView
 from controlplane.ports.coordination import Coordination
@@ -59,6 +60,8 @@ class ControllerContext:
     fence: FencedResource | None
     actor: str
     term: Term | None = None  # set while active
+    # What the agents hold, for the failover's choice of target (None: order only).
+    holdings: Assessor | None = None
 
     def retry(self) -> dict[str, float]:
         return {

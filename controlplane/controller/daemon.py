@@ -37,6 +37,7 @@ from controlplane.controller.ownership import OwnershipTracker
 from controlplane.controller.records import CatalogRecords
 from controlplane.coordination.catalog_glue.sources import CatchUpProbe, FailoverJournal
 from controlplane.coordination.orchestration.failover import MoveTracker
+from controlplane.coordination.orchestration.holders import Assessor
 from controlplane.coordination.protocols.fencing import DirectoryEpochs, FencedResource
 from controlplane.errors import NotFoundError
 from controlplane.lifecycle import Lifecycle
@@ -63,6 +64,7 @@ class RegionController(Lifecycle):
         config: ControllerConfig,
         *,
         view: PolicyView | None = None,
+        holdings: Assessor | None = None,
     ) -> None:
         self.config = config
         self.view = view if view is not None else PolicyView(coord)
@@ -76,6 +78,7 @@ class RegionController(Lifecycle):
             moves=MoveTracker(),
             fence=FencedResource(DirectoryEpochs(config.fence_dir)) if config.fence_dir else None,
             actor=f"controller {config.region}/{config.controller_id}",
+            holdings=holdings,
         )
         self.metrics = self.ctx.metrics
         self.actor = self.ctx.actor

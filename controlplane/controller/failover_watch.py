@@ -9,9 +9,12 @@ is a whole TTL old so that a cold start does not grab everything.
 
 Placements and jurisdictions come from the policy in etcd (`PolicyView`) and the
 datasets announced there after the apply (`protocols.datasets`); with no
-policy applied nothing moves (fail closed). A move's journal row and RPO
-exposure go through `CatalogRecords`, so a catalog outage delays the row, never
-the move.
+policy applied nothing moves (fail closed). Among the live candidates the
+one that holds every acked version is preferred, from what the agents publish in
+etcd (`prefer_holders`, `holdings_choice.py`), and the RPO exposure journaled is
+what the agents said the new owner lacks (the catalog's measure only when no agent
+published anything). A move's journal row goes through `CatalogRecords`, so a
+catalog outage delays the row, never the move.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from controlplane.controller.config import ControllerContext, Term
 from controlplane.controller.duty import Duty, Loop, describe
 from controlplane.coordination.orchestration.decide import plan_moves
 from controlplane.coordination.orchestration.failover import apply_move, automatic_guards
+from controlplane.coordination.orchestration.holders import prefer_holders
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.datasets import known_placements
 from controlplane.coordination.protocols.ownership import Ownership
@@ -96,6 +100,17 @@ class FailoverWatch(Duty):
         plan = plan_moves(view, placements, dict(policy.regions), source=region, automatic=True)
         if quiet and not plan.moves:
             return 0
+        exposures = (
+            {}
+            if self.ctx.holdings is None or not plan.moves
+            else await prefer_holders(
+                plan,
+                {p.dataset: p for p in placements},
+                view,
+                dict(policy.regions),
+                self.ctx.holdings,
+            )
+        )
         for r in plan.rejected:
             log.info(
                 "failover_candidate_rejected",
@@ -120,6 +135,7 @@ class FailoverWatch(Duty):
                         probe=self.ctx.records,
                         detected_at=detected,
                         started_at=detected,
+                        exposure=exposures.get(m.dataset),
                     )
                 )
                 for m in plan.moves

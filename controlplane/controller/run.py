@@ -14,6 +14,7 @@ from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.controller.agent_probe import AgentCatchUpProbe
 from controlplane.controller.catalog_link import CatalogLink
 from controlplane.controller.daemon import ControllerConfig, RegionController
+from controlplane.controller.holdings_choice import HoldingsChooser
 from controlplane.errors import ConfigError, MeridianError
 from controlplane.logs import get_logger
 from controlplane.settings import Settings, parse_endpoints
@@ -71,7 +72,9 @@ async def run_controller(
             fallback=catalog,
             etcd_timeout_s=settings.etcd_timeout_s,
         )
-        ctl = RegionController(coord, catalog, probe, config)
+        # The failover prefers the candidate holding every acked version (issue 13).
+        holdings = HoldingsChooser(coord, settings.agent_address, timeout_s=settings.etcd_timeout_s)
+        ctl = RegionController(coord, catalog, probe, config, holdings=holdings)
         server = None
         if metrics is not None:
             try:

@@ -110,6 +110,14 @@ def system_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def offset_ms(offset: int) -> Callable[[], int]:
+    """The physical clock shifted by `offset` ms (setting `clock_offset_ms`): how a
+    skewed region is made without changing the machine's clock."""
+    if offset == 0:
+        return system_ms
+    return lambda: system_ms() + offset
+
+
 class HybridClock:
     """The clock of one process in `region` (see the module docstring)."""
 

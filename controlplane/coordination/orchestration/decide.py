@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from controlplane.coordination.orchestration.prefer import Exposure
 from controlplane.coordination.protocols.view import ClusterView, RegionState
 from controlplane.domain.placement import Placement
 
@@ -50,6 +51,8 @@ class Plan:
     moves: list[Move] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     unmoved: list[Unmoved] = field(default_factory=list)
+    # RPO exposure of each move as the agents told it (orchestration/holders.py).
+    exposures: dict[str, Exposure] = field(default_factory=dict)
 
     def unmoved_names(self) -> list[str]:
         return [u.dataset for u in self.unmoved]
@@ -107,6 +110,22 @@ def candidate_rejection(
     if state is RegionState.FENCED:
         return "fenced: the region is fenced by an operator"
     return None
+
+
+def eligible_candidates(
+    placement: Placement,
+    view: ClusterView,
+    jurisdictions: Mapping[str, str],
+    *,
+    source: str,
+) -> list[str]:
+    """The candidates (home, then `failover.order`) that may take the dataset now, in
+    that order: those `candidate_rejection` finds nothing against."""
+    return [
+        r
+        for r in candidates(placement, source)
+        if candidate_rejection(placement, r, view, jurisdictions, source=source) is None
+    ]
 
 
 def _unmoved_reason(rejections: Sequence[Rejection], placement: Placement) -> str:

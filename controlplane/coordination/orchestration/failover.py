@@ -23,6 +23,7 @@ from controlplane.coordination.catalog_glue.sources import (
 )
 from controlplane.coordination.orchestration.decide import Move
 from controlplane.coordination.orchestration.journal import moved_entry
+from controlplane.coordination.orchestration.prefer import Exposure
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import MoveFacts, Ownership
 from controlplane.coordination.protocols.view import ClusterView
@@ -123,10 +124,15 @@ async def apply_move(
     probe: CatchUpProbe | None,
     detected_at: datetime | None,
     started_at: datetime | None = None,
+    exposure: Exposure | None = None,
 ) -> MoveResult | None:
     """Race the move's transaction; on a win, journal it and return the result.
 
     Returns None when another actor moved the dataset first or a guard failed.
+
+    `exposure`, when given, is the RPO exposure measured from the agents before the
+    move (the versions the target lacks of what the live holders hold): it is
+    journaled instead of asking `probe` (the catalog), which learns of copies later.
 
     Callers run it through a `MoveTracker`, so that once started it runs to its
     end (transaction, then journal row) even if they are cancelled.
@@ -147,7 +153,9 @@ async def apply_move(
         return None
     completed = utcnow()
     missing: list[str] = []
-    if probe is not None:
+    if exposure is not None:
+        missing = list(exposure.missing)
+    elif probe is not None:
         missing = await asyncio.to_thread(probe.incomplete_versions, move.dataset, move.to_region)
     entry = moved_entry(
         move,
@@ -159,6 +167,7 @@ async def apply_move(
         started_at=started,
         completed_at=completed,
         incomplete=missing,
+        exposure_facts=None if exposure is None else exposure.facts(),
     )
     await asyncio.to_thread(journal.append, entry)
     log.info(

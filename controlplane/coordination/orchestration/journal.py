@@ -39,10 +39,12 @@ def moved_entry(
     completed_at: datetime,
     detected_at: datetime | None = None,
     incomplete: Sequence[str] | None = None,
+    exposure_facts: dict[str, object] | None = None,
 ) -> JournalEntry:
     """The row of a move that committed at `epoch`; `incomplete` are the versions the
-    new owner had not completed (its RPO exposure), None when not measured."""
-    details: dict[str, object] = {"epoch_before": move.epoch_before}
+    new owner had not completed (its RPO exposure), None when not measured;
+    `exposure_facts` say how it was measured when the agents told it."""
+    details: dict[str, object] = {"epoch_before": move.epoch_before, **(exposure_facts or {})}
     if incomplete is not None:
         details["incomplete_versions"] = list(incomplete[:INCOMPLETE_KEPT])
     return JournalEntry(

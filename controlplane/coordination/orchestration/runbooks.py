@@ -35,6 +35,7 @@ from controlplane.coordination.orchestration.failover import (
     source_dead_guard,
     target_guards,
 )
+from controlplane.coordination.orchestration.holders import Assessor, prefer_holders
 from controlplane.coordination.orchestration.journal import aborted_entry, moved_entry
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.datasets import known_placements
@@ -119,8 +120,11 @@ class Runbooks:
         *,
         actor: str,
         lease_ttl_s: int = 5,
+        holdings: Assessor | None = None,
     ) -> None:
         self.coord = coord
+        # What the agents hold, for failover's choice and its RPO exposure (issue 13).
+        self.holdings = holdings
         self.ownership = Ownership(coord)
         self.source = source
         self.journal = journal
@@ -448,6 +452,16 @@ class Runbooks:
         if to is not None and plan.unmoved:
             reasons = "; ".join(f"{u.dataset}: {u.reason}" for u in plan.unmoved)
             raise RefusedError(f"failover of {source} to {to} refused: {reasons}")
+        if self.holdings is not None and plan.moves:
+            # Prefer the candidates holding every acked version (an operator's --to stands).
+            await prefer_holders(
+                plan,
+                ctx.placements,
+                ctx.view,
+                ctx.jurisdictions,
+                self.holdings,
+                keep_target=to is not None,
+            )
         return plan, ctx
 
     async def run_failover(
@@ -472,6 +486,7 @@ class Runbooks:
                     journal=self.journal,
                     probe=self.probe,
                     detected_at=detected,
+                    exposure=plan.exposures.get(move.dataset),
                 )
             )
 

@@ -40,6 +40,9 @@ async def open_session(settings: Settings, *, actor: str | None = None) -> Async
             [f"{h}:{p}" for h, p in settings.etcd_endpoints], timeout_s=settings.etcd_timeout_s
         )
         await coord.connect()
+        # Imported here: it dials agents (agents.client), which only runbooks need.
+        from controlplane.controller.holdings_choice import HoldingsChooser
+
         runbooks = Runbooks(
             coord,
             catalog,
@@ -47,6 +50,9 @@ async def open_session(settings: Settings, *, actor: str | None = None) -> Async
             catalog,
             actor=actor or os_actor(),
             lease_ttl_s=settings.lease_ttl_s,
+            holdings=HoldingsChooser(
+                coord, settings.agent_address, timeout_s=settings.etcd_timeout_s
+            ),
         )
         try:
             yield Session(coord, catalog, runbooks)

@@ -1,0 +1,57 @@
+"""What `meridian region show REGION` prints: a region's agents from their registrations
+in etcd (endpoint, weight, usage, liveness, placement state) and the rebalance in
+progress, summed over the agents that report one (spec/cli.md, *JSON shapes*)."""
+
+from __future__ import annotations
+
+from agents.placement.members import LEAVING, Member, copies_for
+from controlplane.coordination.protocols import keys
+from controlplane.errors import NotFoundError
+from controlplane.policy.current import PolicyView
+from controlplane.ports.coordination import Coordination
+
+
+async def region_report(
+    coord: Coordination, region: str, configured_r: int | None = None
+) -> dict[str, object]:
+    """The `region show` document; NotFoundError for a region neither in the applied
+    topology nor with any agent registered."""
+    kvs, _ = await coord.get_prefix(keys.agents_of(region))
+    members = [m for m in (Member.from_registration(kv.value) for kv in kvs) if m is not None]
+    if not members:
+        async with PolicyView(coord) as view:
+            policy = view.current
+        if policy is None or region not in policy.regions:
+            known = ", ".join(sorted(policy.regions)) if policy else ""
+            raise NotFoundError(
+                f"region {region!r} is not in the applied topology and has no agent "
+                f"registered (regions: {known or 'none; apply a policy first'})"
+            )
+    serving = [m for m in members if m.state != LEAVING]
+    moving = [m for m in members if m.rebalance_objects or m.rebalance_bytes]
+    rebalance = (
+        {
+            "remaining_bytes": sum(m.rebalance_bytes for m in moving),
+            "remaining_objects": sum(m.rebalance_objects for m in moving),
+        }
+        if moving
+        else None
+    )
+    return {
+        "name": region,
+        "copies": copies_for(len(serving), configured_r) if serving else 0,
+        "agents": [
+            {
+                "id": m.agent_id,
+                "endpoint": m.endpoint,
+                "weight": m.weight,
+                "objects": m.objects,
+                "bytes": m.bytes_stored,
+                "alive": True,  # listed while its lease lives
+                "state": m.state,
+            }
+            for m in sorted(members, key=lambda m: m.agent_id)
+        ],
+        "rebalance": rebalance,
+        "cache": None,
+    }

@@ -1,0 +1,338 @@
+"""`Rebalancer`: keeps what this agent holds on the right agents of its region.
+
+A pass walks the store (`ObjectStore.held`, newest version of each object) and, for
+each object, compares its owners under the membership the last pass settled on
+(`before`) with the current one:
+
+- owners unchanged and this agent among them: nothing to do (no call at all), so a
+  join or a loss moves only the objects whose owners changed;
+- for each owner that is new to the object: it pulls the version from this agent
+  (`Fetch` naming this agent as the source: `Sync`, with a delta where it holds a
+  basis; LWW makes a second pusher's call, or an older version, a no-op);
+- if this agent is no longer an owner and every owner now holds this version or a
+  newer one: the local copy is forgotten (`ObjectStore.hand_off`), never before,
+  so a reader always finds the object on one of the agents it asks.
+
+Passes run on every change of the serving set (a join, a `leaving` state, a lapsed
+lease), and every `interval_s` for the objects this agent holds without owning them
+(copies taken by a stand-in while an owner was unreachable, or applied by the
+replicator to whichever agent it reached). Version-set members stay where they are
+(a set commits on the agent holding all its members).
+
+`drain()` (SIGTERM) publishes the `leaving` state, so peers stop choosing this
+agent, and runs a pass that hands everything it holds to the remaining agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from agents.placement.members import LEAVING, SERVING, Members
+from agents.placement.watch import MembershipWatch
+from agents.routing.copies import fetch_to
+from agents.routing.peers import PeerStubs
+from agents.store import ObjectStore, StoredVersion
+from controlplane.domain.version import Version
+from controlplane.lifecycle import Lifecycle, cancel_and_wait
+from controlplane.logs import get_logger
+from meridian.v1 import agent_pb2
+
+log = get_logger("meridian.agent.rebalance")
+
+_HELD_OUTCOMES = (
+    agent_pb2.APPLY_OUTCOME_APPLIED,
+    agent_pb2.APPLY_OUTCOME_SAME,
+    agent_pb2.APPLY_OUTCOME_OLDER,
+)
+_PAGE = 500
+
+
+@dataclass
+class Progress:
+    """The pass in progress (zeros when none): what is left to move, and totals."""
+
+    remaining_objects: int = 0
+    remaining_bytes: int = 0
+    moved_objects: int = 0
+    moved_bytes: int = 0
+    handed_off: int = 0
+    running: bool = False
+
+    def as_json(self) -> dict[str, object] | None:
+        if not self.running:
+            return None
+        return {
+            "remaining_bytes": self.remaining_bytes,
+            "remaining_objects": self.remaining_objects,
+        }
+
+
+class Rebalancer(Lifecycle):
+    """See the module docstring. `endpoint()` is where peers reach this agent;
+    `publish()` rewrites the registration (the `leaving` state, the progress)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        members: MembershipWatch,
+        peers: PeerStubs,
+        agent_id: str,
+        region: str,
+        endpoint: Callable[[], str],
+        *,
+        publish: Callable[[], Awaitable[None]] | None = None,
+        interval_s: float = 30.0,
+        concurrency: int = 4,
+    ) -> None:
+        self.store = store
+        self.members = members
+        self.peers = peers
+        self.agent_id = agent_id
+        self.region = region
+        self.endpoint = endpoint
+        self._publish = publish
+        self.interval_s = interval_s
+        self.concurrency = concurrency
+        self.state = SERVING
+        self.progress = Progress()
+        self.passes = 0
+        self._settled: Members | None = None  # the membership the last pass completed
+        self._task: asyncio.Task[None] | None = None
+        self._kick = asyncio.Event()
+        self._lock = asyncio.Lock()
+
+    def registration_fields(self) -> dict[str, object]:
+        """The fields this agent adds to its registration."""
+        return {"state": self.state, "rebalance": self.progress.as_json()}
+
+    async def _do_start(self) -> None:
+        self.members.on_change(self._on_change)
+        self._kick.set()  # a first pass: what this store holds may belong elsewhere now
+        self._task = asyncio.create_task(self._run(), name="rebalance")
+
+    async def _do_stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+
+    def _on_change(self, current: Members) -> None:
+        settled = self._settled
+        if settled is None or _shape(settled) != _shape(current):
+            self._kick.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self.interval_s):
+                    await self._kick.wait()
+            except TimeoutError:
+                if self._alone(self.members.current) and self._settled is not None:
+                    continue  # a lone agent owns all it holds: no walk of its store
+            self._kick.clear()
+            try:
+                await self.run_pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next change or interval retries
+                log.warning("rebalance_pass_failed", error=str(exc))
+                await asyncio.sleep(1.0)
+                self._kick.set()
+
+    def _alone(self, members: Members) -> bool:
+        return all(agent_id == self.agent_id for agent_id in members.all)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Leave the region: publish `leaving`, then hand everything held to the agents
+        that stay (bounded by `timeout_s`). True when nothing is left here."""
+        if self._alone(self.members.current):
+            return False  # a lone agent keeps its objects (and stops as before)
+        self.state = LEAVING
+        if self._publish is not None:
+            try:
+                await self._publish()
+            except Exception as exc:  # noqa: BLE001 - etcd away: the lease lapses instead
+                log.warning("drain_publish_failed", error=str(exc))
+                return False
+        deadline = time.monotonic() + timeout_s
+        # The watch must show this agent leaving before the pass computes owners.
+        for _ in range(100):
+            member = self.members.current.get(self.agent_id)
+            if member is None or member.state == LEAVING or time.monotonic() > deadline:
+                break
+            try:
+                async with asyncio.timeout(max(0.01, deadline - time.monotonic())):
+                    await self.members.changed()
+            except TimeoutError:
+                break
+        if not self.members.current.serving or all(
+            m.agent_id == self.agent_id for m in self.members.current.serving
+        ):
+            log.warning("drain_alone", action="no other agent serves; its objects stay here")
+            return False
+        try:
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                left = await self.run_pass(leaving=True)
+        except TimeoutError:
+            log.warning("drain_timed_out", timeout_s=timeout_s)
+            return False
+        log.info("drain_complete", left=left)
+        return left == 0
+
+    async def run_pass(self, *, leaving: bool = False) -> int:
+        """One pass over the store (see the module docstring); returns how many objects
+        this agent still holds without owning them."""
+        async with self._lock:
+            current = self.members.current
+            me = current.get(self.agent_id)
+            if me is None and not leaving:
+                return 0  # not registered yet (or lost its lease): nothing is decided
+            before = self._settled
+            work = await self._plan(before, current)
+            self.progress = Progress(
+                remaining_objects=len(work),
+                remaining_bytes=sum(w.version.size for w in work),
+                running=bool(work),
+            )
+            if work:
+                log.info(
+                    "rebalance_started",
+                    objects=len(work),
+                    bytes=self.progress.remaining_bytes,
+                    serving=[m.agent_id for m in current.serving],
+                )
+                await self._publish_quietly()
+            stray = 0
+            gate = asyncio.Semaphore(self.concurrency)
+
+            async def one(item: _Move) -> None:
+                nonlocal stray
+                async with gate:
+                    done = await self._move(item)
+                self.progress.remaining_objects -= 1
+                self.progress.remaining_bytes -= item.version.size
+                if not done:
+                    stray += 1
+
+            await asyncio.gather(*(one(w) for w in work))
+            self.passes += 1
+            if work:
+                log.info(
+                    "rebalance_finished",
+                    moved_objects=self.progress.moved_objects,
+                    moved_bytes=self.progress.moved_bytes,
+                    handed_off=self.progress.handed_off,
+                    left=stray,
+                )
+            self.progress.running = False
+            if stray == 0:
+                self._settled = current
+            else:
+                self._kick.set()  # something could not move: try again soon
+            await self._publish_quietly()
+            return stray
+
+    async def _publish_quietly(self) -> None:
+        if self._publish is None:
+            return
+        try:
+            await self._publish()
+        except Exception as exc:  # noqa: BLE001 - progress is advisory
+            log.warning("rebalance_publish_failed", error=str(exc))
+
+    async def _plan(self, before: Members | None, current: Members) -> list[_Move]:
+        work: list[_Move] = []
+        after: tuple[str, str] | None = None
+        for _ in range(1_000_000):  # pages of the store; bounded by its size
+            page = await asyncio.to_thread(self.store.held, after, _PAGE)
+            for stored in page:
+                move = self._decide(before, current, stored)
+                if move is not None:
+                    work.append(move)
+            if len(page) < _PAGE:
+                break
+            after = (page[-1].dataset, page[-1].key)
+        return work
+
+    def _decide(
+        self, before: Members | None, current: Members, stored: StoredVersion
+    ) -> _Move | None:
+        if stored.set_id is not None or stored.state != "present":
+            return None
+        owners = current.owner_ids(stored.dataset, stored.key)
+        if not owners:
+            return None
+        mine = self.agent_id in owners and self.state != LEAVING
+        previous = (
+            set(before.owner_ids(stored.dataset, stored.key)) if before is not None else set()
+        )
+        if mine and before is not None and set(owners) == previous:
+            return None
+        targets = [o for o in owners if o != self.agent_id and (not mine or o not in previous)]
+        if not targets and mine:
+            return None
+        return _Move(stored, tuple(targets), owners, drop=not mine)
+
+    async def _move(self, item: _Move) -> bool:
+        """Push to the new owners; forget the local copy if this agent is not an owner and
+        they all hold it. True when the object is where it belongs."""
+        stored, version = item.stored, item.version
+        current = self.members.current
+        ok = True
+        for target_id in item.targets if not item.drop else item.owners:
+            if target_id == self.agent_id:
+                continue
+            target = current.get(target_id)
+            if target is None:
+                ok = False
+                continue
+            try:
+                answer = await fetch_to(
+                    self.peers,
+                    target,
+                    stored.dataset,
+                    stored.key,
+                    version,
+                    region=self.region,
+                    source=self.endpoint(),
+                )
+            except Exception as exc:  # noqa: BLE001 - retried at the next pass
+                log.warning(
+                    "rebalance_copy_failed",
+                    dataset=stored.dataset,
+                    key=stored.key,
+                    to=target_id,
+                    error=str(exc),
+                )
+                ok = False
+                continue
+            if answer.outcome not in _HELD_OUTCOMES:
+                ok = False
+            elif answer.outcome == agent_pb2.APPLY_OUTCOME_APPLIED:
+                self.progress.moved_objects += 1
+                self.progress.moved_bytes += version.size
+                log.debug("object_moved", dataset=stored.dataset, key=stored.key, to=target_id)
+        if not ok:
+            return False
+        if item.drop and await asyncio.to_thread(
+            self.store.hand_off, stored.dataset, stored.key, version.hlc
+        ):
+            self.progress.handed_off += 1
+        return True
+
+
+@dataclass(frozen=True)
+class _Move:
+    stored: StoredVersion
+    targets: tuple[str, ...]
+    owners: tuple[str, ...]
+    drop: bool
+
+    @property
+    def version(self) -> Version:
+        return self.stored.version
+
+
+def _shape(members: Members) -> tuple[int, tuple[tuple[str, int], ...]]:
+    return members.r, tuple((m.agent_id, m.weight) for m in members.serving)

@@ -1,0 +1,106 @@
+"""The in-region copies of a committed write: the other owners pull it from the agent
+that committed it (`Fetch` with this agent as the one source: `Sync`, with a delta
+where the owner holds a basis), and the write is acked only once `r` agents hold it.
+
+An owner that cannot be reached (killed, its lease not lapsed yet) is passed over for
+the next agent in the object's placement order, as Dynamo's sloppy quorum does with
+a hinted hand-off: the write still has `r` copies when it is acked, and the rebalance
+moves the stand-in's copy to the owner once the membership settles.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from agents.placement.members import Member
+from agents.routing.peers import PeerStubs
+from agents.rpc.status import from_rpc_error
+from controlplane.domain.version import Version
+from controlplane.errors import UnavailableError
+from controlplane.logs import get_logger
+from meridian.convert import version_to_wire
+from meridian.v1 import agent_pb2
+
+log = get_logger("meridian.agent.routing")
+
+# Per copy: a fixed allowance plus the bytes at a conservative in-region rate.
+_COPY_BASE_S = 10.0
+_COPY_BYTES_PER_S = 20 * 1024 * 1024
+
+
+def copy_timeout_s(size: int) -> float:
+    return _COPY_BASE_S + size / _COPY_BYTES_PER_S
+
+
+async def fetch_to(
+    peers: PeerStubs,
+    target: Member,
+    dataset: str,
+    key: str,
+    version: Version,
+    *,
+    region: str,
+    source: str,
+    set_id: str | None = None,
+) -> agent_pb2.FetchResponse:
+    """Ask `target` to pull `version` from the agent at `source` (this one) and commit it
+    by LWW; returns its answer, raises the Meridian error it failed with."""
+    request = agent_pb2.FetchRequest(
+        dataset=dataset,
+        key=key,
+        version=version_to_wire(version),
+        sources=[agent_pb2.FetchSource(region=region, address=source)],
+        origin_region=version.hlc.region,
+    )
+    if set_id is not None:
+        request.set = set_id
+    try:
+        response: agent_pb2.FetchResponse = await peers.stub(target.endpoint).Fetch(
+            request, timeout=copy_timeout_s(version.size), metadata=peers.metadata
+        )
+    except grpc.aio.AioRpcError as err:
+        raise from_rpc_error(err, target.endpoint) from err
+    return response
+
+
+async def place_copies(
+    peers: PeerStubs,
+    ranked: list[Member],
+    r: int,
+    self_id: str,
+    dataset: str,
+    key: str,
+    version: Version,
+    *,
+    region: str,
+    source: str,
+) -> list[str]:
+    """Make `r` agents (this one counted, being the committer) hold `version`, taking the
+    agents of `ranked` (the object's placement order) in turn. Returns the ids holding
+    it; `UnavailableError` when fewer than `r` could be reached."""
+    holders = [self_id]
+    errors: list[str] = []
+    for member in ranked:
+        if len(holders) >= r:
+            break
+        if member.agent_id == self_id:
+            continue
+        try:
+            await fetch_to(peers, member, dataset, key, version, region=region, source=source)
+        except Exception as exc:  # noqa: BLE001 - any failure: try the next agent
+            errors.append(f"{member.agent_id}: {exc}")
+            log.warning(
+                "copy_passed_over",
+                dataset=dataset,
+                key=key,
+                agent=member.agent_id,
+                error=str(exc),
+            )
+            continue
+        holders.append(member.agent_id)
+    if len(holders) < r:
+        raise UnavailableError(
+            f"{dataset}/{key} at {version.hlc} is committed on {len(holders)} of the "
+            f"{r} agents of {region} it needs before an ack ({'; '.join(errors) or 'no agent'})"
+        )
+    return holders

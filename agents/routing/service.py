@@ -1,0 +1,487 @@
+"""`RoutedAgentService`: the agent API of one agent in a region of several.
+
+Each object has `r` owners among the region's serving agents (agents/placement),
+the first of them its primary. Any agent takes any call:
+
+- **Put, Delete**: committed by the primary (this agent when it is the primary;
+  otherwise the call is forwarded to it, one hop, marked as routed so it is served
+  there whatever that agent's view of the placement), which then has the other
+  owners pull the new version (copies.py) and acks only once `r` agents hold it, on
+  top of the class's cross-region rules (a critical write's replication runs in the
+  committing agent, as before). A primary that cannot be reached is passed over for
+  the next owner while nothing of the stream has been sent.
+- **Get, Stat**: served by the first owner (this one first when it is an owner) that
+  holds the object; while a rebalance moves it, the agents that held it before still
+  do, so they are asked next: a reader never sees it missing.
+- **List**: every agent of the region is asked for the same page and the answers
+  are merged by key (the newest version of each), so a listing covers the region.
+
+Version sets (a Put or Get naming a set, CommitSet, GetSet) stay on the agent that
+takes them, as in a region of one agent: a set is committed only where every member
+is stored. A region of ONE agent (no other registration) is served exactly as
+before: no hop, no copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Protocol, TypeVar
+
+import grpc
+
+from agents.admission import Admission
+from agents.metrics import AgentMetrics
+from agents.placement import hrw
+from agents.placement.members import Member, Members
+from agents.routing.copies import fetch_to, place_copies
+from agents.routing.peers import PeerStubs, routed_by
+from agents.rpc.status import abort, from_rpc_error
+from agents.service import requests
+from agents.service.outcome import Context, stream, unary
+from agents.service.servicer import AgentService, Replication, SetReceiver, Transfers
+from agents.store import ObjectStore
+from controlplane.errors import MeridianError, NotFoundError, UnavailableError
+from controlplane.logs import get_logger
+from meridian.convert import version_from_wire
+from meridian.v1 import agent_pb2, types_pb2
+
+log = get_logger("meridian.agent.routing")
+
+_F = TypeVar("_F", agent_pb2.PutRequest, agent_pb2.ReplicateRequest)
+
+
+class MembersSource(Protocol):
+    """The region's current member snapshot (agents/placement/watch.py)."""
+
+    @property
+    def current(self) -> Members: ...
+
+
+class RoutedAgentService(AgentService):
+    """See the module docstring. `endpoint` (where peers reach this agent) is set by the
+    daemon once the server listens; until then, and while this agent is alone in its
+    region, every call is served here as by `AgentService`."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        admission: Admission,
+        region: str,
+        agent_id: str,
+        metrics: AgentMetrics,
+        transfers: Transfers | None = None,
+        *,
+        members: MembersSource,
+        peers: PeerStubs,
+        replication: Replication | None = None,
+        sets: SetReceiver | None = None,
+        max_object_bytes: int | None = None,
+    ) -> None:
+        super().__init__(
+            store,
+            admission,
+            region,
+            agent_id,
+            metrics,
+            transfers,
+            replication=replication,
+            sets=sets,
+            max_object_bytes=max_object_bytes,
+        )
+        self.members = members
+        self.peers = peers
+        self.endpoint = ""
+
+    def _region_view(self) -> Members | None:
+        """The members when another agent shares the region (None: serve alone)."""
+        current = self.members.current
+        if not self.endpoint or all(a == self.agent_id for a in current.all):
+            return None
+        return current
+
+    def _ranked(self, members: Members, dataset: str, key: str) -> list[Member]:
+        """Every serving agent in the object's placement order (its owners first)."""
+        return hrw.rank(hrw.placement_key(dataset, key), members.serving)
+
+    def _read_order(self, members: Members, dataset: str, key: str) -> list[Member]:
+        """Where to look for an object: its owners, this agent among them first, then the
+        other agents (which hold it while a rebalance moves it to new owners)."""
+        ranked = self._ranked(members, dataset, key)
+        owners, others = ranked[: members.r], ranked[members.r :]
+        owners.sort(key=lambda m: m.agent_id != self.agent_id)  # stable: self, then rank
+        serving = {m.agent_id for m in ranked}
+        leaving = [m for _, m in sorted(members.all.items()) if m.agent_id not in serving]
+        return owners + others + leaving
+
+    # -- writes --------------------------------------------------------------------------
+
+    async def Put(  # noqa: N802 - the generated name
+        self, request_iterator: AsyncIterator[agent_pb2.PutRequest], context: Context
+    ) -> agent_pb2.PutResponse:
+        members = self._region_view()
+        if members is None:
+            return await super().Put(request_iterator, context)
+        return await unary(
+            "Put",
+            context,
+            self.metrics,
+            lambda: self._routed_put(members, request_iterator, context),
+        )
+
+    async def _routed_put(
+        self,
+        members: Members,
+        frames: AsyncIterator[agent_pb2.PutRequest],
+        context: Context,
+    ) -> agent_pb2.PutResponse:
+        first = await anext(frames, None)
+        if first is None or first.WhichOneof("frame") != "header" or first.header.HasField("set"):
+            # Refused as a lone agent refuses it, or a set member: stored here.
+            return await self._put(_chain(first, frames), context)
+        dataset, key = first.header.dataset, first.header.key
+        ranked = self._ranked(members, dataset, key)
+        if routed_by(context) is not None or not ranked or ranked[0].agent_id == self.agent_id:
+            return await self._put_here(members, ranked, first, frames, context)
+        sent = _Counted(first, frames)
+        failures: list[str] = []
+        for target in ranked[: members.r]:
+            if target.agent_id == self.agent_id:  # the primary is gone: commit here
+                return await self._put_here(members, ranked, first, sent.rest(), context)
+            try:
+                response: agent_pb2.PutResponse = await self.peers.stub(target.endpoint).Put(
+                    sent.frames(),
+                    timeout=context.time_remaining(),
+                    metadata=self.peers.metadata,
+                )
+                return response
+            except grpc.aio.AioRpcError as err:
+                exc = from_rpc_error(err, target.endpoint)
+                if not exc.retriable or sent.consumed:
+                    raise exc from err
+                failures.append(f"{target.agent_id}: {exc}")
+        raise UnavailableError(
+            f"no owner of {dataset}/{key} in {self.region} took the write: " + "; ".join(failures)
+        )
+
+    async def _put_here(
+        self,
+        members: Members,
+        ranked: list[Member],
+        first: agent_pb2.PutRequest,
+        frames: AsyncIterator[agent_pb2.PutRequest],
+        context: Context,
+    ) -> agent_pb2.PutResponse:
+        response = await self._put(_chain(first, frames), context)
+        version = version_from_wire(response.version, "PutResponse.version")
+        await place_copies(
+            self.peers,
+            ranked,
+            members.r,
+            self.agent_id,
+            first.header.dataset,
+            first.header.key,
+            version,
+            region=self.region,
+            source=self.endpoint,
+        )
+        return response
+
+    async def Delete(  # noqa: N802
+        self, request: agent_pb2.DeleteRequest, context: Context
+    ) -> agent_pb2.DeleteResponse:
+        members = self._region_view()
+        if members is None or request.HasField("set"):
+            return await super().Delete(request, context)
+        return await unary(
+            "Delete", context, self.metrics, lambda: self._routed_delete(members, request, context)
+        )
+
+    async def _routed_delete(
+        self, members: Members, request: agent_pb2.DeleteRequest, context: Context
+    ) -> agent_pb2.DeleteResponse:
+        ranked = self._ranked(members, request.dataset, request.key)
+        targets = ranked[: members.r]
+        if routed_by(context) is None and targets and targets[0].agent_id != self.agent_id:
+            failures: list[str] = []
+            for target in targets:
+                if target.agent_id == self.agent_id:
+                    break  # the owners before this one are gone: commit here
+                try:
+                    response: agent_pb2.DeleteResponse = await self.peers.stub(
+                        target.endpoint
+                    ).Delete(
+                        request, timeout=context.time_remaining(), metadata=self.peers.metadata
+                    )
+                    return response
+                except grpc.aio.AioRpcError as err:
+                    exc = from_rpc_error(err, target.endpoint)
+                    if not exc.retriable:
+                        raise exc from err
+                    failures.append(f"{target.agent_id}: {exc}")
+            else:
+                raise UnavailableError(
+                    f"no owner of {request.dataset}/{request.key} in {self.region} took the "
+                    "delete: " + "; ".join(failures)
+                )
+        response = await self._delete(request, context)
+        version = version_from_wire(response.version, "DeleteResponse.version")
+        await place_copies(
+            self.peers,
+            ranked,
+            members.r,
+            self.agent_id,
+            request.dataset,
+            request.key,
+            version,
+            region=self.region,
+            source=self.endpoint,
+        )
+        return response
+
+    # -- copies from other regions (the replicator's Fetch, a critical Replicate) ---------
+
+    async def Fetch(  # noqa: N802
+        self, request: agent_pb2.FetchRequest, context: Context
+    ) -> agent_pb2.FetchResponse:
+        members = self._region_view()
+        response = await super().Fetch(request, context)
+        if members is not None and routed_by(context) is None and response.HasField("held"):
+            await self._spread(members, request.dataset, request.key, response.held, context)
+        return response
+
+    async def Replicate(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.ReplicateRequest], context: Context
+    ) -> agent_pb2.ReplicateResponse:
+        members = self._region_view()
+        first = await anext(request_iterator, None)
+        response = await super().Replicate(_chain(first, request_iterator), context)
+        if (
+            members is not None
+            and routed_by(context) is None
+            and first is not None
+            and first.WhichOneof("frame") == "header"
+            and response.HasField("version")
+        ):
+            header = first.header
+            await self._spread(members, header.dataset, header.key, response.version, context)
+        return response
+
+    async def _spread(
+        self,
+        members: Members,
+        dataset: str,
+        key: str,
+        wire: types_pb2.Version,
+        context: Context,
+    ) -> None:
+        """A version another region sent here is copied to the object's owners in this
+        region before the call is answered (this agent, if no owner, hands its copy to
+        them at its next rebalance pass)."""
+        try:
+            version = version_from_wire(wire, "held")
+            ranked = self._ranked(members, dataset, key)
+            owners = [m for m in ranked[: members.r] if m.agent_id != self.agent_id]
+            for owner in owners:
+                await fetch_to(
+                    self.peers,
+                    owner,
+                    dataset,
+                    key,
+                    version,
+                    region=self.region,
+                    source=self.endpoint,
+                )
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def Get(  # noqa: N802
+        self, request: agent_pb2.GetRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.GetResponse]:
+        members = self._region_view()
+        if members is None or routed_by(context) is not None or request.HasField("set"):
+            async for msg in super().Get(request, context):
+                yield msg
+            return
+        async for msg in stream("Get", context, self.metrics, self._routed_get(members, request)):
+            yield msg
+
+    async def _routed_get(
+        self, members: Members, request: agent_pb2.GetRequest
+    ) -> AsyncIterator[agent_pb2.GetResponse]:
+        missing: MeridianError | None = None
+        for member in self._read_order(members, request.dataset, request.key):
+            source: AsyncIterator[agent_pb2.GetResponse]
+            if member.agent_id == self.agent_id:
+                source = self._get(request)
+            else:
+                source = _remote_get(self.peers, member, request)
+            try:
+                first = await anext(source)
+            except StopAsyncIteration:
+                continue
+            except MeridianError as exc:
+                if not (isinstance(exc, NotFoundError) or exc.retriable):
+                    raise
+                missing = exc if isinstance(exc, NotFoundError) or missing is None else missing
+                continue
+            yield first
+            async for msg in source:
+                yield msg
+            return
+        raise missing or NotFoundError(
+            f"object {request.dataset}/{request.key} is not stored in {self.region}"
+        )
+
+    async def Stat(  # noqa: N802
+        self, request: agent_pb2.StatRequest, context: Context
+    ) -> agent_pb2.StatResponse:
+        members = self._region_view()
+        if members is None or routed_by(context) is not None:
+            return await super().Stat(request, context)
+        return await unary(
+            "Stat", context, self.metrics, lambda: self._routed_stat(members, request)
+        )
+
+    async def _routed_stat(
+        self, members: Members, request: agent_pb2.StatRequest
+    ) -> agent_pb2.StatResponse:
+        missing: MeridianError | None = None
+        for member in self._read_order(members, request.dataset, request.key):
+            try:
+                if member.agent_id == self.agent_id:
+                    return await self._stat(request)
+                try:
+                    response: agent_pb2.StatResponse = await self.peers.stub(member.endpoint).Stat(
+                        request, timeout=10.0, metadata=self.peers.metadata
+                    )
+                except grpc.aio.AioRpcError as err:
+                    raise from_rpc_error(err, member.endpoint) from err
+                return response
+            except MeridianError as exc:
+                if not (isinstance(exc, NotFoundError) or exc.retriable):
+                    raise
+                missing = exc if isinstance(exc, NotFoundError) or missing is None else missing
+        raise missing or NotFoundError(
+            f"object {request.dataset}/{request.key} is not stored in {self.region}"
+        )
+
+    async def List(  # noqa: N802
+        self, request: agent_pb2.ListRequest, context: Context
+    ) -> agent_pb2.ListResponse:
+        members = self._region_view()
+        if members is None or routed_by(context) is not None:
+            return await super().List(request, context)
+        return await unary(
+            "List", context, self.metrics, lambda: self._routed_list(members, request)
+        )
+
+    async def _routed_list(
+        self, members: Members, request: agent_pb2.ListRequest
+    ) -> agent_pb2.ListResponse:
+        limit = requests.page_size("ListRequest.page_size", request.page_size)
+        local = await self._list(request)  # validates the request, as alone
+        others = [m for _, m in sorted(members.all.items()) if m.agent_id != self.agent_id]
+        answers = await asyncio.gather(
+            *(self._remote_list(m, request) for m in others), return_exceptions=True
+        )
+        pages = [local]
+        for member, answer in zip(others, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if isinstance(answer, MeridianError) and answer.retriable:
+                    # Its objects have r-1 other copies: listed from those.
+                    log.warning("list_peer_unreachable", agent=member.agent_id, error=str(answer))
+                    continue
+                raise answer
+            pages.append(answer)
+        newest: dict[str, agent_pb2.ObjectInfo] = {}
+        more = False
+        for page in pages:
+            more = more or bool(page.next_page_token)
+            for info in page.objects:
+                held = newest.get(info.key)
+                if held is None or info.version.hlc > held.version.hlc:  # HLC text sorts
+                    newest[info.key] = info
+        keys = sorted(newest)
+        chosen = keys[:limit]
+        token = chosen[-1] if chosen and (more or len(keys) > limit) else ""
+        return agent_pb2.ListResponse(objects=[newest[k] for k in chosen], next_page_token=token)
+
+    async def _remote_list(
+        self, member: Member, request: agent_pb2.ListRequest
+    ) -> agent_pb2.ListResponse:
+        try:
+            response: agent_pb2.ListResponse = await self.peers.stub(member.endpoint).List(
+                request, timeout=30.0, metadata=self.peers.metadata
+            )
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, member.endpoint) from err
+        return response
+
+
+async def _remote_get(
+    peers: PeerStubs, member: Member, request: agent_pb2.GetRequest
+) -> AsyncIterator[agent_pb2.GetResponse]:
+    call = peers.stub(member.endpoint).Get(request, metadata=peers.metadata)
+    try:
+        async for msg in call:
+            yield msg
+    except grpc.aio.AioRpcError as err:
+        raise from_rpc_error(err, member.endpoint) from err
+    finally:
+        call.cancel()  # a reader that stops early must not leave the stream open
+
+
+async def _chain(first: _F | None, rest: AsyncIterator[_F]) -> AsyncIterator[_F]:
+    if first is not None:
+        yield first
+    async for frame in rest:
+        yield frame
+
+
+class _Counted:
+    """A Put's frames, forwarded. What was taken from the caller's stream is kept (up
+    to `_REPLAY_BYTES`), so the Put can be sent again to the next owner when the first
+    fails before answering: a small object is never refused because its primary died."""
+
+    def __init__(
+        self, first: agent_pb2.PutRequest, rest: AsyncIterator[agent_pb2.PutRequest]
+    ) -> None:
+        self.first = first
+        self._rest = rest
+        self._kept: list[agent_pb2.PutRequest] = []
+        self._kept_bytes = 0
+        self.consumed = False  # frames were taken that can no longer be replayed
+
+    async def frames(self) -> AsyncIterator[agent_pb2.PutRequest]:
+        yield self.first
+        for frame in list(self._kept):
+            yield frame
+        async for frame in self._rest:
+            if not self.consumed:
+                self._kept_bytes += len(frame.chunk)
+                if self._kept_bytes <= _REPLAY_BYTES:
+                    self._kept.append(frame)
+                else:
+                    self.consumed, self._kept = True, []
+            yield frame
+
+    def rest(self) -> AsyncIterator[agent_pb2.PutRequest]:
+        """What is left for a commit here: the kept frames, then the caller's."""
+        return _chain_many(list(self._kept), self._rest)
+
+
+# A forwarded Put whose first owner failed is sent again if at most this much of it
+# had been read from the caller.
+_REPLAY_BYTES = 8 * 1024 * 1024
+
+
+async def _chain_many(
+    kept: list[agent_pb2.PutRequest], rest: AsyncIterator[agent_pb2.PutRequest]
+) -> AsyncIterator[agent_pb2.PutRequest]:
+    for frame in kept:
+        yield frame
+    async for frame in rest:
+        yield frame
