@@ -1,5 +1,7 @@
 """`AgentPort` over the region's agent, through the client library `agents.client.AgentClient`.
 
+- inline puts and deletes: `ReplicateMany` (one event or a batch; the agent's
+  verdict per item), or, for a set member or an agent without that call,
 - an inline put or a delete: `Replicate` with epoch 0 (the standard class has no
   epoch), the inline bytes in 1 MiB chunks (none for a delete); the agent applies
   by LWW and answers the newest version it holds after its commit, from which the
@@ -75,6 +77,17 @@ class GrpcAgent(Lifecycle):
         await self._client.close()
 
     async def _replicate(self, event: ChangeEvent) -> ApplyResult:
+        if event.set is None and self._batches:
+            # A batch of one: the same commit, and the agent's own verdict (a replay is
+            # SAME), which Replicate's answer (the version held) cannot tell from APPLIED.
+            try:
+                (answer,) = await self.apply_many([event])
+            except BatchUnsupportedError:
+                pass
+            else:
+                if isinstance(answer, Exception):
+                    raise answer
+                return answer
         held = await self._client.replicate(
             event.dataset,
             event.key,
