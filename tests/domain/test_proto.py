@@ -87,6 +87,7 @@ CALLS = [
     ("GetSet", False, False),
     ("SyncBundle", False, True),
     ("FetchMany", False, False),
+    ("ReplicateSet", False, False),
 ]
 
 
