@@ -32,13 +32,13 @@ from typing import BinaryIO, Self
 import grpc
 import grpc.aio
 
-from agents.rpc.status import from_rpc_error
+from agents.rpc.status import error_from_parts, from_rpc_error
 from agents.store.errors import DigestMismatchError, ShortStreamError
 from controlplane.domain.errors import MessageError
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import ContentHasher, Verdict, Version
 from controlplane.domain.version_set import VersionSet
-from controlplane.errors import InvalidInputError, UnavailableError
+from controlplane.errors import InvalidInputError, MeridianError, UnavailableError
 from meridian import convert
 from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
@@ -49,6 +49,10 @@ DEFAULT_TIMEOUT_S = 30.0
 # The slowest transfer rate a bulk call is given time for before its deadline ends it.
 DEFAULT_MIN_RATE_BYTES_PER_S = 4 * 1024 * 1024
 LIST_PAGE = 1000
+# What grpc aio says instead of a server's early status (grpc/grpc#36066), and how many
+# times a Put asks again for the real one (see AgentClient._put_verdict).
+CORE_INTERNAL = "Internal error from Core"
+VERDICT_ATTEMPTS = 3
 _ZEROS = bytes(CHUNK_BYTES)
 
 Progress = Callable[[int, int | None], None]
@@ -98,6 +102,27 @@ class FetchResult:
     source_region: str
     logical_bytes: int
     wire_bytes: int
+
+
+@dataclass(frozen=True)
+class ReplicateItem:
+    """One standard version made elsewhere for `replicate_many`: a put with all its
+    bytes (`data`), or a delete (`data` None)."""
+
+    dataset: str
+    key: str
+    version: Version
+    data: bytes | None
+    origin_region: str
+    policy_revision: int = 0
+
+
+@dataclass(frozen=True)
+class ReplicateOutcome:
+    """What the agent did with one item: the LWW verdict and the newest version held."""
+
+    outcome: Verdict
+    held: Version
 
 
 class AgentClient:
@@ -208,8 +233,47 @@ class AgentClient:
         try:
             resp = await self.stub.Put(requests(), timeout=self._bulk_timeout(size))
         except grpc.aio.AioRpcError as err:
-            raise self._error(err) from None
+            if not _core_internal(err):
+                raise self._error(err) from None
+            raise await self._put_verdict(header, size) from None
         return _version(resp.version, "PutResponse.version")
+
+    async def _put_verdict(self, header: agent_pb2.PutHeader, size: int | None) -> Exception:
+        """The typed error of a Put the agent ended early while we were still sending.
+
+        grpc aio (grpc/grpc#36066) sometimes reports a server's early status on a
+        client stream that is still sending as INTERNAL "Internal error from Core"
+        instead of the status the agent set (a refusal at the header: residency, not
+        the owner, a stale epoch, a handover; or a size over the cap). The agent
+        committed nothing: without our end frame it never commits. So ask again with
+        the header alone, stating the size when there is one, and end the stream at
+        once: the agent decides the same refusals at the header, and with nothing left
+        to send the status arrives intact. A header alone is never stored (no end
+        frame, and a stated size the stream does not reach). If the agent admits it
+        now, the write is retriable: `UnavailableError`, nothing stored."""
+        probe = agent_pb2.PutHeader()
+        probe.CopyFrom(header)
+        if size:  # never a stated 0: a header alone would then be a whole empty object
+            probe.size = size
+
+        async def alone() -> AsyncIterator[agent_pb2.PutRequest]:
+            yield agent_pb2.PutRequest(header=probe)
+
+        for _ in range(VERDICT_ATTEMPTS):
+            try:
+                await self.stub.Put(alone(), timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as err:
+                if _core_internal(err):
+                    continue  # the same bug again; ask once more
+                found = self._error(err)
+                if not isinstance(found, ShortStreamError):
+                    return found  # the refusal the first attempt lost
+            break  # admitted at the header now (it refused the header alone as short)
+        return UnavailableError(
+            f"the agent at {self.address} ended the put of {header.dataset}/{header.key} "
+            "early and its reason was lost (grpc/grpc#36066); asked again it gives none; "
+            "nothing was stored, try again"
+        )
 
     async def delete(
         self, dataset: str, key: str, *, epoch: int | None = None, set_id: str | None = None
@@ -291,6 +355,50 @@ class AgentClient:
         except grpc.aio.AioRpcError as err:
             raise self._error(err) from None
         return _version(resp.version, "ReplicateResponse.version")
+
+    async def replicate_many(
+        self, items: Sequence[ReplicateItem]
+    ) -> list[ReplicateOutcome | MeridianError]:
+        """Push many standard inline puts and deletes (epoch 0) in one call; the agent
+        commits them together by LWW and answers one result per item, in order: what it
+        did, or the error refusing that item (e.g. `ResidencyError`). The request must fit
+        in one message (about 1 MiB); each (dataset, key) at most once."""
+        req = agent_pb2.ReplicateManyRequest(
+            items=[
+                agent_pb2.ReplicateItem(
+                    dataset=i.dataset,
+                    key=i.key,
+                    version=convert.version_to_wire(i.version),
+                    data=i.data or b"",
+                    origin_region=i.origin_region,
+                    policy_revision=i.policy_revision,
+                )
+                for i in items
+            ]
+        )
+        size = sum(len(i.data or b"") for i in items)
+        try:
+            resp = await self.stub.ReplicateMany(req, timeout=self._bulk_timeout(size))
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        if len(resp.results) != len(items):
+            raise UnavailableError(
+                f"the agent at {self.address} answered {len(resp.results)} results for "
+                f"{len(items)} items of ReplicateMany"
+            )
+        out: list[ReplicateOutcome | MeridianError] = []
+        for n, r in enumerate(resp.results):
+            if r.error_code or r.error_class:
+                out.append(error_from_parts(r.error_class, r.error_code, r.error))
+                continue
+            outcome = _OUTCOMES.get(r.outcome)
+            if outcome is None or not r.HasField("held"):
+                raise UnavailableError(
+                    f"the agent at {self.address} answered ReplicateMany item {n} with "
+                    f"outcome {r.outcome} and no error"
+                )
+            out.append(ReplicateOutcome(outcome, _version(r.held, "ReplicateItemResult.held")))
+        return out
 
     async def fetch(
         self,
@@ -509,6 +617,12 @@ class AgentClient:
 
 
 # -- conversions ---------------------------------------------------------------------------
+def _core_internal(err: grpc.aio.AioRpcError) -> bool:
+    """grpc aio's INTERNAL in place of a server's early status (grpc/grpc#36066). The
+    agent's own INTERNAL (a StorageError) never says this."""
+    return err.code() == grpc.StatusCode.INTERNAL and CORE_INTERNAL in (err.details() or "")
+
+
 def _version(msg: types_pb2.Version, path: str) -> Version:
     try:
         return convert.version_from_wire(msg, path)

@@ -3,6 +3,7 @@ ratios in one run:
 
     python benchmarks/transfer_bench.py            # the issue's sizes (1 GiB, 10,000 files)
     python benchmarks/transfer_bench.py --quick    # a smoke run (CI, a test)
+    python benchmarks/transfer_bench.py --only files   # one workload (repeatable)
 
 Two agent processes (tests/transfer/agent_main.py: the real store, admission,
 servicer and transfers) on loopback, and the same pair through a Toxiproxy link with
@@ -35,6 +36,7 @@ import contextlib
 import os
 import random
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -100,6 +102,21 @@ def rewrite(data: bytes, fraction: float, seed: int = 2, run: int = 64 << 10) ->
         at = rng.randrange(0, max(1, len(data) - run))
         out[at : at + run] = rng.randbytes(run)
     return bytes(out)
+
+
+def cpu_seconds(pid: int, *, children: bool = False) -> float:
+    """User + system CPU time of a process (with `children`: of its reaped children,
+    e.g. the rsync daemon's per-connection workers), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # after the command: state is field 3, so utime/stime are 14/15, cutime/cstime 16/17
+    first = 13 if children else 11
+    ticks = int(fields[first]) + int(fields[first + 1])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def own_children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -184,6 +201,29 @@ def tcp_floor(src: Path, dest: Path) -> float:
     return elapsed
 
 
+def store_floor(root: Path, names: list[str], versions: list[Version]) -> float:
+    """The receiver's store alone: apply_many of the small files into a fresh store in
+    the bundle receiver's batches (no network, no gRPC)."""
+    from agents.transfer.bundle import BATCH_ITEMS
+
+    contents = [random_bytes(4096, k.encode()) for k in names]
+    with ObjectStore(root, clock=HybridClock("eu-central")) as store:
+        begin = time.monotonic()
+        for n in range(0, len(names), BATCH_ITEMS):
+            store.apply_many(
+                [
+                    ("files", k, v, [data])
+                    for k, v, data in zip(
+                        names[n : n + BATCH_ITEMS],
+                        versions[n : n + BATCH_ITEMS],
+                        contents[n : n + BATCH_ITEMS],
+                        strict=True,
+                    )
+                ]
+            )
+        return time.monotonic() - begin
+
+
 # -- the agents ------------------------------------------------------------------------
 
 
@@ -203,13 +243,15 @@ async def fetch(
         return response
 
 
-async def fetch_many(address: str, items: list[tuple[str, Version]], source: str) -> None:
+async def fetch_many(
+    address: str, items: list[tuple[str, Version]], source: str, dataset: str = "files"
+) -> None:
     async def one(part: list[tuple[str, Version]]) -> None:
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             request = agent_pb2.FetchManyRequest(
                 items=[
                     agent_pb2.FetchRequest(
-                        dataset="files",
+                        dataset=dataset,
                         key=k,
                         version=version_to_wire(v),
                         sources=[agent_pb2.FetchSource(region="eu-west", address=source)],
@@ -226,7 +268,12 @@ async def fetch_many(address: str, items: list[tuple[str, Version]], source: str
     await asyncio.gather(*(one(p) for p in parts))
 
 
-def run(sizes: Sizes, work: Path) -> list[tuple[str, str, str, str, str]]:
+WORKLOADS = ("checkpoint", "fresh", "files", "cut")
+
+
+def run(
+    sizes: Sizes, work: Path, only: frozenset[str] = frozenset(WORKLOADS)
+) -> list[tuple[str, str, str, str, str]]:
     settings = load_settings()
     toxi = ToxiproxyClient(f"http://127.0.0.1:{settings.stack_toxiproxy_port}")
     print("preparing content...", flush=True)
@@ -241,8 +288,13 @@ def run(sizes: Sizes, work: Path) -> list[tuple[str, str, str, str, str]]:
             rpo_s=60.0,
             failover_mode="manual",
             failover_order=(),
+            # The small files ride several bundle streams at once, each its own TCP
+            # connection, and Toxiproxy caps each connection on its own: the agents'
+            # per-link cap (shared by every transfer on the link) holds them to the
+            # link's bandwidth, as rsync's one connection is.
+            transfer_bandwidth_bps=BANDWIDTH_KB_S * 1000.0 if d == "files" else None,
         )
-        for d in ("ckpt", "files")
+        for d in ("ckpt", "files", "files-lo")
     ]
     policy = write_policy(
         work / "policy.json", REGIONS, placements, [("eu-west", "eu-central", 0.04)]
@@ -252,11 +304,16 @@ def run(sizes: Sizes, work: Path) -> list[tuple[str, str, str, str, str]]:
     (src / "files").mkdir(parents=True)
     dst.mkdir()
     # One content at a time (1 GiB each at the full size), written where it is needed.
+    # Workloads left out of the run get empty content (cheap to prepare).
+    ckpt_size = sizes.checkpoint if "checkpoint" in only else 0
+    fresh_size = sizes.fresh if "fresh" in only else 0
+    cut_size = sizes.cut if "cut" in only else 0
+    file_count = sizes.files if "files" in only else 0
     with (
         ObjectStore(a_root, clock=HybridClock("eu-west")) as a,
         ObjectStore(b_root, clock=HybridClock("eu-central")) as b,
     ):
-        old = random_bytes(sizes.checkpoint, b"old")
+        old = random_bytes(ckpt_size, b"old")
         v_old = a.put("ckpt", "ckpt.bin", [old])
         b.apply("ckpt", "ckpt.bin", v_old, [old])
         (work / "old.bin").write_bytes(old)
@@ -265,19 +322,21 @@ def run(sizes: Sizes, work: Path) -> list[tuple[str, str, str, str, str]]:
         v_new = a.put("ckpt", "ckpt.bin", [new])
         (src / "ckpt.bin").write_bytes(new)
         del new
-        fresh = random_bytes(sizes.fresh, b"fresh")
+        fresh = random_bytes(fresh_size, b"fresh")
         v_fresh = a.put("ckpt", "fresh.bin", [fresh])
         (work / "fresh.bin").write_bytes(fresh)
         del fresh
-        cut = random_bytes(sizes.cut, b"cut")
+        cut = random_bytes(cut_size, b"cut")
         v_cut = a.put("ckpt", "cut.bin", [cut])
         v_cut_ref = a.put("ckpt", "cut-ref.bin", [cut])
         del cut
-        names = [f"f{n:05d}.bin" for n in range(sizes.files)]
+        names = [f"f{n:05d}.bin" for n in range(file_count)]
         v_small: list[Version] = []
+        v_small_lo: list[Version] = []
         for n in range(0, len(names), 1000):
             part = {k: random_bytes(4096, k.encode()) for k in names[n : n + 1000]}
             v_small += a.put_many([("files", k, [data]) for k, data in part.items()])
+            v_small_lo += a.put_many([("files-lo", k, [data]) for k, data in part.items()])
             for k, data in part.items():
                 (src / "files" / k).write_bytes(data)
 
@@ -301,104 +360,153 @@ def run(sizes: Sizes, work: Path) -> list[tuple[str, str, str, str, str]]:
         toxi.create_proxy("xb-cut", cutlink, agent_a.address)
 
         # 1. checkpoint, new over old, through the link
-        print("checkpoint: agents...", flush=True)
-        begin = time.monotonic()
-        got = asyncio.run(fetch(agent_b.address, "ckpt", "ckpt.bin", v_new, link))
-        ours_t, ours_w = time.monotonic() - begin, got.wire_bytes
-        print("checkpoint: rsync...", flush=True)
-        rs_t, rs_w, rs_mode = best_rsync(
-            f"rsync://{rlink}/bench/ckpt.bin",
-            dst / "ckpt.bin",
-            lambda: shutil.copyfile(work / "old.bin", dst / "ckpt.bin"),
-        )
-        rows.append(
-            (
-                "checkpoint 2% rewritten, over the old (link)",
-                "wall time",
-                f"{ours_t:.2f} s",
-                f"rsync {rs_mode} {rs_t:.2f} s",
-                f"{ours_t / rs_t:.2f}x (target <= 0.8x)",
+        if "checkpoint" in only:
+            print("checkpoint: agents...", flush=True)
+            begin = time.monotonic()
+            got = asyncio.run(fetch(agent_b.address, "ckpt", "ckpt.bin", v_new, link))
+            ours_t, ours_w = time.monotonic() - begin, got.wire_bytes
+            print("checkpoint: rsync...", flush=True)
+            rs_t, rs_w, rs_mode = best_rsync(
+                f"rsync://{rlink}/bench/ckpt.bin",
+                dst / "ckpt.bin",
+                lambda: shutil.copyfile(work / "old.bin", dst / "ckpt.bin"),
             )
-        )
-        rows.append(
-            (
-                "",
-                "wire bytes",
-                f"{ours_w:,}",
-                f"rsync {rs_w:,}",
-                f"{ours_w / rs_w:.2f}x (target <= 1x)",
+            rows.append(
+                (
+                    "checkpoint 2% rewritten, over the old (link)",
+                    "wall time",
+                    f"{ours_t:.2f} s",
+                    f"rsync {rs_mode} {rs_t:.2f} s",
+                    f"{ours_t / rs_t:.2f}x (target <= 0.8x)",
+                )
             )
-        )
+            rows.append(
+                (
+                    "",
+                    "wire bytes",
+                    f"{ours_w:,}",
+                    f"rsync {rs_w:,}",
+                    f"{ours_w / rs_w:.2f}x (target <= 1x)",
+                )
+            )
 
         # 2. no basis, loopback
-        print("no basis: floor and agents...", flush=True)
-        floor = tcp_floor(work / "fresh.bin", b_root / "tmp" / "floor.bin")
-        (b_root / "tmp" / "floor.bin").unlink()
-        begin = time.monotonic()
-        asyncio.run(fetch(agent_b.address, "ckpt", "fresh.bin", v_fresh, agent_a.address))
-        fresh_t = time.monotonic() - begin
-        rows.append(
-            (
-                "no basis, loopback",
-                "end to end",
-                f"{fresh_t:.2f} s",
-                f"TCP copy + fsync {floor:.2f} s",
-                f"{fresh_t / floor:.2f}x (target <= 1.4x)",
+        if "fresh" in only:
+            print("no basis: floor and agents...", flush=True)
+            floor = tcp_floor(work / "fresh.bin", b_root / "tmp" / "floor.bin")
+            (b_root / "tmp" / "floor.bin").unlink()
+            begin = time.monotonic()
+            asyncio.run(fetch(agent_b.address, "ckpt", "fresh.bin", v_fresh, agent_a.address))
+            fresh_t = time.monotonic() - begin
+            rows.append(
+                (
+                    "no basis, loopback",
+                    "end to end",
+                    f"{fresh_t:.2f} s",
+                    f"TCP copy + fsync {floor:.2f} s",
+                    f"{fresh_t / floor:.2f}x (target <= 1.4x)",
+                )
             )
-        )
 
         # 3. small files through the link
-        print("files: agents...", flush=True)
-        begin = time.monotonic()
-        asyncio.run(fetch_many(agent_b.address, list(zip(names, v_small, strict=True)), link))
-        files_t = time.monotonic() - begin
-        print("files: rsync...", flush=True)
-        rf_t, _, rf_mode = best_rsync(
-            f"rsync://{rlink}/bench/files/",
-            dst / "files",
-            lambda: shutil.rmtree(dst / "files", ignore_errors=True),
-        )
-        rows.append(
-            (
-                f"{sizes.files:,} files of 4 KiB, new (link)",
-                "wall time",
-                f"{files_t:.2f} s",
-                f"rsync {rf_mode} {rf_t:.2f} s",
-                f"{files_t / rf_t:.2f}x (target <= 1x)",
+        if "files" in only:
+            print("files: agents...", flush=True)
+            pids = [p.proc.pid for p in (agent_a, agent_b) if p.proc is not None]
+            cpu0 = [cpu_seconds(pid) for pid in pids]
+            begin = time.monotonic()
+            asyncio.run(fetch_many(agent_b.address, list(zip(names, v_small, strict=True)), link))
+            files_t = time.monotonic() - begin
+            send_cpu, recv_cpu = (cpu_seconds(pid) - c for pid, c in zip(pids, cpu0, strict=True))
+            files_cpu = send_cpu + recv_cpu
+            print("files: rsync...", flush=True)
+            rcpu0 = own_children_cpu() + cpu_seconds(daemon.pid, children=True)
+            rf_t, _, rf_mode = best_rsync(
+                f"rsync://{rlink}/bench/files/",
+                dst / "files",
+                lambda: shutil.rmtree(dst / "files", ignore_errors=True),
             )
-        )
+            # both rsync runs (plain and -z), halved: a rough per-run figure
+            rsync_cpu = (own_children_cpu() + cpu_seconds(daemon.pid, children=True) - rcpu0) / 2
+            rows.append(
+                (
+                    f"{sizes.files:,} files of 4 KiB, new (link)",
+                    "wall time",
+                    f"{files_t:.2f} s",
+                    f"rsync {rf_mode} {rf_t:.2f} s",
+                    f"{files_t / rf_t:.2f}x (target <= 1x)",
+                )
+            )
+            # Where the floor is: the same files over loopback (the agents' own cost,
+            # no link), and the receiver's store alone (apply_many in batches, in
+            # process: staging, syncfs, SQLite), against the same rsync run.
+            print("files: agents over loopback...", flush=True)
+            begin = time.monotonic()
+            asyncio.run(
+                fetch_many(
+                    agent_b.address,
+                    list(zip(names, v_small_lo, strict=True)),
+                    agent_a.address,
+                    "files-lo",
+                )
+            )
+            lo_t = time.monotonic() - begin
+            store_t = store_floor(work / "floor-store", names, v_small)
+            rows.append(
+                (
+                    "",
+                    "CPU s (sender + receiver)",
+                    f"{send_cpu:.2f} + {recv_cpu:.2f} s",
+                    f"rsync ~{rsync_cpu:.2f} s",
+                    f"{files_cpu / max(rsync_cpu, 0.01):.2f}x",
+                )
+            )
+            rows.append(
+                ("", "agents, loopback", f"{lo_t:.2f} s", "", f"{lo_t / rf_t:.2f}x of rsync")
+            )
+            rows.append(
+                (
+                    "",
+                    "receiver's store alone",
+                    f"{store_t:.2f} s",
+                    "",
+                    f"{store_t / rf_t:.2f}x of rsync",
+                )
+            )
 
         # 4. a Sync cut at 50% and resumed
-        print("cut and resume...", flush=True)
-        uncut = asyncio.run(
-            fetch(agent_b.address, "ckpt", "cut-ref.bin", v_cut_ref, cutlink)
-        ).wire_bytes
-        toxi.add_limit_data("xb-cut", uncut // 2)
-        try:
-            asyncio.run(fetch(agent_b.address, "ckpt", "cut.bin", v_cut, cutlink))
-            raise RuntimeError("the cut transfer was not cut")
-        except grpc.aio.AioRpcError:
-            pass
-        toxi.remove_toxics("xb-cut")
-        resumed = asyncio.run(fetch(agent_b.address, "ckpt", "cut.bin", v_cut, cutlink)).wire_bytes
-        agent_b.stop()
-        with ObjectStore(b_root, clock=HybridClock("eu-central")) as b:
-            records = [
-                e.data
-                for e in b.journal_pending(100_000)
-                if e.kind == "transfer" and e.hlc == v_cut.hlc.text
-            ]
-        first = sum(int(r["wire_bytes"]) for r in records if r["outcome"] == "failed")  # type: ignore[call-overload]
-        total = first + resumed
-        rows.append(
-            (
-                "Sync cut at 50%, resumed",
-                "bytes sent in total",
-                f"{total:,}",
-                f"uncut {uncut:,}",
-                f"{total / uncut:.3f}x (target <= 1.1x)",
+        if "cut" in only:
+            print("cut and resume...", flush=True)
+            uncut = asyncio.run(
+                fetch(agent_b.address, "ckpt", "cut-ref.bin", v_cut_ref, cutlink)
+            ).wire_bytes
+            toxi.add_limit_data("xb-cut", uncut // 2)
+            try:
+                asyncio.run(fetch(agent_b.address, "ckpt", "cut.bin", v_cut, cutlink))
+                raise RuntimeError("the cut transfer was not cut")
+            except grpc.aio.AioRpcError:
+                pass
+            toxi.remove_toxics("xb-cut")
+            resumed = asyncio.run(
+                fetch(agent_b.address, "ckpt", "cut.bin", v_cut, cutlink)
+            ).wire_bytes
+            agent_b.stop()
+            with ObjectStore(b_root, clock=HybridClock("eu-central")) as b:
+                records = [
+                    e.data
+                    for e in b.journal_pending(100_000)
+                    if e.kind == "transfer" and e.hlc == v_cut.hlc.text
+                ]
+            first = sum(int(r["wire_bytes"]) for r in records if r["outcome"] == "failed")  # type: ignore[call-overload]
+            total = first + resumed
+            rows.append(
+                (
+                    "Sync cut at 50%, resumed",
+                    "bytes sent in total",
+                    f"{total:,}",
+                    f"uncut {uncut:,}",
+                    f"{total / uncut:.3f}x (target <= 1.1x)",
+                )
             )
-        )
     finally:
         for name in ("xb-link", "xb-rsync", "xb-cut"):
             with contextlib.suppress(Exception):  # best effort in cleanup
@@ -428,6 +536,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
+    parser.add_argument(
+        "--only",
+        choices=WORKLOADS,
+        action="append",
+        help="run only this workload (repeatable; default: all)",
+    )
     args = parser.parse_args()
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is not installed (apt-get install rsync)")
@@ -436,7 +550,7 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=base))
     try:
-        rows = run(sizes, work)
+        rows = run(sizes, work, frozenset(args.only or WORKLOADS))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(rows, sizes)

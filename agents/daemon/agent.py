@@ -47,6 +47,7 @@ from agents.routing import PeerStubs, RoutedAgentService
 from agents.service.server import start_server, stop_server
 from agents.store import ObjectStore
 from agents.transfer.service import TransferService
+from agents.transfer.sweep import ResumeSweeper
 from controlplane.coordination.protocols.datasets import announce
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HybridClock, offset_ms
@@ -101,6 +102,7 @@ class NodeAgent(Lifecycle):
         self.replication: SyncReplication | None = None
         self.holdings: HoldingsPublisher | None = None
         self.rebalancer: Rebalancer | None = None
+        self.sweeper: ResumeSweeper | None = None
 
     @property
     def metrics_address(self) -> str | None:
@@ -136,6 +138,9 @@ class NodeAgent(Lifecycle):
         transfers = TransferService(
             store, admission, self.region, self.metrics, None, lambda: self.view.current
         )
+        # Cut transfers never retried: their resume states expire (at start, then here).
+        self.sweeper = ResumeSweeper(transfers.book, interval_s=self.config.resume_sweep_interval_s)
+        await self.sweeper.start()
         # Critical writes: pushed to the replica regions' agents, acked at `ack` copies.
         self.replication = SyncReplication(
             store, self.region, EtcdPeers(self.coord, self.settings.agent_address)
@@ -248,6 +253,8 @@ class NodeAgent(Lifecycle):
         return f"{host}:{port}"
 
     async def _do_stop(self) -> None:
+        if self.sweeper is not None:
+            await self.sweeper.stop()
         if self.rebalancer is not None:
             if self.rebalancer.running and self.registration is not None:
                 # Hand what this agent holds to the region's other agents while it

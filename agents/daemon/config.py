@@ -35,6 +35,8 @@ class AgentConfig:
     usage_interval_s: float = DEFAULT_USAGE_INTERVAL_S
     retry_initial_s: float = 0.1
     retry_max_s: float = 2.0
+    # How often resume states of cut transfers are expired (agents/transfer/sweep.py).
+    resume_sweep_interval_s: float = 3600.0
 
     def __post_init__(self) -> None:
         parse_listen(self.listen, "--listen")
@@ -46,5 +48,9 @@ class AgentConfig:
             raise ConfigError(f"--keep-versions must be at least 1, got {self.keep_versions}")
         if self.weight < 1:
             raise ConfigError(f"--weight must be at least 1, got {self.weight}")
+        if self.resume_sweep_interval_s <= 0:
+            raise ConfigError(
+                f"the resume sweep interval must be > 0 s, got {self.resume_sweep_interval_s:g}"
+            )
         if self.stop_grace_s < 0:
             raise ConfigError(f"--grace must be >= 0 s, got {self.stop_grace_s:g}")

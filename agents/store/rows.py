@@ -51,6 +51,19 @@ def version_data(version: Version) -> dict[str, JsonValue]:
     }
 
 
+JournalRow = tuple[str, str, str | None, str | None, int, str]
+_INSERT_JOURNAL = (
+    "INSERT INTO journal (kind, dataset, key, hlc, at_ms, data) VALUES (?, ?, ?, ?, ?, ?)"
+)
+LOOKUP_KEYS = 500  # keys per batched lookup (SQLite allows 32,766 parameters)
+
+
+def journal_row(
+    kind: str, dataset: str, key: str | None, hlc: str | None, data: dict[str, JsonValue]
+) -> JournalRow:
+    return (kind, dataset, key, hlc, now_ms(), json.dumps(data, sort_keys=True))
+
+
 def journal(
     conn: sqlite3.Connection,
     kind: str,
@@ -59,10 +72,47 @@ def journal(
     hlc: str | None,
     data: dict[str, JsonValue],
 ) -> None:
-    conn.execute(
-        "INSERT INTO journal (kind, dataset, key, hlc, at_ms, data) VALUES (?, ?, ?, ?, ?, ?)",
-        (kind, dataset, key, hlc, now_ms(), json.dumps(data, sort_keys=True)),
-    )
+    conn.execute(_INSERT_JOURNAL, journal_row(kind, dataset, key, hlc, data))
+
+
+def journal_many(conn: sqlite3.Connection, entries: list[JournalRow]) -> None:
+    """Journal rows in order, in one statement (a bundle's)."""
+    conn.executemany(_INSERT_JOURNAL, entries)
+
+
+def datasets_with_sets(conn: sqlite3.Connection, datasets: set[str]) -> set[str]:
+    """Those of `datasets` that have any version set member (only their versions can
+    complete a set)."""
+    return {
+        d
+        for d in datasets
+        if conn.execute("SELECT 1 FROM set_members WHERE dataset = ? LIMIT 1", (d,)).fetchone()
+    }
+
+
+def crowded(
+    conn: sqlite3.Connection, names: list[tuple[str, str]], keep: int
+) -> set[tuple[str, str]]:
+    """Those of the objects `names` that hold more than `keep` version rows (only they
+    have bases to prune)."""
+    by_dataset: dict[str, list[str]] = {}
+    for dataset, key in names:
+        by_dataset.setdefault(dataset, []).append(key)
+    found: set[tuple[str, str]] = set()
+    for dataset, keys in by_dataset.items():
+        for at in range(0, len(keys), LOOKUP_KEYS):
+            part = keys[at : at + LOOKUP_KEYS]
+            marks = ",".join("?" * len(part))
+            found.update(
+                (dataset, key)
+                for (key,) in conn.execute(
+                    # only "?" marks are formatted in: the values are bound
+                    f"SELECT key FROM versions WHERE dataset = ? AND key IN ({marks})"  # noqa: S608
+                    " GROUP BY key HAVING count(*) > ?",
+                    (dataset, *part, keep),
+                )
+            )
+    return found
 
 
 def refresh_set(conn: sqlite3.Connection, dataset: str, set_id: str) -> bool:

@@ -68,6 +68,7 @@ class _Entry:
     outbox: bool = False
     epoch: int = 0
     policy_revision: int | None = None
+    transfer: Mapping[str, JsonValue] | None = None  # journalled with this version
 
 
 Source = Iterable[bytes | bytearray | memoryview] | BinaryIO
@@ -494,12 +495,18 @@ class ObjectStore:
         items: Sequence[tuple[str, str, Version, Source | None]],
         *,
         transfer: Mapping[str, JsonValue] | None = None,
+        transfers: Sequence[Mapping[str, JsonValue] | None] | None = None,
     ) -> list[ApplyResult]:
         """`apply` for a bundle of versions made elsewhere, committed together as in
-        `put_many` (`transfer` is journalled once for the bundle). Each item is decided
+        `put_many` (`transfer` is journalled once for the bundle; `transfers`, one per
+        item, each with its item's version when it is stored). Each item is decided
         by LWW on its own; the results come in the order of `items`. A bad item
         (digest, size) fails the whole bundle and stores none."""
         self._distinct([(d, k) for d, k, _, _ in items])
+        if transfers is not None and len(transfers) != len(items):
+            raise InvalidInputError(
+                f"apply_many: {len(transfers)} transfer records for {len(items)} items"
+            )
         checked = []
         for raw_dataset, raw_key, version, source in items:
             dataset, key = check_name("dataset", raw_dataset), check_name("key", raw_key)
@@ -510,10 +517,15 @@ class ObjectStore:
                 )
             self.clock.observe(version.hlc)
             checked.append((dataset, key, version, source))
+        names = [(d, k) for d, k, _, _ in checked]
+        # One lookup of what is held for the whole bundle (not several per object):
+        # before staging, to read only the bytes LWW wants; again under the locks,
+        # where the decision is made (another writer may have committed meanwhile).
+        before = self._held_many(names)
         staged: dict[int, StagedWrite] = {}
         try:
             for n, (dataset, key, version, source) in enumerate(checked):
-                if source is None or not self._wanted(dataset, key, version):
+                if source is None or not _wanted_in(before.get((dataset, key), ()), version):
                     continue
                 staged[n] = self.stage(
                     dataset, key, expected_size=version.size, expected_digest=version.digest
@@ -525,10 +537,12 @@ class ObjectStore:
             results: list[ApplyResult | None] = [None] * len(checked)
             entries: list[_Entry] = []
             completed: list[tuple[str, str]] = []
-            with self._object_locks([(d, k) for d, k, _, _ in checked]):
+            with self._object_locks(names):
+                now = self._held_many(names)
                 for n, (dataset, key, version, _) in enumerate(checked):
-                    row = self._row(dataset, key, version.hlc)
-                    held = self.head(dataset, key)
+                    found = now.get((dataset, key), ())
+                    row = _at(found, version.hlc)
+                    held = found[0].version if found else None
                     verdict = lww(version, held)
                     if (
                         row is not None
@@ -544,7 +558,15 @@ class ObjectStore:
                     if not verdict.applies or (not version.is_tombstone and n not in staged):
                         results[n] = ApplyResult(verdict, held or version)
                         continue
-                    entries.append(_Entry(dataset, key, version, staged.get(n)))
+                    entries.append(
+                        _Entry(
+                            dataset,
+                            key,
+                            version,
+                            staged.get(n),
+                            transfer=None if transfers is None else transfers[n],
+                        )
+                    )
                     results[n] = ApplyResult(verdict, version)
                 completed += self._install_many(entries, transfer=transfer)
         finally:
@@ -574,6 +596,30 @@ class ObjectStore:
             return
         with ThreadPoolExecutor(min(len(staged), _FSYNC_THREADS)) as pool:
             list(pool.map(lambda s: s.finish(), staged))
+
+    def _held_many(
+        self, names: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], list[StoredVersion]]:
+        """Every version held of each named object (names checked), newest first, in
+        one query per dataset and `rows.LOOKUP_KEYS` keys."""
+        by_dataset: dict[str, list[str]] = {}
+        for dataset, key in names:
+            by_dataset.setdefault(dataset, []).append(key)
+        found: dict[tuple[str, str], list[StoredVersion]] = {}
+        with self._lock:
+            self._require_open()
+            for dataset, keys in by_dataset.items():
+                for at in range(0, len(keys), rows.LOOKUP_KEYS):
+                    part = keys[at : at + rows.LOOKUP_KEYS]
+                    marks = ",".join("?" * len(part))
+                    for row in self._db.execute(
+                        rows.SELECT_VERSIONS
+                        + f" WHERE dataset = ? AND key IN ({marks}) ORDER BY key, hlc DESC",
+                        (dataset, *part),
+                    ):
+                        stored = rows.to_stored(row[:-1])
+                        found.setdefault((dataset, stored.key), []).append(stored)
+        return found
 
     def _wanted(self, dataset: str, key: str, version: Version) -> bool:
         """Whether `apply` should read the bytes: LWW would apply it, or it restores."""
@@ -639,11 +685,14 @@ class ObjectStore:
             else:
                 self._each(files.fsync_dir, sorted(folders))
             with self._tx() as conn:
+                # Batched: one executemany per table (the rows go in item order, the
+                # bundle's transfer record after its first version, as one by one).
+                stored_ms = rows.now_ms()
+                version_rows = []
+                journal_rows = []
                 for n, (e, relative) in enumerate(zip(entries, relatives, strict=True)):
                     hlc = e.version.hlc.text
-                    conn.execute(
-                        "INSERT INTO versions (dataset, key, hlc, op, size, digest, state,"
-                        " set_id, stored_ms, path) VALUES (?, ?, ?, ?, ?, ?, 'present', ?, ?, ?)",
+                    version_rows.append(
                         (
                             e.dataset,
                             e.key,
@@ -652,15 +701,28 @@ class ObjectStore:
                             e.version.size,
                             None if e.version.digest is None else e.version.digest.text,
                             e.set_id,
-                            rows.now_ms(),
+                            stored_ms,
                             relative,
-                        ),
+                        )
                     )
                     data = rows.version_data(e.version)
                     data["set"] = e.set_id
-                    rows.journal(conn, "version", e.dataset, e.key, hlc, data)
+                    journal_rows.append(rows.journal_row("version", e.dataset, e.key, hlc, data))
                     if transfer is not None and n == 0:
-                        rows.journal(conn, "transfer", e.dataset, e.key, hlc, dict(transfer))
+                        journal_rows.append(
+                            rows.journal_row("transfer", e.dataset, e.key, hlc, dict(transfer))
+                        )
+                    if e.transfer is not None:
+                        journal_rows.append(
+                            rows.journal_row("transfer", e.dataset, e.key, hlc, dict(e.transfer))
+                        )
+                conn.executemany(
+                    "INSERT INTO versions (dataset, key, hlc, op, size, digest, state,"
+                    " set_id, stored_ms, path) VALUES (?, ?, ?, ?, ?, ?, 'present', ?, ?, ?)",
+                    version_rows,
+                )
+                rows.journal_many(conn, journal_rows)
+                for e in entries:
                     if e.outbox:
                         self._add_event(
                             conn,
@@ -672,9 +734,17 @@ class ObjectStore:
                             e.epoch,
                             e.policy_revision,
                         )
-                    done = rows.refresh_sets_of(conn, e.dataset, e.key, hlc)
-                    completed += [(e.dataset, set_id) for set_id in done]
-                    victims += self._prune_rows(conn, e.dataset, e.key)
+                # Only objects that now hold more than keep_versions rows can prune, and
+                # only datasets with version sets can complete one: ask once for all.
+                names = [(e.dataset, e.key) for e in entries]
+                with_sets = rows.datasets_with_sets(conn, {d for d, _ in names})
+                crowded = rows.crowded(conn, names, self.keep_versions)
+                for e in entries:
+                    if e.dataset in with_sets:
+                        done = rows.refresh_sets_of(conn, e.dataset, e.key, e.version.hlc.text)
+                        completed += [(e.dataset, set_id) for set_id in done]
+                    if (e.dataset, e.key) in crowded:
+                        victims += self._prune_rows(conn, e.dataset, e.key)
         except BaseException as err:
             for target in targets:
                 files.remove_file(target)  # its row did not commit: it must not stay
@@ -1437,3 +1507,16 @@ def _event(row: tuple[object, ...]) -> OutboxEvent:
         members=parsed,
         set_hlc=set_hlc,
     )
+
+
+def _at(found: Sequence[StoredVersion], hlc: HLC) -> StoredVersion | None:
+    """The row of version `hlc` among an object's rows (see `_held_many`)."""
+    return next((r for r in found if r.version.hlc == hlc), None)
+
+
+def _wanted_in(found: Sequence[StoredVersion], version: Version) -> bool:
+    """`_wanted` on rows already read: LWW would apply `version`, or it restores."""
+    row = _at(found, version.hlc)
+    if row is not None:
+        return row.state == "missing" and row.version == version
+    return lww(version, found[0].version if found else None).applies

@@ -43,6 +43,7 @@ from meridian.v1 import agent_pb2, agent_pb2_grpc
 log = get_logger(__name__)
 
 BUNDLE_MAX_BYTES = 1 << 20  # objects below this size travel in bundles
+PACK_BYTES = 256 << 10  # a packed frame's content (and the largest item packed)
 BATCH_ITEMS = 1000
 BATCH_BYTES = 16 << 20
 MAX_ITEMS = 100_000
@@ -85,7 +86,11 @@ class BundleSender:
         outcome = "failed"
         try:
             async for frame, placement in iterate_in_thread(lambda: self._frames(request)):
-                n = len(frame.content or frame.content_zstd)
+                n = (
+                    sum(len(e.content) for e in frame.pack.entries)
+                    if frame.HasField("pack")
+                    else len(frame.content or frame.content_zstd)
+                )
                 if n and placement is not None:
                     await self.limiter.acquire(
                         self.region,
@@ -107,6 +112,19 @@ class BundleSender:
         to = request.receiver_region
         placements: dict[str, Placement | MeridianError] = {}
         packers: dict[str, ChunkCompressor] = {}
+        # Packed: whole small items gather in one frame of up to PACK_BYTES, all of one
+        # placement (the limiter charges the frame to it).
+        pack: list[agent_pb2.BundleEntry] = []
+        pack_bytes = 0
+        pack_placement: Placement | None = None
+
+        def flush() -> Iterator[tuple[agent_pb2.SyncBundleResponse, Placement | None]]:
+            nonlocal pack, pack_bytes, pack_placement
+            if pack:
+                frame = agent_pb2.SyncBundleResponse(pack=agent_pb2.BundlePack(entries=pack))
+                yield frame, pack_placement
+            pack, pack_bytes, pack_placement = [], 0, None
+
         for index, item in enumerate(request.items):
             try:
                 version = version_from_wire(
@@ -131,12 +149,30 @@ class BundleSender:
                     else ("NOT_FOUND" if isinstance(exc, NotFoundError) else "UNAVAILABLE")
                 )
                 start = agent_pb2.BundleItemStart(index=index, refused=str(exc), refused_code=code)
-                yield agent_pb2.SyncBundleResponse(item=start), None
+                if request.packed:
+                    pack.append(agent_pb2.BundleEntry(item=start))
+                else:
+                    yield agent_pb2.SyncBundleResponse(item=start), None
                 continue
-            yield agent_pb2.SyncBundleResponse(item=agent_pb2.BundleItemStart(index=index)), None
             packer = packers.setdefault(
                 item.dataset, ChunkCompressor(placement.transfer_compression == "zstd")
             )
+            if request.packed and len(data) < PACK_BYTES:
+                packed, compressed = packer.pack(data)
+                entry = agent_pb2.BundleEntry(
+                    item=agent_pb2.BundleItemStart(index=index), content=packed, zstd=compressed
+                )
+                if pack_bytes + len(packed) > PACK_BYTES or pack_placement not in (
+                    None,
+                    placement,
+                ):
+                    yield from flush()
+                pack.append(entry)
+                pack_bytes += len(packed)
+                pack_placement = placement
+                continue
+            yield from flush()
+            yield agent_pb2.SyncBundleResponse(item=agent_pb2.BundleItemStart(index=index)), None
             for at in range(0, len(data), CHUNK_BYTES):
                 packed, compressed = packer.pack(data[at : at + CHUNK_BYTES])
                 frame = (
@@ -145,6 +181,7 @@ class BundleSender:
                     else agent_pb2.SyncBundleResponse(content=packed)
                 )
                 yield frame, placement
+        yield from flush()
 
     def _refused(
         self, dataset: str, key: str, version: Version, to: str, exc: ResidencyError
@@ -184,6 +221,7 @@ async def pull_bundle(
             for w in items
         ],
         receiver_region=region,
+        packed=True,
     )
     commits: list[asyncio.Task[None]] = []
     batch: list[_Item] = []
@@ -260,6 +298,24 @@ async def pull_bundle(
                             results[start.index] = _refusal(start.refused_code, start.refused)
                             continue
                         current = _Item(start.index)
+                    elif kind == "pack":
+                        if current is not None:
+                            batch.append(current)
+                            current = None
+                        for entry in response.pack.entries:
+                            if len(batch) >= BATCH_ITEMS or batch_bytes >= BATCH_BYTES:
+                                await flush()
+                            start = entry.item
+                            if not 0 <= start.index < len(items):
+                                raise InvalidInputError(f"a bundle named item {start.index}")
+                            if start.refused:
+                                results[start.index] = _refusal(start.refused_code, start.refused)
+                                continue
+                            done = _Item(start.index, [(entry.content, entry.zstd)])
+                            done.size = items[start.index].version.size
+                            batch.append(done)
+                            wire[0] += len(entry.content)
+                            batch_bytes += len(entry.content)
                     elif kind in ("content", "content_zstd"):
                         if current is None:
                             raise InvalidInputError("a bundle sent content before an item")

@@ -232,6 +232,42 @@ async def pull(
     """Receive `version` of dataset/key from the agent at `source` and commit it by
     LWW. Raises the sender's refusal as its Meridian error; a cut stream raises a
     retriable UnavailableError and leaves a resume state for the next attempt."""
+    with book.in_flight(dataset, key, version.hlc.text):  # a sweep spares its files
+        return await _pull(
+            store,
+            book,
+            source,
+            dataset,
+            key,
+            version,
+            region=region,
+            metrics=metrics,
+            policy=policy,
+            set_id=set_id,
+            policy_revision=policy_revision,
+            threads=threads,
+            checkpoint_bytes=checkpoint_bytes,
+            deadline_s=deadline_s,
+        )
+
+
+async def _pull(
+    store: ObjectStore,
+    book: ResumeBook,
+    source: Source,
+    dataset: str,
+    key: str,
+    version: Version,
+    *,
+    region: str,
+    metrics: AgentMetrics,
+    policy: PolicySource,
+    set_id: str | None,
+    policy_revision: int | None,
+    threads: int,
+    checkpoint_bytes: int,
+    deadline_s: float,
+) -> PullResult:
     hlc = version.hlc.text
     state = await asyncio.to_thread(book.load, dataset, key, hlc)
     held = await asyncio.to_thread(pick_basis, store, dataset, key, version)

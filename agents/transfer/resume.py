@@ -12,8 +12,11 @@ replaced atomically) and a partial file it describes.
 
 `offset` only ever names bytes that were fsynced before the state file said so (a
 checkpoint every `CHECKPOINT_BYTES`), so a SIGKILL at any point leaves a state that is
-true. States older than `MAX_AGE_S` are removed at start: the sender may no longer
-hold the version or its basis by then.
+true. States older than `MAX_AGE_S` are removed at start and then periodically (the
+daemon's `ResumeSweeper`, sweep.py): the sender may no longer hold the version or its
+basis by then. A sweep spares the states of pulls in flight (`in_flight`): a first
+attempt writes its partial file before its first state, and a long one outlives
+MAX_AGE_S.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -58,9 +62,25 @@ class ResumeBook:
     def __init__(self, root: Path) -> None:
         self.folder = root / FOLDER
         self.folder.mkdir(exist_ok=True)
+        self._lock = threading.Lock()
+        self._busy: dict[str, int] = {}  # name -> pulls in flight (a sweep spares them)
 
     def _name(self, dataset: str, key: str, hlc: str) -> str:
         return blake3(f"{dataset}\0{key}\0{hlc}".encode()).hexdigest()[:40]
+
+    @contextlib.contextmanager
+    def in_flight(self, dataset: str, key: str, hlc: str) -> Iterator[None]:
+        """Mark a pull of this version as running: `expire` leaves its files alone."""
+        name = self._name(dataset, key, hlc)
+        with self._lock:
+            self._busy[name] = self._busy.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._busy.pop(name) - 1
+                if left:
+                    self._busy[name] = left
 
     def partial_path(self, dataset: str, key: str, hlc: str) -> Path:
         return self.folder / f"{self._name(dataset, key, hlc)}.part"
@@ -106,28 +126,37 @@ class ResumeBook:
         ):
             files.remove_file(path)
 
-    def expire(self, now_s: float | None = None) -> int:
-        """Remove states (and their files) older than MAX_AGE_S, and any file without a
-        state; returns how many states went. Run at start, before any transfer."""
+    def expire(
+        self, now_s: float | None = None, *, max_age_s: float = MAX_AGE_S, limit: int | None = None
+    ) -> int:
+        """Remove states (and their files) older than `max_age_s`, and any file without a
+        state, except those of pulls in flight; at most `limit` states per call (a
+        periodic sweep stays bounded; the next one takes the rest). Returns how many
+        states went."""
         now_s = time.time() if now_s is None else now_s
         removed = 0
         keep: set[str] = set()
+        doomed: set[str] = set()
         for entry in os.scandir(self.folder):
             if not entry.name.endswith(".json"):
                 continue
             stem = entry.name[: -len(".json")]
             try:
                 state = ResumeState(**json.loads(Path(entry.path).read_text()))
-                fresh = now_s - state.created_s < MAX_AGE_S
+                fresh = now_s - state.created_s < max_age_s
             except (ValueError, TypeError, OSError):
                 fresh = False
-            if fresh:
+            if fresh or (limit is not None and removed >= limit):
                 keep.add(stem)
             else:
+                doomed.add(stem)
                 removed += 1
+        with self._lock:
+            busy = set(self._busy)
+        removed -= len(doomed & busy)
         for entry in os.scandir(self.folder):
             stem = entry.name.split(".", 1)[0]
-            if stem not in keep:
+            if stem not in keep and stem not in busy:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
         return removed

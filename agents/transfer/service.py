@@ -231,6 +231,83 @@ class TransferService:
             version=version_to_wire(result.newest), region=self.region
         )
 
+    # -- ReplicateMany (the replicator's batch of inline puts and deletes) --------------
+
+    async def ReplicateMany(  # noqa: N802
+        self, request: agent_pb2.ReplicateManyRequest, context: Context
+    ) -> agent_pb2.ReplicateManyResponse:
+        try:
+            return await self.replicate_many(request)
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    async def replicate_many(
+        self, request: agent_pb2.ReplicateManyRequest
+    ) -> agent_pb2.ReplicateManyResponse:
+        """Each item as a standard Replicate (epoch 0), admitted on its own; the admitted
+        ones applied by LWW in ONE `apply_many` (one transaction, one syncfs), each with
+        its own transfer record. A refused item is answered with its error and recorded
+        refused; a malformed item (a bad version, bytes that do not match it) fails the
+        call and stores nothing."""
+        count = len(request.items)
+        results = [agent_pb2.ReplicateItemResult() for _ in range(count)]
+        admitted: list[tuple[int, Version, TransferTally]] = []
+        for n, item in enumerate(request.items):
+            version = version_from_wire(item.version, f"ReplicateManyRequest.items[{n}].version")
+            if version.is_tombstone and item.data:
+                raise InvalidInputError(
+                    f"ReplicateManyRequest.items[{n}]: the delete of {item.dataset}/{item.key} "
+                    "carries bytes"
+                )
+            tally = TransferTally(
+                new_transfer_id(),
+                item.dataset,
+                item.key,
+                item.origin_region or version.hlc.region,
+                self.region,
+                "in",
+                method="push",
+                logical_bytes=version.size,
+                wire_bytes=len(item.data),
+                policy_revision=item.policy_revision or None,
+            )
+            try:
+                placement = self.admission.admit_store(item.dataset)
+                if placement.dataset_class == "critical":
+                    raise InvalidInputError(
+                        f"ReplicateManyRequest.items[{n}]: {item.dataset} is a critical "
+                        "dataset; its copies are pushed one by one with Replicate and an epoch"
+                    )
+            except MeridianError as exc:
+                results[n] = _refusal(exc)
+                if isinstance(exc, RefusedError):
+                    await self._record(tally, "refused", version, str(exc))
+                continue
+            admitted.append((n, version, tally))
+        if admitted:
+            items = [
+                (
+                    request.items[n].dataset,
+                    request.items[n].key,
+                    version,
+                    None if version.is_tombstone else [request.items[n].data],
+                )
+                for n, version, _ in admitted
+            ]
+            transfers = [tally.record("completed", self.policy) for _, _, tally in admitted]
+            applied = await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+            for (n, _version, tally), got in zip(admitted, applied, strict=True):
+                results[n] = agent_pb2.ReplicateItemResult(
+                    outcome=_OUTCOMES[got.verdict], held=version_to_wire(got.newest)
+                )
+                # A no-op (a replay, an older version) is counted, not journalled: a
+                # replay of the log would otherwise write a record per event.
+                tally.count(
+                    self.metrics,
+                    "completed" if got.verdict.applies or got.restored else "skipped",
+                )
+        return agent_pb2.ReplicateManyResponse(results=results)
+
     async def _admit_current(self, header: agent_pb2.ReplicateHeader, origin: str) -> None:
         """etcd's owner record, read now, must still name the pusher (`origin`) at its
         epoch (a refusal is recorded by the caller)."""
@@ -506,6 +583,12 @@ class TransferService:
                 tally.record(outcome, self.policy, reason),
             )
         tally.count(self.metrics, outcome)
+
+
+def _refusal(exc: MeridianError) -> agent_pb2.ReplicateItemResult:
+    return agent_pb2.ReplicateItemResult(
+        error_code=code_of(exc).name, error=str(exc), error_class=type(exc).__name__
+    )
 
 
 @dataclass

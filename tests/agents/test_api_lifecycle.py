@@ -22,6 +22,7 @@ from agent_api_helpers import (
     start_agent,
     stop_agent,
 )
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agents.service import stop_server
 from meridian.v1 import agent_pb2, types_pb2
@@ -68,11 +69,12 @@ async def test_stop_lets_a_call_in_flight_finish_and_abandons_one_past_the_grace
     agent = await start_agent(tmp_path / "root")
     release = asyncio.Event()
     started = asyncio.Event()
+    stop_begun = asyncio.Event()
 
     async def quick() -> AsyncIterator[agent_pb2.PutRequest]:
         yield header(STANDARD, "quick")
         started.set()
-        await asyncio.sleep(0.2)  # still streaming when the stop begins
+        await stop_begun.wait()  # still streaming when the stop begins
         yield agent_pb2.PutRequest(chunk=b"done in time")
         yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
 
@@ -85,7 +87,17 @@ async def test_stop_lets_a_call_in_flight_finish_and_abandons_one_past_the_grace
         finishing = asyncio.ensure_future(agent.stub.Put(quick(), timeout=TIMEOUT_S))
         abandoned = asyncio.ensure_future(agent.stub.Put(stuck(), timeout=TIMEOUT_S))
         await asyncio.wait_for(started.wait(), TIMEOUT_S)
-        await stop_server(agent.server, 2.0)
+        # The stop has begun once the health service says NOT_SERVING (stop_server
+        # turns it before it stops the server); only then does `quick` go on.
+        watch = health_pb2_grpc.HealthStub(agent.channel).Watch(
+            health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_S
+        )
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        stopping = asyncio.ensure_future(stop_server(agent.server, 2.0))
+        turned = await asyncio.wait_for(watch.read(), TIMEOUT_S)
+        assert turned.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        stop_begun.set()
+        await stopping
         release.set()
         done = await finishing
         assert done.version.size == len(b"done in time")

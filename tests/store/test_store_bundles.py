@@ -11,7 +11,7 @@ from store_helpers import object_files, remote
 from agents.store import DigestMismatchError, ObjectStore, StorageError
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Digest, Verdict, Version
-from controlplane.errors import InvalidInputError
+from controlplane.errors import InvalidInputError, UnavailableError
 
 
 def test_put_many_stores_each_in_one_transaction(store: ObjectStore) -> None:
@@ -78,3 +78,21 @@ def test_apply_many_decides_each_by_lww(store: ObjectStore) -> None:
     again = store.apply_many([("ds", "new", new, [b"new"])])
     assert again[0].verdict is Verdict.SAME
     assert Digest.of(b"new") == store.stat("ds", "new").version.digest
+
+
+def test_bundles_prune_old_bases_and_complete_sets(store: ObjectStore) -> None:
+    # A bundle's rows are written and checked in batches: objects past keep_versions
+    # (2) lose their oldest base, and a bundle bringing a set's last member completes
+    # the set, exactly as one apply at a time would.
+    for n in range(3):
+        store.put_many([("ds", k, [f"{k}{n}".encode()]) for k in ("a", "b")])
+    assert [len(store.versions("ds", k)) for k in ("a", "b")] == [2, 2]
+    assert len(object_files(store.root)) == 4
+    first = remote(b"first", ago_ms=0)
+    second = remote(b"second", ago_ms=0, logical=1)
+    assert store.apply_set("sets", "s1", first.hlc, {"x": first.hlc, "y": second.hlc})
+    store.apply_many([("sets", "x", first, [b"first"])])
+    with pytest.raises(UnavailableError):
+        store.get_set("sets", "s1")
+    store.apply_many([("sets", "y", second, [b"second"]), ("ds", "c", remote(b"c"), [b"c"])])
+    assert store.get_set("sets", "latest").set_id == "s1"

@@ -49,7 +49,8 @@ async def test_small_objects_travel_in_one_bundle(agents: AgentFactory) -> None:
     assert central.store.read_bytes("ckpt", "big.bin") == big
     records = transfers(central.store)
     bundles = [r for r in records if r["method"] == "bundle"]
-    assert [r["items"] for r in bundles] == [1000, 500]  # two batches of one stream
+    # two batches of one stream (they may commit in either order)
+    assert sorted(r["items"] for r in bundles) == [500, 1000]
     assert sum(r["logical_bytes"] for r in bundles) == 1500 * 4096
     assert [r["method"] for r in records if r["method"] != "bundle"] == ["raw"]  # the big one
 

@@ -1,6 +1,6 @@
-"""SIGKILL of the receiving agent (a real process) in the middle of a patch: its old
-version stays readable and intact, the restart repairs the store, and the next
-Fetch continues from what the killed one had made durable."""
+"""SIGKILL of the receiving agent (a real `meridian agent serve` process) in the middle
+of a patch: its old version stays readable and intact, the restart repairs the store,
+and the next Fetch continues from what the killed one had made durable."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_proc import AgentProc, write_policy
-from agents_inproc import REGIONS, AgentFactory, placement
+from agents_inproc import AgentFactory, placement
+from harness.agent_process import AgentProcess
+from killed_world import DATASET, RATE, slow_world
 from xfer_helpers import content, fetch, rewrite, transfers
 
 from agents.store import ObjectStore
@@ -18,31 +19,32 @@ from controlplane.domain.hlc import HybridClock
 from controlplane.domain.placement import Placement
 from meridian.v1 import agent_pb2
 
-SIZE = 48 << 20
-RATE = 6 << 20  # the link cap: the delta takes a few seconds, time to kill in it
+SIZE = 48 << 20  # at the link cap (RATE) the delta takes seconds: time to kill in it
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def placements() -> dict[str, Placement]:
-    return {"slow": placement("slow", transfer_bandwidth_bps=float(RATE))}
+    return {DATASET: placement(DATASET, transfer_bandwidth_bps=float(RATE))}
 
 
 async def test_sigkill_of_the_receiver_mid_patch_keeps_the_old_version_and_resumes(
-    agents: AgentFactory, placements: dict[str, Placement], tmp_path: Path
+    agents: AgentFactory, tmp_path: Path, etcd_endpoint: str
 ) -> None:
+    env = await asyncio.to_thread(slow_world, tmp_path / "world", etcd_endpoint)
     west = await agents("eu-west")
     old = content(SIZE)
     new = rewrite(old, 0.5)
-    v1 = west.store.put("slow", "m", [old])
-    v2 = west.store.put("slow", "m", [new])
+    v1 = west.store.put(DATASET, "m", [old])
+    v2 = west.store.put(DATASET, "m", [new])
     root = tmp_path / "central"
     with ObjectStore(root, clock=HybridClock("eu-central")) as seeded:
-        seeded.apply("slow", "m", v1, [old])  # the receiver holds the old version
-    policy = write_policy(tmp_path / "policy.json", REGIONS, list(placements.values()))
-    central = AgentProc(root, "eu-central", policy, tmp_path / "central.log").start()
+        seeded.apply(DATASET, "m", v1, [old])  # the receiver holds the old version
+    central = AgentProcess("eu-central", root, env, tmp_path / "central.log")
+    await asyncio.to_thread(central.start)
     try:
         pending = asyncio.ensure_future(
-            fetch(central.address, "slow", "m", v2, [("eu-west", west.address)])
+            fetch(central.address, DATASET, "m", v2, [("eu-west", west.address)])
         )
         spool = root / "transfers"
         deadline = time.monotonic() + 30
@@ -59,16 +61,16 @@ async def test_sigkill_of_the_receiver_mid_patch_keeps_the_old_version_and_resum
         central.kill()
 
     with ObjectStore(root, clock=HybridClock("eu-central")) as after:
-        assert after.head("slow", "m") == v1
-        assert after.read_bytes("slow", "m") == old  # the old version, whole
-    restarted = AgentProc(root, "eu-central", policy, tmp_path / "central.log").start()
+        assert after.head(DATASET, "m") == v1
+        assert after.read_bytes(DATASET, "m") == old  # the old version, whole
+    await asyncio.to_thread(central.start)  # the same root: startup repair, then serving
     try:
-        got = await fetch(restarted.address, "slow", "m", v2, [("eu-west", west.address)])
+        got = await fetch(central.address, DATASET, "m", v2, [("eu-west", west.address)])
     finally:
-        restarted.stop()
+        await asyncio.to_thread(central.stop)
     assert got.outcome == agent_pb2.APPLY_OUTCOME_APPLIED
     with ObjectStore(root, clock=HybridClock("eu-central")) as done:
-        assert done.read_bytes("slow", "m") == new
+        assert done.read_bytes(DATASET, "m") == new
         record = transfers(done)[-1]
     assert record["outcome"] == "completed"
     assert record["resumed_from"] >= 8 << 20  # it continued, it did not start over

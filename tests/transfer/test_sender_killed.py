@@ -1,4 +1,5 @@
-"""SIGKILL of the sending agent (a real process) in the middle of a Sync: the sender
+"""SIGKILL of the sending agent (a real `meridian agent serve` process) in the middle of
+a Sync: the sender
 keeps no spool, so its restart makes the same delta again and skips what the
 receiver holds; the receiver's next Fetch continues instead of starting over."""
 
@@ -9,8 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_proc import AgentProc, write_policy
-from agents_inproc import REGIONS, AgentFactory, placement
+from agents_inproc import AgentFactory, placement
+from harness.agent_process import AgentProcess
+from killed_world import DATASET, RATE, slow_world
 from xfer_helpers import content, fetch, rewrite, transfers
 
 from agents.store import ObjectStore
@@ -18,31 +20,32 @@ from controlplane.domain.hlc import HybridClock
 from controlplane.domain.placement import Placement
 from meridian.v1 import agent_pb2
 
-SIZE = 48 << 20
-RATE = 6 << 20
+SIZE = 48 << 20  # the sender caps the link at RATE (its policy in etcd)
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def placements() -> dict[str, Placement]:
-    return {"slow": placement("slow", transfer_bandwidth_bps=float(RATE))}
+    return {DATASET: placement(DATASET, transfer_bandwidth_bps=float(RATE))}
 
 
 async def test_sigkill_of_the_sender_mid_sync_then_the_receiver_resumes(
-    agents: AgentFactory, placements: dict[str, Placement], tmp_path: Path
+    agents: AgentFactory, tmp_path: Path, etcd_endpoint: str
 ) -> None:
+    env = await asyncio.to_thread(slow_world, tmp_path / "world", etcd_endpoint)
     old = content(SIZE)
     new = rewrite(old, 0.5)
     root = tmp_path / "west"
     with ObjectStore(root, clock=HybridClock("eu-west")) as seeded:
-        v1 = seeded.put("slow", "m", [old])
-        v2 = seeded.put("slow", "m", [new])
+        v1 = seeded.put(DATASET, "m", [old])
+        v2 = seeded.put(DATASET, "m", [new])
     central = await agents("eu-central", checkpoint_bytes=1 << 20)
-    central.store.apply("slow", "m", v1, [old])
-    policy = write_policy(tmp_path / "policy.json", REGIONS, list(placements.values()))
-    west = AgentProc(root, "eu-west", policy, tmp_path / "west.log").start()
+    central.store.apply(DATASET, "m", v1, [old])
+    west = AgentProcess("eu-west", root, env, tmp_path / "west.log")
+    await asyncio.to_thread(west.start)
     try:
         pending = asyncio.ensure_future(
-            fetch(central.address, "slow", "m", v2, [("eu-west", west.address)])
+            fetch(central.address, DATASET, "m", v2, [("eu-west", west.address)])
         )
         spool = central.root / "transfers"
         deadline = time.monotonic() + 30
@@ -55,13 +58,13 @@ async def test_sigkill_of_the_sender_mid_sync_then_the_receiver_resumes(
         west.kill()
         with pytest.raises(Exception):  # noqa: B017 - the sender died
             await pending
-        west.start()
-        got = await fetch(central.address, "slow", "m", v2, [("eu-west", west.address)])
+        await asyncio.to_thread(west.start)  # the same root, a new port
+        got = await fetch(central.address, DATASET, "m", v2, [("eu-west", west.address)])
     finally:
-        west.kill()
+        await asyncio.to_thread(west.kill)
 
     assert got.outcome == agent_pb2.APPLY_OUTCOME_APPLIED
-    assert central.store.read_bytes("slow", "m") == new
+    assert central.store.read_bytes(DATASET, "m") == new
     record = transfers(central.store)[-1]
     assert record["outcome"] == "completed"
     assert record["resumed_from"] >= 4 << 20

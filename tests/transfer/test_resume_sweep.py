@@ -1,0 +1,67 @@
+"""Resume states of cut transfers expire periodically (not only at start), in bounded
+passes that spare the pulls in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from agents.transfer.resume import MAX_AGE_S, ResumeBook, ResumeState
+from agents.transfer.sweep import ResumeSweeper
+
+WAIT_S = 10.0
+
+
+def cut(book: ResumeBook, key: str, *, age_s: float) -> None:
+    """A cut raw transfer of ds/key: a state and the partial bytes it names."""
+    book.partial_path("ds", key, "1.00000@eu-west").write_bytes(b"partial")
+    book.save(
+        ResumeState(
+            transfer_id=f"t-{key}",
+            dataset="ds",
+            key=key,
+            hlc="1.00000@eu-west",
+            method="raw",
+            basis_hlc="",
+            offset=7,
+            received=7,
+            created_s=time.time() - age_s,
+        )
+    )
+
+
+def held(book: ResumeBook) -> list[str]:
+    return sorted(key for key in "abcdefgh" if book.load("ds", key, "1.00000@eu-west") is not None)
+
+
+def test_expiry_is_bounded_per_pass_and_spares_pulls_in_flight(tmp_path: Path) -> None:
+    book = ResumeBook(tmp_path)
+    for key in "abcde":
+        cut(book, key, age_s=MAX_AGE_S + 60)
+    cut(book, "f", age_s=10)  # young: kept
+    # A first attempt in flight has its partial file before its first state.
+    book.partial_path("ds", "g", "1.00000@eu-west").write_bytes(b"arriving")
+    with book.in_flight("ds", "a", "1.00000@eu-west"), book.in_flight("ds", "g", "1.00000@eu-west"):
+        removed = book.expire(limit=2)
+        assert removed == 2 and len(held(book)) == 4
+        assert book.expire(limit=10) == 2  # the rest but the one in flight
+        assert held(book) == ["a", "f"]
+        assert book.partial_path("ds", "g", "1.00000@eu-west").exists()
+    assert book.expire() == 1  # no longer in flight: it goes too
+    assert held(book) == ["f"]
+    assert not book.partial_path("ds", "g", "1.00000@eu-west").exists()  # no state: gone
+    assert sorted(p.name.split(".", 1)[1] for p in book.folder.iterdir()) == ["json", "part"]
+
+
+async def test_the_sweeper_expires_states_while_the_agent_runs(tmp_path: Path) -> None:
+    book = ResumeBook(tmp_path)
+    sweeper = ResumeSweeper(book, interval_s=0.05, max_age_s=3600, max_per_pass=2)
+    async with sweeper:
+        for key in "abc":
+            cut(book, key, age_s=7200)  # cut after the start's expiry
+        cut(book, "d", age_s=60)
+        await asyncio.wait_for(sweeper.wait_passes(2), WAIT_S)
+        assert held(book) == ["d"]  # two passes of at most two each
+    passes = sweeper.passes
+    assert not sweeper.running and sweeper.passes == passes
