@@ -88,6 +88,7 @@ CALLS = [
     ("SyncBundle", False, True),
     ("FetchMany", False, False),
     ("ReplicateSet", False, False),
+    ("ReplicateMany", False, False),
 ]
 
 
