@@ -89,7 +89,7 @@ async def test_a_new_version_goes_as_a_delta_and_whole_to_a_replica_without_its_
     # by both, still exact.
     assert central.stop() == 0
     shutil.rmtree(central.root)
-    central.start()
+    central.start(timeout_s=120)  # a loaded machine may take long to start one
     third = edited(second, MiB, b"another step" * 500)
     v3 = await put(west.address, dataset, "weights", third)
     assert list(v3.regions) == ["eu-west", "eu-central"]

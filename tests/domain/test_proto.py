@@ -87,6 +87,8 @@ CALLS = [
     ("GetSet", False, False),
     ("SyncBundle", False, True),
     ("FetchMany", False, False),
+    ("ReplicateSet", False, False),
+    ("ReplicateMany", False, False),
 ]
 
 
