@@ -32,13 +32,13 @@ from typing import BinaryIO, Self
 import grpc
 import grpc.aio
 
-from agents.rpc.status import from_rpc_error
+from agents.rpc.status import error_from_parts, from_rpc_error
 from agents.store.errors import DigestMismatchError, ShortStreamError
 from controlplane.domain.errors import MessageError
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import ContentHasher, Verdict, Version
 from controlplane.domain.version_set import VersionSet
-from controlplane.errors import InvalidInputError, UnavailableError
+from controlplane.errors import InvalidInputError, MeridianError, UnavailableError
 from meridian import convert
 from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
@@ -102,6 +102,27 @@ class FetchResult:
     source_region: str
     logical_bytes: int
     wire_bytes: int
+
+
+@dataclass(frozen=True)
+class ReplicateItem:
+    """One standard version made elsewhere for `replicate_many`: a put with all its
+    bytes (`data`), or a delete (`data` None)."""
+
+    dataset: str
+    key: str
+    version: Version
+    data: bytes | None
+    origin_region: str
+    policy_revision: int = 0
+
+
+@dataclass(frozen=True)
+class ReplicateOutcome:
+    """What the agent did with one item: the LWW verdict and the newest version held."""
+
+    outcome: Verdict
+    held: Version
 
 
 class AgentClient:
@@ -334,6 +355,50 @@ class AgentClient:
         except grpc.aio.AioRpcError as err:
             raise self._error(err) from None
         return _version(resp.version, "ReplicateResponse.version")
+
+    async def replicate_many(
+        self, items: Sequence[ReplicateItem]
+    ) -> list[ReplicateOutcome | MeridianError]:
+        """Push many standard inline puts and deletes (epoch 0) in one call; the agent
+        commits them together by LWW and answers one result per item, in order: what it
+        did, or the error refusing that item (e.g. `ResidencyError`). The request must fit
+        in one message (about 1 MiB); each (dataset, key) at most once."""
+        req = agent_pb2.ReplicateManyRequest(
+            items=[
+                agent_pb2.ReplicateItem(
+                    dataset=i.dataset,
+                    key=i.key,
+                    version=convert.version_to_wire(i.version),
+                    data=i.data or b"",
+                    origin_region=i.origin_region,
+                    policy_revision=i.policy_revision,
+                )
+                for i in items
+            ]
+        )
+        size = sum(len(i.data or b"") for i in items)
+        try:
+            resp = await self.stub.ReplicateMany(req, timeout=self._bulk_timeout(size))
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        if len(resp.results) != len(items):
+            raise UnavailableError(
+                f"the agent at {self.address} answered {len(resp.results)} results for "
+                f"{len(items)} items of ReplicateMany"
+            )
+        out: list[ReplicateOutcome | MeridianError] = []
+        for n, r in enumerate(resp.results):
+            if r.error_code or r.error_class:
+                out.append(error_from_parts(r.error_class, r.error_code, r.error))
+                continue
+            outcome = _OUTCOMES.get(r.outcome)
+            if outcome is None or not r.HasField("held"):
+                raise UnavailableError(
+                    f"the agent at {self.address} answered ReplicateMany item {n} with "
+                    f"outcome {r.outcome} and no error"
+                )
+            out.append(ReplicateOutcome(outcome, _version(r.held, "ReplicateItemResult.held")))
+        return out
 
     async def fetch(
         self,

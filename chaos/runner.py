@@ -62,6 +62,7 @@ from chaos.records import (
     ApplyRecord,
     Copy,
     ObjectState,
+    OwnerSample,
     accepts_from_agent_log,
     applies_from_replicator_log,
 )
@@ -274,6 +275,13 @@ async def run_on_world(
     async def all_owned() -> bool:
         return len(sampler.latest()) == len(CRITICAL)
 
+    def own_samples() -> list[OwnerSample]:
+        """The owner samples of this scenario, each dataset's last earlier one first: the
+        moves an earlier scenario made were judged there (a catalog that is slow to
+        answer after this scenario's faults must not fail them again)."""
+        before = {x.dataset: x for x in sampler.samples if x.t < start_t}
+        return [*before.values(), *(x for x in sampler.samples if x.t >= start_t)]
+
     try:
         if not await _until("every dataset owned", all_owned, CLAIMS_S):
             raise StackError("a critical dataset was left unowned by the previous scenario")
@@ -317,7 +325,7 @@ async def run_on_world(
             if rows is None:
                 return False
             journal_rows[:] = rows
-            return journal.journaled(sampler.samples, rows).held
+            return journal.journaled(own_samples(), rows).held
 
         # Each poll runs `meridian history` (seconds on a loaded machine): only when judged.
         if journal.JOURNALED in scenario.invariants:
@@ -433,7 +441,7 @@ async def run_on_world(
                 bad.extend(v.offending)
             verdicts.append(Verdict.of(ownership.STABLE, bad, "no dataset changed owner"))
         elif name == journal.JOURNALED:
-            verdicts.append(journal.journaled(sampler.samples, journal_rows))
+            verdicts.append(journal.journaled(own_samples(), journal_rows))
         elif name == journal.VIEWS:
             verdicts.append(journal.views_agree(gauges, truth))
         elif name == ownership.DURING:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agents.client import AgentClient, FetchSource
+from agents.client import AgentClient, FetchSource, ReplicateItem
 from controlplane.domain.events import ChangeEvent
 from controlplane.domain.version import Verdict, Version
-from controlplane.errors import MeridianError, NotFoundError
+from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.lifecycle import Lifecycle
 from replicator.ports import ApplyOutcome, ApplyResult, Source
 
@@ -47,6 +47,10 @@ def outcome_of(event: ChangeEvent, held: Version) -> ApplyOutcome:
     return ApplyOutcome.APPLIED if held == event.version else ApplyOutcome.COLLISION
 
 
+class BatchUnsupportedError(MeridianError):
+    """The agent does not serve ReplicateMany (an agent older than the call)."""
+
+
 def _direct(_region: str, address: str) -> str:
     return address
 
@@ -62,6 +66,7 @@ class GrpcAgent(Lifecycle):
         self.address = address
         self._client = AgentClient(address, timeout_s=timeout_s)
         self._route = route
+        self._batches = True  # until the agent says it has no ReplicateMany
 
     async def _do_start(self) -> None:
         return None
@@ -87,6 +92,38 @@ class GrpcAgent(Lifecycle):
 
     async def delete(self, event: ChangeEvent) -> ApplyResult:
         return await self._replicate(event)
+
+    async def apply_many(self, events: Sequence[ChangeEvent]) -> list[ApplyResult | Exception]:
+        if not self._batches:
+            raise BatchUnsupportedError(f"the agent at {self.address} has no ReplicateMany")
+        try:
+            answers = await self._client.replicate_many(
+                [
+                    ReplicateItem(
+                        e.dataset,
+                        e.key,
+                        e.version,
+                        None if e.version.is_tombstone else (e.inline or b""),
+                        e.origin_region,
+                        e.policy_revision,
+                    )
+                    for e in events
+                ]
+            )
+        except UnavailableError as exc:
+            if "(UNIMPLEMENTED)" not in str(exc):
+                raise
+            # An agent older than the call: one by one from now on (Replicate).
+            self._batches = False
+            raise BatchUnsupportedError(str(exc)) from exc
+        out: list[ApplyResult | Exception] = []
+        for e, answer in zip(events, answers, strict=True):
+            if isinstance(answer, Exception):
+                out.append(answer)
+            else:
+                outcome = _OUTCOMES[answer.outcome]
+                out.append(ApplyResult(outcome, answer.held, logical_bytes=e.version.size))
+        return out
 
     async def fetch(self, event: ChangeEvent, sources: Sequence[Source]) -> ApplyResult:
         result = await self._client.fetch(

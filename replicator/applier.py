@@ -19,6 +19,13 @@ The pipeline of dataplane.md, *The replicator*, for one record:
    retried with exponential backoff and jitter; after `max_attempts` it is `failed`
    (re-driven by `meridian replication resync`); a held version is `completed`.
 
+`handle_many` runs the same pipeline over consecutive records of one partition:
+steps 1-5 record by record, then the inline puts and deletes that reach step 6 go
+to the agent in one `apply_many` call (one store transaction and one syncfs there),
+at most one event per object per call (a second event of an object waits for the
+next call, so each object's events still apply in log order); fetches run beside it.
+An item the agent refuses takes the one-by-one path (its retries, its records).
+
 `handle` returns only once the effect is durable (the agent's commit, the journal
 row, the dead letter acknowledged), so the caller may then commit the offset; it
 never raises except when cancelled (then nothing is committed and the event is
@@ -46,12 +53,15 @@ from controlplane.ports.changelog import Record
 from meridian.convert import decode_change_event
 from replicator import dlq
 from replicator.config import ReplicatorConfig
-from replicator.guard import Admission, admit, sources_for
+from replicator.guard import Admission, Decision, admit, sources_for
 from replicator.journal import RecordJournal, ReplicaRecord
 from replicator.metrics import ReplicatorMetrics
 from replicator.ports import AgentPort, ApplyOutcome, ApplyResult, Source
 
 log = get_logger("meridian.replicator")
+
+# Events of a batch the agent could not take at once go one by one, this many at a time.
+_SINGLES_AT_ONCE = 4
 
 
 class HolderLookup(Protocol):
@@ -92,6 +102,9 @@ class Applier:
         self._holders = holders
         self._on_record = on_record
         self._sleep = sleep
+        self._decided_under: CompiledPolicy | None = None
+        self._batch_gate = asyncio.Semaphore(config.max_batch_calls)
+        self._decisions: dict[str, Decision] = {}
 
     # -- the pipeline --------------------------------------------------------------------
     async def handle(self, record: Record) -> str:
@@ -118,11 +131,169 @@ class Applier:
         self._metrics.events.labels(result).inc()
         return result
 
+    async def handle_many(self, records: Sequence[Record]) -> list[str]:
+        """`handle` for consecutive records of one partition, batched (module docstring);
+        what became of each, in order. Returns once every effect is durable."""
+        if len(records) == 1:
+            return [await self.handle(records[0])]
+        results: list[str] = [""] * len(records)
+        events: dict[int, ChangeEvent] = {}
+        rounds: list[list[tuple[int, CompiledPolicy]]] = []
+        depth: dict[tuple[str, str], int] = {}
+        for n, record in enumerate(records):
+            try:
+                event = decode_change_event(record.value)
+            except MessageError as exc:
+                await self._dead_letter(record, dlq.UNDECODABLE, str(exc))
+                results[n] = "dead-lettered"
+                continue
+            events[n] = event
+            got = await self._admit(record, event)
+            if isinstance(got, str):
+                results[n] = got
+                continue
+            # The k-th event of an object goes in round k: rounds run one after another.
+            name = (event.dataset, event.key)
+            k = depth[name] = depth.get(name, -1) + 1
+            if k == len(rounds):
+                rounds.append([])
+            rounds[k].append((n, got))
+        for round_ in rounds:
+            await self._apply_round(records, events, round_, results)
+        counts: dict[str, int] = {}
+        for n, result in enumerate(results):
+            counts[result] = counts.get(result, 0) + 1
+            decoded = events.get(n)
+            if decoded is not None:
+                log.info(
+                    "event_applied",
+                    region=self.region,
+                    event_id=decoded.event_id,
+                    dataset=decoded.dataset,
+                    key=decoded.key,
+                    version=str(decoded.version.hlc),
+                    outcome=result,
+                    t=time.time(),
+                )
+        for result, count in counts.items():
+            self._metrics.events.labels(result).inc(count)
+        return results
+
+    async def _apply_round(
+        self,
+        records: Sequence[Record],
+        events: dict[int, ChangeEvent],
+        round_: list[tuple[int, CompiledPolicy]],
+        results: list[str],
+    ) -> None:
+        """Events of distinct objects: the batchable ones in `apply_many` calls (bounded
+        by count and bytes), the others (fetches, set members) one by one, at once."""
+        batches: list[list[tuple[int, CompiledPolicy]]] = [[]]
+        size = 0
+        singles: list[tuple[int, CompiledPolicy]] = []
+        for n, policy in round_:
+            event = events[n]
+            if event.set is not None or not (event.version.is_tombstone or event.inline):
+                singles.append((n, policy))
+                continue
+            weight = len(event.inline or b"")
+            if batches[-1] and (
+                len(batches[-1]) >= self.config.batch_max_events
+                or size + weight > self.config.batch_max_bytes
+            ):
+                batches.append([])
+                size = 0
+            batches[-1].append((n, policy))
+            size += weight
+
+        async def one(n: int, policy: CompiledPolicy) -> None:
+            results[n] = await self._apply(records[n], events[n], policy)
+
+        async def one_by_one(items: list[tuple[int, CompiledPolicy]]) -> None:
+            gate = asyncio.Semaphore(_SINGLES_AT_ONCE)  # not a burst of calls at the agent
+
+            async def bounded(n: int, policy: CompiledPolicy) -> None:
+                async with gate:
+                    await one(n, policy)
+
+            await asyncio.gather(*(bounded(n, policy) for n, policy in items))
+
+        async def many(batch: list[tuple[int, CompiledPolicy]]) -> None:
+            if len(batch) == 1:
+                await one(*batch[0])
+                return
+            answers = await self._call_batch([events[n] for n, _ in batch])
+            if answers is None:
+                await one_by_one(batch)
+                return
+            retry: list[tuple[int, CompiledPolicy]] = []
+            done: list[ReplicaRecord] = []
+            for (n, policy), answer in zip(batch, answers, strict=True):
+                event = events[n]
+                if isinstance(answer, ApplyResult):
+                    results[n] = self._settle(event, answer, done)
+                elif isinstance(answer, ResidencyError):
+                    await self._refuse(records[n], event, str(answer), policy.revision)
+                    results[n] = "refused"
+                else:
+                    retry.append((n, policy))
+            if done:
+                self._journal.append_many(done)
+                self._on_record()
+            await one_by_one(retry)
+
+        await asyncio.gather(
+            *(many(b) for b in batches if b), *(one(n, policy) for n, policy in singles)
+        )
+
+    async def _call_batch(self, events: list[ChangeEvent]) -> list[ApplyResult | Exception] | None:
+        """The agent's answers to one batch, at most `max_batch_calls` batches at the agent
+        at once (a busy agent gets a queue here, not a pile of calls that time out). A
+        retriable failure of the whole call (the agent busy or away) retries the whole
+        batch with backoff; after `max_attempts`, or a failure the call itself cannot
+        get past (a malformed item, an agent without the call), None: one by one, on
+        the single path's retries and records."""
+        attempt = 0
+        while True:
+            try:
+                async with self._batch_gate:
+                    return await self._agent.apply_many(events)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the events go one by one then
+                attempt += 1
+                retriable = isinstance(exc, MeridianError) and exc.retriable
+                if not retriable or attempt >= self.config.max_attempts:
+                    log.info(
+                        "batch_apply_failed",
+                        events=len(events),
+                        error=_describe(exc),
+                        action="applying them one by one",
+                    )
+                    return None
+                delay = self._backoff(attempt)
+                log.info(
+                    "batch_apply_retry",
+                    events=len(events),
+                    attempt=attempt,
+                    error=_describe(exc),
+                    retry_in_s=round(delay, 3),
+                )
+                await self._sleep(delay)
+
     async def _handle(self, record: Record, event: ChangeEvent) -> str:
+        got = await self._admit(record, event)
+        if isinstance(got, str):
+            return got
+        return await self._apply(record, event, got)
+
+    async def _admit(self, record: Record, event: ChangeEvent) -> str | CompiledPolicy:
+        """Steps 2-5: what became of the event when it needs no copy (a label), else the
+        policy snapshot its copy is made under."""
         if event.origin_region == self.region:
             return "own"
         policy = await self._current_policy()
-        decision = admit(event, policy, self.region)
+        decision = self._decide(event, policy)
         if decision.admission is Admission.REFUSED:
             await self._refuse(record, event, decision.reason, policy.revision)
             return "refused"
@@ -152,7 +323,7 @@ class Applier:
                 reason="the dataset's policy says deletes: retain",
             )
             return "retained"
-        return await self._apply(record, event, policy)
+        return policy
 
     async def _apply(self, record: Record, event: ChangeEvent, policy: CompiledPolicy) -> str:
         attempts = self.config.max_attempts
@@ -165,6 +336,7 @@ class Applier:
                 await self._refuse(record, event, str(exc), policy.revision)
                 return "refused"
             except FencedError as exc:  # a stale epoch (StaleEpochError) among them
+                self._metrics.stale_epoch_refused.labels(event.dataset).inc()
                 await self._dead_letter(record, dlq.STALE_EPOCH, str(exc), event)
                 return "dead-lettered"
             except ClockSkewError as exc:  # the agent's clock refused it
@@ -239,12 +411,18 @@ class Applier:
         sources = sources_for(event, policy, self.region, holders)
         return await self._agent.fetch(event, sources)
 
-    def _settle(self, event: ChangeEvent, result: ApplyResult) -> str:
+    def _settle(
+        self, event: ChangeEvent, result: ApplyResult, into: list[ReplicaRecord] | None = None
+    ) -> str:
         # Checked before the apply, so it cannot refuse here; suppressed all the same.
         with contextlib.suppress(ClockSkewError):
             self._clock.observe(event.version.hlc)
         if result.outcome.holds_version:
-            self._append(self._record(event, "completed"))
+            done = self._record(event, "completed")
+            if into is None:
+                self._append(done)
+            else:
+                into.append(done)
         elif result.outcome is ApplyOutcome.COLLISION:
             log.warning(
                 "hlc_collision",
@@ -258,6 +436,17 @@ class Applier:
         return result.outcome.value
 
     # -- helpers ---------------------------------------------------------------------------
+    def _decide(self, event: ChangeEvent, policy: CompiledPolicy) -> Decision:
+        """`admit`, remembered per dataset for one policy snapshot (a placement lookup
+        was the costliest step per event): another region's event is decided by its
+        dataset alone; a new snapshot starts afresh."""
+        if policy is not self._decided_under:
+            self._decided_under, self._decisions = policy, {}
+        decision = self._decisions.get(event.dataset)
+        if decision is None:
+            decision = self._decisions[event.dataset] = admit(event, policy, self.region)
+        return decision
+
     async def _current_policy(self) -> CompiledPolicy:
         """The policy snapshot; while none is published, wait (fail closed: no copy is
         decided on nothing, and the offset is not committed)."""

@@ -1,5 +1,6 @@
 """The backlog of a region, from durable state: `meridian_replication_lag_seconds` and
-`meridian_replication_pending`.
+`meridian_replication_pending`, with `meridian_dataset_rpo_seconds` (the target the
+lag is held to: the Prometheus rules divide one by the other).
 
 Every `interval_s` (and once at start, so a restarted replicator reports the true
 backlog at once) the probe asks the catalog, for each standard dataset placed in
@@ -38,9 +39,12 @@ class BacklogSource(Protocol):
     def incomplete_versions(self, dataset: str, region: str) -> list[VersionRef]: ...
 
 
-def backlog_of(source: BacklogSource, region: str, now: datetime) -> dict[str, tuple[float, int]]:
-    """Per standard dataset placed in `region`: (lag in seconds, pending objects)."""
-    out: dict[str, tuple[float, int]] = {}
+def backlog_of(
+    source: BacklogSource, region: str, now: datetime
+) -> dict[str, tuple[float, int, float]]:
+    """Per standard dataset placed in `region`: (lag in seconds, pending objects, its rpo
+    in seconds)."""
+    out: dict[str, tuple[float, int, float]] = {}
     for placement in source.list_placements():
         if placement.dataset_class != "standard" or region not in placement.regions:
             continue
@@ -51,7 +55,7 @@ def backlog_of(source: BacklogSource, region: str, now: datetime) -> dict[str, t
             for v in source.incomplete_versions(placement.dataset, region)
             if not v.hlc.endswith(f"@{region}")  # its own writes are not a backlog here
         ]
-        out[placement.dataset] = (lag, len(pending))
+        out[placement.dataset] = (lag, len(pending), placement.rpo_s)
     return out
 
 
@@ -74,15 +78,17 @@ class BacklogProbe(Lifecycle):
         self._task: asyncio.Task[None] | None = None
         self.refreshed = asyncio.Event()  # set after each successful refresh
 
-    async def refresh(self) -> dict[str, tuple[float, int]]:
+    async def refresh(self) -> dict[str, tuple[float, int, float]]:
         found = await asyncio.to_thread(backlog_of, self._source, self._region, self._now())
-        for dataset, (lag, pending) in found.items():
+        for dataset, (lag, pending, rpo) in found.items():
             self._metrics.lag_seconds.labels(dataset, self._region).set(lag)
             self._metrics.pending.labels(dataset, self._region).set(pending)
+            self._metrics.rpo_seconds.labels(dataset, self._region).set(rpo)
         for gone in self._known - set(found):  # no longer placed here: no backlog here
             with contextlib.suppress(KeyError):
                 self._metrics.lag_seconds.remove(gone, self._region)
                 self._metrics.pending.remove(gone, self._region)
+                self._metrics.rpo_seconds.remove(gone, self._region)
         self._known = set(found)
         self.refreshed.set()
         return found

@@ -25,11 +25,25 @@ class ReplicatorConfig:
     poll_max_records: int = 500
     poll_timeout_ms: int = 200
     commit_interval_s: float = 0.2
+    # A batch: consecutive inline events of one partition that one poll returned (it
+    # never waits to fill one), applied in one agent call; bounded by events and bytes
+    # (the call is one gRPC message of at most ~1 MiB). 1 turns batching off.
+    batch_max_events: int = 256
+    batch_max_bytes: int = 768 * 1024
+    # Batch calls at the agent at once: its store commits one transaction at a time, so
+    # more only queue there, and past the call's deadline they fail and come again.
+    max_batch_calls: int = 2
     backlog_interval_s: float = 1.0
     # How long a stop (or a rebalance) waits for events in flight before it cancels them.
     drain_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("max_in_flight", "max_attempts", "poll_max_records"):
+        for name in (
+            "max_in_flight",
+            "max_attempts",
+            "poll_max_records",
+            "batch_max_events",
+            "max_batch_calls",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

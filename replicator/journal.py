@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
@@ -120,6 +121,12 @@ class RecordJournal:
         row = (record.kind, record.to_json())
         with self._lock:
             self._buffer.append(row)
+
+    def append_many(self, records: Sequence[ReplicaRecord]) -> None:
+        """`append` for a batch: one lock, one extend."""
+        rows = [(r.kind, r.to_json()) for r in records]
+        with self._lock:
+            self._buffer.extend(rows)
 
     @property
     def buffered(self) -> int:

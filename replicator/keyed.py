@@ -10,7 +10,7 @@ previous job of the same key has finished.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from controlplane.lifecycle import cancel_and_wait
 
@@ -28,28 +28,35 @@ class KeyedRunner:
         return len(self._tasks)
 
     async def submit(self, key: str, job: Callable[[], Awaitable[None]]) -> None:
+        await self.submit_many((key,), job)
+
+    async def submit_many(self, keys: Iterable[str], job: Callable[[], Awaitable[None]]) -> None:
+        """One job for several keys (a batch): it starts once the previous job of every
+        one of them has finished, and a later job of any of them waits for it. It takes
+        one slot."""
+        names = list(dict.fromkeys(keys))
         await self._slots.acquire()
-        previous = self._tails.get(key)
-        task = asyncio.create_task(self._after(previous, job), name=f"apply:{key}")
-        self._tails[key] = task
+        previous = {self._tails[k] for k in names if k in self._tails}
+        task = asyncio.create_task(self._after(previous, job), name=f"apply:{names[0]}")
+        for k in names:
+            self._tails[k] = task
         self._tasks.add(task)
 
         def finished(t: asyncio.Task[None]) -> None:
             self._tasks.discard(t)
-            if self._tails.get(key) is t:
-                del self._tails[key]
+            for k in names:
+                if self._tails.get(k) is t:
+                    del self._tails[k]
             self._slots.release()
 
         task.add_done_callback(finished)
 
     @staticmethod
-    async def _after(
-        previous: asyncio.Task[None] | None, job: Callable[[], Awaitable[None]]
-    ) -> None:
-        if previous is not None:
-            # Order only: the previous job's failure is its own (and already logged).
-            await asyncio.wait([previous])
-            if previous.cancelled():
+    async def _after(previous: set[asyncio.Task[None]], job: Callable[[], Awaitable[None]]) -> None:
+        if previous:
+            # Order only: the previous jobs' failures are their own (and already logged).
+            await asyncio.wait(previous)
+            if any(p.cancelled() for p in previous):
                 raise asyncio.CancelledError
         await job()
 

@@ -20,10 +20,22 @@ class ReplicatorMetrics:
             ["dataset", "region"],
             registry=self.registry,
         )
+        self.rpo_seconds = Gauge(
+            "meridian_dataset_rpo_seconds",
+            "the dataset's rpo from its placement (what the lag is held against)",
+            ["dataset", "region"],
+            registry=self.registry,
+        )
         self.pending = Gauge(
             "meridian_replication_pending",
             "objects whose newest version is not yet completed in the region",
             ["dataset", "region"],
+            registry=self.registry,
+        )
+        self.stale_epoch_refused = Counter(
+            "meridian_stale_epoch_refused_total",
+            "events of an older epoch than the dataset's current one, dead-lettered",
+            ["dataset"],
             registry=self.registry,
         )
         self.failed = Counter(

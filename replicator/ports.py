@@ -77,6 +77,12 @@ class AgentPort(Protocol):
         """Pull the event's version from `sources` (tried in order) and apply it."""
         ...
 
+    async def apply_many(self, events: Sequence[ChangeEvent]) -> list[ApplyResult | Exception]:
+        """Inline puts and deletes of distinct objects, committed together (one call, one
+        transaction in the agent). One answer per event, in order: its result, or the
+        error refusing that event alone (a failure of the whole call raises)."""
+        ...
+
     async def head(self, dataset: str, key: str) -> Version | None:
         """The newest version the agent holds of an object (a tombstone too), or None."""
         ...

@@ -126,26 +126,45 @@ class ReplicatorLoop(Lifecycle):
                 await asyncio.sleep(delay)
                 delay = min(self.config.retry_max_s, delay * 2)
                 continue
-            for record in records:
-                tp = (record.topic, record.partition)
-                if self._assigned is not None and tp not in self._assigned:
-                    continue  # revoked while fetched: its new owner takes it
-                self._offsets.take(tp, record.offset)
-                await self._runner.submit(_object_key(record), self._job(record))
+            for batch in self._batches(records):
+                tp = (batch[0].topic, batch[0].partition)
+                for record in batch:
+                    self._offsets.take(tp, record.offset)
+                await self._runner.submit_many([_object_key(r) for r in batch], _Job(self, batch))
 
-    def _job(self, record: Record) -> _Job:
-        return _Job(self, record)
+    def _batches(self, records: list[Record]) -> list[list[Record]]:
+        """Consecutive records of each assigned partition, in runs bounded by count and
+        bytes (the applier sends a run's inline events to the agent in one call)."""
+        parts: dict[TopicPartition, list[list[Record]]] = {}
+        sizes: dict[TopicPartition, int] = {}
+        cfg = self.config
+        for record in records:
+            tp = (record.topic, record.partition)
+            if self._assigned is not None and tp not in self._assigned:
+                continue  # revoked while fetched: its new owner takes it
+            runs = parts.setdefault(tp, [[]])
+            weight = len(record.value)
+            if runs[-1] and (
+                len(runs[-1]) >= cfg.batch_max_events
+                or sizes.get(tp, 0) + weight > cfg.batch_max_bytes
+            ):
+                runs.append([])
+                sizes[tp] = 0
+            runs[-1].append(record)
+            sizes[tp] = sizes.get(tp, 0) + weight
+        return [run for runs in parts.values() for run in runs if run]
 
-    async def _run_one(self, record: Record) -> None:
+    async def _run(self, records: list[Record]) -> None:
         try:
-            await self._applier.handle(record)
+            await self._applier.handle_many(records)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # pragma: no cover - the applier records every failure
             log.exception("apply_crashed", error=str(exc))
             raise
-        self.handled += 1
-        self._offsets.done((record.topic, record.partition), record.offset)
+        self.handled += len(records)
+        for record in records:
+            self._offsets.done((record.topic, record.partition), record.offset)
         async with self._progress:
             self._progress.notify_all()
 
@@ -181,15 +200,15 @@ class ReplicatorLoop(Lifecycle):
 
 
 class _Job:
-    """A submitted record, as a callable the runner awaits."""
+    """Submitted records (a run of one partition), as a callable the runner awaits."""
 
-    def __init__(self, loop: ReplicatorLoop, record: Record) -> None:
+    def __init__(self, loop: ReplicatorLoop, records: list[Record]) -> None:
         self._loop = loop
-        self._record = record
+        self._records = records
 
     async def __call__(self) -> None:
-        with contextlib.suppress(Exception):  # logged in _run_one; the loop goes on
-            await self._loop._run_one(self._record)
+        with contextlib.suppress(Exception):  # logged in _run; the loop goes on
+            await self._loop._run(self._records)
 
 
 def _object_key(record: Record) -> str:

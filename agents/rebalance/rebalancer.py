@@ -128,7 +128,8 @@ class Rebalancer(Lifecycle):
                 async with asyncio.timeout(self.interval_s):
                     await self._kick.wait()
             except TimeoutError:
-                pass
+                if self._alone(self.members.current) and self._settled is not None:
+                    continue  # a lone agent owns all it holds: no walk of its store
             self._kick.clear()
             try:
                 await self.run_pass()
@@ -139,9 +140,14 @@ class Rebalancer(Lifecycle):
                 await asyncio.sleep(1.0)
                 self._kick.set()
 
+    def _alone(self, members: Members) -> bool:
+        return all(agent_id == self.agent_id for agent_id in members.all)
+
     async def drain(self, timeout_s: float) -> bool:
         """Leave the region: publish `leaving`, then hand everything held to the agents
         that stay (bounded by `timeout_s`). True when nothing is left here."""
+        if self._alone(self.members.current):
+            return False  # a lone agent keeps its objects (and stops as before)
         self.state = LEAVING
         if self._publish is not None:
             try:

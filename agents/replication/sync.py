@@ -42,8 +42,10 @@ region counts toward the set's ack only when it shows the whole set: the ack cov
 every member and the set record in `ack` regions. Catch-up pushes, besides the
 newest version of each key, the members of the newest complete set and that set.
 
-The bytes are pushed whole (chunks of the local copy): no delta against what the
-replica holds yet (see the report of issue 13).
+**Deltas.** A version of at least 64 KiB is pushed as a delta against the version
+the replica holds (the one it was last seen to commit, else this store's previous
+one), patched by the replica as it arrives; a replica without that basis answers at
+once and gets the version whole (delta_push.py says why a push and not a pull).
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 
+from agents.replication.delta_push import ReplicaBases, choose_basis, delta_frames
 from agents.replication.peers import Peers
 from agents.replication.replica_sets import MAX_SETS
 from agents.rpc.status import from_rpc_error
@@ -109,6 +112,8 @@ class SyncReplication:
         *,
         timeout_s: float = 5.0,
         min_rate_bps: float = 8 * 1024 * 1024,
+        deltas: bool = True,
+        delta_threads: int = 1,
     ) -> None:
         self.store = store
         self.region = region
@@ -119,6 +124,10 @@ class SyncReplication:
         self._background: set[asyncio.Task[str]] = set()
         # (dataset, replica) -> its catch-up task, while that replica is behind.
         self._behind: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Deltas against what each replica holds (delta_push.py); False: always whole.
+        self.deltas = deltas
+        self.delta_threads = delta_threads
+        self.bases = ReplicaBases()
         self.retry_initial_s = 0.2
         self.retry_max_s = 5.0
 
@@ -420,11 +429,14 @@ class SyncReplication:
     async def _push(
         self, region: str, write: CommittedWrite, version: Version, deadline_s: float
     ) -> str:
+        """Push one version to `region`: as a delta over a basis it should hold when that
+        pays (delta_push.py), whole otherwise or when it does not hold that basis."""
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        key = write.key or ""
         header = agent_pb2.ReplicateHeader(
             dataset=write.dataset,
-            key=write.key or "",
+            key=key,
             version=version_to_wire(version),
             epoch=write.admitted.epoch,
             origin_region=self.region,
@@ -432,15 +444,60 @@ class SyncReplication:
         )
         if write.set_id is not None:
             header.set = write.set_id
+        known = self.bases.get(region, write.dataset, key)
+        basis = None
+        if self.deltas:
+            basis = await asyncio.to_thread(
+                choose_basis, self.store, write.dataset, key, version, known
+            )
+        if basis is not None and basis.digest is not None:
+            header.basis.CopyFrom(agent_pb2.Basis(version=basis.hlc.text, digest=basis.digest.text))
+            frames = self._delta_frames(header, write, version, basis)
+            resp = await self._replicate_call(stub, frames, deadline_s, region, address)
+            if not resp.basis_missing:
+                self._committed(region, write.dataset, key, resp)
+                return region
+            log.info("replica_basis_missing", dataset=write.dataset, key=key, region=region)
+            self.bases.forget(region, write.dataset, key)
+            header.ClearField("basis")
+        resp = await self._replicate_call(
+            stub, self._frames(header, write, version), deadline_s, region, address
+        )
+        self._committed(region, write.dataset, key, resp)
+        return region
+
+    async def _replicate_call(
+        self,
+        stub: agent_pb2_grpc.AgentAsyncStub,
+        frames: AsyncGenerator[agent_pb2.ReplicateRequest],
+        deadline_s: float,
+        region: str,
+        address: str,
+    ) -> agent_pb2.ReplicateResponse:
         try:
-            await stub.Replicate(self._frames(header, write, version), timeout=deadline_s)
+            return await stub.Replicate(frames, timeout=deadline_s)
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err, f"{region} ({address})") from err
-        return region
+        finally:
+            # A replica answering early (basis_missing, a refusal) leaves the frames
+            # unread: close them, which stops the engine's thread. While grpc's own
+            # task is still inside them they cannot be closed from here ("already
+            # running"): that task is cancelled as the call ends, and the generator
+            # is finalised (closed) by the loop then.
+            with contextlib.suppress(RuntimeError):
+                await frames.aclose()
+
+    def _committed(
+        self, region: str, dataset: str, key: str, resp: agent_pb2.ReplicateResponse
+    ) -> None:
+        with contextlib.suppress(MeridianError):
+            newest = version_from_wire(resp.version, "ReplicateResponse.version")
+            if not newest.is_tombstone:
+                self.bases.committed(region, dataset, key, newest)
 
     async def _frames(
         self, header: agent_pb2.ReplicateHeader, write: CommittedWrite, version: Version
-    ) -> AsyncIterator[agent_pb2.ReplicateRequest]:
+    ) -> AsyncGenerator[agent_pb2.ReplicateRequest]:
         yield agent_pb2.ReplicateRequest(header=header)
         if version.is_tombstone:
             return
@@ -452,6 +509,23 @@ class SyncReplication:
                 yield agent_pb2.ReplicateRequest(chunk=chunk)
         finally:
             reader.close()
+
+    async def _delta_frames(
+        self,
+        header: agent_pb2.ReplicateHeader,
+        write: CommittedWrite,
+        version: Version,
+        basis: Version,
+    ) -> AsyncGenerator[agent_pb2.ReplicateRequest]:
+        yield agent_pb2.ReplicateRequest(header=header)
+        chunks = delta_frames(
+            self.store, write.dataset, write.key or "", version, basis, threads=self.delta_threads
+        )
+        try:
+            async for chunk in chunks:
+                yield agent_pb2.ReplicateRequest(delta=chunk)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     async def close(self) -> None:
         """Cancel pushes and catch-ups still running and close the channels."""

@@ -150,3 +150,16 @@ def _rebuilt(cls: type[MeridianError], message: str) -> MeridianError:
         exc = cls.__new__(cls)
         Exception.__init__(exc, message)
         return exc
+
+
+def error_from_parts(class_name: str, code_name: str, message: str) -> MeridianError:
+    """The Meridian error of one refused item of a batch call (its class name, else its
+    gRPC code name, as `from_rpc_error` reads them from a failed call)."""
+    cls = _BY_NAME.get(class_name)
+    if cls is not None:
+        return _rebuilt(cls, message)
+    code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.UNKNOWN)
+    fallback = _BY_CODE.get(code)
+    if fallback is None or code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return UnavailableError(f"the agent refused the item ({code_name}): {message}")
+    return fallback(message)

@@ -81,6 +81,10 @@ class Transfers(Protocol):
         self, request: agent_pb2.FetchManyRequest, context: Context
     ) -> agent_pb2.FetchManyResponse: ...
 
+    async def ReplicateMany(  # noqa: N802
+        self, request: agent_pb2.ReplicateManyRequest, context: Context
+    ) -> agent_pb2.ReplicateManyResponse: ...
+
 
 @dataclass(frozen=True, slots=True)
 class CommittedWrite:
@@ -520,6 +524,24 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         return await unary(
             "ReplicateSet", context, self.metrics, lambda: sets.receive_sets(request)
+        )
+
+    async def ReplicateMany(  # noqa: N802
+        self, request: agent_pb2.ReplicateManyRequest, context: Context
+    ) -> agent_pb2.ReplicateManyResponse:
+        transfers = self.transfers
+        if transfers is None:
+            return await unary(
+                "ReplicateMany",
+                context,
+                self.metrics,
+                lambda: _refuse_unimplemented("ReplicateMany", context),
+            )
+        return await unary(
+            "ReplicateMany",
+            context,
+            self.metrics,
+            lambda: transfers.ReplicateMany(request, context),
         )
 
 

@@ -68,6 +68,7 @@ class _Entry:
     outbox: bool = False
     epoch: int = 0
     policy_revision: int | None = None
+    transfer: Mapping[str, JsonValue] | None = None  # journalled with this version
 
 
 Source = Iterable[bytes | bytearray | memoryview] | BinaryIO
@@ -494,12 +495,18 @@ class ObjectStore:
         items: Sequence[tuple[str, str, Version, Source | None]],
         *,
         transfer: Mapping[str, JsonValue] | None = None,
+        transfers: Sequence[Mapping[str, JsonValue] | None] | None = None,
     ) -> list[ApplyResult]:
         """`apply` for a bundle of versions made elsewhere, committed together as in
-        `put_many` (`transfer` is journalled once for the bundle). Each item is decided
+        `put_many` (`transfer` is journalled once for the bundle; `transfers`, one per
+        item, each with its item's version when it is stored). Each item is decided
         by LWW on its own; the results come in the order of `items`. A bad item
         (digest, size) fails the whole bundle and stores none."""
         self._distinct([(d, k) for d, k, _, _ in items])
+        if transfers is not None and len(transfers) != len(items):
+            raise InvalidInputError(
+                f"apply_many: {len(transfers)} transfer records for {len(items)} items"
+            )
         checked = []
         for raw_dataset, raw_key, version, source in items:
             dataset, key = check_name("dataset", raw_dataset), check_name("key", raw_key)
@@ -551,7 +558,15 @@ class ObjectStore:
                     if not verdict.applies or (not version.is_tombstone and n not in staged):
                         results[n] = ApplyResult(verdict, held or version)
                         continue
-                    entries.append(_Entry(dataset, key, version, staged.get(n)))
+                    entries.append(
+                        _Entry(
+                            dataset,
+                            key,
+                            version,
+                            staged.get(n),
+                            transfer=None if transfers is None else transfers[n],
+                        )
+                    )
                     results[n] = ApplyResult(verdict, version)
                 completed += self._install_many(entries, transfer=transfer)
         finally:
@@ -696,6 +711,10 @@ class ObjectStore:
                     if transfer is not None and n == 0:
                         journal_rows.append(
                             rows.journal_row("transfer", e.dataset, e.key, hlc, dict(transfer))
+                        )
+                    if e.transfer is not None:
+                        journal_rows.append(
+                            rows.journal_row("transfer", e.dataset, e.key, hlc, dict(e.transfer))
                         )
                 conn.executemany(
                     "INSERT INTO versions (dataset, key, hlc, op, size, digest, state,"

@@ -5,7 +5,9 @@ Fetch handlers, which the agent's servicer (agents/service/) delegates to.
 - Sync: see sender.py.
 - Replicate: a version pushed by its owner (critical, with its epoch: fenced by
   `admit_replica`) or by the replicator (epoch 0, a standard dataset's inline event or
-  delete: an LWW apply); acked only after the commit.
+  delete: an LWW apply); acked only after the commit. A push naming a basis carries
+  delta frames (agents/replication/delta_push.py), answered `basis_missing` at once
+  when this agent does not hold that basis.
 - Fetch: pull a version from the holders given (nearest first, by the policy's RTT),
   falling back to the next on a retriable failure; a refusal is final.
 Every copy in is recorded in the store's journal with the version it committed (or
@@ -26,6 +28,7 @@ import grpc
 import native
 from agents.errors import ResidencyError
 from agents.metrics import AgentMetrics
+from agents.replication.delta_push import PUSH_DELTA, holds_basis, receive_delta
 from agents.rpc.status import abort, code_of
 from agents.store import ApplyResult, ObjectStore
 from agents.store.staging import TMP
@@ -189,6 +192,14 @@ class TransferService:
             await self._record(tally, "refused", version, str(exc))
             raise
         critical = placement.dataset_class == "critical"
+        delta = header.HasField("basis") and bool(header.basis.version)
+        if delta and not await asyncio.to_thread(holds_basis, self.store, header):
+            # Answered before any frame is read: the owner pushes it whole (issue 13).
+            return agent_pb2.ReplicateResponse(
+                version=version_to_wire(version), region=self.region, basis_missing=True
+            )
+        if delta:
+            tally.method = PUSH_DELTA
         try:
             if version.is_tombstone:
                 if critical:
@@ -220,6 +231,83 @@ class TransferService:
             version=version_to_wire(result.newest), region=self.region
         )
 
+    # -- ReplicateMany (the replicator's batch of inline puts and deletes) --------------
+
+    async def ReplicateMany(  # noqa: N802
+        self, request: agent_pb2.ReplicateManyRequest, context: Context
+    ) -> agent_pb2.ReplicateManyResponse:
+        try:
+            return await self.replicate_many(request)
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    async def replicate_many(
+        self, request: agent_pb2.ReplicateManyRequest
+    ) -> agent_pb2.ReplicateManyResponse:
+        """Each item as a standard Replicate (epoch 0), admitted on its own; the admitted
+        ones applied by LWW in ONE `apply_many` (one transaction, one syncfs), each with
+        its own transfer record. A refused item is answered with its error and recorded
+        refused; a malformed item (a bad version, bytes that do not match it) fails the
+        call and stores nothing."""
+        count = len(request.items)
+        results = [agent_pb2.ReplicateItemResult() for _ in range(count)]
+        admitted: list[tuple[int, Version, TransferTally]] = []
+        for n, item in enumerate(request.items):
+            version = version_from_wire(item.version, f"ReplicateManyRequest.items[{n}].version")
+            if version.is_tombstone and item.data:
+                raise InvalidInputError(
+                    f"ReplicateManyRequest.items[{n}]: the delete of {item.dataset}/{item.key} "
+                    "carries bytes"
+                )
+            tally = TransferTally(
+                new_transfer_id(),
+                item.dataset,
+                item.key,
+                item.origin_region or version.hlc.region,
+                self.region,
+                "in",
+                method="push",
+                logical_bytes=version.size,
+                wire_bytes=len(item.data),
+                policy_revision=item.policy_revision or None,
+            )
+            try:
+                placement = self.admission.admit_store(item.dataset)
+                if placement.dataset_class == "critical":
+                    raise InvalidInputError(
+                        f"ReplicateManyRequest.items[{n}]: {item.dataset} is a critical "
+                        "dataset; its copies are pushed one by one with Replicate and an epoch"
+                    )
+            except MeridianError as exc:
+                results[n] = _refusal(exc)
+                if isinstance(exc, RefusedError):
+                    await self._record(tally, "refused", version, str(exc))
+                continue
+            admitted.append((n, version, tally))
+        if admitted:
+            items = [
+                (
+                    request.items[n].dataset,
+                    request.items[n].key,
+                    version,
+                    None if version.is_tombstone else [request.items[n].data],
+                )
+                for n, version, _ in admitted
+            ]
+            transfers = [tally.record("completed", self.policy) for _, _, tally in admitted]
+            applied = await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+            for (n, _version, tally), got in zip(admitted, applied, strict=True):
+                results[n] = agent_pb2.ReplicateItemResult(
+                    outcome=_OUTCOMES[got.verdict], held=version_to_wire(got.newest)
+                )
+                # A no-op (a replay, an older version) is counted, not journalled: a
+                # replay of the log would otherwise write a record per event.
+                tally.count(
+                    self.metrics,
+                    "completed" if got.verdict.applies or got.restored else "skipped",
+                )
+        return agent_pb2.ReplicateManyResponse(results=results)
+
     async def _admit_current(self, header: agent_pb2.ReplicateHeader, origin: str) -> None:
         """etcd's owner record, read now, must still name the pusher (`origin`) at its
         epoch (a refusal is recorded by the caller)."""
@@ -237,13 +325,18 @@ class TransferService:
         critical: bool,
     ) -> ApplyResult:
         dataset, key = header.dataset, header.key
-        staged = await asyncio.to_thread(
-            self.store.stage,
-            dataset,
-            key,
-            expected_size=version.size,
-            expected_digest=version.digest,
-        )
+        if tally.method == PUSH_DELTA:  # patched over the basis as the frames arrive
+            staged, tally.wire_bytes = await receive_delta(
+                self.store, header, version, requests, threads=self.threads
+            )
+        else:
+            staged = await asyncio.to_thread(
+                self.store.stage,
+                dataset,
+                key,
+                expected_size=version.size,
+                expected_digest=version.digest,
+            )
         try:
             async for request in requests:
                 if request.WhichOneof("frame") != "chunk":
@@ -499,6 +592,12 @@ class TransferService:
                 tally.record(outcome, self.policy, reason),
             )
         tally.count(self.metrics, outcome)
+
+
+def _refusal(exc: MeridianError) -> agent_pb2.ReplicateItemResult:
+    return agent_pb2.ReplicateItemResult(
+        error_code=code_of(exc).name, error=str(exc), error_class=type(exc).__name__
+    )
 
 
 @dataclass

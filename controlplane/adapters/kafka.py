@@ -283,6 +283,7 @@ async def fast_forward_group(
             partitions = set(range(known.get(topic, 1)))
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         if tps:
+            consumer.assign(tps)  # aiokafka commits only offsets of assigned partitions
             ends = await consumer.end_offsets(tps)
             await consumer.commit({tp: off for tp, off in ends.items()})
         return len(tps)

@@ -52,6 +52,7 @@ class Commands(LazyGroup):
         Lazy("replicator", "controlplane.cli.replicator:app"),
         Lazy("replication", "controlplane.cli.replication:app"),
         Lazy("chaos", "controlplane.cli.chaos:app"),
+        Lazy("demo", "controlplane.cli.demo:demo"),
     )
 
 

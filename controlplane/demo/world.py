@@ -101,6 +101,12 @@ class Daemon:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting (stop() waits), so that many daemons stop together."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 15) -> None:
         proc = self.proc
         if proc is None or proc.poll() is not None:
@@ -117,6 +123,9 @@ class Region:
     name: str
     jurisdiction: str
     agent_listen: str
+    kinds: tuple[str, ...] = DAEMONS  # which daemons it runs
+    # Chosen once, so that a region started again scrapes at the same addresses.
+    metrics: dict[str, str] = field(default_factory=dict)
     daemons: dict[str, Daemon] = field(default_factory=dict)
 
 
@@ -133,6 +142,7 @@ class World:
         kafka: str,
         toxiproxy: str,
         lease_ttl_s: int = 3,
+        kinds: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.catalog = f"sqlite:///{run_dir / 'catalog.db'}"
@@ -140,7 +150,14 @@ class World:
         self.toxi = ToxiproxyClient(toxiproxy if "://" in toxiproxy else f"http://{toxiproxy}")
         self.rtt_ms = rtt_ms
         self.regions = {
-            name: Region(name, jur, f"127.0.0.1:{free_port()}") for name, jur in regions.items()
+            name: Region(
+                name,
+                jur,
+                f"127.0.0.1:{free_port()}",
+                kinds=(kinds or {}).get(name, DAEMONS),
+                metrics={kind: f"127.0.0.1:{free_port()}" for kind in DAEMONS},
+            )
+            for name, jur in regions.items()
         }
         self.links: dict[tuple[str, str], str] = {}  # (from, to) -> proxy listen address
 
@@ -206,7 +223,7 @@ class World:
         logs = self.run_dir / "logs"
         env = self.env(region)
         base = meridian_argv()
-        ports = {name: f"127.0.0.1:{free_port()}" for name in DAEMONS}
+        ports = r.metrics
         root = self.run_dir / "agents" / region
         return {
             "controller": Daemon(
@@ -239,13 +256,22 @@ class World:
         }  # fmt: skip
 
     def start_region(self, region: str, timeout_s: float = 60) -> None:
-        r = self.regions[region]
-        r.daemons = self.daemons_of(region)
-        for d in r.daemons.values():
-            d.start()
-        for d in r.daemons.values():
-            d.wait_ready(timeout_s)
-        log.info("region_started", region=region, agent=r.agent_listen)
+        self.start_regions([region], timeout_s)
+
+    def start_regions(self, names: list[str], timeout_s: float = 90) -> None:
+        """Start every daemon of the regions at once, then wait for each: on two cores
+        their Python start-up overlaps with the others' waits."""
+        for region in names:
+            r = self.regions[region]
+            everything = self.daemons_of(region)
+            r.daemons = {kind: everything[kind] for kind in r.kinds}
+            for d in r.daemons.values():
+                d.start()
+        for region in names:
+            r = self.regions[region]
+            for d in r.daemons.values():
+                d.wait_ready(timeout_s)
+            log.info("region_started", region=region, agent=r.agent_listen)
 
     def kill_region(self, region: str) -> None:
         """SIGKILL every process of the region, as a lost datacenter."""
@@ -256,14 +282,31 @@ class World:
         """Prometheus jobs: daemon kind → endpoints of every region."""
         jobs: dict[str, list[str]] = {name: [] for name in DAEMONS}
         for r in self.regions.values():
-            for name, d in r.daemons.items():
-                jobs[name].append(d.metrics)
-        return jobs
+            for kind in r.kinds:
+                jobs[kind].append(r.metrics[kind])
+        return {job: addresses for job, addresses in jobs.items() if addresses}
 
-    def stop(self) -> None:
-        for r in self.regions.values():
-            for d in r.daemons.values():
-                d.stop()
+    def metrics_regions(self) -> dict[str, str]:
+        """Metrics address → region, for the scrape configuration's labels."""
+        return {addr: r.name for r in self.regions.values() for addr in r.metrics.values()}
+
+    def pids(self) -> list[int]:
+        return [
+            d.proc.pid
+            for r in self.regions.values()
+            for d in r.daemons.values()
+            if d.proc is not None and d.running
+        ]
+
+    def stop(self, timeout_s: float = 20) -> None:
+        """SIGTERM every daemon at once, wait for them (SIGKILL after `timeout_s`), and
+        remove the links."""
+        daemons = [d for r in self.regions.values() for d in r.daemons.values()]
+        for d in daemons:
+            d.terminate()
+        deadline = time.monotonic() + timeout_s
+        for d in daemons:
+            d.stop(max(0.1, deadline - time.monotonic()))
         self.drop_links()
 
     def clean(self) -> None:

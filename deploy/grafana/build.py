@@ -73,10 +73,10 @@ def build() -> dashboard.Dashboard:
         ),
     )
     transfer = series(
-        "Transfer bytes sent: logical against wire",
+        "Transfer bytes received: logical against wire",
         "Bps",
         query(
-            'sum by (region, kind) (rate(meridian_transfer_bytes_total{direction="sent"}[1m]))',
+            'sum by (region, kind) (rate(meridian_transfer_bytes_total{direction="in"}[1m]))',
             "{{region}} {{kind}}",
         ),
     )

@@ -69,6 +69,7 @@ typedef struct chunk {
 
 typedef struct worker_buf {
     uint8_t *old, *planes, *lit;
+    uint8_t *renc; /* the planes' rANS codes, plane k at k * plane size */
     ZSTD_CCtx *cctx;   /* literals */
     ZSTD_CCtx *pctx;   /* planes: the parameters above */
 } worker_buf;
@@ -82,7 +83,7 @@ typedef struct batch_ctx {
 /* Byte counts of a plane. Eight histograms, so that a run of one byte value (the
  * high planes are mostly zeros) increments eight different counters in turn instead
  * of waiting on one counter's store, eight bytes loaded as one word. */
-static void histogram(const uint8_t *p, size_t n, uint32_t out[256]) {
+static void histogram_all(const uint8_t *p, size_t n, uint32_t out[256]) {
     uint32_t h[8][256];
     memset(h, 0, sizeof h);
     size_t i = 0;
@@ -101,6 +102,52 @@ static void histogram(const uint8_t *p, size_t n, uint32_t out[256]) {
     for (; i < n; i++) h[0][p[i]]++;
     for (int b = 0; b < 256; b++)
         out[b] = h[0][b] + h[1][b] + h[2][b] + h[3][b] + h[4][b] + h[5][b] + h[6][b] + h[7][b];
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define MD_HIST_AVX2 1
+/* A plane that is nearly all one byte value d (the high planes of small changes):
+ * 32 bytes compared with d at once, d counted by popcount, and only the other bytes
+ * counted one by one. The same counts as histogram_all, at 3-6x its speed there. */
+__attribute__((target("avx2,popcnt,bmi"))) static void histogram_sparse(const uint8_t *p, size_t n, uint8_t d,
+                                                                         uint32_t out[256]) {
+    memset(out, 0, 256 * sizeof *out);
+    const __m256i dv = _mm256_set1_epi8((char)d);
+    size_t i = 0, same = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(p + i));
+        uint32_t other = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, dv));
+        same += 32 - (size_t)__builtin_popcount(other);
+        while (other) {
+            out[p[i + (unsigned)__builtin_ctz(other)]]++;
+            other &= other - 1;
+        }
+    }
+    for (; i < n; i++) out[p[i]]++;
+    out[d] += (uint32_t)same;
+}
+#endif
+
+static void histogram(const uint8_t *p, size_t n, uint32_t out[256]) {
+#if MD_HIST_AVX2
+    /* One byte value over 7/8 of a 1 KiB sample takes the sparse count. */
+    if (n >= 4096 && md_cpu_avx2()) {
+        uint32_t s[256] = {0}, top = 0;
+        uint8_t d = 0;
+        for (size_t i = 0; i < 1024; i++) s[p[i * (n / 1024)]]++;
+        for (int b = 0; b < 256; b++)
+            if (s[b] > top) {
+                top = s[b];
+                d = (uint8_t)b;
+            }
+        if (top >= 896) {
+            histogram_sparse(p, n, d, out);
+            return;
+        }
+    }
+#endif
+    histogram_all(p, n, out);
 }
 
 /* Order-0 entropy, bits per byte. */
@@ -146,61 +193,76 @@ static void encode_literal(chunk *c, const uint8_t *nw, ZSTD_CCtx *cctx) {
     c->kind = K_LITERAL;
 }
 
-/* A numeric frame body: u64 OLD offset, u32 stored size of each plane, the planes. */
-/* One plane, as whichever of raw, rANS and zstd is smallest: its codec byte, then its
- * bytes. rANS codes near the entropy; zstd is tried as well only where runs are
- * likely (one byte value above 90% of the plane), since LZ matches can beat order-0
- * coding there. Returns the plane's stored size. */
-static size_t encode_plane(const uint8_t *src, size_t plane, uint8_t *sp, const worker_buf *b) {
-    size_t best = plane;
-    uint8_t codec = MD_PLANE_RAW;
-    uint32_t count[256], top = 0;
-    histogram(src, plane, count);
-    for (int s = 0; s < 256; s++)
-        if (count[s] > top) top = count[s];
-    double bits = entropy(count, plane);
-    if (bits <= RAW_ABOVE_BITS) {
-        size_t r = md_rans16_encode(src, plane, count, sp + 1, plane);
-        if (r && r < best) {
-            best = r;
-            codec = MD_PLANE_RANS16;
-        }
-        /* zstd pays only where runs beat order-0 coding, rarely on a large plane: a
-         * sample of its first ZSTD_SAMPLE bytes decides whether to try it in full
-         * (a plane no longer than that is tried outright). */
-        int try_zstd = top > plane / 10 * 9;
-        if (try_zstd && plane > ZSTD_SAMPLE) {
-            size_t z = ZSTD_compress2(b->pctx, b->lit, ZSTD_compressBound(ZSTD_SAMPLE), src, ZSTD_SAMPLE);
-            try_zstd = !ZSTD_isError(z) && (double)z < 0.97 * bits * ZSTD_SAMPLE / 8;
-        }
-        if (try_zstd) {
-            size_t z = ZSTD_compress2(b->pctx, b->lit, ZSTD_compressBound(plane), src, plane);
-            if (!ZSTD_isError(z) && z < best) {
-                memcpy(sp + 1, b->lit, z);
-                best = z;
-                codec = MD_PLANE_ZSTD;
-            }
-        }
-    }
-    if (codec == MD_PLANE_RAW) memcpy(sp + 1, src, plane);
-    sp[0] = codec;
-    return 1 + best;
-}
-
+/* A numeric frame body: u64 OLD offset, u32 stored size of each plane, the planes.
+ * Each plane goes as whichever of raw, rANS and zstd is smallest: its codec byte,
+ * then its bytes. rANS codes near the entropy; zstd is tried as well only where runs
+ * are likely (one byte value above 90% of the plane), since LZ matches can beat
+ * order-0 coding there. The planes rANS codes are coded two at a time into `renc`
+ * (md_rans16_encode2 overlaps their work), then each is placed. */
 static size_t encode_numeric(chunk *c, const worker_buf *b) {
     unsigned w = c->width, log2w = w == 8 ? 3 : w == 4 ? 2 : w == 2 ? 1 : 0;
     size_t plane = (size_t)c->len / w;
     uint8_t *cp = c->out + MD_FRAME_HDR_LEN;
     md_num_encode(b->old, c->nw, (size_t)c->len, w, b->planes);
     md_put_u64(cp, c->old_off);
+    uint32_t count[8][256], top[8];
+    double bits[8];
+    size_t rsize[8] = {0};
+    int pending = -1;
+    for (unsigned k = 0; k < w; k++) {
+        const uint8_t *src = b->planes + k * plane;
+        histogram(src, plane, count[k]);
+        top[k] = 0;
+        for (int s = 0; s < 256; s++)
+            if (count[k][s] > top[k]) top[k] = count[k][s];
+        bits[k] = entropy(count[k], plane);
+        if (bits[k] > RAW_ABOVE_BITS) continue;
+        if (pending < 0) {
+            pending = (int)k;
+            continue;
+        }
+        unsigned j = (unsigned)pending;
+        md_rans16_encode2(b->planes + j * plane, count[j], b->renc + j * plane, &rsize[j], src, count[k],
+                          b->renc + k * plane, &rsize[k], plane, plane);
+        pending = -1;
+    }
+    if (pending >= 0)
+        rsize[pending] = md_rans16_encode(b->planes + (size_t)pending * plane, plane, count[pending],
+                                          b->renc + (size_t)pending * plane, plane);
     uint8_t *sp = cp + 8 + 4 * w;
     size_t total = 0;
     for (unsigned k = 0; k < w; k++) {
-        const uint8_t *src = b->planes + k * plane;
-        size_t z = encode_plane(src, plane, sp, b);
-        md_put_u32(cp + 8 + 4 * k, (uint32_t)z);
-        sp += z;
-        total += z;
+        const uint8_t *src = b->planes + k * plane, *from = src;
+        size_t best = plane;
+        uint8_t codec = MD_PLANE_RAW;
+        if (bits[k] <= RAW_ABOVE_BITS) {
+            if (rsize[k] && rsize[k] < best) {
+                best = rsize[k];
+                codec = MD_PLANE_RANS16;
+                from = b->renc + k * plane;
+            }
+            /* zstd pays only where runs beat order-0 coding, rarely on a large plane:
+             * a sample of its first ZSTD_SAMPLE bytes decides whether to try it in
+             * full (a plane no longer than that is tried outright). */
+            int try_zstd = top[k] > plane / 10 * 9;
+            if (try_zstd && plane > ZSTD_SAMPLE) {
+                size_t z = ZSTD_compress2(b->pctx, b->lit, ZSTD_compressBound(ZSTD_SAMPLE), src, ZSTD_SAMPLE);
+                try_zstd = !ZSTD_isError(z) && (double)z < 0.97 * bits[k] * ZSTD_SAMPLE / 8;
+            }
+            if (try_zstd) {
+                size_t z = ZSTD_compress2(b->pctx, b->lit, ZSTD_compressBound(plane), src, plane);
+                if (!ZSTD_isError(z) && z < best) {
+                    best = z;
+                    codec = MD_PLANE_ZSTD;
+                    from = b->lit;
+                }
+            }
+        }
+        memcpy(sp + 1, from, best);
+        sp[0] = codec;
+        md_put_u32(cp + 8 + 4 * k, (uint32_t)(1 + best));
+        sp += 1 + best;
+        total += 1 + best;
     }
     c->cmd_len = 8 + 4 * w;
     c->stored = (uint32_t)total;
@@ -451,10 +513,11 @@ md_status md_delta_basis(int old_fd, int new_fd, int delta_fd, const md_options 
     for (uint32_t t = 0; ok && t < threads; t++) {
         wb[t].old = malloc(CHUNK);
         wb[t].planes = malloc(CHUNK);
+        wb[t].renc = malloc(CHUNK);
         wb[t].lit = malloc(ZSTD_compressBound(CHUNK));
         wb[t].cctx = ZSTD_createCCtx();
         wb[t].pctx = ZSTD_createCCtx();
-        ok = wb[t].old && wb[t].planes && wb[t].lit && wb[t].cctx && wb[t].pctx &&
+        ok = wb[t].old && wb[t].planes && wb[t].renc && wb[t].lit && wb[t].cctx && wb[t].pctx &&
              !ZSTD_isError(ZSTD_CCtx_setParameter(wb[t].pctx, ZSTD_c_compressionLevel, ZLEVEL)) &&
              !ZSTD_isError(ZSTD_CCtx_setParameter(wb[t].pctx, ZSTD_c_hashLog, PLANE_HASH_LOG)) &&
              !ZSTD_isError(ZSTD_CCtx_setParameter(wb[t].pctx, ZSTD_c_minMatch, PLANE_MIN_MATCH));
@@ -554,6 +617,7 @@ done:
     for (uint32_t t = 0; t < MD_MAX_WORKERS; t++) {
         free(wb[t].old);
         free(wb[t].planes);
+        free(wb[t].renc);
         free(wb[t].lit);
         ZSTD_freeCCtx(wb[t].cctx);
         ZSTD_freeCCtx(wb[t].pctx);

@@ -491,7 +491,7 @@ static void rans(void) {
  * coders writing and reading the same bytes; an output that does not fit is refused;
  * single-byte changes and cuts are refused or stay in bounds (ASan watches). */
 static void rans16(void) {
-    size_t sizes[] = {1, 31, 32, 33, 95, 1000, 65537, 200003};
+    size_t sizes[] = {1, 31, 32, 33, 64, 95, 97, 1000, 4099, 65537, 200003};
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         for (int kind = 0; kind < 4; kind++) {
             size_t n = sizes[si], cap = 2 * n + 1024;
@@ -529,6 +529,31 @@ static void rans16(void) {
                 (void)md_rans16_decode(dst, len, back, n);
                 md_set_portable(0);
                 dst[i] ^= 0x40;
+            }
+            /* two planes at once: with a partner of another length of stream (the
+             * uniform plane), each must come out as alone, and damage to either fails */
+            {
+                uint8_t *other = malloc(n), *oenc = malloc(cap), *oback = malloc(n);
+                uint32_t oc[256] = {0};
+                for (size_t i = 0; i < n; i++) oc[other[i] = (uint8_t)rnd()]++;
+                size_t olen = md_rans16_encode(other, n, oc, oenc, cap);
+                for (int portable = 0; portable < 2; portable++) {
+                    md_set_portable(portable);
+                    memset(back, 0, n);
+                    memset(oback, 0, n);
+                    CHECK(olen > 0 && md_rans16_decode2(dst, len, back, oenc, olen, oback, n) == 0 &&
+                              memcmp(back, src, n) == 0 && memcmp(oback, other, n) == 0,
+                          "rans16: %zu bytes, kind %d: pair round trip (portable %d)", n, kind, portable);
+                    CHECK(md_rans16_decode2(oenc, olen, oback, dst, len, back, n) == 0 && memcmp(back, src, n) == 0,
+                          "rans16: %zu bytes, kind %d: pair round trip, swapped", n, kind);
+                    CHECK(md_rans16_decode2(dst, len - 1, back, oenc, olen, oback, n) != 0 &&
+                              md_rans16_decode2(oenc, olen, oback, dst, len - 1, back, n) != 0,
+                          "rans16: %zu bytes, kind %d: a cut plane decoded in a pair", n, kind);
+                }
+                md_set_portable(0);
+                free(other);
+                free(oenc);
+                free(oback);
             }
             CHECK(md_rans16_decode(dst, len - 1, back, n) != 0, "rans16: a cut plane decoded");
             /* (a constant plane codes no length: the frame gives it) */

@@ -35,6 +35,17 @@ GROUPS: dict[str, tuple[int, str, list[int]]] = {
     "data": (1420, "12s", [5, 7, 8, 9, 10, 11]),
     "skew": (1440, "12s", [13]),
 }
+# Bugs the suite found that are not fixed on this branch: the scenario's test is an
+# expected failure while exactly these invariants fail (any other failing fails it).
+KNOWN: dict[str, tuple[set[str], str]] = {
+    name: (
+        {"no-acked-critical-write-lost", "convergence"},
+        "after two failovers the home region becomes the owner again without the acked "
+        "critical writes of the owner in between (they are on the other replica): failover "
+        "must prefer the candidate holding every acked version (issue 13, failover preference)",
+    )
+    for name in ("owner-cut-from-etcd", "owner-sigstop")
+}
 BUDGET_S = 200  # per scenario: 30 s of faults with their gaps, recovery, checks, its share
 Row = tuple[int, str, float, float, int, int, str]  # number, name, s, world s, ops, acked, held
 
@@ -112,6 +123,10 @@ def test_scenario_holds_every_invariant(
     assert time.monotonic() - started < BUDGET_S * 10  # bounded (the run has its timeout)
     seed = result["seed"]
     failures = [f"{v['name']}: {v['detail']}" for v in result["invariants"] if not v["held"]]
+    failed = {v["name"] for v in result["invariants"] if not v["held"]}
+    known, why = KNOWN.get(scenario.name, (set(), ""))
+    if failed and failed <= known:
+        pytest.xfail(f"known bug: {why} (seed {seed}): " + "; ".join(failures)[:1500])
     assert not failures, (
         f"{scenario.name} failed (re-run: meridian chaos run {scenario.name} --seed {seed}; "
         f"history in {result.get('run_dir')}):\n" + "\n".join(failures)
@@ -119,5 +134,5 @@ def test_scenario_holds_every_invariant(
     assert [v["name"] for v in result["invariants"]] == list(scenario.invariants)
     assert result["operations"] >= 200, result
     assert result["acked"] >= 50, result
-    if all(r["invariants"] and all(v["held"] for v in r["invariants"]) for r in results.values()):
+    if all(all(v["held"] for v in r["invariants"]) for r in results.values()):
         assert done.returncode == 0, done.stderr[-2000:]

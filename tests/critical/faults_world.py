@@ -132,7 +132,8 @@ class FaultsWorld:
             self.controllers[r] = ControllerProcess(
                 r, self.env, self.folder / f"{r}.controller.log", lease_ttl_s=LEASE_TTL_S
             )
-        await asyncio.gather(*(asyncio.to_thread(a.start) for a in self.agents.values()))
+        # A loaded machine can take long to start a Python process: allow for it.
+        await asyncio.gather(*(asyncio.to_thread(a.start, 90) for a in self.agents.values()))
         for c in self.controllers.values():
             c.start()
 

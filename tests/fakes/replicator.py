@@ -41,6 +41,7 @@ class MemoryAgent:
     content: dict[tuple[str, str], bytes] = field(default_factory=dict)
     effects: list[Effect] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (how, event_id)
+    batches: list[int] = field(default_factory=list)  # sizes of apply_many calls
     fetch_sources: list[list[Source]] = field(default_factory=list)
     # Raised by the next calls, in order (then calls succeed again).
     failures: list[BaseException] = field(default_factory=list)
@@ -98,6 +99,20 @@ class MemoryAgent:
         if not sources:
             raise MeridianError("no source to fetch from")
         return await self._apply(event, "fetch", b"fetched")
+
+    async def apply_many(self, events: Sequence[ChangeEvent]) -> list[ApplyResult | Exception]:
+        """One call: the agent away fails it whole; an item's own failure (the next of
+        `failures`) is its answer."""
+        self._reachable()
+        self.batches.append(len(events))
+        out: list[ApplyResult | Exception] = []
+        for e in events:
+            how = "delete" if e.version.is_tombstone else "inline"
+            try:
+                out.append(await self._apply(e, how, None if how == "delete" else e.inline))
+            except MeridianError as exc:
+                out.append(exc)
+        return out
 
     async def head(self, dataset: str, key: str) -> Version | None:
         self._reachable()

@@ -203,7 +203,10 @@ async def test_a_retry_that_succeeds_completes_the_replica(rig_factory: RigFacto
 # -- the loop: order, concurrency, offsets ----------------------------------------------
 
 
-async def test_one_objects_events_in_order_different_objects_at_once(rig: Rig) -> None:
+async def test_one_objects_events_in_order_different_objects_at_once(
+    rig_factory: RigFactory,
+) -> None:
+    rig = rig_factory(batch_max_events=1)  # one call per event: concurrency is visible
     rig.agent.gate = asyncio.Event()
     t = system_ms() - 1000
     keys = ["a", "b", "c"]
@@ -256,3 +259,33 @@ async def test_a_redelivery_after_a_lost_commit_has_no_second_effect(rig: Rig) -
 @pytest.mark.parametrize("outcome", list(ApplyOutcome))
 def test_only_a_held_version_completes_a_replica(outcome: ApplyOutcome) -> None:
     assert outcome.holds_version == (outcome in (ApplyOutcome.APPLIED, ApplyOutcome.SAME))
+
+
+async def test_a_batch_holds_each_object_once_and_keeps_its_order(rig: Rig) -> None:
+    t = system_ms() - 1000
+    keys = ["a", "b", "c", "d"]
+    events = [b.put(k, f"{k}{step}".encode(), wall_ms=t + step) for step in range(3) for k in keys]
+    for e in [*events, b.delete("a", wall_ms=t + 3)]:
+        rig.log.append(b.log_key(e), b.value(e), partition=0)
+    async with rig.loop():
+        await b.until(rig.log.changed, lambda: rig.log.lag() == 0)
+    # One poll's run of 13 events: three batch calls (one per round of distinct objects),
+    # then the delete of "a" alone, after its third put: never one object twice in a call.
+    assert rig.agent.batches == [4, 4, 4]
+    assert rig.agent.calls[-1][0] == "delete"
+    for k in keys:
+        order = [e.version.hlc.wall_ms - t for e in rig.agent.effects if e.key == k]
+        assert order == ([0, 1, 2, 3] if k == "a" else [0, 1, 2])
+    assert rig.metric("meridian_replicator_events_total", result="applied") == 13
+
+
+async def test_a_batch_call_that_fails_is_retried_whole(rig: Rig) -> None:
+    rig.agent.down_calls = 1  # the first call finds the agent away
+    for e in [b.put(k) for k in "abcd"]:
+        rig.log.append(b.log_key(e), b.value(e), partition=0)
+    async with rig.loop():
+        await b.until(rig.log.changed, lambda: rig.log.lag() == 0)
+    # Not a burst of single calls at an agent that may be busy: the batch once more.
+    assert rig.agent.batches == [4]
+    assert [how for how, _ in rig.agent.calls] == ["inline"] * 4
+    assert len(rig.agent.effects) == 4

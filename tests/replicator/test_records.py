@@ -99,8 +99,11 @@ async def test_backlog_is_read_from_the_catalog_at_start_and_drains_to_zero(
     probe = BacklogProbe(catalog, "eu-central", rig.metrics)
     # A replicator (re)starting now: its first refresh is the true backlog.
     found = await probe.refresh()
-    lag, pending = found[DS]
+    lag, pending, rpo = found[DS]
     assert pending == 3 and 29 < lag < 120
+    # The lag's target beside it (the Prometheus rules divide one by the other).
+    assert rpo == 30.0  # `rpo: 30s` in the applied policy (repl_world.POLICY)
+    assert rig.metric("meridian_dataset_rpo_seconds", dataset=DS, region="eu-central") == rpo
     assert rig.metric("meridian_replication_pending", dataset=DS, region="eu-central") == 3
     assert status(world, "--region", "eu-central")[0]["pending"] == 3
     # Applied and recorded: the backlog is gone, in the gauges and in `status` alike.
@@ -109,7 +112,7 @@ async def test_backlog_is_read_from_the_catalog_at_start_and_drains_to_zero(
     shipper = RecordShipper(rig.journal, catalog)
     assert await shipper.ship_once() == 3
     found = await probe.refresh()
-    assert found[DS] == (0.0, 0)
+    assert found[DS] == (0.0, 0, rpo)
     assert rig.metric("meridian_replication_lag_seconds", dataset=DS, region="eu-central") == 0
     rows = status(world)
     check_output("replication_status", rows)
