@@ -989,6 +989,40 @@ class ObjectStore:
                 raise _missing(stored) from None
         return ObjectReader(stored, fd)
 
+    def open_many(
+        self, items: Sequence[tuple[str, str, HLC]]
+    ) -> list[ObjectReader | NotFoundError | MissingContentError]:
+        """`open` of given versions of many objects (a bundle's), with one lookup per
+        dataset and `rows.LOOKUP_KEYS` keys instead of one per object; per item its
+        reader or the error `open` would raise. Each (dataset, key) at most once."""
+        names = [(check_name("dataset", d), check_name("key", k)) for d, k, _ in items]
+        self._distinct(names)
+        out: list[ObjectReader | NotFoundError | MissingContentError] = []
+        with self._lock:  # files are opened under it, as in `open`: never a pruned one
+            found = self._held_many(names)
+            for (dataset, key), (_, _, hlc) in zip(names, items, strict=True):
+                stored = _at(found.get((dataset, key), ()), hlc)
+                if stored is None or stored.version.is_tombstone:
+                    out.append(
+                        NotFoundError(f"version {hlc} of object {dataset}/{key} is not stored here")
+                    )
+                    continue
+                if stored.state == "missing":
+                    out.append(_missing(stored))
+                    continue
+                try:
+                    fd = os.open(self.root / version_path(dataset, key, hlc), os.O_RDONLY)
+                except FileNotFoundError:
+                    out.append(_missing(stored))
+                    continue
+                out.append(ObjectReader(stored, fd))
+        return out
+
+    def heads(self, names: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Version]:
+        """`head` of many objects at once (those holding no version are left out)."""
+        checked = [(check_name("dataset", d), check_name("key", k)) for d, k in names]
+        return {name: rows_[0].version for name, rows_ in self._held_many(checked).items()}
+
     def read_bytes(self, dataset: str, key: str, version: HLC | str | None = None) -> bytes:
         """The whole content of a version (for small objects and tests)."""
         with self.open(dataset, key, version) as reader:

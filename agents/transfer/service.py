@@ -492,9 +492,13 @@ class TransferService:
         singles: list[int] = []
 
         def classify() -> None:  # on a thread: admission and LWW read the store
+            try:  # what is held, for every item at once (LWW), in a few lookups
+                heads = self.store.heads([(item.dataset, item.key) for item in request.items])
+            except MeridianError:
+                heads = None  # a bad name or a repeated object: each is looked up alone
             for n, item in enumerate(request.items):
                 try:
-                    self._classify(n, item, results, groups, singles)
+                    self._classify(n, item, results, groups, singles, heads)
                 except MeridianError:
                     singles.append(n)  # fetched alone, which records and words its refusal
 
@@ -546,6 +550,7 @@ class TransferService:
         results: list[agent_pb2.FetchResponse],
         groups: dict[Source, list[tuple[int, Wanted]]],
         singles: list[int],
+        heads: dict[tuple[str, str], Version] | None = None,
     ) -> None:
         """Put item n in a bundle of its nearest source, among the singles, or answer it
         at once (LWW: already held or older)."""
@@ -561,7 +566,11 @@ class TransferService:
             singles.append(n)
             return
         self.admission.admit_store(item.dataset)
-        held = self.store.head(item.dataset, item.key)
+        held = (
+            self.store.head(item.dataset, item.key)
+            if heads is None
+            else heads.get((item.dataset, item.key))
+        )
         verdict = lww(version, held)
         if not verdict.applies:
             results[n] = agent_pb2.FetchResponse(

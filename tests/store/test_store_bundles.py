@@ -96,3 +96,23 @@ def test_bundles_prune_old_bases_and_complete_sets(store: ObjectStore) -> None:
         store.get_set("sets", "s1")
     store.apply_many([("sets", "y", second, [b"second"]), ("ds", "c", remote(b"c"), [b"c"])])
     assert store.get_set("sets", "latest").set_id == "s1"
+
+
+def test_open_many_and_heads_answer_each_object_as_one_at_a_time_would(
+    store: ObjectStore,
+) -> None:
+    a = store.put("ds", "a", [b"A"])
+    b_old = store.put("ds", "b", [b"old b"])
+    b_new = store.put("ds", "b", [b"new b"])
+    store.put("ds", "c", [b"C"])
+    tomb = store.delete("ds", "c")
+    got = store.open_many(
+        [("ds", "a", a.hlc), ("ds", "b", b_old.hlc), ("ds", "c", tomb.hlc), ("ds", "x", a.hlc)]
+    )
+    assert [r.read_all() for r in got[:2] if not isinstance(r, Exception)] == [b"A", b"old b"]
+    assert [type(r).__name__ for r in got[2:]] == ["NotFoundError", "NotFoundError"]
+    for r in got[:2]:
+        assert not isinstance(r, Exception)
+        r.close()
+    heads = store.heads([("ds", "a"), ("ds", "b"), ("ds", "c"), ("ds", "x")])
+    assert heads == {("ds", "a"): a, ("ds", "b"): b_new, ("ds", "c"): tomb}
