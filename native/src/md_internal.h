@@ -104,6 +104,8 @@ void md_digest_add_chunk(md_digest *d, const uint8_t chunk_digest[16], uint64_t 
 void md_chunk_digest(const uint8_t *p, size_t len, uint8_t out[16]);
 /* XXH3-128 (canonical bytes) and its streaming state, on the fastest kernel available. */
 void md_h128(const void *p, size_t n, uint8_t out[16]);
+/* XXH3-64 with a seed (seed 0: XXH3_64bits), on the fastest kernel available. */
+uint64_t md_h64(const void *p, size_t n, uint64_t seed);
 void *md_h128_new(void);
 void md_h128_free(void *s);
 void md_h128_reset(void *s);

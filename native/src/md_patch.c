@@ -500,7 +500,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
         }
         in_bytes += hdr_len + body;
         size_t sum_at = hdr_len + cmd_len + stored;
-        if (MD_VERIFY_CHECKSUMS && md_get_u64(fbuf + sum_at) != XXH3_64bits(fbuf, sum_at)) {
+        if (MD_VERIFY_CHECKSUMS && md_get_u64(fbuf + sum_at) != md_h64(fbuf, sum_at, 0)) {
             rc = corrupt(err, "a frame fails its checksum");
             goto done;
         }
