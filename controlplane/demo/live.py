@@ -8,6 +8,7 @@ a pipe): each line of the story is one structlog line on stderr, and no table.""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -66,7 +67,8 @@ class Narrator:
             assert isinstance(self._live, Live)  # noqa: S101 - set by watch() only
             self._live.console.print(line, highlight=False)
         elif self.tty:
-            print(line, flush=True)  # the demo's narrative on a terminal
+            # The narrative goes to stderr: stdout carries only the table or the JSON.
+            print(line, file=sys.stderr, flush=True)
         else:
             log.info(line.strip())
 

@@ -72,7 +72,10 @@ class Demo:
         self.plan = SCALES[scale]
         self.started = time.monotonic()
         say("Starting the local stack (etcd, Kafka, Toxiproxy) if it is not up…")
-        Stack(settings).up(progress=lambda line: say(f"   {line}"))
+        self.stack = Stack(settings)
+        # What this run started of the stack is stopped again at the end; what was
+        # already up (a developer's stack, the test session's) is left alone.
+        self.stack_started = self.stack.up(progress=lambda line: say(f"   {line}")).started
         # The demo runs on the local stack it just made sure of, wherever MERIDIAN_ETCD points.
         stack = endpoints(settings)
         self.settings = Settings(
@@ -188,3 +191,7 @@ class Demo:
         self.world.stop()
         if self.prometheus is not None:
             self.prometheus.stop()
+        services = self.stack.services()
+        for name in reversed(self.stack_started):
+            services[name].stop()
+        self.stack_started = []

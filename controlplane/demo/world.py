@@ -1,4 +1,4 @@
-"""Three regions of real processes on the local stack, for the demo.
+"""The demo's regions as real processes on the local stack.
 
 Each region runs `meridian controller run`, `meridian agent serve` and `meridian
 replicator run` as processes of their own (so that a region can be SIGKILLed), all
