@@ -130,6 +130,9 @@ class SyncReplication:
         self.bases = ReplicaBases()
         self.retry_initial_s = 0.2
         self.retry_max_s = 5.0
+        # dataset -> the epoch whose takeover pass was started (see `_reconcile`).
+        self._reconciled: dict[str, int] = {}
+        self._reconciles: set[asyncio.Task[None]] = set()
 
     def behind(self, dataset: str) -> list[str]:
         """The replicas of `dataset` catching up (not counted toward acks)."""
@@ -139,6 +142,7 @@ class SyncReplication:
         placement = write.admitted.placement
         if not push_targets(placement, self.region):
             return (self.region,)
+        self._reconcile_after_takeover(write)
         push: Callable[[str], Awaitable[str]]
         if write.set_record is not None:
             record = write.set_record
@@ -527,9 +531,53 @@ class SyncReplication:
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
+    def _reconcile_after_takeover(self, write: CommittedWrite) -> None:
+        """On this owner's first write at a new epoch, bring every other copy region up
+        to what this region holds. A replica that was cut off while an earlier owner
+        wrote (acked by the others) lacks those versions, and no push of ours fails to
+        tell us so: its pushes of new writes succeed. Off the ack path: the pass does not
+        mark the region behind, so it changes no ack."""
+        epoch = write.admitted.epoch
+        if self._reconciled.get(write.dataset) == epoch:
+            return
+        self._reconciled[write.dataset] = epoch
+        for region in push_targets(write.admitted.placement, self.region):
+            task = asyncio.create_task(
+                self._reconcile(write, region), name=f"takeover pass {write.dataset} {region}"
+            )
+            self._reconciles.add(task)
+            task.add_done_callback(self._reconciles.discard)
+
+    async def _reconcile(self, write: CommittedWrite, region: str) -> None:
+        delay = self.retry_initial_s
+        for _attempt in range(1_000):  # bounded: ~80 min at the capped delay
+            if self._reconciled.get(write.dataset) != write.admitted.epoch:
+                return  # a newer epoch of ours started its own pass
+            try:
+                pushed = await self._catch_up_once(write, region)
+            except FencedError:
+                return  # no longer the owner: the new one runs its own pass
+            except MeridianError as exc:
+                log.info(
+                    "takeover_pass_retry",
+                    dataset=write.dataset,
+                    region=region,
+                    error=str(exc),
+                    retry_in_s=delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(self.retry_max_s, delay * 2)
+                continue
+            log.info("takeover_pass_done", dataset=write.dataset, region=region, pushed=pushed)
+            return
+
     async def close(self) -> None:
         """Cancel pushes and catch-ups still running and close the channels."""
-        tasks: list[asyncio.Task[object]] = [*self._background, *self._behind.values()]
+        tasks: list[asyncio.Task[object]] = [
+            *self._background,
+            *self._behind.values(),
+            *self._reconciles,
+        ]
         for task in tasks:
             task.cancel()
         for task in tasks:
