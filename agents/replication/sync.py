@@ -63,6 +63,7 @@ from agents.replication.replica_sets import MAX_SETS
 from agents.rpc.status import from_rpc_error
 from agents.service.servicer import CommittedWrite
 from agents.store import CHUNK_BYTES, ObjectStore, SetRecord
+from controlplane.domain.hlc import HLC
 from controlplane.domain.placement import DEFAULT_ACK, Placement
 from controlplane.domain.version import Version
 from controlplane.errors import FencedError, InvalidInputError, MeridianError, UnavailableError
@@ -346,8 +347,12 @@ class SyncReplication:
         finally:
             self._behind.pop((write.dataset, region), None)
 
-    async def _catch_up_once(self, write: CommittedWrite, region: str) -> int:
-        """One pass; the number of versions pushed. Raises when one cannot be."""
+    async def _catch_up_once(
+        self, write: CommittedWrite, region: str, older_than: HLC | None = None
+    ) -> int:
+        """One pass; the number of versions pushed. Raises when one cannot be.
+        `older_than`: only versions and sets older than it (a takeover pass leaves the
+        writes of its own epoch to their own pushes, which it would only duplicate)."""
         address = await self.peers.address(region)
         theirs = await self._listing(address, write.dataset)
         ours, sets, members = await asyncio.to_thread(self._local, write.dataset)
@@ -356,9 +361,15 @@ class SyncReplication:
         # oldest first, so that the replica's newest equals ours and its sets complete.
         candidates = {(k, v.hlc): (k, v, s) for k, v, s in [*members, *ours]}
         wanted = sorted(
-            (c for c in candidates.values() if _lacks(theirs.get(c[0]), c[1])),
+            (
+                c
+                for c in candidates.values()
+                if _lacks(theirs.get(c[0]), c[1]) and (older_than is None or c[1].hlc < older_than)
+            ),
             key=lambda kv: kv[1].hlc,
         )
+        if older_than is not None:
+            sets = [r for r in sets if r.hlc < older_than]
         for key, version, set_id in wanted:
             entry = CommittedWrite(
                 write.admitted, write.dataset, key=key, version=version, set_id=set_id
@@ -540,21 +551,25 @@ class SyncReplication:
         epoch = write.admitted.epoch
         if self._reconciled.get(write.dataset) == epoch:
             return
+        first = write.version or write.set_record
+        if first is None:
+            return
         self._reconciled[write.dataset] = epoch
         for region in push_targets(write.admitted.placement, self.region):
             task = asyncio.create_task(
-                self._reconcile(write, region), name=f"takeover pass {write.dataset} {region}"
+                self._reconcile(write, region, first.hlc),
+                name=f"takeover pass {write.dataset} {region}",
             )
             self._reconciles.add(task)
             task.add_done_callback(self._reconciles.discard)
 
-    async def _reconcile(self, write: CommittedWrite, region: str) -> None:
+    async def _reconcile(self, write: CommittedWrite, region: str, older_than: HLC) -> None:
         delay = self.retry_initial_s
         for _attempt in range(1_000):  # bounded: ~80 min at the capped delay
             if self._reconciled.get(write.dataset) != write.admitted.epoch:
                 return  # a newer epoch of ours started its own pass
             try:
-                pushed = await self._catch_up_once(write, region)
+                pushed = await self._catch_up_once(write, region, older_than)
             except FencedError:
                 return  # no longer the owner: the new one runs its own pass
             except MeridianError as exc:

@@ -84,8 +84,12 @@ class AgentCatchUpProbe:
         await coord.connect()
         try:
             owner = await Ownership(coord).get(dataset)
-            if owner is None or owner.region == region:
+            if owner is None:
                 return []
+            if owner.region == region:
+                # Asked after the move (a failover's RPO exposure for the journal): the
+                # target cannot be compared with itself as owner; the catalog decides.
+                return None
             peers = EtcdPeers(coord, self._route)
             try:
                 owner_agent = await peers.address(owner.region)
