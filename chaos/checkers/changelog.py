@@ -9,7 +9,11 @@ replicators' apply records:
   record order (a region never applies an older version over a newer one);
 * each region applied one object's events in published (offset) order (a replay
   after a crash re-reads older offsets; it must have no effect, so only `applied`
-  records count for the order).
+  records count for the order). An event may be in the log more than once: an
+  agent killed between publishing and marking it sent publishes it again after
+  its restart, with the same `event_id` (dataplane.md allows it). Its record does
+  not say which copy it came from, so an applied event is in order when one of its
+  offsets can be (the earliest one not before the object's previous effect).
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ def check(
     destinations: Mapping[str, Sequence[str]],
 ) -> Verdict:
     """`destinations`: dataset -> the regions whose replicators must process it."""
-    events = {e.event_id: e for e in published}
+    events: dict[str, PublishedEvent] = {}
+    offsets: dict[str, list[int]] = {}
+    for e in published:
+        events.setdefault(e.event_id, e)
+        offsets.setdefault(e.event_id, []).append(e.offset)
     records = sorted(applies, key=lambda a: a.t)
     problems: list[str] = []
     by_region_event: dict[tuple[str, str], list[ApplyRecord]] = {}
@@ -57,14 +65,16 @@ def check(
             if prev is not None and a.version <= prev:
                 problems.append(f"{a.region} applied {a.dataset}/{a.key} {a.version} after {prev}")
             newest[obj] = max(prev or a.version, a.version)
-        pub = events.get(a.event_id)
         # Only effects must follow the log's order: a replicator restarted after a crash
         # re-reads from its committed offset, and those replays are no-ops (superseded).
-        if pub is not None and a.outcome == "applied":
-            before = last_offset.get(obj)
-            if before is not None and pub.offset < before:
+        if a.outcome == "applied" and a.event_id in offsets:
+            before = last_offset.get(obj, -1)
+            fits = [o for o in offsets[a.event_id] if o >= before]
+            if fits:
+                last_offset[obj] = min(fits)
+            else:
                 problems.append(
-                    f"{a.region} processed {a.dataset}/{a.key} offset {pub.offset} after {before}"
+                    f"{a.region} processed {a.dataset}/{a.key} offset "
+                    f"{max(offsets[a.event_id])} after {before}"
                 )
-            last_offset[obj] = max(before or pub.offset, pub.offset)
     return Verdict.of(NAME, problems, f"{len(events)} events, each applied once per region")

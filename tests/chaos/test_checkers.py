@@ -240,6 +240,20 @@ def test_lost_duplicated_and_reordered_events_fail() -> None:
     assert not backwards.held
 
 
+def test_an_event_published_twice_is_in_order_at_its_first_offset() -> None:
+    # An agent killed between publishing e1 and marking it sent publishes it again
+    # (same event_id, offset 2) after e2: the region applied e1 from offset 0, then e2.
+    events = [pub("e1", "v1", 0), pub("e2", "v2", 1), pub("e1", "v1", 2)]
+    applies = [app("e1", "v1", 1.0), app("e2", "v2", 2.0), app("e1", "v1", 3.0, "superseded")]
+    assert changelog.check(events, applies, REQ).held
+    # Out of order whichever copy it came from: e2 (offset 1) applied after e3 (offset 3).
+    events = [pub("e1", "v1", 0), pub("e2", "v2", 1), pub("e3", "v3", 3), pub("e1", "v1", 2)]
+    backwards = [app("e1", "v1", 1.0), app("e3", "v3", 2.0), app("e2", "v4", 3.0)]
+    verdict = changelog.check(events, backwards, REQ)
+    assert not verdict.held
+    assert "offset 1 after 3" in (verdict.detail or "")
+
+
 # -- ownership around a fault --------------------------------------------------------------
 def test_ownership_stable_and_progress() -> None:
     samples = [OwnerSample("ds", "eu-west", 5, 1.0), OwnerSample("ds", "eu-west", 5, 3.0)]
