@@ -141,6 +141,8 @@ class SyncReplication:
         self._background: set[asyncio.Task[str]] = set()
         # (dataset, replica) -> its catch-up task, while that replica is behind.
         self._behind: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Those marked behind again while their catch-up ran: it makes one more pass.
+        self._again: set[tuple[str, str]] = set()
         # Deltas against what each replica holds (delta_push.py); False: always whole.
         self.deltas = deltas
         self.delta_threads = delta_threads
@@ -152,6 +154,8 @@ class SyncReplication:
         self._reconciles: set[asyncio.Task[None]] = set()
         # Pulls a version another copy region holds into this store (the takeover pass).
         self.adopt = adopt
+        # dataset -> the write at the newest epoch seen here (what catch-ups push at).
+        self._latest: dict[str, CommittedWrite] = {}
 
     def behind(self, dataset: str) -> list[str]:
         """The replicas of `dataset` catching up (not counted toward acks)."""
@@ -161,6 +165,9 @@ class SyncReplication:
         placement = write.admitted.placement
         if not push_targets(placement, self.region):
             return (self.region,)
+        latest = self._latest.get(write.dataset)
+        if latest is None or latest.admitted.epoch <= write.admitted.epoch:
+            self._latest[write.dataset] = write
         self._reconcile_after_takeover(write)
         push: Callable[[str], Awaitable[str]]
         if write.set_record is not None:
@@ -332,6 +339,8 @@ class SyncReplication:
     def _mark_behind(self, write: CommittedWrite, region: str) -> None:
         key = (write.dataset, region)
         if key in self._behind:
+            # Its running pass may have listed before this write: one more pass after it.
+            self._again.add(key)
             return
         log.warning("replica_behind", dataset=write.dataset, region=region)
         self._behind[key] = asyncio.create_task(
@@ -340,13 +349,21 @@ class SyncReplication:
 
     async def _catch_up(self, write: CommittedWrite, region: str) -> None:
         """Push what `region` lacks of the dataset, oldest first, until it lacks nothing
-        (then its commits count toward acks again); stops when this owner is fenced."""
+        (then its commits count toward acks again); stops when this owner is fenced.
+        Each pass pushes at the newest epoch this owner has written at: a catch-up begun
+        at an older epoch (this region took the dataset back meanwhile) would be fenced
+        and give up on a replica that still lacks the new epoch's writes (chaos
+        scenario 10 found one)."""
         delay = self.retry_initial_s
         try:
-            while True:
+            for _attempt in range(1_000_000):  # bounded; each retry waits up to retry_max_s
+                current = self._latest.get(write.dataset, write)
                 try:
-                    pushed = await self._catch_up_once(write, region)
+                    pushed = await self._catch_up_once(current, region)
                 except FencedError as exc:
+                    newer = self._latest.get(write.dataset, write)
+                    if newer.admitted.epoch > current.admitted.epoch:
+                        continue  # a newer epoch of ours: push at it
                     log.warning(
                         "catch_up_fenced", dataset=write.dataset, region=region, error=str(exc)
                     )
@@ -362,10 +379,14 @@ class SyncReplication:
                     await asyncio.sleep(delay)
                     delay = min(self.retry_max_s, delay * 2)
                     continue
+                if (write.dataset, region) in self._again:
+                    self._again.discard((write.dataset, region))
+                    continue  # a write failed there during this pass
                 log.info("replica_caught_up", dataset=write.dataset, region=region, pushed=pushed)
                 return
         finally:
             self._behind.pop((write.dataset, region), None)
+            self._again.discard((write.dataset, region))
 
     async def _catch_up_once(self, write: CommittedWrite, region: str) -> int:
         """One pass; the number of versions pushed. Raises when one cannot be."""
