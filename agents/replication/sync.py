@@ -69,6 +69,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 
+from agents.admission import Admitted
 from agents.replication.delta_push import ReplicaBases, choose_basis, delta_frames
 from agents.replication.peers import Peers
 from agents.replication.replica_sets import MAX_SETS
@@ -687,6 +688,23 @@ class SyncReplication:
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
+    def took_over(self, admitted: Admitted, dataset: str, since: HLC) -> None:
+        """This region was named the dataset's owner at `admitted.epoch` (the agent's
+        ownership watch, or its start): the takeover pass begins at once, not at the
+        epoch's first write, which may never come (chaos scenario 10: a region that
+        took a dataset back without writing left a replica lacking an acked write).
+        `since`: this clock's HLC now, before any write of the epoch."""
+        if not admitted.critical or self._reconciled.get(dataset, 0) >= admitted.epoch:
+            return
+        write = CommittedWrite(admitted, dataset)
+        latest = self._latest.get(dataset)
+        if latest is None or latest.admitted.epoch <= admitted.epoch:
+            self._latest[dataset] = write  # what catch-ups still running push at now
+        self._reconciled[dataset] = admitted.epoch
+        log.info("takeover_started", dataset=dataset, epoch=admitted.epoch)
+        for region in push_targets(admitted.placement, self.region):
+            self._start_pass(write, region, since)
+
     def _reconcile_after_takeover(self, write: CommittedWrite) -> None:
         """On this owner's first write at a new epoch, bring every other copy region up
         to what this region holds. A replica that was cut off while an earlier owner
@@ -694,7 +712,7 @@ class SyncReplication:
         tell us so: its pushes of new writes succeed. Off the ack path: the pass does not
         mark the region behind, so it changes no ack."""
         epoch = write.admitted.epoch
-        if self._reconciled.get(write.dataset) == epoch:
+        if self._reconciled.get(write.dataset, 0) >= epoch:
             return
         first = write.version or write.set_record
         if first is None:
