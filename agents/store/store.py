@@ -688,7 +688,7 @@ class ObjectStore:
             return self._group.submit(entry)
         except InterruptedCommitError:
             raise  # perhaps committed: startup repair decides whether its file stays
-        except BaseException:
+        except Exception:
             if target is not None:
                 files.remove_file(target)  # its row did not commit: it must not stay
             raise
