@@ -103,6 +103,9 @@ class Settings(BaseSettings):
     tombstone_retention_s: int = Field(
         7 * 24 * 3600, gt=0, description="how long a delete is kept so no older put resurrects"
     )
+    # The agent's store commits concurrent single writes in groups (one folder fsync
+    # each and one SQLite transaction for the group); off: one by one (benchmarks).
+    store_group_commit: bool = Field(True, description="the agent's store commits in groups")
     inline_max_bytes: int = Field(
         256 * 1024, ge=0, le=1024 * 1024, description="objects up to this ride in change events"
     )

@@ -132,6 +132,7 @@ class NodeAgent(Lifecycle):
             clock=clock,
             keep_versions=self.config.keep_versions,
             tombstone_retention_s=self.settings.tombstone_retention_s,
+            group_commit=self.settings.store_group_commit,
         )
         admission = Admission(
             self.region,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 from agents.daemon.agent import NodeAgent
 from agents.daemon.config import AgentConfig
@@ -20,6 +21,12 @@ from controlplane.logs import get_logger
 from controlplane.settings import Settings
 
 log = get_logger("meridian.agent")
+
+# Threads of the loop's default executor, which runs every blocking store call
+# (`asyncio.to_thread`). asyncio's default (cores + 4: six on two cores) would cap the
+# writes in flight, hence the store's commit groups, at a handful; a writer waiting
+# for its group's commit holds a thread but no CPU.
+AGENT_THREADS = 64
 
 
 async def run_agent(settings: Settings, config: AgentConfig) -> None:
@@ -31,6 +38,7 @@ async def run_agent(settings: Settings, config: AgentConfig) -> None:
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(AGENT_THREADS, thread_name_prefix="agent"))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:

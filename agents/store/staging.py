@@ -75,6 +75,7 @@ class StagedWrite:
         self._digest: Digest | None = None
         self._aborted = False
         self._detached = False
+        self._moved = False
         self._lock = threading.Lock()  # abort may come from another thread (cancellation)
         if path is not None:
             self._continue(resume_offset)
@@ -242,6 +243,12 @@ class StagedWrite:
                 os.close(self._fd)
                 self._fd = None
 
+    def moved(self) -> None:
+        """The store renamed the file to its version path: `abort` (the `with` block's
+        end) then has no file to remove and skips the unlink."""
+        with self._lock:
+            self._moved = True
+
     @property
     def digest(self) -> Digest:
         if self._digest is None:
@@ -258,7 +265,7 @@ class StagedWrite:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        if not self._detached:
+        if not (self._detached or self._moved):
             files.remove_file(self.path)
 
     def _require_open(self) -> int:

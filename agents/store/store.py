@@ -9,6 +9,7 @@ SQLite connection, whose transactions are short.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import sqlite3
@@ -23,6 +24,7 @@ from typing import BinaryIO, Literal, Self
 
 from agents.store import files, repair, rows
 from agents.store.errors import MissingContentError, StorageError, StoreLockedError
+from agents.store.group import GroupCommitter, GroupStats, InterruptedCommitError
 from agents.store.model import (
     ApplyResult,
     JournalEntry,
@@ -48,7 +50,10 @@ log = get_logger(__name__)
 DEFAULT_KEEP_VERSIONS = 2
 DEFAULT_TOMBSTONE_RETENTION_S = 7 * 24 * 3600
 MAX_PAGE = 10_000
-_STRIPES = 256
+# Object locks, striped: a writer holds its object's stripe until its commit is durable,
+# so with group commit two writers of different objects on one stripe cannot share a
+# group; 4,096 stripes make that rare among hundreds of writers.
+_STRIPES = 4096
 RECORDER = "recorder"
 _FSYNC_THREADS = 16
 # A bundle of at least this many files is made durable by one syncfs(2) of the store's
@@ -86,6 +91,7 @@ class ObjectStore:
         keep_versions: int = DEFAULT_KEEP_VERSIONS,
         verify: repair.Verify = "size",
         tombstone_retention_s: int = DEFAULT_TOMBSTONE_RETENTION_S,
+        group_commit: bool = True,
     ) -> None:
         if isinstance(keep_versions, bool) or not isinstance(keep_versions, int):
             raise ConfigError(f"keep_versions must be an integer, got {keep_versions!r}")
@@ -101,6 +107,14 @@ class ObjectStore:
         self._lock = threading.RLock()
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._closed = False
+        # Single writes (put, commit_put, delete, apply, commit_apply) commit in groups:
+        # see agents/store/group.py and the README's write protocol. Off: one by one.
+        self.group_commit = group_commit
+        self._group: GroupCommitter[_Entry, list[tuple[str, str]]] = GroupCommitter(
+            self._commit_group
+        )
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             for sub in ("objects", TMP):
@@ -160,6 +174,19 @@ class ObjectStore:
             self._closed = True
             self._db.close()
             self._release()
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def group_stats(self) -> GroupStats:
+        """How many group commits ran, holding how many single writes (for benchmarks
+        and metrics: their ratio is the mean group size)."""
+        return self._group.stats()
+
+    def group_queued(self) -> int:
+        """Single writes waiting for the next group commit (a gauge for metrics)."""
+        return self._group.queued()
 
     def _abandon(self, db: sqlite3.Connection | None) -> None:
         if db is not None:
@@ -297,7 +324,7 @@ class ObjectStore:
         object's lock, so the last commit of an object is its newest version)."""
         set_id = None if set_id is None else check_name("set", set_id)
         with staged:
-            digest = staged.finish()
+            digest = self._finish(staged)
             with self._object_lock(staged.dataset, staged.key):
                 version = Version.put(self.clock.now(), staged.size, digest)
                 completed = self._install(
@@ -412,7 +439,7 @@ class ObjectStore:
             raise InvalidInputError("a tombstone has no bytes to commit; apply it without a source")
         set_id = None if set_id is None else check_name("set", set_id)
         with staged:
-            staged.finish()
+            self._finish(staged)
             if staged.digest != version.digest or staged.size != version.size:
                 raise InvalidInputError(
                     f"staged bytes of {staged.dataset}/{staged.key} ({staged.size} bytes, "
@@ -426,6 +453,7 @@ class ObjectStore:
                 if held_row is not None:
                     if held_row.state != "missing" or held_row.version != version:
                         return self._result_without_write(dataset, key, version)
+                    staged.finish()  # a restore renames over a row's path: durable first
                     completed = self._restore(held_row, staged)
                     result = ApplyResult(Verdict.SAME, self.head(dataset, key) or version, True)
                 else:
@@ -649,8 +677,46 @@ class ObjectStore:
         policy_revision: int | None,
         transfer: Mapping[str, JsonValue] | None,
     ) -> list[tuple[str, str]]:
-        entry = _Entry(dataset, key, version, staged, set_id, outbox, epoch, policy_revision)
-        return self._install_many([entry], transfer=transfer)
+        """Commit one version (its object's lock held): with its group, or alone."""
+        entry = _Entry(
+            dataset, key, version, staged, set_id, outbox, epoch, policy_revision, transfer
+        )
+        if not self.group_commit:
+            return self._install_many([entry])
+        target = None if staged is None else self._place(entry, staged)
+        try:
+            return self._group.submit(entry)
+        except InterruptedCommitError:
+            raise  # perhaps committed: startup repair decides whether its file stays
+        except Exception:
+            if target is not None:
+                files.remove_file(target)  # its row did not commit: it must not stay
+            raise
+
+    def _place(self, entry: _Entry, staged: StagedWrite) -> Path:
+        """Steps 3-4 of a single write under group commit, in the writer's own thread (so
+        the writers' fsyncs run in parallel, and no GIL hand-off serialises them in the
+        leader): rename the file to its version path, then fsync it (on ext4 that also
+        commits the rename). Its folder is fsynced by the group, once for all."""
+        rel = version_path(entry.dataset, entry.key, entry.version.hlc)
+        target = self.root / rel
+        try:
+            self._folder(rel)
+            files.replace(staged.path, target)
+        except OSError as err:
+            raise self._not_stored(entry, err) from err
+        staged.moved()
+        try:
+            staged.finish()  # fsyncs the file (it was finished without, see _finish)
+        except BaseException:
+            files.remove_file(target)
+            raise
+        return target
+
+    def _finish(self, staged: StagedWrite) -> Digest:
+        """Step 2 of a single write: check the size and digest; fsync now unless group
+        commit is on (then `_place` fsyncs it after its rename)."""
+        return staged.finish(sync=not self.group_commit)
 
     def _install_many(
         self, entries: Sequence[_Entry], *, transfer: Mapping[str, JsonValue] | None = None
@@ -663,7 +729,6 @@ class ObjectStore:
         Returns the (dataset, set) pairs these versions completed: the caller prunes
         for them once it has let go of the objects' locks (`_settle`)."""
         targets: list[Path] = []
-        relatives: list[str | None] = []
         folders: set[Path] = set()
         completed: list[tuple[str, str]] = []
         victims: list[Path] = []
@@ -673,78 +738,18 @@ class ObjectStore:
             )
             for e in entries:
                 if e.staged is None:
-                    relatives.append(None)
                     continue
                 rel = version_path(e.dataset, e.key, e.version.hlc)
                 folders.add(self._folder(rel))
                 files.replace(e.staged.path, self.root / rel)
                 targets.append(self.root / rel)
-                relatives.append(str(rel))
             if len(folders) >= SYNCFS_MIN_FILES and files.can_syncfs():
                 self._syncfs()  # every rename of the bundle at once
             else:
                 self._each(files.fsync_dir, sorted(folders))
             with self._tx() as conn:
-                # Batched: one executemany per table (the rows go in item order, the
-                # bundle's transfer record after its first version, as one by one).
-                stored_ms = rows.now_ms()
-                version_rows = []
-                journal_rows = []
-                for n, (e, relative) in enumerate(zip(entries, relatives, strict=True)):
-                    hlc = e.version.hlc.text
-                    version_rows.append(
-                        (
-                            e.dataset,
-                            e.key,
-                            hlc,
-                            e.version.op,
-                            e.version.size,
-                            None if e.version.digest is None else e.version.digest.text,
-                            e.set_id,
-                            stored_ms,
-                            relative,
-                        )
-                    )
-                    data = rows.version_data(e.version)
-                    data["set"] = e.set_id
-                    journal_rows.append(rows.journal_row("version", e.dataset, e.key, hlc, data))
-                    if transfer is not None and n == 0:
-                        journal_rows.append(
-                            rows.journal_row("transfer", e.dataset, e.key, hlc, dict(transfer))
-                        )
-                    if e.transfer is not None:
-                        journal_rows.append(
-                            rows.journal_row("transfer", e.dataset, e.key, hlc, dict(e.transfer))
-                        )
-                conn.executemany(
-                    "INSERT INTO versions (dataset, key, hlc, op, size, digest, state,"
-                    " set_id, stored_ms, path) VALUES (?, ?, ?, ?, ?, ?, 'present', ?, ?, ?)",
-                    version_rows,
-                )
-                rows.journal_many(conn, journal_rows)
-                for e in entries:
-                    if e.outbox:
-                        self._add_event(
-                            conn,
-                            "version",
-                            e.dataset,
-                            e.key,
-                            e.version,
-                            e.set_id,
-                            e.epoch,
-                            e.policy_revision,
-                        )
-                # Only objects that now hold more than keep_versions rows can prune, and
-                # only datasets with version sets can complete one: ask once for all.
-                names = [(e.dataset, e.key) for e in entries]
-                with_sets = rows.datasets_with_sets(conn, {d for d, _ in names})
-                crowded = rows.crowded(conn, names, self.keep_versions)
-                for e in entries:
-                    if e.dataset in with_sets:
-                        done = rows.refresh_sets_of(conn, e.dataset, e.key, e.version.hlc.text)
-                        completed += [(e.dataset, set_id) for set_id in done]
-                    if (e.dataset, e.key) in crowded:
-                        victims += self._prune_rows(conn, e.dataset, e.key)
+                done, victims = self._write_rows(conn, entries, transfer)
+            completed = [pair for pairs in done for pair in pairs]
         except BaseException as err:
             for target in targets:
                 files.remove_file(target)  # its row did not commit: it must not stay
@@ -756,6 +761,198 @@ class ObjectStore:
             raise
         self._remove_files(victims)
         return completed
+
+    def _write_rows(
+        self,
+        conn: sqlite3.Connection,
+        entries: Sequence[_Entry],
+        transfer: Mapping[str, JsonValue] | None = None,
+    ) -> tuple[list[list[tuple[str, str]]], list[Path]]:
+        """Step 5's rows of `entries` in the open transaction: each version row with its
+        journal and outbox rows, the sets they complete, and the pruning of old bases.
+        Returns, per entry, the (dataset, set) pairs it completed, and the pruned files
+        (to remove after the commit)."""
+        completed: list[list[tuple[str, str]]] = [[] for _ in entries]
+        victims: list[Path] = []
+        # Batched: one executemany per table (the rows go in item order, the
+        # bundle's transfer record after its first version, as one by one).
+        stored_ms = rows.now_ms()
+        version_rows = []
+        journal_rows = []
+        for n, e in enumerate(entries):
+            hlc = e.version.hlc.text
+            relative = (
+                None if e.staged is None else str(version_path(e.dataset, e.key, e.version.hlc))
+            )
+            version_rows.append(
+                (
+                    e.dataset,
+                    e.key,
+                    hlc,
+                    e.version.op,
+                    e.version.size,
+                    None if e.version.digest is None else e.version.digest.text,
+                    e.set_id,
+                    stored_ms,
+                    relative,
+                )
+            )
+            data = rows.version_data(e.version)
+            data["set"] = e.set_id
+            journal_rows.append(rows.journal_row("version", e.dataset, e.key, hlc, data))
+            if transfer is not None and n == 0:
+                journal_rows.append(
+                    rows.journal_row("transfer", e.dataset, e.key, hlc, dict(transfer))
+                )
+            if e.transfer is not None:
+                journal_rows.append(
+                    rows.journal_row("transfer", e.dataset, e.key, hlc, dict(e.transfer))
+                )
+        conn.executemany(
+            "INSERT INTO versions (dataset, key, hlc, op, size, digest, state,"
+            " set_id, stored_ms, path) VALUES (?, ?, ?, ?, ?, ?, 'present', ?, ?, ?)",
+            version_rows,
+        )
+        rows.journal_many(conn, journal_rows)
+        for e in entries:
+            if e.outbox:
+                self._add_event(
+                    conn,
+                    "version",
+                    e.dataset,
+                    e.key,
+                    e.version,
+                    e.set_id,
+                    e.epoch,
+                    e.policy_revision,
+                )
+        # Only objects that now hold more than keep_versions rows can prune, and
+        # only datasets with version sets can complete one: ask once for all.
+        names = [(e.dataset, e.key) for e in entries]
+        with_sets = rows.datasets_with_sets(conn, {d for d, _ in names})
+        crowded = rows.crowded(conn, names, self.keep_versions)
+        for n, e in enumerate(entries):
+            if e.dataset in with_sets:
+                done = rows.refresh_sets_of(conn, e.dataset, e.key, e.version.hlc.text)
+                completed[n] += [(e.dataset, set_id) for set_id in done]
+            if (e.dataset, e.key) in crowded:
+                victims += self._prune_rows(conn, e.dataset, e.key)
+        return completed, victims
+
+    def _commit_group(
+        self, entries: Sequence[_Entry]
+    ) -> list[list[tuple[str, str]] | BaseException]:
+        """Step 4's folder fsyncs and step 5 for the single writes of one group (run by its
+        leader, see group.py; each writer holds its object's lock, so no object is
+        twice in a group, and has placed its file, see `_place`): each folder is
+        fsynced once, all of them in parallel, then ONE transaction holds every row.
+        Per entry its completed sets, or the error that write alone gets (its writer
+        then removes its file): a failed folder fsync fails the writes into that
+        folder, a failed row rolls back to its savepoint; the others commit. A failed
+        COMMIT fails them all (nothing stored)."""
+        outcome: list[list[tuple[str, str]] | BaseException | None] = [None] * len(entries)
+        ok: dict[int, list[tuple[str, str]]] = {}
+        by_folder: dict[Path, list[int]] = {}
+        for n, e in enumerate(entries):
+            if e.staged is not None:
+                rel = version_path(e.dataset, e.key, e.version.hlc)
+                by_folder.setdefault(self.root / rel.parent, []).append(n)
+        jobs = [
+            (functools.partial(files.fsync_dir, folder), members)
+            for folder, members in sorted(by_folder.items())
+        ]
+        failures = self._parallel([job for job, _ in jobs])
+        for (_, members), failed in zip(jobs, failures, strict=True):
+            if failed is not None:
+                for n in members:
+                    outcome[n] = outcome[n] or self._not_stored(entries[n], failed)
+        live = [n for n in range(len(entries)) if outcome[n] is None]
+        if live:
+            try:
+                with self._tx() as conn:
+                    victims = self._group_rows(conn, entries, live, outcome, ok)
+            except Exception as err:  # noqa: BLE001 - COMMIT failed or store closed: all fail
+                for n in ok:
+                    outcome[n] = err
+            else:
+                for n, done in ok.items():
+                    outcome[n] = done
+                self._remove_files(victims)
+        return [
+            StorageError(f"store {self.root}: a write of its group was left undecided")
+            if o is None
+            else o
+            for o in outcome
+        ]
+
+    def _group_rows(
+        self,
+        conn: sqlite3.Connection,
+        entries: Sequence[_Entry],
+        live: Sequence[int],
+        outcome: list[list[tuple[str, str]] | BaseException | None],
+        ok: dict[int, list[tuple[str, str]]],
+    ) -> list[Path]:
+        """The rows of a group's `live` entries in the open transaction: batched (one
+        statement per table) when they all insert cleanly, else one savepoint each, so
+        that a row that fails (a constraint) fails its own write only. Fills `ok`
+        (entry -> its completed sets) and `outcome` (entry -> its error); returns the
+        pruned files."""
+        conn.execute("SAVEPOINT grp")
+        try:
+            done, victims = self._write_rows(conn, [entries[n] for n in live])
+        except Exception:  # noqa: BLE001 - isolated one by one below
+            conn.execute("ROLLBACK TO grp")
+            conn.execute("RELEASE grp")
+        else:
+            conn.execute("RELEASE grp")
+            ok.update(zip(live, done, strict=True))
+            return victims
+        victims = []
+        for n in live:
+            conn.execute("SAVEPOINT one")
+            try:
+                one, pruned = self._write_rows(conn, [entries[n]])
+            except Exception as err:  # noqa: BLE001 - this write alone fails
+                conn.execute("ROLLBACK TO one")
+                conn.execute("RELEASE one")
+                outcome[n] = self._not_stored(entries[n], err)
+                continue
+            conn.execute("RELEASE one")
+            ok[n] = one[0]
+            victims += pruned
+        return victims
+
+    def _not_stored(self, entry: _Entry, err: BaseException) -> BaseException:
+        """The error of one write of a group that did not commit."""
+        if isinstance(err, StorageError | InvalidInputError | UnavailableError):
+            return err
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        return StorageError(
+            f"store {self.root} could not commit {entry.dataset}/{entry.key} at "
+            f"{entry.version.hlc}: {why}; nothing was stored"
+        )
+
+    def _parallel(self, jobs: Sequence[Callable[[], object]]) -> list[BaseException | None]:
+        """Run blocking calls (fsyncs) at once: all but the first on the store's fsync
+        threads, the first on this one. Per job its exception, or None."""
+        futures = [self._fsync_pool().submit(job) for job in jobs[1:]]
+        errors: list[BaseException | None] = []
+        for job in jobs[:1]:
+            try:
+                job()
+                errors.append(None)
+            except Exception as err:  # noqa: BLE001 - returned, as the futures' are
+                errors.append(err)
+        errors += [f.exception() for f in futures]
+        return errors
+
+    def _fsync_pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            self._require_open()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_FSYNC_THREADS, thread_name_prefix="store-fsync")
+            return self._pool
 
     def _syncfs(self) -> None:
         try:
