@@ -256,11 +256,10 @@ class ReadCache:
     async def _miss(
         self, placement: Placement, dataset: str, key: str, hlc: HLC | None
     ) -> ObjectReader:
-        entry: Entry | None = None
-        for _ in range(2):  # once more when the change log knows the fill is already old
+        entry = await self.fill(placement, dataset, key, hlc)
+        if entry is None and hlc is None and self._known_stale(dataset, key):
+            # The change log announced a newer version than the holder gave: once more.
             entry = await self.fill(placement, dataset, key, hlc)
-            if entry is not None:
-                break
         store = self._store()
         if entry is None:  # fetched, but known to be stale or larger than the bound
             held = await asyncio.to_thread(store.stat, dataset, key, hlc)
@@ -268,6 +267,11 @@ class ReadCache:
             await asyncio.to_thread(store.hand_off, dataset, key, held.version.hlc)
             return reader  # the open file outlives its removal
         return await asyncio.to_thread(store.open, dataset, key, entry.version.hlc)
+
+    def _known_stale(self, dataset: str, key: str) -> bool:
+        seen = self._seen.get((dataset, key))
+        held = self._store().head(dataset, key)
+        return seen is not None and held is not None and held.hlc < seen
 
     async def fill(
         self,

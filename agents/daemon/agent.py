@@ -190,6 +190,7 @@ class NodeAgent(Lifecycle):
             lambda: self.endpoint,
             publish=self._publish_registration,
             interval_s=self.settings.rebalance_interval_s,
+            registry=self.metrics.registry,
         )
         self.registration = Registration(
             self.coord,
