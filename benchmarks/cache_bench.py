@@ -2,7 +2,7 @@
 *Benchmark*, last row): prefetch on against prefetch off, and against the link.
 
     python benchmarks/cache_bench.py                          # 40 x 4 MiB, 40 ms, 32 MiB/s
-    python benchmarks/cache_bench.py --shards 200 --shard-mib 8   # the size
+    python benchmarks/cache_bench.py --shards 200 --shard-kib 8192  # the size
 
 Real processes on the stack's etcd, Kafka and Toxiproxy (export the MERIDIAN_STACK_*
 ports): eu-west holds dataset `cached/bench`; eu-north (no replica, a cache) reaches
@@ -59,7 +59,7 @@ async def walk(address: str, keys: list[str], size: int) -> float:
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=40)
-    parser.add_argument("--shard-mib", type=int, default=4)
+    parser.add_argument("--shard-kib", type=int, default=4096)
     parser.add_argument("--rtt-ms", type=int, default=40)
     parser.add_argument("--rate-mib", type=int, default=32, help="the proxy's cap, MiB/s")
     parser.add_argument("--link-mib", type=int, default=64)
@@ -68,9 +68,9 @@ async def main() -> int:
     etcd = f"127.0.0.1:{base.stack_etcd_port}"
     kafka = f"127.0.0.1:{base.stack_kafka_port}"
     faults = ToxiproxyClient(f"http://127.0.0.1:{base.stack_toxiproxy_port}")
-    size = args.shard_mib * MiB
-    total_mib = args.shards * args.shard_mib
-    limit = (total_mib + 2 * args.link_mib) * MiB
+    size = args.shard_kib << 10
+    total_mib = args.shards * size / MiB
+    limit = int((total_mib + 2 * args.link_mib) * MiB)
     with tempfile.TemporaryDirectory(prefix="cache-bench-") as tmp:
         folder = Path(tmp)
         env = prepare_cache_world(folder / "world", etcd, kafka, f"eu-north={limit}")
@@ -115,7 +115,7 @@ async def main() -> int:
     link = args.link_mib / seconds["link"]
     on, off = total_mib / seconds["on"], total_mib / seconds["off"]
     print(
-        f"\nsequential read of {args.shards} x {args.shard_mib} MiB through the cache, "
+        f"\nsequential read of {args.shards} x {args.shard_kib} KiB through the cache, "
         f"{args.rtt_ms} ms RTT, proxy cap {args.rate_mib} MiB/s per connection\n"
     )
     print("| measure | result | target |")

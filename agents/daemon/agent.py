@@ -8,7 +8,9 @@ Start (each step raises one clear error, and what was started is stopped again):
    fence, and the bounded-age reads admission decides on (`agents.owners.EtcdOwners`);
 3. the store (startup repair, logged by the store);
 4. the gRPC API on `--listen`: the servicer, admission in front of it, and the
-   transfers (Signature, Sync, Replicate, Fetch) behind it;
+   transfers (Signature, Sync, Replicate, Fetch) behind it; in a region with a cache
+   bound (`MERIDIAN_REGION_CACHE`), the read-through cache (agents/cache/) with its
+   change-log reader and prefetcher, before it;
 5. the records duties (records.py): the recorder shipping the store's journal to
    the catalog, the outbox drain publishing change events to Kafka (neither needs
    its engine up to start);
