@@ -70,7 +70,14 @@ def world(
                     metrics=True,
                     lease_ttl_s=3,
                 )
-                agents.setdefault(region, []).append(proc.start(timeout_s=60))
+                agents.setdefault(region, []).append(proc.spawn())
+        for procs in agents.values():  # spawned together, waited for together
+            for proc in procs:
+                event = proc.wait_event("agent_ready", 90)
+                if event is None:
+                    raise RuntimeError(f"agent did not start: {proc.log_tail()}")
+                proc.address = str(event["endpoint"])
+                proc.metrics_address = str(event.get("metrics") or "")
         for proc in agents["eu-north"]:
             # Entries are trusted (served without a question to a holder) only once
             # the change log is read: the invalidation test needs that.
@@ -132,6 +139,19 @@ async def test_read_is_served_cached_and_counts_as_no_replica(world: World) -> N
     assert cache["limit_bytes"] == 2 * LIMIT
     assert 0 < cache["hit_rate"] <= 1
 
+    def audited() -> bool:  # the fill, shipped by the recorder: a transfer into eu-north
+        done = run_cli(
+            ["audit", "transfers", "--dataset", "cached/serve", "--output", "json"], world.env
+        )
+        assert done.returncode == 0, done.stderr
+        rows = json.loads(done.stdout)
+        return any(
+            r["object"] == "shard-0" and r["to"] == "eu-north" and r["outcome"] == "completed"
+            for r in rows
+        )
+
+    await until(audited, 60, "audit transfers to list the cache fill", poll_s=0.5)
+
 
 async def test_read_outside_residency_is_refused(world: World) -> None:
     data = os.urandom(64 << 10)
@@ -147,6 +167,17 @@ async def test_read_outside_residency_is_refused(world: World) -> None:
     )
     assert metric(text, "meridian_cache_bytes") == 0
     assert metric(text, "meridian_transfers_total", 'direction="in",outcome="refused"') >= 1
+
+    def audited() -> bool:  # the refusal is journalled and shipped like every refused copy
+        done = run_cli(
+            ["audit", "transfers", "--dataset", "cached/us", "--output", "json"], world.env
+        )
+        assert done.returncode == 0, done.stderr
+        return any(
+            r["to"] == "us-east" and r["outcome"] == "refused" for r in json.loads(done.stdout)
+        )
+
+    await until(audited, 60, "audit transfers to list the refused cache fill", poll_s=0.5)
 
 
 async def test_newer_write_elsewhere_invalidates_the_entry(world: World) -> None:
