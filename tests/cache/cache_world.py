@@ -1,8 +1,9 @@
 """A world for the read-through cache tests (issue 16): four regions, one policy.
 
 `cached/*` is standard, home eu-west, replica eu-central (started with no agent, so
-eu-west is the only holder), residency EU. eu-north (EU) holds no replica and reads
-through its cache; us-east (US) has a cache bound too but lies outside the residency.
+eu-west is the only holder), residency EU. eu-north and eu-south (EU) hold no replica
+and read through their caches (eu-south's agent is given no Kafka: it cannot read the
+change log); us-east (US) has a cache bound too but lies outside the residency.
 The agents drain their outboxes to the stack's Kafka, which the caches read for
 invalidations. Every wait here is bounded in time and count.
 """
@@ -31,6 +32,8 @@ spec:
     - name: eu-central
       jurisdiction: EU
     - name: eu-north
+      jurisdiction: EU
+    - name: eu-south
       jurisdiction: EU
     - name: us-east
       jurisdiction: US

@@ -44,6 +44,10 @@ class World:
         return self.agents["eu-north"]
 
     @property
+    def south(self) -> AgentProcess:
+        return self.agents["eu-south"][0]
+
+    @property
     def us(self) -> AgentProcess:
         return self.agents["us-east"][0]
 
@@ -55,17 +59,21 @@ def world(
     clear_keyspace(etcd_endpoint)
     folder = tmp_path_factory.mktemp("cache-world")
     env = prepare_cache_world(
-        folder, etcd_endpoint, kafka_bootstrap, f"eu-north={LIMIT},us-east={LIMIT}"
+        folder,
+        etcd_endpoint,
+        kafka_bootstrap,
+        f"eu-north={LIMIT},eu-south={LIMIT},us-east={LIMIT}",
     )
     env["MERIDIAN_CACHE_PREFETCH"] = "8"
     agents: dict[str, list[AgentProcess]] = {}
     try:
-        for region, count in (("eu-west", 1), ("eu-north", 2), ("us-east", 1)):
+        for region, count in (("eu-west", 1), ("eu-north", 2), ("eu-south", 1), ("us-east", 1)):
             for n in range(count):
                 proc = AgentProcess(
                     region,
                     folder / f"{region}-{n}",
-                    env,
+                    # eu-south reads no change log (nothing listens there).
+                    {**env, "MERIDIAN_KAFKA": "127.0.0.1:1"} if region == "eu-south" else env,
                     folder / f"{region}-{n}.log",
                     metrics=True,
                     lease_ttl_s=3,
@@ -199,6 +207,21 @@ async def test_newer_write_elsewhere_invalidates_the_entry(world: World) -> None
     assert (
         await total(world.north, "meridian_cache_dropped_total", 'why="invalidated"') >= dropped + 1
     )
+
+
+async def test_without_the_change_log_every_hit_is_checked_at_a_holder(world: World) -> None:
+    first, second = os.urandom(200 << 10), os.urandom(200 << 10)
+    await put(world.home.address, "cached/unlogged", "shard-0", first)
+    reader = world.south.address
+    assert (await get(reader, "cached/unlogged", "shard-0"))[1] == first
+    hits = await total([world.south], "meridian_cache_reads_total", 'result="hit"')
+    assert (await get(reader, "cached/unlogged", "shard-0"))[1] == first  # checked, still hit
+    assert await total([world.south], "meridian_cache_reads_total", 'result="hit"') == hits + 1
+    newer = await put(world.home.address, "cached/unlogged", "shard-0", second)
+    # No change log: the very next read asks the holder, sees the newer version, refills.
+    assert await get(reader, "cached/unlogged", "shard-0") == (newer, second)
+    why = 'why="a newer version at the holders"'
+    assert await total([world.south], "meridian_cache_dropped_total", why) >= 1
 
 
 async def test_eviction_keeps_the_cache_within_its_bound(world: World) -> None:
