@@ -118,7 +118,7 @@ class ReadCache:
         self.store: ObjectStore | None = None
         self.book: ResumeBook | None = None
         self._seen: OrderedDict[Name, HLC] = OrderedDict()
-        self._filling: dict[Name, asyncio.Future[Entry | None]] = {}
+        self._filling: dict[Name, asyncio.Event] = {}  # set when that fill ends
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._log_read_at: float | None = None  # monotonic time of the last change-log read
         self.on_read: Callable[[Placement, str, str], None] | None = None  # the prefetcher
@@ -232,8 +232,7 @@ class ReadCache:
         name = (dataset, key)
         filling = self._filling.get(name)
         if filling is not None:  # a prefetch (or another reader) is fetching it
-            with contextlib.suppress(MeridianError):
-                await asyncio.shield(filling)
+            await filling.wait()
         entry = self.index.get(name)
         if entry is None or (hlc is not None and entry.version.hlc != hlc):
             return None
@@ -285,25 +284,21 @@ class ReadCache:
         cache: its entry, or None when it was stored but not kept (the change log knows
         a newer version, or it is larger than the bound). One fill per object at once."""
         name = (dataset, key)
-        running = self._filling.get(name)
-        if running is not None:
-            with contextlib.suppress(MeridianError):
-                await asyncio.shield(running)
+        for _ in range(8):  # another fill of it ran meanwhile: its result, or ours
+            running = self._filling.get(name)
+            if running is None:
+                break
+            await running.wait()  # how it ended is its own caller's: look at the index
             held = self.index.peek(name)
             if held is not None and (hlc is None or held.version.hlc == hlc):
                 return held
-        future: asyncio.Future[Entry | None] = asyncio.get_running_loop().create_future()
-        self._filling[name] = future
+        done = self._filling[name] = asyncio.Event()
         try:
-            entry = await self._fill(placement, dataset, key, hlc, known)
-            future.set_result(entry)
-            return entry
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: nobody may be waiting
-            raise
+            return await self._fill(placement, dataset, key, hlc, known)
         finally:
-            del self._filling[name]
+            if self._filling.get(name) is done:
+                del self._filling[name]
+            done.set()
 
     async def _fill(
         self,
