@@ -146,6 +146,8 @@ async def test_read_is_served_cached_and_counts_as_no_replica(world: World) -> N
     assert isinstance(cache, dict)
     assert cache["limit_bytes"] == 2 * LIMIT
     assert 0 < cache["hit_rate"] <= 1
+    table = run_cli(["region", "show", "eu-north", "--output", "table"], world.env)
+    assert table.returncode == 0 and f"of {2 * LIMIT} bytes, hit rate" in table.stdout
 
     def audited() -> bool:  # the fill, shipped by the recorder: a transfer into eu-north
         done = run_cli(
