@@ -138,7 +138,7 @@ async def test_read_is_served_cached_and_counts_as_no_replica(world: World) -> N
         cache = doc["cache"]
         return doc if isinstance(cache, dict) and cache["bytes"] >= len(data) else None
 
-    await until(shown, 30, "region show to report the cached bytes", poll_s=0.5)
+    await until(shown, 60, "region show to report the cached bytes", poll_s=0.5)
     doc = shown()
     assert doc is not None
     check_output("region_show", doc)
@@ -160,7 +160,7 @@ async def test_read_is_served_cached_and_counts_as_no_replica(world: World) -> N
             for r in rows
         )
 
-    await until(audited, 60, "audit transfers to list the cache fill", poll_s=0.5)
+    await until(audited, 120, "audit transfers to list the cache fill", poll_s=0.5)
 
 
 async def test_read_outside_residency_is_refused(world: World) -> None:
@@ -187,7 +187,7 @@ async def test_read_outside_residency_is_refused(world: World) -> None:
             r["to"] == "us-east" and r["outcome"] == "refused" for r in json.loads(done.stdout)
         )
 
-    await until(audited, 60, "audit transfers to list the refused cache fill", poll_s=0.5)
+    await until(audited, 120, "audit transfers to list the refused cache fill", poll_s=0.5)
 
 
 async def test_newer_write_elsewhere_invalidates_the_entry(world: World) -> None:
