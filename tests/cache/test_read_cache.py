@@ -162,6 +162,15 @@ async def test_read_is_served_cached_and_counts_as_no_replica(world: World) -> N
 
     await until(audited, 120, "audit transfers to list the cache fill", poll_s=0.5)
 
+    def located() -> set[str]:
+        done = run_cli(["audit", "dataset", "cached/serve", "--output", "json"], world.env)
+        return {r["region"] for r in json.loads(done.stdout)} if done.returncode == 0 else set()
+
+    # The catalog knows the copy at eu-west (its recorder ships on its own), and no
+    # replica in eu-north, whose fill record is shipped already (a cached copy is none).
+    await until(lambda: "eu-west" in located(), 120, "the catalog to know eu-west's copy")
+    assert "eu-north" not in located()
+
 
 async def test_read_outside_residency_is_refused(world: World) -> None:
     data = os.urandom(64 << 10)
