@@ -54,9 +54,10 @@ from agents.transfer.service import TransferService
 from agents.transfer.sweep import ResumeSweeper
 from controlplane.coordination.protocols.datasets import announce
 from controlplane.coordination.protocols.fencing import FencedResource
+from controlplane.coordination.protocols.ownership import Owner
 from controlplane.domain.hlc import HybridClock, offset_ms
 from controlplane.domain.version import Version
-from controlplane.errors import NotFoundError
+from controlplane.errors import MeridianError, NotFoundError
 from controlplane.lifecycle import Lifecycle
 from controlplane.logs import get_logger
 from controlplane.policy.current import PolicyView
@@ -113,6 +114,9 @@ class NodeAgent(Lifecycle):
         self.cache: ReadCache | None = None
         self.prefetcher: Prefetcher | None = None
         self.invalidator: Invalidator | None = None
+        self.admission: Admission | None = None
+        self._taken: dict[str, int] = {}  # dataset -> the epoch a takeover was begun at
+        self._takeovers: set[asyncio.Task[None]] = set()
 
     @property
     def metrics_address(self) -> str | None:
@@ -178,6 +182,12 @@ class NodeAgent(Lifecycle):
         )
         self.server, port = await start_server(service, self.config.listen)
         self.endpoint = service.endpoint = self._advertised(port)
+        # Owning a critical dataset at a new epoch (now, or when the watch says so): the
+        # takeover pass brings every copy region level (agents/replication/sync.py).
+        self.admission = admission
+        self.watch.on_owner = self._owner_seen
+        for owner in self.watch.owners():
+            self._owner_seen(owner)
         bind_store_gauges(self.metrics, store.usage)
         self.records = RecordDuties(
             store,
@@ -306,7 +316,28 @@ class NodeAgent(Lifecycle):
             host = socket.gethostname()
         return f"{host}:{port}"
 
+    def _owner_seen(self, owner: Owner) -> None:
+        if owner.region != self.region or owner.epoch <= self._taken.get(owner.dataset, 0):
+            return
+        self._taken[owner.dataset] = owner.epoch
+        task = asyncio.create_task(self._take_over(owner), name=f"takeover {owner.dataset}")
+        self._takeovers.add(task)
+        task.add_done_callback(self._takeovers.discard)
+
+    async def _take_over(self, owner: Owner) -> None:
+        if self.admission is None or self.replication is None or self.store is None:
+            return
+        try:
+            # As a write would be admitted: this region owns it, at this epoch, per etcd.
+            admitted = await self.admission.admit_write(owner.dataset, owner.epoch)
+        except MeridianError as exc:
+            log.info("takeover_not_started", dataset=owner.dataset, error=str(exc))
+            return
+        self.replication.took_over(admitted, owner.dataset, self.store.clock.now())
+
     async def _do_stop(self) -> None:
+        for task in list(self._takeovers):
+            task.cancel()
         if self.sweeper is not None:
             await self.sweeper.stop()
         if self.rebalancer is not None:

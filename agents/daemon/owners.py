@@ -21,6 +21,7 @@ backoff, from a fresh read. `start()` does the first read and raises
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.fencing import FencedResource
@@ -56,8 +57,15 @@ class OwnershipWatch(Lifecycle):
         self._revision = 0
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Told each owner record read or watched (the agent starts a takeover pass when
+        # its own region is named at a new epoch); it must not block.
+        self.on_owner: Callable[[Owner], None] | None = None
 
     # -- questions -------------------------------------------------------------------
+    def owners(self) -> list[Owner]:
+        """Every owner record known (as last read or watched)."""
+        return list(self._owners.values())
+
     def owner(self, dataset: str) -> Owner | None:
         """The dataset's owner, epoch and handover state, or None when unowned."""
         found = self._owners.get(dataset)
@@ -124,6 +132,7 @@ class OwnershipWatch(Lifecycle):
         self._owners, self._marks = owners, marks
         for ds, found in owners.items():
             self.fence.observe(ds, found.epoch, handing_over=ds in marks)
+            self._tell(found)
         self._advance(res.revision)
 
     async def _follow(self) -> None:
@@ -166,6 +175,14 @@ class OwnershipWatch(Lifecycle):
         if found is not None:
             self._owners[ds] = found
             self.fence.observe(ds, found.epoch)
+            self._tell(found)
+
+    def _tell(self, found: Owner) -> None:
+        if self.on_owner is not None:
+            try:
+                self.on_owner(found)
+            except Exception as exc:  # noqa: BLE001 - a listener's bug must not stop the watch
+                log.warning("owner_listener_failed", dataset=found.dataset, error=str(exc))
 
     def _on_mark(self, kind: EventType, ds: str, kv: KeyValue) -> None:
         if kind is EventType.PUT:

@@ -69,6 +69,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 
+from agents.admission import Admitted
 from agents.replication.delta_push import ReplicaBases, choose_basis, delta_frames
 from agents.replication.peers import Peers
 from agents.replication.replica_sets import MAX_SETS
@@ -141,6 +142,8 @@ class SyncReplication:
         self._background: set[asyncio.Task[str]] = set()
         # (dataset, replica) -> its catch-up task, while that replica is behind.
         self._behind: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Those marked behind again while their catch-up ran: it makes one more pass.
+        self._again: set[tuple[str, str]] = set()
         # Deltas against what each replica holds (delta_push.py); False: always whole.
         self.deltas = deltas
         self.delta_threads = delta_threads
@@ -152,6 +155,8 @@ class SyncReplication:
         self._reconciles: set[asyncio.Task[None]] = set()
         # Pulls a version another copy region holds into this store (the takeover pass).
         self.adopt = adopt
+        # dataset -> the write at the newest epoch seen here (what catch-ups push at).
+        self._latest: dict[str, CommittedWrite] = {}
 
     def behind(self, dataset: str) -> list[str]:
         """The replicas of `dataset` catching up (not counted toward acks)."""
@@ -161,6 +166,9 @@ class SyncReplication:
         placement = write.admitted.placement
         if not push_targets(placement, self.region):
             return (self.region,)
+        latest = self._latest.get(write.dataset)
+        if latest is None or latest.admitted.epoch <= write.admitted.epoch:
+            self._latest[write.dataset] = write
         self._reconcile_after_takeover(write)
         push: Callable[[str], Awaitable[str]]
         if write.set_record is not None:
@@ -332,6 +340,8 @@ class SyncReplication:
     def _mark_behind(self, write: CommittedWrite, region: str) -> None:
         key = (write.dataset, region)
         if key in self._behind:
+            # Its running pass may have listed before this write: one more pass after it.
+            self._again.add(key)
             return
         log.warning("replica_behind", dataset=write.dataset, region=region)
         self._behind[key] = asyncio.create_task(
@@ -340,13 +350,21 @@ class SyncReplication:
 
     async def _catch_up(self, write: CommittedWrite, region: str) -> None:
         """Push what `region` lacks of the dataset, oldest first, until it lacks nothing
-        (then its commits count toward acks again); stops when this owner is fenced."""
+        (then its commits count toward acks again); stops when this owner is fenced.
+        Each pass pushes at the newest epoch this owner has written at: a catch-up begun
+        at an older epoch (this region took the dataset back meanwhile) would be fenced
+        and give up on a replica that still lacks the new epoch's writes (chaos
+        scenario 10 found one)."""
         delay = self.retry_initial_s
         try:
-            while True:
+            for _attempt in range(1_000_000):  # bounded; each retry waits up to retry_max_s
+                current = self._latest.get(write.dataset, write)
                 try:
-                    pushed = await self._catch_up_once(write, region)
+                    pushed = await self._catch_up_once(current, region)
                 except FencedError as exc:
+                    newer = self._latest.get(write.dataset, write)
+                    if newer.admitted.epoch > current.admitted.epoch:
+                        continue  # a newer epoch of ours: push at it
                     log.warning(
                         "catch_up_fenced", dataset=write.dataset, region=region, error=str(exc)
                     )
@@ -362,10 +380,14 @@ class SyncReplication:
                     await asyncio.sleep(delay)
                     delay = min(self.retry_max_s, delay * 2)
                     continue
+                if (write.dataset, region) in self._again:
+                    self._again.discard((write.dataset, region))
+                    continue  # a write failed there during this pass
                 log.info("replica_caught_up", dataset=write.dataset, region=region, pushed=pushed)
                 return
         finally:
             self._behind.pop((write.dataset, region), None)
+            self._again.discard((write.dataset, region))
 
     async def _catch_up_once(self, write: CommittedWrite, region: str) -> int:
         """One pass; the number of versions pushed. Raises when one cannot be."""
@@ -666,6 +688,23 @@ class SyncReplication:
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
+    def took_over(self, admitted: Admitted, dataset: str, since: HLC) -> None:
+        """This region was named the dataset's owner at `admitted.epoch` (the agent's
+        ownership watch, or its start): the takeover pass begins at once, not at the
+        epoch's first write, which may never come (chaos scenario 10: a region that
+        took a dataset back without writing left a replica lacking an acked write).
+        `since`: this clock's HLC now, before any write of the epoch."""
+        if not admitted.critical or self._reconciled.get(dataset, 0) >= admitted.epoch:
+            return
+        write = CommittedWrite(admitted, dataset)
+        latest = self._latest.get(dataset)
+        if latest is None or latest.admitted.epoch <= admitted.epoch:
+            self._latest[dataset] = write  # what catch-ups still running push at now
+        self._reconciled[dataset] = admitted.epoch
+        log.info("takeover_started", dataset=dataset, epoch=admitted.epoch)
+        for region in push_targets(admitted.placement, self.region):
+            self._start_pass(write, region, since)
+
     def _reconcile_after_takeover(self, write: CommittedWrite) -> None:
         """On this owner's first write at a new epoch, bring every other copy region up
         to what this region holds. A replica that was cut off while an earlier owner
@@ -673,7 +712,7 @@ class SyncReplication:
         tell us so: its pushes of new writes succeed. Off the ack path: the pass does not
         mark the region behind, so it changes no ack."""
         epoch = write.admitted.epoch
-        if self._reconciled.get(write.dataset) == epoch:
+        if self._reconciled.get(write.dataset, 0) >= epoch:
             return
         first = write.version or write.set_record
         if first is None:

@@ -148,3 +148,53 @@ async def test_rewind_is_fenced_like_a_push(eu_agents: Agents, coord: EtcdCoordi
     assert unknown.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     kept = await stat(north.address, DATASET, "k")
     assert kept is not None and kept.version.hlc == again.version.hlc
+
+
+async def test_a_catch_up_begun_at_an_older_epoch_goes_on_at_the_new_one(
+    eu_agents: Agents, coord: EtcdCoordination
+) -> None:
+    """eu-north misses writes at epoch 1 (down), then eu-west takes the dataset again at
+    epoch 2 and writes: once eu-north is back, the catch-up begun at epoch 1 is fenced
+    there, and must go on at epoch 2 rather than give up on a replica that lacks the
+    new epoch's first write (no takeover pass pushes that one: chaos scenario 10)."""
+    west, north = eu_agents["eu-west"], eu_agents["eu-north"]
+    own = Ownership(coord)
+    epoch1 = await own.claim(DATASET, "eu-west", expect_epoch=0, reason="home", actor="test")
+    assert epoch1 is not None
+    assert north.stop() == 0
+    missed = await put(west.address, DATASET, "missed", b"eu-central and eu-west have it")
+    assert sorted(missed.regions) == ["eu-central", "eu-west"]
+    epoch2 = await own.claim(
+        DATASET, "eu-west", expect_epoch=epoch1, reason="failover", actor="test"
+    )
+    assert epoch2 is not None and epoch2 > epoch1
+    first = await put(west.address, DATASET, "first", b"the first write at epoch two")
+    assert sorted(first.regions) == ["eu-central", "eu-west"]
+    north.start()
+    for key, acked in (("missed", missed), ("first", first)):
+        held = await _wait_held(north.address, key, acked.version.digest)
+        assert held is not None, f"eu-north never got {key}"
+        assert held.version.hlc == acked.version.hlc
+
+
+async def test_a_new_owner_levels_the_replicas_before_it_writes(
+    eu_agents: Agents, coord: EtcdCoordination
+) -> None:
+    """eu-north misses an acked write (down); eu-central takes the dataset over and
+    writes nothing. The deposed owner's catch-up is fenced there, so only the new
+    owner's takeover pass, begun when its watch names it, can bring eu-north level."""
+    west, north = eu_agents["eu-west"], eu_agents["eu-north"]
+    own = Ownership(coord)
+    epoch1 = await own.claim(DATASET, "eu-west", expect_epoch=0, reason="home", actor="test")
+    assert epoch1 is not None
+    assert north.stop() == 0
+    missed = await put(west.address, DATASET, "missed", b"acked without eu-north")
+    assert sorted(missed.regions) == ["eu-central", "eu-west"]
+    epoch2 = await own.claim(
+        DATASET, "eu-central", expect_epoch=epoch1, reason="failover", actor="test"
+    )
+    assert epoch2 is not None and epoch2 > epoch1
+    north.start()
+    held = await _wait_held(north.address, "missed", missed.version.digest)
+    assert held is not None, "eu-north never got the write it missed"
+    assert held.version.hlc == missed.version.hlc
