@@ -40,7 +40,7 @@ class RegionOfAgents:
     agents: list[AgentProcess] = field(default_factory=list)
     ids: dict[str, str] = field(default_factory=dict)
 
-    def add(self, count: int = 1, *, weight: int = 1) -> list[AgentProcess]:
+    def add(self, count: int = 1, *, weight: int = 1, metrics: bool = False) -> list[AgentProcess]:
         started = []
         for _ in range(count):
             n = len(self.agents)
@@ -51,6 +51,7 @@ class RegionOfAgents:
                 self.folder / f"agent-{n}.log",
                 lease_ttl_s=self.lease_ttl_s,
                 extra_args=["--weight", str(weight)],
+                metrics=metrics,
             )
             proc.spawn()
             self.agents.append(proc)
@@ -60,6 +61,7 @@ class RegionOfAgents:
             if event is None:
                 raise RuntimeError(f"agent did not start: {proc.log_tail()}")
             proc.address = str(event["endpoint"])
+            proc.metrics_address = str(event.get("metrics") or "")
             self.ids[proc.log_path.name] = str(event["id"])
         return started
 
