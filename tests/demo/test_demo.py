@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from harness.children import popen
 
 from controlplane.observability.dashboard import panel_queries
 from controlplane.settings import Settings
@@ -150,7 +151,7 @@ def test_the_small_demo_holds_every_step_feeds_every_panel_and_stops_all_it_star
 ) -> None:
     out, err = tmp_path / "demo.out", tmp_path / "demo.err"
     with out.open("wb") as stdout, err.open("wb") as stderr:
-        proc = subprocess.Popen(
+        proc = popen(
             [*_meridian(), "demo", "--scale", "small", "--keep", "--output", "json"],
             stdout=stdout,
             stderr=stderr,

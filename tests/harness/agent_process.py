@@ -34,6 +34,7 @@ from pathlib import Path
 
 import grpc
 
+from harness.children import popen
 from harness.controllers import meridian_argv, run_cli
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
@@ -173,7 +174,7 @@ class AgentProcess:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.address = self.metrics_address = ""
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = popen(
                 self.argv(),
                 env={**os.environ, **self.env},
                 stdin=subprocess.DEVNULL,

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.children import popen
+
 REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("eu-north", "EU"), ("us-east", "US")]
 
 
@@ -106,7 +108,7 @@ class ControllerProcess:
             args += ["--metrics", self.metrics_addr]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = popen(
                 args,
                 env={**os.environ, **self.env},
                 stdin=subprocess.DEVNULL,

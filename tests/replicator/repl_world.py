@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from harness.children import popen
 from harness.controllers import meridian_argv, run_cli
 
 from controlplane.adapters.kafka import CHANGES_TOPIC, KafkaProducer
@@ -153,7 +154,7 @@ class ReplicatorProcess:
             args += ["--metrics", self.metrics_addr]
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = popen(
                 args,
                 env={**os.environ, **self.env},
                 stdin=subprocess.DEVNULL,
