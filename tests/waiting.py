@@ -46,8 +46,8 @@ def _timed_out(
 async def until(
     predicate: Callable[[], T | Awaitable[T]],
     timeout_s: float,
-    *,
     what: str,
+    *,
     step_s: float = 0.05,
     detail: Callable[[], object] | None = None,
 ) -> T:
@@ -70,8 +70,8 @@ async def until(
 def until_sync(
     predicate: Callable[[], T],
     timeout_s: float,
-    *,
     what: str,
+    *,
     step_s: float = 0.05,
     detail: Callable[[], object] | None = None,
 ) -> T:
