@@ -15,6 +15,9 @@ through `popen` (or `asyncio.create_subprocess_exec(..., preexec_fn=die_with_us(
   group.
 
 Children stay in sessions of their own (`start_new_session`), as before.
+
+`popen_logged` is how the harnesses start one (its output appended to a log file),
+`ChildProcess` the signals and stops they share, `log_events` their structured log.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -67,6 +72,74 @@ def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
             del _live[pid]
         _live[proc.pid] = proc
     return proc
+
+
+def popen_logged(
+    argv: Sequence[str], env: Mapping[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """`popen` with `env` over this process's, no stdin, stdout and stderr appended to
+    `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return popen(
+            argv,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+class ChildProcess:
+    """Signals and stops for a harness object whose child is `self.proc`."""
+
+    proc: subprocess.Popen[bytes] | None
+    stop_timeout_s: float = 30
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError("not started")
+        return self.proc.pid
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGTERM (SIGCONT first: a paused child could not handle it), then SIGKILL if
+        it does not exit in time; the exit status, None when it had to be killed."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(self.stop_timeout_s if timeout_s is None else timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            return None
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(10)
+
+
+def log_events(text: str) -> list[dict[str, object]]:
+    """The JSON events of a child's log (structlog's lines), other lines skipped."""
+    out: list[dict[str, object]] = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
 
 
 def kill_all() -> None:
