@@ -11,6 +11,8 @@ from Kafka and from nobody else.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from pathlib import Path
 
 from controlplane.settings import Settings, load_settings
@@ -109,6 +111,7 @@ class PrivateStack:
         return [self.etcd, self.toxiproxy, self.kafka, self.postgres]
 
     def up(self) -> None:
+        self._forget_stopped_etcd()
         try:
             for service in self.services:
                 service.install()
@@ -117,6 +120,17 @@ class PrivateStack:
         except BaseException:
             self.down()
             raise
+
+    def _forget_stopped_etcd(self) -> None:
+        """A stopped private etcd is begun afresh: each world uses a keyspace of its own,
+        and data left from another run (other ports, a killed member) could keep the
+        three members from ever forming one cluster again."""
+        if self.etcd_cluster().members and any(
+            m.pid is not None for m in self.etcd_cluster().members
+        ):
+            return
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.etcd.run_dir)
 
     def down(self) -> None:
         for service in reversed(self.started):

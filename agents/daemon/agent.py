@@ -43,6 +43,7 @@ from agents.placement import MembershipWatch
 from agents.rebalance import Rebalancer
 from agents.replication import EtcdPeers, SyncReplication
 from agents.replication.replica_sets import ReplicaSets
+from agents.replication.sync import Adopt
 from agents.routing import PeerStubs, RoutedAgentService
 from agents.service.server import start_server, stop_server
 from agents.store import ObjectStore
@@ -51,12 +52,15 @@ from agents.transfer.sweep import ResumeSweeper
 from controlplane.coordination.protocols.datasets import announce
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HybridClock, offset_ms
+from controlplane.domain.version import Version
 from controlplane.errors import NotFoundError
 from controlplane.lifecycle import Lifecycle
 from controlplane.logs import get_logger
 from controlplane.policy.current import PolicyView
 from controlplane.ports.coordination import Coordination
 from controlplane.settings import Settings
+from meridian.convert import version_to_wire
+from meridian.v1 import agent_pb2
 
 log = get_logger("meridian.agent")
 
@@ -143,7 +147,10 @@ class NodeAgent(Lifecycle):
         await self.sweeper.start()
         # Critical writes: pushed to the replica regions' agents, acked at `ack` copies.
         self.replication = SyncReplication(
-            store, self.region, EtcdPeers(self.coord, self.settings.agent_address)
+            store,
+            self.region,
+            EtcdPeers(self.coord, self.settings.agent_address),
+            adopt=_adopter(transfers),
         )
         # A region of one agent is served as by AgentService; of several, routed.
         service = RoutedAgentService(
@@ -281,3 +288,25 @@ class NodeAgent(Lifecycle):
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
         log.info("agent_shutdown_complete", region=self.region, id=self.identity.agent_id)
+
+
+def _adopter(transfers: TransferService) -> Adopt:
+    """The takeover pass's pull of a version another copy region holds and this owner
+    lacks (agents/replication/sync.py): a Fetch from that region's agent, by LWW."""
+
+    async def adopt(dataset: str, key: str, version: Version, region: str, address: str) -> bool:
+        response = await transfers.fetch(
+            agent_pb2.FetchRequest(
+                dataset=dataset,
+                key=key,
+                version=version_to_wire(version),
+                sources=[agent_pb2.FetchSource(region=region, address=address)],
+                origin_region=region,
+            )
+        )
+        return response.outcome in (
+            agent_pb2.APPLY_OUTCOME_APPLIED,
+            agent_pb2.APPLY_OUTCOME_SAME,
+        )
+
+    return adopt

@@ -42,6 +42,18 @@ region counts toward the set's ack only when it shows the whole set: the ack cov
 every member and the set record in `ack` regions. Catch-up pushes, besides the
 newest version of each key, the members of the newest complete set and that set.
 
+**Takeover.** On an owner's first write at a new epoch, a takeover pass per copy
+region lists what it holds: the versions it lacks (older than that first write)
+are pushed; a version it holds that this owner lacks is a write of an earlier
+owner that did not reach this one. Older than the epoch's first write, it is
+*adopted*: pulled here (`adopt`, Sync) and spread to the other copy regions, for it
+may be an acked write of the old epoch that this owner missed (nothing acked is
+dropped). Newer, it can only be a deposed owner's write made after this epoch
+began, never acked: it is *rewound* there (the `Rewind` call, fenced like a push),
+so it can never supersede a write acked at this epoch. Either way the copies
+converge. A deposed owner also rewinds its own write at once when a replica fences
+it and no region took it (a `StaleEpochError`: the write can never be acked).
+
 **Deltas.** A version of at least 64 KiB is pushed as a delta against the version
 the replica holds (the one it was last seen to commit, else this store's previous
 one), patched by the replica as it arrives; a replica without that basis answers at
@@ -74,6 +86,9 @@ from meridian.v1 import agent_pb2, agent_pb2_grpc
 log = get_logger("meridian.agent.replication")
 
 Held = tuple[str, Version, str | None]  # key, version, the set it was written in
+Local = tuple[list[Held], list[SetRecord], list[Held]]  # newest, latest set, its members
+# (dataset, key, version, source region, source address) -> whether it is held here now.
+Adopt = Callable[[str, str, Version, str, str], Awaitable[bool]]
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 4 * CHUNK_BYTES),
@@ -115,6 +130,7 @@ class SyncReplication:
         min_rate_bps: float = 8 * 1024 * 1024,
         deltas: bool = True,
         delta_threads: int = 1,
+        adopt: Adopt | None = None,
     ) -> None:
         self.store = store
         self.region = region
@@ -134,6 +150,8 @@ class SyncReplication:
         # dataset -> the epoch whose takeover pass was started (see `_reconcile`).
         self._reconciled: dict[str, int] = {}
         self._reconciles: set[asyncio.Task[None]] = set()
+        # Pulls a version another copy region holds into this store (the takeover pass).
+        self.adopt = adopt
 
     def behind(self, dataset: str) -> list[str]:
         """The replicas of `dataset` catching up (not counted toward acks)."""
@@ -225,6 +243,8 @@ class SyncReplication:
         )
         fenced = next((e for e in errors.values() if isinstance(e, FencedError)), None)
         if fenced is not None:
+            if held == [self.region] and not pending:
+                await self._rewind_own(write, fenced)
             raise fenced
         timed_out = time.monotonic() >= until
         why = "; ".join(
@@ -347,15 +367,70 @@ class SyncReplication:
         finally:
             self._behind.pop((write.dataset, region), None)
 
-    async def _catch_up_once(
-        self, write: CommittedWrite, region: str, older_than: HLC | None = None
-    ) -> int:
-        """One pass; the number of versions pushed. Raises when one cannot be.
-        `older_than`: only versions and sets older than it (a takeover pass leaves the
-        writes of its own epoch to their own pushes, which it would only duplicate)."""
+    async def _catch_up_once(self, write: CommittedWrite, region: str) -> int:
+        """One pass; the number of versions pushed. Raises when one cannot be."""
         address = await self.peers.address(region)
         theirs = await self._listing(address, write.dataset)
-        ours, sets, members = await asyncio.to_thread(self._local, write.dataset)
+        local = await asyncio.to_thread(self._local, write.dataset)
+        return await self._push_lacking(write, region, theirs, local, None)
+
+    async def _takeover_once(
+        self, write: CommittedWrite, region: str, older_than: HLC
+    ) -> tuple[int, int, int]:
+        """One takeover pass over `region` (module docstring): versions pushed, adopted,
+        rewound. Ours is read after theirs, so every version of ours they hold is in it:
+        what they hold and we lack came from another owner."""
+        address = await self.peers.address(region)
+        theirs = await self._listing(address, write.dataset)
+        local = await asyncio.to_thread(self._local, write.dataset)
+        ours = {key: version for key, version, _ in local[0]}
+        extras = sorted(
+            ((k, v) for k, v in theirs.items() if _extra(ours.get(k), v)),
+            key=lambda kv: kv[1].hlc,
+        )
+        adopted = rewound = 0
+        for key, version in extras:
+            if version.hlc < older_than:
+                if self.adopt is not None and await self.adopt(
+                    write.dataset, key, version, region, address
+                ):
+                    adopted += 1
+                continue
+            if version.is_tombstone:
+                # A deposed owner's delete: it hides nothing acked at this epoch (a newer
+                # write of ours supersedes it); Rewind takes puts only.
+                log.warning(
+                    "takeover_stale_delete_left",
+                    dataset=write.dataset,
+                    key=key,
+                    region=region,
+                    version=version.hlc.text,
+                )
+                continue
+            newest = await self._rewind(write, region, address, key, version)
+            rewound += 1
+            if newest is None:
+                theirs.pop(key, None)
+            else:
+                theirs[key] = newest
+        if adopted:
+            local = await asyncio.to_thread(self._local, write.dataset)
+        pushed = await self._push_lacking(write, region, theirs, local, older_than)
+        return pushed, adopted, rewound
+
+    async def _push_lacking(
+        self,
+        write: CommittedWrite,
+        region: str,
+        theirs: dict[str, Version],
+        local: Local,
+        older_than: HLC | None,
+    ) -> int:
+        """Push what `region` (holding `theirs`) lacks of `local`, oldest first; the number
+        pushed. `older_than`: only versions and sets older than it (a takeover pass
+        leaves the writes of its own epoch to their own pushes, which it would only
+        duplicate)."""
+        ours, sets, members = local
         # The newest version of each key, and the members of the sets this region
         # shows (the newest complete set and any newer: older versions of their keys),
         # oldest first, so that the replica's newest equals ours and its sets complete.
@@ -383,7 +458,56 @@ class SyncReplication:
             await self._push_sets(region, write, page, self.timeout_s + size / self.min_rate_bps)
         return len(wanted) + len(sets)
 
-    def _local(self, dataset: str) -> tuple[list[Held], list[SetRecord], list[Held]]:
+    async def _rewind(
+        self, write: CommittedWrite, region: str, address: str, key: str, version: Version
+    ) -> Version | None:
+        """Have `region` drop `version` of `key`; what it holds of the key afterwards."""
+        stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        request = agent_pb2.RewindRequest(
+            dataset=write.dataset,
+            key=key,
+            version=version_to_wire(version),
+            epoch=write.admitted.epoch,
+            origin_region=self.region,
+        )
+        try:
+            resp = await stub.Rewind(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, f"{region} ({address})") from err
+        log.info(
+            "takeover_rewound",
+            dataset=write.dataset,
+            key=key,
+            region=region,
+            version=version.hlc.text,
+            dropped=resp.dropped,
+        )
+        if not resp.HasField("newest"):
+            return None
+        return version_from_wire(resp.newest, "RewindResponse.newest")
+
+    async def _rewind_own(self, write: CommittedWrite, fenced: FencedError) -> None:
+        """A replica fenced this write (a newer epoch) and no region took it: it can never
+        be acked, so this deposed owner drops it rather than keep a copy no owner has."""
+        if write.version is None or write.key is None:
+            return  # a set record: its members were each written (and fenced) alone
+        try:
+            dropped = await asyncio.to_thread(
+                self.store.rewind, write.dataset, write.key, write.version
+            )
+        except MeridianError as exc:
+            log.warning("rewind_failed", dataset=write.dataset, key=write.key, error=str(exc))
+            return
+        log.warning(
+            "critical_write_rewound",
+            dataset=write.dataset,
+            key=write.key,
+            version=write.version.hlc.text,
+            dropped=dropped,
+            reason=str(fenced),
+        )
+
+    def _local(self, dataset: str) -> Local:
         """This store's newest version of each key, its newest complete set (what a
         reader here is shown; older ones are superseded and their members may be
         pruned), and the versions that set names."""
@@ -556,12 +680,15 @@ class SyncReplication:
             return
         self._reconciled[write.dataset] = epoch
         for region in push_targets(write.admitted.placement, self.region):
-            task = asyncio.create_task(
-                self._reconcile(write, region, first.hlc),
-                name=f"takeover pass {write.dataset} {region}",
-            )
-            self._reconciles.add(task)
-            task.add_done_callback(self._reconciles.discard)
+            self._start_pass(write, region, first.hlc)
+
+    def _start_pass(self, write: CommittedWrite, region: str, older_than: HLC) -> None:
+        task = asyncio.create_task(
+            self._reconcile(write, region, older_than),
+            name=f"takeover pass {write.dataset} {region}",
+        )
+        self._reconciles.add(task)
+        task.add_done_callback(self._reconciles.discard)
 
     async def _reconcile(self, write: CommittedWrite, region: str, older_than: HLC) -> None:
         delay = self.retry_initial_s
@@ -569,7 +696,7 @@ class SyncReplication:
             if self._reconciled.get(write.dataset) != write.admitted.epoch:
                 return  # a newer epoch of ours started its own pass
             try:
-                pushed = await self._catch_up_once(write, region, older_than)
+                pushed, adopted, rewound = await self._takeover_once(write, region, older_than)
             except FencedError:
                 return  # no longer the owner: the new one runs its own pass
             except MeridianError as exc:
@@ -583,7 +710,19 @@ class SyncReplication:
                 await asyncio.sleep(delay)
                 delay = min(self.retry_max_s, delay * 2)
                 continue
-            log.info("takeover_pass_done", dataset=write.dataset, region=region, pushed=pushed)
+            log.info(
+                "takeover_pass_done",
+                dataset=write.dataset,
+                region=region,
+                pushed=pushed,
+                adopted=adopted,
+                rewound=rewound,
+            )
+            if adopted:
+                # What came from `region` goes to the others too (their passes may be over).
+                for other in push_targets(write.admitted.placement, self.region):
+                    if other != region:
+                        self._start_pass(write, other, older_than)
             return
 
     async def close(self) -> None:
@@ -601,6 +740,13 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _extra(ours: Version | None, theirs: Version) -> bool:
+    """Whether a replica's newest `theirs` is a version this owner (newest `ours`) lacks:
+    newer than ours, or held where we hold nothing (the same HLC with other bytes is an
+    HLC collision, left as LWW leaves it)."""
+    return ours is None or theirs.hlc > ours.hlc
 
 
 def _lacks(held: Version | None, version: Version) -> bool:

@@ -85,6 +85,10 @@ class Transfers(Protocol):
         self, request: agent_pb2.ReplicateManyRequest, context: Context
     ) -> agent_pb2.ReplicateManyResponse: ...
 
+    async def Rewind(  # noqa: N802
+        self, request: agent_pb2.RewindRequest, context: Context
+    ) -> agent_pb2.RewindResponse: ...
+
 
 @dataclass(frozen=True, slots=True)
 class CommittedWrite:
@@ -542,6 +546,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             context,
             self.metrics,
             lambda: transfers.ReplicateMany(request, context),
+        )
+
+    async def Rewind(  # noqa: N802
+        self, request: agent_pb2.RewindRequest, context: Context
+    ) -> agent_pb2.RewindResponse:
+        transfers = self.transfers
+        if transfers is None:
+            return await unary(
+                "Rewind", context, self.metrics, lambda: _refuse_unimplemented("Rewind", context)
+            )
+        return await unary(
+            "Rewind", context, self.metrics, lambda: transfers.Rewind(request, context)
         )
 
 

@@ -1151,6 +1151,28 @@ class ObjectStore:
             self._remove_files(paths)
         return True
 
+    def rewind(self, dataset: str, key: str, version: Version) -> bool:
+        """Drop one version of a critical object that was never acknowledged (issue 14:
+        a deposed owner's write, refused by the replicas under a newer epoch); the
+        previous version, if any, is the newest again. Journalled `removed` (reason
+        `rewound`), so the catalog forgets this region's copy. Returns whether it was
+        held (with that digest: another write at the same HLC is not this one)."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        with self._object_lock(dataset, key):
+            with self._tx() as conn:
+                row = conn.execute(
+                    rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ? AND hlc = ?",
+                    (dataset, key, version.hlc.text),
+                ).fetchone()
+                if row is None or rows.to_stored(row[:-1]).version.digest != version.digest:
+                    return False
+                paths = self._delete_rows(conn, [row], "rewound")
+            self._remove_files(paths)
+        log.info(
+            "version_rewound", dataset=dataset, key=key, version=version.hlc.text, files=len(paths)
+        )
+        return True
+
     def usage(self) -> Usage:
         """Objects whose newest version is a put, version files kept, their bytes (counters
         kept by triggers, see schema.py: no scan), and the space left on the root's

@@ -308,6 +308,46 @@ class TransferService:
                 )
         return agent_pb2.ReplicateManyResponse(results=results)
 
+    # -- Rewind (the owner's takeover pass drops a deposed owner's unacked write) --------
+
+    async def Rewind(  # noqa: N802
+        self, request: agent_pb2.RewindRequest, context: Context
+    ) -> agent_pb2.RewindResponse:
+        try:
+            return await self.rewind(request)
+        except MeridianError as exc:
+            await abort(context, exc)
+
+    async def rewind(self, request: agent_pb2.RewindRequest) -> agent_pb2.RewindResponse:
+        """Fenced as a Replicate of a critical dataset (the watched epoch, then etcd's
+        owner record read now): only the current owner drops a version here."""
+        version = version_from_wire(request.version, "RewindRequest.version")
+        if version.is_tombstone:
+            raise InvalidInputError("RewindRequest.version: only a put is rewound")
+        placement = self.admission.admit_store(request.dataset)
+        if placement.dataset_class != "critical":
+            raise InvalidInputError(
+                f"RewindRequest: {request.dataset} is a standard dataset; only a critical "
+                "dataset's unacknowledged writes are rewound"
+            )
+        origin = request.origin_region
+        await self.admission.admit_replica_current(request.dataset, request.epoch, origin)
+        dropped = await asyncio.to_thread(self.store.rewind, request.dataset, request.key, version)
+        log.info(
+            "rewound_for_owner",
+            dataset=request.dataset,
+            key=request.key,
+            version=version.hlc.text,
+            owner=origin,
+            epoch=request.epoch,
+            dropped=dropped,
+        )
+        newest = await asyncio.to_thread(self.store.head, request.dataset, request.key)
+        response = agent_pb2.RewindResponse(dropped=dropped, region=self.region)
+        if newest is not None:
+            response.newest.CopyFrom(version_to_wire(newest))
+        return response
+
     async def _admit_current(self, header: agent_pb2.ReplicateHeader, origin: str) -> None:
         """etcd's owner record, read now, must still name the pusher (`origin`) at its
         epoch (a refusal is recorded by the caller)."""

@@ -177,11 +177,20 @@ SIZE_FILE = "cluster-size"
 def _recorded_size(base_dir: Path, cluster_name: str) -> int | None:
     """How many members the data under `base_dir` was created with (None: no data yet)."""
     try:
-        return int((base_dir / SIZE_FILE).read_text().strip())
-    except (OSError, ValueError):
+        return int((base_dir / SIZE_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         pass
     found = len(list(base_dir.glob(f"{cluster_name}-*.data")))
     return found or None
+
+
+def _recorded_peer_port(base_dir: Path) -> int | None:
+    """The first member's peer port the data was created with (None: not recorded)."""
+    try:
+        fields = (base_dir / SIZE_FILE).read_text().split()
+        return int(fields[1]) if len(fields) > 1 else None
+    except (OSError, ValueError):
+        return None
 
 
 def start_etcd_cluster(
@@ -207,11 +216,19 @@ def start_etcd_cluster(
             f"the etcd data in {base_dir} holds a {recorded}-member cluster; start it with "
             f"{recorded} member(s), or delete that folder to begin afresh with {members}"
         )
+    recorded_port = _recorded_peer_port(base_dir) if recorded is not None else None
+    if members > 1 and recorded_port is not None and recorded_port != peer_port:
+        # The members' data names their peers' old addresses, which etcd keeps over
+        # --initial-cluster: started on new ports they would never find each other.
+        raise StackError(
+            f"the etcd data in {base_dir} was created with peer port {recorded_port}; start "
+            f"it with that port, or delete that folder to begin afresh on {peer_port}"
+        )
     cluster = plan_etcd_cluster(
         base_dir, members, client_port, peer_port, heartbeat_ms, election_ms, cluster_name
     )
     base_dir.mkdir(parents=True, exist_ok=True)
-    (base_dir / SIZE_FILE).write_text(f"{members}\n")
+    (base_dir / SIZE_FILE).write_text(f"{members} {peer_port}\n")
     try:
         for member in cluster.members:
             member.start()

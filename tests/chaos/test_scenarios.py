@@ -38,15 +38,7 @@ GROUPS: dict[str, tuple[int, str, list[int]]] = {
 }
 # Bugs the suite found that are not fixed on this branch: the scenario's test is an
 # expected failure while exactly these invariants fail (any other failing fails it).
-KNOWN: dict[str, tuple[set[str], str]] = {
-    name: (
-        {"convergence"},
-        "an unacked critical write committed at an owner deposed before its catch-up ran "
-        "stays there alone (the catch-up is fenced, the new owner does not have it): "
-        "nothing reconciles the copies",
-    )
-    for name in ("owner-cut-from-etcd", "owner-sigstop")
-}
+KNOWN: dict[str, tuple[set[str], str]] = {}
 WORLD_S = 240  # a world's set-up and teardown on a loaded machine
 BUDGET_S = 200  # per scenario: 30 s of faults with their gaps, recovery, checks, its share
 Row = tuple[int, str, float, float, int, int, str]  # number, name, s, world s, ops, acked, held

@@ -174,3 +174,8 @@ async def test_a_paused_owner_cannot_get_a_write_accepted_after_a_failover(
         with pytest.raises(grpc.aio.AioRpcError) as stale:
             await replicate(proc.address, "tri/d", acked.version, b"before the pause", epoch1)
         assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # What the woken owner committed before it learnt (a replica's fence, or its own
+    # watch) is dropped there: it ends holding the new owner's version, none of its own.
+    assert await wait_stat_digest(west.address, "tri/d", "k", new.version.digest, timeout_s=30)
+    held = await stat(west.address, "tri/d", "k")
+    assert held is not None and held.version.hlc == new.version.hlc

@@ -1,0 +1,150 @@
+"""A new owner's takeover pass reconciles what a deposed owner kept alone.
+
+The deposed owner (eu-west) commits a write that no replica takes (both are down),
+then is paused while eu-central takes the dataset over at a newer epoch and writes.
+Once eu-west wakes up, the copies must converge (chaos scenarios 2-4 found them
+differing for ever):
+
+* the lone write is older than the new epoch's first write: the new owner adopts
+  it (it may have been an acked write the new owner missed) and spreads it;
+* it is newer (eu-central's clock runs behind, as a real one may): it can only be a
+  write the old owner made after the new epoch began, never acked, and it must not
+  supersede anything acked now: the new owner has eu-west rewind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+import pytest
+from critical_helpers import put, stat
+from harness.agent_process import AgentProcess
+
+from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination.protocols.ownership import Ownership
+from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+Agents = dict[str, AgentProcess]
+DATASET = "tri/takeover"
+
+
+async def _lone_write_then_takeover(
+    agents: Agents, coord: EtcdCoordination, central_offset_ms: int
+) -> tuple[agent_pb2.ObjectInfo, agent_pb2.PutResponse]:
+    """eu-west's lone unacked write (returned as eu-west holds it) and eu-central's
+    first write at the new epoch; eu-west is running again on return."""
+    west, central, north = (agents[r] for r in ("eu-west", "eu-central", "eu-north"))
+    epoch1 = await Ownership(coord).claim(
+        DATASET, "eu-west", expect_epoch=0, reason="home", actor="test"
+    )
+    assert epoch1 is not None
+    await put(west.address, DATASET, "base", b"acked by all")
+    assert central.stop() == 0 and north.stop() == 0
+    with pytest.raises(grpc.aio.AioRpcError) as unacked:
+        await put(west.address, DATASET, "lone", b"only the old owner has this")
+    assert unacked.value.code() == grpc.StatusCode.UNAVAILABLE
+    lone = await stat(west.address, DATASET, "lone")
+    assert lone is not None  # committed there, not acked
+
+    west.signal(signal.SIGSTOP)  # its catch-up must not push `lone` before the move
+    try:
+        if central_offset_ms:
+            central.env = {**central.env, "MERIDIAN_CLOCK_OFFSET_MS": str(central_offset_ms)}
+        central.start()
+        north.start()
+        epoch2 = await Ownership(coord).claim(
+            DATASET, "eu-central", expect_epoch=epoch1, reason="failover", actor="test"
+        )
+        assert epoch2 is not None and epoch2 > epoch1
+        first = await put(central.address, DATASET, "new", b"the new owner's first write")
+        assert sorted(first.regions) == ["eu-central", "eu-north"]
+    finally:
+        west.signal(signal.SIGCONT)
+    return lone, first
+
+
+async def _wait_held(
+    address: str, key: str, want: str | None, timeout_s: float = 45
+) -> agent_pb2.ObjectInfo | None:
+    """What `address` holds of DATASET/key once its digest is `want` (None: nothing),
+    polled (bounded in count and time); the last answer if it never is."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout_s
+    found = None
+    for _ in range(int(timeout_s / 0.1) + 1):
+        found = await stat(address, DATASET, key)
+        if (found.version.digest if found else None) == want or loop.time() >= until:
+            break
+        await asyncio.sleep(0.1)  # the poll step of a bounded wait
+    return found
+
+
+async def test_a_lone_write_older_than_the_new_epoch_is_adopted_everywhere(
+    eu_agents: Agents, coord: EtcdCoordination
+) -> None:
+    lone, first = await _lone_write_then_takeover(eu_agents, coord, central_offset_ms=0)
+    assert lone.version.hlc < first.version.hlc
+    for region in ("eu-central", "eu-north"):
+        held = await _wait_held(eu_agents[region].address, "lone", lone.version.digest)
+        assert held is not None, f"{region} never got the old owner's lone write"
+        assert (held.version.hlc, held.version.digest) == (lone.version.hlc, lone.version.digest)
+    west = await stat(eu_agents["eu-west"].address, DATASET, "lone")
+    assert west is not None and west.version.hlc == lone.version.hlc
+    # And the deposed owner got the new owner's write (its catch-up at the new epoch).
+    new = await _wait_held(eu_agents["eu-west"].address, "new", first.version.digest)
+    assert new is not None and new.version.hlc == first.version.hlc
+
+
+async def test_a_lone_write_newer_than_the_new_epoch_is_rewound(
+    eu_agents: Agents, coord: EtcdCoordination
+) -> None:
+    lone, first = await _lone_write_then_takeover(eu_agents, coord, central_offset_ms=-60_000)
+    assert lone.version.hlc > first.version.hlc  # the new owner's clock is behind
+    gone = await _wait_held(eu_agents["eu-west"].address, "lone", None)
+    assert gone is None, f"eu-west still holds the unacked {gone}"
+    for region in ("eu-central", "eu-north"):
+        assert await stat(eu_agents[region].address, DATASET, "lone") is None
+    base = await stat(eu_agents["eu-west"].address, DATASET, "base")
+    assert base is not None  # only the unacked version went
+
+
+async def test_rewind_is_fenced_like_a_push(eu_agents: Agents, coord: EtcdCoordination) -> None:
+    """Only the owner at the current epoch (per etcd) has a replica drop a version."""
+    west, north = eu_agents["eu-west"], eu_agents["eu-north"]
+    epoch = await Ownership(coord).claim(
+        DATASET, "eu-west", expect_epoch=0, reason="home", actor="test"
+    )
+    assert epoch is not None
+    acked = await put(west.address, DATASET, "k", b"acked")
+    held = await stat(north.address, DATASET, "k")
+    assert held is not None
+
+    async def rewind(
+        epoch: int, origin: str, version: agent_pb2.Version
+    ) -> agent_pb2.RewindResponse:
+        async with grpc.aio.insecure_channel(north.address) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            request = agent_pb2.RewindRequest(
+                dataset=DATASET, key="k", version=version, epoch=epoch, origin_region=origin
+            )
+            return await stub.Rewind(request, timeout=10)
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await rewind(epoch, "eu-central", held.version)  # not the owner
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    still = await stat(north.address, DATASET, "k")
+    assert still is not None and still.version.hlc == acked.version.hlc
+    done = await rewind(epoch, "eu-west", held.version)
+    assert done.dropped and not done.HasField("newest")
+    assert await stat(north.address, DATASET, "k") is None
+
+    again = await put(west.address, DATASET, "k", b"acked again")
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await rewind(epoch + 1, "eu-west", again.version)  # an epoch etcd never gave
+    assert unknown.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    kept = await stat(north.address, DATASET, "k")
+    assert kept is not None and kept.version.hlc == again.version.hlc
