@@ -132,9 +132,17 @@ async def test_a_replica_refuses_an_old_epoch_and_a_handover(
     await coord.put(keys.alive("eu-central"), b"{}")  # a move needs a live target
     epoch2 = await own.complete_handover(mark, reason="switchover", actor="test")
     assert epoch2 > epoch1
-    with pytest.raises(grpc.aio.AioRpcError) as stale:
-        await replicate(north.address, "tri/c", first.version, b"at epoch one", epoch1)
-    assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    async def refusal() -> grpc.StatusCode | None:
+        try:
+            await replicate(north.address, "tri/c", first.version, b"at epoch one", epoch1)
+        except grpc.aio.AioRpcError as err:
+            # Until eu-north's watch has seen the mark go, it still says "handing over".
+            return None if err.code() == grpc.StatusCode.UNAVAILABLE else err.code()
+        raise AssertionError("a copy at the old epoch was accepted after the move")
+
+    stale = await until(refusal, 15, "eu-north's refusal once it has seen the move")
+    assert stale == grpc.StatusCode.FAILED_PRECONDITION
     # The deposed owner's own writes are refused too.
     with pytest.raises(grpc.aio.AioRpcError) as deposed:
         await put(west.address, "tri/c", "k", b"after the move")
