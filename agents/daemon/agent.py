@@ -328,15 +328,26 @@ class NodeAgent(Lifecycle):
     async def _take_over(self, owner: Owner) -> None:
         if self.admission is None or self.replication is None or self.store is None:
             return
-        try:
-            # As a write would be admitted: this region owns it, at this epoch, per etcd.
-            admitted = await self.admission.admit_write(owner.dataset, owner.epoch)
-        except MeridianError as exc:
-            log.info("takeover_not_started", dataset=owner.dataset, error=str(exc))
+        delay = self.config.retry_initial_s
+        for _attempt in range(60):  # bounded: about 2 min at the capped delay
+            current = self.watch.owner(owner.dataset)
+            if current is None or (current.region, current.epoch) != (owner.region, owner.epoch):
+                return  # moved on: the watch tells us of the next owner
+            try:
+                # As a write would be admitted: this region owns it, at this epoch, per etcd.
+                admitted = await self.admission.admit_write(owner.dataset, owner.epoch)
+            except MeridianError as exc:
+                log.info("takeover_not_started", dataset=owner.dataset, error=str(exc))
+                if not exc.retriable:
+                    return
+                await asyncio.sleep(delay)  # etcd away, a handover mark still seen: again
+                delay = min(self.config.retry_max_s, delay * 2)
+                continue
+            self.replication.took_over(admitted, owner.dataset, self.store.clock.now())
             return
-        self.replication.took_over(admitted, owner.dataset, self.store.clock.now())
 
     async def _do_stop(self) -> None:
+        self.watch.on_owner = None  # no takeover begins once stopping
         for task in list(self._takeovers):
             task.cancel()
         if self.sweeper is not None:

@@ -48,11 +48,14 @@ are pushed; a version it holds that this owner lacks is a write of an earlier
 owner that did not reach this one. Older than the epoch's first write, it is
 *adopted*: pulled here (`adopt`, Sync) and spread to the other copy regions, for it
 may be an acked write of the old epoch that this owner missed (nothing acked is
-dropped). Newer, it can only be a deposed owner's write made after this epoch
-began, never acked: it is *rewound* there (the `Rewind` call, fenced like a push),
-so it can never supersede a write acked at this epoch. Either way the copies
-converge. A deposed owner also rewinds its own write at once when a replica fences
-it and no region took it (a `StaleEpochError`: the write can never be acked).
+dropped). Newer, and held by that region alone (every other copy region, this one
+included, says it holds neither it nor anything newer), it can only be a deposed
+owner's write made after this epoch began, never acked (an ack needs two regions):
+it is *rewound* there (the `Rewind` call, fenced like a push), so it cannot
+supersede a write acked at this epoch. Any doubt adopts: an HLC alone says little
+when the two clocks differ. Either way the copies converge. A deposed owner also
+rewinds its own write at once when a replica fences it and no region took it (a
+`StaleEpochError`: the write can never be acked).
 
 **Deltas.** A version of at least 64 KiB is pushed as a delta against the version
 the replica holds (the one it was last seen to commit, else this store's previous
@@ -236,7 +239,9 @@ class SyncReplication:
             if not isinstance(exc, FencedError):
                 self._mark_behind(write, region)
         for task in pending:
-            self._mark_behind(write, tasks[task])  # it may time out: caught up to be sure
+            # It may time out: caught up to be sure; but a straggler of a quorum (nearly
+            # every write's, under load) does not send a running catch-up round again.
+            self._mark_behind(write, tasks[task], again=False)
         if len(held) >= need:
             return tuple(held)
         missing = [r for r in targets if r not in held]
@@ -337,11 +342,12 @@ class SyncReplication:
 
         await asyncio.gather(*(one(r, k) for r, keys in lacking for k in keys))
 
-    def _mark_behind(self, write: CommittedWrite, region: str) -> None:
+    def _mark_behind(self, write: CommittedWrite, region: str, *, again: bool = True) -> None:
         key = (write.dataset, region)
         if key in self._behind:
-            # Its running pass may have listed before this write: one more pass after it.
-            self._again.add(key)
+            # Its running pass may have listed before this failed write: one more after it.
+            if again:
+                self._again.add(key)
             return
         log.warning("replica_behind", dataset=write.dataset, region=region)
         self._behind[key] = asyncio.create_task(
@@ -382,7 +388,8 @@ class SyncReplication:
                     continue
                 if (write.dataset, region) in self._again:
                     self._again.discard((write.dataset, region))
-                    continue  # a write failed there during this pass
+                    await asyncio.sleep(delay)  # a write failed there during this pass
+                    continue
                 log.info("replica_caught_up", dataset=write.dataset, region=region, pushed=pushed)
                 return
         finally:
@@ -412,15 +419,20 @@ class SyncReplication:
         )
         adopted = rewound = 0
         for key, version in extras:
-            if version.hlc < older_than:
+            lone = version.hlc >= older_than and await self._held_nowhere_else(
+                write, region, key, version
+            )
+            if not lone:
+                # Adopted: it may be an acked write this owner missed, held by a quorum
+                # without us, whatever its HLC says of the two clocks (a new owner whose
+                # clock is behind sees an old epoch's acked write as "newer").
                 if self.adopt is not None and await self.adopt(
                     write.dataset, key, version, region, address
                 ):
                     adopted += 1
                 continue
             if version.is_tombstone:
-                # A deposed owner's delete: it hides nothing acked at this epoch (a newer
-                # write of ours supersedes it); Rewind takes puts only.
+                # A deposed owner's lone delete: left (and said); Rewind takes puts only.
                 log.warning(
                     "takeover_stale_delete_left",
                     dataset=write.dataset,
@@ -439,6 +451,44 @@ class SyncReplication:
             local = await asyncio.to_thread(self._local, write.dataset)
         pushed = await self._push_lacking(write, region, theirs, local, older_than)
         return pushed, adopted, rewound
+
+    async def _held_nowhere_else(
+        self, write: CommittedWrite, region: str, key: str, version: Version
+    ) -> bool:
+        """Whether `region` alone holds `version` (or anything newer) of `key`: every other
+        copy region, this one included (its other agents, by routing), answers that it
+        holds neither. Only such a version can never have been acked (an ack needs at
+        least two regions), so only it may be rewound; any doubt (a region that does
+        not answer) keeps it."""
+        for other in (self.region, *push_targets(write.admitted.placement, self.region)):
+            if other == region:
+                continue
+            try:
+                address = await self.peers.address(other)
+                stub = agent_pb2_grpc.AgentStub(self._channel(address))
+                for wanted in (version.hlc.text, None):
+                    request = agent_pb2.StatRequest(dataset=write.dataset, key=key)
+                    if wanted is not None:
+                        request.version = wanted
+                    try:
+                        got = await stub.Stat(request, timeout=self.timeout_s)
+                    except grpc.aio.AioRpcError as err:
+                        if err.code() == grpc.StatusCode.NOT_FOUND:
+                            continue
+                        raise from_rpc_error(err, f"{other} ({address})") from err
+                    held = version_from_wire(got.object.version, "StatResponse.object.version")
+                    if held.hlc >= version.hlc:
+                        return False
+            except MeridianError as exc:
+                log.info(
+                    "takeover_kept_unproven",
+                    dataset=write.dataset,
+                    key=key,
+                    region=other,
+                    error=str(exc),
+                )
+                return False
+        return True
 
     async def _push_lacking(
         self,

@@ -201,3 +201,34 @@ async def test_a_new_owner_levels_the_replicas_before_it_writes(
     held = await _wait_held(north.address, "missed", missed.version.digest)
     assert held is not None, "eu-north never got the write it missed"
     assert held.version.hlc == missed.version.hlc
+
+
+async def test_an_acked_write_is_kept_when_the_new_owners_clock_is_behind(
+    eu_agents: Agents, coord: EtcdCoordination
+) -> None:
+    """An acked write the new owner missed looks "newer than the epoch" to a clock that
+    runs behind; held by two regions, it was (or may have been) acked: it must be
+    adopted, never rewound (the review of this pass found that sequence)."""
+    west, central, north = (eu_agents[r] for r in ("eu-west", "eu-central", "eu-north"))
+    own = Ownership(coord)
+    epoch1 = await own.claim(DATASET, "eu-west", expect_epoch=0, reason="home", actor="test")
+    assert epoch1 is not None
+    assert central.stop() == 0
+    acked = await put(west.address, DATASET, "acked", b"eu-west and eu-north hold this")
+    assert sorted(acked.regions) == ["eu-north", "eu-west"]
+    epoch2 = await own.claim(
+        DATASET, "eu-central", expect_epoch=epoch1, reason="failover", actor="test"
+    )
+    assert epoch2 is not None and epoch2 > epoch1
+    # Its clock a minute behind (tolerated, so that it can adopt what it finds); its
+    # takeover pass begins at its start.
+    central.env = {
+        **central.env,
+        "MERIDIAN_CLOCK_OFFSET_MS": "-60000",
+        "MERIDIAN_MAX_CLOCK_SKEW_MS": "120000",
+    }
+    central.start()
+    for proc in (west, north, central):  # kept where it was, and adopted
+        held = await _wait_held(proc.address, "acked", acked.version.digest)
+        assert held is not None, f"{proc.region} lost the acked write"
+        assert held.version.hlc == acked.version.hlc
