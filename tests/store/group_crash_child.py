@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agents.store import files, rows
-from agents.store.store import ObjectStore, _Entry
+from agents.store.store import ObjectStore, _Entry, stripe_of
 from controlplane.domain.hlc import HybridClock
 
 WRITERS = 16
@@ -100,6 +100,11 @@ def main(root: str, step: str, out: str) -> None:
                 acked.flush()
                 os.fsync(acked.fileno())
 
+    # The first writes of all writers queue behind the held leader only if no two
+    # share an object lock stripe (a CRC of the name: the same in every run).
+    firsts = {stripe_of("ds", f"w{n}-0") for n in range(WRITERS)}
+    if len(firsts) != WRITERS:
+        raise SystemExit("two first keys share a lock stripe; pick other keys")
     first = threading.Thread(target=writer, args=(0,))
     first.start()
     held.wait(30)
