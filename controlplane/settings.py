@@ -6,6 +6,7 @@ CLI override the environment by passing keyword arguments to `load_settings`.
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from pathlib import Path
 
@@ -13,6 +14,10 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.errors import ConfigError
+
+# A size in MERIDIAN_REGION_CACHE: bytes, or with a binary unit.
+_SIZE = re.compile(r"^(\d+)(B|KiB|MiB|GiB|TiB)?$")
+_SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 HOME_DIR_NAME = ".meridian"
 
@@ -130,6 +135,14 @@ class Settings(BaseSettings):
     # On SIGTERM an agent of a region of several hands what it holds to the others
     # first, for at most this long (then it stops; the copies left move on its loss).
     drain_timeout_s: float = Field(30.0, ge=0)
+    # The read-through cache (issue 16, agents/cache/): `region=SIZE,...` bounds each
+    # agent's cache in that region (a region not named has none); how many shards
+    # ahead a sequential reader is prefetched (0: off); how long entries are trusted
+    # without revalidation after the change log was last read (they are checked at a
+    # holder, one Stat, while it cannot be read).
+    region_cache: str = Field("", description="region=SIZE,... read-through cache bounds")
+    cache_prefetch: int = Field(8, ge=0, le=256)
+    cache_fresh_s: float = Field(10.0, gt=0)
 
     @field_validator("log_level")
     @classmethod
@@ -176,6 +189,27 @@ class Settings(BaseSettings):
                 raise ConfigError(f"MERIDIAN_REGION_COPIES: {item!r} is not region=N (N >= 1)")
             found[region.strip()] = int(count)
         return found
+
+    @cached_property
+    def region_cache_map(self) -> dict[str, int]:
+        """`region_cache` parsed: region -> the bound of each agent's cache, in bytes."""
+        found: dict[str, int] = {}
+        for item in (part.strip() for part in self.region_cache.split(",")):
+            if not item:
+                continue
+            region, sep, size = item.partition("=")
+            sized = _SIZE.match(size.strip())
+            if not sep or not region.strip() or sized is None or int(sized.group(1)) < 1:
+                raise ConfigError(
+                    f"MERIDIAN_REGION_CACHE: {item!r} is not region=SIZE (a whole number of "
+                    "bytes, at least 1, optionally with KiB, MiB, GiB or TiB, e.g. 256MiB)"
+                )
+            found[region.strip()] = int(sized.group(1)) * _SIZE_UNITS[sized.group(2) or "B"]
+        return found
+
+    def cache_limit_of(self, region: str) -> int | None:
+        """The cache bound of `region`'s agents (None: no cache there)."""
+        return self.region_cache_map.get(region)
 
     def copies_of(self, region: str) -> int | None:
         """The configured copy count of `region`'s objects (None: the default)."""

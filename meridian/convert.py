@@ -18,7 +18,13 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError
 
 from controlplane.domain.errors import DomainInputError, MessageError
-from controlplane.domain.events import CHANGE_EVENT_SCHEMA, ChangeEvent
+from controlplane.domain.events import (
+    CHANGE_EVENT_SCHEMA,
+    SET_EVENT_SCHEMA,
+    ChangeEvent,
+    LogEvent,
+    SetEvent,
+)
 from controlplane.domain.hlc import HLC
 from controlplane.domain.names import check_name
 from controlplane.domain.version import Digest, Op, Version
@@ -165,15 +171,84 @@ def change_event_to_wire(event: ChangeEvent) -> change_event_pb2.ChangeEvent:
     return msg
 
 
+def set_event_to_wire(event: SetEvent) -> change_event_pb2.ChangeEvent:
+    return change_event_pb2.ChangeEvent(
+        schema=event.schema,
+        event_id=event.event_id,
+        dataset=event.dataset,
+        origin_region=event.origin_region,
+        epoch=event.epoch,
+        policy_revision=event.policy_revision,
+        version_set=version_set_to_wire(event.version_set),
+    )
+
+
+def set_event_from_wire(msg: change_event_pb2.ChangeEvent) -> SetEvent:
+    path = "ChangeEvent"
+    if msg.schema != SET_EVENT_SCHEMA:
+        raise MessageError(
+            f"{path}.schema: schema {msg.schema} is not the set form ({SET_EVENT_SCHEMA})",
+            field=f"{path}.schema",
+        )
+    event_id = _required(f"{path}.event_id", msg.event_id)
+    if not msg.HasField("version_set"):
+        raise _missing(f"{path}.version_set")
+    # The set form carries nothing of an object's change: a field of one is a mangled
+    # event (which of the two is meant cannot be told), not something to ignore.
+    stray = {
+        "key": bool(msg.key),
+        "version": msg.HasField("version"),
+        "set": msg.HasField("set"),
+        "content": msg.WhichOneof("content") is not None,
+    }
+    for name, present in stray.items():
+        if present:
+            raise MessageError(
+                f"{path}.{name}: a set event (schema {SET_EVENT_SCHEMA}) carries no {name}",
+                field=f"{path}.{name}",
+            )
+    vs = version_set_from_wire(msg.version_set, f"{path}.version_set", stamped=True)
+    if msg.dataset != vs.dataset:
+        raise MessageError(
+            f"{path}.dataset: {msg.dataset!r} differs from {path}.version_set.dataset "
+            f"({vs.dataset!r})",
+            field=f"{path}.dataset",
+        )
+    origin_region = _required(f"{path}.origin_region", msg.origin_region)
+    if msg.policy_revision == 0:
+        raise _missing(f"{path}.policy_revision")
+    return _built(
+        path,
+        lambda: SetEvent(
+            event_id=event_id,
+            version_set=vs,
+            origin_region=origin_region,
+            policy_revision=msg.policy_revision,
+            epoch=msg.epoch,
+        ),
+    )
+
+
 def change_event_from_wire(msg: change_event_pb2.ChangeEvent) -> ChangeEvent:
     path = "ChangeEvent"
     if msg.schema == 0:
         raise _missing(f"{path}.schema")
     if msg.schema != CHANGE_EVENT_SCHEMA:
+        if msg.schema == SET_EVENT_SCHEMA:
+            raise MessageError(
+                f"{path}.schema: schema {SET_EVENT_SCHEMA} is a version set's event, not a "
+                "change of one object (decode_log_event reads both)",
+                field=f"{path}.schema",
+            )
         raise MessageError(
             f"{path}.schema: schema {msg.schema} is not known (this code reads "
-            f"{CHANGE_EVENT_SCHEMA})",
+            f"{CHANGE_EVENT_SCHEMA} and {SET_EVENT_SCHEMA})",
             field=f"{path}.schema",
+        )
+    if msg.HasField("version_set"):
+        raise MessageError(
+            f"{path}.version_set: a schema {CHANGE_EVENT_SCHEMA} event carries no set record",
+            field=f"{path}.version_set",
         )
     event_id = _required(f"{path}.event_id", msg.event_id)
     dataset = _parsed(f"{path}.dataset", lambda v: check_name("dataset", v), msg.dataset)
@@ -228,12 +303,36 @@ def encode_change_event(event: ChangeEvent) -> bytes:
     return change_event_to_wire(event).SerializeToString(deterministic=True)
 
 
+def encode_set_event(event: SetEvent) -> bytes:
+    """The Kafka record value of a version set's event."""
+    return set_event_to_wire(event).SerializeToString(deterministic=True)
+
+
+def encode_log_event(event: LogEvent) -> bytes:
+    if isinstance(event, SetEvent):
+        return encode_set_event(event)
+    return encode_change_event(event)
+
+
 def decode_change_event(data: bytes) -> ChangeEvent:
-    """A Kafka record value back into an event; bytes that are no ChangeEvent, or one
-    that is malformed, raise MessageError (the dead-letter reason)."""
+    """A Kafka record value back into a change of one object; bytes that are no
+    ChangeEvent, one that is malformed, or a set's event (schema 2) raise MessageError
+    (the dead-letter reason). `decode_log_event` reads set events too."""
+    return change_event_from_wire(_parse_event(data))
+
+
+def decode_log_event(data: bytes) -> LogEvent:
+    """`decode_change_event`, and a version set's event (schema 2) as a SetEvent."""
+    msg = _parse_event(data)
+    if msg.schema == SET_EVENT_SCHEMA:
+        return set_event_from_wire(msg)
+    return change_event_from_wire(msg)
+
+
+def _parse_event(data: bytes) -> change_event_pb2.ChangeEvent:
     msg = change_event_pb2.ChangeEvent()
     try:
         msg.ParseFromString(data)
     except DecodeError as exc:
         raise MessageError(f"ChangeEvent: cannot be decoded ({exc})") from exc
-    return change_event_from_wire(msg)
+    return msg

@@ -9,7 +9,10 @@
   same HLC with another digest: a collision);
 - a large put: `Fetch` with the sources nearest first; the agent pulls it with
   `Sync` and answers the outcome itself;
-- `head`: `Stat` of the newest version (NOT_FOUND: none).
+- `head`: `Stat` of the newest version (NOT_FOUND: none);
+- a version set (`SetPort`): `ReplicateSet` with epoch 0, the call a critical owner
+  pushes its sets with; the agent fences it (residency) and applies it by LWW on the
+  set's HLC, and answers whether the set is complete there.
 
 Failures come back as Meridian errors (`from_rpc_error` in the client): a refused
 residency as `ResidencyError`, a stale epoch as `StaleEpochError`, an unreachable
@@ -22,18 +25,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import grpc.aio
+
 from agents.client import AgentClient, FetchSource, ReplicateItem
-from controlplane.domain.events import ChangeEvent
+from agents.rpc.status import from_rpc_error
+from controlplane.domain.events import ChangeEvent, SetEvent
 from controlplane.domain.version import Verdict, Version
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.lifecycle import Lifecycle
-from replicator.ports import ApplyOutcome, ApplyResult, Source
+from meridian.convert import version_set_to_wire
+from meridian.v1 import agent_pb2
+from replicator.ports import ApplyOutcome, ApplyResult, SetApplyResult, Source
 
 _OUTCOMES = {
     Verdict.APPLY: ApplyOutcome.APPLIED,
     Verdict.SAME: ApplyOutcome.SAME,
     Verdict.OLDER: ApplyOutcome.OLDER,
     Verdict.COLLISION: ApplyOutcome.COLLISION,
+}
+_SET_OUTCOMES = {
+    agent_pb2.APPLY_OUTCOME_APPLIED: ApplyOutcome.APPLIED,
+    agent_pb2.APPLY_OUTCOME_SAME: ApplyOutcome.SAME,
+    agent_pb2.APPLY_OUTCOME_OLDER: ApplyOutcome.OLDER,
+    agent_pb2.APPLY_OUTCOME_COLLISION: ApplyOutcome.COLLISION,
 }
 
 
@@ -155,6 +169,31 @@ class GrpcAgent(Lifecycle):
             logical_bytes=result.logical_bytes,
             wire_bytes=result.wire_bytes,
         )
+
+    async def apply_set(self, event: SetEvent) -> SetApplyResult:
+        request = agent_pb2.ReplicateSetRequest(
+            sets=[version_set_to_wire(event.version_set)],
+            epoch=event.epoch,
+            origin_region=event.origin_region,
+            policy_revision=event.policy_revision,
+        )
+        try:
+            resp = await self._client.stub.ReplicateSet(request, timeout=self._client.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, self.address) from None
+        if len(resp.sets) != 1 or resp.sets[0].id != event.set_id:
+            raise UnavailableError(
+                f"the agent at {self.address} answered {len(resp.sets)} sets for set "
+                f"{event.set_id} of {event.dataset}"
+            )
+        got = resp.sets[0]
+        outcome = _SET_OUTCOMES.get(got.outcome)
+        if outcome is None:
+            raise UnavailableError(
+                f"the agent at {self.address} answered an unknown outcome {got.outcome} for "
+                f"set {event.set_id} of {event.dataset}"
+            )
+        return SetApplyResult(outcome, got.complete, tuple(got.missing))
 
     async def head(self, dataset: str, key: str) -> Version | None:
         try:

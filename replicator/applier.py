@@ -26,6 +26,18 @@ at most one event per object per call (a second event of an object waits for the
 next call, so each object's events still apply in log order); fetches run beside it.
 An item the agent refuses takes the one-by-one path (its retries, its records).
 
+A version set's event (`SetEvent`, schema 2) takes steps 1-4 the same way (the
+residency guard on its dataset, the skew check on the set's HLC), then goes to the
+agent's `apply_set` (ReplicateSet, epoch 0): LWW per set id on the set's HLC, the
+set recorded at once and visible only once every member is stored here. Its members
+are events of their own, applied as any, before or after it. A replay is `same`. It
+journals nothing when applied (the agent's journal records the set in the same
+transaction, and the catalog keeps no sets); a refusal journals a refused transfer
+of `/set/<id>`. A retriable failure (the agent away, a handover) is retried with
+backoff without end, as the agent being away is: a set has no replica state in the
+catalog to mark `failed` and re-drive by resync, and a set dropped here would never
+show in this region. A final one is dead-lettered (`rejected`) with its reason.
+
 `handle` returns only once the effect is durable (the agent's commit, the journal
 row, the dead letter acknowledged), so the caller may then commit the offset; it
 never raises except when cancelled (then nothing is committed and the event is
@@ -44,19 +56,19 @@ from typing import Protocol
 
 from agents.errors import ResidencyError
 from controlplane.domain.errors import ClockSkewError, MessageError
-from controlplane.domain.events import ChangeEvent
+from controlplane.domain.events import ChangeEvent, LogEvent, SetEvent
 from controlplane.domain.hlc import HybridClock
 from controlplane.errors import FencedError, MeridianError
 from controlplane.logs import get_logger
 from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.changelog import Record
-from meridian.convert import decode_change_event
+from meridian.convert import decode_log_event
 from replicator import dlq
 from replicator.config import ReplicatorConfig
 from replicator.guard import Admission, Decision, admit, sources_for
 from replicator.journal import RecordJournal, ReplicaRecord
 from replicator.metrics import ReplicatorMetrics
-from replicator.ports import AgentPort, ApplyOutcome, ApplyResult, Source
+from replicator.ports import AgentPort, ApplyOutcome, ApplyResult, SetApplyResult, SetPort, Source
 
 log = get_logger("meridian.replicator")
 
@@ -86,6 +98,7 @@ class Applier:
         metrics: ReplicatorMetrics,
         clock: HybridClock | None = None,
         holders: HolderLookup | None = None,
+        sets: SetPort | None = None,
         on_record: Callable[[], None] = lambda: None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -100,6 +113,7 @@ class Applier:
             config.region, max_clock_skew_ms=config.max_clock_skew_ms
         )
         self._holders = holders
+        self._sets = sets
         self._on_record = on_record
         self._sleep = sleep
         self._decided_under: CompiledPolicy | None = None
@@ -110,11 +124,16 @@ class Applier:
     async def handle(self, record: Record) -> str:
         """Apply one record; return what became of it (a label, also counted)."""
         try:
-            event = decode_change_event(record.value)
+            decoded = decode_log_event(record.value)
         except MessageError as exc:
             await self._dead_letter(record, dlq.UNDECODABLE, str(exc))
             result = "dead-lettered"
         else:
+            if isinstance(decoded, SetEvent):
+                result = await self._handle_set(record, decoded)
+                self._metrics.events.labels(result).inc()
+                return result
+            event = decoded
             result = await self._handle(record, event)
             # One line per event, whatever became of it: the chaos suite's change-log
             # checker reads these (exactly once per region, per-object order).
@@ -140,14 +159,18 @@ class Applier:
         events: dict[int, ChangeEvent] = {}
         rounds: list[list[tuple[int, CompiledPolicy]]] = []
         depth: dict[tuple[str, str], int] = {}
+        sets: list[tuple[int, SetEvent]] = []
         for n, record in enumerate(records):
             try:
-                event = decode_change_event(record.value)
+                decoded = decode_log_event(record.value)
             except MessageError as exc:
                 await self._dead_letter(record, dlq.UNDECODABLE, str(exc))
                 results[n] = "dead-lettered"
                 continue
-            events[n] = event
+            if isinstance(decoded, SetEvent):
+                sets.append((n, decoded))  # after the rounds, in log order (see below)
+                continue
+            event = events[n] = decoded
             got = await self._admit(record, event)
             if isinstance(got, str):
                 results[n] = got
@@ -160,18 +183,22 @@ class Applier:
             rounds[k].append((n, got))
         for round_ in rounds:
             await self._apply_round(records, events, round_, results)
+        # One by one, in log order (one set id's events keep theirs); after the batch's
+        # member events, which is only quicker: a set applies in any order to them.
+        for n, set_event in sets:
+            results[n] = await self._handle_set(records[n], set_event)
         counts: dict[str, int] = {}
         for n, result in enumerate(results):
             counts[result] = counts.get(result, 0) + 1
-            decoded = events.get(n)
-            if decoded is not None:
+            change = events.get(n)
+            if change is not None:
                 log.info(
                     "event_applied",
                     region=self.region,
-                    event_id=decoded.event_id,
-                    dataset=decoded.dataset,
-                    key=decoded.key,
-                    version=str(decoded.version.hlc),
+                    event_id=change.event_id,
+                    dataset=change.dataset,
+                    key=change.key,
+                    version=str(change.version.hlc),
                     outcome=result,
                     t=time.time(),
                 )
@@ -411,6 +438,116 @@ class Applier:
         sources = sources_for(event, policy, self.region, holders)
         return await self._agent.fetch(event, sources)
 
+    # -- version sets ------------------------------------------------------------------
+    async def _handle_set(self, record: Record, event: SetEvent) -> str:
+        """Steps 2-4 and the agent's `apply_set` for a version set's event (module
+        docstring); what became of it, logged as `set_event_applied`."""
+        result = await self._admit_set(record, event)
+        if not isinstance(result, str):
+            result = await self._apply_set(record, event, result)
+        log.info(
+            "set_event_applied",
+            region=self.region,
+            event_id=event.event_id,
+            dataset=event.dataset,
+            set=event.set_id,
+            version=str(event.version_set.hlc),
+            outcome=result,
+            t=time.time(),
+        )
+        return result
+
+    async def _admit_set(self, record: Record, event: SetEvent) -> str | CompiledPolicy:
+        if event.origin_region == self.region:
+            return "own"
+        policy = await self._current_policy()
+        decision = self._decide(event, policy)
+        if decision.admission is Admission.REFUSED:
+            await self._refuse(record, event, decision.reason, policy.revision)
+            return "refused"
+        if decision.admission is not Admission.ADMIT:
+            log.debug(
+                "event_skipped",
+                event_id=event.event_id,
+                dataset=event.dataset,
+                set=event.set_id,
+                reason=decision.reason,
+            )
+            return "skipped"
+        hlc = event.version_set.hlc
+        assert hlc is not None  # noqa: S101 - a SetEvent is stamped
+        try:
+            self._clock.check_skew(hlc)
+        except ClockSkewError as exc:
+            await self._dead_letter(record, dlq.CLOCK_SKEW, str(exc), event)
+            return "dead-lettered"
+        return policy
+
+    async def _apply_set(self, record: Record, event: SetEvent, policy: CompiledPolicy) -> str:
+        sets = self._sets
+        if sets is None:
+            await self._dead_letter(
+                record, dlq.REJECTED, "this replicator has no agent call for version sets", event
+            )
+            return "dead-lettered"
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                result = await sets.apply_set(event)
+            except ResidencyError as exc:
+                await self._refuse(record, event, str(exc), policy.revision)
+                return "refused"
+            except FencedError as exc:
+                self._metrics.stale_epoch_refused.labels(event.dataset).inc()
+                await self._dead_letter(record, dlq.STALE_EPOCH, str(exc), event)
+                return "dead-lettered"
+            except ClockSkewError as exc:
+                await self._dead_letter(record, dlq.CLOCK_SKEW, str(exc), event)
+                return "dead-lettered"
+            except Exception as exc:  # noqa: BLE001 - every failure is handled, none ends the loop
+                error = _describe(exc)
+                if isinstance(exc, MeridianError) and exc.retriable:
+                    delay = self._backoff(attempt)
+                    log.info(
+                        "set_retry",
+                        event_id=event.event_id,
+                        dataset=event.dataset,
+                        set=event.set_id,
+                        attempt=attempt,
+                        error=error,
+                        retry_in_s=round(delay, 3),
+                    )
+                    await self._sleep(delay)
+                    continue
+                await self._dead_letter(record, dlq.REJECTED, error, event)
+                return "dead-lettered"
+            return self._settle_set(event, result)
+
+    def _settle_set(self, event: SetEvent, result: SetApplyResult) -> str:
+        hlc = event.version_set.hlc
+        assert hlc is not None  # noqa: S101 - a SetEvent is stamped
+        with contextlib.suppress(ClockSkewError):
+            self._clock.observe(hlc)
+        if result.outcome is ApplyOutcome.COLLISION:
+            log.warning(
+                "set_collision",
+                dataset=event.dataset,
+                set=event.set_id,
+                version=str(hlc),
+                action="kept the set held (equal HLC is a no-op)",
+            )
+        elif result.outcome is ApplyOutcome.APPLIED and not result.complete:
+            log.info(
+                "set_waits_for_members",
+                dataset=event.dataset,
+                set=event.set_id,
+                version=str(hlc),
+                missing=len(result.missing),
+                action="recorded; visible here once every member has arrived",
+            )
+        return result.outcome.value
+
     def _settle(
         self, event: ChangeEvent, result: ApplyResult, into: list[ReplicaRecord] | None = None
     ) -> str:
@@ -436,7 +573,7 @@ class Applier:
         return result.outcome.value
 
     # -- helpers ---------------------------------------------------------------------------
-    def _decide(self, event: ChangeEvent, policy: CompiledPolicy) -> Decision:
+    def _decide(self, event: LogEvent, policy: CompiledPolicy) -> Decision:
         """`admit`, remembered per dataset for one policy snapshot (a placement lookup
         was the costliest step per event): another region's event is decided by its
         dataset alone; a new snapshot starts afresh."""
@@ -466,13 +603,16 @@ class Applier:
         jitter: float = random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not secrecy
         return top * jitter
 
-    async def _refuse(self, record: Record, event: ChangeEvent, reason: str, revision: int) -> None:
+    async def _refuse(self, record: Record, event: LogEvent, reason: str, revision: int) -> None:
         self._metrics.residency_refused.labels(event.dataset, "receive").inc()
-        self._append(self._record(event, "refused", kind="refused", revision=revision))
+        if isinstance(event, SetEvent):
+            self._append(self._set_refused(event, revision))
+        else:
+            self._append(self._record(event, "refused", kind="refused", revision=revision))
         await self._dead_letter(record, dlq.RESIDENCY, reason, event)
 
     async def _dead_letter(
-        self, record: Record, reason: str, detail: str, event: ChangeEvent | None = None
+        self, record: Record, reason: str, detail: str, event: LogEvent | None = None
     ) -> None:
         delay = self.config.retry_initial_s
         while True:
@@ -520,6 +660,26 @@ class Applier:
             at=utcnow(),
             attempted=attempted,
             error=error,
+            policy_revision=revision or event.policy_revision,
+        )
+
+    def _set_refused(self, event: SetEvent, revision: int) -> ReplicaRecord:
+        """A refused set's journal row: op `set`, no key (the shipper records the refused
+        transfer of `/set/<id>`, which no object name can be)."""
+        return ReplicaRecord(
+            kind="refused",
+            event_id=event.event_id,
+            dataset=event.dataset,
+            key="",
+            hlc=str(event.version_set.hlc),
+            op="set",
+            size=0,
+            digest="",
+            origin_region=event.origin_region,
+            set_id=event.set_id,
+            region=self.region,
+            state="refused",
+            at=utcnow(),
             policy_revision=revision or event.policy_revision,
         )
 

@@ -16,7 +16,7 @@ from typing import Protocol
 from controlplane.adapters.kafka import DLQ_TOPIC
 from controlplane.domain.errors import MessageError
 from controlplane.ports.changelog import ChangeLogProducer, Record
-from meridian.convert import decode_change_event
+from meridian.convert import decode_log_event
 
 # The reasons counted (`meridian_dlq_total{reason}`).
 UNDECODABLE = "undecodable"
@@ -54,6 +54,6 @@ class KafkaDeadLetters:
 
 def _dataset_of(record: Record) -> str:
     try:
-        return decode_change_event(record.value).dataset
+        return decode_log_event(record.value).dataset
     except MessageError:
         return ""

@@ -17,7 +17,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from controlplane.domain.events import ChangeEvent
+from controlplane.domain.events import ChangeEvent, LogEvent
 from controlplane.domain.placement import Placement
 from controlplane.policy.current import CompiledPolicy
 from replicator.ports import Source
@@ -38,7 +38,8 @@ class Decision:
     reason: str
 
 
-def admit(event: ChangeEvent, policy: CompiledPolicy, region: str) -> Decision:
+def admit(event: LogEvent, policy: CompiledPolicy, region: str) -> Decision:
+    """The decision for a change of one object or a version set (by its dataset alone)."""
     if event.origin_region == region:
         return Decision(Admission.OWN, None, f"written in {region}")
     placement = policy.placement(event.dataset)

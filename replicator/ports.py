@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Protocol
 
 from controlplane.catalog.records import TransferRecord
-from controlplane.domain.events import ChangeEvent
+from controlplane.domain.events import ChangeEvent, SetEvent
 from controlplane.domain.version import Version
 
 
@@ -85,6 +85,29 @@ class AgentPort(Protocol):
 
     async def head(self, dataset: str, key: str) -> Version | None:
         """The newest version the agent holds of an object (a tombstone too), or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class SetApplyResult:
+    """What the agent did with an incoming version set: its LWW verdict (per set id, by
+    the set's HLC), and, when it now records that set, whether every member is stored
+    (only then is it visible) and which are still missing."""
+
+    outcome: ApplyOutcome
+    complete: bool
+    missing: tuple[str, ...] = ()
+
+
+class SetPort(Protocol):
+    """Version sets of standard datasets, applied in the region's agent.
+
+    Same guarantees as AgentPort: LWW in the agent (a newer set HLC replaces the set of
+    that id, an equal or older one is a no-op), durable before it answers, errors as
+    Meridian errors (a residency refusal as `ResidencyError`)."""
+
+    async def apply_set(self, event: SetEvent) -> SetApplyResult:
+        """Record the event's set: visible in the region once every member is stored."""
         ...
 
 

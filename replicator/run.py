@@ -119,6 +119,7 @@ async def run_replicator(
                     physical_ms=offset_ms(settings.clock_offset_ms),
                 ),
                 holders=holders,
+                sets=agent,
                 on_record=shipper.nudge,
             )
             relay = _Relay()

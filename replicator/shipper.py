@@ -25,6 +25,12 @@ log = get_logger("meridian.replicator.shipper")
 
 def ship_one(sink: ReplicaRecords, rec: ReplicaRecord) -> None:
     """Write one journal row to the catalog (each write idempotent)."""
+    if rec.op == "set":
+        # A version set's refusal: the catalog keeps no sets, so only the refused
+        # transfer, of `/set/<id>` (no object name starts with "/").
+        if rec.kind == "refused":
+            sink.record_transfer(_refused(rec, f"/set/{rec.set_id}"))
+        return
     sink.register_version(
         rec.dataset,
         rec.key,
@@ -37,21 +43,7 @@ def ship_one(sink: ReplicaRecords, rec: ReplicaRecord) -> None:
         set_id=rec.set_id,
     )
     if rec.kind == "refused":
-        sink.record_transfer(
-            TransferRecord(
-                id=f"refused:{rec.event_id}:{rec.region}",
-                dataset=rec.dataset,
-                object=rec.key,
-                version=rec.hlc,
-                from_region=rec.origin_region,
-                to_region=rec.region,
-                logical_bytes=rec.size,
-                wire_bytes=0,
-                outcome="refused",
-                at=rec.at,
-                policy_revision=rec.policy_revision,
-            )
-        )
+        sink.record_transfer(_refused(rec, rec.key))
         return
     sink.set_replica_state(
         rec.dataset,
@@ -62,6 +54,22 @@ def ship_one(sink: ReplicaRecords, rec: ReplicaRecord) -> None:
         digest=(rec.digest or None) if rec.state == "completed" else None,
         error=rec.error,
         attempted_at=rec.at if rec.attempted else None,
+    )
+
+
+def _refused(rec: ReplicaRecord, name: str) -> TransferRecord:
+    return TransferRecord(
+        id=f"refused:{rec.event_id}:{rec.region}",
+        dataset=rec.dataset,
+        object=name,
+        version=rec.hlc,
+        from_region=rec.origin_region,
+        to_region=rec.region,
+        logical_bytes=rec.size,
+        wire_bytes=0,
+        outcome="refused",
+        at=rec.at,
+        policy_revision=rec.policy_revision,
     )
 
 

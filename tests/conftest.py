@@ -12,12 +12,19 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import pytest
+from harness.children import install_signal_handlers
 from sqlalchemy.orm import Session
 
 from controlplane.catalog.engine import make_engine
 from controlplane.settings import Settings, load_settings
 from controlplane.stack.manager import Stack
 from controlplane.stack.postgres import postgres_url as make_postgres_url
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A pytest terminated by `timeout` or CI never runs the fixtures' teardown: the
+    # agents and controllers it started must not outlive it (harness/children.py).
+    install_signal_handlers()
 
 
 @pytest.fixture(scope="session")

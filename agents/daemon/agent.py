@@ -8,7 +8,9 @@ Start (each step raises one clear error, and what was started is stopped again):
    fence, and the bounded-age reads admission decides on (`agents.owners.EtcdOwners`);
 3. the store (startup repair, logged by the store);
 4. the gRPC API on `--listen`: the servicer, admission in front of it, and the
-   transfers (Signature, Sync, Replicate, Fetch) behind it;
+   transfers (Signature, Sync, Replicate, Fetch) behind it; in a region with a cache
+   bound (`MERIDIAN_REGION_CACHE`), the read-through cache (agents/cache/) with its
+   change-log reader and prefetcher, before it;
 5. the records duties (records.py): the recorder shipping the store's journal to
    the catalog, the outbox drain publishing change events to Kafka (neither needs
    its engine up to start);
@@ -30,6 +32,7 @@ import socket
 import grpc.aio
 
 from agents.admission import Admission, OwnerRecord
+from agents.cache import Invalidator, Prefetcher, ReadCache
 from agents.daemon.config import AgentConfig, parse_listen
 from agents.daemon.holdings import HoldingsPublisher, UnackedWrites
 from agents.daemon.identity import Identity
@@ -108,6 +111,9 @@ class NodeAgent(Lifecycle):
         self.holdings: HoldingsPublisher | None = None
         self.rebalancer: Rebalancer | None = None
         self.sweeper: ResumeSweeper | None = None
+        self.cache: ReadCache | None = None
+        self.prefetcher: Prefetcher | None = None
+        self.invalidator: Invalidator | None = None
         self.admission: Admission | None = None
         self._taken: dict[str, int] = {}  # dataset -> the epoch a takeover was begun at
         self._takeovers: set[asyncio.Task[None]] = set()
@@ -157,6 +163,9 @@ class NodeAgent(Lifecycle):
             EtcdPeers(self.coord, self.settings.agent_address),
             adopt=_adopter(transfers),
         )
+        # A region holding no replica of a dataset its residency allows may read it
+        # through a bounded cache (issue 16), when the region has a cache bound.
+        cache = await self._start_cache(store, clock, admission)
         # A region of one agent is served as by AgentService; of several, routed.
         service = RoutedAgentService(
             store,
@@ -170,6 +179,7 @@ class NodeAgent(Lifecycle):
             sets=ReplicaSets(store, admission, self.region),  # critical sets pushed here
             members=self.members,
             peers=self.peers,
+            cache=cache,
         )
         self.server, port = await start_server(service, self.config.listen)
         self.endpoint = service.endpoint = self._advertised(port)
@@ -200,6 +210,7 @@ class NodeAgent(Lifecycle):
             lambda: self.endpoint,
             publish=self._publish_registration,
             interval_s=self.settings.rebalance_interval_s,
+            registry=self.metrics.registry,
         )
         self.registration = Registration(
             self.coord,
@@ -215,7 +226,7 @@ class NodeAgent(Lifecycle):
             usage_interval_s=self.config.usage_interval_s,
             retry_initial_s=self.config.retry_initial_s,
             retry_max_s=self.config.retry_max_s,
-            extra=self.rebalancer.registration_fields,
+            extra=self._registration_fields,
         )
         await self.registration.start()
         # What it holds of critical datasets, for the failover's choice (issue 13).
@@ -242,6 +253,42 @@ class NodeAgent(Lifecycle):
             metrics=self.metrics_address,
             root=str(self.config.root),
         )
+
+    async def _start_cache(
+        self, store: ObjectStore, clock: HybridClock, admission: Admission
+    ) -> ReadCache | None:
+        limit = self.settings.cache_limit_of(self.region)
+        if limit is None:
+            return None
+        self.cache = cache = ReadCache(
+            self.config.root / "cache",
+            journal=store,
+            clock=clock,
+            admission=admission,
+            metrics=self.metrics,
+            policy=lambda: self.view.current,
+            peers=EtcdPeers(self.coord, self.settings.agent_address),
+            limit_bytes=limit,
+            fresh_s=self.settings.cache_fresh_s,
+        )
+        await cache.start()
+        self.prefetcher = Prefetcher(cache, self.settings.cache_prefetch)
+        self.invalidator = Invalidator(
+            cache,
+            self.settings.kafka_bootstrap,
+            f"meridian-cache-{self.region}-{self.identity.agent_id}",
+            retry_initial_s=self.config.retry_initial_s,
+            retry_max_s=max(self.config.retry_max_s, 5.0),
+        )
+        await self.invalidator.start()
+        log.info("cache_ready", region=self.region, limit_bytes=limit)
+        return cache
+
+    def _registration_fields(self) -> dict[str, object]:
+        fields = self.rebalancer.registration_fields() if self.rebalancer is not None else {}
+        if self.cache is not None:
+            fields["cache"] = self.cache.report()
+        return fields
 
     async def _publish_registration(self) -> None:
         if self.registration is not None:
@@ -309,6 +356,12 @@ class NodeAgent(Lifecycle):
             await stop_server(self.server, self.config.stop_grace_s)
         if self.replication is not None:
             await self.replication.close()
+        if self.invalidator is not None:
+            await self.invalidator.stop()
+        if self.prefetcher is not None:
+            await self.prefetcher.stop()
+        if self.cache is not None:
+            await self.cache.stop()
         await self.peers.close()
         if self.records is not None:
             await self.records.stop()

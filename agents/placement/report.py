@@ -1,8 +1,11 @@
 """What `meridian region show REGION` prints: a region's agents from their registrations
 in etcd (endpoint, weight, usage, liveness, placement state) and the rebalance in
-progress, summed over the agents that report one (spec/cli.md, *JSON shapes*)."""
+progress, summed over the agents that report one, and their read caches, summed
+likewise (spec/cli.md, *JSON shapes*)."""
 
 from __future__ import annotations
+
+import json
 
 from agents.placement.members import LEAVING, Member, copies_for
 from controlplane.coordination.protocols import keys
@@ -53,5 +56,32 @@ async def region_report(
             for m in sorted(members, key=lambda m: m.agent_id)
         ],
         "rebalance": rebalance,
-        "cache": None,
+        "cache": _cache([kv.value for kv in kvs]),
     }
+
+
+def _cache(values: list[bytes]) -> dict[str, object] | None:
+    """The read caches of the region's agents, summed (None: no agent has one): bytes
+    held, the bound, and hits over reads."""
+    held = limit = hits = reads = 0
+    found = False
+    for value in values:
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            continue
+        cache = doc.get("cache") if isinstance(doc, dict) else None
+        if not isinstance(cache, dict):
+            continue
+        found = True
+        held += _count(cache.get("bytes"))
+        limit += _count(cache.get("limit_bytes"))
+        hits += _count(cache.get("hits"))
+        reads += _count(cache.get("hits")) + _count(cache.get("misses"))
+    if not found:
+        return None
+    return {"bytes": held, "limit_bytes": limit, "hit_rate": hits / reads if reads else 0.0}
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -30,8 +30,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry
+
 from agents.placement.members import LEAVING, SERVING, Members
 from agents.placement.watch import MembershipWatch
+from agents.rebalance.metrics import RebalanceMetrics
 from agents.routing.copies import fetch_many_to
 from agents.routing.peers import PeerStubs
 from agents.store import ObjectStore, StoredVersion
@@ -88,6 +91,7 @@ class Rebalancer(Lifecycle):
         publish: Callable[[], Awaitable[None]] | None = None,
         interval_s: float = 30.0,
         concurrency: int = 4,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.store = store
         self.members = members
@@ -105,6 +109,11 @@ class Rebalancer(Lifecycle):
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
         self._lock = asyncio.Lock()
+        self.metrics = RebalanceMetrics(registry, self._remaining) if registry is not None else None
+
+    def _remaining(self) -> tuple[int, int]:
+        p = self.progress
+        return (p.remaining_objects, p.remaining_bytes) if p.running else (0, 0)
 
     def registration_fields(self) -> dict[str, object]:
         """The fields this agent adds to its registration."""
@@ -139,6 +148,8 @@ class Rebalancer(Lifecycle):
                 raise
             except Exception as exc:  # noqa: BLE001 - the next change or interval retries
                 log.warning("rebalance_pass_failed", error=str(exc))
+                if self.metrics is not None:
+                    self.metrics.passes.labels(outcome="failed").inc()
                 await asyncio.sleep(1.0)
                 self._kick.set()
 
@@ -205,8 +216,13 @@ class Rebalancer(Lifecycle):
                     serving=[m.agent_id for m in current.serving],
                 )
                 await self._publish_quietly()
+            started = time.monotonic()
             stray = await self._move_all(work)
             self.passes += 1
+            if self.metrics is not None:
+                self.metrics.passes.labels(outcome="unfinished" if stray else "settled").inc()
+                if work:
+                    self.metrics.pass_seconds.observe(time.monotonic() - started)
             if work:
                 log.info(
                     "rebalance_finished",
@@ -284,6 +300,8 @@ class Rebalancer(Lifecycle):
             n = index[id(item)]
             if not ok:
                 failed.add(n)
+                if self.metrics is not None:
+                    self.metrics.copy_failures.inc()
             pending[n] -= 1
             if pending[n] == 0:
                 self.progress.remaining_objects -= 1
@@ -314,6 +332,9 @@ class Rebalancer(Lifecycle):
                 if held and result.outcome == agent_pb2.APPLY_OUTCOME_APPLIED:
                     self.progress.moved_objects += 1
                     self.progress.moved_bytes += item.version.size
+                    if self.metrics is not None:
+                        self.metrics.moved_objects.inc()
+                        self.metrics.moved_bytes.inc(item.version.size)
                 if error:
                     log.warning(
                         "rebalance_copy_failed",
@@ -340,6 +361,8 @@ class Rebalancer(Lifecycle):
                 self.store.hand_off, item.stored.dataset, item.stored.key, item.version.hlc
             ):
                 self.progress.handed_off += 1
+                if self.metrics is not None:
+                    self.metrics.handed_off.inc()
         return len(failed)
 
 

@@ -24,9 +24,14 @@ Guarantees, and why:
   one producer (same key, same partition, in order). After a failed batch a
   re-send can put an older copy of an event after a newer one of the same key
   (`A B A B`); LWW on the HLC makes that harmless.
-- Version-set events (`kind = set`) stay in the outbox: ChangeEvent schema 1 has
-  no form for them (see the report); they are neither published nor dropped, and
-  not counted as pending.
+- Version-set events (`kind = set`, a set committed here) go out in the same
+  batches, in the same commit order, with the same guarantees: a `ChangeEvent` of
+  schema 2 carrying the set record (`SetEvent`: id, HLC, each member's version),
+  keyed `dataset NUL set/<id>` (`set_log_key`) so that one set id's events share a
+  partition, in order, and never share a key with an object. They follow their
+  members' own events in the outbox (the members were committed first), but not
+  necessarily on Kafka (other partitions): the applier takes them in any order. They
+  count as pending like the others.
 - An event that cannot be encoded (e.g. written without a policy revision) is set
   aside with its reason (setaside.py) and removed, so it cannot wedge the queue.
 - Kafka down: aiokafka keeps retrying a batch rather than failing it, so after
@@ -55,12 +60,14 @@ from agents.store.errors import MissingContentError
 from agents.store.model import JsonValue, OutboxEvent
 from agents.store.store import ObjectStore
 from controlplane.controller.duty import describe
-from controlplane.domain.events import ChangeEvent
+from controlplane.domain.errors import VersionError
+from controlplane.domain.events import ChangeEvent, SetEvent
+from controlplane.domain.version_set import SetMember, VersionSet
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.lifecycle import cancel_and_wait
 from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.changelog import Delivery
-from meridian.convert import encode_change_event
+from meridian.convert import encode_change_event, encode_set_event
 
 SET_ASIDE_FILE = "outbox-set-aside.jsonl"
 
@@ -121,9 +128,7 @@ class OutboxDrain(BatchDuty):
 
     async def step(self) -> int:
         if self._inflight is None:
-            events = await asyncio.to_thread(
-                self._store.outbox_pending, self.batch_size, kind="version"
-            )
+            events = await asyncio.to_thread(self._store.outbox_pending, self.batch_size)
             if not events:
                 return 0
             batch = await asyncio.to_thread(self._encode, events)
@@ -174,13 +179,18 @@ class OutboxDrain(BatchDuty):
         bad: list[tuple[OutboxEvent, str]] = []
         for event in events:
             try:
-                value = encode_change_event(self._change_event(event))
+                if event.kind == "set":
+                    set_event = _set_event(event)
+                    key, value = set_event.log_key, encode_set_event(set_event)
+                else:
+                    key = f"{event.dataset}/{event.key}"
+                    value = encode_change_event(self._change_event(event))
             except MeridianError as exc:
                 if exc.retriable:
                     raise
                 bad.append((event, describe(exc)))
                 continue
-            records.append((f"{event.dataset}/{event.key}".encode(), value))
+            records.append((key.encode(), value))
             ids.append(event.event_id)
         return _Batch(records, ids, bad)
 
@@ -207,6 +217,21 @@ class OutboxDrain(BatchDuty):
         return event.change_event(origin_agent=self.settings.origin_agent)
 
 
+def _set_event(event: OutboxEvent) -> SetEvent:
+    """The change log's form of a `set` outbox row; VersionError (set aside) for one
+    without a set HLC, members or a policy revision."""
+    if event.set_id is None or event.set_hlc is None:
+        raise VersionError(f"outbox event {event.event_id} is a set row without its set or HLC")
+    members = tuple(SetMember(key, hlc) for key, hlc in sorted(event.members.items()))
+    return SetEvent(
+        event_id=event.event_id,
+        version_set=VersionSet(event.dataset, event.set_id, members, event.set_hlc),
+        origin_region=event.origin_region,
+        policy_revision=event.policy_revision or 0,
+        epoch=event.epoch,
+    )
+
+
 def _everywhere_allowed(policy: CompiledPolicy | None, dataset: str) -> bool:
     if policy is None:
         return False
@@ -225,7 +250,7 @@ def track_outbox(store: ObjectStore, metrics: AgentMetrics) -> Callable[[], int]
     def pending() -> int:
         nonlocal last
         with contextlib.suppress(MeridianError):  # closing: the last value read
-            last = store.outbox_count(kind="version")
+            last = store.outbox_count()
         return last
 
     metrics.outbox_pending.set_function(pending)
@@ -244,6 +269,8 @@ def _as_json(event: OutboxEvent) -> dict[str, JsonValue]:
         "size": None if version is None else version.size,
         "digest": None if version is None or version.digest is None else version.digest.text,
         "set": event.set_id,
+        "set_hlc": None if event.set_hlc is None else event.set_hlc.text,
+        "members": {k: v.text for k, v in event.members.items()},
         "origin_region": event.origin_region,
         "epoch": event.epoch,
         "policy_revision": event.policy_revision,

@@ -39,7 +39,13 @@ from agents.routing.peers import PeerStubs, routed_by
 from agents.rpc.status import abort, from_rpc_error
 from agents.service import requests
 from agents.service.outcome import Context, stream, unary
-from agents.service.servicer import AgentService, Replication, SetReceiver, Transfers
+from agents.service.servicer import (
+    AgentService,
+    ReadThrough,
+    Replication,
+    SetReceiver,
+    Transfers,
+)
 from agents.store import ObjectStore
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.logs import get_logger
@@ -77,6 +83,7 @@ class RoutedAgentService(AgentService):
         replication: Replication | None = None,
         sets: SetReceiver | None = None,
         max_object_bytes: int | None = None,
+        cache: ReadThrough | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -88,6 +95,7 @@ class RoutedAgentService(AgentService):
             replication=replication,
             sets=sets,
             max_object_bytes=max_object_bytes,
+            cache=cache,
         )
         self.members = members
         self.peers = peers
@@ -106,7 +114,17 @@ class RoutedAgentService(AgentService):
 
     def _read_order(self, members: Members, dataset: str, key: str) -> list[Member]:
         """Where to look for an object: its owners, this agent among them first, then the
-        other agents (which hold it while a rebalance moves it to new owners)."""
+        other agents (which hold it while a rebalance moves it to new owners). A read
+        through the cache (a dataset this region holds no replica of) goes to the
+        dataset's primary alone, which caches it (so the region caches each object
+        once, and the agent that sees a reader walk the dataset is the one whose
+        prefetches it reads), and to this agent when that one cannot be reached."""
+        if self._cache_for(dataset, None) is not None and members.serving:
+            primary = self._ranked(members, dataset, "")[0]
+            if primary.agent_id == self.agent_id:
+                return [primary]
+            me = members.get(self.agent_id)
+            return [primary] if me is None else [primary, me]
         ranked = self._ranked(members, dataset, key)
         owners, others = ranked[: members.r], ranked[members.r :]
         owners.sort(key=lambda m: m.agent_id != self.agent_id)  # stable: self, then rank

@@ -38,14 +38,21 @@ from agents.service.outcome import Context, stream, unary
 from agents.store import (
     CHUNK_BYTES,
     DigestMismatchError,
+    ObjectReader,
     ObjectStore,
     SetRecord,
     ShortStreamError,
     StoredVersion,
     TooLargeError,
 )
+from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Version
-from controlplane.errors import InvalidInputError, MeridianError, OperationTimeoutError
+from controlplane.errors import (
+    InvalidInputError,
+    MeridianError,
+    NotFoundError,
+    OperationTimeoutError,
+)
 from controlplane.logs import get_logger
 from meridian.convert import version_set_from_wire, version_set_to_wire, version_to_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
@@ -121,6 +128,17 @@ class SetReceiver(Protocol):
     ) -> agent_pb2.ReplicateSetResponse: ...
 
 
+class ReadThrough(Protocol):
+    """The read-through cache (issue 16, agents/cache/): Get and Stat of a dataset this
+    region holds no replica of, which this agent's store cannot answer."""
+
+    def serves(self, dataset: str) -> bool: ...
+
+    async def open(self, dataset: str, key: str, hlc: HLC | None) -> ObjectReader: ...
+
+    async def stat(self, dataset: str, key: str, hlc: HLC | None) -> agent_pb2.ObjectInfo: ...
+
+
 class AgentService(agent_pb2_grpc.AgentServicer):
     """The `meridian.v1.Agent` servicer of one agent (see the module docstring)."""
 
@@ -136,6 +154,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         replication: Replication | None = None,
         max_object_bytes: int | None = None,
         sets: SetReceiver | None = None,
+        cache: ReadThrough | None = None,
     ) -> None:
         self.store = store
         self.admission = admission
@@ -146,6 +165,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.replication = replication
         self.max_object_bytes = max_object_bytes
         self.sets = sets
+        self.cache = cache
 
     # -- writes ------------------------------------------------------------------------
 
@@ -359,7 +379,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         key = requests.name("GetRequest.key", request.key)
         hlc = requests.version("GetRequest.version", request.HasField("version"), request.version)
         set_id = requests.optional_name("GetRequest.set", request.HasField("set"), request.set)
-        reader = await asyncio.to_thread(self.store.open, dataset, key, hlc, set_id=set_id)
+        try:
+            reader = await asyncio.to_thread(self.store.open, dataset, key, hlc, set_id=set_id)
+        except NotFoundError:
+            cache = self._cache_for(dataset, set_id)
+            if cache is None:
+                raise
+            reader = await cache.open(dataset, key, hlc)
         try:
             yield agent_pb2.GetResponse(header=version_to_wire(reader.version))
             while chunk := await asyncio.to_thread(reader.read, CHUNK_BYTES):
@@ -376,8 +402,23 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         dataset = requests.name("StatRequest.dataset", request.dataset)
         key = requests.name("StatRequest.key", request.key)
         hlc = requests.version("StatRequest.version", request.HasField("version"), request.version)
-        stored = await asyncio.to_thread(self.store.stat, dataset, key, hlc)
+        try:
+            stored = await asyncio.to_thread(self.store.stat, dataset, key, hlc)
+        except NotFoundError:
+            cache = self._cache_for(dataset, None)
+            if cache is None:
+                raise
+            info = await cache.stat(dataset, key, hlc)
+            return agent_pb2.StatResponse(object=info)
         return agent_pb2.StatResponse(object=_info(stored))
+
+    def _cache_for(self, dataset: str, set_id: str | None) -> ReadThrough | None:
+        """The cache, when a read this store cannot answer goes through it (a set's
+        member never does: a set is read where it is committed)."""
+        cache = self.cache
+        if cache is None or set_id is not None or not cache.serves(dataset):
+            return None
+        return cache
 
     async def List(  # noqa: N802
         self, request: agent_pb2.ListRequest, context: Context

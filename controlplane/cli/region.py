@@ -72,12 +72,23 @@ def show_region(
             f"{rebalance['remaining_objects']} object(s), {rebalance['remaining_bytes']} bytes left"
         )
     )
+    cache = doc.get("cache")
+    cached = (
+        "none"
+        if not isinstance(cache, dict)
+        else (
+            f"{cache['bytes']} of {cache['limit_bytes']} bytes, hit rate "
+            f"{float(str(cache['hit_rate'])):.0%}"
+        )
+    )
     agents = doc["agents"]
     emit(
         agents if isinstance(agents, list) else [],
         output,
         columns=["id", "endpoint", "weight", "objects", "bytes", "alive", "state"],
-        title=f"{region}: {doc['copies']} cop(ies) per object; rebalance: {moving}",
+        title=(
+            f"{region}: {doc['copies']} cop(ies) per object; rebalance: {moving}; cache: {cached}"
+        ),
     )
 
 

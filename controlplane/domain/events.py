@@ -8,6 +8,14 @@ applier consumes (spec/dataplane.md): `event_id` (appliers are idempotent on it)
 where the bytes come from: `inline` content (small objects) or the
 `origin_agent` address to fetch them from; a tombstone has neither. `schema` is
 the layout's version; `CHANGE_EVENT_SCHEMA` is the one this code writes and reads.
+
+`SetEvent` is the change log's form of a version set committed at the origin
+(schema `SET_EVENT_SCHEMA`, 2): the set record (id, HLC, each member's version),
+published after its members' own events. It is a separate type, not a ChangeEvent
+without a key: everything that reads a ChangeEvent relies on its key and version.
+Its Kafka key (`set_log_key`) holds a NUL, which no object name may, so it never
+equals an object's `dataset/key`, and one set id's events stay in one partition,
+in order. `LogEvent` is either.
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ from controlplane.domain.errors import VersionError
 from controlplane.domain.hlc import REGION_PATTERN
 from controlplane.domain.names import check_name
 from controlplane.domain.version import Version
+from controlplane.domain.version_set import VersionSet
 
 CHANGE_EVENT_SCHEMA = 1
+SET_EVENT_SCHEMA = 2
 
 
 _REGION_RE = re.compile(REGION_PATTERN)
@@ -87,3 +97,64 @@ class ChangeEvent:
     def log_key(self) -> str:
         """The Kafka key: one object's changes stay in one partition, in order."""
         return f"{self.dataset}/{self.key}"
+
+
+def set_log_key(dataset: str, set_id: str) -> str:
+    """The Kafka key of a version set's events: its dataset and id, with a NUL between
+    (no object name holds one, so it never equals an object's `dataset/key`)."""
+    return f"{dataset}\0set/{set_id}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetEvent:
+    """A version set committed at `origin_region` (stamped: `version_set.hlc` is set)."""
+
+    event_id: str
+    version_set: VersionSet
+    origin_region: str
+    policy_revision: int
+    epoch: int = 0
+    schema: int = SET_EVENT_SCHEMA
+
+    def __post_init__(self) -> None:
+        where = f"set event {self.event_id!r}"
+        if not isinstance(self.event_id, str) or not self.event_id:
+            raise VersionError("set event: event_id is empty")
+        if not isinstance(self.version_set, VersionSet):
+            raise VersionError(f"{where}: version_set must be a VersionSet")
+        hlc = self.version_set.hlc
+        if hlc is None:
+            raise VersionError(f"{where}: the set carries no HLC (the origin stamps it)")
+        if not isinstance(self.origin_region, str) or not _REGION_RE.fullmatch(self.origin_region):
+            raise VersionError(
+                f"{where}: origin_region {self.origin_region!r} is not a region name"
+            )
+        if self.origin_region != hlc.region:
+            raise VersionError(
+                f"{where}: origin_region {self.origin_region} differs from the region of "
+                f"its set's HLC ({hlc.region})"
+            )
+        for name, value in (("epoch", self.epoch), ("policy_revision", self.policy_revision)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise VersionError(f"{where}: {name} must be an integer >= 0, got {value!r}")
+        if self.policy_revision == 0:
+            raise VersionError(f"{where}: policy_revision is 0 (no applied policy admitted it)")
+        if self.schema != SET_EVENT_SCHEMA:
+            raise VersionError(
+                f"{where}: schema {self.schema} is not the set form ({SET_EVENT_SCHEMA})"
+            )
+
+    @property
+    def dataset(self) -> str:
+        return self.version_set.dataset
+
+    @property
+    def set_id(self) -> str:
+        return self.version_set.id
+
+    @property
+    def log_key(self) -> str:
+        return set_log_key(self.dataset, self.set_id)
+
+
+LogEvent = ChangeEvent | SetEvent

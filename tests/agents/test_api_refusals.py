@@ -4,9 +4,9 @@ count, and nothing stored (no file under objects/ or tmp/, no row)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -26,6 +26,8 @@ from agent_api_helpers import (
 )
 from blake3 import blake3
 from fakes.admission import compiled
+from harness.children import die_with_us
+from waiting import WaitTimeoutError, until
 
 from agents.errors import NotGovernedError, NotOwnerError, ResidencyError
 from agents.rpc.status import from_rpc_error
@@ -273,11 +275,14 @@ async def test_a_put_past_its_deadline_is_abandoned_and_leaves_nothing(agent: Ag
     # The server sees a cancel, or (as for a killed writer) a stream ending without
     # its end frame, depending on which reaches it first; either way it stores nothing.
     ends = ("DEADLINE_EXCEEDED", "CANCELLED", "INVALID_ARGUMENT")
-    deadline = time.monotonic() + 10
-    for _ in range(500):  # the server's end lands after the client's deadline
-        if sum(agent.requests("Put", c) for c in ends) >= 1 or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.02)
+    with contextlib.suppress(WaitTimeoutError):  # the assertions say what it saw
+        # The server's end lands after the client's deadline.
+        await until(
+            lambda: sum(agent.requests("Put", c) for c in ends) >= 1,
+            10,
+            "the server to end the call",
+            step_s=0.02,
+        )
     assert sum(agent.requests("Put", c) for c in ends) == 1
     assert agent.requests("Put", "OK") == 0
     assert_nothing_stored(agent, STANDARD)
@@ -297,11 +302,10 @@ async def test_a_handover_during_a_long_upload_refuses_it_before_its_commit(
         yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
 
     call = asyncio.ensure_future(agent.stub.Put(upload(), timeout=TIMEOUT_S))
-    deadline = time.monotonic() + 10
-    for _ in range(500):  # until the server has admitted the header
-        if agent.owners.reads >= 1 or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.02)
+    with contextlib.suppress(WaitTimeoutError):  # the assertion says how many it read
+        await until(
+            lambda: agent.owners.reads >= 1, 10, "the server to admit the header", step_s=0.02
+        )
     assert agent.owners.reads == 1
     admitted.set()
     agent.owners.set(CRITICAL, "eu-west", 7, handing_over=True)
@@ -370,7 +374,7 @@ async def main() -> None:
         yield agent_pb2.PutRequest(header=agent_pb2.PutHeader(dataset=sys.argv[2], key="torn"))
         yield agent_pb2.PutRequest(chunk=b"x" * 1000)
         print("sent", flush=True)
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # a writer that hangs mid-stream: killed long before
 
     await stub.Put(frames(), timeout=60)
 
@@ -390,29 +394,32 @@ async def test_a_writer_killed_mid_stream_leaves_nothing_stored(agent: Agent) ->
         f"127.0.0.1:{agent.port}",
         STANDARD,
         stdout=asyncio.subprocess.PIPE,
+        preexec_fn=die_with_us(),  # forked by this (the loop's) thread, which outlives it
     )
     assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), TIMEOUT_S)
     assert line.strip() == b"sent"
     # Kill it once the server holds the chunk and waits for more.
     part = agent.root / "tmp"
-    deadline = time.monotonic() + 10
-    for _ in range(500):
-        if any(f.stat().st_size == 1000 for f in part.glob("*.part")):
-            break
-        if time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.02)
+    with contextlib.suppress(WaitTimeoutError):  # the assertion below fails instead
+        await until(
+            lambda: any(f.stat().st_size == 1000 for f in part.glob("*.part")),
+            10,
+            "the chunk to be held",
+            step_s=0.02,
+        )
     assert any(f.stat().st_size == 1000 for f in part.glob("*.part"))
     proc.kill()
     await proc.wait()
-    deadline = time.monotonic() + 10
-    for _ in range(500):  # until the server has ended the call
-        if sum(agent.requests("Put", c) for c in ("INVALID_ARGUMENT", "CANCELLED", "OK")) >= 1:
-            break
-        if time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.02)
+    with contextlib.suppress(WaitTimeoutError):  # the assertions say what it saw
+        await until(
+            lambda: (
+                sum(agent.requests("Put", c) for c in ("INVALID_ARGUMENT", "CANCELLED", "OK")) >= 1
+            ),
+            10,
+            "the server to end the call",
+            step_s=0.02,
+        )
     assert agent.requests("Put", "OK") == 0
     assert agent.requests("Put", "INVALID_ARGUMENT") + agent.requests("Put", "CANCELLED") == 1
     assert_nothing_stored(agent, STANDARD)

@@ -175,7 +175,9 @@ async def test_a_switchover_in_real_etcd_fences_the_old_owners_writes(
             owner = await ownership.get(CRITICAL)
             assert owner is not None
             mark = await ownership.begin_handover(CRITICAL, owner, "eu-central", "t")
-            await asyncio.sleep(0.6)  # past the bound, whatever the watch delivered
+            # The thing tested: the read's age passes max_age_s (0.5 s), whatever the
+            # watch delivered meanwhile; only time passing makes that so.
+            await asyncio.sleep(0.6)
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await put(agent, CRITICAL, "shard-1", b"frozen", epoch=old)
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE

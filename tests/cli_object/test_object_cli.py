@@ -4,17 +4,18 @@ process, the stack's etcd and a PostgreSQL catalog."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from harness.agent_process import AgentProcess
 from harness.cli_schema import check_output
 from harness.controllers import ControllerProcess, meridian_argv, run_cli
+from waiting import WaitTimeoutError, until
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
@@ -304,13 +305,16 @@ async def test_a_critical_dataset_first_written_after_the_apply_is_announced_and
         "eu-west", world, tmp_path / "ctl.log", lease_ttl_s=3, controller_id="ctl-west"
     ).start()
     try:
-        deadline = time.monotonic() + 60
         done = first
-        for _ in range(120):
+
+        async def put_taken() -> bool:
+            nonlocal done
             done = await asyncio.to_thread(cli, agent, *put)
-            if done.returncode == 0 or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.5)  # the controller's reconcile interval is 1 s
+            return done.returncode == 0
+
+        with contextlib.suppress(WaitTimeoutError):  # the assertion shows the refusal
+            # Polled every 0.5 s: the controller's reconcile interval is 1 s.
+            await until(put_taken, 60, "the put to be taken once claimed", step_s=0.5)
         assert done.returncode == 0, done.stderr + controller.log_path.read_text()[-2000:]
         [row] = json.loads(done.stdout)
         assert row["digest"] == digest_of(shard)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from harness.agent_fixtures import clean_coordination
+from harness.controllers import ControllerProcess
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.stack.etcd import EtcdCluster, start_etcd_cluster
@@ -62,14 +64,8 @@ def etcd3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
 @pytest.fixture
 async def coord(etcd3: EtcdCluster) -> AsyncIterator[EtcdCoordination]:
     """A connected adapter on a clean `/meridian/` keyspace."""
-    c = EtcdCoordination(etcd3.endpoints, timeout_s=5.0)
-    await c.connect()
-    await c.delete("/meridian/", prefix=True)
-    try:
+    async with clean_coordination(etcd3.endpoints) as c:
         yield c
-    finally:
-        await c.delete("/meridian/", prefix=True)
-        await c.close()
 
 
 @pytest.fixture
@@ -82,3 +78,12 @@ def world() -> tuple[MemoryPlacements, MemoryJournal, MemoryCatchUp]:
 @pytest.fixture
 def fence_dir(tmp_path: Path) -> Path:
     return tmp_path / "fence"
+
+
+@pytest.fixture
+def procs() -> Iterator[list[ControllerProcess]]:
+    """Controller processes a test starts (it appends them), stopped after it."""
+    started: list[ControllerProcess] = []
+    yield started
+    for p in started:
+        p.stop()

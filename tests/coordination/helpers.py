@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import time
 from collections.abc import Awaitable, Callable
+
+from waiting import WaitTimeoutError, until
 
 from controlplane.coordination.catalog_glue.sources import PlacementSource, RegionInfo
 from controlplane.coordination.timeutil import utcnow
@@ -44,22 +43,12 @@ def critical(
 async def wait_until(
     pred: Callable[[], Awaitable[bool]], timeout_s: float, step_s: float = 0.05
 ) -> bool:
-    """Poll `pred` until true or `timeout_s` passes (bounded in time and count)."""
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / step_s) + 2):
-        if await pred():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(step_s)
-    return False
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """Whether `pred` comes true within `timeout_s` (waiting.until, as a bool for the
+    `assert await wait_until(...)` of the callers)."""
+    try:
+        return bool(await until(pred, timeout_s, "the condition", step_s=step_s))
+    except WaitTimeoutError:
+        return False
 
 
 def compiled_world(source: PlacementSource, revision: int = 1) -> CompiledPolicy:

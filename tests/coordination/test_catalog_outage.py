@@ -27,9 +27,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from harness.controllers import ControllerProcess, policy_yaml, run_cli
+from harness.controllers import ControllerProcess, apply_world, policy_yaml
 from harness.invariants import epoch_violations
 from sqlalchemy.engine import make_url
+from waiting import until_sync
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.catalog_glue.catalog_bridge import CatalogBridge
@@ -60,10 +61,7 @@ def _fast_shutdown(service: PostgresService, timeout_s: float = 30) -> None:
     pid = service.process.pid()
     assert pid is not None, "the stack's PostgreSQL is not running"
     os.kill(pid, signal.SIGINT)  # "fast" shutdown: clients are cut off at once
-    deadline = time.monotonic() + timeout_s
-    while service.process.pid() is not None:
-        assert time.monotonic() < deadline, "PostgreSQL did not stop"
-        time.sleep(0.05)
+    until_sync(lambda: service.process.pid() is None, timeout_s, "PostgreSQL to stop")
 
 
 def _restart() -> None:
@@ -112,20 +110,7 @@ def world(
             "MERIDIAN_ETCD": ",".join(etcd3.endpoints),
             "MERIDIAN_HOME": str(tmp_path / "home"),
         }
-        policy = tmp_path / "policy.yaml"
-        policy.write_text(policy_yaml(len(AUTOMATIC)), encoding="utf-8")
-        for args in (["db", "upgrade"], ["policy", "apply", str(policy), "--yes"]):
-            done = run_cli(args, env)
-            assert done.returncode == 0, done.stderr
-        yield env
-
-
-@pytest.fixture
-def procs() -> Iterator[list[ControllerProcess]]:
-    started: list[ControllerProcess] = []
-    yield started
-    for p in started:
-        p.stop()
+        yield apply_world(tmp_path, env, policy_yaml(len(AUTOMATIC)))
 
 
 def _journal(url: str) -> list[JournalEntry]:
@@ -174,7 +159,7 @@ async def test_controllers_ride_out_a_catalog_outage_and_journal_the_failover_af
             if stop.is_set():
                 return
             samples.append(await owners())
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the sampling period, not a wait for anything
 
     stop_sampling = asyncio.Event()
     sampler = asyncio.create_task(sample(stop_sampling))
@@ -229,7 +214,9 @@ async def test_controllers_ride_out_a_catalog_outage_and_journal_the_failover_af
     assert await wait_until(caught_up_async, 20, step_s=0.1)
     caught_up_at = time.monotonic()
     catch_up_s, since_restart_s = caught_up_at - up_at, caught_up_at - restart_at
-    await asyncio.sleep(1)  # a second flush or backfill would show as a duplicate
+    # Not a synchronisation: the window in which a second flush or backfill would show
+    # as a duplicate.
+    await asyncio.sleep(1)
     stop_sampling.set()
     await sampler
 

@@ -13,6 +13,7 @@ from datetime import datetime
 
 import pytest
 from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from harness.ports import free_port
 from structlog.testing import capture_logs
 
 from controlplane.adapters.etcd import EtcdCoordination
@@ -29,7 +30,7 @@ from controlplane.errors import InvalidInputError
 from controlplane.policy.publisher import CoordinationPolicyPublisher
 from controlplane.stack.etcd import EtcdCluster
 
-from .helpers import REGIONS, compiled_world, critical, free_port, publish_world, wait_until
+from .helpers import REGIONS, compiled_world, critical, publish_world, wait_until
 
 World = tuple[MemoryPlacements, MemoryJournal, MemoryCatchUp]
 

@@ -66,7 +66,7 @@ async def test_home_claims_then_failover_moves_every_automatic_dataset(
                 return
             owners = await own.list()
             samples.append({d: (o.region, o.epoch) for d, o in owners.items()})
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the sampling period, not a wait for anything
 
     sampler = asyncio.create_task(sample())
     # Two live racers (eu-central, eu-north) for every move: exactly one wins each.

@@ -11,7 +11,6 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ import pytest
 from harness.controllers import ControllerProcess, prepare_catalog, run_cli
 from harness.digests import fake_digest
 from harness.invariants import epoch_violations, split_brain
+from harness.ports import free_port
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
@@ -27,7 +27,7 @@ from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.policy.placer import place
 from controlplane.stack.etcd import EtcdCluster
 
-from .helpers import free_port, wait_until
+from .helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,14 +39,6 @@ AUTOMATIC = [f"ckpt/d{i:03d}" for i in range(5)]
 def env(tmp_path: Path, etcd3: EtcdCluster, coord: EtcdCoordination) -> dict[str, str]:
     # `coord` first: it wipes /meridian/ before the policy is published.
     return prepare_catalog(tmp_path / "world", etcd3.endpoints, len(AUTOMATIC))
-
-
-@pytest.fixture
-def procs() -> Iterator[list[ControllerProcess]]:
-    started: list[ControllerProcess] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def spawn(
@@ -81,7 +73,7 @@ class Sampler:
         for _ in range(10_000):
             owners = await self.own.list()
             self.samples.append({d: (o.region, o.epoch) for d, o in owners.items()})
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the sampling period, not a wait for anything
 
     def __enter__(self) -> Sampler:
         self._task = asyncio.create_task(self._run())

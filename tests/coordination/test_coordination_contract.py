@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from fakes.coordination import ManualClock, MemoryCoordination, WatchCompactedError
+from harness.agent_fixtures import clean_coordination
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.errors import NotFoundError, UnavailableError
@@ -45,14 +46,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Coordination]:
         # The session's private cluster (a sync fixture; an async one cannot be asked
         # for from here), on a clean keyspace as the `coord` fixture gives it.
         cluster: EtcdCluster = request.getfixturevalue("etcd3")
-        etcd = EtcdCoordination(cluster.endpoints, timeout_s=5.0)
-        await etcd.connect()
-        await etcd.delete("/meridian/", prefix=True)
-        try:
+        async with clean_coordination(cluster.endpoints) as etcd:
             yield etcd
-        finally:
-            await etcd.delete("/meridian/", prefix=True)
-            await etcd.close()
 
 
 async def _events(

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from fakes.catalog import MemoryCatchUp, MemoryJournal, MemoryPlacements
+from harness.ports import free_port
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.toxiproxy import ToxiproxyClient
@@ -13,7 +14,7 @@ from controlplane.controller.daemon import ControllerConfig, RegionController
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.stack.etcd import EtcdCluster
 
-from .helpers import free_port, publish_world, wait_until
+from .helpers import publish_world, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from harness.controllers import policy_yaml, run_cli
+from harness.ports import free_port
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.toxiproxy import ToxiproxyClient
@@ -23,7 +24,7 @@ from controlplane.policy.publisher import CoordinationPolicyPublisher
 from controlplane.ports.coordination import WatchEvent
 from controlplane.stack.etcd import EtcdCluster
 
-from .helpers import free_port, wait_until
+from .helpers import wait_until
 
 EXAMPLE = Path(__file__).parents[1] / "policy" / "data" / "example.yaml"
 

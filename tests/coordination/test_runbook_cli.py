@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from harness.children import popen
 from harness.cli_schema import check_output
 from harness.controllers import meridian_argv, prepare_catalog
 from harness.digests import fake_digest
@@ -435,7 +436,7 @@ def _lagging_target(catalog_url: str, dataset: str, target: str) -> None:
 def _switchover_process(env: dict[str, str], log: Path, ttl_s: int) -> subprocess.Popen[bytes]:
     args = ["switchover", "--dataset", "ckpt/d000", "--to", "eu-central", "--yes"]
     with open(log, "wb") as out:
-        return subprocess.Popen(
+        return popen(
             [*meridian_argv(), *args, "--timeout", "120"],
             env={**os.environ, **env, "MERIDIAN_LEASE_TTL_S": str(ttl_s)},
             stdin=subprocess.DEVNULL,

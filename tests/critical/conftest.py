@@ -51,9 +51,5 @@ def _stopped(proc: AgentProcess) -> bool:
 async def coord(
     etcd_endpoint: str, critical_world: dict[str, str]
 ) -> AsyncIterator[EtcdCoordination]:
-    c = EtcdCoordination([etcd_endpoint], timeout_s=5.0)
-    await c.connect()
-    try:
+    async with EtcdCoordination([etcd_endpoint], timeout_s=5.0) as c:
         yield c
-    finally:
-        await c.close()

@@ -8,23 +8,49 @@ in EU, us-east in US) and critical policies homed in eu-west:
 
 Agents are real `meridian agent serve` processes (harness.agent_process), owners are
 claimed in etcd as a controller would (Ownership.claim), writes go through the raw
-gRPC API so that the response's `regions` can be checked."""
+gRPC API so that the response's `regions` can be checked.
+
+The parts both critical worlds use (this one and faults_world's) live here: the
+regions, the documents of a topology and of a critical policy, and the raw Put and
+Stat calls."""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
-from harness.controllers import run_cli
+from harness.controllers import apply_world
+from waiting import WaitTimeoutError, until
 
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("eu-north", "EU"), ("us-east", "US")]
 
 
-def _policy(name: str, glob: str, replicas: list[str], ack: str) -> str:
-    return f"""\
+def topology_doc(name: str, links: Sequence[tuple[str, str, str]] = ()) -> str:
+    """The Topology of REGIONS, with `links` (region, region, rtt) when given."""
+    regions = "\n".join(f"    - name: {n}\n      jurisdiction: {j}" for n, j in REGIONS)
+    text = f"apiVersion: meridian/v1\nkind: Topology\nmetadata:\n  name: {name}\nspec:\n"
+    text += f"  regions:\n{regions}\n"
+    if links:
+        text += "  links:\n" + "".join(
+            f"    - between: [{a}, {b}]\n      rtt: {rtt}\n" for a, b, rtt in links
+        )
+    return text
+
+
+def critical_policy_doc(
+    name: str,
+    glob: str,
+    replicas: Sequence[str],
+    ack: str,
+    *,
+    failover: str = "manual",
+    order: Sequence[str] = (),
+) -> str:
+    """A critical ReplicationPolicy homed in eu-west, residency EU (a `---` document)."""
+    text = f"""\
 ---
 apiVersion: meridian/v1
 kind: ReplicationPolicy
@@ -41,32 +67,23 @@ spec:
   rpo: 0s
   ack: {ack}
   failover:
-    mode: manual
+    mode: {failover}
 """
+    if order:
+        text += f"    order: [{', '.join(order)}]\n"
+    return text
 
 
 def critical_policy() -> str:
-    regions = "\n".join(f"    - name: {n}\n      jurisdiction: {j}" for n, j in REGIONS)
-    topology = f"""\
-apiVersion: meridian/v1
-kind: Topology
-metadata:
-  name: critical
-spec:
-  regions:
-{regions}
-  links:
-    - between: [eu-west, eu-central]
-      rtt: 12ms
-    - between: [eu-west, eu-north]
-      rtt: 20ms
-"""
+    topology = topology_doc(
+        "critical", [("eu-west", "eu-central", "12ms"), ("eu-west", "eu-north", "20ms")]
+    )
     return (
         topology
-        + _policy("pair", "pair/*", ["eu-central"], "quorum")
-        + _policy("tri", "tri/*", ["eu-central", "eu-north"], "quorum")
-        + _policy("every", "every/*", ["eu-central", "eu-north"], "all")
-        + _policy("plain", "plain/*", ["eu-central"], "quorum")
+        + critical_policy_doc("pair", "pair/*", ["eu-central"], "quorum")
+        + critical_policy_doc("tri", "tri/*", ["eu-central", "eu-north"], "quorum")
+        + critical_policy_doc("every", "every/*", ["eu-central", "eu-north"], "all")
+        + critical_policy_doc("plain", "plain/*", ["eu-central"], "quorum")
         .replace("class: critical", "class: standard")
         .replace("rpo: 0s", "rpo: 30s")
         .replace("  ack: quorum\n", "")
@@ -75,25 +92,25 @@ spec:
 
 def prepare_critical_world(folder: Path, etcd: str) -> dict[str, str]:
     """Migrate a SQLite catalog, apply and publish the policy; the `meridian` env."""
-    folder.mkdir(parents=True, exist_ok=True)
     env = {
         "MERIDIAN_CATALOG": f"sqlite:///{folder / 'catalog.db'}",
         "MERIDIAN_ETCD": etcd,
         "MERIDIAN_HOME": str(folder / "home"),
     }
-    policy = folder / "policy.yaml"
-    policy.write_text(critical_policy(), encoding="utf-8")
-    for args in (["db", "upgrade"], ["policy", "apply", str(policy), "--yes"]):
-        done = run_cli(args, env)
-        if done.returncode != 0:
-            raise RuntimeError(f"meridian {' '.join(args)} failed: {done.stderr.strip()}")
-    return env
+    return apply_world(folder, env, critical_policy())
 
 
 async def put(
-    address: str, dataset: str, key: str, data: bytes, *, timeout_s: float = 30
+    address: str,
+    dataset: str,
+    key: str,
+    data: bytes,
+    *,
+    timeout_s: float = 30,
+    channel: grpc.aio.Channel | None = None,
 ) -> agent_pb2.PutResponse:
-    """One Put through the raw API (header, 1 MiB chunks, end)."""
+    """One Put through the raw API (header, 1 MiB chunks, end), on `channel` when given,
+    else on a channel of its own."""
 
     async def frames() -> object:
         yield agent_pb2.PutRequest(header=agent_pb2.PutHeader(dataset=dataset, key=key))
@@ -101,9 +118,10 @@ async def put(
             yield agent_pb2.PutRequest(chunk=data[at : at + (1 << 20)])
         yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
 
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = agent_pb2_grpc.AgentStub(channel)
-        return await stub.Put(frames(), timeout=timeout_s)  # type: ignore[arg-type]
+    if channel is not None:
+        return await agent_pb2_grpc.AgentStub(channel).Put(frames(), timeout=timeout_s)  # type: ignore[arg-type]
+    async with grpc.aio.insecure_channel(address) as own:
+        return await agent_pb2_grpc.AgentStub(own).Put(frames(), timeout=timeout_s)  # type: ignore[arg-type]
 
 
 async def stat(address: str, dataset: str, key: str) -> agent_pb2.ObjectInfo | None:
@@ -122,15 +140,13 @@ async def stat(address: str, dataset: str, key: str) -> agent_pb2.ObjectInfo | N
 async def wait_stat_digest(
     address: str, dataset: str, key: str, digest: str, timeout_s: float = 15
 ) -> bool:
-    """Whether `address` comes to hold dataset/key at `digest` within the time (polled
-    every 50 ms, bounded)."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout_s
-    for _ in range(int(timeout_s / 0.05) + 1):
+    """Whether `address` comes to hold dataset/key at `digest` within the time."""
+
+    async def holds() -> bool:
         found = await stat(address, dataset, key)
-        if found is not None and found.version.digest == digest:
-            return True
-        if loop.time() >= until:
-            break
-        await asyncio.sleep(0.05)
-    return False
+        return found is not None and found.version.digest == digest
+
+    try:
+        return await until(holds, timeout_s, what=f"{address} to hold {dataset}/{key}@{digest}")
+    except WaitTimeoutError:
+        return False

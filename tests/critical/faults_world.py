@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -30,8 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from critical_helpers import critical_policy_doc, put, topology_doc
 from harness.agent_process import AgentProcess
-from harness.controllers import ControllerProcess, run_cli
+from harness.controllers import ControllerProcess, apply_world, run_cli
+from harness.ports import free_port
+from waiting import WaitTimeoutError, until
 
 from chaos.toxiproxy import AsyncToxiproxy
 from controlplane.adapters.etcd import EtcdCoordination
@@ -40,50 +42,18 @@ from controlplane.coordination.protocols.ownership import Owner, Ownership
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 EU = ("eu-west", "eu-central", "eu-north")
-REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("eu-north", "EU"), ("us-east", "US")]
 LEASE_TTL_S = 2
 
 
-def _policy(name: str, glob: str, ack: str) -> str:
-    return f"""\
----
-apiVersion: meridian/v1
-kind: ReplicationPolicy
-metadata:
-  name: {name}
-spec:
-  selector:
-    datasets: ["{glob}"]
-  class: critical
-  home: eu-west
-  replicas:
-    regions: [eu-central, eu-north]
-  residency: [EU]
-  rpo: 0s
-  ack: {ack}
-  failover:
-    mode: automatic
-    order: [eu-central, eu-north]
-"""
-
-
 def faults_policy(datasets: list[str]) -> str:
-    regions = "\n".join(f"    - name: {n}\n      jurisdiction: {j}" for n, j in REGIONS)
-    text = (
-        "apiVersion: meridian/v1\nkind: Topology\nmetadata:\n  name: faults\nspec:\n"
-        f"  regions:\n{regions}\n"
-    )
-    text += _policy("auto", "auto/*", "quorum") + _policy("strict", "strict/*", "all")
+    text = topology_doc("faults")
+    for name, ack in (("auto", "quorum"), ("strict", "all")):
+        text += critical_policy_doc(
+            name, f"{name}/*", EU[1:], ack, failover="automatic", order=EU[1:]
+        )
     for ds in datasets:
         text += f"---\napiVersion: meridian/v1\nkind: Dataset\nmetadata:\n  name: {ds}\n"
     return text
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @dataclass
@@ -113,12 +83,7 @@ class FaultsWorld:
             "MERIDIAN_HOME": str(self.folder / "home"),
             "MERIDIAN_AGENT_ROUTES": routes,
         }
-        policy = self.folder / "policy.yaml"
-        policy.write_text(faults_policy(datasets), encoding="utf-8")
-        for args in (["db", "upgrade"], ["policy", "apply", str(policy), "--yes"]):
-            done = await asyncio.to_thread(run_cli, args, self.env)
-            if done.returncode != 0:
-                raise RuntimeError(f"meridian {' '.join(args)} failed: {done.stderr.strip()}")
+        await asyncio.to_thread(apply_world, self.folder, self.env, faults_policy(datasets))
         for r in EU:
             self.agents[r] = AgentProcess(
                 r,
@@ -154,8 +119,8 @@ class FaultsWorld:
         async with AsyncToxiproxy(self.toxiproxy_url) as tp:
             await tp.set_enabled(self.proxies[region], not cut)
         route = dict(p.split("=", 1) for p in self.env["MERIDIAN_AGENT_ROUTES"].split(","))
-        until = time.monotonic() + 10
-        for _ in range(200):
+
+        async def as_asked() -> bool:
             try:
                 async with grpc.aio.insecure_channel(route[region]) as channel:
                     await agent_pb2_grpc.AgentStub(channel).Health(
@@ -164,12 +129,9 @@ class FaultsWorld:
                 reached = True
             except grpc.aio.AioRpcError:
                 reached = False
-            if reached != cut:
-                return
-            if time.monotonic() >= until:
-                break
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"the proxy of {region} did not {'cut' if cut else 'heal'}")
+            return reached != cut
+
+        await until(as_asked, 10, what=f"the proxy of {region} to {'cut' if cut else 'heal'}")
 
     def cli(self, *args: str, timeout_s: float = 150) -> tuple[int, str, str]:
         done = run_cli(list(args), self.env, timeout_s=timeout_s)
@@ -186,32 +148,27 @@ async def wait_owner(
     check: Callable[[Owner], bool],
     timeout_s: float = 30,
 ) -> Owner:
-    """The owner record once `check` holds of it (polled every 50 ms, bounded)."""
-    until = time.monotonic() + timeout_s
-    last: Owner | None = None
-    for _ in range(int(timeout_s / 0.05) + 1):
-        last = await owner_of(coord, dataset)
-        if last is not None and check(last):
-            return last
-        if time.monotonic() >= until:
-            break
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"owner of {dataset} never satisfied the check (last: {last})")
+    """The owner record once `check` holds of it (bounded)."""
+    last: list[Owner | None] = [None]
+
+    async def checked() -> Owner | None:
+        last[0] = await owner_of(coord, dataset)
+        return last[0] if last[0] is not None and check(last[0]) else None
+
+    return await until(
+        checked, timeout_s, what=f"the owner of {dataset} to pass the check", detail=lambda: last[0]
+    )
 
 
 async def wait_alive(
     coord: EtcdCoordination, regions: tuple[str, ...], timeout_s: float = 30
 ) -> None:
     """Until every region of `regions` has a live controller (its liveness key)."""
-    until = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / 0.05) + 1):
-        found = [r for r in regions if await coord.get(keys.alive(r)) is not None]
-        if len(found) == len(regions):
-            return
-        if time.monotonic() >= until:
-            break
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"regions {regions} not all alive after {timeout_s} s")
+
+    async def all_alive() -> bool:
+        return all([await coord.get(keys.alive(r)) is not None for r in regions])
+
+    await until(all_alive, timeout_s, what=f"a live controller in each of {regions}")
 
 
 async def raw_put(
@@ -222,17 +179,8 @@ async def raw_put(
     *,
     channel: grpc.aio.Channel | None = None,
 ) -> agent_pb2.PutResponse:
-    """One Put through the raw API (on `channel` when given, else a channel of its own)."""
-
-    async def frames() -> object:
-        yield agent_pb2.PutRequest(header=agent_pb2.PutHeader(dataset=dataset, key=key))
-        yield agent_pb2.PutRequest(chunk=data)
-        yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
-
-    if channel is not None:
-        return await agent_pb2_grpc.AgentStub(channel).Put(frames(), timeout=15)  # type: ignore[arg-type]
-    async with grpc.aio.insecure_channel(address) as own:
-        return await agent_pb2_grpc.AgentStub(own).Put(frames(), timeout=15)  # type: ignore[arg-type]
+    """critical_helpers.put with the fault tests' 15 s bound."""
+    return await put(address, dataset, key, data, timeout_s=15, channel=channel)
 
 
 async def raw_gets(address: str, dataset: str, keys: list[str]) -> dict[str, bytes]:
@@ -308,15 +256,14 @@ class Writer:
     async def _run(
         self, channels: dict[str, grpc.aio.Channel], max_writes: int, max_s: float
     ) -> None:
-        until = time.monotonic() + max_s
+        deadline = time.monotonic() + max_s
         for i in range(max_writes):
-            if self._stop.is_set() or time.monotonic() >= until:
+            if self._stop.is_set() or time.monotonic() >= deadline:
                 return
-            owner = await owner_of(self.coord, self.dataset)
-            agent = self.world.agents.get(owner.region) if owner else None
-            if agent is None or not agent.running or not agent.address:
-                await asyncio.sleep(0.05)
-                continue
+            found = await self._serving_owner(deadline)
+            if found is None:
+                return
+            owner, agent = found
             key = f"w{i:05d}"
             data = hashlib.sha256(f"{self.dataset} {key}".encode()).digest() * (64 + i % 64)
             self.attempts += 1
@@ -329,22 +276,44 @@ class Writer:
             except grpc.aio.AioRpcError as err:
                 code = err.code().name
                 self.refused[code] = self.refused.get(code, 0) + 1
-                await asyncio.sleep(0.02)  # a refusal: ask etcd for the owner again
+                # A refusal: back off a moment, then ask etcd for the owner again. Nothing
+                # to await instead: the next attempt is what tells whether it takes.
+                await asyncio.sleep(0.02)
                 continue
             self.acked.append(
                 Acked(key, data, resp.version.digest, owner.region, tuple(resp.regions))
             )
 
+    async def _serving_owner(self, deadline: float) -> tuple[Owner, AgentProcess] | None:
+        """The owner and its agent once that agent serves; None once stopped or out of time."""
+
+        async def serving() -> tuple[Owner, AgentProcess] | bool:
+            if self._stop.is_set():
+                return True
+            owner = await owner_of(self.coord, self.dataset)
+            agent = self.world.agents.get(owner.region) if owner else None
+            if owner is None or agent is None or not agent.running or not agent.address:
+                return False
+            return owner, agent
+
+        try:
+            found = await until(
+                serving,
+                max(0.0, deadline - time.monotonic()),
+                what=f"a serving owner of {self.dataset}",
+            )
+        except WaitTimeoutError:
+            return None
+        return None if found is True else found  # type: ignore[return-value]
+
     async def until(self, pred: Callable[[], bool], timeout_s: float = 30) -> None:
         """Wait (bounded) until `pred()` holds while the writer runs."""
-        until = time.monotonic() + timeout_s
-        for _ in range(int(timeout_s / 0.05) + 1):
-            if pred():
-                return
-            if time.monotonic() >= until:
-                break
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"writer condition not met in {timeout_s} s ({len(self.acked)} acked)")
+        await until(
+            pred,
+            timeout_s,
+            what="the writer's condition",
+            detail=lambda: f"{len(self.acked)} acked, refused {self.refused}",
+        )
 
 
 async def bounded(what: str, coro: Awaitable[object], timeout_s: float) -> None:

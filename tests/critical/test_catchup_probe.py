@@ -4,10 +4,12 @@ owner's and the target's listings by HLC and digest (real agent processes, etcd)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from critical_helpers import put, stat
 from harness.agent_process import AgentProcess
+from waiting import WaitTimeoutError, until
 
 from agents.client import ObjectInfo
 from controlplane.adapters.etcd import EtcdCoordination
@@ -41,12 +43,17 @@ async def test_the_probe_reports_what_the_target_agent_lacks(
 
     central.start()
     # The owner's catch-up pushes what eu-central missed; the probe then finds nothing.
-    for _ in range(80):  # bounded: 80 polls, 0.25 s apart
+    lacking: list[str] = []
+
+    async def caught_up() -> bool:
+        nonlocal lacking
         lacking = await asyncio.to_thread(probe.incomplete_versions, "tri/e", "eu-central")
-        if not lacking:
-            break
-        assert lacking == [f"k2@{missed.version.hlc}"] or "cannot be compared" in lacking[0]
-        await asyncio.sleep(0.25)
+        if lacking:
+            assert lacking == [f"k2@{missed.version.hlc}"] or "cannot be compared" in lacking[0]
+        return not lacking
+
+    with contextlib.suppress(WaitTimeoutError):  # the assertion says what it lacks
+        await until(caught_up, 20, what="eu-central caught up", step_s=0.25)
     assert lacking == []
     held = await stat(central.address, "tri/e", "k2")
     assert held is not None and held.version.digest == missed.version.digest

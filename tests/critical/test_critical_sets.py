@@ -12,20 +12,22 @@ window in which a region must not show the set yet."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+import waiting
 from critical_helpers import prepare_critical_world
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess
 from harness.controllers import meridian_argv
+from harness.ports import free_port
 
 from agents.client import AgentClient
 from controlplane.adapters.etcd import EtcdCoordination
@@ -54,12 +56,6 @@ def owner_of(data: bytes) -> tuple[str, int]:
     first = data.split(b"\n", 1)[0].decode()
     set_part, shard_part = first.split(" ")
     return set_part.removeprefix("set="), int(shard_part.removeprefix("shard="))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -153,12 +149,14 @@ class Reader:
             for _ in range(20_000):
                 if self.stop.is_set() or loop.time() >= until:
                     return
-                await self._once(stub)
+                await self._once(stub, until - loop.time())
 
-    async def _once(self, stub: agent_pb2_grpc.AgentStub) -> None:
-        shown = await get_set(stub, "latest")
-        if shown is None:
-            await asyncio.sleep(0.01)
+    async def _once(self, stub: agent_pb2_grpc.AgentStub, left_s: float) -> None:
+        try:  # at once, but for the first set, which may come later
+            shown = await waiting.until(
+                lambda: get_set(stub, "latest"), max(0.0, left_s), what="a set", step_s=0.01
+            )
+        except waiting.WaitTimeoutError:
             return
         if len(shown.members) != SHARDS:
             self.violations.append(f"{shown.id} shows {len(shown.members)} members")
@@ -246,10 +244,12 @@ async def test_a_reader_in_a_replica_region_only_ever_sees_whole_sets(
     finally:
         # The reader goes on until eu-north shows the last set (or its bound ends).
         last = f"ckpt-{SETS - 1}"
-        for _ in range(600):
-            if reader.seen[-1:] == [last] or reading.done():
-                break
-            await asyncio.sleep(0.05)
+        # Not raised: the assertions below say what the reader saw, and in a `finally`
+        # a timeout would hide the error that brought the test here.
+        with contextlib.suppress(waiting.WaitTimeoutError):
+            await waiting.until(
+                lambda: reader.seen[-1:] == [last] or reading.done(), 30, what=f"{last} read"
+            )
         reader.stop.set()
         await reading
 

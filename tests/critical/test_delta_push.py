@@ -16,6 +16,7 @@ from critical_helpers import put, stat
 from harness.agent_process import AgentProcess
 from harness.cli_schema import check_output
 from harness.controllers import run_cli
+from waiting import until
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
@@ -43,9 +44,8 @@ async def transfer_to(
 ) -> dict[str, object]:
     """The catalog's record of the copy of `version` into eu-central, once the agent's
     recorder has shipped it (polled, bounded)."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout_s
-    for _ in range(int(timeout_s / 0.25) + 1):
+
+    async def recorded() -> dict[str, object] | None:
         done = await asyncio.to_thread(
             run_cli, ["audit", "transfers", "--dataset", dataset, "-o", "json"], env
         )
@@ -53,13 +53,11 @@ async def transfer_to(
         rows = json.loads(done.stdout)
         check_output("audit_transfers", rows)
         found = [r for r in rows if r["version"] == version and r["to"] == "eu-central"]
-        if found:
-            assert len(found) == 1, found
-            return dict(found[0])
-        if loop.time() >= until:
-            break
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"no transfer of {dataset} at {version} to eu-central was recorded")
+        assert len(found) <= 1, found
+        return dict(found[0]) if found else None
+
+    what = f"a transfer of {dataset} at {version} to eu-central recorded"
+    return await until(recorded, timeout_s, what=what, step_s=0.25)
 
 
 async def test_a_new_version_goes_as_a_delta_and_whole_to_a_replica_without_its_basis(

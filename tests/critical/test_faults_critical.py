@@ -16,6 +16,7 @@ for the module (each test its own datasets; the processes it kills it restarts):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -39,6 +40,7 @@ from faults_world import (
 )
 from harness.agent_fixtures import clear_keyspace
 from harness.cli_schema import check_output
+from waiting import WaitTimeoutError, until, until_sync
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.holdings import read_holdings
@@ -62,12 +64,8 @@ async def world(
 
 @pytest.fixture
 async def coord(etcd_endpoint: str, world: FaultsWorld) -> AsyncIterator[EtcdCoordination]:
-    c = EtcdCoordination([etcd_endpoint], timeout_s=5.0)
-    await c.connect()
-    try:
+    async with EtcdCoordination([etcd_endpoint], timeout_s=5.0) as c:
         yield c
-    finally:
-        await c.close()
 
 
 async def assert_readable_from(
@@ -131,16 +129,20 @@ async def wait_status(
     world: FaultsWorld, dataset: str, region: str, pending: int, timeout_s: float = 30
 ) -> dict[str, object]:
     """The catalog's row once it shows `pending` (the records ship in the background)."""
-    until = time.monotonic() + timeout_s
     row: dict[str, object] = {}
-    for _ in range(int(timeout_s / 0.1) + 1):
+
+    async def shown() -> dict[str, object] | None:
+        nonlocal row
         row = await asyncio.to_thread(catalog_status, world, dataset, region)
-        if row["pending"] == pending:
-            return row
-        if time.monotonic() >= until:
-            break
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{dataset} in {region}: pending never became {pending}: {row}")
+        return row if row["pending"] == pending else None
+
+    return await until(
+        shown,
+        timeout_s,
+        what=f"{dataset} in {region} to show {pending} pending",
+        step_s=0.1,
+        detail=lambda: row,
+    )
 
 
 async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_up(
@@ -177,12 +179,15 @@ async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_u
 
     # Healed: the owner's catch-up pushes what it missed; the catalog then says so.
     north = world.agents[cut].address
-    until = time.monotonic() + 30
-    for _ in range(300):
+    held: dict[str, str] = {}
+
+    async def caught_up() -> bool:
+        nonlocal held
         held = await listing(north, "auto/c")
-        if all(held.get(a.key) == a.digest for a in quorum) or time.monotonic() >= until:
-            break
-        await asyncio.sleep(0.1)
+        return all(held.get(a.key) == a.digest for a in quorum)
+
+    with contextlib.suppress(WaitTimeoutError):  # the assertion says what it holds
+        await until(caught_up, 30, what=f"{cut} to hold the quorum's writes", step_s=0.1)
     assert all(held.get(a.key) == a.digest for a in quorum), held
     await wait_status(world, "auto/c", cut, pending=0)
     code, out, err = await asyncio.to_thread(
@@ -192,14 +197,16 @@ async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_u
     rows = json.loads(out)
     check_output("replication_status", rows)
     assert {r["region"]: r["pending"] for r in rows}[cut] == 0
+
     # And `ack: all` writes are acked again once it counts (bounded retries).
-    for _ in range(100):
+    async def acked() -> agent_pb2.PutResponse | None:
         try:
-            resp = await raw_put(west, "strict/c", "after", b"every copy again")
-            break
+            return await raw_put(west, "strict/c", "after", b"every copy again")
         except grpc.aio.AioRpcError as err:
             assert err.code() == grpc.StatusCode.UNAVAILABLE
-            await asyncio.sleep(0.1)
+            return None
+
+    resp = await until(acked, 60, what="an `ack: all` write acked again", step_s=0.1)
     assert sorted(resp.regions) == sorted(EU)
 
 
@@ -278,20 +285,21 @@ def failover_row(world: FaultsWorld, dataset: str, epoch: int) -> dict[str, obje
     """The journal row of the move to `epoch`, with its details, from the catalog."""
     from controlplane.catalog.api import open_catalog
 
+    def row() -> dict[str, object] | None:
+        for rec in catalog.list_failovers():
+            if rec.dataset == dataset and rec.epoch == epoch:
+                return {
+                    "rpo_versions": rec.rpo_versions,
+                    "details": json.loads(rec.details or "{}"),
+                    "kind": rec.kind,
+                }
+        return None
+
     catalog = open_catalog(world.env["MERIDIAN_CATALOG"])
-    try:
-        for until in range(200):  # the row may be written a moment after the move
-            for rec in catalog.list_failovers():
-                if rec.dataset == dataset and rec.epoch == epoch:
-                    return {
-                        "rpo_versions": rec.rpo_versions,
-                        "details": json.loads(rec.details or "{}"),
-                        "kind": rec.kind,
-                    }
-            time.sleep(0.05 if until < 199 else 0)
+    try:  # the row may be written a moment after the move
+        return until_sync(row, 10, what=f"a journal row for {dataset} at epoch {epoch}")
     finally:
         catalog.close()
-    raise AssertionError(f"no journal row for {dataset} at epoch {epoch}")
 
 
 async def test_acked_writes_survive_a_switchover_and_a_sigkilled_owner_region(

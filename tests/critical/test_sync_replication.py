@@ -5,13 +5,13 @@ refuse copies at an epoch etcd no longer gives (a paused former owner included).
 
 from __future__ import annotations
 
-import asyncio
 import signal
 
 import grpc
 import pytest
 from critical_helpers import put, stat, wait_stat_digest
 from harness.agent_process import AgentProcess
+from waiting import until
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols import keys
@@ -89,14 +89,15 @@ async def test_a_replica_down_fails_a_two_of_two_quorum_not_a_two_of_three(
 async def put_until_acked(
     address: str, dataset: str, key: str, data: bytes
 ) -> agent_pb2.PutResponse:
-    for _ in range(60):  # bounded: 60 tries, 0.25 s apart
+    async def acked() -> agent_pb2.PutResponse | None:
         try:
             return await put(address, dataset, key, data)
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.UNAVAILABLE:
                 raise
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"{dataset}/{key} was never acked")
+            return None
+
+    return await until(acked, 60, what=f"{dataset}/{key} acked", step_s=0.25)
 
 
 async def replicate(

@@ -14,13 +14,13 @@ differing for ever):
 
 from __future__ import annotations
 
-import asyncio
 import signal
 
 import grpc
 import pytest
 from critical_helpers import put, stat
 from harness.agent_process import AgentProcess
+from waiting import WaitTimeoutError, until
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
@@ -70,16 +70,17 @@ async def _lone_write_then_takeover(
 async def _wait_held(
     address: str, key: str, want: str | None, timeout_s: float = 45
 ) -> agent_pb2.ObjectInfo | None:
-    """What `address` holds of DATASET/key once its digest is `want` (None: nothing),
-    polled (bounded in count and time); the last answer if it never is."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout_s
-    found = None
-    for _ in range(int(timeout_s / 0.1) + 1):
+    """What `address` holds of DATASET/key once its digest is `want` (None: nothing);
+    the last answer if it never is (the callers' asserts then say what is wrong)."""
+
+    async def settled() -> tuple[agent_pb2.ObjectInfo | None] | None:
         found = await stat(address, DATASET, key)
-        if (found.version.digest if found else None) == want or loop.time() >= until:
-            break
-        await asyncio.sleep(0.1)  # the poll step of a bounded wait
+        return (found,) if (found.version.digest if found else None) == want else None
+
+    try:
+        (found,) = await until(settled, timeout_s, f"{key} at {want} in {address}", step_s=0.1)
+    except WaitTimeoutError:
+        return await stat(address, DATASET, key)
     return found
 
 
@@ -120,7 +121,8 @@ async def test_rewind_is_fenced_like_a_push(eu_agents: Agents, coord: EtcdCoordi
     )
     assert epoch is not None
     acked = await put(west.address, DATASET, "k", b"acked")
-    held = await stat(north.address, DATASET, "k")
+    # Acked by a quorum of 2 of 3: eu-north's copy may still be on its way.
+    held = await _wait_held(north.address, "k", acked.version.digest)
     assert held is not None
 
     async def rewind(
@@ -143,6 +145,7 @@ async def test_rewind_is_fenced_like_a_push(eu_agents: Agents, coord: EtcdCoordi
     assert await stat(north.address, DATASET, "k") is None
 
     again = await put(west.address, DATASET, "k", b"acked again")
+    assert await _wait_held(north.address, "k", again.version.digest) is not None
     with pytest.raises(grpc.aio.AioRpcError) as unknown:
         await rewind(epoch + 1, "eu-west", again.version)  # an epoch etcd never gave
     assert unknown.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from harness.agent_fixtures import agent, world
+from harness.agent_fixtures import agent, clean_coordination, world
 
 from controlplane.adapters.etcd import EtcdCoordination
 
@@ -17,11 +17,5 @@ __all__ = ["agent", "coord", "world"]
 async def coord(etcd_endpoint: str) -> AsyncIterator[EtcdCoordination]:
     """A connected adapter on a clean `/meridian/` keyspace (the stack's etcd is this
     suite's own: its port is the daemon engineer's)."""
-    c = EtcdCoordination([etcd_endpoint], timeout_s=5.0)
-    await c.connect()
-    await c.delete("/meridian/", prefix=True)
-    try:
+    async with clean_coordination([etcd_endpoint]) as c:
         yield c
-    finally:
-        await c.delete("/meridian/", prefix=True)
-        await c.close()

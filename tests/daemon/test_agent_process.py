@@ -4,9 +4,9 @@ start-up refusals, the registration's life, metrics, and a clean stop on SIGTERM
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -16,6 +16,8 @@ import httpx
 import pytest
 from harness.agent_process import AgentProcess
 from harness.controllers import run_cli
+from harness.ports import free_port
+from waiting import WaitTimeoutError, until
 
 from agents.client import AgentClient, FetchSource
 from agents.errors import ResidencyError
@@ -26,12 +28,6 @@ from controlplane.domain.version import Verdict
 from controlplane.errors import NotFoundError, UnavailableError
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def serve(
@@ -132,11 +128,12 @@ async def test_after_sigkill_the_registration_expires_with_its_lease(
         proc.kill()
         killed = time.monotonic()
         assert await registration(etcd_endpoint, "eu-west", agent_id) is not None
-        for _ in range(200):  # bounded: the TTL is 2 s, etcd may take up to two
-            if await registration(etcd_endpoint, "eu-west", agent_id) is None:
-                break
-            await asyncio.sleep(0.05)
-        assert await registration(etcd_endpoint, "eu-west", agent_id) is None
+
+        async def gone() -> bool:
+            return await registration(etcd_endpoint, "eu-west", agent_id) is None
+
+        # The TTL is 2 s, etcd may take up to two.
+        await until(gone, 10, what=f"the registration of {agent_id} to expire")
         assert time.monotonic() - killed < 8
     finally:
         proc.stop()
@@ -166,11 +163,14 @@ async def test_metrics_serve_the_spec_names_and_follow_the_store(agent: AgentPro
         assert "meridian_agent_objects 1.0" in text
         assert "meridian_agent_bytes_stored 1000.0" in text
         # The put's change event reaches Kafka (acks=all) through the outbox drain.
-        for _ in range(200):
+
+        async def published() -> bool:
+            nonlocal text
             text = (await http.get(f"http://{agent.metrics_address}/metrics")).text
-            if "meridian_outbox_published_total 1.0" in text:
-                break
-            await asyncio.sleep(0.05)
+            return "meridian_outbox_published_total 1.0" in text
+
+        with contextlib.suppress(WaitTimeoutError):  # the assertion shows the metrics
+            await until(published, 10, what="the outbox to publish the put")
     assert "meridian_outbox_published_total 1.0" in text
     assert "meridian_outbox_pending 0.0" in text
 
@@ -188,7 +188,7 @@ async def test_sigterm_during_a_large_put_leaves_no_partial_object_and_exits_0(
             yield bytes([i % 251]) * (1024 * 1024)
             if i == 8:
                 started.set()
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the pace of the load, not a wait for anything
 
     try:
         async with AgentClient(proc.address) as client:
@@ -249,10 +249,14 @@ async def test_transfers_are_served_a_fetch_copies_between_two_agents_within_res
         hlc = str(version.hlc)
         catalog = open_catalog(world["MERIDIAN_CATALOG"])
         try:
-            for _ in range(300):
-                if catalog.holders("eu/weights", "w.bin", hlc) == ["eu-central", "eu-west"]:
-                    break
-                await asyncio.sleep(0.05)
+            with contextlib.suppress(WaitTimeoutError):  # the assertion shows the holders
+                await until(
+                    lambda: (
+                        catalog.holders("eu/weights", "w.bin", hlc) == ["eu-central", "eu-west"]
+                    ),
+                    15,
+                    what="the catalog to know both copies",
+                )
             assert catalog.holders("eu/weights", "w.bin", hlc) == ["eu-central", "eu-west"]
         finally:
             catalog.close()

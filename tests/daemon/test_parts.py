@@ -3,13 +3,13 @@ lease, the watched owners feeding the fence, the root's identity."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from waiting import until
 
 from agents.daemon.identity import IDENTITY_FILE, check_writable, load_or_create
 from agents.daemon.owners import OwnershipWatch
@@ -24,6 +24,7 @@ from controlplane.coordination.protocols.fencing import (
 )
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.errors import ConfigError
+from controlplane.ports.coordination import KeyValue
 
 pytestmark = pytest.mark.integration
 
@@ -54,11 +55,12 @@ async def test_registration_lives_on_its_lease_and_goes_with_stop(
         }
         # Usage figures follow the store, under the same lease.
         usage["now"] = Usage(objects=3, versions=3, bytes=30, bytes_free=70)
-        for _ in range(100):
+
+        async def updated() -> KeyValue | None:
             kv = await coord.get(keys.agent("eu-west", "eu-west-a1"))
-            if kv is not None and json.loads(kv.value)["objects"] == 3:
-                break
-            await asyncio.sleep(0.05)
+            return kv if kv is not None and json.loads(kv.value)["objects"] == 3 else None
+
+        kv = await until(updated, 5, what="the registration to show 3 objects")
         assert kv is not None and json.loads(kv.value)["objects"] == 3
         assert kv.lease == reg.lease_id
     finally:
@@ -79,12 +81,13 @@ async def test_a_lost_lease_is_replaced_by_a_new_registration(coord: EtcdCoordin
     try:
         first = reg.lease_id
         await coord.revoke(first)  # as etcd expiring it would: the key goes
-        for _ in range(200):
+
+        async def again() -> KeyValue | None:
             kv = await coord.get(keys.agent("eu-west", "eu-west-a1"))
             # Both: the key is visible before the registration's put has returned.
-            if kv is not None and kv.lease != first and reg.registrations == 2:
-                break
-            await asyncio.sleep(0.05)
+            return kv if kv is not None and kv.lease != first and reg.registrations == 2 else None
+
+        kv = await until(again, 10, what="a registration under a new lease")
         assert kv is not None and kv.lease not in (0, first)
         assert reg.registrations == 2
     finally:

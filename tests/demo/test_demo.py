@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from harness.children import popen
+from waiting import WaitTimeoutError, until_sync
 
 from controlplane.observability.dashboard import panel_queries
 from controlplane.settings import Settings
@@ -117,14 +119,15 @@ def _port_free(address: str) -> bool:
 
 
 def _wait_kept(proc: subprocess.Popen[bytes], err: Path) -> dict[str, Any]:
-    deadline = time.monotonic() + DEMO_DEADLINE_S
-    for _ in range(DEMO_DEADLINE_S * 2):
-        kept = [e for e in _events(err) if e.get("event") == "demo_kept"]
-        if kept:
-            return kept[0]
-        if proc.poll() is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+
+    def kept_or_exited() -> bool:
+        return proc.poll() is not None or any(e.get("event") == "demo_kept" for e in _events(err))
+
+    with contextlib.suppress(WaitTimeoutError):  # the failure below says more
+        until_sync(kept_or_exited, DEMO_DEADLINE_S, "the demo to reach --keep", step_s=0.5)
+    kept = [e for e in _events(err) if e.get("event") == "demo_kept"]
+    if kept:
+        return kept[0]
     tail = "\n".join(err.read_text(errors="replace").splitlines()[-30:])
     pytest.fail(f"the demo did not reach --keep (exit {proc.poll()}):\n{tail}")
 
@@ -134,14 +137,15 @@ def _panels_with_data(prometheus: PrometheusClient) -> list[str]:
     queries = panel_queries()
     assert len(queries) >= 8  # the dashboard's panels, each with its query
     empty = {q.expr: q for q in queries}
-    deadline = time.monotonic() + PANEL_DEADLINE_S
-    for _ in range(PANEL_DEADLINE_S):
+
+    def all_have_data() -> bool:
         for expr in list(empty):
             if prometheus.query(expr):
                 del empty[expr]
-        if not empty or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+        return not empty
+
+    with contextlib.suppress(WaitTimeoutError):  # the caller's assertion names them
+        until_sync(all_have_data, PANEL_DEADLINE_S, "every panel to show data", step_s=1)
     return [f"{q.panel} [{q.ref_id}]: {q.expr}" for q in empty.values()]
 
 
@@ -150,7 +154,7 @@ def test_the_small_demo_holds_every_step_feeds_every_panel_and_stops_all_it_star
 ) -> None:
     out, err = tmp_path / "demo.out", tmp_path / "demo.err"
     with out.open("wb") as stdout, err.open("wb") as stderr:
-        proc = subprocess.Popen(
+        proc = popen(
             [*_meridian(), "demo", "--scale", "small", "--keep", "--output", "json"],
             stdout=stdout,
             stderr=stderr,

@@ -89,6 +89,8 @@ CALLS = [
     ("FetchMany", False, False),
     ("ReplicateSet", False, False),
     ("ReplicateMany", False, False),
+    # The takeover pass's call (lead, issue 13): a deposed owner's unacked write undone.
+    ("Rewind", False, False),
 ]
 
 
@@ -115,8 +117,12 @@ def test_change_event_has_every_field_of_the_spec() -> None:
         "set",
         "inline",
         "origin_agent",
+        # Schema 2, a version set's event (added at the end, field 12).
+        "version_set",
     }
     assert fields["schema"].number == 1  # first, so any reader finds it
+    assert fields["version_set"].number == 12
+    assert fields["version_set"].message_type.full_name == "meridian.v1.VersionSet"
     version = {f.name for f in fields["version"].message_type.fields}
     assert version == {"hlc", "op", "size", "digest"}
     assert fields["inline"].containing_oneof is fields["origin_agent"].containing_oneof

@@ -114,7 +114,13 @@ BLAKE_HEX = Digest.of(DATA).hex
     ("data", "field", "message"),
     [
         (edit(lambda m: m.ClearField("schema")), "ChangeEvent.schema", "is missing"),
-        (edit(lambda m: setattr(m, "schema", 2)), "ChangeEvent.schema", "schema 2 is not known"),
+        (edit(lambda m: setattr(m, "schema", 3)), "ChangeEvent.schema", "schema 3 is not known"),
+        # Schema 2 is a version set's event: never read as a change of one object.
+        (
+            edit(lambda m: setattr(m, "schema", 2)),
+            "ChangeEvent.schema",
+            "schema 2 is a version set's event",
+        ),
         (edit(lambda m: m.ClearField("event_id")), "ChangeEvent.event_id", "is missing"),
         (edit(lambda m: m.ClearField("dataset")), "ChangeEvent.dataset", "is missing"),
         (edit(lambda m: m.ClearField("key")), "ChangeEvent.key", "is missing"),

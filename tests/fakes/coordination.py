@@ -18,8 +18,10 @@ same assertions against both):
   operations; a start revision below `compact()`'s raises.
 
 Beyond the port: `set_unavailable(True)` makes every call fail with the
-retriable `UnavailableError` until it is set back, as an etcd outage would;
-`compact(revision)` forgets history like etcd's compaction.
+retriable `UnavailableError` until it is set back, and ends every open watch with
+it, as an etcd outage would; `refused` counts the calls and watches it failed, so a
+test can await the code under test meeting the outage; `compact(revision)` forgets
+history like etcd's compaction.
 """
 
 from __future__ import annotations
@@ -141,14 +143,18 @@ class MemoryCoordination:
         self._lease_ids = itertools.count(0x694D_0000_0001)
         self._changed = asyncio.Event()
         self._unavailable = False
+        self.refused = 0  # calls and watches failed by `set_unavailable`
         self._closed = False
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self.keepalives: set[MemoryKeepAlive] = set()
 
     # -- test controls ---------------------------------------------------------
     def set_unavailable(self, down: bool) -> None:
-        """Make every call fail as if the store could not be reached (or stop that)."""
+        """Make every call fail as if the store could not be reached (or stop that); an
+        outage ends the open watches too."""
         self._unavailable = down
+        if down:
+            self._notify()
 
     def compact(self, revision: int) -> None:
         """Forget the history before `revision`, like etcd's compaction (a watch may still
@@ -170,6 +176,7 @@ class MemoryCoordination:
         if self._closed:
             raise UnavailableError("the in-memory coordination store is closed")
         if self._unavailable:
+            self.refused += 1
             raise UnavailableError("the in-memory coordination store is unavailable (test fault)")
         self._expire()
 
@@ -357,6 +364,9 @@ class MemoryCoordination:
             while self._revision < nxt:
                 if self._closed:
                     raise UnavailableError(f"the watch on {key} ended: the store was closed")
+                if self._unavailable:
+                    self.refused += 1
+                    raise UnavailableError(f"the watch on {key} ended: the store is unavailable")
                 await self._wait_change()
 
     async def revision(self) -> int:

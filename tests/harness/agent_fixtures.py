@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,19 @@ import pytest
 from controlplane.adapters.etcd import EtcdCoordination
 from harness.agent_process import AgentProcess, prepare_world
 from harness.catalogs import scratch_postgres
+
+
+@contextlib.asynccontextmanager
+async def clean_coordination(endpoints: list[str]) -> AsyncIterator[EtcdCoordination]:
+    """A connected etcd adapter on a clean `/meridian/` keyspace, cleared again after."""
+    coord = EtcdCoordination(endpoints, timeout_s=5.0)
+    await coord.connect()
+    await coord.delete("/meridian/", prefix=True)
+    try:
+        yield coord
+    finally:
+        await coord.delete("/meridian/", prefix=True)
+        await coord.close()
 
 
 def clear_keyspace(etcd: str) -> None:

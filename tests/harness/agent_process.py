@@ -24,17 +24,16 @@ Every wait here is bounded in time and in count.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from waiting import WaitTimeoutError, until_sync
 
-from harness.controllers import meridian_argv, run_cli
+from harness.children import ChildProcess, log_events, popen_logged
+from harness.controllers import apply_world, meridian_argv
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 WORLD_REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("us-east", "US")]
@@ -115,7 +114,6 @@ def prepare_world(
     """Migrate the catalog (a SQLite file in `folder` unless `catalog_url` is given), apply
     the world policy and publish it to `etcd`; returns the environment for `meridian`
     (with `kafka` as MERIDIAN_KAFKA when given: the agents' outbox drains there)."""
-    folder.mkdir(parents=True, exist_ok=True)
     env = {
         "MERIDIAN_CATALOG": catalog_url or f"sqlite:///{folder / 'catalog.db'}",
         "MERIDIAN_ETCD": etcd,
@@ -123,13 +121,7 @@ def prepare_world(
     }
     if kafka is not None:
         env["MERIDIAN_KAFKA"] = kafka
-    policy = folder / "policy.yaml"
-    policy.write_text(world_policy(), encoding="utf-8")
-    for args in (["db", "upgrade"], ["policy", "apply", str(policy), "--yes"]):
-        done = run_cli(args, env)
-        if done.returncode != 0:
-            raise RuntimeError(f"meridian {' '.join(args)} failed: {done.stderr.strip()}")
-    return env
+    return apply_world(folder, env, world_policy())
 
 
 class AgentStartError(RuntimeError):
@@ -137,7 +129,7 @@ class AgentStartError(RuntimeError):
 
 
 @dataclass
-class AgentProcess:
+class AgentProcess(ChildProcess):
     """One `meridian agent serve` in its own process (and session)."""
 
     region: str
@@ -169,18 +161,9 @@ class AgentProcess:
         """Start the process and return at once (see `start` to wait until it serves)."""
         if self.running:
             raise RuntimeError(f"the agent of {self.region} is already running")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.address = self.metrics_address = ""
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(),
-                env={**os.environ, **self.env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = popen_logged(self.argv(), self.env, self.log_path)
         return self
 
     def start(self, timeout_s: float = 30) -> AgentProcess:
@@ -201,11 +184,12 @@ class AgentProcess:
         return self
 
     def wait_healthy(self, timeout_s: float = 10) -> agent_pb2.HealthResponse:
-        deadline = time.monotonic() + timeout_s
         last: Exception | None = None
         with grpc.insecure_channel(self.address) as channel:
             stub = agent_pb2_grpc.AgentStub(channel)
-            for _ in range(int(timeout_s / 0.05) + 2):
+
+            def answered() -> agent_pb2.HealthResponse | None:
+                nonlocal last
                 try:
                     resp: agent_pb2.HealthResponse = stub.Health(
                         agent_pb2.HealthRequest(), timeout=2
@@ -214,45 +198,17 @@ class AgentProcess:
                         return resp
                 except grpc.RpcError as exc:
                     last = exc
-                if time.monotonic() >= deadline or not self.running:
-                    break
-                time.sleep(0.05)
+                if not self.running:
+                    raise AgentStartError(f"agent {self.region} exited: {last}")
+                return None
+
+            try:
+                return until_sync(answered, timeout_s, f"agent {self.region} to answer Health")
+            except WaitTimeoutError:
+                pass
         raise AgentStartError(f"agent {self.region} at {self.address} did not answer: {last}")
 
-    # -- stopping --------------------------------------------------------------------------
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def pid(self) -> int:
-        if self.proc is None:
-            raise RuntimeError("not started")
-        return self.proc.pid
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.running:
-            assert self.proc is not None
-            os.kill(self.proc.pid, sig)
-
-    def stop(self, timeout_s: float = 30) -> int | None:
-        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit status."""
-        if self.proc is None:
-            return None
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            return None
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(10)
-
+    # -- stopping (ChildProcess: running, pid, signal, stop, kill) -------------------------
     def wait_exit(self, timeout_s: float = 30) -> int:
         if self.proc is None:
             raise RuntimeError("not started")
@@ -269,14 +225,7 @@ class AgentProcess:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def events(self, *, this_run: bool = True) -> list[dict[str, object]]:
-        out: list[dict[str, object]] = []
-        for line in self.log_text(this_run=this_run).splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-        return out
+        return log_events(self.log_text(this_run=this_run))
 
     def event(self, name: str) -> dict[str, object] | None:
         return next((e for e in self.events() if e.get("event") == name), None)
@@ -284,12 +233,12 @@ class AgentProcess:
     def wait_event(self, name: str, timeout_s: float) -> dict[str, object] | None:
         """The first event `name` of this run, waiting for it up to `timeout_s`; None if
         it did not come (or the process exited without it)."""
-        deadline = time.monotonic() + timeout_s
-        for _ in range(int(timeout_s / 0.05) + 2):
-            found = self.event(name)
-            if found is not None:
-                return found
-            if time.monotonic() >= deadline or not self.running:
-                return self.event(name)
-            time.sleep(0.05)
-        return None
+        try:
+            until_sync(
+                lambda: self.event(name) is not None or not self.running,
+                timeout_s,
+                f"event {name} from agent {self.region}",
+            )
+        except WaitTimeoutError:
+            return None
+        return self.event(name)

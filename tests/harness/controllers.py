@@ -8,14 +8,14 @@ and resumed. The failover benchmark imports it too (through `benchmarks/bench_ha
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from harness.children import ChildProcess, log_events, popen_logged
 
 REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("eu-north", "EU"), ("us-east", "US")]
 
@@ -64,27 +64,33 @@ def run_cli(
     )
 
 
-def prepare_catalog(
-    folder: Path, etcd: list[str], datasets: int, *, manual: int = 1
-) -> dict[str, str]:
-    """A migrated SQLite catalog with the policy applied and published; returns the env."""
+def apply_world(folder: Path, env: dict[str, str], policy: str) -> dict[str, str]:
+    """Migrate `env`'s catalog and apply `policy` (written to folder/policy.yaml), which
+    publishes it to etcd, through the CLI as a user would; returns `env`."""
     folder.mkdir(parents=True, exist_ok=True)
-    env = {
-        "MERIDIAN_CATALOG": f"sqlite:///{folder / 'catalog.db'}",
-        "MERIDIAN_ETCD": ",".join(etcd),
-        "MERIDIAN_HOME": str(folder / "home"),
-    }
-    policy = folder / "policy.yaml"
-    policy.write_text(policy_yaml(datasets, manual=manual), encoding="utf-8")
-    for args in (["db", "upgrade"], ["policy", "apply", str(policy), "--yes"]):
+    path = folder / "policy.yaml"
+    path.write_text(policy, encoding="utf-8")
+    for args in (["db", "upgrade"], ["policy", "apply", str(path), "--yes"]):
         done = run_cli(args, env)
         if done.returncode != 0:
             raise RuntimeError(f"meridian {' '.join(args)} failed: {done.stderr.strip()}")
     return env
 
 
+def prepare_catalog(
+    folder: Path, etcd: list[str], datasets: int, *, manual: int = 1
+) -> dict[str, str]:
+    """A migrated SQLite catalog with the policy applied and published; returns the env."""
+    env = {
+        "MERIDIAN_CATALOG": f"sqlite:///{folder / 'catalog.db'}",
+        "MERIDIAN_ETCD": ",".join(etcd),
+        "MERIDIAN_HOME": str(folder / "home"),
+    }
+    return apply_world(folder, env, policy_yaml(datasets, manual=manual))
+
+
 @dataclass
-class ControllerProcess:
+class ControllerProcess(ChildProcess):
     """One `meridian controller run` in its own process (and session)."""
 
     region: str
@@ -95,6 +101,7 @@ class ControllerProcess:
     controller_id: str = ""
     metrics_addr: str | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    stop_timeout_s = 10  # not a field: ChildProcess.stop's default here
 
     def start(self) -> ControllerProcess:
         args = [*meridian_argv(), "controller", "run", "--region", self.region]
@@ -104,56 +111,13 @@ class ControllerProcess:
             args += ["--fence-dir", str(self.fence_dir)]
         if self.metrics_addr is not None:
             args += ["--metrics", self.metrics_addr]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                args,
-                env={**os.environ, **self.env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = popen_logged(args, self.env, self.log_path)
         return self
 
-    @property
-    def pid(self) -> int:
-        if self.proc is None:
-            raise RuntimeError("not started")
-        return self.proc.pid
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(10)
-
-    def stop(self, timeout_s: float = 10) -> int | None:
-        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit status."""
-        if self.proc is None:
-            return None
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
-
     def events(self) -> list[dict[str, object]]:
-        out: list[dict[str, object]] = []
         if not self.log_path.exists():
-            return out
-        for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-        return out
+            return []
+        return log_events(self.log_path.read_text(encoding="utf-8", errors="replace"))
 
     def has_event(self, name: str) -> bool:
         return any(e.get("event") == name for e in self.events())

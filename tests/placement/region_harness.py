@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import waiting
 from harness.agent_process import AgentProcess
 
 from agents.routing.peers import ROUTED_KEY
@@ -40,7 +40,7 @@ class RegionOfAgents:
     agents: list[AgentProcess] = field(default_factory=list)
     ids: dict[str, str] = field(default_factory=dict)
 
-    def add(self, count: int = 1, *, weight: int = 1) -> list[AgentProcess]:
+    def add(self, count: int = 1, *, weight: int = 1, metrics: bool = False) -> list[AgentProcess]:
         started = []
         for _ in range(count):
             n = len(self.agents)
@@ -51,6 +51,7 @@ class RegionOfAgents:
                 self.folder / f"agent-{n}.log",
                 lease_ttl_s=self.lease_ttl_s,
                 extra_args=["--weight", str(weight)],
+                metrics=metrics,
             )
             proc.spawn()
             self.agents.append(proc)
@@ -60,6 +61,7 @@ class RegionOfAgents:
             if event is None:
                 raise RuntimeError(f"agent did not start: {proc.log_tail()}")
             proc.address = str(event["endpoint"])
+            proc.metrics_address = str(event.get("metrics") or "")
             self.ids[proc.log_path.name] = str(event["id"])
         return started
 
@@ -137,18 +139,8 @@ async def local_objects(address: str, dataset: str | None = None) -> dict[tuple[
 async def until(
     check: Callable[[], object], timeout_s: float, what: str, *, poll_s: float = 0.1
 ) -> None:
-    """Await `check()` (sync or async) until it is truthy, bounded in time and count."""
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / poll_s) + 2):
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            break
-        await asyncio.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    """Await `check()` (sync or async) until it is truthy, bounded (waiting.until)."""
+    await waiting.until(check, timeout_s, what, step_s=poll_s)
 
 
 def copies(holdings: Holdings) -> dict[tuple[str, str], set[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import waiting
 from fakes.coordination import MemoryCoordination
 
 from agents.placement import MembershipWatch
@@ -50,7 +51,8 @@ async def test_watch_reads_again_after_etcd_returns() -> None:
     watch = MembershipWatch(coord, "eu-west", retry_initial_s=0.01, retry_max_s=0.05)
     async with watch:
         coord.set_unavailable(True)
-        await asyncio.sleep(0.05)  # let the watch fail at least once (nothing to await)
+        # The watch ends with the outage and its re-read is refused too: it is retrying.
+        await waiting.until(lambda: coord.refused >= 2, 5, "the watch to meet the outage")
         coord.set_unavailable(False)
         await coord.put(keys.agent("eu-west", "c"), registration("c"))
         await until(watch, ["c"])

@@ -4,8 +4,6 @@ folders collected together do not shadow each other's modules)."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -34,21 +32,6 @@ def applied_catalog(url: str) -> Catalog:
         raise RuntimeError(f"the example policy does not compile: {problems}")
     apply_policy(catalog, policy, source="test", publisher=None, applied_by="tester")
     return catalog
-
-
-async def until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    """Await `condition`, polled, bounded in time (never a bare sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def records_of(

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from records_helpers import REGION, StoreFactory, records_of, until
+from records_helpers import REGION, StoreFactory, records_of
+from waiting import until
 
 from agents.metrics import AgentMetrics
 from agents.records import OutboxDrain, OutboxSettings, track_outbox
@@ -79,7 +80,7 @@ async def test_the_outbox_reaches_kafka_as_the_same_events_in_commit_order(
     assert len(expected) == 12 and _pending(metrics) == 12
 
     async with drain:
-        await until(lambda: _pending(metrics) == 0, "the outbox to drain")
+        await until(lambda: _pending(metrics) == 0, 30, "the outbox to drain")
     assert store.outbox_count() == 0
     assert metrics.registry.get_sample_value("meridian_outbox_published_total") == 12
 
@@ -113,17 +114,17 @@ async def test_a_kafka_outage_delays_the_events_and_loses_none(
         async with drain:
             store.put(ds, "before", [b"b"], outbox=True, policy_revision=1)
             drain.notify()
-            await until(lambda: _pending(metrics) == 0, "the first event to be published")
+            await until(lambda: _pending(metrics) == 0, 30, "the first event to be published")
             faults.disable(KAFKA_WAN_PROXY)
             try:
                 for i in range(10):
                     store.put(ds, f"k{i}", [b"%d" % i], outbox=True, policy_revision=1)
                     drain.notify()
-                await until(lambda: drain.failing is not None, "the drain to see the outage")
+                await until(lambda: drain.failing is not None, 30, "the drain to see the outage")
                 assert _pending(metrics) == 10  # nothing marked without an acknowledgement
             finally:
                 faults.enable(KAFKA_WAN_PROXY)
-            await until(lambda: _pending(metrics) == 0, "the drain to catch up", timeout_s=60)
+            await until(lambda: _pending(metrics) == 0, 60, "the drain to catch up")
     records = await records_of(stack_settings.kafka, ds, at_least=11)
     assert {decode_change_event(r.value).key for r in records} == {"before"} | {
         f"k{i}" for i in range(10)
@@ -157,7 +158,7 @@ async def test_a_sigkill_while_draining_loses_no_event_and_resends_the_same(
     # Batch 1 was marked; batch 2 was marked only when the kill came after its mark.
     assert left == (10 if step == "after-mark" else 15)
     async with OutboxDrain(store, producer, metrics, REGION, OutboxSettings(origin_agent=AGENT)):
-        await until(lambda: _pending(metrics) == 0, "the restarted drain to finish")
+        await until(lambda: _pending(metrics) == 0, 30, "the restarted drain to finish")
 
     records = await records_of(kafka_bootstrap, ds, at_least=20)
     decoded = [decode_change_event(r.value) for r in records]

@@ -10,8 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 from harness.catalogs import scratch_postgres
-from records_helpers import DATASET, REGION, StoreFactory, applied_catalog, free_port, until
+from harness.ports import free_port
+from records_helpers import DATASET, REGION, StoreFactory, applied_catalog
 from sqlalchemy.engine import make_url
+from waiting import until
 
 from agents.metrics import AgentMetrics
 from agents.records import Recorder, RecorderSettings
@@ -59,20 +61,20 @@ async def test_the_recorder_catches_up_after_a_catalog_outage(
 
     async with recorder:
         store.put(DATASET, "before", [b"x"])
-        await until(lambda: store.journal_pending() == [], "the first record to ship")
+        await until(lambda: store.journal_pending() == [], 30, "the first record to ship")
 
         proxy.disable(name)
         began = time.monotonic()
         written = [store.put(DATASET, f"k{i}", [b"during %d" % i]) for i in range(20)]
         assert time.monotonic() - began < 5  # the data path does not wait for the catalog
-        await until(lambda: recorder.failing is not None, "the recorder to see the outage")
-        await until(lambda: behind() > 0.1, "the lag gauge to show the backlog")
+        await until(lambda: recorder.failing is not None, 30, "the recorder to see the outage")
+        await until(lambda: behind() > 0.1, 30, "the lag gauge to show the backlog")
         first = behind()
-        await until(lambda: behind() >= first + 0.5, "the lag gauge to rise")
+        await until(lambda: behind() >= first + 0.5, 30, "the lag gauge to rise")
         assert len(store.journal_pending()) == 20
 
         proxy.enable(name)
-        await until(lambda: behind() == 0, "the recorder to catch up")
+        await until(lambda: behind() == 0, 30, "the recorder to catch up")
         assert recorder.failing is None
 
     for i, version in enumerate(written):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -119,13 +118,6 @@ async def until(
     """Wait, bounded, until `predicate` holds; `cond` is notified when it may have changed."""
     async with asyncio.timeout(timeout_s), cond:
         await cond.wait_for(predicate)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rec_of(event: ChangeEvent, offset: int = 0) -> Record:

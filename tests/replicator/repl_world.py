@@ -4,7 +4,6 @@ events published to the real Kafka, and `meridian replicator run` as a process."
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -15,7 +14,9 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from harness.controllers import meridian_argv, run_cli
+from harness.children import ChildProcess, popen_logged
+from harness.controllers import apply_world, meridian_argv
+from waiting import until
 
 from controlplane.adapters.kafka import CHANGES_TOPIC, KafkaProducer
 from controlplane.domain.events import ChangeEvent
@@ -56,7 +57,6 @@ spec:
 
 def prepare_world(folder: Path, etcd: str, kafka: str) -> dict[str, str]:
     """A migrated SQLite catalog with the policy applied and published; returns the env."""
-    folder.mkdir(parents=True, exist_ok=True)
     env = {
         "MERIDIAN_CATALOG": f"sqlite:///{folder / 'catalog.db'}",
         "MERIDIAN_ETCD": etcd,
@@ -64,13 +64,7 @@ def prepare_world(folder: Path, etcd: str, kafka: str) -> dict[str, str]:
         "MERIDIAN_HOME": str(folder / "home"),
     }
     regions = "\n".join(f"    - name: {n}\n      jurisdiction: {j}" for n, j in REGIONS)
-    policy = folder / "policy.yaml"
-    policy.write_text(POLICY.format(regions=regions), encoding="utf-8")
-    for args in (["db", "upgrade"], ["policy", "apply", str(policy), "--yes"]):
-        done = run_cli(args, env)
-        if done.returncode != 0:
-            raise RuntimeError(f"meridian {' '.join(args)} failed: {done.stderr.strip()}")
-    return env
+    return apply_world(folder, env, POLICY.format(regions=regions))
 
 
 async def publish(
@@ -130,7 +124,7 @@ async def group_committed(kafka: str, group: str) -> dict[TopicPartition, int]:
 
 
 @dataclass
-class ReplicatorProcess:
+class ReplicatorProcess(ChildProcess):
     """One `meridian replicator run` in its own process (and session)."""
 
     region: str
@@ -151,25 +145,11 @@ class ReplicatorProcess:
         args += ["--journal", str(self.folder / f"journal-{self.replicator_id}.db")]
         if self.metrics_addr is not None:
             args += ["--metrics", self.metrics_addr]
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                args,
-                env={**os.environ, **self.env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = popen_logged(args, self.env, self.log_path)
         return self
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
 
     def terminate(self, timeout_s: float = 30) -> int:
         if self.proc is None:
@@ -180,10 +160,12 @@ class ReplicatorProcess:
 
     async def wait_log(self, text: str, timeout_s: float = 60) -> None:
         """Until the log says `text` (the process writes it; a file has no event to await)."""
-        deadline = time.monotonic() + timeout_s
-        while text not in self.log():
+
+        def logged() -> bool:
+            if text in self.log():
+                return True
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"the replicator exited: {self.log()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {text!r} in the log within {timeout_s} s")
-            await asyncio.sleep(0.1)
+            return False
+
+        await until(logged, timeout_s, f"{text!r} in the log", step_s=0.1)

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import repl_builders as b
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess, prepare_world
 from harness.catalogs import scratch_postgres
+from harness.ports import free_port
 from repl_world import ReplicatorProcess
+from waiting import until
 
 from agents.client import AgentClient
 from controlplane.domain.version import Version
@@ -67,14 +67,14 @@ async def newest(client: AgentClient, dataset: str, key: str) -> Version | None:
 
 async def eventually(probe: object, want: object, timeout_s: float = 90) -> None:
     """Poll another process (an agent over gRPC) until `probe()` gives `want`, bounded."""
-    deadline = time.monotonic() + timeout_s
     got = None
-    while time.monotonic() < deadline:
+
+    async def given() -> bool:
+        nonlocal got
         got = await probe()  # type: ignore[operator]
-        if got == want:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"still {got!r}, not {want!r}, after {timeout_s} s")
+        return bool(got == want)
+
+    await until(given, timeout_s, f"{want!r}", step_s=0.2, detail=lambda: got)
 
 
 def lag_of(metrics: str, dataset: str) -> float | None:
@@ -90,7 +90,7 @@ def lag_of(metrics: str, dataset: str) -> float | None:
 async def test_a_write_in_one_region_appears_in_the_other_and_a_delete_follows(
     world: dict[str, str], agents: dict[str, AgentProcess], tmp_path: Path
 ) -> None:
-    port = b.free_port()
+    port = free_port()
     repl = ReplicatorProcess(
         "eu-central",
         agents["eu-central"].address,

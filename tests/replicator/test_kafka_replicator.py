@@ -18,7 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 import repl_builders as b
+import waiting
 from harness.controllers import run_cli
+from harness.ports import free_port
 from repl_agent import StandInAgent, serve
 from repl_world import (
     ReplicatorProcess,
@@ -197,7 +199,7 @@ async def test_sigkill_after_the_agents_commit_replays_as_a_no_op(
 ) -> None:
     stand_in, address = agent
     ds = dataset()
-    port = b.free_port()
+    port = free_port()
     proc = ReplicatorProcess(
         "eu-central", address, world, tmp_path / "procs", metrics_addr=f"127.0.0.1:{port}"
     )
@@ -256,12 +258,12 @@ async def test_a_region_outside_the_placement_never_receives_a_byte(
         ds = dataset()
         ends = await publish(kafka_bootstrap, [b.put(f"k{i}", dataset=ds) for i in range(20)])
         # The group catches up past them (its committed offsets pass them) ...
-        async with asyncio.timeout(60):
-            while True:
-                committed = await group_committed(kafka_bootstrap, group_id("us-east"))
-                if all(committed.get(tp, -1) >= end for tp, end in ends.items()):
-                    break
-                await asyncio.sleep(0.2)
+
+        async def past() -> bool:
+            committed = await group_committed(kafka_bootstrap, group_id("us-east"))
+            return all(committed.get(tp, -1) >= end for tp, end in ends.items())
+
+        await waiting.until(past, 60, "the group to commit past the events", step_s=0.2)
     finally:
         proc.terminate()
         await server.stop(grace=None)

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import repl_builders as b
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess, prepare_world
 from harness.catalogs import scratch_postgres
+from harness.ports import free_port
 from repl_world import ReplicatorProcess
+from waiting import until
 
 from agents.client import AgentClient
 from controlplane.adapters.toxiproxy import ToxiproxyClient
@@ -71,16 +71,6 @@ def gauge(text: str, name: str, dataset: str) -> float | None:
     return None if found is None else float(found.group(1))
 
 
-async def until(probe: Callable[[], Awaitable[bool]], what: str, timeout_s: float) -> None:
-    """Poll other processes (an agent, a metrics endpoint) until `probe()`; bounded."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await probe():
-            return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"not {what} within {timeout_s} s")
-
-
 async def held(client: AgentClient, dataset: str, key: str) -> Version | None:
     try:
         return (await client.stat(dataset, key)).version
@@ -95,7 +85,7 @@ async def test_a_partitioned_region_shows_its_backlog_and_drains_after_heal(
     faults: ToxiproxyClient,
     stack_settings: Settings,
 ) -> None:
-    port = b.free_port()
+    port = free_port()
     wan = f"127.0.0.1:{wan_proxy_port(stack_settings)}"
     repl = ReplicatorProcess(
         REGION,
@@ -121,7 +111,9 @@ async def test_a_partitioned_region_shows_its_backlog_and_drains_after_heal(
             AgentClient(agents[REGION].address) as central,
         ):
             first = await west.put(ds, "before", body(b"before the cut"))
-            await until(lambda: _is(held(central, ds, "before"), first), "replicated", 90)
+            await until(
+                lambda: _is(held(central, ds, "before"), first), 90, "replicated", step_s=0.3
+            )
 
             faults.disable(KAFKA_WAN_PROXY)
             cut = {
@@ -135,7 +127,7 @@ async def test_a_partitioned_region_shows_its_backlog_and_drains_after_heal(
                 lag = gauge(text, "meridian_replication_lag_seconds", ds)
                 return pending == len(cut) and lag is not None and lag > 0
 
-            await until(backlog_shown, "showing the backlog", 60)
+            await until(backlog_shown, 60, "showing the backlog", step_s=0.3)
             assert all([await held(central, ds, k) is None for k in cut])  # nothing arrived
 
             faults.enable(KAFKA_WAN_PROXY)
@@ -147,7 +139,7 @@ async def test_a_partitioned_region_shows_its_backlog_and_drains_after_heal(
                     and gauge(text, "meridian_replication_lag_seconds", ds) == 0
                 )
 
-            await until(drained, "drained", 120)
+            await until(drained, 120, "drained", step_s=0.3)
             for key, version in cut.items():
                 assert await held(central, ds, key) == version
     finally:

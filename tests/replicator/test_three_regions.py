@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import WORLD_REGIONS, AgentProcess, prepare_world
 from harness.catalogs import scratch_postgres
 from repl_world import ReplicatorProcess, group_committed, publish
+from waiting import until
 
 from agents.client import AgentClient
 from controlplane.adapters.kafka import CHANGES_TOPIC, KafkaAdmin
@@ -101,19 +101,19 @@ async def reset_group(kafka: str, group: str, offsets: dict[TopicPartition, int]
 
 async def caught_up(kafka: str, ends: dict[TopicPartition, int], timeout_s: float) -> None:
     """Until every region's group has committed up to `ends` (bounded in time)."""
-    deadline = time.monotonic() + timeout_s
     behind: dict[str, int] = {}
-    while time.monotonic() < deadline:
-        behind = {}
+
+    async def none_behind() -> bool:
+        behind.clear()
         for region in REGIONS:
             got = await group_committed(kafka, group_id(region))
             lag = sum(max(0, end - got.get(tp, -1)) for tp, end in ends.items() if end > 0)
             if lag:
                 behind[region] = lag
-        if not behind:
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"replicators still behind after {timeout_s} s: {behind}")
+        return not behind
+
+    what = "every region's replicators to commit past the ends"
+    await until(none_behind, timeout_s, what, step_s=0.5, detail=lambda: behind)
 
 
 async def fingerprint(client: AgentClient, dataset: str) -> Fingerprint:
@@ -126,14 +126,13 @@ async def fingerprint(client: AgentClient, dataset: str) -> Fingerprint:
 async def converged(
     clients: dict[str, AgentClient], dataset: str, want: Fingerprint, timeout_s: float
 ) -> None:
-    deadline = time.monotonic() + timeout_s
     got: dict[str, Fingerprint] = {}
-    while time.monotonic() < deadline:
-        got = {r: await fingerprint(c, dataset) for r, c in clients.items()}
-        if all(g == want for g in got.values()):
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"not converged after {timeout_s} s: want {want}, got {got}")
+
+    async def same() -> bool:
+        got.update({r: await fingerprint(c, dataset) for r, c in clients.items()})
+        return all(g == want for g in got.values())
+
+    await until(same, timeout_s, f"every region to hold {want}", step_s=0.5, detail=lambda: got)
 
 
 def injected(dataset: str, wall_ms: int) -> list[ChangeEvent]:

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.children import popen
+
 from controlplane.domain.placement import Placement
 
 MAIN = Path(__file__).with_name("agent_main.py")
@@ -45,7 +47,7 @@ class AgentProc:
     def start(self, timeout_s: float = 30.0) -> AgentProc:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         out = open(self.log, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(
+        self.proc = popen(
             [
                 sys.executable,
                 str(MAIN),

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 from agents_inproc import REGIONS, AgentFactory
+from waiting import until
 from xfer_helpers import content, fetch, rewrite, transfers
 from xfer_relay import Relay
 
@@ -201,7 +201,7 @@ async def test_replicate_is_fenced_again_at_its_commit(agents: AgentFactory) -> 
         call = agent_pb2_grpc.AgentStub(channel).Replicate(frames(), timeout=30)
         await asyncio.wait_for(first_sent.wait(), 10)
         # The header was admitted once the first chunk is on the receiver's disk.
-        assert await _until(lambda: _staged_bytes(central.store.root) >= 1 << 20, 10)
+        await until(lambda: _staged_bytes(central.store.root) >= 1 << 20, 10, "1 MiB staged")
         central.fence.observe("crit", 6)  # the new owner's epoch, learnt mid-stream
         failover_seen.set()
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -214,14 +214,3 @@ async def test_replicate_is_fenced_again_at_its_commit(agents: AgentFactory) -> 
 
 def _staged_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in (root / "tmp").glob("*") if p.is_file())
-
-
-async def _until(pred: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    for _ in range(int(timeout_s / 0.01) + 1):
-        if pred():
-            return True
-        if asyncio.get_running_loop().time() >= deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return False

@@ -12,11 +12,22 @@ RATE = 4 << 20  # bytes per second
 CHUNK = 256 << 10
 
 
-async def _send(limiter: LinkLimiter, a: str, b: str, total: int, *, critical: bool) -> float:
+async def _send(
+    limiter: LinkLimiter,
+    a: str,
+    b: str,
+    total: int,
+    *,
+    critical: bool,
+    sending: asyncio.Event | None = None,
+) -> float:
+    """When it is done; `sending` is set once its first chunk has the link."""
     sent = 0
     while sent < total:
         await limiter.acquire(a, b, CHUNK, RATE, critical=critical)
         sent += CHUNK
+        if sending is not None:
+            sending.set()
     return time.monotonic()
 
 
@@ -46,13 +57,14 @@ async def test_transfers_on_one_link_share_its_rate_and_links_are_separate() -> 
 async def test_critical_goes_before_standard_on_a_busy_link() -> None:
     limiter = LinkLimiter()
     begin = time.monotonic()
+    sending = asyncio.Event()
     backfill = asyncio.ensure_future(
-        _send(limiter, "eu-west", "eu-central", 2 * RATE, critical=False)
+        _send(limiter, "eu-west", "eu-central", 2 * RATE, critical=False, sending=sending)
     )
-    await asyncio.sleep(0.2)  # the backfill has the link
+    await asyncio.wait_for(sending.wait(), 5)  # the backfill has the link
     checkpoint_done = await _send(limiter, "eu-west", "eu-central", RATE // 2, critical=True)
     backfill_done = await backfill
     # The checkpoint's half second of bytes is served at once, not after the backfill's
-    # remaining 1.8 s: FIFO would finish it at about 2.5 s.
+    # remaining 1.9 s or so: FIFO would finish it at about 2.5 s.
     assert checkpoint_done - begin <= 0.9
     assert backfill_done - begin >= 2.4  # the backfill waited for it (the link is shared)

@@ -4,23 +4,15 @@ and both together carry at most 1.1x the bytes of an uncut transfer."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from agents_inproc import AgentFactory
+from harness.ports import free_port
 from xfer_helpers import content, fetch, rewrite, transfers
 
 from controlplane.adapters.toxiproxy import ToxiproxyClient
 from meridian.v1 import agent_pb2
 
 SIZE = 32 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.mark.integration

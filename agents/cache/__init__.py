@@ -1,0 +1,7 @@
+"""The residency-aware read-through cache with prefetch (issue 16): see README.md."""
+
+from agents.cache.cache import CacheResidencyError, ReadCache
+from agents.cache.changelog import Invalidator
+from agents.cache.prefetch import Prefetcher
+
+__all__ = ["CacheResidencyError", "Invalidator", "Prefetcher", "ReadCache"]

@@ -1,0 +1,54 @@
+"""The read cache's bookkeeping (agents/cache/lru.py) and its setting
+(`MERIDIAN_REGION_CACHE`): the bound holds, the oldest goes first, a hit renews."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.cache.lru import Entry, LruIndex
+from controlplane.domain.hlc import HLC
+from controlplane.domain.version import Digest, Version
+from controlplane.errors import ConfigError
+from controlplane.settings import Settings
+
+DIGEST = Digest.parse("blake3:" + "0" * 64)
+
+
+def entry(key: str, size: int, wall_ms: int = 1) -> Entry:
+    return Entry("d", key, Version(HLC(wall_ms, 0, "eu-west"), "put", size, DIGEST))
+
+
+def test_admitting_past_the_bound_evicts_the_oldest_first() -> None:
+    index = LruIndex(100)
+    assert index.admit(entry("a", 40)) == []
+    assert index.admit(entry("b", 40)) == []
+    evicted = index.admit(entry("c", 40))
+    assert [e.key for e in evicted] == ["a"]
+    assert index.bytes == 80 and index.names() == [("d", "b"), ("d", "c")]
+
+
+def test_a_hit_makes_an_entry_the_youngest() -> None:
+    index = LruIndex(100)
+    for key in ("a", "b"):
+        index.admit(entry(key, 40))
+    assert index.get(("d", "a")) is not None
+    assert [e.key for e in index.admit(entry("c", 40))] == ["b"]
+
+
+def test_a_replaced_entry_counts_once_and_one_larger_than_the_bound_is_not_kept() -> None:
+    index = LruIndex(100)
+    index.admit(entry("a", 40))
+    index.admit(entry("a", 60, wall_ms=2))
+    assert index.bytes == 60 and len(index) == 1
+    evicted = index.admit(entry("huge", 101))
+    assert {e.key for e in evicted} == {"a", "huge"} and index.bytes == 0
+
+
+def test_region_cache_setting_is_parsed_or_refused_with_its_name() -> None:
+    settings = Settings(region_cache="eu-north=64MiB, us-west=1000")
+    assert settings.cache_limit_of("eu-north") == 64 << 20
+    assert settings.cache_limit_of("us-west") == 1000
+    assert settings.cache_limit_of("eu-west") is None
+    for bad in ("eu-north=0", "eu-north=64MB", "=5", "eu-north"):
+        with pytest.raises(ConfigError, match="MERIDIAN_REGION_CACHE"):
+            _ = Settings(region_cache=bad).region_cache_map
