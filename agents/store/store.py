@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -1673,14 +1674,14 @@ class ObjectStore:
 
     @contextmanager
     def _object_lock(self, dataset: str, key: str) -> Iterator[None]:
-        with self._stripes[hash((dataset, key)) % _STRIPES]:
+        with self._stripes[stripe_of(dataset, key)]:
             yield
 
     @contextmanager
     def _object_locks(self, names: Iterable[tuple[str, str]]) -> Iterator[None]:
         """The locks of several objects, taken in stripe order so that two bundles
         never wait on each other."""
-        stripes = sorted({hash(name) % _STRIPES for name in names})
+        stripes = sorted({stripe_of(*name) for name in names})
         with ExitStack() as stack:
             for stripe in stripes:
                 stack.enter_context(self._stripes[stripe])
@@ -1707,6 +1708,12 @@ class ObjectStore:
     def _require_open(self) -> None:
         if self._closed:
             raise UnavailableError(f"store {self.root} is closed")
+
+
+def stripe_of(dataset: str, key: str) -> int:
+    """The object lock stripe of a name: a CRC of it, not `hash()`, so that which writers
+    share a stripe is the same in every process (Python salts str hashes per process)."""
+    return zlib.crc32(f"{dataset}\0{key}".encode()) % _STRIPES
 
 
 def _any_file(folder: Path) -> bool:

@@ -7,8 +7,8 @@ writes (test scaffolding, run as a script).
 Steps: `in-commit` (inside the group's SQLite transaction, its rows written, before
 COMMIT) and `after-commit` (the group committed, before any of its writers returns).
 The first group's leader is held until the other writers queue behind it, so the
-second group holds several writes; the process dies in the second group of more
-than one write (or, should there be none, after the last write).
+second group holds several writes, and a later leader likewise until two more wait;
+the process dies in the second group of more than one write.
 
 OUT/acked lists, one per line, each key whose `put` returned (fsynced before the next
 write); OUT/doomed the keys of the group the process died in.
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agents.store import files, rows
-from agents.store.store import ObjectStore, _Entry
+from agents.store.store import ObjectStore, _Entry, stripe_of
 from controlplane.domain.hlc import HybridClock
 
 WRITERS = 16
@@ -81,13 +81,26 @@ def main(root: str, step: str, out: str) -> None:
     store = ObjectStore(root, clock=HybridClock("eu-west"))
 
     real_fsync_dir = files.fsync_dir
-    held, go = threading.Event(), threading.Event()
+    hold, held, go = threading.Event(), threading.Event(), threading.Event()
 
     def fsync_dir(path: Path) -> None:
-        if path.parent.name == "objects" and not held.is_set():
+        if path.parent.name == "objects" and hold.is_set():  # a leader's fan-out folder
+            hold.clear()
             held.set()
             go.wait(30)
         real_fsync_dir(path)
+
+    def hold_a_leader(queued: int) -> None:
+        """Hold the next leader at its folder fsync until `queued` writes wait behind it:
+        the group after it has that many."""
+        held.clear()
+        go.clear()
+        hold.set()
+        held.wait(30)
+        deadline = time.monotonic() + 30
+        while store.group_queued() < queued and time.monotonic() < deadline:
+            time.sleep(0.001)
+        go.set()
 
     files.fsync_dir = fsync_dir
 
@@ -100,6 +113,12 @@ def main(root: str, step: str, out: str) -> None:
                 acked.flush()
                 os.fsync(acked.fileno())
 
+    # The first writes of all writers queue behind the held leader only if no two
+    # share an object lock stripe (a CRC of the name: the same in every run).
+    firsts = {stripe_of("ds", f"w{n}-0") for n in range(WRITERS)}
+    if len(firsts) != WRITERS:
+        raise SystemExit("two first keys share a lock stripe; pick other keys")
+    hold.set()
     first = threading.Thread(target=writer, args=(0,))
     first.start()
     held.wait(30)
@@ -109,7 +128,11 @@ def main(root: str, step: str, out: str) -> None:
     deadline = time.monotonic() + 30
     while store.group_queued() < WRITERS - 1 and time.monotonic() < deadline:
         time.sleep(0.001)
-    go.set()
+    go.set()  # the second group holds the other 15 first writes
+    deadline = time.monotonic() + 30
+    while store.group_stats().groups < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)  # the second group committed: its 15 writers are writing again
+    hold_a_leader(2)  # a later group holds 2 or more: the process dies in it at the latest
     for t in [first, *others]:
         t.join(60)
     die()

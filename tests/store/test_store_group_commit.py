@@ -22,6 +22,7 @@ from store_helpers import StoreFactory, object_files, remote
 from agents.store import DigestMismatchError, ObjectStore, StorageError, files
 from agents.store.group import GroupCommitter
 from agents.store.names import version_path
+from agents.store.store import stripe_of
 from controlplane.domain.hlc import HybridClock
 from controlplane.domain.version import Digest
 from controlplane.errors import InvalidInputError
@@ -40,6 +41,14 @@ def _wait_for(what: str, done: Callable[[], bool]) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.001)
+
+
+def _distinct_stripes(*keys: str) -> None:
+    """Writers held behind a leader must not share an object lock stripe (the second
+    would wait for the first's commit instead of queueing): stripes are a CRC of the
+    name, the same in every run, so this holds or fails deterministically."""
+    stripes = [stripe_of("ds", key) for key in keys]
+    assert len(set(stripes)) == len(stripes), "pick other test keys: two share a stripe"
 
 
 @contextmanager
@@ -85,6 +94,7 @@ def test_concurrent_writers_share_groups_all_durable_and_correct(
 ) -> None:
     store = open_store()
     keys = [f"w{n}" for n in range(24)]
+    _distinct_stripes(*keys)
     with _held_leader(store, monkeypatch) as release, ThreadPoolExecutor(len(keys)) as pool:
         first = pool.submit(store.put, "ds", keys[0], [_content(keys[0])], outbox=True)
         _wait_for("the first leader", lambda: store.group_stats().groups == 1)
@@ -115,6 +125,7 @@ def test_applies_and_deletes_group_with_puts(
     newer = remote(b"from afar", ago_ms=-5)  # newer than anything held
     older_than_held = remote(b"stale", ago_ms=60_000)
     store.apply("ds", "stale", remote(b"held", ago_ms=1000), [b"held"])
+    _distinct_stripes("p0", "far", "doomed", "p1")
     with _held_leader(store, monkeypatch) as release, ThreadPoolExecutor(8) as pool:
         first = pool.submit(store.put, "ds", "p0", [b"p0"])
         _wait_for("the first leader", lambda: store.group_stats().groups == 3)
@@ -140,6 +151,7 @@ def test_a_bad_row_in_a_group_fails_only_its_write(
 ) -> None:
     store = open_store()
     keys = [f"g{n}" for n in range(6)]
+    _distinct_stripes("first", "bad", *keys)
     bad = {"unserialisable": object()}  # the journal row cannot be written
     with _held_leader(store, monkeypatch) as release, ThreadPoolExecutor(8) as pool:
         first = pool.submit(store.put, "ds", "first", [b"first"])
@@ -167,6 +179,7 @@ def test_a_failed_folder_fsync_fails_only_the_writes_into_it(
 ) -> None:
     store = open_store()
     keys = [f"f{n}" for n in range(8)]
+    _distinct_stripes("first", *keys)
     victim = keys[3]
     hlc = remote(b"").hlc  # the folder depends on the name only
 
