@@ -11,7 +11,8 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
-from records_helpers import REGION, until
+from records_helpers import REGION
+from waiting import until
 
 from agents.metrics import AgentMetrics
 from agents.records import OutboxDrain, OutboxSettings
@@ -91,7 +92,7 @@ async def test_a_committed_set_is_published_after_its_members_as_the_same_event(
     assert _pending(metrics) == 4  # the set's event counts
 
     async with drain:
-        await until(lambda: _pending(metrics) == 0, "the outbox to drain")
+        await until(lambda: _pending(metrics) == 0, 30, "the outbox to drain")
     assert drain_producer.failed and store.outbox_count() == 0
 
     keys = {f"{ds}/{k}".encode() for k in versions} | {key}
