@@ -23,7 +23,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from chaos.records import Copy
 from controlplane.adapters.kafka import DLQ_TOPIC
 from controlplane.domain.errors import MessageError
-from meridian.convert import decode_change_event
+from controlplane.domain.events import SetEvent
+from meridian.convert import decode_log_event
 
 REPLICAS = """
 SELECT r.id, r.region, o.dataset, o.key
@@ -55,9 +56,12 @@ def dlq_copy(
 ) -> Copy | None:
     """One dead letter as a copy, or None when it holds no bytes of an object."""
     try:
-        event = decode_change_event(value or b"")
+        decoded = decode_log_event(value or b"")
     except MessageError:
-        event = None  # undecodable: its bytes may be anything, so they count
+        decoded = None  # undecodable: its bytes may be anything, so they count
+    if isinstance(decoded, SetEvent):
+        return None  # a version set's event names versions, it holds no bytes
+    event = decoded
     if event is not None and not event.inline:
         return None
     region = headers.get("region", b"").decode("utf-8", errors="replace")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from chaos.catalog_inventory import dlq_copy
-from controlplane.domain.events import ChangeEvent
+from controlplane.domain.events import ChangeEvent, SetEvent
 from controlplane.domain.hlc import HLC, HybridClock, offset_ms, system_ms
 from controlplane.domain.version import ContentHasher, Version
+from controlplane.domain.version_set import SetMember, VersionSet
 from controlplane.settings import Settings
-from meridian.convert import encode_change_event
+from meridian.convert import encode_change_event, encode_set_event
 
 
 def event(inline: bytes | None) -> bytes:
@@ -37,6 +38,22 @@ def test_a_dead_letter_with_inline_bytes_is_a_copy_in_the_refusing_region() -> N
 
 def test_a_dead_letter_naming_its_origin_only_holds_no_bytes() -> None:
     assert dlq_copy({"region": b"us-east", "dataset": b"std/s0"}, event(None), 0, 1) is None
+
+
+def test_a_dead_lettered_version_set_event_holds_no_bytes() -> None:
+    # It names member versions only; counted as bytes it would be a residency violation
+    # in the refusing region that never was (a schema-1 decoder cannot read it).
+    hlc = HLC.parse("1764579123456.00001@eu-west")
+    members = (SetMember("k1", HLC.parse("1764579123456.00000@eu-west")),)
+    data = encode_set_event(
+        SetEvent(
+            event_id="e2",
+            version_set=VersionSet("std/s0", "step-1", members, hlc),
+            origin_region="eu-west",
+            policy_revision=1,
+        )
+    )
+    assert dlq_copy({"region": b"us-east", "dataset": b"std/s0"}, data, 0, 2) is None
 
 
 def test_an_undecodable_dead_letter_without_a_dataset_is_unattributed() -> None:
