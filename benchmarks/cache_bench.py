@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -34,16 +33,11 @@ from cache_world import get, prepare_cache_world, put
 from harness.agent_process import AgentProcess
 
 from controlplane.adapters.toxiproxy import ToxiproxyClient
+from controlplane.loopback import free_port
 from controlplane.settings import load_settings
 
 MiB = 1 << 20
 PROXY = "cache-bench-west"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def walk(address: str, keys: list[str], size: int) -> float:

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,17 +46,12 @@ from harness.agent_process import AgentProcess  # noqa: E402
 from controlplane.adapters.etcd import EtcdCoordination  # noqa: E402
 from controlplane.adapters.toxiproxy import ToxiproxyClient  # noqa: E402
 from controlplane.coordination.protocols.ownership import Ownership  # noqa: E402
+from controlplane.loopback import free_port  # noqa: E402
 from controlplane.settings import load_settings  # noqa: E402
 from meridian.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 CHUNK = MiB
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def claim_all(etcd: str, datasets: list[str]) -> None:

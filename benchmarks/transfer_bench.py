@@ -61,6 +61,7 @@ from controlplane.adapters.toxiproxy import ToxiproxyClient  # noqa: E402
 from controlplane.domain.hlc import HybridClock  # noqa: E402
 from controlplane.domain.placement import Placement  # noqa: E402
 from controlplane.domain.version import Version  # noqa: E402
+from controlplane.loopback import free_port  # noqa: E402
 from controlplane.settings import load_settings  # noqa: E402
 from meridian.convert import version_to_wire  # noqa: E402
 from meridian.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
@@ -81,13 +82,6 @@ class Sizes:
 
 FULL = Sizes(checkpoint=1 << 30, fresh=1 << 30, files=10_000, cut=1 << 30)
 QUICK = Sizes(checkpoint=32 << 20, fresh=32 << 20, files=300, cut=32 << 20)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def random_bytes(size: int, seed: bytes) -> bytes:

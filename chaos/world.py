@@ -25,9 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.stack import MAX_REGIONS, PrivateStack, region_wan_port
 from chaos.toxiproxy import AsyncToxiproxy
-from controlplane.demo.world import Daemon, free_port, meridian_argv
+from controlplane.demo.world import Daemon, meridian_argv
 from controlplane.errors import StackError
 from controlplane.logs import get_logger
+from controlplane.loopback import free_port
 from controlplane.stack.postgres import DB_USER, postgres_url
 
 log = get_logger("meridian.chaos")

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from controlplane.demo.probe import Probe
 from controlplane.demo.steps import SCALES, Check, Story
-from controlplane.demo.world import Daemon, World, free_port
+from controlplane.demo.world import Daemon, World
 from controlplane.errors import StackError
 from controlplane.logs import get_logger
+from controlplane.loopback import free_port
 from controlplane.settings import Settings
 
 log = get_logger("meridian.demo")

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import httpx
 from controlplane.adapters.toxiproxy import ToxiproxyClient
 from controlplane.errors import StackError
 from controlplane.logs import get_logger
+from controlplane.loopback import free_port
 
 log = get_logger("meridian.demo")
 
@@ -39,12 +39,6 @@ def meridian_argv() -> list[str]:
     if script.exists():
         return [str(script)]
     return [sys.executable, "-c", "from controlplane.cli.entry import entry; entry()"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -15,6 +15,7 @@ from aiokafka.errors import KafkaError
 from chaos.stack import PrivateStack, region_listener_port, region_wan_port
 from chaos.toxiproxy import AsyncToxiproxy
 from controlplane.errors import NotFoundError, UnavailableError
+from controlplane.loopback import free_port
 from controlplane.stack.kafka import HEALTH_TOPIC
 
 pytestmark = pytest.mark.integration
@@ -32,12 +33,6 @@ async def echo_port() -> AsyncIterator[int]:
     yield int(server.sockets[0].getsockname()[1])
     server.close()
     await server.wait_closed()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def ping(port: int, timeout_s: float = 1.0) -> bytes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import uuid
 
 import pytest
@@ -20,14 +19,9 @@ from chaos.stack import PrivateStack
 from chaos.toxiproxy import AsyncToxiproxy
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.errors import MeridianError
+from controlplane.loopback import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_a_watch_across_cut_and_reset_links_skips_nothing(

@@ -1,13 +1,8 @@
-"""Loopback ports for the processes and proxies a test starts itself."""
+"""Loopback ports for the processes and proxies a test starts itself: the package's
+allocator, which keeps clear of the ephemeral range (see controlplane/loopback.py)."""
 
 from __future__ import annotations
 
-import socket
+from controlplane.loopback import free_port
 
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now (the OS picked it; closed again, so
-    a child or a proxy can bind it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["free_port"]

@@ -12,17 +12,9 @@ import pytest
 
 from controlplane.adapters.toxiproxy import ToxiproxyClient
 from controlplane.errors import InvalidInputError, NotFoundError, UnavailableError
-from controlplane.stack.process import port_is_free
+from controlplane.loopback import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    assert port_is_free(port)
-    return port
 
 
 @pytest.fixture
@@ -61,7 +53,7 @@ async def _round_trip_s(port: int, samples: int = 3) -> float:
 async def test_latency_both_ways_adds_a_full_round_trip(toxiproxy_url: str, echo_port: int) -> None:
     client = ToxiproxyClient(toxiproxy_url)
     name = f"test-latency-{uuid.uuid4().hex[:6]}"
-    listen = _free_port()
+    listen = free_port()
     client.create_proxy(name, listen=f"127.0.0.1:{listen}", upstream=f"127.0.0.1:{echo_port}")
     try:
         baseline = await _round_trip_s(listen)
@@ -82,7 +74,7 @@ async def test_latency_both_ways_adds_a_full_round_trip(toxiproxy_url: str, echo
 async def test_disabled_proxy_refuses_connections(toxiproxy_url: str, echo_port: int) -> None:
     client = ToxiproxyClient(toxiproxy_url)
     name = f"test-partition-{uuid.uuid4().hex[:6]}"
-    listen = _free_port()
+    listen = free_port()
     client.create_proxy(name, listen=f"127.0.0.1:{listen}", upstream=f"127.0.0.1:{echo_port}")
     try:
         assert await _round_trip_s(listen, samples=1) < 1
@@ -96,7 +88,7 @@ async def test_disabled_proxy_refuses_connections(toxiproxy_url: str, echo_port:
 
 
 def test_two_clients_do_not_share_the_library_globals(toxiproxy_url: str) -> None:
-    dead = ToxiproxyClient(f"http://127.0.0.1:{_free_port()}", timeout_s=0.5)
+    dead = ToxiproxyClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
     live = ToxiproxyClient(toxiproxy_url)
     t0 = time.monotonic()
     with pytest.raises(UnavailableError, match="did not answer"):
