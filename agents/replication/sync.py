@@ -73,7 +73,12 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import grpc
 
 from agents.admission import Admitted
-from agents.replication.delta_push import ReplicaBases, choose_basis, delta_frames
+from agents.replication.delta_push import (
+    DELTA_MIN_BYTES,
+    ReplicaBases,
+    choose_basis,
+    delta_frames,
+)
 from agents.replication.peers import Peers
 from agents.replication.replica_sets import MAX_SETS
 from agents.rpc.status import from_rpc_error
@@ -284,6 +289,15 @@ class SyncReplication:
     ) -> str:
         """Push set records to `region`; members it lacks are pushed and the sets again,
         so this returns only once every set is complete (visible) there."""
+        try:
+            return await self._push_sets_to(region, write, records, deadline_s)
+        except BaseException:
+            self.peers.forget(region)
+            raise
+
+    async def _push_sets_to(
+        self, region: str, write: CommittedWrite, records: list[SetRecord], deadline_s: float
+    ) -> str:
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         request = agent_pb2.ReplicateSetRequest(
@@ -297,6 +311,7 @@ class SyncReplication:
                 resp = await stub.ReplicateSet(request, timeout=deadline_s)
             except grpc.aio.AioRpcError as err:
                 raise from_rpc_error(err, f"{region} ({address})") from err
+            _check_region(resp.region, region, address)
             if len(resp.sets) != len(records):
                 raise UnavailableError(
                     f"{region} ({address}) answered {len(resp.sets)} sets for {len(records)}"
@@ -376,6 +391,7 @@ class SyncReplication:
                     )
                     return
                 except MeridianError as exc:
+                    self.peers.forget(region)
                     log.info(
                         "catch_up_retry",
                         dataset=write.dataset,
@@ -642,6 +658,15 @@ class SyncReplication:
     ) -> str:
         """Push one version to `region`: as a delta over a basis it should hold when that
         pays (delta_push.py), whole otherwise or when it does not hold that basis."""
+        try:
+            return await self._push_to(region, write, version, deadline_s)
+        except BaseException:
+            self.peers.forget(region)  # the next push reads its address from etcd again
+            raise
+
+    async def _push_to(
+        self, region: str, write: CommittedWrite, version: Version, deadline_s: float
+    ) -> str:
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         key = write.key or ""
@@ -657,7 +682,8 @@ class SyncReplication:
             header.set = write.set_id
         known = self.bases.get(region, write.dataset, key)
         basis = None
-        if self.deltas:
+        if self.deltas and not version.is_tombstone and version.size >= DELTA_MIN_BYTES:
+            # (choose_basis says None below the threshold: no thread hop for it.)
             basis = await asyncio.to_thread(
                 choose_basis, self.store, write.dataset, key, version, known
             )
@@ -665,6 +691,7 @@ class SyncReplication:
             header.basis.CopyFrom(agent_pb2.Basis(version=basis.hlc.text, digest=basis.digest.text))
             frames = self._delta_frames(header, write, version, basis)
             resp = await self._replicate_call(stub, frames, deadline_s, region, address)
+            _check_region(resp.region, region, address)
             if not resp.basis_missing:
                 self._committed(region, write.dataset, key, resp)
                 return region
@@ -674,6 +701,7 @@ class SyncReplication:
         resp = await self._replicate_call(
             stub, self._frames(header, write, version), deadline_s, region, address
         )
+        _check_region(resp.region, region, address)
         self._committed(region, write.dataset, key, resp)
         return region
 
@@ -711,6 +739,14 @@ class SyncReplication:
     ) -> AsyncGenerator[agent_pb2.ReplicateRequest]:
         yield agent_pb2.ReplicateRequest(header=header)
         if version.is_tombstone:
+            return
+        if version.size <= CHUNK_BYTES:
+            # One chunk: opened and read in one thread hop, not two.
+            chunk = await asyncio.to_thread(
+                self.store.read_bytes, write.dataset, write.key or "", version.hlc.text
+            )
+            if chunk:
+                yield agent_pb2.ReplicateRequest(chunk=chunk)
             return
         reader = await asyncio.to_thread(
             self.store.open, write.dataset, write.key or "", version.hlc.text
@@ -789,6 +825,7 @@ class SyncReplication:
             except FencedError:
                 return  # no longer the owner: the new one runs its own pass
             except MeridianError as exc:
+                self.peers.forget(region)
                 log.info(
                     "takeover_pass_retry",
                     dataset=write.dataset,
@@ -829,6 +866,16 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _check_region(answered: str, region: str, address: str) -> None:
+    """A copy counts for `region` only when an agent of `region` committed it: an address
+    reused from an earlier read may by now belong to another region's agent."""
+    if answered and answered != region:
+        raise UnavailableError(
+            f"{address} answered as an agent of {answered}, not of {region}: its address "
+            "changed hands; the push is not counted"
+        )
 
 
 def _extra(ours: Version | None, theirs: Version) -> bool:
