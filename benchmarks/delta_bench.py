@@ -868,7 +868,7 @@ def main() -> int:
         "--baseline",
         type=Path,
         default=Path(__file__).with_name("delta_bench_results.json"),
-        help="an earlier run whose delta sizes ours must stay within 1% of",
+        help="an earlier run whose delta sizes ours must stay within 1%% of",
     )
     args = ap.parse_args()
     for exe in ("rdiff", "xdelta3", "zstd", "cp", "dd", "/usr/bin/time"):
