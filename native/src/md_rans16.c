@@ -184,7 +184,10 @@ static int enc_open(enc16 *e, const uint8_t *src, size_t n, const uint32_t count
                     unsigned lanes) {
     uint32_t freq[256];
     if (!n || !lanes_ok(lanes) || cap < 256 * 2 + lanes * 4 + GROUP_BYTES(lanes) + 2) return -1;
-    md_rans_normalize(count, n, freq);
+    /* the counts may be a sample's (md_basis.c): normalized by their own total */
+    size_t total = 0;
+    for (int s = 0; s < 256; s++) total += count[s];
+    md_rans_normalize(count, total ? total : n, freq);
     uint32_t acc = 0;
     e->hdr = 0;
     e->lanes = lanes;
