@@ -29,7 +29,14 @@ from sqlalchemy.orm import Session
 
 from controlplane.catalog.errors import CatalogInputError
 from controlplane.catalog.hlc_text import check_hlc
-from controlplane.catalog.models import CatalogObject, ObjectVersion, Replica
+from controlplane.catalog.models import (
+    CatalogObject,
+    Dataset,
+    ObjectVersion,
+    Region,
+    Replica,
+    Transfer,
+)
 from controlplane.catalog.records import VERSION_OPS, HeldVersion, Holding, TransferRecord
 from controlplane.domain.errors import DigestError
 from controlplane.domain.version import Digest
@@ -74,8 +81,7 @@ def record(
         cat._ensure_dataset(s, name, {})
     _register(cat.dialect, s, versions)
     _hold(cat, s, holdings)
-    for rec in transfers:
-        cat._insert_transfer(s, rec)
+    _transfer(cat, s, transfers)
 
 
 def _insert(dialect: str, table: Any) -> postgresql.Insert | sqlite.Insert:
@@ -286,3 +292,65 @@ def _hold(cat: Catalog, s: Session, holdings: Sequence[Holding]) -> None:
             ),
             removals,
         )
+
+
+def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> None:
+    """The batch's transfer rows, idempotent on their id, judged as
+    `Catalog._insert_transfer` judges one (jurisdictions, cross-border, allowed by the
+    residency in force), with each region and dataset looked up once per batch and
+    the rows inserted by one multi-row statement per `CHUNK`: per transfer that was a
+    handful of statements, the recorder's main cost when a replicator streams small
+    objects in (one transfer record per object)."""
+    if not transfers:
+        return
+    datasets = sorted({t.dataset for t in transfers})
+    for name in datasets:
+        cat._ensure_dataset(s, name, {})  # audits find transfers by dataset
+    names = sorted({t.from_region for t in transfers} | {t.to_region for t in transfers})
+    regions = {
+        r.name: r.jurisdiction
+        for r in s.execute(select(Region.name, Region.jurisdiction).where(Region.name.in_(names)))
+    }
+    residencies = {
+        r.name: r.residency
+        for r in s.execute(
+            select(Dataset.name, Dataset.residency).where(Dataset.name.in_(datasets))
+        )
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    for rec in transfers:
+        to_j = regions.get(rec.to_region)
+        if to_j is None:
+            raise CatalogInputError(
+                f"region {rec.to_region!r} is not in the catalog; apply a topology naming it"
+            )
+        from_j = regions.get(rec.from_region)
+        if from_j is None:
+            raise CatalogInputError(f"region {rec.from_region!r} is not in the catalog")
+        residency = residencies.get(rec.dataset)
+        # Fail closed, as `_judge`: an unplaced dataset's copies are outside residency.
+        rows.setdefault(
+            rec.id,  # the first record of an id stands, as inserting them in order does
+            {
+                "id": rec.id,
+                "dataset": rec.dataset,
+                "object": rec.object,
+                "version": rec.version,
+                "from_region": rec.from_region,
+                "to_region": rec.to_region,
+                "from_jurisdiction": from_j,
+                "to_jurisdiction": to_j,
+                "logical_bytes": rec.logical_bytes,
+                "wire_bytes": rec.wire_bytes,
+                "policy_revision": rec.policy_revision,
+                "outcome": rec.outcome,
+                "cross_border": from_j != to_j,
+                "allowed": residency is not None and to_j in residency,
+                "residency": list(residency or []),
+                "at": rec.at,
+            },
+        )
+    conn = s.connection()
+    insert = _insert(cat.dialect, Transfer.__table__).on_conflict_do_nothing(index_elements=["id"])
+    for chunk in _chunks(list(rows.values())):
+        conn.execute(insert, list(chunk))
