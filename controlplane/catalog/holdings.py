@@ -79,8 +79,8 @@ def record(
         check_version(v)
     for name in sorted({v.dataset for v in versions} | {h.dataset for h in holdings}):
         cat._ensure_dataset(s, name, {})
-    _register(cat.dialect, s, versions)
-    _hold(cat, s, holdings)
+    registered = _register(cat.dialect, s, versions)
+    _hold(cat, s, holdings, registered)
     _transfer(cat, s, transfers)
 
 
@@ -93,7 +93,11 @@ def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
         yield items[start : start + CHUNK]
 
 
-def _register(dialect: str, s: Session, versions: Sequence[HeldVersion]) -> None:
+def _register(
+    dialect: str, s: Session, versions: Sequence[HeldVersion]
+) -> dict[tuple[str, str, str], _Row]:
+    """Register the versions; their rows as registered now (by dataset, key, version),
+    which `_hold` then need not look up again."""
     wanted: dict[tuple[str, str, str], HeldVersion] = {}
     for v in versions:
         seen = wanted.setdefault((v.dataset, v.key, v.version), v)
@@ -104,7 +108,7 @@ def _register(dialect: str, s: Session, versions: Sequence[HeldVersion]) -> None
                 f"{v.digest or '(none)'}"
             )
     if not wanted:
-        return
+        return {}
     conn = s.connection()
     pairs = sorted({(d, k) for d, k, _ in wanted})
     conn.execute(
@@ -135,7 +139,8 @@ def _register(dialect: str, s: Session, versions: Sequence[HeldVersion]) -> None
     )
     # What is registered now must be what was reported (an older registration of the
     # same version with another digest or op is refused, as register_version does).
-    for found in _versions(s, list(wanted)):
+    registered = _versions(s, list(wanted), oids)
+    for found in registered:
         v = wanted[(found.dataset, found.key, found.version)]
         if (found.op, found.hlc) != (v.op, v.version):
             raise CatalogInputError(
@@ -147,6 +152,7 @@ def _register(dialect: str, s: Session, versions: Sequence[HeldVersion]) -> None
                 f"version {v.version} of {v.dataset}/{v.key} is registered with digest "
                 f"{found.digest}, not {v.digest}"
             )
+    return {(r.dataset, r.key, r.version): r for r in registered}
 
 
 def _by_dataset(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, list[str]]]:
@@ -178,12 +184,18 @@ def _object_ids(s: Session, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str,
     return oids
 
 
-def _versions(s: Session, refs: Sequence[tuple[str, str, str]]) -> list[_Row]:
+def _versions(
+    s: Session,
+    refs: Sequence[tuple[str, str, str]],
+    oids: dict[tuple[str, str], int] | None = None,
+) -> list[_Row]:
     """The registered rows of these (dataset, key, version) triples, with their dataset
     and key. Looked up by object id and version (scalar IN lists on the unique index:
-    a row-value IN of hundreds of triples, or a join, plans badly on PostgreSQL)."""
+    a row-value IN of hundreds of triples, or a join, plans badly on PostgreSQL).
+    `oids`: the objects' ids when the caller has just looked them up."""
     wanted = set(refs)
-    oids = _object_ids(s, sorted({(d, k) for d, k, _ in wanted}))
+    if oids is None:
+        oids = _object_ids(s, sorted({(d, k) for d, k, _ in wanted}))
     names = {oid: pair for pair, oid in oids.items()}
     rows: list[_Row] = []
     for chunk in _chunks(sorted(names)):
@@ -220,13 +232,21 @@ class _Row:
     key: str
 
 
-def _hold(cat: Catalog, s: Session, holdings: Sequence[Holding]) -> None:
+def _hold(
+    cat: Catalog,
+    s: Session,
+    holdings: Sequence[Holding],
+    registered: dict[tuple[str, str, str], _Row],
+) -> None:
     last: dict[tuple[str, str, str, str], Holding] = {}
     for h in holdings:
         last[(h.dataset, h.key, h.version, h.region)] = h  # in order: the last one stands
     if not last:
         return
-    known = {(r.dataset, r.key, r.version): r for r in _versions(s, [k[:3] for k in last])}
+    # Versions the batch registered are known; only the others are looked up.
+    others = sorted({k[:3] for k in last if k[:3] not in registered})
+    known = dict(registered)
+    known.update({(r.dataset, r.key, r.version): r for r in _versions(s, others)} if others else {})
     judged: dict[tuple[str, str], tuple[str, bool]] = {}
     upserts: list[dict[str, Any]] = []
     removals: list[dict[str, Any]] = []
