@@ -18,22 +18,22 @@ leave the owner's local copy, which catch-up may still spread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from agents.client import AgentClient
-from chaos.dataplane import content, definite_refusal, digest_of
+from chaos.dataplane import AgentClients, content, definite_refusal, digest_of
 from chaos.history import EventType, History
 from chaos.workload import RegionClients
-from controlplane.errors import MeridianError
 
 OP_TIMEOUT_S = 6.0
 SIZE = 8192
 
 
-class CriticalWorkload:
+class CriticalWorkload(AgentClients):
     """One client per region in `agents` (region -> its agent's address) until stopped."""
+
+    role = "critical"
 
     def __init__(
         self,
@@ -46,42 +46,16 @@ class CriticalWorkload:
         interval_s: float = 0.1,
         key_prefix: str = "",
     ) -> None:
+        rng = random.Random(seed ^ 0xC217)  # noqa: S311 - replayable from the seed
+        super().__init__(agents, rng, interval_s=interval_s, op_timeout_s=OP_TIMEOUT_S)
         self.history = history
         self.regions = dict(regions)
-        self.agents = dict(agents)
         self.datasets = list(datasets)
         self.seed = seed
-        self.interval_s = interval_s
         self.key_prefix = key_prefix
-        self.rng = random.Random(seed ^ 0xC217)  # noqa: S311 - replayable from the seed
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> None:
-        for region, address in self.agents.items():
-            rng = random.Random(self.rng.getrandbits(64))  # noqa: S311 - as above
-            name = f"{region}/critical"
-            task = asyncio.create_task(self._client(region, address, name, rng), name=name)
-            self._tasks.append(task)
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=OP_TIMEOUT_S * 2)
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-
-    async def _client(self, region: str, address: str, name: str, rng: random.Random) -> None:
-        rc = self.regions[region]
-        async with AgentClient(address, timeout_s=OP_TIMEOUT_S) as client:
-            for _ in range(1_000_000):  # bounded; stopped long before
-                if self._stop.is_set():
-                    return
-                await self._write(client, rc, name, rng.choice(self.datasets))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
+    async def step(self, client: AgentClient, region: str, name: str, rng: random.Random) -> None:
+        await self._write(client, self.regions[region], name, rng.choice(self.datasets))
 
     async def _write(self, client: AgentClient, rc: RegionClients, name: str, dataset: str) -> None:
         op_id = History.new_id("c")
@@ -89,19 +63,10 @@ class CriticalWorkload:
         data = content(self.seed, dataset, key, op_id, SIZE)
         digest = digest_of(data)
         inv = self.history.invoke(name, "write", rc.region, dataset, key, op_id, digest=digest)
-        try:
-            own = await rc.ownership()
-            owner = await asyncio.wait_for(own.get(dataset), OP_TIMEOUT_S / 2)
-        except (MeridianError, TimeoutError, OSError) as exc:
-            await rc.close()  # a fresh channel next time (a cut may have wedged this one)
-            self.history.complete(inv, "fail", error=f"owner unknown: {exc!r}"[:200])
+        owner = await rc.owner_here(dataset, OP_TIMEOUT_S / 2)
+        if isinstance(owner, str):
+            self.history.complete(inv, "fail", error=owner)
             return
-        if owner is None or owner.region != rc.region:
-            who = owner.region if owner else None
-            self.history.complete(inv, "fail", error=f"not the owner (owner: {who})")
-            return
-        if rc.paused.is_set():
-            await rc.resume.wait()  # SIGSTOPped between reading the epoch and writing
 
         async def chunks() -> AsyncIterator[bytes]:
             yield data

@@ -67,8 +67,60 @@ def definite_refusal(exc: BaseException) -> bool:
     return isinstance(exc, ResidencyError | InvalidInputError | NotFoundError)
 
 
-class StandardWorkload:
+class AgentClients:
+    """One single-threaded client per region, each talking to its region's agent at
+    `addresses[region]`, one operation per `interval_s`, until stopped."""
+
+    role = "client"  # the clients' process names: `<region>/<role>`
+
+    def __init__(
+        self,
+        addresses: Mapping[str, str],
+        rng: random.Random,
+        *,
+        interval_s: float,
+        op_timeout_s: float,
+    ) -> None:
+        self.addresses = dict(addresses)
+        self.rng = rng
+        self.interval_s = interval_s
+        self.op_timeout_s = op_timeout_s
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for region, address in self.addresses.items():
+            rng = random.Random(self.rng.getrandbits(64))  # noqa: S311 - replayable from the seed
+            name = f"{region}/{self.role}"
+            task = asyncio.create_task(self._client(region, address, name, rng), name=name)
+            self._tasks.append(task)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.op_timeout_s * 2)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _client(self, region: str, address: str, name: str, rng: random.Random) -> None:
+        async with AgentClient(address, timeout_s=self.op_timeout_s) as client:
+            for _ in range(1_000_000):  # bounded; stopped long before
+                if self._stop.is_set():
+                    return
+                await self.step(client, region, name, rng)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
+
+    async def step(self, client: AgentClient, region: str, name: str, rng: random.Random) -> None:
+        raise NotImplementedError
+
+
+class StandardWorkload(AgentClients):
     """One writer-reader client per region in `addresses` until stopped."""
+
+    role = "data"
 
     def __init__(
         self,
@@ -82,46 +134,22 @@ class StandardWorkload:
         read_ratio: float = 0.4,
         key_prefix: str = "",
     ) -> None:
+        rng = random.Random(seed)  # noqa: S311 - replayable from the seed
+        super().__init__(addresses, rng, interval_s=interval_s, op_timeout_s=OP_TIMEOUT_S)
         self.history = history
-        self.addresses = dict(addresses)
         self.datasets = list(datasets)
         self.seed = seed
         self.size = size
-        self.interval_s = interval_s
         self.read_ratio = read_ratio
         self.key_prefix = key_prefix  # a scenario's own objects on a shared world
-        self.rng = random.Random(seed)  # noqa: S311 - replayable from the seed
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> None:
-        for region, address in self.addresses.items():
-            rng = random.Random(self.rng.getrandbits(64))  # noqa: S311 - as above
-            name = f"{region}/data"
-            task = asyncio.create_task(self._client(region, address, name, rng), name=name)
-            self._tasks.append(task)
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=OP_TIMEOUT_S * 2)
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _client(self, region: str, address: str, name: str, rng: random.Random) -> None:
-        async with AgentClient(address, timeout_s=OP_TIMEOUT_S) as client:
-            for _ in range(1_000_000):  # bounded; stopped long before
-                if self._stop.is_set():
-                    return
-                dataset = rng.choice(self.datasets)
-                key = f"{self.key_prefix}k{rng.randrange(KEYS_PER_DATASET)}"
-                if rng.random() < self.read_ratio:
-                    await self._read(client, region, name, dataset, key)
-                else:
-                    await self._write(client, region, name, dataset, key)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
+    async def step(self, client: AgentClient, region: str, name: str, rng: random.Random) -> None:
+        dataset = rng.choice(self.datasets)
+        key = f"{self.key_prefix}k{rng.randrange(KEYS_PER_DATASET)}"
+        if rng.random() < self.read_ratio:
+            await self._read(client, region, name, dataset, key)
+        else:
+            await self._write(client, region, name, dataset, key)
 
     async def _write(
         self, client: AgentClient, region: str, name: str, dataset: str, key: str

@@ -33,7 +33,7 @@ from controlplane.coordination.protocols.fencing import (
     FencedResource,
     StaleEpochError,
 )
-from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.coordination.protocols.ownership import Owner, Ownership
 from controlplane.errors import MeridianError
 from controlplane.logs import get_logger
 
@@ -70,6 +70,22 @@ class RegionClients:
             with contextlib.suppress(Exception):
                 await self.coord.close()
             self.coord = None
+
+    async def owner_here(self, dataset: str, timeout_s: float) -> Owner | str:
+        """The dataset's owner record when this region owns it, or why a write must not
+        be sent. A client the nemesis holds (SIGSTOP) waits here, after reading its epoch
+        and before writing: the worst moment."""
+        try:
+            own = await self.ownership()
+            owner = await asyncio.wait_for(own.get(dataset), timeout_s)
+        except (MeridianError, TimeoutError, OSError) as exc:
+            await self.close()  # a fresh channel next time (a cut may have wedged this one)
+            return f"owner unknown: {exc!r}"[:200]
+        if owner is None or owner.region != self.region:
+            return f"not the owner (owner: {owner.region if owner else None})"
+        if self.paused.is_set():
+            await self.resume.wait()
+        return owner
 
     def pause(self) -> None:
         self.resume.clear()
@@ -135,19 +151,10 @@ class FencedWorkload:
     async def _write(self, rc: RegionClients, name: str, dataset: str) -> None:
         op_id = History.new_id("w")
         inv = self.history.invoke(name, "write", rc.region, dataset, op_id, op_id, digest=op_id)
-        try:
-            own = await rc.ownership()
-            owner = await asyncio.wait_for(own.get(dataset), OP_TIMEOUT_S)
-        except (MeridianError, TimeoutError, OSError) as exc:
-            await rc.close()  # a fresh channel next time (a cut may have wedged this one)
-            self.history.complete(inv, "fail", error=f"owner unknown: {exc!r}"[:200])
+        owner = await rc.owner_here(dataset, OP_TIMEOUT_S)
+        if isinstance(owner, str):
+            self.history.complete(inv, "fail", error=owner)
             return
-        if owner is None or owner.region != rc.region:
-            who = owner.region if owner else None
-            self.history.complete(inv, "fail", error=f"not the owner (owner: {who})")
-            return
-        if rc.paused.is_set():
-            await rc.resume.wait()  # SIGSTOPped between reading the epoch and writing
         payload: dict[str, object] = {"id": op_id, "region": rc.region, "kind": "workload"}
         try:
             await asyncio.to_thread(
