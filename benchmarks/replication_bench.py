@@ -381,6 +381,12 @@ async def large_run(
     return sum(timed.fetch_s) / len(timed.fetch_s)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
@@ -461,13 +467,23 @@ async def measure(
     )
     n = args.objects
     bare_msg = await bare_loop(kafka, topic, n, folder, per_message=True)
+    mine = time.process_time()
     bare_batch = await bare_loop(kafka, topic, n, folder, per_message=False)
+    bare_cpu = time.process_time() - mine
+    mine = time.process_time()
     null = await timed_apply(kafka, topic, NullAgent(), n, folder, policy)
+    null_cpu = time.process_time() - mine
     async with (
         GrpcAgent(agents[REGION].address) as agent,
         AgentClient(agents[ORIGIN].address) as west,
     ):
+        pid = agents[REGION].pid
+        agent_before, mine = cpu_s(pid), time.process_time()
         real = await timed_apply(kafka, topic, agent, n, folder, policy)
+        # Where each object's CPU goes (2 cores, shared): the agent (gRPC, store, and its
+        # recorder shipping the journal to the catalog meanwhile) and this process (the
+        # replicator's loop). Both include what ran while the consumer group formed.
+        agent_cpu, repl_cpu = cpu_s(pid) - agent_before, time.process_time() - mine
         print(f"real agent: {n / real:,.0f}/s; null: {n / null:,.0f}/s", file=sys.stderr)
         if args.only_throughput:
             return 0
@@ -499,6 +515,13 @@ async def measure(
         None,
     )
     row("replicator, agent that does nothing (its ceiling)", f"{n / null:,.0f}/s", "", None)
+    us = 1e6 / n
+    row(
+        "  CPU per object: bare loop with syncfs / replicator alone",
+        f"{bare_cpu * us:,.0f} / {null_cpu * us:,.0f} µs",
+        "",
+        None,
+    )
     row(
         "replicator → real agent (ReplicateMany), objects/s",
         f"{rate:,.0f}/s",
@@ -508,6 +531,12 @@ async def measure(
     ratio = bare_batch / real
     row("  vs bare loop with syncfs per batch", f"{ratio:.2f}×", "≥ 0.5×", ratio >= 0.5)
     row("  vs bare loop with fsync per message", f"{bare_msg / real:.2f}×", "", None)
+    row(
+        "  CPU per object: agent (incl. its recorder) / replicator",
+        f"{agent_cpu * us:,.0f} / {repl_cpu * us:,.0f} µs",
+        "",
+        None,
+    )
     p50, p99 = pct(lags, 50) * 1000, pct(lags, 99) * 1000
     row(
         f"lag at {args.rate}/s for {args.seconds} s, p50 (Kafka ack → commit)",
