@@ -19,10 +19,17 @@ has committed. Every read also feeds the agent's `FencedResource`.
 
 `known()` (for replica-side checks, no I/O) answers from the watch, else from the
 last read.
+
+`read_fresh()` is the read a replica makes before it commits a pushed copy: a read
+of etcd that *began after the call*, so it says what etcd held at some moment after
+the copy arrived. Concurrent callers share one such read (each joins the next read to
+begin, never one already under way): under load a replica took one etcd transaction
+per pushed copy, now one per etcd round trip and dataset, with the same freshness.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,6 +89,9 @@ class EtcdOwners:
         self.max_age_s = max_age_s
         self._clock = clock
         self._reads: dict[str, _Read] = {}
+        # dataset -> the fresh read callers wait for that has not begun yet / under way.
+        self._next: dict[str, asyncio.Future[_Read]] = {}
+        self._running: dict[str, asyncio.Task[None]] = {}
 
     async def owner(self, dataset: str) -> OwnerRecord | None:
         found = self._reads.get(dataset)
@@ -97,6 +107,44 @@ class EtcdOwners:
             return _record(self._watched.owner(dataset))
         found = self._reads.get(dataset)
         return None if found is None else found.record
+
+    async def read_fresh(self, dataset: str) -> _Read:
+        """A read of `dataset`'s owner begun after this call (module docstring), shared
+        with the callers that arrived before it began."""
+        waiting = self._next.get(dataset)
+        if waiting is None:
+            waiting = self._next[dataset] = asyncio.get_running_loop().create_future()
+            if dataset not in self._running:
+                self._begin(dataset)
+        # Shielded: a caller that gives up does not cancel the others' read.
+        return await asyncio.shield(waiting)
+
+    def _begin(self, dataset: str) -> None:
+        """Begin the read the waiting callers of `dataset` share; when it ends, the next
+        one if callers arrived meanwhile."""
+
+        async def run() -> None:
+            # Taken as the read begins: whoever joined until now shares it.
+            waiting = self._next.pop(dataset)
+            # Retrieved, so that a read nobody awaits any more is not reported unhandled.
+            waiting.add_done_callback(lambda f: f.cancelled() or f.exception())
+            try:
+                found = await self.read(dataset)
+            except Exception as exc:  # noqa: BLE001 - every waiter gets the read's own error
+                if not waiting.done():
+                    waiting.set_exception(exc)
+            except BaseException:  # cancelled (the agent stops): so are its waiters
+                waiting.cancel()
+                raise
+            else:
+                if not waiting.done():
+                    waiting.set_result(found)
+            finally:
+                del self._running[dataset]
+                if dataset in self._next:
+                    self._begin(dataset)
+
+        self._running[dataset] = asyncio.create_task(run(), name=f"owner read {dataset}")
 
     async def read(self, dataset: str) -> _Read:
         """Read the owner record and handover mark of `dataset` from etcd now."""

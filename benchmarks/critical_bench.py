@@ -154,6 +154,31 @@ def start_profiles(procs: dict[str, AgentProcess], folder: Path, seconds: float)
     return out
 
 
+def cpu_seconds(procs: dict[str, AgentProcess]) -> dict[str, float]:
+    """User + system CPU time each agent process has used (/proc/PID/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for region, proc in procs.items():
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[region] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+async def throughput_cpu(
+    stub: agent_pb2_grpc.AgentAsyncStub,
+    dataset: str,
+    args: argparse.Namespace,
+    procs: dict[str, AgentProcess],
+) -> tuple[float, int, int, dict[str, float]]:
+    """`throughput`, and the agents' CPU milliseconds per acked write during it: what
+    bounds the rate when the agents share the machine's cores."""
+    before = cpu_seconds(procs)
+    rate, acked, refused = await throughput(stub, dataset, args.writers, args.seconds)
+    after = cpu_seconds(procs)
+    per_write = {r: (after[r] - before[r]) * 1e3 / max(acked, 1) for r in procs}
+    return rate, acked, refused, per_write
+
+
 async def measure(
     west: str, args: argparse.Namespace, procs: dict[str, AgentProcess] | None = None
 ) -> dict[str, object]:
@@ -176,11 +201,15 @@ async def measure(
             local = await big_versions(stub, "plain/big", args.big_runs)
             big = await big_versions(stub, "tri/big", args.big_runs)
         rate, acked, refused, local_rate = 0.0, 0, 0, 0.0
+        local_cpu: dict[str, float] = {}
+        cpu: dict[str, float] = {}
         if args.only in ("all", "throughput"):
             # The same load on a standard dataset: the owner's local commits alone.
-            local_rate, _, _ = await throughput(stub, "plain/tput", args.writers, args.seconds)
+            local_rate, _, _, local_cpu = await throughput_cpu(
+                stub, "plain/tput", args, procs or {}
+            )
             spies = start_profiles(procs or {}, args.profile, args.seconds) if args.profile else []
-            rate, acked, refused = await throughput(stub, "tri/tput", args.writers, args.seconds)
+            rate, acked, refused, cpu = await throughput_cpu(stub, "tri/tput", args, procs or {})
             for spy in spies:
                 await asyncio.to_thread(spy.wait)  # type: ignore[attr-defined]
     return {
@@ -192,6 +221,8 @@ async def measure(
         "rate": rate,
         "acked": acked,
         "refused": refused,
+        "local_cpu": local_cpu,
+        "cpu": cpu,
     }
 
 
@@ -247,6 +278,20 @@ def report(figures: dict[str, object], rtt_ms: float, args: argparse.Namespace) 
         f"{statistics.median(small_local) * 1e3:.1f} ms, p99 {pct(small_local, 0.99) * 1e3:.1f} "
         f"ms; {args.writers} writers {float(figures['local_rate']):.0f} writes/s"  # type: ignore[arg-type]
     )
+    cpu, local_cpu = figures["cpu"], figures["local_cpu"]
+    assert isinstance(cpu, dict) and isinstance(local_cpu, dict)
+    if cpu:
+        # Every agent here shares this machine's cores: the rate cannot pass cores / CPU
+        # per write, however the writes are scheduled.
+        cores = os.cpu_count() or 1
+        total, local_total = sum(cpu.values()), sum(local_cpu.values())
+        print(
+            f"agent CPU per acked write: {total:.1f} ms ("
+            + ", ".join(f"{r} {ms:.1f}" for r, ms in cpu.items())
+            + f"); unreplicated {local_total:.1f} ms; ceiling on {cores} cores: "
+            f"{cores * 1e3 / total:.0f} /s replicated, {cores * 1e3 / local_total:.0f} /s "
+            "unreplicated (the agents alone, nothing else running)"
+        )
     print(
         f"throughput: {figures['acked']} acked, {figures['refused']} refused in "
         f"{args.seconds:.0f} s; runs: 1 KiB x{args.small_runs}, 16 MiB x{args.big_runs}"

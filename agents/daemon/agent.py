@@ -68,6 +68,9 @@ from meridian.v1 import agent_pb2
 
 log = get_logger("meridian.agent")
 
+# How long the synchronous push reuses a replica agent's address (agents/replication/peers.py).
+PEER_MAX_AGE_S = 1.0
+
 
 class NodeAgent(Lifecycle):
     """See the module docstring. `endpoint` and `metrics_address` are known once started."""
@@ -160,7 +163,8 @@ class NodeAgent(Lifecycle):
         self.replication = SyncReplication(
             store,
             self.region,
-            EtcdPeers(self.coord, self.settings.agent_address),
+            # Reused for a second (not read from etcd at every push): see peers.py.
+            EtcdPeers(self.coord, self.settings.agent_address, max_age_s=PEER_MAX_AGE_S),
             adopt=_adopter(transfers),
         )
         # A region holding no replica of a dataset its residency allows may read it
@@ -298,7 +302,7 @@ class NodeAgent(Lifecycle):
         await announce(self.coord, dataset, by=self.identity.agent_id)
 
     async def _fresh_owner(self, dataset: str) -> OwnerRecord | None:
-        return (await self.owners.read(dataset)).record
+        return (await self.owners.read_fresh(dataset)).record
 
     def _check_region(self) -> None:
         policy = self.view.current

@@ -9,7 +9,10 @@ returns once `copies_needed` regions hold it, counting the owner's own commit:
 
 The ack names the regions that hold it. Pushes still running when the ack is
 reached go on in the background (bounded by their deadline), so a straggler of a
-quorum still gets its copy.
+quorum still gets its copy; should it fail, that replica is marked behind then. A
+replica's commit counts toward an ack only once every push to it begun earlier has
+succeeded (pushes run concurrently and may end out of order), so a region counted
+holds every earlier write pushed to it.
 
 When the ack cannot be reached (a replica down, partitioned, slower than its
 deadline, or refusing) the call fails with a retriable `UnavailableError` naming
@@ -67,13 +70,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 
 from agents.admission import Admitted
-from agents.replication.delta_push import ReplicaBases, choose_basis, delta_frames
+from agents.replication.delta_push import (
+    DELTA_MIN_BYTES,
+    ReplicaBases,
+    choose_basis,
+    delta_frames,
+)
 from agents.replication.peers import Peers
 from agents.replication.replica_sets import MAX_SETS
 from agents.rpc.status import from_rpc_error
@@ -93,6 +102,9 @@ Held = tuple[str, Version, str | None]  # key, version, the set it was written i
 Local = tuple[list[Held], list[SetRecord], list[Held]]  # newest, latest set, its members
 # (dataset, key, version, source region, source address) -> whether it is held here now.
 Adopt = Callable[[str, str, Version, str, str], Awaitable[bool]]
+
+# Takeover passes that list and push at once (the others wait their turn).
+TAKEOVER_PASSES = 4
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 4 * CHUNK_BYTES),
@@ -135,6 +147,7 @@ class SyncReplication:
         deltas: bool = True,
         delta_threads: int = 1,
         adopt: Adopt | None = None,
+        takeover_passes: int = TAKEOVER_PASSES,
     ) -> None:
         self.store = store
         self.region = region
@@ -143,6 +156,8 @@ class SyncReplication:
         self.min_rate_bps = min_rate_bps
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._background: set[asyncio.Task[str]] = set()
+        # (dataset, replica) -> its pushes of new writes still running (`_ordered`).
+        self._inflight: dict[tuple[str, str], set[asyncio.Future[str]]] = {}
         # (dataset, replica) -> its catch-up task, while that replica is behind.
         self._behind: dict[tuple[str, str], asyncio.Task[None]] = {}
         # Those marked behind again while their catch-up ran: it makes one more pass.
@@ -156,6 +171,10 @@ class SyncReplication:
         # dataset -> the epoch whose takeover pass was started (see `_reconcile`).
         self._reconciled: dict[str, int] = {}
         self._reconciles: set[asyncio.Task[None]] = set()
+        # (dataset, region) -> its running takeover pass / the pass asked for meanwhile.
+        self._passes: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._pass_again: dict[tuple[str, str], tuple[CommittedWrite, HLC]] = {}
+        self._pass_gate = asyncio.Semaphore(takeover_passes)
         # Pulls a version another copy region holds into this store (the takeover pass).
         self.adopt = adopt
         # dataset -> the write at the newest epoch seen here (what catch-ups push at).
@@ -207,9 +226,7 @@ class SyncReplication:
         placement = write.admitted.placement
         need = copies_needed(placement)
         targets = push_targets(placement, self.region)
-        tasks = {asyncio.ensure_future(push(region)): region for region in targets}
-        for task, region in tasks.items():
-            task.set_name(region)
+        tasks = {self._ordered(write.dataset, region, push(region)): region for region in targets}
         held = [self.region]
         errors: dict[str, MeridianError] = {}
         pending = set(tasks)
@@ -233,15 +250,15 @@ class SyncReplication:
                     errors[region] = UnavailableError(f"{type(exc).__name__}: {exc}")
         for task in pending:
             # Still pushing: goes on to its own deadline; reached or not, never awaited.
+            # Should it fail, the region is caught up then (`_finished`); while it runs,
+            # the region's later commits count only once it is done (`_ordered`). (It
+            # was marked behind at once: under load nearly every write's straggler was,
+            # so one replica never counted and catch-up rounds ran back to back.)
             self._background.add(task)
-            task.add_done_callback(self._finished)
+            task.add_done_callback(functools.partial(self._finished, write))
         for region, exc in errors.items():
             if not isinstance(exc, FencedError):
                 self._mark_behind(write, region)
-        for task in pending:
-            # It may time out: caught up to be sure; but a straggler of a quorum (nearly
-            # every write's, under load) does not send a running catch-up round again.
-            self._mark_behind(write, tasks[task], again=False)
         if len(held) >= need:
             return tuple(held)
         missing = [r for r in targets if r not in held]
@@ -284,6 +301,15 @@ class SyncReplication:
     ) -> str:
         """Push set records to `region`; members it lacks are pushed and the sets again,
         so this returns only once every set is complete (visible) there."""
+        try:
+            return await self._push_sets_to(region, write, records, deadline_s)
+        except BaseException:
+            self.peers.forget(region)
+            raise
+
+    async def _push_sets_to(
+        self, region: str, write: CommittedWrite, records: list[SetRecord], deadline_s: float
+    ) -> str:
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         request = agent_pb2.ReplicateSetRequest(
@@ -297,6 +323,7 @@ class SyncReplication:
                 resp = await stub.ReplicateSet(request, timeout=deadline_s)
             except grpc.aio.AioRpcError as err:
                 raise from_rpc_error(err, f"{region} ({address})") from err
+            _check_region(resp.region, region, address)
             if len(resp.sets) != len(records):
                 raise UnavailableError(
                     f"{region} ({address}) answered {len(resp.sets)} sets for {len(records)}"
@@ -342,12 +369,11 @@ class SyncReplication:
 
         await asyncio.gather(*(one(r, k) for r, keys in lacking for k in keys))
 
-    def _mark_behind(self, write: CommittedWrite, region: str, *, again: bool = True) -> None:
+    def _mark_behind(self, write: CommittedWrite, region: str) -> None:
         key = (write.dataset, region)
         if key in self._behind:
             # Its running pass may have listed before this failed write: one more after it.
-            if again:
-                self._again.add(key)
+            self._again.add(key)
             return
         log.warning("replica_behind", dataset=write.dataset, region=region)
         self._behind[key] = asyncio.create_task(
@@ -376,6 +402,7 @@ class SyncReplication:
                     )
                     return
                 except MeridianError as exc:
+                    self.peers.forget(region)
                     log.info(
                         "catch_up_retry",
                         dataset=write.dataset,
@@ -431,16 +458,7 @@ class SyncReplication:
                 ):
                     adopted += 1
                 continue
-            if version.is_tombstone:
-                # A deposed owner's lone delete: left (and said); Rewind takes puts only.
-                log.warning(
-                    "takeover_stale_delete_left",
-                    dataset=write.dataset,
-                    key=key,
-                    region=region,
-                    version=version.hlc.text,
-                )
-                continue
+            # (A lone delete too: left, it hid the object there until a later write.)
             newest = await self._rewind(write, region, address, key, version)
             rewound += 1
             if newest is None:
@@ -629,19 +647,57 @@ class SyncReplication:
             self._channels[address] = channel
         return channel
 
-    def _finished(self, task: asyncio.Task[str]) -> None:
+    def _ordered(self, dataset: str, region: str, push: Awaitable[str]) -> asyncio.Task[str]:
+        """`push` to `region` as a task that succeeds only once every push to `region`
+        begun before it has succeeded too: a region counts toward an ack only when it
+        holds every earlier write pushed to it (pushes run at once and may end out of
+        order). An earlier push that fails fails this one (and marks it behind)."""
+        running = self._inflight.setdefault((dataset, region), set())
+        earlier = [f for f in running if not f.done()]
+        raw = asyncio.ensure_future(push)
+        running.add(raw)
+        raw.add_done_callback(running.discard)
+
+        async def in_order() -> str:
+            done = await raw
+            for before in earlier:
+                try:
+                    await asyncio.shield(before)  # this one's end must not cancel it
+                except MeridianError as exc:
+                    raise UnavailableError(
+                        f"an earlier push to {region} of {dataset} failed ({exc}): it may "
+                        "lack that version"
+                    ) from exc
+            return done
+
+        return asyncio.create_task(in_order(), name=region)
+
+    def _finished(self, write: CommittedWrite, task: asyncio.Task[str]) -> None:
+        """A push still running when its write was answered has ended."""
         self._background.discard(task)
         if task.cancelled():
             return
         exc = task.exception()
         if exc is not None:
-            log.warning("replica_push_failed_after_ack", region=task.get_name(), error=str(exc))
+            region = task.get_name()
+            log.warning("replica_push_failed_after_ack", region=region, error=str(exc))
+            if not isinstance(exc, FencedError):
+                self._mark_behind(write, region)
 
     async def _push(
         self, region: str, write: CommittedWrite, version: Version, deadline_s: float
     ) -> str:
         """Push one version to `region`: as a delta over a basis it should hold when that
         pays (delta_push.py), whole otherwise or when it does not hold that basis."""
+        try:
+            return await self._push_to(region, write, version, deadline_s)
+        except BaseException:
+            self.peers.forget(region)  # the next push reads its address from etcd again
+            raise
+
+    async def _push_to(
+        self, region: str, write: CommittedWrite, version: Version, deadline_s: float
+    ) -> str:
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         key = write.key or ""
@@ -657,7 +713,8 @@ class SyncReplication:
             header.set = write.set_id
         known = self.bases.get(region, write.dataset, key)
         basis = None
-        if self.deltas:
+        if self.deltas and not version.is_tombstone and version.size >= DELTA_MIN_BYTES:
+            # (choose_basis says None below the threshold: no thread hop for it.)
             basis = await asyncio.to_thread(
                 choose_basis, self.store, write.dataset, key, version, known
             )
@@ -665,6 +722,7 @@ class SyncReplication:
             header.basis.CopyFrom(agent_pb2.Basis(version=basis.hlc.text, digest=basis.digest.text))
             frames = self._delta_frames(header, write, version, basis)
             resp = await self._replicate_call(stub, frames, deadline_s, region, address)
+            _check_region(resp.region, region, address)
             if not resp.basis_missing:
                 self._committed(region, write.dataset, key, resp)
                 return region
@@ -674,6 +732,7 @@ class SyncReplication:
         resp = await self._replicate_call(
             stub, self._frames(header, write, version), deadline_s, region, address
         )
+        _check_region(resp.region, region, address)
         self._committed(region, write.dataset, key, resp)
         return region
 
@@ -711,6 +770,14 @@ class SyncReplication:
     ) -> AsyncGenerator[agent_pb2.ReplicateRequest]:
         yield agent_pb2.ReplicateRequest(header=header)
         if version.is_tombstone:
+            return
+        if version.size <= CHUNK_BYTES:
+            # One chunk: opened and read in one thread hop, not two.
+            chunk = await asyncio.to_thread(
+                self.store.read_bytes, write.dataset, write.key or "", version.hlc.text
+            )
+            if chunk:
+                yield agent_pb2.ReplicateRequest(chunk=chunk)
             return
         reader = await asyncio.to_thread(
             self.store.open, write.dataset, write.key or "", version.hlc.text
@@ -772,12 +839,28 @@ class SyncReplication:
             self._start_pass(write, region, first.hlc)
 
     def _start_pass(self, write: CommittedWrite, region: str, older_than: HLC) -> None:
+        """One pass per (dataset, region) at a time: asked again while one runs, it runs
+        once more after it (with the newest epoch's write asked for), never beside it."""
+        pair = (write.dataset, region)
+        if pair in self._passes:
+            queued = self._pass_again.get(pair)
+            if queued is None or queued[0].admitted.epoch <= write.admitted.epoch:
+                self._pass_again[pair] = (write, older_than)
+            return
         task = asyncio.create_task(
             self._reconcile(write, region, older_than),
             name=f"takeover pass {write.dataset} {region}",
         )
+        self._passes[pair] = task
         self._reconciles.add(task)
-        task.add_done_callback(self._reconciles.discard)
+        task.add_done_callback(functools.partial(self._pass_ended, pair))
+
+    def _pass_ended(self, pair: tuple[str, str], task: asyncio.Task[None]) -> None:
+        self._reconciles.discard(task)
+        self._passes.pop(pair, None)
+        queued = self._pass_again.pop(pair, None)
+        if queued is not None and not task.cancelled():
+            self._start_pass(queued[0], pair[1], queued[1])
 
     async def _reconcile(self, write: CommittedWrite, region: str, older_than: HLC) -> None:
         delay = self.retry_initial_s
@@ -785,10 +868,14 @@ class SyncReplication:
             if self._reconciled.get(write.dataset) != write.admitted.epoch:
                 return  # a newer epoch of ours started its own pass
             try:
-                pushed, adopted, rewound = await self._takeover_once(write, region, older_than)
+                # Bounded: an agent starting as the owner of many datasets begins a pass
+                # per dataset and region at once; a few list and push at a time.
+                async with self._pass_gate:
+                    pushed, adopted, rewound = await self._takeover_once(write, region, older_than)
             except FencedError:
                 return  # no longer the owner: the new one runs its own pass
             except MeridianError as exc:
+                self.peers.forget(region)
                 log.info(
                     "takeover_pass_retry",
                     dataset=write.dataset,
@@ -829,6 +916,16 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _check_region(answered: str, region: str, address: str) -> None:
+    """A copy counts for `region` only when an agent of `region` committed it: an address
+    reused from an earlier read may by now belong to another region's agent."""
+    if answered and answered != region:
+        raise UnavailableError(
+            f"{address} answered as an agent of {answered}, not of {region}: its address "
+            "changed hands; the push is not counted"
+        )
 
 
 def _extra(ours: Version | None, theirs: Version) -> bool:

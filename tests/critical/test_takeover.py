@@ -24,7 +24,7 @@ from waiting import WaitTimeoutError, until
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
-from meridian.v1 import agent_pb2, agent_pb2_grpc
+from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -33,22 +33,29 @@ DATASET = "tri/takeover"
 
 
 async def _lone_write_then_takeover(
-    agents: Agents, coord: EtcdCoordination, central_offset_ms: int
-) -> tuple[agent_pb2.ObjectInfo, agent_pb2.PutResponse]:
-    """eu-west's lone unacked write (returned as eu-west holds it) and eu-central's
-    first write at the new epoch; eu-west is running again on return."""
+    agents: Agents, coord: EtcdCoordination, central_offset_ms: int, *, delete: bool = False
+) -> tuple[agent_pb2.ObjectInfo, agent_pb2.PutResponse, agent_pb2.PutResponse]:
+    """eu-west's lone unacked write (returned as eu-west holds it: `lone`, or with
+    `delete` a delete of `base`), eu-central's first write at the new epoch, and the
+    write of `base` all three acked; eu-west is running again on return."""
     west, central, north = (agents[r] for r in ("eu-west", "eu-central", "eu-north"))
     epoch1 = await Ownership(coord).claim(
         DATASET, "eu-west", expect_epoch=0, reason="home", actor="test"
     )
     assert epoch1 is not None
-    await put(west.address, DATASET, "base", b"acked by all")
+    base = await put(west.address, DATASET, "base", b"acked by all")
+    for proc in (central, north):  # a quorum of 2 of 3: the third copy may be on its way
+        assert await _wait_held(proc.address, "base", base.version.digest) is not None
     assert central.stop() == 0 and north.stop() == 0
     with pytest.raises(grpc.aio.AioRpcError) as unacked:
-        await put(west.address, DATASET, "lone", b"only the old owner has this")
+        if delete:
+            await _delete(west.address, "base")
+        else:
+            await put(west.address, DATASET, "lone", b"only the old owner has this")
     assert unacked.value.code() == grpc.StatusCode.UNAVAILABLE
-    lone = await stat(west.address, DATASET, "lone")
+    lone = await _newest(west.address, "base" if delete else "lone")
     assert lone is not None  # committed there, not acked
+    assert lone.version.op == (types_pb2.OP_DELETE if delete else types_pb2.OP_PUT)
 
     west.signal(signal.SIGSTOP)  # its catch-up must not push `lone` before the move
     try:
@@ -64,7 +71,41 @@ async def _lone_write_then_takeover(
         assert sorted(first.regions) == ["eu-central", "eu-north"]
     finally:
         west.signal(signal.SIGCONT)
-    return lone, first
+    return lone, first, base
+
+
+async def _delete(address: str, key: str) -> agent_pb2.DeleteResponse:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        return await stub.Delete(agent_pb2.DeleteRequest(dataset=DATASET, key=key), timeout=30)
+
+
+async def _newest(address: str, key: str) -> agent_pb2.ObjectInfo | None:
+    """The newest version `address` holds of DATASET/key, a delete included."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        request = agent_pb2.ListRequest(dataset=DATASET, prefix=key, include_deleted=True)
+        page = await stub.List(request, timeout=10)
+    return next((o for o in page.objects if o.key == key), None)
+
+
+async def _acked_without(
+    agents: Agents, coord: EtcdCoordination, down: str, key: str, then_owner: str
+) -> agent_pb2.PutResponse:
+    """eu-west owns DATASET (epoch 1) and writes `key` acked without `down` (stopped);
+    then `then_owner` owns it at a newer epoch. Returns the acked write."""
+    own = Ownership(coord)
+    epoch1 = await own.claim(DATASET, "eu-west", expect_epoch=0, reason="home", actor="test")
+    assert epoch1 is not None
+    assert agents[down].stop() == 0
+    acked = await put(agents["eu-west"].address, DATASET, key, f"acked without {down}".encode())
+    others = sorted({"eu-west", "eu-central", "eu-north"} - {down})
+    assert sorted(acked.regions) == others
+    epoch2 = await own.claim(
+        DATASET, then_owner, expect_epoch=epoch1, reason="failover", actor="test"
+    )
+    assert epoch2 is not None and epoch2 > epoch1
+    return acked
 
 
 async def _wait_held(
@@ -87,7 +128,7 @@ async def _wait_held(
 async def test_a_lone_write_older_than_the_new_epoch_is_adopted_everywhere(
     eu_agents: Agents, coord: EtcdCoordination
 ) -> None:
-    lone, first = await _lone_write_then_takeover(eu_agents, coord, central_offset_ms=0)
+    lone, first, _ = await _lone_write_then_takeover(eu_agents, coord, central_offset_ms=0)
     assert lone.version.hlc < first.version.hlc
     for region in ("eu-central", "eu-north"):
         held = await _wait_held(eu_agents[region].address, "lone", lone.version.digest)
@@ -103,7 +144,7 @@ async def test_a_lone_write_older_than_the_new_epoch_is_adopted_everywhere(
 async def test_a_lone_write_newer_than_the_new_epoch_is_rewound(
     eu_agents: Agents, coord: EtcdCoordination
 ) -> None:
-    lone, first = await _lone_write_then_takeover(eu_agents, coord, central_offset_ms=-60_000)
+    lone, first, _ = await _lone_write_then_takeover(eu_agents, coord, central_offset_ms=-60_000)
     assert lone.version.hlc > first.version.hlc  # the new owner's clock is behind
     gone = await _wait_held(eu_agents["eu-west"].address, "lone", None)
     assert gone is None, f"eu-west still holds the unacked {gone}"
@@ -111,6 +152,23 @@ async def test_a_lone_write_newer_than_the_new_epoch_is_rewound(
         assert await stat(eu_agents[region].address, DATASET, "lone") is None
     base = await stat(eu_agents["eu-west"].address, DATASET, "base")
     assert base is not None  # only the unacked version went
+
+
+async def test_a_lone_delete_newer_than_the_new_epoch_is_rewound(
+    eu_agents: Agents, coord: EtcdCoordination
+) -> None:
+    """A deposed owner's lone delete is as unacked as a lone put: rewound, the object is
+    visible there again (it was left, hiding the object until a later write)."""
+    lone, first, base = await _lone_write_then_takeover(
+        eu_agents, coord, central_offset_ms=-60_000, delete=True
+    )
+    assert lone.version.hlc > first.version.hlc  # the new owner's clock is behind
+    back = await _wait_held(eu_agents["eu-west"].address, "base", base.version.digest)
+    assert back is not None, "eu-west still hides base behind its unacked delete"
+    assert back.version.hlc == base.version.hlc
+    for region in ("eu-central", "eu-north"):
+        held = await stat(eu_agents[region].address, DATASET, "base")
+        assert held is not None and held.version.hlc == base.version.hlc
 
 
 async def test_rewind_is_fenced_like_a_push(eu_agents: Agents, coord: EtcdCoordination) -> None:
@@ -161,16 +219,7 @@ async def test_a_catch_up_begun_at_an_older_epoch_goes_on_at_the_new_one(
     there, and must go on at epoch 2 rather than give up on a replica that lacks the
     new epoch's first write (no takeover pass pushes that one: chaos scenario 10)."""
     west, north = eu_agents["eu-west"], eu_agents["eu-north"]
-    own = Ownership(coord)
-    epoch1 = await own.claim(DATASET, "eu-west", expect_epoch=0, reason="home", actor="test")
-    assert epoch1 is not None
-    assert north.stop() == 0
-    missed = await put(west.address, DATASET, "missed", b"eu-central and eu-west have it")
-    assert sorted(missed.regions) == ["eu-central", "eu-west"]
-    epoch2 = await own.claim(
-        DATASET, "eu-west", expect_epoch=epoch1, reason="failover", actor="test"
-    )
-    assert epoch2 is not None and epoch2 > epoch1
+    missed = await _acked_without(eu_agents, coord, "eu-north", "missed", then_owner="eu-west")
     first = await put(west.address, DATASET, "first", b"the first write at epoch two")
     assert sorted(first.regions) == ["eu-central", "eu-west"]
     north.start()
@@ -186,17 +235,8 @@ async def test_a_new_owner_levels_the_replicas_before_it_writes(
     """eu-north misses an acked write (down); eu-central takes the dataset over and
     writes nothing. The deposed owner's catch-up is fenced there, so only the new
     owner's takeover pass, begun when its watch names it, can bring eu-north level."""
-    west, north = eu_agents["eu-west"], eu_agents["eu-north"]
-    own = Ownership(coord)
-    epoch1 = await own.claim(DATASET, "eu-west", expect_epoch=0, reason="home", actor="test")
-    assert epoch1 is not None
-    assert north.stop() == 0
-    missed = await put(west.address, DATASET, "missed", b"acked without eu-north")
-    assert sorted(missed.regions) == ["eu-central", "eu-west"]
-    epoch2 = await own.claim(
-        DATASET, "eu-central", expect_epoch=epoch1, reason="failover", actor="test"
-    )
-    assert epoch2 is not None and epoch2 > epoch1
+    north = eu_agents["eu-north"]
+    missed = await _acked_without(eu_agents, coord, "eu-north", "missed", then_owner="eu-central")
     north.start()
     held = await _wait_held(north.address, "missed", missed.version.digest)
     assert held is not None, "eu-north never got the write it missed"
@@ -210,16 +250,7 @@ async def test_an_acked_write_is_kept_when_the_new_owners_clock_is_behind(
     runs behind; held by two regions, it was (or may have been) acked: it must be
     adopted, never rewound (the review of this pass found that sequence)."""
     west, central, north = (eu_agents[r] for r in ("eu-west", "eu-central", "eu-north"))
-    own = Ownership(coord)
-    epoch1 = await own.claim(DATASET, "eu-west", expect_epoch=0, reason="home", actor="test")
-    assert epoch1 is not None
-    assert central.stop() == 0
-    acked = await put(west.address, DATASET, "acked", b"eu-west and eu-north hold this")
-    assert sorted(acked.regions) == ["eu-north", "eu-west"]
-    epoch2 = await own.claim(
-        DATASET, "eu-central", expect_epoch=epoch1, reason="failover", actor="test"
-    )
-    assert epoch2 is not None and epoch2 > epoch1
+    acked = await _acked_without(eu_agents, coord, "eu-central", "acked", then_owner="eu-central")
     # Its clock a minute behind (tolerated, so that it can adopt what it finds); its
     # takeover pass begins at its start.
     central.env = {
