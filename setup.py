@@ -28,6 +28,8 @@ setup(
         Extension(
             "native._delta",
             sources=["native/python/_deltamodule.c", *sorted(glob("native/src/*.c"))],
+            # a header change rebuilds every object (build_ext tracks only these)
+            depends=["native/include/meridian_delta.h", "native/src/md_internal.h"],
             include_dirs=["native/include", "native/src"],
             libraries=["xxhash", "zstd", "m"],
             extra_compile_args=["-O3", "-std=c11", "-D_GNU_SOURCE", "-pthread"],

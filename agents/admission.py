@@ -247,6 +247,14 @@ class Admission:
             # Standard datasets are written in any region (LWW); an epoch means nothing.
             return Admitted(placement, 0, policy.revision)
         owner = await self._owners.owner(dataset)
+        # The client, or this agent's fence (told by the ownership watch), knows a
+        # newer epoch than the bounded-age read: a claim committed within that read's
+        # age, by this region too. etcd decides, read now; else a write at the current
+        # epoch is refused as unknown, or as this region's own stale one, and a
+        # renewed owner would step down from its own dataset.
+        newest = max(epoch or 0, self._fence.highest_epoch(dataset))
+        if self._fresh_owner is not None and (owner is None or newest > owner.epoch):
+            owner = await self._fresh_owner(dataset)
         if owner is None:
             raise NotGovernedError(
                 f"critical dataset {dataset} has no owner in etcd yet (its home region's "

@@ -8,7 +8,7 @@ Full size: 10 regions in 4 jurisdictions, 1,000 datasets, 500,000 objects,
 plus a planted set of residency violations (7 replicas, 5 transfers). Targets: bulk
 load >= 100,000 rows/s; each audit command < 1 s and finding exactly the planted
 violations. PostgreSQL comes from --postgres, MERIDIAN_TEST_POSTGRES_URL, or the
-local stack's default (postgresql+psycopg://meridian@127.0.0.1:55432/meridian).
+local stack's default (postgresql+psycopg://meridian@127.0.0.1:15432/meridian).
 Each run uses a fresh database (SQLite file or PostgreSQL database) and drops it.
 """
 
@@ -53,7 +53,7 @@ PATTERNS = [
 PLANTED_REPLICAS = 7
 PLANTED_TRANSFERS = 5
 PENDING_EVERY = 50  # one object in 50 has its latest version still pending on replicas
-DEFAULT_PG = "postgresql+psycopg://meridian@127.0.0.1:55432/meridian"
+DEFAULT_PG = "postgresql+psycopg://meridian@127.0.0.1:15432/meridian"
 
 
 @dataclass(frozen=True)

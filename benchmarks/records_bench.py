@@ -39,7 +39,7 @@ from controlplane.domain.hlc import HybridClock
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "records"))
 from records_helpers import DATASET, REGION, applied_catalog
 
-DEFAULT_PG = "postgresql+psycopg://meridian@127.0.0.1:55432/meridian"
+DEFAULT_PG = "postgresql+psycopg://meridian@127.0.0.1:15432/meridian"
 PER_CALL = 500
 
 

@@ -78,7 +78,10 @@ log = get_logger("meridian.chaos")
 
 RECOVERY_S = 40.0
 JOURNAL_WAIT_S = 60.0  # rows of moves made under load came 30-40 s after the heal
-CONVERGENCE_S = 45.0  # after recovery: every replicator caught up, every Fetch retried
+# After recovery: every replicator caught up, every Fetch retried. Scenario 7 at 30 s
+# (two broker restarts, agent and replicator SIGKILLs) left a backlog that took 47 s
+# to apply on a loaded machine; the bound is a limit, the wait ends when it holds.
+CONVERGENCE_S = 90.0
 CLAIMS_S = 30.0
 QUORUM = 2  # copies a critical ack promises: `ack: quorum` of home + 2 replicas
 

@@ -94,7 +94,8 @@ class Settings(BaseSettings):
     stack_etcd_port: int = Field(2379, gt=0, le=65535 - 41)
     stack_kafka_port: int = Field(9092, gt=0, le=65535 - 10002)
     stack_toxiproxy_port: int = Field(8474, gt=0, lt=65536)
-    stack_postgres_port: int = Field(55432, gt=0, lt=65536)
+    # Below the ephemeral range (32768+): an outgoing connection can never hold it.
+    stack_postgres_port: int = Field(15432, gt=0, lt=65536)
     stack_start_timeout_s: float = Field(120.0, gt=0)
     log_level: str = Field("info", description="debug, info, warning or error")
     # The data plane's knobs (spec/dataplane.md), read here like every other setting.

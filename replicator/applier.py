@@ -19,8 +19,8 @@ The pipeline of dataplane.md, *The replicator*, for one record:
    retried with exponential backoff and jitter; after `max_attempts` it is `failed`
    (re-driven by `meridian replication resync`); a held version is `completed`.
 
-`handle_many` runs the same pipeline over consecutive records of one partition:
-steps 1-5 record by record, then the inline puts and deletes that reach step 6 go
+`handle_many` runs the same pipeline over a run of records (each partition's in log
+order): steps 1-5 record by record, then the inline puts and deletes that reach step 6 go
 to the agent in one `apply_many` call (one store transaction and one syncfs there),
 at most one event per object per call (a second event of an object waits for the
 next call, so each object's events still apply in log order); fetches run beside it.
@@ -151,8 +151,8 @@ class Applier:
         return result
 
     async def handle_many(self, records: Sequence[Record]) -> list[str]:
-        """`handle` for consecutive records of one partition, batched (module docstring);
-        what became of each, in order. Returns once every effect is durable."""
+        """`handle` for a run of records (each partition's in log order), batched (module
+        docstring); what became of each, in order. Returns once every effect is durable."""
         if len(records) == 1:
             return [await self.handle(records[0])]
         results: list[str] = [""] * len(records)

@@ -25,7 +25,7 @@ class ReplicatorConfig:
     poll_max_records: int = 500
     poll_timeout_ms: int = 200
     commit_interval_s: float = 0.2
-    # A batch: consecutive inline events of one partition that one poll returned (it
+    # A batch: the inline events of a run of one poll's records, of any partitions (it
     # never waits to fill one), applied in one agent call; bounded by events and bytes
     # (the call is one gRPC message of at most ~1 MiB). 1 turns batching off.
     batch_max_events: int = 256

@@ -127,32 +127,34 @@ class ReplicatorLoop(Lifecycle):
                 delay = min(self.config.retry_max_s, delay * 2)
                 continue
             for batch in self._batches(records):
-                tp = (batch[0].topic, batch[0].partition)
                 for record in batch:
-                    self._offsets.take(tp, record.offset)
+                    self._offsets.take((record.topic, record.partition), record.offset)
                 await self._runner.submit_many([_object_key(r) for r in batch], _Job(self, batch))
 
     def _batches(self, records: list[Record]) -> list[list[Record]]:
-        """Consecutive records of each assigned partition, in runs bounded by count and
-        bytes (the applier sends a run's inline events to the agent in one call)."""
-        parts: dict[TopicPartition, list[list[Record]]] = {}
-        sizes: dict[TopicPartition, int] = {}
+        """The poll's records of assigned partitions, in poll order (each partition's in
+        log order), cut into runs bounded by count and bytes; the applier sends a run's
+        inline events to the agent in one call. A run spans partitions: an object's
+        events are all in its key's partition, so per-object order is the same, and
+        a poll spread over many partitions still makes a few full calls (one run per
+        partition gave calls of poll_max_records / partitions events, each paying a
+        whole call, transaction and syncfs at the agent)."""
+        runs: list[list[Record]] = [[]]
+        size = 0
         cfg = self.config
         for record in records:
             tp = (record.topic, record.partition)
             if self._assigned is not None and tp not in self._assigned:
                 continue  # revoked while fetched: its new owner takes it
-            runs = parts.setdefault(tp, [[]])
             weight = len(record.value)
             if runs[-1] and (
-                len(runs[-1]) >= cfg.batch_max_events
-                or sizes.get(tp, 0) + weight > cfg.batch_max_bytes
+                len(runs[-1]) >= cfg.batch_max_events or size + weight > cfg.batch_max_bytes
             ):
                 runs.append([])
-                sizes[tp] = 0
+                size = 0
             runs[-1].append(record)
-            sizes[tp] = sizes.get(tp, 0) + weight
-        return [run for runs in parts.values() for run in runs if run]
+            size += weight
+        return [run for run in runs if run]
 
     async def _run(self, records: list[Record]) -> None:
         try:
@@ -200,7 +202,7 @@ class ReplicatorLoop(Lifecycle):
 
 
 class _Job:
-    """Submitted records (a run of one partition), as a callable the runner awaits."""
+    """Submitted records (a run of one poll), as a callable the runner awaits."""
 
     def __init__(self, loop: ReplicatorLoop, records: list[Record]) -> None:
         self._loop = loop

@@ -8,6 +8,7 @@ startup removes what a crash left in `tmp/`.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import uuid
@@ -26,6 +27,16 @@ from controlplane.errors import InvalidInputError
 
 TMP = "tmp"
 HOLE_MIN_BYTES = 64 * 1024  # a zero chunk at least this long is left as a hole
+
+# Temporary names: one random prefix per process and a counter, rather than a uuid4 (an
+# os.urandom call) per write; the process id keeps a forked child apart, and O_EXCL
+# refuses a clash whatever happens. Startup empties tmp/, so names need not outlive it.
+_TMP_PREFIX = uuid.uuid4().hex[:16]
+_tmp_seq = itertools.count()
+
+
+def temporary_name() -> str:
+    return f"{_TMP_PREFIX}-{os.getpid()}-{next(_tmp_seq)}.part"
 
 
 def _all_zero(view: memoryview) -> bool:
@@ -57,19 +68,35 @@ class StagedWrite:
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
             ):
                 raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+        self._fields(
+            dataset,
+            key,
+            expected_size,
+            max_size,
+            expected_digest,
+            path if path is not None else root / TMP / temporary_name(),
+        )
+        flags = os.O_RDWR | os.O_CREAT if path is not None else os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        self._open(flags)
+        if path is not None:
+            self._continue(resume_offset)
+
+    def _fields(
+        self,
+        dataset: str,
+        key: str,
+        expected_size: int | None,
+        max_size: int | None,
+        expected_digest: Digest | None,
+        path: Path,
+    ) -> None:
         self.dataset = dataset
         self.key = key
         self.expected_size = expected_size
         self.max_size = max_size
         self.expected_digest = expected_digest
-        self.path = path if path is not None else root / TMP / f"{uuid.uuid4().hex}.part"
-        flags = os.O_RDWR | os.O_CREAT if path is not None else os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        try:
-            self._fd: int | None = os.open(self.path, flags, 0o644)
-        except OSError as err:
-            raise StorageError(
-                f"could not start writing {dataset}/{key} in {self.path.parent}: {err.strerror}"
-            ) from err
+        self.path = path
+        self._fd: int | None = None
         self._hasher = ContentHasher()
         self.size = 0
         self._digest: Digest | None = None
@@ -77,8 +104,70 @@ class StagedWrite:
         self._detached = False
         self._moved = False
         self._lock = threading.Lock()  # abort may come from another thread (cancellation)
-        if path is not None:
-            self._continue(resume_offset)
+
+    def _open(self, flags: int) -> None:
+        try:
+            self._fd = os.open(self.path, flags, 0o644)
+        except OSError as err:
+            raise StorageError(
+                f"could not start writing {self.dataset}/{self.key} in {self.path.parent}: "
+                f"{err.strerror}"
+            ) from err
+
+    @classmethod
+    def of_bytes(
+        cls,
+        root: Path,
+        dataset: str,
+        key: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        expected_size: int,
+        expected_digest: Digest | None,
+    ) -> StagedWrite:
+        """A small object whose bytes are all at hand (an inline change event's), staged
+        as `write(data)` then `finish(sync=False)` would, with the same checks and
+        errors, but checked BEFORE any file is made (a bad item of a bundle costs no
+        create and unlink) and written in one call. The file is left open: `finish()`
+        fsyncs it, `close_unsynced()` closes it for a caller's one `syncfs`. Not for
+        data with a run of zeros to leave as a hole (`HOLE_MIN_BYTES`)."""
+        staged = cls.__new__(cls)
+        staged._fields(
+            dataset, key, expected_size, None, expected_digest, root / TMP / temporary_name()
+        )
+        view = memoryview(data).cast("B")
+        size = len(view)
+        if size > expected_size:
+            raise TooLargeError(
+                f"object {dataset}/{key} passed its stated size of {expected_size} bytes; "
+                "nothing was stored"
+            )
+        if size < expected_size:
+            raise ShortStreamError(
+                f"object {dataset}/{key} ended after {size} of its {expected_size} bytes; "
+                "nothing was stored"
+            )
+        staged._hasher.update(view)
+        digest = staged._hasher.digest()
+        if expected_digest is not None and digest != expected_digest:
+            raise DigestMismatchError(
+                f"object {dataset}/{key} hashed to {digest}, not the stated "
+                f"{expected_digest}; nothing was stored"
+            )
+        staged._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd = staged._require_open()
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as err:
+            staged._abort_locked()
+            raise StorageError(
+                f"could not write {dataset}/{key} to {staged.path.parent}: "
+                f"{err.strerror}; nothing was stored"
+            ) from err
+        staged.size = size
+        staged._digest = digest
+        return staged
 
     def _continue(self, offset: int) -> None:
         """Take up a file a resumable transfer left: keep its first `offset` bytes (what

@@ -40,7 +40,7 @@ from agents.store.model import (
 from agents.store.names import OBJECTS, check_name, version_path
 from agents.store.reader import CHUNK_BYTES, ObjectReader
 from agents.store.schema import FORMAT, connect
-from agents.store.staging import TMP, StagedWrite
+from agents.store.staging import HOLE_MIN_BYTES, TMP, StagedWrite
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.version import Digest, Verdict, Version, lww
 from controlplane.errors import ConfigError, InvalidInputError, NotFoundError, UnavailableError
@@ -75,6 +75,12 @@ class _Entry:
     epoch: int = 0
     policy_revision: int | None = None
     transfer: Mapping[str, JsonValue] | None = None  # journalled with this version
+
+    @functools.cached_property
+    def rel(self) -> PurePosixPath:
+        """Its version's path (relative to the root), computed once: a bundle needs it
+        for the folder, the rename and the row, and it is a blake3 and a path build."""
+        return version_path(self.dataset, self.key, self.version.hlc)
 
 
 Source = Iterable[bytes | bytearray | memoryview] | BinaryIO
@@ -556,13 +562,17 @@ class ObjectStore:
             for n, (dataset, key, version, source) in enumerate(checked):
                 if source is None or not _wanted_in(before.get((dataset, key), ()), version):
                     continue
-                staged[n] = self.stage(
-                    dataset, key, expected_size=version.size, expected_digest=version.digest
-                )
-                for chunk in _chunks(source):
-                    staged[n].write(chunk)
-                staged[n].finish(sync=False)
-            self._each_staged(list(staged.values()))
+                staged[n] = self._stage_apply(dataset, key, version, source)
+            # Many small files: closed unsynced, renamed under the locks, then ONE syncfs
+            # makes their bytes and renames durable before the rows commit
+            # (`_install_many`, synced=False). Few: fsynced here, in parallel.
+            bulk = len(staged) >= SYNCFS_MIN_FILES and files.can_syncfs()
+            if bulk:
+                for s in staged.values():
+                    s.close_unsynced()
+            else:
+                self._each_staged(list(staged.values()))
+            synced = not bulk
             results: list[ApplyResult | None] = [None] * len(checked)
             entries: list[_Entry] = []
             completed: list[tuple[str, str]] = []
@@ -579,6 +589,9 @@ class ObjectStore:
                         and row.state == "missing"
                         and row.version == version
                     ):
+                        if not synced:  # a restore renames over a row's path: bytes first
+                            self._syncfs()
+                            synced = True
                         completed += self._restore(row, staged[n])
                         results[n] = ApplyResult(Verdict.SAME, held or version, True)
                         continue
@@ -597,12 +610,42 @@ class ObjectStore:
                         )
                     )
                     results[n] = ApplyResult(verdict, version)
-                completed += self._install_many(entries, transfer=transfer)
+                completed += self._install_many(entries, transfer=transfer, synced=synced)
         finally:
             for s in staged.values():
                 s.abort()
         self._settle(completed)
         return [r for r in results if r is not None]
+
+    def _stage_apply(self, dataset: str, key: str, version: Version, source: Source) -> StagedWrite:
+        """An applied put's bytes (names checked) staged unsynced, checked against its
+        size and digest: one chunk at hand (an inline event's) in one go, else streamed."""
+        if (
+            isinstance(source, list | tuple)
+            and len(source) == 1
+            and isinstance(source[0], bytes | bytearray | memoryview)
+            and len(source[0]) < HOLE_MIN_BYTES
+        ):
+            self._require_open()
+            return StagedWrite.of_bytes(
+                self.root,
+                dataset,
+                key,
+                source[0],
+                expected_size=version.size,
+                expected_digest=version.digest,
+            )
+        staged = self.stage(
+            dataset, key, expected_size=version.size, expected_digest=version.digest
+        )
+        try:
+            for chunk in _chunks(source):
+                staged.write(chunk)
+            staged.finish(sync=False)
+        except BaseException:
+            staged.abort()
+            raise
+        return staged
 
     def _distinct(self, names: Sequence[tuple[str, str]]) -> None:
         seen: set[tuple[str, str]] = set()
@@ -699,7 +742,7 @@ class ObjectStore:
         the writers' fsyncs run in parallel, and no GIL hand-off serialises them in the
         leader): rename the file to its version path, then fsync it (on ext4 that also
         commits the rename). Its folder is fsynced by the group, once for all."""
-        rel = version_path(entry.dataset, entry.key, entry.version.hlc)
+        rel = entry.rel
         target = self.root / rel
         try:
             self._folder(rel)
@@ -720,32 +763,40 @@ class ObjectStore:
         return staged.finish(sync=not self.group_commit)
 
     def _install_many(
-        self, entries: Sequence[_Entry], *, transfer: Mapping[str, JsonValue] | None = None
+        self,
+        entries: Sequence[_Entry],
+        *,
+        transfer: Mapping[str, JsonValue] | None = None,
+        synced: bool = True,
     ) -> list[tuple[str, str]]:
         """Steps 3-5 of the write protocol (the objects' locks held): rename each fsynced
         temporary file to its version's path, fsync the folders, commit the rows with
         their journal and outbox rows and the pruning of old bases in ONE transaction;
         then remove the pruned files (a crash before that leaves files without rows,
         which startup removes). `transfer` is journalled once, with the first entry.
-        Returns the (dataset, set) pairs these versions completed: the caller prunes
-        for them once it has let go of the objects' locks (`_settle`)."""
+        `synced=False`: the files' bytes are not durable yet (a bundle closed without
+        fsyncs); they are renamed first and ONE syncfs then makes bytes and renames
+        durable together, before the rows commit (as under group commit, a crash
+        before the COMMIT leaves files without rows, whatever reached the disk, and
+        startup removes them). Returns the (dataset, set) pairs these versions
+        completed: the caller prunes for them once it has let go of the objects'
+        locks (`_settle`)."""
         targets: list[Path] = []
         folders: set[Path] = set()
         completed: list[tuple[str, str]] = []
         victims: list[Path] = []
         try:
-            self._make_folders(
-                [version_path(e.dataset, e.key, e.version.hlc) for e in entries if e.staged]
-            )
+            self._make_folders([e.rel for e in entries if e.staged])
             for e in entries:
                 if e.staged is None:
                     continue
-                rel = version_path(e.dataset, e.key, e.version.hlc)
-                folders.add(self._folder(rel))
-                files.replace(e.staged.path, self.root / rel)
-                targets.append(self.root / rel)
-            if len(folders) >= SYNCFS_MIN_FILES and files.can_syncfs():
-                self._syncfs()  # every rename of the bundle at once
+                target = self.root / e.rel
+                folders.add(self._folder(e.rel))
+                files.replace(e.staged.path, target)
+                e.staged.moved()  # its abort then has no temporary to unlink
+                targets.append(target)
+            if not synced or (len(folders) >= SYNCFS_MIN_FILES and files.can_syncfs()):
+                self._syncfs()  # every byte and rename of the bundle at once
             else:
                 self._each(files.fsync_dir, sorted(folders))
             with self._tx() as conn:
@@ -782,9 +833,7 @@ class ObjectStore:
         journal_rows = []
         for n, e in enumerate(entries):
             hlc = e.version.hlc.text
-            relative = (
-                None if e.staged is None else str(version_path(e.dataset, e.key, e.version.hlc))
-            )
+            relative = None if e.staged is None else str(e.rel)
             version_rows.append(
                 (
                     e.dataset,
@@ -856,8 +905,7 @@ class ObjectStore:
         by_folder: dict[Path, list[int]] = {}
         for n, e in enumerate(entries):
             if e.staged is not None:
-                rel = version_path(e.dataset, e.key, e.version.hlc)
-                by_folder.setdefault(self.root / rel.parent, []).append(n)
+                by_folder.setdefault(self.root / e.rel.parent, []).append(n)
         jobs = [
             (functools.partial(files.fsync_dir, folder), members)
             for folder, members in sorted(by_folder.items())

@@ -77,3 +77,26 @@ class TransferTally:
         metrics.transfer_seconds.labels(direction=self.direction, outcome=outcome).observe(
             time.monotonic() - self.started
         )
+
+
+def count_many(metrics: AgentMetrics, ended: list[tuple[TransferTally, Outcome]]) -> None:
+    """`TransferTally.count` for many transfers that ended together (a batch call): the
+    same totals, with each metric's labels looked up once per batch, not per transfer."""
+    now = time.monotonic()
+    by_direction: dict[Direction, list[int]] = {}
+    by_outcome: dict[tuple[Direction, Outcome], list[float]] = {}
+    for tally, outcome in ended:
+        sums = by_direction.setdefault(tally.direction, [0, 0, 0])
+        sums[0] += tally.logical_bytes
+        sums[1] += tally.wire_bytes
+        sums[2] += tally.resent_bytes
+        by_outcome.setdefault((tally.direction, outcome), []).append(now - tally.started)
+    for direction, (logical, wire, resent) in by_direction.items():
+        metrics.transfer_bytes.labels(kind="logical", direction=direction).inc(logical)
+        metrics.transfer_bytes.labels(kind="wire", direction=direction).inc(wire)
+        metrics.transfer_resent_bytes.inc(resent)
+    for (direction, outcome), seconds in by_outcome.items():
+        metrics.transfers.labels(direction=direction, outcome=outcome).inc(len(seconds))
+        histogram = metrics.transfer_seconds.labels(direction=direction, outcome=outcome)
+        for s in seconds:
+            histogram.observe(s)

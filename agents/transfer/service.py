@@ -37,7 +37,7 @@ from agents.transfer.bundle import BUNDLE_MAX_BYTES, BundleSender, Wanted, pull_
 from agents.transfer.limiter import CHUNK_BYTES, LinkLimiter
 from agents.transfer.ports import AdmissionPort, PolicySource
 from agents.transfer.pull import Source, pull
-from agents.transfer.records import Outcome, TransferTally, new_transfer_id
+from agents.transfer.records import Outcome, TransferTally, count_many, new_transfer_id
 from agents.transfer.resume import CHECKPOINT_BYTES, ResumeBook
 from agents.transfer.sender import SyncSender, _file
 from agents.transfer.sources import order_sources
@@ -252,6 +252,9 @@ class TransferService:
         count = len(request.items)
         results = [agent_pb2.ReplicateItemResult() for _ in range(count)]
         admitted: list[tuple[int, Version, TransferTally]] = []
+        # A dataset admitted once is admitted for the rest of the call (as if decided
+        # at its start); a refusal is decided, counted and recorded item by item.
+        standard: set[str] = set()
         for n, item in enumerate(request.items):
             version = version_from_wire(item.version, f"ReplicateManyRequest.items[{n}].version")
             if version.is_tombstone and item.data:
@@ -271,18 +274,21 @@ class TransferService:
                 wire_bytes=len(item.data),
                 policy_revision=item.policy_revision or None,
             )
-            try:
-                placement = self.admission.admit_store(item.dataset)
-                if placement.dataset_class == "critical":
-                    raise InvalidInputError(
-                        f"ReplicateManyRequest.items[{n}]: {item.dataset} is a critical "
-                        "dataset; its copies are pushed one by one with Replicate and an epoch"
-                    )
-            except MeridianError as exc:
-                results[n] = _refusal(exc)
-                if isinstance(exc, RefusedError):
-                    await self._record(tally, "refused", version, str(exc))
-                continue
+            if item.dataset not in standard:
+                try:
+                    placement = self.admission.admit_store(item.dataset)
+                    if placement.dataset_class == "critical":
+                        raise InvalidInputError(
+                            f"ReplicateManyRequest.items[{n}]: {item.dataset} is a critical "
+                            "dataset; its copies are pushed one by one with Replicate and an "
+                            "epoch"
+                        )
+                except MeridianError as exc:
+                    results[n] = _refusal(exc)
+                    if isinstance(exc, RefusedError):
+                        await self._record(tally, "refused", version, str(exc))
+                    continue
+                standard.add(item.dataset)
             admitted.append((n, version, tally))
         if admitted:
             items = [
@@ -296,16 +302,17 @@ class TransferService:
             ]
             transfers = [tally.record("completed", self.policy) for _, _, tally in admitted]
             applied = await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+            ended: list[tuple[TransferTally, Outcome]] = []
             for (n, _version, tally), got in zip(admitted, applied, strict=True):
                 results[n] = agent_pb2.ReplicateItemResult(
                     outcome=_OUTCOMES[got.verdict], held=version_to_wire(got.newest)
                 )
                 # A no-op (a replay, an older version) is counted, not journalled: a
                 # replay of the log would otherwise write a record per event.
-                tally.count(
-                    self.metrics,
-                    "completed" if got.verdict.applies or got.restored else "skipped",
+                ended.append(
+                    (tally, "completed" if got.verdict.applies or got.restored else "skipped")
                 )
+            count_many(self.metrics, ended)
         return agent_pb2.ReplicateManyResponse(results=results)
 
     # -- Rewind (the owner's takeover pass drops a deposed owner's unacked write) --------

@@ -29,7 +29,14 @@ from sqlalchemy.orm import Session
 
 from controlplane.catalog.errors import CatalogInputError
 from controlplane.catalog.hlc_text import check_hlc
-from controlplane.catalog.models import CatalogObject, ObjectVersion, Replica
+from controlplane.catalog.models import (
+    CatalogObject,
+    Dataset,
+    ObjectVersion,
+    Region,
+    Replica,
+    Transfer,
+)
 from controlplane.catalog.records import VERSION_OPS, HeldVersion, Holding, TransferRecord
 from controlplane.domain.errors import DigestError
 from controlplane.domain.version import Digest
@@ -72,10 +79,9 @@ def record(
         check_version(v)
     for name in sorted({v.dataset for v in versions} | {h.dataset for h in holdings}):
         cat._ensure_dataset(s, name, {})
-    _register(cat.dialect, s, versions)
-    _hold(cat, s, holdings)
-    for rec in transfers:
-        cat._insert_transfer(s, rec)
+    registered = _register(cat.dialect, s, versions)
+    _hold(cat, s, holdings, registered)
+    _transfer(cat, s, transfers)
 
 
 def _insert(dialect: str, table: Any) -> postgresql.Insert | sqlite.Insert:
@@ -87,7 +93,11 @@ def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
         yield items[start : start + CHUNK]
 
 
-def _register(dialect: str, s: Session, versions: Sequence[HeldVersion]) -> None:
+def _register(
+    dialect: str, s: Session, versions: Sequence[HeldVersion]
+) -> dict[tuple[str, str, str], _Row]:
+    """Register the versions; their rows as registered now (by dataset, key, version),
+    which `_hold` then need not look up again."""
     wanted: dict[tuple[str, str, str], HeldVersion] = {}
     for v in versions:
         seen = wanted.setdefault((v.dataset, v.key, v.version), v)
@@ -98,7 +108,7 @@ def _register(dialect: str, s: Session, versions: Sequence[HeldVersion]) -> None
                 f"{v.digest or '(none)'}"
             )
     if not wanted:
-        return
+        return {}
     conn = s.connection()
     pairs = sorted({(d, k) for d, k, _ in wanted})
     conn.execute(
@@ -129,7 +139,8 @@ def _register(dialect: str, s: Session, versions: Sequence[HeldVersion]) -> None
     )
     # What is registered now must be what was reported (an older registration of the
     # same version with another digest or op is refused, as register_version does).
-    for found in _versions(s, list(wanted)):
+    registered = _versions(s, list(wanted), oids)
+    for found in registered:
         v = wanted[(found.dataset, found.key, found.version)]
         if (found.op, found.hlc) != (v.op, v.version):
             raise CatalogInputError(
@@ -141,6 +152,7 @@ def _register(dialect: str, s: Session, versions: Sequence[HeldVersion]) -> None
                 f"version {v.version} of {v.dataset}/{v.key} is registered with digest "
                 f"{found.digest}, not {v.digest}"
             )
+    return {(r.dataset, r.key, r.version): r for r in registered}
 
 
 def _by_dataset(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, list[str]]]:
@@ -172,12 +184,18 @@ def _object_ids(s: Session, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str,
     return oids
 
 
-def _versions(s: Session, refs: Sequence[tuple[str, str, str]]) -> list[_Row]:
+def _versions(
+    s: Session,
+    refs: Sequence[tuple[str, str, str]],
+    oids: dict[tuple[str, str], int] | None = None,
+) -> list[_Row]:
     """The registered rows of these (dataset, key, version) triples, with their dataset
     and key. Looked up by object id and version (scalar IN lists on the unique index:
-    a row-value IN of hundreds of triples, or a join, plans badly on PostgreSQL)."""
+    a row-value IN of hundreds of triples, or a join, plans badly on PostgreSQL).
+    `oids`: the objects' ids when the caller has just looked them up."""
     wanted = set(refs)
-    oids = _object_ids(s, sorted({(d, k) for d, k, _ in wanted}))
+    if oids is None:
+        oids = _object_ids(s, sorted({(d, k) for d, k, _ in wanted}))
     names = {oid: pair for pair, oid in oids.items()}
     rows: list[_Row] = []
     for chunk in _chunks(sorted(names)):
@@ -214,13 +232,21 @@ class _Row:
     key: str
 
 
-def _hold(cat: Catalog, s: Session, holdings: Sequence[Holding]) -> None:
+def _hold(
+    cat: Catalog,
+    s: Session,
+    holdings: Sequence[Holding],
+    registered: dict[tuple[str, str, str], _Row],
+) -> None:
     last: dict[tuple[str, str, str, str], Holding] = {}
     for h in holdings:
         last[(h.dataset, h.key, h.version, h.region)] = h  # in order: the last one stands
     if not last:
         return
-    known = {(r.dataset, r.key, r.version): r for r in _versions(s, [k[:3] for k in last])}
+    # Versions the batch registered are known; only the others are looked up.
+    others = sorted({k[:3] for k in last if k[:3] not in registered})
+    known = dict(registered)
+    known.update({(r.dataset, r.key, r.version): r for r in _versions(s, others)} if others else {})
     judged: dict[tuple[str, str], tuple[str, bool]] = {}
     upserts: list[dict[str, Any]] = []
     removals: list[dict[str, Any]] = []
@@ -286,3 +312,65 @@ def _hold(cat: Catalog, s: Session, holdings: Sequence[Holding]) -> None:
             ),
             removals,
         )
+
+
+def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> None:
+    """The batch's transfer rows, idempotent on their id, judged as
+    `Catalog._insert_transfer` judges one (jurisdictions, cross-border, allowed by the
+    residency in force), with each region and dataset looked up once per batch and
+    the rows inserted by one multi-row statement per `CHUNK`: per transfer that was a
+    handful of statements, the recorder's main cost when a replicator streams small
+    objects in (one transfer record per object)."""
+    if not transfers:
+        return
+    datasets = sorted({t.dataset for t in transfers})
+    for name in datasets:
+        cat._ensure_dataset(s, name, {})  # audits find transfers by dataset
+    names = sorted({t.from_region for t in transfers} | {t.to_region for t in transfers})
+    regions = {
+        r.name: r.jurisdiction
+        for r in s.execute(select(Region.name, Region.jurisdiction).where(Region.name.in_(names)))
+    }
+    residencies = {
+        r.name: r.residency
+        for r in s.execute(
+            select(Dataset.name, Dataset.residency).where(Dataset.name.in_(datasets))
+        )
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    for rec in transfers:
+        to_j = regions.get(rec.to_region)
+        if to_j is None:
+            raise CatalogInputError(
+                f"region {rec.to_region!r} is not in the catalog; apply a topology naming it"
+            )
+        from_j = regions.get(rec.from_region)
+        if from_j is None:
+            raise CatalogInputError(f"region {rec.from_region!r} is not in the catalog")
+        residency = residencies.get(rec.dataset)
+        # Fail closed, as `_judge`: an unplaced dataset's copies are outside residency.
+        rows.setdefault(
+            rec.id,  # the first record of an id stands, as inserting them in order does
+            {
+                "id": rec.id,
+                "dataset": rec.dataset,
+                "object": rec.object,
+                "version": rec.version,
+                "from_region": rec.from_region,
+                "to_region": rec.to_region,
+                "from_jurisdiction": from_j,
+                "to_jurisdiction": to_j,
+                "logical_bytes": rec.logical_bytes,
+                "wire_bytes": rec.wire_bytes,
+                "policy_revision": rec.policy_revision,
+                "outcome": rec.outcome,
+                "cross_border": from_j != to_j,
+                "allowed": residency is not None and to_j in residency,
+                "residency": list(residency or []),
+                "at": rec.at,
+            },
+        )
+    conn = s.connection()
+    insert = _insert(cat.dialect, Transfer.__table__).on_conflict_do_nothing(index_elements=["id"])
+    for chunk in _chunks(list(rows.values())):
+        conn.execute(insert, list(chunk))

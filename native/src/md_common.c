@@ -481,13 +481,33 @@ static int have_avx2(void) {
     }
     /* MD_PORTABLE forces the portable code, so that the tests can check that both
      * paths write the same bytes. */
-    return c && !tls_portable;
+    return c && tls_portable != 1;
 }
 #endif
 
 int md_cpu_avx2(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     return have_avx2();
+#else
+    return 0;
+#endif
+}
+
+int md_cpu_avx512(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    static int cached = -1;
+    int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (c < 0) {
+        __builtin_cpu_init();
+        c = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl")
+                ? 1
+                : 0;
+        __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
+    }
+    /* level 2 of the switch (tests only) stops at AVX2, so that the tests can check
+     * that the AVX-512, AVX2 and portable kernels write the same bytes */
+    return c && tls_portable == 0;
 #else
     return 0;
 #endif

@@ -134,6 +134,10 @@ static inline uint32_t md_filter1(uint32_t s1, uint32_t s2) {
  * ask for the portable code (MD_PORTABLE, a per-thread switch that each API entry
  * point sets and md_parallel_for hands to its workers). */
 int md_cpu_avx2(void);
+/* Nonzero when the CPU runs AVX-512 F/BW/VL and the switch is 0 (the switch's
+ * level 2, for the tests only, stops at AVX2: every kernel level writes the same
+ * bytes, and the tests compare them). */
+int md_cpu_avx512(void);
 void md_set_portable(int portable);
 int md_get_portable(void);
 /* The API's common argument checks: threads (0..4) and flags; sets the switch above. */
@@ -240,23 +244,30 @@ int md_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n);
 /* Byte counts of n symbols scaled to frequencies summing to 4096, each present symbol >= 1. */
 void md_rans_normalize(const uint32_t count[256], size_t n, uint32_t freq[256]);
 
-/* ---- sixteen-state rANS with 16-bit words (md_rans16.c), plane codec 3: what the
- * encoder writes since engine 2.1 ---- */
+/* ---- rANS with 16-bit words and 32 or 64 states (md_rans16.c): plane codec 3 (32
+ * states, engine 2.1-2.2) and 4 (64 states, what the encoder writes for planes of
+ * MD_RANS64_MIN symbols or more since engine 2.3). `lanes` is 32 or 64; anything
+ * else fails (encode 0, decode -1). ---- */
 #define MD_PLANE_RANS16 3u
+#define MD_PLANE_RANS64 4u
+#ifndef MD_RANS64_MIN /* the fuzz builds lower it, so that their small inputs reach codec 4 */
+#define MD_RANS64_MIN 16384u
+#endif
 /* Codes src into dst (cap bytes); returns the coded size, or 0 when it does not fit
  * in cap (pass the raw size: a plane coded larger than raw is stored raw anyway). */
-size_t md_rans16_encode(const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap);
+size_t md_rans16_encode(const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap,
+                        unsigned lanes);
 /* Two planes of n symbols each at once, each into cap bytes at its dst (the same
  * bytes as md_rans16_encode of each, faster); each length 0 when that one does not fit. */
 void md_rans16_encode2(const uint8_t *src_a, const uint32_t count_a[256], uint8_t *dst_a, size_t *len_a,
                        const uint8_t *src_b, const uint32_t count_b[256], uint8_t *dst_b, size_t *len_b, size_t n,
-                       size_t cap);
+                       size_t cap, unsigned lanes);
 /* Decodes exactly n bytes from all len bytes of src; -1 on any malformed input. */
-int md_rans16_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n);
+int md_rans16_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n, unsigned lanes);
 /* Two planes of n symbols each at once (their work overlaps: faster than one after
  * the other); 0 only when both decode. */
 int md_rans16_decode2(const uint8_t *src_a, size_t len_a, uint8_t *dst_a, const uint8_t *src_b, size_t len_b,
-                      uint8_t *dst_b, size_t n);
+                      uint8_t *dst_b, size_t n, unsigned lanes);
 
 /* ---- safetensors (md_safetensors.c) ---- */
 typedef struct md_tensor {

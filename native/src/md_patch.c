@@ -316,30 +316,40 @@ static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, con
         md_ph_feed(&P->ph, P->scratch, lit_raw);
         if (MD_VERIFY_CHECKSUMS && P->ph.chain != check) return basis_mismatch(err, off, off + lit_raw);
     }
-    /* Planes coded with codec 3 are decoded two at a time (md_rans16_decode2: their
-     * work overlaps); the others, and an odd one left, alone. */
-    int pending = -1; /* a codec-3 plane waiting for a partner */
+    /* Planes coded with codec 3 or 4 are decoded two at a time (md_rans16_decode2:
+     * their work overlaps) when they have the same codec; the others, and one left
+     * without a partner, alone. */
+    int pending = -1; /* a codec-3 or 4 plane waiting for a partner */
+    unsigned pend_lanes = 0;
     const uint8_t *pend_src = NULL;
     size_t pend_len = 0;
     for (unsigned b = 0; b < width; b++) {
         uint32_t s = md_get_u32(cp + 8 + 4 * b);
         uint8_t *dst = P->planes + (size_t)b * plane;
         uint8_t codec = sp[0];
+        unsigned lanes = codec == MD_PLANE_RANS16 ? 32 : codec == MD_PLANE_RANS64 ? 64 : 0;
         int ok;
+        if (lanes && pending >= 0 && lanes != pend_lanes) {
+            /* a pair is of one codec: the waiting plane goes alone */
+            if (md_rans16_decode(pend_src, pend_len, P->planes + (size_t)pending * plane, plane, pend_lanes) != 0)
+                return corrupt(err, "a numeric plane does not decode");
+            pending = -1;
+        }
         if (codec == MD_PLANE_RAW) {
             ok = s == 1 + plane;
             if (ok) memcpy(dst, sp + 1, plane);
         } else if (codec == MD_PLANE_ZSTD) {
             size_t z = ZSTD_decompressDCtx(dctx, dst, plane, sp + 1, s - 1);
             ok = !ZSTD_isError(z) && z == plane;
-        } else if (codec == MD_PLANE_RANS16 && pending < 0) {
+        } else if (lanes && pending < 0) {
             pending = (int)b;
+            pend_lanes = lanes;
             pend_src = sp + 1;
             pend_len = s - 1;
             ok = 1;
-        } else if (codec == MD_PLANE_RANS16) {
+        } else if (lanes) {
             ok = md_rans16_decode2(pend_src, pend_len, P->planes + (size_t)pending * plane, sp + 1, s - 1, dst,
-                                   plane) == 0;
+                                   plane, lanes) == 0;
             pending = -1;
         } else {
             ok = codec == MD_PLANE_RANS && md_rans_decode(sp + 1, s - 1, dst, plane) == 0;
@@ -347,7 +357,8 @@ static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, con
         if (!ok) return corrupt(err, "a numeric plane does not decode");
         sp += s;
     }
-    if (pending >= 0 && md_rans16_decode(pend_src, pend_len, P->planes + (size_t)pending * plane, plane) != 0)
+    if (pending >= 0 &&
+        md_rans16_decode(pend_src, pend_len, P->planes + (size_t)pending * plane, plane, pend_lanes) != 0)
         return corrupt(err, "a numeric plane does not decode");
     md_num_decode(P->scratch, P->planes, lit_raw, width, P->numout);
     return put_out(P, P->numout, lit_raw, err);

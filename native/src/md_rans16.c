@@ -1,5 +1,6 @@
-/* The plane coder of numeric frames since delta engine 2.1 (plane codec 3): order-0
- * rANS with 32 interleaved 32-bit states and 16-bit renormalization.
+/* The plane coders of numeric frames since delta engine 2.1: order-0 rANS with 32
+ * (plane codec 3) or 64 (plane codec 4, engine 2.3) interleaved 32-bit states and
+ * 16-bit renormalization.
  *
  * Why not the four-state byte-wise coder (codec 2, md_rans.c, still decoded): its
  * renormalization is a loop of byte reads whose trip count is data-dependent, a
@@ -7,16 +8,26 @@
  * leave the multiplier idle; it ran at ~230 MB/s each way, 60% of a --basis diff.
  * Here the state interval is [2^15, 2^31) with 16-bit words, so a step reads or
  * writes at most one word (a conditional move, no loop) and the reciprocal of the
- * encoder stays exact (states below 2^31). Thirty-two states give the scalar code
- * enough independent work, and four AVX2 vectors of eight lanes whose dependency
- * chains (gather, multiply) overlap.
+ * encoder stays exact (states below 2^31).
  *
- * Layout (FORMAT.md): 256 frequencies as LEB128 varints summing to 4096; 32
- * u32 final states, each in [2^15, 2^31); then 16-bit little-endian words. Symbol i
- * uses state i mod 32; after decoding it, a state below 2^15 takes the next word.
- * The decoder checks every frequency and state, never reads past the plane, and
- * requires the stream to end exactly where the encoder began (all bytes used, every
- * state back at 2^15). */
+ * Why 64 states (codec 4): a decoding step of one vector of states is a chain of
+ * gather, multiply, compare and word insertion, about 45 cycles, and the next
+ * step of the same states waits for it. With 32 states (two AVX-512 vectors) one
+ * plane keeps the core waiting most of that time: decoding ran at ~1.5 GB/s, the
+ * patch's largest cost, while the same instructions without the wait would run
+ * ~3x faster. Sixty-four states are four independent chains per plane (eight with
+ * two planes at once) for 128 more bytes of states per plane (~0.05% of a 1 MiB
+ * frame's planes).
+ *
+ * Layout (FORMAT.md): 256 frequencies as LEB128 varints summing to 4096; the
+ * `lanes` u32 final states, each in [2^15, 2^31); then 16-bit little-endian words.
+ * Symbol i uses state i mod lanes; after decoding it, a state below 2^15 takes the
+ * next word. The decoder checks every frequency and state, never reads past the
+ * plane, and requires the stream to end exactly where the encoder began (all bytes
+ * used, every state back at 2^15).
+ *
+ * Kernels: portable C, AVX2 (eight lanes a vector) and AVX-512 F/BW/VL (sixteen);
+ * all write and read the same bytes (md_test compares them). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,8 +36,11 @@
 #define SCALE_BITS 12u
 #define SCALE (1u << SCALE_BITS)
 #define LOW (1u << 15) /* states live in [LOW, LOW << 16) */
-#define LANES 32u
-#define GROUP_MAX_BYTES (2u * LANES) /* one group of LANES symbols moves at most this much */
+#define MAX_LANES 64u
+/* one group of `lanes` symbols moves at most 2 * lanes bytes */
+#define GROUP_BYTES(lanes) (2u * (lanes))
+
+static int lanes_ok(unsigned lanes) { return lanes == 32 || lanes == 64; }
 
 /* Division-free encoding of symbol s (start c, frequency f) from state x:
  * x' = (x / f) * SCALE + x mod f + c, with x / f as a multiply by a rounded-up
@@ -67,18 +81,22 @@ static inline uint32_t enc_step(uint32_t x, const esym *e, uint8_t **p) {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-#define MD_RANS16_AVX2 1
+#include <pthread.h>
+#define MD_RANS16_SIMD 1
+
+/* A symbol's constants for the vector encoders: the reciprocal, and bias (13 bits)
+ * | cmpl << 13 (12 bits) | shift << 25 packed in one word. (One table of both in a
+ * u64, loaded by 64-bit gathers, measured no faster alone and slower in pairs.) */
+typedef struct esym_v {
+    uint32_t rcp[256];
+    uint32_t packed[256];
+} esym_v;
 
 /* Eight lanes at once, the same arithmetic as enc_step: the symbols' constants
  * gathered from per-field tables, the reciprocal's high half from two 32x32->64
  * multiplies (even lanes, then odd), and the words of the lanes that emit packed
  * in lane order and stored right below p (a 16-byte store ending at p: the bytes
  * under the new p are scratch). The caller keeps 16 bytes of room per vector. */
-typedef struct esym_v {
-    uint32_t rcp[256];
-    uint32_t packed[256]; /* bias (13 bits) | cmpl << 13 (12 bits) | shift << 25 */
-} esym_v;
-
 __attribute__((target("avx2"))) static inline __m256i enc_vec(__m256i x, const esym_v *t, const uint8_t *s8,
                                                               uint8_t **pp, const uint32_t (*top)[8]) {
     __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s8));
@@ -107,7 +125,31 @@ __attribute__((target("avx2"))) static inline __m256i enc_vec(__m256i x, const e
     return _mm256_add_epi32(_mm256_add_epi32(x, bias), _mm256_mullo_epi32(q, cmpl));
 }
 
-#include <pthread.h>
+/* Sixteen lanes at once (AVX-512): the words of the lanes that emit compressed to
+ * the bottom of a vector (vpcompressd), narrowed to 16 bits and written by a masked
+ * store right below p, with no lookup table for their order. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512i enc_vec16(__m512i x, const esym_v *t,
+                                                                                      const uint8_t *s16,
+                                                                                      uint8_t **pp) {
+    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s16));
+    __m512i rcp = _mm512_i32gather_epi32(idx, (const int *)t->rcp, 4);
+    __m512i pk = _mm512_i32gather_epi32(idx, (const int *)t->packed, 4);
+    __m512i bias = _mm512_and_si512(pk, _mm512_set1_epi32(0x1fff));
+    __m512i cmpl = _mm512_and_si512(_mm512_srli_epi32(pk, 13), _mm512_set1_epi32(0xfff));
+    __m512i shift = _mm512_srli_epi32(pk, 25);
+    __m512i xmax = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(SCALE), cmpl), 19);
+    __mmask16 big = _mm512_cmpge_epu32_mask(x, xmax);
+    unsigned n = (unsigned)__builtin_popcount((unsigned)big);
+    __m256i words = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(big, x));
+    *pp -= 2 * n;
+    _mm256_mask_storeu_epi16(*pp, (__mmask16)((1u << n) - 1u), words);
+    x = _mm512_mask_srli_epi32(x, big, x, 16);
+    __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(x, rcp), 32);
+    __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), _mm512_srli_epi64(rcp, 32));
+    __m512i q = _mm512_srlv_epi32(_mm512_mask_blend_epi32(0xAAAA, even, odd), shift);
+    return _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_mullo_epi32(q, cmpl));
+}
+
 /* top[m]: the lanes set in m, in order, moved to the top of the vector */
 static uint32_t top[256][8];
 static pthread_once_t top_once = PTHREAD_ONCE_INIT;
@@ -120,7 +162,7 @@ static void top_init(void) {
     }
 }
 #else
-#define MD_RANS16_AVX2 0
+#define MD_RANS16_SIMD 0
 #endif
 
 /* One plane being encoded: symbols from the last to the first, words growing down
@@ -128,38 +170,44 @@ static void top_init(void) {
 typedef struct enc16 {
     const uint8_t *src;
     size_t i, hdr;
+    unsigned lanes;
     uint8_t *dst, *end, *p, *floor;
-    uint32_t x[LANES];
+    uint32_t x[MAX_LANES];
     esym sym[256];
-#if MD_RANS16_AVX2
+#if MD_RANS16_SIMD
     esym_v v;
 #endif
 } enc16;
 
 /* The header and the symbols after the last whole group; 0, or -1 when it does not fit. */
-static int enc_open(enc16 *e, const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap) {
+static int enc_open(enc16 *e, const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap,
+                    unsigned lanes) {
     uint32_t freq[256];
-    if (!n || cap < 256 * 2 + LANES * 4 + GROUP_MAX_BYTES + 2) return -1;
-    md_rans_normalize(count, n, freq);
+    if (!n || !lanes_ok(lanes) || cap < 256 * 2 + lanes * 4 + GROUP_BYTES(lanes) + 2) return -1;
+    /* the counts may be a sample's (md_basis.c): normalized by their own total */
+    size_t total = 0;
+    for (int s = 0; s < 256; s++) total += count[s];
+    md_rans_normalize(count, total ? total : n, freq);
     uint32_t acc = 0;
     e->hdr = 0;
+    e->lanes = lanes;
     for (int s = 0; s < 256; s++) {
         esym_init(&e->sym[s], acc, freq[s] ? freq[s] : 1);
         acc += freq[s];
         e->hdr += md_put_varint(dst + e->hdr, freq[s]);
     }
-    /* A group writes at most GROUP_MAX_BYTES (plus the one word stored without
-     * being emitted), so one check per group keeps every write above the states. */
+    /* A group writes at most GROUP_BYTES (plus the one word stored without being
+     * emitted), so one check per group keeps every write above the states. */
     e->src = src;
     e->dst = dst;
     e->end = e->p = dst + cap;
-    e->floor = dst + e->hdr + LANES * 4 + GROUP_MAX_BYTES + 2;
+    e->floor = dst + e->hdr + lanes * 4 + GROUP_BYTES(lanes) + 2;
     if (e->p < e->floor) return -1;
-    for (unsigned j = 0; j < LANES; j++) e->x[j] = LOW;
+    for (unsigned j = 0; j < lanes; j++) e->x[j] = LOW;
     size_t i = n;
-    while (i % LANES) {
+    while (i % lanes) {
         i--;
-        e->x[i % LANES] = enc_step(e->x[i % LANES], &e->sym[src[i]], &e->p);
+        e->x[i % lanes] = enc_step(e->x[i % lanes], &e->sym[src[i]], &e->p);
     }
     e->i = i;
     return 0;
@@ -169,10 +217,11 @@ static int enc_open(enc16 *e, const uint8_t *src, size_t n, const uint32_t count
 static int enc_groups(enc16 *e) {
     uint8_t *p = e->p;
     size_t i = e->i;
+    unsigned lanes = e->lanes;
     while (i) {
         if (p < e->floor) return -1;
-        i -= LANES;
-        for (unsigned j = LANES; j--;) e->x[j] = enc_step(e->x[j], &e->sym[e->src[i + j]], &p);
+        i -= lanes;
+        for (unsigned j = lanes; j--;) e->x[j] = enc_step(e->x[j], &e->sym[e->src[i + j]], &p);
     }
     e->p = p;
     e->i = 0;
@@ -184,13 +233,13 @@ static size_t enc_close(enc16 *e) {
     if (e->p < e->floor) return 0;
     size_t stream = (size_t)(e->end - e->p);
     uint8_t *o = e->dst + e->hdr;
-    for (unsigned j = 0; j < LANES; j++) md_put_u32(o + 4 * j, e->x[j]);
-    memmove(o + LANES * 4, e->p, stream);
-    return e->hdr + LANES * 4 + stream;
+    for (unsigned j = 0; j < e->lanes; j++) md_put_u32(o + 4 * j, e->x[j]);
+    memmove(o + e->lanes * 4, e->p, stream);
+    return e->hdr + e->lanes * 4 + stream;
 }
 
-#if MD_RANS16_AVX2
-__attribute__((target("avx2"))) static void enc_tables(enc16 *e) {
+#if MD_RANS16_SIMD
+static void enc_tables(enc16 *e) {
     for (unsigned s = 0; s < 256; s++) {
         e->v.rcp[s] = e->sym[s].rcp;
         e->v.packed[s] = e->sym[s].bias | (uint32_t)e->sym[s].cmpl << 13 | (uint32_t)e->sym[s].shift << 25;
@@ -199,46 +248,99 @@ __attribute__((target("avx2"))) static void enc_tables(enc16 *e) {
 
 /* Whole groups of planes a and b in step (their groups are independent and overlap,
  * where one plane alone waits on its states' multiply chain), then of each alone;
- * a plane that reaches its floor is marked by p < floor and stops. */
-__attribute__((target("avx2"))) static void enc_avx2(enc16 *a, enc16 *b) {
+ * a plane that reaches its floor is marked by p < floor and stops. NV vectors of
+ * eight states per plane (a constant after inlining). */
+__attribute__((target("avx2"), always_inline)) static inline void enc_avx2_n(enc16 *a, enc16 *b, unsigned nv) {
     pthread_once(&top_once, top_init);
     const uint32_t(*tp)[8] = (const uint32_t(*)[8])top;
-    __m256i xa[LANES / 8], xb[LANES / 8];
+    const unsigned lanes = 8 * nv;
+    __m256i xa[MAX_LANES / 8], xb[MAX_LANES / 8];
     enc_tables(a);
-    for (unsigned v = 0; v < LANES / 8; v++) xa[v] = _mm256_loadu_si256((const __m256i *)(a->x + 8 * v));
+    for (unsigned v = 0; v < nv; v++) xa[v] = _mm256_loadu_si256((const __m256i *)(a->x + 8 * v));
     uint8_t *pa = a->p, *pb = NULL;
     if (b) {
         enc_tables(b);
-        for (unsigned v = 0; v < LANES / 8; v++) xb[v] = _mm256_loadu_si256((const __m256i *)(b->x + 8 * v));
+        for (unsigned v = 0; v < nv; v++) xb[v] = _mm256_loadu_si256((const __m256i *)(b->x + 8 * v));
         pb = b->p;
         while (a->i && b->i && pa >= a->floor && pb >= b->floor) {
-            a->i -= LANES;
-            b->i -= LANES;
-            for (unsigned v = LANES / 8; v--;) {
+            a->i -= lanes;
+            b->i -= lanes;
+            for (unsigned v = nv; v--;) {
                 xa[v] = enc_vec(xa[v], &a->v, a->src + a->i + 8 * v, &pa, tp);
                 xb[v] = enc_vec(xb[v], &b->v, b->src + b->i + 8 * v, &pb, tp);
             }
         }
         while (b->i && pb >= b->floor) {
-            b->i -= LANES;
-            for (unsigned v = LANES / 8; v--;) xb[v] = enc_vec(xb[v], &b->v, b->src + b->i + 8 * v, &pb, tp);
+            b->i -= lanes;
+            for (unsigned v = nv; v--;) xb[v] = enc_vec(xb[v], &b->v, b->src + b->i + 8 * v, &pb, tp);
         }
-        for (unsigned v = 0; v < LANES / 8; v++) _mm256_storeu_si256((__m256i *)(b->x + 8 * v), xb[v]);
+        for (unsigned v = 0; v < nv; v++) _mm256_storeu_si256((__m256i *)(b->x + 8 * v), xb[v]);
         b->p = pb;
     }
     while (a->i && pa >= a->floor) {
-        a->i -= LANES;
-        for (unsigned v = LANES / 8; v--;) xa[v] = enc_vec(xa[v], &a->v, a->src + a->i + 8 * v, &pa, tp);
+        a->i -= lanes;
+        for (unsigned v = nv; v--;) xa[v] = enc_vec(xa[v], &a->v, a->src + a->i + 8 * v, &pa, tp);
     }
-    for (unsigned v = 0; v < LANES / 8; v++) _mm256_storeu_si256((__m256i *)(a->x + 8 * v), xa[v]);
+    for (unsigned v = 0; v < nv; v++) _mm256_storeu_si256((__m256i *)(a->x + 8 * v), xa[v]);
     a->p = pa;
+}
+__attribute__((target("avx2"))) static void enc_avx2_32(enc16 *a, enc16 *b) { enc_avx2_n(a, b, 4); }
+__attribute__((target("avx2"))) static void enc_avx2_64(enc16 *a, enc16 *b) { enc_avx2_n(a, b, 8); }
+
+/* The same with sixteen states a vector (AVX-512). The vectors of one group are
+ * coded from the last to the first, each writing its words below the previous
+ * one's, so the words lie in lane order as the scalar code writes them. */
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void enc_avx512_n(enc16 *a,
+                                                                                                  enc16 *b,
+                                                                                                  unsigned nv) {
+    const unsigned lanes = 16 * nv;
+    __m512i xa[MAX_LANES / 16], xb[MAX_LANES / 16];
+    enc_tables(a);
+    for (unsigned v = 0; v < nv; v++) xa[v] = _mm512_loadu_si512((const void *)(a->x + 16 * v));
+    uint8_t *pa = a->p, *pb = NULL;
+    if (b) {
+        enc_tables(b);
+        for (unsigned v = 0; v < nv; v++) xb[v] = _mm512_loadu_si512((const void *)(b->x + 16 * v));
+        pb = b->p;
+        while (a->i && b->i && pa >= a->floor && pb >= b->floor) {
+            a->i -= lanes;
+            b->i -= lanes;
+            for (unsigned v = nv; v--;) {
+                xa[v] = enc_vec16(xa[v], &a->v, a->src + a->i + 16 * v, &pa);
+                xb[v] = enc_vec16(xb[v], &b->v, b->src + b->i + 16 * v, &pb);
+            }
+        }
+        while (b->i && pb >= b->floor) {
+            b->i -= lanes;
+            for (unsigned v = nv; v--;) xb[v] = enc_vec16(xb[v], &b->v, b->src + b->i + 16 * v, &pb);
+        }
+        for (unsigned v = 0; v < nv; v++) _mm512_storeu_si512((void *)(b->x + 16 * v), xb[v]);
+        b->p = pb;
+    }
+    while (a->i && pa >= a->floor) {
+        a->i -= lanes;
+        for (unsigned v = nv; v--;) xa[v] = enc_vec16(xa[v], &a->v, a->src + a->i + 16 * v, &pa);
+    }
+    for (unsigned v = 0; v < nv; v++) _mm512_storeu_si512((void *)(a->x + 16 * v), xa[v]);
+    a->p = pa;
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void enc_avx512_32(enc16 *a, enc16 *b) {
+    enc_avx512_n(a, b, 2);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void enc_avx512_64(enc16 *a, enc16 *b) {
+    enc_avx512_n(a, b, 4);
 }
 #endif
 
+/* a, and b when not NULL (with the same lanes) */
 static void enc_run(enc16 *a, enc16 *b) {
-#if MD_RANS16_AVX2
+#if MD_RANS16_SIMD
+    if (md_cpu_avx512()) {
+        (a->lanes == 64 ? enc_avx512_64 : enc_avx512_32)(a, b);
+        return;
+    }
     if (md_cpu_avx2()) {
-        enc_avx2(a, b);
+        (a->lanes == 64 ? enc_avx2_64 : enc_avx2_32)(a, b);
         return;
     }
 #endif
@@ -246,10 +348,11 @@ static void enc_run(enc16 *a, enc16 *b) {
     if (b && enc_groups(b) != 0) b->p = b->floor - 1;
 }
 
-size_t md_rans16_encode(const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap) {
+size_t md_rans16_encode(const uint8_t *src, size_t n, const uint32_t count[256], uint8_t *dst, size_t cap,
+                        unsigned lanes) {
     enc16 *e = malloc(sizeof *e);
     size_t r = 0;
-    if (e && enc_open(e, src, n, count, dst, cap) == 0) {
+    if (e && enc_open(e, src, n, count, dst, cap, lanes) == 0) {
         enc_run(e, NULL);
         r = enc_close(e);
     }
@@ -259,12 +362,12 @@ size_t md_rans16_encode(const uint8_t *src, size_t n, const uint32_t count[256],
 
 void md_rans16_encode2(const uint8_t *src_a, const uint32_t count_a[256], uint8_t *dst_a, size_t *len_a,
                        const uint8_t *src_b, const uint32_t count_b[256], uint8_t *dst_b, size_t *len_b, size_t n,
-                       size_t cap) {
+                       size_t cap, unsigned lanes) {
     enc16 *e = malloc(2 * sizeof *e);
     *len_a = *len_b = 0;
     if (!e) return;
-    int oa = enc_open(&e[0], src_a, n, count_a, dst_a, cap) == 0;
-    int ob = enc_open(&e[1], src_b, n, count_b, dst_b, cap) == 0;
+    int oa = enc_open(&e[0], src_a, n, count_a, dst_a, cap, lanes) == 0;
+    int ob = enc_open(&e[1], src_b, n, count_b, dst_b, cap, lanes) == 0;
     if (oa || ob) enc_run(oa ? &e[0] : &e[1], oa && ob ? &e[1] : NULL);
     if (oa) *len_a = enc_close(&e[0]);
     if (ob) *len_b = enc_close(&e[1]);
@@ -292,43 +395,46 @@ static inline uint32_t dec_step(uint32_t x, const uint32_t *tab, uint8_t *out) {
     return ((e >> 20) + 1) * (x >> SCALE_BITS) + ((e >> 8) & (SCALE - 1));
 }
 
-/* One plane being decoded. A group of LANES symbols reads at most GROUP_MAX_BYTES
- * words from p, so whole groups run without a bounds check while that many bytes
- * are left; then the last bytes move to `pad`, a copy followed by zeros, and groups
- * still run unchecked to the end of the plane (before, the last 64 bytes of a
- * stream went through the checked loop one symbol at a time: on a nearly constant
- * plane, whose 64 bytes code thousands of symbols, that was most of its time). A
+/* One plane being decoded. A group of `lanes` symbols reads at most GROUP_BYTES
+ * from p, so whole groups run without a bounds check while that many bytes are
+ * left; then the last bytes move to `pad`, a copy followed by zeros, and groups
+ * still run unchecked to the end of the plane (before, the last bytes of a stream
+ * went through the checked loop one symbol at a time: on a nearly constant plane,
+ * whose last 64 bytes code thousands of symbols, that was most of its time). A
  * group that reads past the real end leaves p beyond `end`, which fails the plane. */
 typedef struct dec16 {
-    uint32_t x[LANES];
+    uint32_t x[MAX_LANES];
     const uint8_t *p, *end;
     uint8_t *dst;
     size_t i, n;
+    unsigned lanes;
     int in_pad;
     uint32_t tab[SCALE];
-    uint8_t pad[2 * GROUP_MAX_BYTES];
+    uint8_t pad[2 * GROUP_BYTES(MAX_LANES)];
 } dec16;
 
-static int dec_open(dec16 *d, const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
+static int dec_open(dec16 *d, const uint8_t *src, size_t len, uint8_t *dst, size_t n, unsigned lanes) {
     size_t at;
-    if (build_table(src, len, &at, d->tab) != 0 || len - at < LANES * 4) return -1;
-    for (unsigned j = 0; j < LANES; j++) {
+    if (!lanes_ok(lanes) || build_table(src, len, &at, d->tab) != 0 || len - at < lanes * 4) return -1;
+    for (unsigned j = 0; j < lanes; j++) {
         d->x[j] = md_get_u32(src + at + 4 * j);
         if (d->x[j] < LOW || d->x[j] >> 31) return -1;
     }
-    d->p = src + at + LANES * 4;
+    d->p = src + at + lanes * 4;
     d->end = src + len;
     d->dst = dst;
     d->i = 0;
     d->n = n;
+    d->lanes = lanes;
     d->in_pad = 0;
     return 0;
 }
 
 /* Whether the next group may run unchecked (moving to the padded copy if needed). */
 static inline int dec_ready(dec16 *d, const uint8_t **p, const uint8_t **end, size_t i) {
-    if (i + LANES > d->n) return 0;
-    if (*end - *p >= (ptrdiff_t)GROUP_MAX_BYTES) return 1;
+    const unsigned lanes = d->lanes;
+    if (i + lanes > d->n) return 0;
+    if (*end - *p >= (ptrdiff_t)GROUP_BYTES(lanes)) return 1;
     if (d->in_pad) return *p <= *end;
     size_t k = (size_t)(*end - *p);
     memcpy(d->pad, *p, k);
@@ -345,7 +451,7 @@ static int dec_finish(dec16 *d) {
     const uint8_t *p = d->p, *end = d->end;
     if (p > end) return -1;
     for (size_t i = d->i; i < d->n; i++) {
-        uint32_t *s = &d->x[i % LANES];
+        uint32_t *s = &d->x[i % d->lanes];
         *s = dec_step(*s, d->tab, d->dst + i);
         if (*s < LOW) {
             if (end - p < 2) return -1;
@@ -354,7 +460,7 @@ static int dec_finish(dec16 *d) {
         }
     }
     if (p != end) return -1;
-    for (unsigned j = 0; j < LANES; j++)
+    for (unsigned j = 0; j < d->lanes; j++)
         if (d->x[j] != LOW) return -1;
     return 0;
 }
@@ -363,10 +469,11 @@ static int dec_finish(dec16 *d) {
 static void dec_groups(dec16 *d) {
     const uint8_t *p = d->p, *end = d->end;
     size_t i = d->i;
-    uint32_t x[LANES];
+    const unsigned lanes = d->lanes;
+    uint32_t x[MAX_LANES];
     memcpy(x, d->x, sizeof x);
-    for (; dec_ready(d, &p, &end, i); i += LANES) {
-        for (unsigned j = 0; j < LANES; j++) {
+    for (; dec_ready(d, &p, &end, i); i += lanes) {
+        for (unsigned j = 0; j < lanes; j++) {
             uint32_t s = dec_step(x[j], d->tab, d->dst + i + j);
             uint32_t need = s < LOW;
             uint32_t w = p[0] | (uint32_t)p[1] << 8;
@@ -380,8 +487,7 @@ static void dec_groups(dec16 *d) {
     d->i = i;
 }
 
-#if MD_RANS16_AVX2
-#include <pthread.h>
+#if MD_RANS16_SIMD
 /* spread[m]: for the lanes set in m, the index of the word each takes, in lane order */
 static uint32_t spread[256][8];
 static pthread_once_t spread_once = PTHREAD_ONCE_INIT;
@@ -394,27 +500,28 @@ static void spread_init(void) {
 
 /* One group of one plane, eight lanes at a time: gather the table entries, step the
  * states, then give the lanes below LOW the next words in lane order. */
-__attribute__((target("avx2"))) static inline void dec_group_avx2(__m256i *x, const uint32_t *tab,
-                                                                 const uint8_t **pp, uint8_t *dst) {
+__attribute__((target("avx2"), always_inline)) static inline void dec_group_avx2(__m256i *x, const uint32_t *tab,
+                                                                                const uint8_t **pp, uint8_t *dst,
+                                                                                unsigned nv) {
     const __m256i mask_slot = _mm256_set1_epi32(SCALE - 1), one = _mm256_set1_epi32(1);
     const __m256i low = _mm256_set1_epi32(LOW), byte = _mm256_set1_epi32(0xff);
     const uint8_t *p = *pp;
-    __m256i e[LANES / 8];
-    for (unsigned v = 0; v < LANES / 8; v++) {
+    __m256i e[MAX_LANES / 8];
+    for (unsigned v = 0; v < nv; v++) {
         e[v] = _mm256_i32gather_epi32((const int *)tab, _mm256_and_si256(x[v], mask_slot), 4);
         __m256i f = _mm256_add_epi32(_mm256_srli_epi32(e[v], 20), one);
         __m256i b = _mm256_and_si256(_mm256_srli_epi32(e[v], 8), mask_slot);
         x[v] = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(x[v], SCALE_BITS)), b);
     }
     /* the symbols: the low byte of each entry, in lane order, 16 at a time */
-    for (unsigned v = 0; v < LANES / 8; v += 2) {
+    for (unsigned v = 0; v < nv; v += 2) {
         __m256i s = _mm256_packus_epi32(_mm256_and_si256(e[v], byte), _mm256_and_si256(e[v + 1], byte));
         s = _mm256_permute4x64_epi64(s, 0xD8);
         _mm_storeu_si128((__m128i *)(dst + 8 * v),
                          _mm_packus_epi16(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
     }
     /* states stay below 2^31, so a signed comparison is exact */
-    for (unsigned v = 0; v < LANES / 8; v++) {
+    for (unsigned v = 0; v < nv; v++) {
         __m256i need = _mm256_cmpgt_epi32(low, x[v]);
         unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(need));
         __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -425,45 +532,84 @@ __attribute__((target("avx2"))) static inline void dec_group_avx2(__m256i *x, co
     *pp = p;
 }
 
+/* One group of one plane, sixteen lanes at a time (AVX-512): a lane below LOW takes
+ * the next word by vpexpandd (the words in lane order, as spread[] does). */
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void dec_group_avx512(
+    __m512i *x, const uint32_t *tab, const uint8_t **pp, uint8_t *dst, unsigned nv) {
+    const __m512i mask_slot = _mm512_set1_epi32(SCALE - 1), one = _mm512_set1_epi32(1);
+    const __m512i low = _mm512_set1_epi32(LOW);
+    const uint8_t *p = *pp;
+    for (unsigned v = 0; v < nv; v++) {
+        __m512i e = _mm512_i32gather_epi32(_mm512_and_si512(x[v], mask_slot), (const int *)tab, 4);
+        __m512i f = _mm512_add_epi32(_mm512_srli_epi32(e, 20), one);
+        __m512i b = _mm512_and_si512(_mm512_srli_epi32(e, 8), mask_slot);
+        x[v] = _mm512_add_epi32(_mm512_mullo_epi32(f, _mm512_srli_epi32(x[v], SCALE_BITS)), b);
+        _mm_storeu_si128((__m128i *)(dst + 16 * v), _mm512_cvtepi32_epi8(e));
+    }
+    for (unsigned v = 0; v < nv; v++) {
+        __mmask16 need = _mm512_cmplt_epu32_mask(x[v], low);
+        __m512i w = _mm512_maskz_expand_epi32(need, _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)));
+        x[v] = _mm512_mask_or_epi32(x[v], need, _mm512_slli_epi32(x[v], 16), w);
+        p += 2 * (unsigned)__builtin_popcount((unsigned)need);
+    }
+    *pp = p;
+}
+
 /* Whole groups of planes a and b in step while both have them, then of each alone.
  * A plane's groups depend on each other through its states, so one plane keeps the
  * core waiting on gather and multiply latency; two planes' groups are independent
- * and overlap (1.6-1.9x the symbols per second of one plane at a time). */
-__attribute__((target("avx2"))) static void dec_avx2(dec16 *a, dec16 *b) {
-    pthread_once(&spread_once, spread_init);
-    __m256i xa[LANES / 8], xb[LANES / 8];
-    const uint8_t *pa = a->p, *ea = a->end, *pb = NULL, *eb = NULL;
-    size_t ia = a->i, ib = 0;
-    for (unsigned v = 0; v < LANES / 8; v++) xa[v] = _mm256_loadu_si256((const __m256i *)(a->x + 8 * v));
-    if (b) {
-        pb = b->p;
-        eb = b->end;
-        ib = b->i;
-        for (unsigned v = 0; v < LANES / 8; v++) xb[v] = _mm256_loadu_si256((const __m256i *)(b->x + 8 * v));
-        while (dec_ready(a, &pa, &ea, ia) && dec_ready(b, &pb, &eb, ib)) {
-            dec_group_avx2(xa, a->tab, &pa, a->dst + ia);
-            dec_group_avx2(xb, b->tab, &pb, b->dst + ib);
-            ia += LANES;
-            ib += LANES;
-        }
-        for (; dec_ready(b, &pb, &eb, ib); ib += LANES) dec_group_avx2(xb, b->tab, &pb, b->dst + ib);
-        for (unsigned v = 0; v < LANES / 8; v++) _mm256_storeu_si256((__m256i *)(b->x + 8 * v), xb[v]);
-        b->p = pb;
-        b->end = eb;
-        b->i = ib;
+ * and overlap. W is the vector width in lanes, NV the vectors of one plane. */
+#define DEC_PAIR(NAME, VEC, W, NV, LOADV, STOREV, GROUP)                                                  \
+    static void NAME(dec16 *a, dec16 *b) {                                                                \
+        VEC xa[NV], xb[NV];                                                                               \
+        const uint8_t *pa = a->p, *ea = a->end, *pb = NULL, *eb = NULL;                                   \
+        size_t ia = a->i, ib = 0;                                                                         \
+        for (unsigned v = 0; v < NV; v++) xa[v] = LOADV(a->x + W * v);                                    \
+        if (b) {                                                                                          \
+            pb = b->p;                                                                                    \
+            eb = b->end;                                                                                  \
+            ib = b->i;                                                                                    \
+            for (unsigned v = 0; v < NV; v++) xb[v] = LOADV(b->x + W * v);                                \
+            while (dec_ready(a, &pa, &ea, ia) && dec_ready(b, &pb, &eb, ib)) {                            \
+                GROUP(xa, a->tab, &pa, a->dst + ia, NV);                                                  \
+                GROUP(xb, b->tab, &pb, b->dst + ib, NV);                                                  \
+                ia += W * NV;                                                                             \
+                ib += W * NV;                                                                             \
+            }                                                                                             \
+            for (; dec_ready(b, &pb, &eb, ib); ib += W * NV) GROUP(xb, b->tab, &pb, b->dst + ib, NV);     \
+            for (unsigned v = 0; v < NV; v++) STOREV(b->x + W * v, xb[v]);                                \
+            b->p = pb;                                                                                    \
+            b->end = eb;                                                                                  \
+            b->i = ib;                                                                                    \
+        }                                                                                                 \
+        for (; dec_ready(a, &pa, &ea, ia); ia += W * NV) GROUP(xa, a->tab, &pa, a->dst + ia, NV);         \
+        for (unsigned v = 0; v < NV; v++) STOREV(a->x + W * v, xa[v]);                                    \
+        a->p = pa;                                                                                        \
+        a->end = ea;                                                                                      \
+        a->i = ia;                                                                                        \
     }
-    for (; dec_ready(a, &pa, &ea, ia); ia += LANES) dec_group_avx2(xa, a->tab, &pa, a->dst + ia);
-    for (unsigned v = 0; v < LANES / 8; v++) _mm256_storeu_si256((__m256i *)(a->x + 8 * v), xa[v]);
-    a->p = pa;
-    a->end = ea;
-    a->i = ia;
-}
+#define LOAD8(p) _mm256_loadu_si256((const __m256i *)(p))
+#define STORE8(p, v) _mm256_storeu_si256((__m256i *)(p), (v))
+#define LOAD16(p) _mm512_loadu_si512((const void *)(p))
+#define STORE16(p, v) _mm512_storeu_si512((void *)(p), (v))
+__attribute__((target("avx2"))) DEC_PAIR(dec_avx2_32, __m256i, 8, 4, LOAD8, STORE8, dec_group_avx2)
+__attribute__((target("avx2"))) DEC_PAIR(dec_avx2_64, __m256i, 8, 8, LOAD8, STORE8, dec_group_avx2)
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+DEC_PAIR(dec_avx512_32, __m512i, 16, 2, LOAD16, STORE16, dec_group_avx512)
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+DEC_PAIR(dec_avx512_64, __m512i, 16, 4, LOAD16, STORE16, dec_group_avx512)
 #endif
 
+/* a, and b when not NULL (with the same lanes) */
 static void dec_run(dec16 *a, dec16 *b) {
-#if MD_RANS16_AVX2
+#if MD_RANS16_SIMD
+    if (md_cpu_avx512()) {
+        (a->lanes == 64 ? dec_avx512_64 : dec_avx512_32)(a, b);
+        return;
+    }
     if (md_cpu_avx2()) {
-        dec_avx2(a, b);
+        pthread_once(&spread_once, spread_init);
+        (a->lanes == 64 ? dec_avx2_64 : dec_avx2_32)(a, b);
         return;
     }
 #endif
@@ -471,10 +617,10 @@ static void dec_run(dec16 *a, dec16 *b) {
     if (b) dec_groups(b);
 }
 
-int md_rans16_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
+int md_rans16_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n, unsigned lanes) {
     dec16 *d = malloc(sizeof *d);
     int rc = -1;
-    if (d && dec_open(d, src, len, dst, n) == 0) {
+    if (d && dec_open(d, src, len, dst, n, lanes) == 0) {
         dec_run(d, NULL);
         rc = dec_finish(d);
     }
@@ -483,10 +629,11 @@ int md_rans16_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
 }
 
 int md_rans16_decode2(const uint8_t *src_a, size_t len_a, uint8_t *dst_a, const uint8_t *src_b, size_t len_b,
-                      uint8_t *dst_b, size_t n) {
+                      uint8_t *dst_b, size_t n, unsigned lanes) {
     dec16 *d = malloc(2 * sizeof *d);
     int rc = -1;
-    if (d && dec_open(&d[0], src_a, len_a, dst_a, n) == 0 && dec_open(&d[1], src_b, len_b, dst_b, n) == 0) {
+    if (d && dec_open(&d[0], src_a, len_a, dst_a, n, lanes) == 0 &&
+        dec_open(&d[1], src_b, len_b, dst_b, n, lanes) == 0) {
         dec_run(&d[0], &d[1]);
         rc = dec_finish(&d[0]) == 0 && dec_finish(&d[1]) == 0 ? 0 : -1;
     }

@@ -2,7 +2,11 @@
  * files, in CPU time (best of many runs, so that a loaded machine still gives the
  * stage's own cost), next to a plain memory copy. Shows the floor under a diff or
  * a patch: every byte of NEW goes through the plane coder once each way.
- *   build/md_floor OLD NEW WIDTH OFFSET        (e.g. an fp32 tensor's offset) */
+ *   build/md_floor OLD NEW WIDTH OFFSET        (e.g. an fp32 tensor's offset)
+ * and the whole --basis diff and its patch on one thread, in the library (no
+ * interpreter), best CPU time of REPS runs each, the delta and the output written
+ * into files of DIR (page cache, no fsync):
+ *   build/md_floor --whole OLD NEW DIR [REPS [d|p]]   (d, p: time only the diff, the patch) */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +39,67 @@ static void counts(const uint8_t *p, size_t n, uint32_t c[256]) {
     for (size_t i = 0; i < n; i++) c[p[i]]++;
 }
 
+static int whole(const char *old_path, const char *new_path, const char *dir, int reps, char only) {
+    char dpath[4096], opath[4096];
+    snprintf(dpath, sizeof dpath, "%s/md_floor.delta", dir);
+    snprintf(opath, sizeof opath, "%s/md_floor.out", dir);
+    int fo = open(old_path, O_RDONLY), fn = open(new_path, O_RDONLY);
+    int fd = open(dpath, O_RDWR | O_CREAT | O_TRUNC, 0600), fw = open(opath, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fo < 0 || fn < 0 || fd < 0 || fw < 0) {
+        fprintf(stderr, "md_floor: cannot open the files\n");
+        return 2;
+    }
+    off_t n = lseek(fn, 0, SEEK_END);
+    md_options opt = {0};
+    md_stats st;
+    md_error err;
+    double best_d = 1e9, best_p = 1e9;
+    for (int r = 0; r < (only == 'p' ? 1 : reps); r++) {
+        if (ftruncate(fd, 0) != 0 || lseek(fd, 0, SEEK_SET) != 0) return 2;
+        double t0 = cpu_now();
+        md_status rc = md_delta_basis(fo, fn, fd, &opt, &st, &err);
+        double t = cpu_now() - t0;
+        if (rc != MD_OK) {
+            fprintf(stderr, "md_floor: diff failed: %s\n", err.message);
+            return 1;
+        }
+        if (t < best_d) best_d = t;
+    }
+    off_t dlen = lseek(fd, 0, SEEK_END);
+    for (int r = 0; r < (only == 'd' ? 1 : reps); r++) {
+        if (ftruncate(fw, 0) != 0 || lseek(fw, 0, SEEK_SET) != 0 || lseek(fd, 0, SEEK_SET) != 0) return 2;
+        double t0 = cpu_now();
+        md_status rc = md_patch(fo, fd, fw, &opt, &st, &err);
+        double t = cpu_now() - t0;
+        if (rc != MD_OK) {
+            fprintf(stderr, "md_floor: patch failed: %s\n", err.message);
+            return 1;
+        }
+        if (t < best_p) best_p = t;
+    }
+    printf("diff %6.3f GB/s  patch %6.3f GB/s  (CPU, best of %d)  delta %lld bytes of %lld\n",
+           (double)n / best_d / 1e9, (double)n / best_p / 1e9, reps, (long long)dlen, (long long)n);
+    return 0;
+}
+
+/* what md_basis.c's histogram_all does (eight tables, a word at a time) */
+static void counts8(const uint8_t *p, size_t n, uint32_t out[256]) {
+    uint32_t h[8][256];
+    memset(h, 0, sizeof h);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        for (unsigned b = 0; b < 8; b++) h[b][(v >> (8 * b)) & 0xff]++;
+    }
+    for (; i < n; i++) h[0][p[i]]++;
+    for (int b = 0; b < 256; b++)
+        out[b] = h[0][b] + h[1][b] + h[2][b] + h[3][b] + h[4][b] + h[5][b] + h[6][b] + h[7][b];
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 5 && strcmp(argv[1], "--whole") == 0)
+        return whole(argv[2], argv[3], argv[4], argc > 5 ? atoi(argv[5]) : 10, argc > 6 ? argv[6][0] : 0);
     if (argc != 5) {
         fprintf(stderr, "usage: md_floor OLD NEW WIDTH OFFSET\n");
         return 2;
@@ -65,33 +129,47 @@ int main(int argc, char **argv) {
         counts(pl + k * P, P, c[k]);
         enc[k] = malloc(P);
     }
-    BEST("rANS-32 encode, planes one at a time", L, 50,
-         for (unsigned k = 0; k < w; k++) z[k] = md_rans16_encode(pl + k * P, P, c[k], enc[k], P));
-    BEST("rANS-32 encode, planes two at a time", L, 50,
-         for (unsigned k = 0; k + 1 < w; k += 2) md_rans16_encode2(pl + k * P, c[k], enc[k], &z[k], pl + (k + 1) * P,
-                                                                   c[k + 1], enc[k + 1], &z[k + 1], P, P));
-    /* a plane that does not shrink goes raw in a delta: only the coded ones decode */
-    unsigned coded[8], m = 0;
-    for (unsigned k = 0; k < w; k++)
-        if (z[k]) coded[m++] = k;
-    BEST("rANS-32 decode, planes one at a time", (size_t)m * P, 50,
-         for (unsigned j = 0; j < m; j++) (void)md_rans16_decode(enc[coded[j]], z[coded[j]], dec + coded[j] * P, P));
-    if (m >= 2)
-        BEST("rANS-32 decode, planes two at a time", (size_t)(m & ~1u) * P, 50,
-             for (unsigned j = 0; j + 1 < m; j += 2) (void)md_rans16_decode2(
-                 enc[coded[j]], z[coded[j]], dec + coded[j] * P, enc[coded[j + 1]], z[coded[j + 1]],
-                 dec + coded[j + 1] * P, P));
-    for (unsigned j = 0; j < m; j++)
-        if (memcmp(dec + coded[j] * P, pl + coded[j] * P, P) != 0) {
-            fprintf(stderr, "md_floor: a plane's round trip failed\n");
-            return 1;
-        }
+    for (unsigned lanes = 32; lanes <= 64; lanes += 32) {
+        char label[64];
+        snprintf(label, sizeof label, "rANS-%u encode, planes one at a time", lanes);
+        BEST(label, L, 50,
+             for (unsigned k = 0; k < w; k++) z[k] = md_rans16_encode(pl + k * P, P, c[k], enc[k], P, lanes));
+        snprintf(label, sizeof label, "rANS-%u encode, planes two at a time", lanes);
+        BEST(label, L, 50,
+             for (unsigned k = 0; k + 1 < w; k += 2) md_rans16_encode2(pl + k * P, c[k], enc[k], &z[k],
+                                                                       pl + (k + 1) * P, c[k + 1], enc[k + 1],
+                                                                       &z[k + 1], P, P, lanes));
+        /* a plane that does not shrink goes raw in a delta: only the coded ones decode */
+        unsigned coded[8], m = 0;
+        for (unsigned k = 0; k < w; k++)
+            if (z[k]) coded[m++] = k;
+        snprintf(label, sizeof label, "rANS-%u decode, planes one at a time", lanes);
+        BEST(label, (size_t)m * P, 50,
+             for (unsigned j = 0; j < m; j++)
+                 (void)md_rans16_decode(enc[coded[j]], z[coded[j]], dec + coded[j] * P, P, lanes));
+        snprintf(label, sizeof label, "rANS-%u decode, planes two at a time", lanes);
+        if (m >= 2)
+            BEST(label, (size_t)(m & ~1u) * P, 50,
+                 for (unsigned j = 0; j + 1 < m; j += 2) (void)md_rans16_decode2(
+                     enc[coded[j]], z[coded[j]], dec + coded[j] * P, enc[coded[j + 1]], z[coded[j + 1]],
+                     dec + coded[j + 1] * P, P, lanes));
+        for (unsigned j = 0; j < m; j++)
+            if (memcmp(dec + coded[j] * P, pl + coded[j] * P, P) != 0) {
+                fprintf(stderr, "md_floor: a plane's round trip failed\n");
+                return 1;
+            }
+    }
+    BEST("histogram of every plane (8 tables)", L, 100, for (unsigned k = 0; k < w; k++) counts8(pl + k * P, P, c[k]));
     if (memcmp(back, n, L) != 0) {
         fprintf(stderr, "md_floor: the numeric model's round trip failed\n");
         return 1;
     }
     size_t total = 0;
-    for (unsigned k = 0; k < w; k++) total += z[k] ? z[k] : P;
+    unsigned m = 0;
+    for (unsigned k = 0; k < w; k++) {
+        total += z[k] ? z[k] : P;
+        m += z[k] != 0;
+    }
     printf("%-44s %7.3f (%u of %u planes coded)\n", "planes / raw", (double)total / (double)L, m, w);
     return 0;
 }

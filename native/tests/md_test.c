@@ -486,12 +486,16 @@ static void rans(void) {
     }
 }
 
-/* The 32-state rANS of plane codec 3: exact round trips on skewed, constant, uniform
- * and bell-shaped inputs of lengths around the group size, the AVX2 and portable
- * coders writing and reading the same bytes; an output that does not fit is refused;
- * single-byte changes and cuts are refused or stay in bounds (ASan watches). */
+/* The 32- and 64-state rANS of plane codecs 3 and 4: exact round trips on skewed,
+ * constant, uniform and bell-shaped inputs of lengths around the group sizes, the
+ * AVX-512, AVX2 and portable coders (switch levels 0, 2, 1) writing and reading the
+ * same bytes; an output that does not fit is refused; single-byte changes and cuts
+ * are refused or stay in bounds (ASan watches); a plane is not read with the other
+ * codec's state count. */
 static void rans16(void) {
-    size_t sizes[] = {1, 31, 32, 33, 64, 95, 97, 1000, 4099, 65537, 200003};
+    size_t sizes[] = {1, 31, 32, 33, 63, 64, 65, 95, 97, 127, 129, 1000, 4099, 65537, 200003};
+    static const int levels[3] = {0, 2, 1}; /* best kernel, AVX2 at most, portable */
+    for (unsigned lanes = 32; lanes <= 64; lanes += 32)
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         for (int kind = 0; kind < 4; kind++) {
             size_t n = sizes[si], cap = 2 * n + 1024;
@@ -508,25 +512,38 @@ static void rans16(void) {
                 count[src[i]]++;
             }
             md_set_portable(0);
-            size_t len = md_rans16_encode(src, n, count, dst, cap);
-            md_set_portable(1);
-            size_t len_p = md_rans16_encode(src, n, count, dst_p, cap);
-            CHECK(len > 0 && len == len_p && memcmp(dst, dst_p, len) == 0,
-                  "rans16: %zu bytes, kind %d: the portable coder writes other bytes", n, kind);
-            CHECK(md_rans16_decode(dst, len, back, n) == 0 && memcmp(back, src, n) == 0,
-                  "rans16: %zu bytes, kind %d: portable round trip", n, kind);
+            size_t len = md_rans16_encode(src, n, count, dst, cap, lanes);
+            CHECK(len > 0, "rans16/%u: %zu bytes, kind %d: not coded", lanes, n, kind);
+            for (int l = 1; l < 3; l++) {
+                md_set_portable(levels[l]);
+                memset(dst_p, 0, cap);
+                size_t len_p = md_rans16_encode(src, n, count, dst_p, cap, lanes);
+                CHECK(len == len_p && memcmp(dst, dst_p, len) == 0,
+                      "rans16/%u: %zu bytes, kind %d: level %d writes other bytes", lanes, n, kind, levels[l]);
+            }
+            for (int l = 0; l < 3; l++) {
+                md_set_portable(levels[l]);
+                memset(back, 0, n);
+                CHECK(md_rans16_decode(dst, len, back, n, lanes) == 0 && memcmp(back, src, n) == 0,
+                      "rans16/%u: %zu bytes, kind %d: round trip at level %d", lanes, n, kind, levels[l]);
+            }
             md_set_portable(0);
-            memset(back, 0, n);
-            CHECK(md_rans16_decode(dst, len, back, n) == 0 && memcmp(back, src, n) == 0,
-                  "rans16: %zu bytes, kind %d: round trip", n, kind);
-            if (kind == 0 && n == 200003) CHECK(len < n / 3, "rans16: skewed plane coded in %zu bytes", len);
+            if (n >= 200) /* the other state count reads other states: refused or wrong, never a crash */
+                CHECK(md_rans16_decode(dst, len, back, n, 96 - lanes) != 0 || memcmp(back, src, n) != 0 ||
+                          kind == 1,
+                      "rans16/%u: %zu bytes, kind %d: decoded with %u states", lanes, n, kind, 96 - lanes);
+            CHECK(md_rans16_decode(dst, len, back, n, 48) != 0 && md_rans16_encode(src, n, count, dst_p, cap, 16) == 0,
+                  "rans16: a state count other than 32 or 64 accepted");
+            if (kind == 0 && n == 200003) CHECK(len < n / 3, "rans16/%u: skewed plane coded in %zu bytes", lanes, len);
             if (kind == 2 && n >= 1000)
-                CHECK(md_rans16_encode(src, n, count, dst_p, n) == 0, "rans16: a uniform plane fit in raw size");
+                CHECK(md_rans16_encode(src, n, count, dst_p, n, lanes) == 0,
+                      "rans16/%u: a uniform plane fit in raw size", lanes);
             for (size_t i = 0; i < len; i = sample_next(i, len)) {
                 dst[i] ^= 0x40;
-                (void)md_rans16_decode(dst, len, back, n);
-                md_set_portable(1);
-                (void)md_rans16_decode(dst, len, back, n);
+                for (int l = 0; l < 3; l++) {
+                    md_set_portable(levels[l]);
+                    (void)md_rans16_decode(dst, len, back, n, lanes);
+                }
                 md_set_portable(0);
                 dst[i] ^= 0x40;
             }
@@ -536,28 +553,44 @@ static void rans16(void) {
                 uint8_t *other = malloc(n), *oenc = malloc(cap), *oback = malloc(n);
                 uint32_t oc[256] = {0};
                 for (size_t i = 0; i < n; i++) oc[other[i] = (uint8_t)rnd()]++;
-                size_t olen = md_rans16_encode(other, n, oc, oenc, cap);
-                for (int portable = 0; portable < 2; portable++) {
-                    md_set_portable(portable);
+                size_t olen = md_rans16_encode(other, n, oc, oenc, cap, lanes);
+                {
+                    /* the pair coder writes what the single one does */
+                    uint8_t *pa = malloc(cap), *pb = malloc(cap);
+                    size_t la, lb;
+                    for (int l = 0; l < 3; l++) {
+                        md_set_portable(levels[l]);
+                        md_rans16_encode2(src, count, pa, &la, other, oc, pb, &lb, n, cap, lanes);
+                        CHECK(la == len && lb == olen && memcmp(pa, dst, len) == 0 && memcmp(pb, oenc, olen) == 0,
+                              "rans16/%u: %zu bytes, kind %d: the pair coder (level %d) writes other bytes", lanes,
+                              n, kind, levels[l]);
+                    }
+                    free(pa);
+                    free(pb);
+                }
+                for (int l = 0; l < 3; l++) {
+                    md_set_portable(levels[l]);
                     memset(back, 0, n);
                     memset(oback, 0, n);
-                    CHECK(olen > 0 && md_rans16_decode2(dst, len, back, oenc, olen, oback, n) == 0 &&
+                    CHECK(olen > 0 && md_rans16_decode2(dst, len, back, oenc, olen, oback, n, lanes) == 0 &&
                               memcmp(back, src, n) == 0 && memcmp(oback, other, n) == 0,
-                          "rans16: %zu bytes, kind %d: pair round trip (portable %d)", n, kind, portable);
-                    CHECK(md_rans16_decode2(oenc, olen, oback, dst, len, back, n) == 0 && memcmp(back, src, n) == 0,
-                          "rans16: %zu bytes, kind %d: pair round trip, swapped", n, kind);
-                    CHECK(md_rans16_decode2(dst, len - 1, back, oenc, olen, oback, n) != 0 &&
-                              md_rans16_decode2(oenc, olen, oback, dst, len - 1, back, n) != 0,
-                          "rans16: %zu bytes, kind %d: a cut plane decoded in a pair", n, kind);
+                          "rans16/%u: %zu bytes, kind %d: pair round trip (level %d)", lanes, n, kind, levels[l]);
+                    CHECK(md_rans16_decode2(oenc, olen, oback, dst, len, back, n, lanes) == 0 &&
+                              memcmp(back, src, n) == 0,
+                          "rans16/%u: %zu bytes, kind %d: pair round trip, swapped", lanes, n, kind);
+                    CHECK(md_rans16_decode2(dst, len - 1, back, oenc, olen, oback, n, lanes) != 0 &&
+                              md_rans16_decode2(oenc, olen, oback, dst, len - 1, back, n, lanes) != 0,
+                          "rans16/%u: %zu bytes, kind %d: a cut plane decoded in a pair", lanes, n, kind);
                 }
                 md_set_portable(0);
                 free(other);
                 free(oenc);
                 free(oback);
             }
-            CHECK(md_rans16_decode(dst, len - 1, back, n) != 0, "rans16: a cut plane decoded");
+            CHECK(md_rans16_decode(dst, len - 1, back, n, lanes) != 0, "rans16/%u: a cut plane decoded", lanes);
             /* (a constant plane codes no length: the frame gives it) */
-            CHECK(n < 2 || kind == 1 || md_rans16_decode(dst, len, back, n - 1) != 0, "rans16: a plane decoded short");
+            CHECK(n < 2 || kind == 1 || md_rans16_decode(dst, len, back, n - 1, lanes) != 0,
+                  "rans16/%u: a plane decoded short", lanes);
             free(src);
             free(back);
             free(dst);
@@ -583,6 +616,14 @@ static int write_seeds(const char *sig_dir, const char *delta_dir, const char *s
         buf st = safetensors(c, 3, v);
         write_file(st_dir, "seed1", &st);
         free(st.p);
+        /* planes of 1,500 symbols: codec 4 in the fuzz builds (MD_RANS64_MIN 1024) */
+        size_t c2[] = {1500, 40};
+        float *v2 = malloc(1540 * sizeof *v2);
+        for (size_t i = 0; i < 1540; i++) v2[i] = (float)(i % 97) * 0.003f - 0.1f;
+        st = safetensors(c2, 2, v2);
+        write_file(st_dir, "seed2", &st);
+        free(st.p);
+        free(v2);
     }
     buf old = {malloc(4096), 4096}, sig, delta;
     md_error e;

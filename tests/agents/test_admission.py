@@ -108,6 +108,32 @@ async def test_a_critical_write_without_an_epoch_gets_the_owners() -> None:
     assert fence.highest_epoch(CRITICAL) == 7
 
 
+async def test_an_epoch_newer_than_the_cached_owner_is_checked_in_etcd_now() -> None:
+    """A claim committed since the agent's last bounded-age read: the client's newer
+    epoch, or one the fence has seen, is decided by etcd read now (the cache alone
+    refused it, the second as this region's own stale epoch); a made-up epoch is still
+    refused."""
+    fence = FencedResource()
+    cached, etcd = MemoryOwners(), MemoryOwners()
+    cached.set(CRITICAL, REGION, 7)
+    etcd.set(CRITICAL, REGION, 9)
+    policy = StaticPolicy(compiled(REGIONS, world()))
+    admission = Admission(
+        REGION, policy, fence, cached, AgentMetrics(REGION), fresh_owner=etcd.owner
+    )
+    admitted = await admission.admit_write(CRITICAL, 9)
+    assert admitted.epoch == 9 and etcd.reads == 1
+    assert fence.highest_epoch(CRITICAL) == 9
+    with pytest.raises(FencedError, match="epoch 12"):
+        await admission.admit_write(CRITICAL, 12)
+    # No epoch stated, and the fence has seen 9: etcd again, not the cache's 7.
+    assert (await admission.admit_write(CRITICAL, None)).epoch == 9
+    assert etcd.reads == 3
+    cached.set(CRITICAL, REGION, 9)  # the cache caught up: no read of etcd
+    assert (await admission.admit_write(CRITICAL, None)).epoch == 9
+    assert etcd.reads == 3
+
+
 def rules_policy() -> CompiledPolicy:
     """The example policy of tests/policy/data, compiled with its rules (a dataset the
     publish did not list is placed by them)."""

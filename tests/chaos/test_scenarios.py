@@ -30,11 +30,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # name: (first seed, --duration, scenario numbers in run order)
 GROUPS: dict[str, tuple[int, str, list[int]]] = {
-    "control": (1400, "20s", [1, 2, 3, 4, 6, 12]),
-    # The data-plane scenarios (agents and replicators in four regions) cost twice the
-    # CPU: a shorter fault time keeps the suite's CI time bounded.
-    "data": (1420, "12s", [5, 7, 8, 9, 10, 11]),
-    "skew": (1440, "12s", [13]),
+    # 30 s of faults each, as issue 14 asks: about 810 s of scenarios and 120 s of
+    # worlds on this 2-core machine while other work loaded it (load 10-19).
+    "control": (1400, "30s", [1, 2, 3, 4, 6, 12]),
+    "data": (1420, "30s", [5, 7, 8, 9, 10, 11]),
+    "skew": (1440, "30s", [13]),
 }
 # Bugs the suite found that are not fixed on this branch: the scenario's test is an
 # expected failure while exactly these invariants fail (any other failing fails it).

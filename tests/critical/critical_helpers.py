@@ -108,12 +108,14 @@ async def put(
     *,
     timeout_s: float = 30,
     channel: grpc.aio.Channel | None = None,
+    epoch: int | None = None,
 ) -> agent_pb2.PutResponse:
     """One Put through the raw API (header, 1 MiB chunks, end), on `channel` when given,
-    else on a channel of its own."""
+    else on a channel of its own; at `epoch` when given (else the agent attaches its own)."""
 
     async def frames() -> object:
-        yield agent_pb2.PutRequest(header=agent_pb2.PutHeader(dataset=dataset, key=key))
+        header = agent_pb2.PutHeader(dataset=dataset, key=key, epoch=epoch)
+        yield agent_pb2.PutRequest(header=header)
         for at in range(0, len(data), 1 << 20):
             yield agent_pb2.PutRequest(chunk=data[at : at + (1 << 20)])
         yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())

@@ -91,9 +91,9 @@ async def _newest(address: str, key: str) -> agent_pb2.ObjectInfo | None:
 
 async def _acked_without(
     agents: Agents, coord: EtcdCoordination, down: str, key: str, then_owner: str
-) -> agent_pb2.PutResponse:
+) -> tuple[agent_pb2.PutResponse, int]:
     """eu-west owns DATASET (epoch 1) and writes `key` acked without `down` (stopped);
-    then `then_owner` owns it at a newer epoch. Returns the acked write."""
+    then `then_owner` owns it at a newer epoch. Returns the acked write and that epoch."""
     own = Ownership(coord)
     epoch1 = await own.claim(DATASET, "eu-west", expect_epoch=0, reason="home", actor="test")
     assert epoch1 is not None
@@ -105,7 +105,7 @@ async def _acked_without(
         DATASET, then_owner, expect_epoch=epoch1, reason="failover", actor="test"
     )
     assert epoch2 is not None and epoch2 > epoch1
-    return acked
+    return acked, epoch2
 
 
 async def _wait_held(
@@ -219,8 +219,12 @@ async def test_a_catch_up_begun_at_an_older_epoch_goes_on_at_the_new_one(
     there, and must go on at epoch 2 rather than give up on a replica that lacks the
     new epoch's first write (no takeover pass pushes that one: chaos scenario 10)."""
     west, north = eu_agents["eu-west"], eu_agents["eu-north"]
-    missed = await _acked_without(eu_agents, coord, "eu-north", "missed", then_owner="eu-west")
-    first = await put(west.address, DATASET, "first", b"the first write at epoch two")
+    missed, epoch2 = await _acked_without(
+        eu_agents, coord, "eu-north", "missed", then_owner="eu-west"
+    )
+    # At the epoch the client read, as the CLI writes: the agent's own view of the
+    # owner may be up to half a second old (CI once wrote at epoch 1 here).
+    first = await put(west.address, DATASET, "first", b"the epoch two write", epoch=epoch2)
     assert sorted(first.regions) == ["eu-central", "eu-west"]
     north.start()
     for key, acked in (("missed", missed), ("first", first)):
@@ -236,7 +240,9 @@ async def test_a_new_owner_levels_the_replicas_before_it_writes(
     writes nothing. The deposed owner's catch-up is fenced there, so only the new
     owner's takeover pass, begun when its watch names it, can bring eu-north level."""
     north = eu_agents["eu-north"]
-    missed = await _acked_without(eu_agents, coord, "eu-north", "missed", then_owner="eu-central")
+    missed, _ = await _acked_without(
+        eu_agents, coord, "eu-north", "missed", then_owner="eu-central"
+    )
     north.start()
     held = await _wait_held(north.address, "missed", missed.version.digest)
     assert held is not None, "eu-north never got the write it missed"
@@ -250,7 +256,9 @@ async def test_an_acked_write_is_kept_when_the_new_owners_clock_is_behind(
     runs behind; held by two regions, it was (or may have been) acked: it must be
     adopted, never rewound (the review of this pass found that sequence)."""
     west, central, north = (eu_agents[r] for r in ("eu-west", "eu-central", "eu-north"))
-    acked = await _acked_without(eu_agents, coord, "eu-central", "acked", then_owner="eu-central")
+    acked, _ = await _acked_without(
+        eu_agents, coord, "eu-central", "acked", then_owner="eu-central"
+    )
     # Its clock a minute behind (tolerated, so that it can adopt what it finds); its
     # takeover pass begins at its start.
     central.env = {

@@ -205,16 +205,65 @@ def _plane_codecs(delta: bytes) -> set[int]:
 
 def test_four_state_rans_delta_still_patches(tmp_path: Path) -> None:
     """A numeric delta of engine 2.0 (committed bytes: planes in the four-state rANS,
-    codec 2, zstd and raw) patches as before; today's engine writes codec 3 instead."""
+    codec 2, zstd and raw) patches as before; today's engine writes codecs 3 and 4 instead."""
     delta = (DATA / "v2rans.delta").read_bytes()
     assert _plane_codecs(delta) == {0, 1, 2}
     native.patch(DATA / "v2rans.old", DATA / "v2rans.delta", tmp_path / "out")
     assert (tmp_path / "out").read_bytes() == (DATA / "v2rans.new").read_bytes()
     native.delta_basis(DATA / "v2rans.old", DATA / "v2rans.new", tmp_path / "now.delta")
-    assert 3 in _plane_codecs((tmp_path / "now.delta").read_bytes())
     assert 2 not in _plane_codecs((tmp_path / "now.delta").read_bytes())
     native.patch(DATA / "v2rans.old", tmp_path / "now.delta", tmp_path / "out2")
     assert (tmp_path / "out2").read_bytes() == (DATA / "v2rans.new").read_bytes()
+
+
+def test_32_state_rans_delta_still_patches(tmp_path: Path) -> None:
+    """A numeric delta of engine 2.2 (committed bytes, v2rans32.delta: every rANS
+    plane in the 32-state codec 3) patches as before; today's engine writes the
+    64-state codec 4 for the bf16 tensor's 20,000-byte planes and keeps codec 3 for
+    the fp32 tensor's 8,000-byte ones, and its delta patches too."""
+    old, new = DATA / "v2rans.old", (DATA / "v2rans.new").read_bytes()
+    delta = (DATA / "v2rans32.delta").read_bytes()
+    assert _plane_codecs(delta) == {0, 1, 3}
+    native.patch(old, DATA / "v2rans32.delta", tmp_path / "out")
+    assert (tmp_path / "out").read_bytes() == new
+    native.delta_basis(old, DATA / "v2rans.new", tmp_path / "now.delta")
+    now = (tmp_path / "now.delta").read_bytes()
+    assert {3, 4} <= _plane_codecs(now)
+    # the extra 32 states of each codec-4 plane are all it costs
+    assert len(now) <= len(delta) + 128 * 2
+    native.patch(old, tmp_path / "now.delta", tmp_path / "out2")
+    assert (tmp_path / "out2").read_bytes() == new
+
+
+def _first_plane_at(delta: bytes, codec: int) -> int:
+    at = 64
+    while at < len(delta):
+        kind, param = delta[at], delta[at + 2]
+        cmd, _, stored = struct.unpack_from("<III", delta, at + 4)
+        if kind == 3:
+            plane_at = at + 40 + cmd
+            for k in range(1 << (param & 3)):
+                if delta[plane_at] == codec:
+                    return plane_at
+                plane_at += struct.unpack_from("<I", delta, at + 48 + 4 * k)[0]
+        at += 40 + cmd + stored + 8
+    raise AssertionError(f"no plane of codec {codec}")
+
+
+@pytest.mark.parametrize("codec", [3, 4])
+def test_damaged_rans_plane_is_one_clear_error(tmp_path: Path, codec: int) -> None:
+    """A byte changed inside a rANS plane of either state count fails the patch as a
+    corrupt delta (the frame checksum), and writes nothing."""
+    native.delta_basis(DATA / "v2rans.old", DATA / "v2rans.new", tmp_path / "d")
+    delta = bytearray((tmp_path / "d").read_bytes())
+    at = _first_plane_at(bytes(delta), codec)
+    for offset in (1, 600, 1000):  # frequencies, states, words
+        bad = bytearray(delta)
+        bad[at + offset] ^= 0x21
+        (tmp_path / "bad").write_bytes(bad)
+        with pytest.raises(native.CorruptDeltaError):
+            native.patch(DATA / "v2rans.old", tmp_path / "bad", tmp_path / "out")
+        assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- streaming patch

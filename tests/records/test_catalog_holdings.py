@@ -9,10 +9,11 @@ from datetime import UTC, datetime
 import pytest
 from harness.digests import fake_digest
 from records_helpers import DATASET, REGION
+from sqlalchemy import event
 
 from controlplane.catalog.api import Catalog
 from controlplane.catalog.errors import CatalogInputError
-from controlplane.catalog.records import HeldVersion, Holding, HoldingState
+from controlplane.catalog.records import HeldVersion, Holding, HoldingState, TransferRecord
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -91,3 +92,61 @@ def test_a_held_version_needs_a_known_digest(cat: Catalog) -> None:
     with pytest.raises(CatalogInputError, match="names no algorithm"):
         cat.record_holdings([bad], [])
     assert cat.latest_version(DATASET, "k") is None
+
+
+def _transfer(n: int, to_region: str = REGION, tid: str | None = None) -> TransferRecord:
+    return TransferRecord(
+        id=tid or f"t-{n}",
+        dataset=DATASET,
+        object=f"k{n}",
+        version=f"{1_796_000_000_000 + n:013d}.00000@us-east",
+        from_region="us-east",
+        to_region=to_region,
+        logical_bytes=1024,
+        wire_bytes=1000 + n,
+        outcome="completed",
+        at=AT,
+        policy_revision=1,
+    )
+
+
+def test_a_batch_of_transfers_is_judged_and_idempotent(cat: Catalog) -> None:
+    batch = [_transfer(n) for n in range(300)] + [_transfer(0, tid="t-0")]  # t-0 twice
+    cat.record_holdings([], [], batch)
+    cat.record_holdings([], [], batch[:10])  # shipped again: nothing changes
+    rows = {r["id"]: r for r in cat.transfers(dataset_glob=DATASET)}
+    assert len(rows) == 300
+    one = rows["t-7"]
+    assert (one["object"], one["from"], one["to"], one["wire_bytes"]) == (
+        "k7",
+        "us-east",
+        REGION,
+        1007,
+    )
+    assert (one["from_jurisdiction"], one["to_jurisdiction"]) == ("US", "EU")
+    assert [r["id"] for r in cat.transfers(dataset_glob=DATASET, cross_border=True)][:1]
+    assert cat.residency_violations() == []  # EU and US are both in corpus/web's residency
+
+
+def test_a_transfer_naming_an_unknown_region_fails_its_batch(cat: Catalog) -> None:
+    with pytest.raises(CatalogInputError, match="'mars-1' is not in the catalog"):
+        cat.record_holdings([], [], [_transfer(1), _transfer(2, to_region="mars-1")])
+    assert cat.transfers(dataset_glob=DATASET) == []
+
+
+def test_a_batch_of_transfers_costs_a_few_statements(cat: Catalog) -> None:
+    """The recorder ships one transfer per object a replicator pushes: per batch, not per
+    transfer, statements (a handful each cost most of an agent's CPU)."""
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    engine = cat._engine  # counting what the catalog sends
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        cat.record_holdings([], [], [_transfer(n) for n in range(200)])
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(cat.transfers(dataset_glob=DATASET)) == 200
+    assert len(statements) <= 12, statements

@@ -289,3 +289,18 @@ async def test_a_batch_call_that_fails_is_retried_whole(rig: Rig) -> None:
     assert rig.agent.batches == [4]
     assert [how for how, _ in rig.agent.calls] == ["inline"] * 4
     assert len(rig.agent.effects) == 4
+
+
+async def test_one_polls_events_of_many_partitions_share_a_batch_call(rig: Rig) -> None:
+    # An object's events are all in its key's partition, so a call may span partitions:
+    # a poll spread over four partitions makes one call, not one per partition.
+    t = system_ms() - 1000
+    events = [b.put(k, wall_ms=t) for k in "abcdefgh"]
+    for n, e in enumerate(events):
+        rig.log.append(b.log_key(e), b.value(e), partition=n % 4)
+    rig.log.append(b.log_key(events[0]), b.value(b.delete("a", wall_ms=t + 1)), partition=0)
+    async with rig.loop():
+        await b.until(rig.log.changed, lambda: rig.log.lag() == 0)
+    assert rig.agent.batches == [8]
+    assert rig.agent.calls[-1][0] == "delete"  # after the put of "a", in its own round
+    assert rig.metric("meridian_replicator_events_total", result="applied") == 9

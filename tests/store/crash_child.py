@@ -7,7 +7,10 @@ Steps: `stream` (half-way through the bytes), `before-rename` (temporary file
 fsynced), `after-rename`, `after-dir-fsync`, `in-commit` (inside the SQLite
 transaction, before COMMIT), `after-commit` (before the pruned files go),
 `restore-after-rename` (refilling a missing version, before its commit),
-`bundle-after-rename` (a put_many of three, after the second rename).
+`bundle-after-rename` (a put_many of three, after the second rename),
+`apply-bundle-after-rename` / `apply-bundle-after-syncfs` (an apply_many of
+`APPLY_BUNDLE` inline objects, closed unsynced: after its second rename / after
+its one syncfs, before its rows commit).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from controlplane.domain.version import Digest, Version
 
 NEW = b"new version " * 100_000  # 1.2 MB: more than one chunk
 RESTORE = b"restored bytes"
+APPLY_BUNDLE = 40  # at least SYNCFS_MIN_FILES: the bundle is made durable by one syncfs
 
 
 def die() -> None:
@@ -34,6 +38,7 @@ def die() -> None:
 def main(root: str, step: str) -> None:
     store = ObjectStore(root, clock=HybridClock("eu-west"), keep_versions=1)
     real_replace, real_fsync_dir, real_journal = files.replace, files.fsync_dir, rows.journal
+    real_syncfs = files.syncfs
     renamed = False
 
     renames = 0
@@ -45,8 +50,13 @@ def main(root: str, step: str) -> None:
         real_replace(src, dst)
         renamed, renames = True, renames + 1
         if step in ("after-rename", "restore-after-rename") or (
-            step == "bundle-after-rename" and renames == 2
+            step in ("bundle-after-rename", "apply-bundle-after-rename") and renames == 2
         ):
+            die()
+
+    def syncfs(path: Path) -> None:
+        real_syncfs(path)
+        if step == "apply-bundle-after-syncfs":
             die()
 
     def fsync_dir(path: Path) -> None:
@@ -65,6 +75,7 @@ def main(root: str, step: str) -> None:
         os.unlink(path)
 
     files.replace, files.fsync_dir, rows.journal = replace, fsync_dir, journal
+    files.syncfs = syncfs
     files.remove_file = remove_file
 
     def stream() -> Iterator[bytes]:
@@ -75,6 +86,13 @@ def main(root: str, step: str) -> None:
 
     if step == "bundle-after-rename":
         store.put_many([("ds", "k", stream()), ("ds", "k2", [b"second"]), ("ds", "k3", [b"3"])])
+    elif step.startswith("apply-bundle-"):
+        items = []
+        for n in range(APPLY_BUNDLE):
+            data = f"applied {n}".encode()
+            hlc = HLC(1_796_000_000_000, n, "us-east")
+            items.append(("ds", f"b{n}", Version.put(hlc, len(data), Digest.of(data)), [data]))
+        store.apply_many(items)
     elif step == "restore-after-rename":
         hlc = HLC.parse(sys.argv[3])
         store.apply("ds", "lost", Version.put(hlc, len(RESTORE), Digest.of(RESTORE)), [RESTORE])

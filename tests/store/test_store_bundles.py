@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from pathlib import Path
 
 import pytest
 from store_helpers import object_files, remote
 
-from agents.store import DigestMismatchError, ObjectStore, StorageError
+from agents.store import DigestMismatchError, ObjectStore, StorageError, files
+from agents.store.names import version_path
+from agents.store.store import SYNCFS_MIN_FILES
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Digest, Verdict, Version
 from controlplane.errors import InvalidInputError, UnavailableError
@@ -116,3 +119,46 @@ def test_open_many_and_heads_answer_each_object_as_one_at_a_time_would(
         r.close()
     heads = store.heads([("ds", "a"), ("ds", "b"), ("ds", "c"), ("ds", "x")])
     assert heads == {("ds", "a"): a, ("ds", "b"): b_new, ("ds", "c"): tomb}
+
+
+def test_a_large_apply_bundle_is_made_durable_by_one_syncfs(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inline objects of a replicator's batch: written unsynced, renamed, then ONE syncfs
+    for their bytes and renames together (two, before and after the renames, cost a
+    batch twice the wait); a missing version among them is refilled, bytes first."""
+    if not files.can_syncfs():
+        pytest.skip("no syncfs(2) here")
+    lost = remote(b"lost 0", ago_ms=10_000)
+    store.apply("ds", "k000", lost, [b"lost 0"])
+    (store.root / version_path("ds", "k000", lost.hlc)).unlink()
+    store.close()
+    store = ObjectStore(store.root, clock=store.clock)  # repair marks k000 missing
+    calls: list[str] = []
+    real = files.syncfs
+
+    def counted(path: Path) -> None:
+        calls.append(str(path))
+        real(path)
+
+    monkeypatch.setattr(files, "syncfs", counted)
+    count = SYNCFS_MIN_FILES + 8
+    datas = [f"lost {n}".encode() if n == 0 else os.urandom(100) for n in range(count)]
+    items = [
+        ("ds", f"k{n:03d}", lost if n == 0 else remote(data), [data])
+        for n, data in enumerate(datas)
+    ]
+    results = store.apply_many(items)
+    try:
+        assert [r.verdict for r in results[1:]] == [Verdict.APPLY] * (count - 1)
+        assert results[0].restored
+        for (dataset, key, _, _), data in zip(items, datas, strict=True):
+            assert store.read_bytes(dataset, key) == data
+        assert os.listdir(store.root / "tmp") == []
+        # one before the refill renames over the missing row's path, one for the rest
+        assert len(calls) == 2
+        calls.clear()
+        store.apply_many([("ds", f"n{n:03d}", remote(b"n"), [b"n"]) for n in range(count)])
+        assert len(calls) == 1
+    finally:
+        store.close()

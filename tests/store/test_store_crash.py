@@ -55,6 +55,9 @@ def _check_consistent(store: ObjectStore) -> None:
         ("in-commit", False, 0, 1),
         ("after-commit", True, 0, 1),
         ("bundle-after-rename", False, 1, 2),  # two renamed, the third still in tmp/
+        # An apply_many of 40 inline objects: renamed unsynced, then one syncfs, then rows.
+        ("apply-bundle-after-rename", False, 38, 2),
+        ("apply-bundle-after-syncfs", False, 0, 40),
     ],
 )
 def test_crash_at_each_step_leaves_old_or_new_whole(
@@ -79,6 +82,7 @@ def test_crash_at_each_step_leaves_old_or_new_whole(
             assert store.outbox_pending() == []
             assert [j.kind for j in store.journal_pending()] == ["version"]
             assert store.head("ds", "k2") is None and store.head("ds", "k3") is None
+            assert store.head("ds", "b0") is None and store.head("ds", "b39") is None
         _check_consistent(store)
         # and the store still works
         store.put("ds", "k", [b"after"])
