@@ -187,9 +187,17 @@ async def test_twice_the_weight_holds_twice_the_data(
         await write(client, tmp_path / "v1", keys, size=4096)
     held = await region.holdings()
     assert sum(len(v) for v in held.values()) == 200  # one copy each
-    others = [len(v) for a, v in held.items() if a != heavy]
-    ratio = len(held[heavy]) / (sum(others) / 3)
-    assert 1.45 < ratio < 2.8, (len(held[heavy]), others)
+    # Each object on exactly the agent the weighted draw names for these agents' ids;
+    # the share itself is judged over many keys, where the ids' luck evens out (200
+    # keys put the heavy agent's share below 1.45x in about 2% of runs).
+    members = await members_of(region)
+    assert {m.agent_id: m.weight for m in members}[heavy] == 2
+    for agent_id, objects in held.items():
+        for dataset, key in objects:
+            assert hrw.owners(dataset, key, members, 1)[0].agent_id == agent_id, key
+    sample = [hrw.owners(DATASET, f"s{i}", members, 1)[0].agent_id for i in range(40_000)]
+    share = sample.count(heavy) / (len(sample) - sample.count(heavy)) * 3
+    assert 1.8 < share < 2.2, share
     shown = run_cli(["region", "show", "eu-west", "--output", "json"], region.env)
     doc = json.loads(shown.stdout)
     check_output("region_show", doc)
