@@ -458,7 +458,19 @@ class SyncReplication:
                 ):
                     adopted += 1
                 continue
-            # (A lone delete too: left, it hid the object there until a later write.)
+            if version.is_tombstone:
+                # Left, and said: `Stat` cannot show a tombstone, so "no other region
+                # holds this delete" can never be proven, and an acked delete would be
+                # rewound (the object back everywhere). It hides the object in that
+                # region until a later write supersedes it.
+                log.warning(
+                    "takeover_stale_delete_left",
+                    dataset=write.dataset,
+                    key=key,
+                    region=region,
+                    version=version.hlc.text,
+                )
+                continue
             newest = await self._rewind(write, region, address, key, version)
             rewound += 1
             if newest is None:
