@@ -64,6 +64,7 @@ from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.changelog import Record
 from meridian.convert import decode_log_event
 from replicator import dlq
+from replicator.coalesce import CoalescedCalls
 from replicator.config import ReplicatorConfig
 from replicator.guard import Admission, Decision, admit, sources_for
 from replicator.journal import RecordJournal, ReplicaRecord
@@ -117,7 +118,14 @@ class Applier:
         self._on_record = on_record
         self._sleep = sleep
         self._decided_under: CompiledPolicy | None = None
-        self._batch_gate = asyncio.Semaphore(config.max_batch_calls)
+        # Runs waiting for a free call merge into it (coalesce.py): one call per run
+        # queued 64 small runs behind 2 calls under a trickle of events.
+        self._batch_calls = CoalescedCalls(
+            agent.apply_many,
+            max_calls=config.max_batch_calls,
+            max_events=config.batch_max_events,
+            max_bytes=config.batch_max_bytes,
+        )
         self._decisions: dict[str, Decision] = {}
 
     # -- the pipeline --------------------------------------------------------------------
@@ -274,8 +282,9 @@ class Applier:
         )
 
     async def _call_batch(self, events: list[ChangeEvent]) -> list[ApplyResult | Exception] | None:
-        """The agent's answers to one batch, at most `max_batch_calls` batches at the agent
-        at once (a busy agent gets a queue here, not a pile of calls that time out). A
+        """The agent's answers to one batch, at most `max_batch_calls` calls at the agent
+        at once (a busy agent gets a queue here, not a pile of calls that time out; the
+        batches in that queue go out merged). A
         retriable failure of the whole call (the agent busy or away) retries the whole
         batch with backoff; after `max_attempts`, or a failure the call itself cannot
         get past (a malformed item, an agent without the call), None: one by one, on
@@ -283,8 +292,7 @@ class Applier:
         attempt = 0
         while True:
             try:
-                async with self._batch_gate:
-                    return await self._agent.apply_many(events)
+                return await self._batch_calls.submit(events)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the events go one by one then

@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import repl_builders as b
+import waiting
 from repl_rig import Rig, RigFactory
 
 from controlplane.domain.hlc import system_ms
@@ -304,3 +305,33 @@ async def test_one_polls_events_of_many_partitions_share_a_batch_call(rig: Rig) 
     assert rig.agent.batches == [8]
     assert rig.agent.calls[-1][0] == "delete"  # after the put of "a", in its own round
     assert rig.metric("meridian_replicator_events_total", result="applied") == 9
+
+
+async def test_runs_waiting_for_a_busy_agent_go_out_merged(rig: Rig) -> None:
+    # A trickle of events: each poll is a small run. While both batch calls are at the
+    # agent, the runs of later polls wait and then go in ONE call, not a call each (a
+    # call each queued 64 runs behind 2 calls: seconds of lag at 1,000 events/s).
+    t = system_ms() - 1000
+    rig.agent.gate = asyncio.Event()
+    keys = iter(f"k{i:02d}" for i in range(20))
+
+    def trickle(count: int) -> None:
+        for _ in range(count):
+            e = b.put(next(keys), wall_ms=t)
+            rig.log.append(b.log_key(e), b.value(e), partition=0)
+
+    def taken() -> int:
+        return rig.log.position[0]
+
+    async with rig.loop():
+        for polls in range(1, 8):  # 2 runs at the agent, then 5 that wait
+            trickle(2)
+            await waiting.until(lambda n=polls: taken() == 2 * n, 5, f"poll {polls} taken")
+            if polls <= rig.config.max_batch_calls:
+                await b.until(rig.agent.changed, lambda n=polls: len(rig.agent.batches) == n)
+        assert rig.agent.batches == [2, 2]
+        rig.agent.gate.set()
+        await b.until(rig.log.changed, lambda: rig.log.lag() == 0)
+    assert rig.agent.batches == [2, 2, 10]
+    assert len(rig.agent.effects) == 14
+    assert rig.metric("meridian_replicator_events_total", result="applied") == 14
