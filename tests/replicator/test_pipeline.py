@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 
 import pytest
 import repl_builders as b
 import waiting
 from repl_rig import Rig, RigFactory
 
+from controlplane.domain.events import ChangeEvent
 from controlplane.domain.hlc import system_ms
 from controlplane.errors import UnavailableError
 from controlplane.ports.changelog import Record
-from replicator.ports import ApplyOutcome, Source
+from replicator.ports import ApplyOutcome, ApplyResult, Source
 
 
 def rec(event_value: bytes, offset: int = 0, key: bytes = b"corpus/web/a") -> Record:
@@ -335,3 +337,33 @@ async def test_runs_waiting_for_a_busy_agent_go_out_merged(rig: Rig) -> None:
     assert rig.agent.batches == [2, 2, 10]
     assert len(rig.agent.effects) == 14
     assert rig.metric("meridian_replicator_events_total", result="applied") == 14
+
+
+async def test_a_slow_fetch_holds_back_only_its_own_partitions_offsets(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One poll's run spans partitions; the fetch of partition 1 is held. The inline
+    # puts of partitions 0 and 2 have their effect at once, so their offsets commit
+    # meanwhile (they used to wait for the whole run, the held fetch included).
+    t = system_ms() - 1000
+    held = asyncio.Event()
+    fetch = rig.agent.fetch
+
+    async def slow_fetch(event: ChangeEvent, sources: Sequence[Source]) -> ApplyResult:
+        await held.wait()
+        return await fetch(event, sources)
+
+    monkeypatch.setattr(rig.agent, "fetch", slow_fetch)
+    for n, e in enumerate([b.put("a", wall_ms=t), b.put("big", wall_ms=t, inline=False)]):
+        rig.log.append(b.log_key(e), b.value(e), partition=n)
+    later = b.put("c", wall_ms=t)
+    rig.log.append(b.log_key(later), b.value(later), partition=2)
+    async with rig.loop():
+        await b.until(
+            rig.log.changed, lambda: rig.log.committed[0] == 1 and rig.log.committed[2] == 1
+        )
+        assert rig.log.committed[1] == 0  # the fetch's partition waits for its effect
+        assert rig.metric("meridian_replicator_events_total", result="applied") == 2
+        held.set()
+        await b.until(rig.log.changed, lambda: rig.log.lag() == 0)
+    assert sorted(e.key for e in rig.agent.effects) == ["a", "big", "c"]
