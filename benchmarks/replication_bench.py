@@ -96,6 +96,7 @@ class Timed:
         self.inner = inner
         self.done_at: dict[str, float] = {}  # event key -> time.time() of its first effect
         self.called_at: dict[str, float] = {}  # event key -> time.time() its call started
+        self.batch_calls: list[tuple[int, float]] = []  # (events, seconds) of each call
         self.fetch_s: list[float] = []  # how long each fetch call took
         self._noted = asyncio.Event()
 
@@ -139,6 +140,7 @@ class Timed:
         for e in events:
             self.called_at.setdefault(e.key, now)
         r = await self.inner.apply_many(events)
+        self.batch_calls.append((len(events), time.time() - now))
         self._note(events)
         return r
 
@@ -354,6 +356,14 @@ async def lag_run(
         await timed.wait_all(set(sent), 600)
 
     await rep.run(policy, body)
+    calls = timed.batch_calls
+    if calls:
+        mean = sum(n for n, _ in calls) / len(calls)
+        print(
+            f"lag run: {len(calls)} batch calls, {mean:.1f} events each on average, "
+            f"p50 {pct([t for _, t in calls], 50) * 1000:.0f} ms",
+            file=sys.stderr,
+        )
     stages: dict[str, list[float]] = {name: [] for name in STAGES}
     polled = rep.consumer.polled_at
     for k, acked in sent.items():
