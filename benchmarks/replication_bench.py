@@ -493,7 +493,7 @@ async def main() -> int:
         "--only-lag", action="store_true", help="the lag rows only, with each stage's share"
     )
     parser.add_argument(
-        "--only-throughput", action="store_true", help="the throughput rows only (profiling)"
+        "--only-throughput", action="store_true", help="the throughput and CPU rows only"
     )
     args = parser.parse_args()
     # As `meridian replicator run` logs (one JSON line per event on stderr, which the
@@ -596,14 +596,23 @@ async def measure(
         # replicator's loop). Both include what ran while the consumer group formed.
         agent_cpu, repl_cpu = cpu_s(pid) - agent_before, time.process_time() - mine
         print(f"real agent: {n / real:,.0f}/s; null: {n / null:,.0f}/s", file=sys.stderr)
-        if args.only_throughput:
-            return 0
-        lags, stages = await lag_run(kafka, agent, args.rate, args.seconds, folder, policy)
-        drain, cut_events = await partition_run(
-            kafka, wan_kafka, faults, agent, args.partition_rate, args.partition_s, folder, policy
-        )
+        lags: list[float] = []
+        stages: dict[str, list[float]] = {}
+        drain, cut_events = 0.0, 0
         large: list[tuple[int, int, float]] = []
-        for spec in args.large.split(","):
+        if not args.only_throughput:
+            lags, stages = await lag_run(kafka, agent, args.rate, args.seconds, folder, policy)
+            drain, cut_events = await partition_run(
+                kafka,
+                wan_kafka,
+                faults,
+                agent,
+                args.partition_rate,
+                args.partition_s,
+                folder,
+                policy,
+            )
+        for spec in [] if args.only_throughput else args.large.split(","):
             mib, count = (int(x) for x in spec.split(":"))
             secs = await large_run(
                 kafka, west, agent, agents[ORIGIN].address, mib * MiB, count, folder, policy
@@ -643,6 +652,8 @@ async def measure(
         "",
         None,
     )
+    if args.only_throughput:
+        return 0
     lag_rows(args, lags, stages)
     row(
         f"drain after a {args.partition_s:g} s partition at {args.partition_rate}/s "
