@@ -32,6 +32,7 @@ from typing import Never, Protocol
 import grpc
 
 from agents.admission import Admission, Admitted
+from agents.daemon.metrics_http import bind_store_gauges
 from agents.metrics import AgentMetrics
 from agents.service import requests
 from agents.service.outcome import Context, stream, unary
@@ -49,7 +50,6 @@ from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Version
 from controlplane.errors import (
     InvalidInputError,
-    MeridianError,
     NotFoundError,
     OperationTimeoutError,
 )
@@ -166,6 +166,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.max_object_bytes = max_object_bytes
         self.sets = sets
         self.cache = cache
+        # The store gauges read the store's usage row when scraped, not after every write
+        # (a thread hop, a query and a statvfs per write, for gauges read far less often).
+        bind_store_gauges(metrics, store.usage)
 
     # -- writes ------------------------------------------------------------------------
 
@@ -350,20 +353,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def _after_write(self, write: CommittedWrite) -> tuple[str, ...]:
         """The regions holding the committed write once it may be acked (replication
         raises when it may not)."""
-        await self._refresh_usage()
         if write.admitted.critical and self.replication is not None:
             return await self.replication.replicate(write)
         return (self.region,)
-
-    async def _refresh_usage(self) -> None:
-        try:
-            usage = await asyncio.to_thread(self.store.usage)
-        except MeridianError as exc:
-            # The write is committed: a gauge must not turn it into a failed call.
-            log.warning("usage_unreadable", error=str(exc))
-            return
-        self.metrics.objects.set(usage.objects)
-        self.metrics.bytes_stored.set(usage.bytes)
 
     # -- reads ---------------------------------------------------------------------------
 
