@@ -76,7 +76,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 
-from agents.admission import Admitted
+from agents.admission import Admitted, OwnerRecord
 from agents.replication.delta_push import (
     DELTA_MIN_BYTES,
     ReplicaBases,
@@ -102,6 +102,8 @@ Held = tuple[str, Version, str | None]  # key, version, the set it was written i
 Local = tuple[list[Held], list[SetRecord], list[Held]]  # newest, latest set, its members
 # (dataset, key, version, source region, source address) -> whether it is held here now.
 Adopt = Callable[[str, str, Version, str, str], Awaitable[bool]]
+# dataset -> its owner record read from etcd now (`Admission.owner_now`).
+OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]
 
 # Takeover passes that list and push at once (the others wait their turn).
 TAKEOVER_PASSES = 4
@@ -148,6 +150,7 @@ class SyncReplication:
         delta_threads: int = 1,
         adopt: Adopt | None = None,
         takeover_passes: int = TAKEOVER_PASSES,
+        owner_now: OwnerNow | None = None,
     ) -> None:
         self.store = store
         self.region = region
@@ -179,6 +182,9 @@ class SyncReplication:
         self.adopt = adopt
         # dataset -> the write at the newest epoch seen here (what catch-ups push at).
         self._latest: dict[str, CommittedWrite] = {}
+        # Tells a replica's stale refusal of a re-claim by this region (retriable) from
+        # a real loss of ownership (`_fenced_answer`).
+        self.owner_now = owner_now
 
     def behind(self, dataset: str) -> list[str]:
         """The replicas of `dataset` catching up (not counted toward acks)."""
@@ -226,7 +232,7 @@ class SyncReplication:
         placement = write.admitted.placement
         need = copies_needed(placement)
         targets = push_targets(placement, self.region)
-        tasks = {self._ordered(write.dataset, region, push(region)): region for region in targets}
+        tasks = {self._ordered(write, region, push(region)): region for region in targets}
         held = [self.region]
         errors: dict[str, MeridianError] = {}
         pending = set(tasks)
@@ -250,15 +256,12 @@ class SyncReplication:
                     errors[region] = UnavailableError(f"{type(exc).__name__}: {exc}")
         for task in pending:
             # Still pushing: goes on to its own deadline; reached or not, never awaited.
-            # Should it fail, the region is caught up then (`_finished`); while it runs,
+            # Should it fail, the region is caught up then (`_push_ended`); while it runs,
             # the region's later commits count only once it is done (`_ordered`). (It
             # was marked behind at once: under load nearly every write's straggler was,
             # so one replica never counted and catch-up rounds ran back to back.)
             self._background.add(task)
-            task.add_done_callback(functools.partial(self._finished, write))
-        for region, exc in errors.items():
-            if not isinstance(exc, FencedError):
-                self._mark_behind(write, region)
+            task.add_done_callback(self._finished)
         if len(held) >= need:
             return tuple(held)
         missing = [r for r in targets if r not in held]
@@ -273,9 +276,10 @@ class SyncReplication:
         )
         fenced = next((e for e in errors.values() if isinstance(e, FencedError)), None)
         if fenced is not None:
+            answer = await self._fenced_answer(write, what, fenced)
             if held == [self.region] and not pending:
                 await self._rewind_own(write, fenced)
-            raise fenced
+            raise answer
         timed_out = time.monotonic() >= until
         why = "; ".join(
             f"{r}: {errors[r]}"
@@ -659,15 +663,24 @@ class SyncReplication:
             self._channels[address] = channel
         return channel
 
-    def _ordered(self, dataset: str, region: str, push: Awaitable[str]) -> asyncio.Task[str]:
+    def _ordered(
+        self, write: CommittedWrite, region: str, push: Awaitable[str]
+    ) -> asyncio.Task[str]:
         """`push` to `region` as a task that succeeds only once every push to `region`
         begun before it has succeeded too: a region counts toward an ack only when it
         holds every earlier write pushed to it (pushes run at once and may end out of
-        order). An earlier push that fails fails this one (and marks it behind)."""
+        order). An earlier push that fails fails this one.
+
+        A push that fails (not fenced) marks its region behind the moment it fails,
+        before the region leaves the running set: a push begun after it then finds the
+        region behind and is not counted. (Marked when its write's wait ended, a later
+        write's push that succeeded meanwhile counted a region lacking this one.)"""
+        dataset = write.dataset
         running = self._inflight.setdefault((dataset, region), set())
         earlier = [f for f in running if not f.done()]
         raw = asyncio.ensure_future(push)
         running.add(raw)
+        raw.add_done_callback(functools.partial(self._push_ended, write, region))
         raw.add_done_callback(running.discard)
 
         async def in_order() -> str:
@@ -684,17 +697,57 @@ class SyncReplication:
 
         return asyncio.create_task(in_order(), name=region)
 
-    def _finished(self, write: CommittedWrite, task: asyncio.Task[str]) -> None:
-        """A push still running when its write was answered has ended."""
+    def _push_ended(self, write: CommittedWrite, region: str, raw: asyncio.Future[str]) -> None:
+        if raw.cancelled():
+            return
+        exc = raw.exception()
+        if exc is not None and not isinstance(exc, FencedError):
+            self._mark_behind(write, region)
+
+    def _finished(self, task: asyncio.Task[str]) -> None:
+        """A push still running when its write was answered has ended (a failed one
+        marked its region behind as it failed: `_ordered`)."""
         self._background.discard(task)
         if task.cancelled():
             return
         exc = task.exception()
         if exc is not None:
-            region = task.get_name()
-            log.warning("replica_push_failed_after_ack", region=region, error=str(exc))
-            if not isinstance(exc, FencedError):
-                self._mark_behind(write, region)
+            log.warning("replica_push_failed_after_ack", region=task.get_name(), error=str(exc))
+
+    async def _fenced_answer(
+        self, write: CommittedWrite, what: str, fenced: FencedError
+    ) -> MeridianError:
+        """What to answer when a replica fenced `write`: its etcd names a newer epoch.
+        That is a loss of ownership (`fenced`, not retriable) unless etcd, read now, still
+        names this region as the owner at a newer epoch: a re-claim by this region that
+        the ownership watch had not delivered when the write was admitted (at the old
+        epoch, the client stating none). Then the answer is retriable: the retry is
+        admitted at the new epoch (the read told the fence). The write is not pushed
+        again at the new epoch: it was admitted under the old one, and another region
+        may have owned the dataset between the two."""
+        if self.owner_now is None:
+            return fenced
+        try:
+            owner = await self.owner_now(write.dataset)
+        except MeridianError as exc:
+            return UnavailableError(
+                f"{what} was refused by a replica as stale ({fenced}), and etcd cannot say "
+                f"now whether this region still owns {write.dataset} ({exc}); retry the write"
+            )
+        if owner is None or owner.region != self.region or owner.epoch <= write.admitted.epoch:
+            return fenced
+        log.info(
+            "critical_write_epoch_renewed",
+            dataset=write.dataset,
+            what=what,
+            epoch=write.admitted.epoch,
+            current=owner.epoch,
+        )
+        return UnavailableError(
+            f"{what} was admitted at epoch {write.admitted.epoch}, but this region "
+            f"{self.region} has since re-claimed {write.dataset} at epoch {owner.epoch}; "
+            "nothing was acked; retry the write (it is admitted at the new epoch)"
+        )
 
     async def _push(
         self, region: str, write: CommittedWrite, version: Version, deadline_s: float
