@@ -84,8 +84,9 @@ from agents.replication.delta_push import (
     delta_frames,
 )
 from agents.replication.peers import Peers
+from agents.replication.push_lanes import BATCH_ITEM_MAX, BATCH_MAX, BatchRefusedError, PushLane
 from agents.replication.replica_sets import MAX_SETS
-from agents.rpc.status import from_rpc_error
+from agents.rpc.status import error_from_parts, from_rpc_error
 from agents.service.servicer import CommittedWrite
 from agents.store import CHUNK_BYTES, ObjectStore, SetRecord
 from controlplane.domain.hlc import HLC
@@ -151,6 +152,7 @@ class SyncReplication:
         adopt: Adopt | None = None,
         takeover_passes: int = TAKEOVER_PASSES,
         owner_now: OwnerNow | None = None,
+        batch_max: int = BATCH_MAX,
     ) -> None:
         self.store = store
         self.region = region
@@ -185,6 +187,10 @@ class SyncReplication:
         # Tells a replica's stale refusal of a re-claim by this region (retriable) from
         # a real loss of ownership (`_fenced_answer`).
         self.owner_now = owner_now
+        # region -> its push lane (push_lanes.py): small pushes queued behind the ones
+        # running to that region go together in one ReplicatePushes; 1: never batched.
+        self.batch_max = batch_max
+        self._lanes: dict[str, PushLane] = {}
 
     def behind(self, dataset: str) -> list[str]:
         """The replicas of `dataset` catching up (not counted toward acks)."""
@@ -212,8 +218,11 @@ class SyncReplication:
             version = write.version
             deadline = self.timeout_s + version.size / self.min_rate_bps
             what = f"critical write {write.dataset}/{write.key} at {version.hlc}"
+            batched = self.batch_max > 1 and write.set_id is None and version.size < BATCH_ITEM_MAX
 
             def push(region: str) -> Awaitable[str]:
+                if batched:
+                    return self._lane(region).push(write, version, deadline)
                 return self._push(region, write, version, deadline)
 
         else:
@@ -292,6 +301,84 @@ class SyncReplication:
             f"{placement.ack or DEFAULT_ACK} needs {need} of {len(copy_regions(placement))} "
             f"regions ({why}); retry the write"
         )
+
+    def _lane(self, region: str) -> PushLane:
+        lane = self._lanes.get(region)
+        if lane is None:
+            lane = self._lanes[region] = PushLane(
+                region,
+                alone=functools.partial(self._push, region),
+                together=functools.partial(self._push_many, region),
+                most=self.batch_max,
+            )
+        return lane
+
+    async def _push_many(
+        self, region: str, items: list[tuple[CommittedWrite, Version]], deadline_s: float
+    ) -> list[MeridianError | None]:
+        """Push small whole versions to `region` in one ReplicatePushes: per item, None
+        (committed there) or why not. Raises when the call itself fails (every item
+        failed); `BatchRefusedError` when the agent takes no batch."""
+        try:
+            address = await self.peers.address(region)
+            stub = agent_pb2_grpc.AgentStub(self._channel(address))
+            datas = await asyncio.to_thread(self._read_many, items)
+            request = agent_pb2.ReplicatePushesRequest(
+                items=[
+                    agent_pb2.PushedItem(header=self._header(write, version), data=data)
+                    for (write, version), data in zip(items, datas, strict=True)
+                ]
+            )
+            try:
+                resp = await stub.ReplicatePushes(request, timeout=deadline_s)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise BatchRefusedError(f"{region} ({address}) takes no batch") from err
+                raise from_rpc_error(err, f"{region} ({address})") from err
+            _check_region(resp.region, region, address)
+            if len(resp.results) != len(items):
+                raise UnavailableError(
+                    f"{region} ({address}) answered {len(resp.results)} pushes for {len(items)}"
+                )
+        except BatchRefusedError:
+            raise
+        except BaseException:
+            self.peers.forget(region)
+            raise
+        answers: list[MeridianError | None] = []
+        for (write, _version), got in zip(items, resp.results, strict=True):
+            if got.error_code or got.error_class:
+                answers.append(error_from_parts(got.error_class, got.error_code, got.error))
+                continue
+            self._committed(
+                region,
+                write.dataset,
+                write.key or "",
+                agent_pb2.ReplicateResponse(version=got.held, region=resp.region),
+            )
+            answers.append(None)
+        return answers
+
+    def _read_many(self, items: list[tuple[CommittedWrite, Version]]) -> list[bytes]:
+        return [
+            b""
+            if version.is_tombstone
+            else self.store.read_bytes(write.dataset, write.key or "", version.hlc.text)
+            for write, version in items
+        ]
+
+    def _header(self, write: CommittedWrite, version: Version) -> agent_pb2.ReplicateHeader:
+        header = agent_pb2.ReplicateHeader(
+            dataset=write.dataset,
+            key=write.key or "",
+            version=version_to_wire(version),
+            epoch=write.admitted.epoch,
+            origin_region=self.region,
+            policy_revision=write.admitted.policy_revision,
+        )
+        if write.set_id is not None:
+            header.set = write.set_id
+        return header
 
     def _members_size(self, record: SetRecord) -> int:
         total = 0
@@ -766,16 +853,7 @@ class SyncReplication:
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         key = write.key or ""
-        header = agent_pb2.ReplicateHeader(
-            dataset=write.dataset,
-            key=key,
-            version=version_to_wire(version),
-            epoch=write.admitted.epoch,
-            origin_region=self.region,
-            policy_revision=write.admitted.policy_revision,
-        )
-        if write.set_id is not None:
-            header.set = write.set_id
+        header = self._header(write, version)
         known = self.bases.get(region, write.dataset, key)
         basis = None
         if self.deltas and not version.is_tombstone and version.size >= DELTA_MIN_BYTES:
@@ -978,6 +1056,8 @@ class SyncReplication:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+        for lane in self._lanes.values():
+            await lane.close()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
