@@ -60,6 +60,18 @@ when the two clocks differ. Either way the copies converge. A deposed owner also
 rewinds its own write at once when a replica fences it and no region took it (a
 `StaleEpochError`: the write can never be acked).
 
+**Batches.** A small version (below 64 KiB, not a set member) goes through the
+region's push lane (push_lanes.py): alone at once while fewer than two calls run to
+that region, else queued and sent with whatever else queued meanwhile in one
+`ReplicatePushes`, fenced per item and committed in one transaction by the replica
+(replica_pushes.py). Each item keeps its own answer, so the counting above holds
+per write.
+
+**Fenced, or re-claimed?** A replica's stale refusal is a loss of ownership only if
+etcd, read now (`owner_now`), names another owner or no newer epoch of this region;
+when this region re-claimed the dataset (the watch had not delivered it when the
+write was admitted at the old epoch) the answer is retriable (`_fenced_answer`).
+
 **Deltas.** A version of at least 64 KiB is pushed as a delta against the version
 the replica holds (the one it was last seen to commit, else this store's previous
 one), patched by the replica as it arrives; a replica without that basis answers at

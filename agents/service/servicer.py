@@ -2,8 +2,8 @@
 
 It answers Put, Get, GetSet, Stat, List, Delete, CommitSet and Health itself and hands
 Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer), and
-ReplicateSet to a `SetReceiver` (agents/replication), answering UNIMPLEMENTED while
-there is none.
+ReplicateSet to a `SetReceiver` and ReplicatePushes to a `PushReceiver`
+(agents/replication), answering UNIMPLEMENTED while there is none.
 
 Writes (Put, Delete, CommitSet) are admitted first (`Admission.admit_write`:
 residency, and for a critical dataset owner, epoch and handover), so a refused
