@@ -314,6 +314,31 @@ def _hold(
         )
 
 
+def transfer_row(
+    rec: TransferRecord, from_j: str, to_j: str, allowed: bool, residency: Sequence[str] | None
+) -> dict[str, Any]:
+    """The Transfer row of one record, judged: its jurisdictions, whether it crossed a
+    border and whether the residency in force allowed its destination."""
+    return {
+        "id": rec.id,
+        "dataset": rec.dataset,
+        "object": rec.object,
+        "version": rec.version,
+        "from_region": rec.from_region,
+        "to_region": rec.to_region,
+        "from_jurisdiction": from_j,
+        "to_jurisdiction": to_j,
+        "logical_bytes": rec.logical_bytes,
+        "wire_bytes": rec.wire_bytes,
+        "policy_revision": rec.policy_revision,
+        "outcome": rec.outcome,
+        "cross_border": from_j != to_j,
+        "allowed": allowed,
+        "residency": list(residency or []),
+        "at": rec.at,
+    }
+
+
 def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> None:
     """The batch's transfer rows, idempotent on their id, judged as
     `Catalog._insert_transfer` judges one (jurisdictions, cross-border, allowed by the
@@ -351,24 +376,7 @@ def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> 
         # Fail closed, as `_judge`: an unplaced dataset's copies are outside residency.
         rows.setdefault(
             rec.id,  # the first record of an id stands, as inserting them in order does
-            {
-                "id": rec.id,
-                "dataset": rec.dataset,
-                "object": rec.object,
-                "version": rec.version,
-                "from_region": rec.from_region,
-                "to_region": rec.to_region,
-                "from_jurisdiction": from_j,
-                "to_jurisdiction": to_j,
-                "logical_bytes": rec.logical_bytes,
-                "wire_bytes": rec.wire_bytes,
-                "policy_revision": rec.policy_revision,
-                "outcome": rec.outcome,
-                "cross_border": from_j != to_j,
-                "allowed": residency is not None and to_j in residency,
-                "residency": list(residency or []),
-                "at": rec.at,
-            },
+            transfer_row(rec, from_j, to_j, residency is not None and to_j in residency, residency),
         )
     conn = s.connection()
     insert = _insert(cat.dialect, Transfer.__table__).on_conflict_do_nothing(index_elements=["id"])
