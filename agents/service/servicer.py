@@ -2,8 +2,8 @@
 
 It answers Put, Get, GetSet, Stat, List, Delete, CommitSet and Health itself and hands
 Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer), and
-ReplicateSet to a `SetReceiver` (agents/replication), answering UNIMPLEMENTED while
-there is none.
+ReplicateSet to a `SetReceiver` and ReplicatePushes to a `PushReceiver`
+(agents/replication), answering UNIMPLEMENTED while there is none.
 
 Writes (Put, Delete, CommitSet) are admitted first (`Admission.admit_write`:
 residency, and for a critical dataset owner, epoch and handover), so a refused
@@ -128,6 +128,19 @@ class SetReceiver(Protocol):
     ) -> agent_pb2.ReplicateSetResponse: ...
 
 
+class PushReceiver(Protocol):
+    """A replica's side of ReplicatePushes (issue 13: agents/replication/replica_pushes.py):
+    several small critical versions pushed by their owner in one call. `serves()`: this
+    agent takes a batch now (an agent of a region of several does not: each key is
+    routed, so it answers UNIMPLEMENTED and the owner pushes alone)."""
+
+    def serves(self) -> bool: ...
+
+    async def receive(
+        self, request: agent_pb2.ReplicatePushesRequest
+    ) -> agent_pb2.ReplicatePushesResponse: ...
+
+
 class ReadThrough(Protocol):
     """The read-through cache (issue 16, agents/cache/): Get and Stat of a dataset this
     region holds no replica of, which this agent's store cannot answer."""
@@ -169,6 +182,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         # The store gauges read the store's usage row when scraped, not after every write
         # (a thread hop, a query and a statvfs per write, for gauges read far less often).
         bind_store_gauges(metrics, store.usage)
+        # Set by the daemon after construction (agents/daemon/agent.py).
+        self.pushes: PushReceiver | None = None
 
     # -- writes ------------------------------------------------------------------------
 
@@ -579,6 +594,21 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             context,
             self.metrics,
             lambda: transfers.ReplicateMany(request, context),
+        )
+
+    async def ReplicatePushes(  # noqa: N802
+        self, request: agent_pb2.ReplicatePushesRequest, context: Context
+    ) -> agent_pb2.ReplicatePushesResponse:
+        pushes = self.pushes
+        if pushes is None or not pushes.serves():
+            return await unary(
+                "ReplicatePushes",
+                context,
+                self.metrics,
+                lambda: _refuse_unimplemented("ReplicatePushes", context),
+            )
+        return await unary(
+            "ReplicatePushes", context, self.metrics, lambda: pushes.receive(request)
         )
 
     async def Rewind(  # noqa: N802
