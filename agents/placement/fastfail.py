@@ -186,12 +186,18 @@ class FastFailDetector(Lifecycle):
         self._retry = (retry_initial_s, retry_max_s)
         self._tasks: dict[_Watched, asyncio.Task[None]] = {}
         self._marking: set[_Watched] = set()
+        self._seen: set[_Watched] = set()
         self.metrics = FastFailMetrics(registry) if registry is not None else None
         self.marked_down: list[_Watched] = []  # what this detector revoked, in order
 
     @property
     def watched(self) -> list[str]:
         return sorted(w.agent_id for w in self._tasks)
+
+    @property
+    def seen_serving(self) -> list[str]:
+        """The watched peers that answered SERVING (those a refusal can mark down)."""
+        return sorted(w.agent_id for w in self._seen)
 
     async def _do_start(self) -> None:
         self.members.on_change(self._on_change)
@@ -236,6 +242,7 @@ class FastFailDetector(Lifecycle):
             nonlocal seen, delay
             if not seen:
                 log.info("peer_watched", agent=peer.agent_id, endpoint=peer.endpoint)
+                self._seen.add(peer)
             seen, delay = True, self._retry[0]
 
         channel = grpc.aio.insecure_channel(
@@ -254,6 +261,7 @@ class FastFailDetector(Lifecycle):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._retry[1])
         finally:
+            self._seen.discard(peer)
             await channel.close()
 
     async def report(self, agent_id: str) -> bool:
