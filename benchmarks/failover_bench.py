@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from controlplane.coordination.orchestration.runbooks import Runbooks
 from controlplane.coordination.protocols.fencing import DirectoryEpochs
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.logs import configure_logging
+from controlplane.loopback import free_block, free_port
 from controlplane.settings import load_settings
 from controlplane.stack.etcd import EtcdCluster, start_etcd_cluster
 
@@ -81,21 +81,7 @@ class RunResult:
         }
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_base(start: int) -> int:
-    """The first base port from `start` (in steps of 100) with the cluster's six ports free."""
-    for base in range(start, start + 3000, 100):
-        if all(_free(base + 10 * i + d) for i in range(3) for d in (0, 1)):
-            return base
-    raise RuntimeError(f"no free ports for a three-member etcd cluster above {start}")
+CLUSTER_OFFSETS = (0, 1, 10, 11, 20, 21)  # client and peer port of each of 3 members
 
 
 def start_cluster(
@@ -248,7 +234,7 @@ async def main_async(args: argparse.Namespace) -> list[RunResult]:
     root = Path(tempfile.mkdtemp(prefix="failover-bench-"))
     try:
         if not args.no_loopback:
-            cluster = start_cluster(root / "etcd-lo", free_base(34379), None, None)
+            cluster = start_cluster(root / "etcd-lo", free_block(CLUSTER_OFFSETS), None, None)
             try:
                 results.append(
                     await run_scenario("loopback", cluster, cluster.endpoints, root / "lo", args)
@@ -256,14 +242,14 @@ async def main_async(args: argparse.Namespace) -> list[RunResult]:
             finally:
                 cluster.stop()
         if not args.no_wan:
-            cluster = start_cluster(root / "etcd-wan", free_base(35379), 150, 1500)
+            cluster = start_cluster(root / "etcd-wan", free_block(CLUSTER_OFFSETS), 150, 1500)
             toxi = ToxiproxyClient(load_settings().toxiproxy, timeout_s=5)
             names: list[str] = []
             try:
                 proxied: list[str] = []
                 for i, ep in enumerate(cluster.endpoints):
                     name = f"bench-etcd-{i}"
-                    listen = f"127.0.0.1:{free_base(36379 + 10 * i)}"
+                    listen = f"127.0.0.1:{free_port()}"
                     toxi.create_proxy(name, listen, ep)
                     toxi.add_latency(name, args.rtt_ms // 2)
                     names.append(name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import socket
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 # Below Linux's default ephemeral range (32768-60999) and above the stack's fixed ports
@@ -56,15 +57,27 @@ def _from_kernel() -> int:
 def free_port() -> int:
     """A loopback port nobody listens on now, outside the ephemeral range where the
     machine allows it, and not handed out before by this process."""
-    low, high = _window()
+    _, high = _window()
     if not high:  # a machine whose ephemeral range leaves no room below it
         return _from_kernel()
+    return free_block((0,))
+
+
+def free_block(offsets: Sequence[int]) -> int:
+    """A base port such that `base + offset` is free for every offset, by the same
+    rules as `free_port`: for a group of processes that derive their ports from one
+    base, such as an etcd cluster's members (client and peer port per member)."""
+    low, high = _window()
+    if not high:
+        low, high = 1024, 32768  # no room below the range: the registered ports
+    span = max(offsets)
     with _lock:
         if len(_given) > _MEMORY:
             _given.clear()
         for _ in range(500):
-            port = _random.randrange(low, high)
-            if port not in _given and _bindable(port):
-                _given.add(port)
-                return port
-    return _from_kernel()
+            base = _random.randrange(low, high - span)
+            ports = [base + offset for offset in offsets]
+            if all(port not in _given and _bindable(port) for port in ports):
+                _given.update(ports)
+                return base
+    raise RuntimeError(f"no free loopback ports at offsets {list(offsets)} in {low}-{high}")

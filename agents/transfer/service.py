@@ -544,9 +544,10 @@ class TransferService:
                 heads = self.store.heads([(item.dataset, item.key) for item in request.items])
             except MeridianError:
                 heads = None  # a bad name or a repeated object: each is looked up alone
+            memo = _ClassifyMemo()
             for n, item in enumerate(request.items):
                 try:
-                    self._classify(n, item, results, groups, singles, heads)
+                    self._classify(n, item, results, groups, singles, heads, memo)
                 except MeridianError:
                     singles.append(n)  # fetched alone, which records and words its refusal
 
@@ -599,9 +600,11 @@ class TransferService:
         groups: dict[Source, list[tuple[int, Wanted]]],
         singles: list[int],
         heads: dict[tuple[str, str], Version] | None = None,
+        memo: _ClassifyMemo | None = None,
     ) -> None:
         """Put item n in a bundle of its nearest source, among the singles, or answer it
         at once (LWW: already held or older)."""
+        memo = memo or _ClassifyMemo()
         version = version_from_wire(item.version, f"FetchManyRequest.items[{n}].version")
         sources = [Source(s.region, s.address) for s in item.sources]
         # Set members go alone: apply_many commits no set membership.
@@ -613,7 +616,9 @@ class TransferService:
         ):
             singles.append(n)
             return
-        self.admission.admit_store(item.dataset)
+        if item.dataset not in memo.admitted:
+            self.admission.admit_store(item.dataset)  # a refusal raises (and is counted)
+            memo.admitted.add(item.dataset)
         held = (
             self.store.head(item.dataset, item.key)
             if heads is None
@@ -625,7 +630,10 @@ class TransferService:
                 outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
             )
             return
-        nearest = order_sources(self.region, sources, self.policy)[0]
+        nearest = memo.nearest.get(tuple(sources))
+        if nearest is None:
+            nearest = order_sources(self.region, sources, self.policy)[0]
+            memo.nearest[tuple(sources)] = nearest
         groups.setdefault(nearest, []).append((n, Wanted(item.dataset, item.key, version)))
 
     async def _record(
@@ -646,6 +654,15 @@ def _refusal(exc: MeridianError) -> agent_pb2.ReplicateItemResult:
     return agent_pb2.ReplicateItemResult(
         error_code=code_of(exc).name, error=str(exc), error_class=type(exc).__name__
     )
+
+
+@dataclass
+class _ClassifyMemo:
+    """What one FetchMany decides once rather than per item: a batch of thousands of
+    small objects usually names one or two datasets and the same sources for all."""
+
+    admitted: set[str] = field(default_factory=set)
+    nearest: dict[tuple[Source, ...], Source] = field(default_factory=dict)
 
 
 @dataclass

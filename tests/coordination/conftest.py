@@ -1,7 +1,8 @@
 """Fixtures of the coordination tests: a private three-member etcd cluster and helpers.
 
-The cluster uses ports 32379/32389/32399 (peers 32380/32390/32400), or the next free
-block of 100 above, so that it never collides with the stack's etcd on 2379. It is
+The cluster's members listen on base, base + 10 and base + 20 (peers one above each),
+with a base below the ephemeral range (`controlplane.loopback.free_block`), so that it
+collides neither with the stack's etcd on 2379 nor with another run of the suite. It is
 started once per session with the stack's own code (`start_etcd_cluster`); a missing
 etcd binary is a failure.
 """
@@ -9,7 +10,6 @@ etcd binary is a failure.
 from __future__ import annotations
 
 import shutil
-import socket
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,29 +20,12 @@ from harness.agent_fixtures import clean_coordination
 from harness.controllers import ControllerProcess
 
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.loopback import free_block
 from controlplane.stack.etcd import EtcdCluster, start_etcd_cluster
 
 from .helpers import REGIONS, critical
 
-CLIENT_PORT = 32379
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_base() -> int:
-    """The first base port (32379, 32479, ...) whose six cluster ports are all free, so
-    two runs of this suite on one machine (a developer's and CI's) do not collide."""
-    for base in range(CLIENT_PORT, CLIENT_PORT + 2000, 100):
-        if all(_free(base + 10 * i + d) for i in range(3) for d in (0, 1)):
-            return base
-    raise RuntimeError("no free ports for a three-member etcd cluster above 32379")
+CLUSTER_OFFSETS = (0, 1, 10, 11, 20, 21)  # client and peer port of each of 3 members
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +35,7 @@ def etcd3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
         # The stack launcher drops its Popen handles on purpose (the members outlive
         # it, tracked by pid files); Popen.__del__ then warns that they still run.
         warnings.simplefilter("ignore", ResourceWarning)
-        port = free_base()
+        port = free_block(CLUSTER_OFFSETS)
         cluster = start_etcd_cluster(base, members=3, client_port=port, peer_port=port + 1)
     try:
         yield cluster

@@ -47,3 +47,20 @@ def test_a_port_handed_out_once_is_not_handed_out_again(monkeypatch: pytest.Monk
     loopback._given.discard(second)
     monkeypatch.setattr(loopback, "_random", Scripted([first, second]))
     assert loopback.free_port() == second
+
+
+def test_a_block_is_passed_over_when_any_of_its_ports_is_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    offsets = (0, 1, 10, 11, 20, 21)
+    spare = loopback.free_block(offsets)
+    with socket.socket() as taken:
+        # A block whose last member's port is bound: the whole block must be refused.
+        taken.bind(("127.0.0.1", spare + 21 + 100))
+        taken.listen()
+        blocked = spare + 100
+        for offset in offsets:
+            loopback._given.discard(spare + offset)
+        monkeypatch.setattr(loopback, "_random", Scripted([blocked, spare]))
+        assert loopback.free_block(offsets) == spare
+    assert spare + max(offsets) < min(32000, ephemeral_low())
