@@ -15,7 +15,8 @@ Start (each step raises one clear error, and what was started is stopped again):
    the catalog, the outbox drain publishing change events to Kafka (neither needs
    its engine up to start);
 6. the metrics endpoint, if asked;
-7. the registration on a lease (last, so that a listed agent answers).
+7. the registration on a lease (last, so that a listed agent answers), then the
+   rebalance and the fast-fail watch on two region peers (agents/placement/fastfail.py).
 
 Stop (SIGTERM): the registration goes first (its lease revoked, so peers stop
 choosing this agent at once), then the server stops accepting calls and gives
@@ -43,6 +44,7 @@ from agents.daemon.registration import AgentRecord, Registration
 from agents.metrics import AgentMetrics
 from agents.owners import EtcdOwners
 from agents.placement import MembershipWatch
+from agents.placement.fastfail import FastFailDetector
 from agents.rebalance import Rebalancer
 from agents.replication import EtcdPeers, SyncReplication
 from agents.replication.replica_pushes import ReplicaPushes
@@ -114,6 +116,7 @@ class NodeAgent(Lifecycle):
         self.replication: SyncReplication | None = None
         self.holdings: HoldingsPublisher | None = None
         self.rebalancer: Rebalancer | None = None
+        self.fast_fail: FastFailDetector | None = None
         self.sweeper: ResumeSweeper | None = None
         self.cache: ReadCache | None = None
         self.prefetcher: Prefetcher | None = None
@@ -260,6 +263,17 @@ class NodeAgent(Lifecycle):
         )
         await self.holdings.start()
         await self.rebalancer.start()
+        if self.settings.fast_fail_on_refused:
+            # Peers whose port refuses connections are marked down at once (fastfail.py).
+            self.fast_fail = FastFailDetector(
+                self.coord,
+                self.members,
+                self.identity.agent_id,
+                retry_initial_s=self.config.retry_initial_s,
+                retry_max_s=self.config.retry_max_s,
+                registry=self.metrics.registry,
+            )
+            await self.fast_fail.start()
         log.info(
             "agent_ready",
             region=self.region,
@@ -368,6 +382,8 @@ class NodeAgent(Lifecycle):
         self.watch.on_owner = None  # no takeover begins once stopping
         for task in list(self._takeovers):
             task.cancel()
+        if self.fast_fail is not None:
+            await self.fast_fail.stop()
         if self.sweeper is not None:
             await self.sweeper.stop()
         if self.rebalancer is not None:
