@@ -128,12 +128,10 @@ __attribute__((target("avx2"))) static inline __m256i enc_vec(__m256i x, const e
 /* Sixteen lanes at once (AVX-512): the words of the lanes that emit compressed to
  * the bottom of a vector (vpcompressd), narrowed to 16 bits and written by a masked
  * store right below p, with no lookup table for their order. */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512i enc_vec16(__m512i x, const esym_v *t,
-                                                                                      const uint8_t *s16,
-                                                                                      uint8_t **pp) {
-    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s16));
-    __m512i rcp = _mm512_i32gather_epi32(idx, (const int *)t->rcp, 4);
-    __m512i pk = _mm512_i32gather_epi32(idx, (const int *)t->packed, 4);
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline __m512i enc_step16(__m512i x,
+                                                                                                   __m512i rcp,
+                                                                                                   __m512i pk,
+                                                                                                   uint8_t **pp) {
     __m512i bias = _mm512_and_si512(pk, _mm512_set1_epi32(0x1fff));
     __m512i cmpl = _mm512_and_si512(_mm512_srli_epi32(pk, 13), _mm512_set1_epi32(0xfff));
     __m512i shift = _mm512_srli_epi32(pk, 25);
@@ -148,6 +146,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512i enc_v
     __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), _mm512_srli_epi64(rcp, 32));
     __m512i q = _mm512_srlv_epi32(_mm512_mask_blend_epi32(0xAAAA, even, odd), shift);
     return _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_mullo_epi32(q, cmpl));
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512i enc_vec16(__m512i x, const esym_v *t,
+                                                                                      const uint8_t *s16,
+                                                                                      uint8_t **pp) {
+    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s16));
+    __m512i rcp = _mm512_i32gather_epi32(idx, (const int *)t->rcp, 4);
+    __m512i pk = _mm512_i32gather_epi32(idx, (const int *)t->packed, 4);
+    return enc_step16(x, rcp, pk, pp);
 }
 
 /* top[m]: the lanes set in m, in order, moved to the top of the vector */
@@ -169,6 +175,7 @@ static void top_init(void) {
  * from the end of dst (moved up behind the header and states at the end). */
 typedef struct enc16 {
     const uint8_t *src;
+    const uint32_t *count; /* the caller's counts, while encoding */
     size_t i, hdr;
     unsigned lanes;
     uint8_t *dst, *end, *p, *floor;
@@ -199,6 +206,7 @@ static int enc_open(enc16 *e, const uint8_t *src, size_t n, const uint32_t count
     /* A group writes at most GROUP_BYTES (plus the one word stored without being
      * emitted), so one check per group keeps every write above the states. */
     e->src = src;
+    e->count = count;
     e->dst = dst;
     e->end = e->p = dst + cap;
     e->floor = dst + e->hdr + lanes * 4 + GROUP_BYTES(lanes) + 2;
@@ -330,11 +338,185 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void enc_avx512_32(e
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void enc_avx512_64(enc16 *a, enc16 *b) {
     enc_avx512_n(a, b, 4);
 }
+
+/* Gather-free lookups (AVX-512 VBMI). The gathers of the kernels above were half
+ * of the encoder's time: each fetches sixteen words with sixteen loads. Here the
+ * symbols' constants are byte tables (byte k of rcp and of packed, 256 entries
+ * each) looked up for 64 symbols at once: vpermi2b looks up 128 entries held in two
+ * registers, so two of them and a blend on the symbol's bit 7 give a 256-entry
+ * lookup, eight per 64 symbols. Byte vectors become words and then words dwords
+ * by unpacks, which work within 128-bit lanes; the symbols are first reordered so
+ * that the dwords come out in lane order: position 16L + 4u + t takes symbol
+ * 16u + 4L + t (L the 128-bit lane, u the output vector, t the dword in the lane),
+ * which swaps bits 2-3 and 4-5 of the position. The states' arithmetic is
+ * enc_step16's, so the bytes are those of every other kernel. */
+#define VBMI_TARGET "avx512f,avx512bw,avx512vl,avx512vbmi"
+
+typedef struct esym_b {
+    _Alignas(64) uint8_t t[8][256]; /* byte k of rcp (k < 4) and of packed (k >= 4) */
+    /* A plane of at most 32 symbols with a count (the high planes of bf16 changes
+     * hold 8-31): each symbol's rank among them (`rank`, a byte lookup), whose
+     * constants vpermi2d looks up from two registers for sixteen lanes at once; no
+     * unpacks. A symbol without a count cannot be decoded, so no valid input has one. */
+    _Alignas(64) uint8_t rank[256];
+    _Alignas(64) uint32_t rcp[32], packed[32];
+    int small;
+} esym_b;
+
+static void enc_bytes(enc16 *e, esym_b *b, const uint32_t count[256]) {
+    enc_tables(e);
+    for (unsigned s = 0; s < 256; s++)
+        for (unsigned k = 0; k < 4; k++) {
+            b->t[k][s] = (uint8_t)(e->v.rcp[s] >> (8 * k));
+            b->t[4 + k][s] = (uint8_t)(e->v.packed[s] >> (8 * k));
+        }
+    unsigned k = 0;
+    memset(b->rank, 0, sizeof b->rank);
+    memset(b->rcp, 0, sizeof b->rcp);
+    memset(b->packed, 0, sizeof b->packed);
+    for (unsigned s = 0; s < 256 && k <= 32; s++)
+        if (count[s]) {
+            if (k < 32) {
+                b->rank[s] = (uint8_t)k;
+                b->rcp[k] = e->v.rcp[s];
+                b->packed[k] = e->v.packed[s];
+            }
+            k++;
+        }
+    b->small = k <= 32;
+}
+
+/* The same for a small plane: the ranks of the 64 symbols, then for each vector
+ * the rank of its lane's symbol in the low byte of each dword (vpermb), the index
+ * vpermi2d takes (its low five bits). */
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void lut64_small(__m512i sym, const esym_b *b,
+                                                                                  __m512i rcp[4], __m512i pk[4]) {
+    const __m512i *r = (const __m512i *)b->rank;
+    __mmask64 hi = _mm512_movepi8_mask(sym);
+    __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(r), sym, _mm512_load_si512(r + 1));
+    __m512i up = _mm512_permutex2var_epi8(_mm512_load_si512(r + 2), sym, _mm512_load_si512(r + 3));
+    __m512i rk = _mm512_mask_blend_epi8(hi, lo, up);
+    const __m512i r0 = _mm512_load_si512((const void *)b->rcp), r1 = _mm512_load_si512((const void *)(b->rcp + 16));
+    const __m512i p0 = _mm512_load_si512((const void *)b->packed);
+    const __m512i p1 = _mm512_load_si512((const void *)(b->packed + 16));
+    for (unsigned v = 0; v < 4; v++) {
+        /* dword j of vector v takes byte 16 v + j */
+        __m512i spread = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32((int)(16 * v)));
+        __m512i idx = _mm512_permutexvar_epi8(spread, rk);
+        rcp[v] = _mm512_permutex2var_epi32(r0, idx, r1);
+        pk[v] = _mm512_permutex2var_epi32(p0, idx, p1);
+    }
+}
+
+/* rcp and packed of the 64 symbols in sym, sixteen lanes a vector, in lane order */
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void lut64(__m512i sym, __m512i order,
+                                                                            const esym_b *b, __m512i rcp[4],
+                                                                            __m512i pk[4]) {
+    __m512i s = _mm512_permutexvar_epi8(order, sym);
+    __mmask64 hi = _mm512_movepi8_mask(s);
+    __m512i v[8];
+    for (unsigned k = 0; k < 8; k++) {
+        const __m512i *t = (const __m512i *)b->t[k];
+        __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t), s, _mm512_load_si512(t + 1));
+        __m512i up = _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), s, _mm512_load_si512(t + 3));
+        v[k] = _mm512_mask_blend_epi8(hi, lo, up);
+    }
+    for (unsigned f = 0; f < 2; f++) {
+        __m512i *out = f ? pk : rcp, *w = v + 4 * f;
+        __m512i l01 = _mm512_unpacklo_epi8(w[0], w[1]), h01 = _mm512_unpackhi_epi8(w[0], w[1]);
+        __m512i l23 = _mm512_unpacklo_epi8(w[2], w[3]), h23 = _mm512_unpackhi_epi8(w[2], w[3]);
+        out[0] = _mm512_unpacklo_epi16(l01, l23);
+        out[1] = _mm512_unpackhi_epi16(l01, l23);
+        out[2] = _mm512_unpacklo_epi16(h01, h23);
+        out[3] = _mm512_unpackhi_epi16(h01, h23);
+    }
+}
+
+/* The groups of one plane in the 64 symbols below src + i (i a multiple of 64):
+ * one group of 64 lanes, or two of 32, the upper first; a plane that reaches its
+ * floor stops after the group that reached it. */
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void block_vbmi(enc16 *e, const esym_b *b,
+                                                                                 __m512i order, __m512i *x,
+                                                                                 uint8_t **pp, unsigned nv) {
+    __m512i rcp[4], pk[4];
+    __m512i sym = _mm512_loadu_si512((const void *)(e->src + e->i - 64));
+    if (b->small) lut64_small(sym, b, rcp, pk);
+    else lut64(sym, order, b, rcp, pk);
+    if (nv == 4) {
+        for (unsigned v = 4; v--;) x[v] = enc_step16(x[v], rcp[v], pk[v], pp);
+        e->i -= 64;
+        return;
+    }
+    x[1] = enc_step16(x[1], rcp[3], pk[3], pp);
+    x[0] = enc_step16(x[0], rcp[2], pk[2], pp);
+    e->i -= 32;
+    if (*pp < e->floor) return;
+    x[1] = enc_step16(x[1], rcp[1], pk[1], pp);
+    x[0] = enc_step16(x[0], rcp[0], pk[0], pp);
+    e->i -= 32;
+}
+
+/* With 32 lanes and an odd number of groups: the top group alone (its 32 symbols
+ * in the lower half of the vector). */
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void odd_vbmi(enc16 *e, const esym_b *b,
+                                                                               __m512i order, __m512i *x,
+                                                                               uint8_t **pp) {
+    __m512i rcp[4], pk[4];
+    __m512i sym = _mm512_maskz_loadu_epi8(0xffffffffu, e->src + e->i - 32);
+    if (b->small) lut64_small(sym, b, rcp, pk);
+    else lut64(sym, order, b, rcp, pk);
+    x[1] = enc_step16(x[1], rcp[1], pk[1], pp);
+    x[0] = enc_step16(x[0], rcp[0], pk[0], pp);
+    e->i -= 32;
+}
+
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void enc_vbmi_n(enc16 *a, enc16 *b,
+                                                                                 unsigned nv) {
+    esym_b ta, tb;
+    _Alignas(64) uint8_t ord[64];
+    for (unsigned p = 0; p < 64; p++) ord[p] = (uint8_t)((((p >> 4) & 3) << 2) | (((p >> 2) & 3) << 4) | (p & 3));
+    const __m512i order = _mm512_load_si512((const void *)ord);
+    __m512i xa[4], xb[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                            _mm512_setzero_si512()};
+    uint8_t *pa = a->p, *pb = NULL;
+    enc_bytes(a, &ta, a->count);
+    for (unsigned v = 0; v < nv; v++) xa[v] = _mm512_loadu_si512((const void *)(a->x + 16 * v));
+    if (b) {
+        enc_bytes(b, &tb, b->count);
+        for (unsigned v = 0; v < nv; v++) xb[v] = _mm512_loadu_si512((const void *)(b->x + 16 * v));
+        pb = b->p;
+    }
+    /* (a pair's planes have the same length, so the same number of groups) */
+    if (nv == 2 && a->i % 64) {
+        if (pa >= a->floor) odd_vbmi(a, &ta, order, xa, &pa);
+        if (b && pb >= b->floor) odd_vbmi(b, &tb, order, xb, &pb);
+    }
+    if (b)
+        while ((a->i && pa >= a->floor) || (b->i && pb >= b->floor)) {
+            if (a->i && pa >= a->floor) block_vbmi(a, &ta, order, xa, &pa, nv);
+            if (b->i && pb >= b->floor) block_vbmi(b, &tb, order, xb, &pb, nv);
+        }
+    else
+        while (a->i && pa >= a->floor) block_vbmi(a, &ta, order, xa, &pa, nv);
+    for (unsigned v = 0; v < nv; v++) _mm512_storeu_si512((void *)(a->x + 16 * v), xa[v]);
+    a->p = pa;
+    if (b) {
+        for (unsigned v = 0; v < nv; v++) _mm512_storeu_si512((void *)(b->x + 16 * v), xb[v]);
+        b->p = pb;
+    }
+}
+__attribute__((target(VBMI_TARGET))) static void enc_vbmi_32(enc16 *a, enc16 *b) { enc_vbmi_n(a, b, 2); }
+__attribute__((target(VBMI_TARGET))) static void enc_vbmi_64(enc16 *a, enc16 *b) { enc_vbmi_n(a, b, 4); }
 #endif
 
 /* a, and b when not NULL (with the same lanes) */
 static void enc_run(enc16 *a, enc16 *b) {
 #if MD_RANS16_SIMD
+    if (md_cpu_avx512vbmi()) {
+        (a->lanes == 64 ? enc_vbmi_64 : enc_vbmi_32)(a, b);
+        return;
+    }
     if (md_cpu_avx512()) {
         (a->lanes == 64 ? enc_avx512_64 : enc_avx512_32)(a, b);
         return;
