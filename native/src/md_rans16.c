@@ -339,43 +339,33 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void enc_avx512_64(e
     enc_avx512_n(a, b, 4);
 }
 
-/* Gather-free lookups (AVX-512 VBMI). The gathers of the kernels above were half
- * of the encoder's time: each fetches sixteen words with sixteen loads. Here the
- * symbols' constants are byte tables (byte k of rcp and of packed, 256 entries
- * each) looked up for 64 symbols at once: vpermi2b looks up 128 entries held in two
- * registers, so two of them and a blend on the symbol's bit 7 give a 256-entry
- * lookup, eight per 64 symbols. Byte vectors become words and then words dwords
- * by unpacks, which work within 128-bit lanes; the symbols are first reordered so
- * that the dwords come out in lane order: position 16L + 4u + t takes symbol
- * 16u + 4L + t (L the 128-bit lane, u the output vector, t the dword in the lane),
- * which swaps bits 2-3 and 4-5 of the position. The states' arithmetic is
- * enc_step16's, so the bytes are those of every other kernel. */
+/* Gather-free lookups for small alphabets (AVX-512 VBMI). The gathers of the
+ * kernels above are half of the encoder's time: each fetches sixteen words with
+ * sixteen loads. The planes that matter most hold few symbols (the coded high plane
+ * of bf16 changes holds 8-31 in every 1 MiB chunk), so where at most 32 symbols have
+ * a count, each symbol's rank among them comes from a 256-entry byte table for 64
+ * symbols at once (vpermi2b looks up 128 entries held in two registers: two of them
+ * and a blend on bit 7), and the rank's rcp and packed words from two registers for
+ * sixteen lanes at once (vpermi2d). A plane with more symbols keeps the gathers:
+ * byte tables for all 256 symbols (eight byte lookups per 64 symbols, then unpacks
+ * into dwords) measured no faster than them. The states' arithmetic is enc_step16's,
+ * so the bytes are those of every other kernel. */
 #define VBMI_TARGET "avx512f,avx512bw,avx512vl,avx512vbmi"
 
 typedef struct esym_b {
-    _Alignas(64) uint8_t t[8][256]; /* byte k of rcp (k < 4) and of packed (k >= 4) */
-    /* A plane of at most 32 symbols with a count (the high planes of bf16 changes
-     * hold 8-31): each symbol's rank among them (`rank`, a byte lookup), whose
-     * constants vpermi2d looks up from two registers for sixteen lanes at once; no
-     * unpacks. A symbol without a count cannot be decoded, so no valid input has one. */
     _Alignas(64) uint8_t rank[256];
     _Alignas(64) uint32_t rcp[32], packed[32];
-    int small;
+    int small; /* at most 32 symbols have a count; otherwise the gathers */
 } esym_b;
 
-static void enc_bytes(enc16 *e, esym_b *b, const uint32_t count[256]) {
+/* A symbol without a count cannot be decoded, so no valid input holds one: ranks
+ * are given only to the symbols with a count. */
+static void enc_small(enc16 *e, esym_b *b) {
     enc_tables(e);
-    for (unsigned s = 0; s < 256; s++)
-        for (unsigned k = 0; k < 4; k++) {
-            b->t[k][s] = (uint8_t)(e->v.rcp[s] >> (8 * k));
-            b->t[4 + k][s] = (uint8_t)(e->v.packed[s] >> (8 * k));
-        }
     unsigned k = 0;
-    memset(b->rank, 0, sizeof b->rank);
-    memset(b->rcp, 0, sizeof b->rcp);
-    memset(b->packed, 0, sizeof b->packed);
+    memset(b, 0, sizeof *b);
     for (unsigned s = 0; s < 256 && k <= 32; s++)
-        if (count[s]) {
+        if (e->count[s]) {
             if (k < 32) {
                 b->rank[s] = (uint8_t)k;
                 b->rcp[k] = e->v.rcp[s];
@@ -386,9 +376,9 @@ static void enc_bytes(enc16 *e, esym_b *b, const uint32_t count[256]) {
     b->small = k <= 32;
 }
 
-/* The same for a small plane: the ranks of the 64 symbols, then for each vector
- * the rank of its lane's symbol in the low byte of each dword (vpermb), the index
- * vpermi2d takes (its low five bits). */
+/* rcp and packed of the 64 symbols in sym, sixteen lanes a vector, in lane order:
+ * the ranks of the 64 symbols, then for each vector the rank of its lanes' symbols
+ * in the low byte of each dword (vpermb), the index vpermi2d takes (its low five bits). */
 __attribute__((target(VBMI_TARGET), always_inline)) static inline void lut64_small(__m512i sym, const esym_b *b,
                                                                                   __m512i rcp[4], __m512i pk[4]) {
     const __m512i *r = (const __m512i *)b->rank;
@@ -409,27 +399,18 @@ __attribute__((target(VBMI_TARGET), always_inline)) static inline void lut64_sma
     }
 }
 
-/* rcp and packed of the 64 symbols in sym, sixteen lanes a vector, in lane order */
-__attribute__((target(VBMI_TARGET), always_inline)) static inline void lut64(__m512i sym, __m512i order,
-                                                                            const esym_b *b, __m512i rcp[4],
-                                                                            __m512i pk[4]) {
-    __m512i s = _mm512_permutexvar_epi8(order, sym);
-    __mmask64 hi = _mm512_movepi8_mask(s);
-    __m512i v[8];
-    for (unsigned k = 0; k < 8; k++) {
-        const __m512i *t = (const __m512i *)b->t[k];
-        __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t), s, _mm512_load_si512(t + 1));
-        __m512i up = _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), s, _mm512_load_si512(t + 3));
-        v[k] = _mm512_mask_blend_epi8(hi, lo, up);
+/* The constants of the 64 symbols at s, by lookups or by gathers. */
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void consts64(const enc16 *e, const esym_b *b,
+                                                                               __m512i sym, const uint8_t *s,
+                                                                               __m512i rcp[4], __m512i pk[4]) {
+    if (b->small) {
+        lut64_small(sym, b, rcp, pk);
+        return;
     }
-    for (unsigned f = 0; f < 2; f++) {
-        __m512i *out = f ? pk : rcp, *w = v + 4 * f;
-        __m512i l01 = _mm512_unpacklo_epi8(w[0], w[1]), h01 = _mm512_unpackhi_epi8(w[0], w[1]);
-        __m512i l23 = _mm512_unpacklo_epi8(w[2], w[3]), h23 = _mm512_unpackhi_epi8(w[2], w[3]);
-        out[0] = _mm512_unpacklo_epi16(l01, l23);
-        out[1] = _mm512_unpackhi_epi16(l01, l23);
-        out[2] = _mm512_unpacklo_epi16(h01, h23);
-        out[3] = _mm512_unpackhi_epi16(h01, h23);
+    for (unsigned v = 0; v < 4; v++) {
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(s + 16 * v)));
+        rcp[v] = _mm512_i32gather_epi32(idx, (const int *)e->v.rcp, 4);
+        pk[v] = _mm512_i32gather_epi32(idx, (const int *)e->v.packed, 4);
     }
 }
 
@@ -437,12 +418,11 @@ __attribute__((target(VBMI_TARGET), always_inline)) static inline void lut64(__m
  * one group of 64 lanes, or two of 32, the upper first; a plane that reaches its
  * floor stops after the group that reached it. */
 __attribute__((target(VBMI_TARGET), always_inline)) static inline void block_vbmi(enc16 *e, const esym_b *b,
-                                                                                 __m512i order, __m512i *x,
-                                                                                 uint8_t **pp, unsigned nv) {
+                                                                                 __m512i *x, uint8_t **pp,
+                                                                                 unsigned nv) {
     __m512i rcp[4], pk[4];
-    __m512i sym = _mm512_loadu_si512((const void *)(e->src + e->i - 64));
-    if (b->small) lut64_small(sym, b, rcp, pk);
-    else lut64(sym, order, b, rcp, pk);
+    const uint8_t *s = e->src + e->i - 64;
+    consts64(e, b, b->small ? _mm512_loadu_si512((const void *)s) : _mm512_setzero_si512(), s, rcp, pk);
     if (nv == 4) {
         for (unsigned v = 4; v--;) x[v] = enc_step16(x[v], rcp[v], pk[v], pp);
         e->i -= 64;
@@ -457,48 +437,44 @@ __attribute__((target(VBMI_TARGET), always_inline)) static inline void block_vbm
     e->i -= 32;
 }
 
-/* With 32 lanes and an odd number of groups: the top group alone (its 32 symbols
- * in the lower half of the vector). */
+/* With 32 lanes and an odd number of groups: the top group alone. */
 __attribute__((target(VBMI_TARGET), always_inline)) static inline void odd_vbmi(enc16 *e, const esym_b *b,
-                                                                               __m512i order, __m512i *x,
-                                                                               uint8_t **pp) {
-    __m512i rcp[4], pk[4];
-    __m512i sym = _mm512_maskz_loadu_epi8(0xffffffffu, e->src + e->i - 32);
-    if (b->small) lut64_small(sym, b, rcp, pk);
-    else lut64(sym, order, b, rcp, pk);
-    x[1] = enc_step16(x[1], rcp[1], pk[1], pp);
-    x[0] = enc_step16(x[0], rcp[0], pk[0], pp);
+                                                                               __m512i *x, uint8_t **pp) {
+    for (unsigned v = 2; v--;) {
+        const uint8_t *s = e->src + e->i - 32 + 16 * v;
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s));
+        (void)b;
+        x[v] = enc_step16(x[v], _mm512_i32gather_epi32(idx, (const int *)e->v.rcp, 4),
+                          _mm512_i32gather_epi32(idx, (const int *)e->v.packed, 4), pp);
+    }
     e->i -= 32;
 }
 
 __attribute__((target(VBMI_TARGET), always_inline)) static inline void enc_vbmi_n(enc16 *a, enc16 *b,
                                                                                  unsigned nv) {
     esym_b ta, tb;
-    _Alignas(64) uint8_t ord[64];
-    for (unsigned p = 0; p < 64; p++) ord[p] = (uint8_t)((((p >> 4) & 3) << 2) | (((p >> 2) & 3) << 4) | (p & 3));
-    const __m512i order = _mm512_load_si512((const void *)ord);
     __m512i xa[4], xb[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                             _mm512_setzero_si512()};
     uint8_t *pa = a->p, *pb = NULL;
-    enc_bytes(a, &ta, a->count);
+    enc_small(a, &ta);
     for (unsigned v = 0; v < nv; v++) xa[v] = _mm512_loadu_si512((const void *)(a->x + 16 * v));
     if (b) {
-        enc_bytes(b, &tb, b->count);
+        enc_small(b, &tb);
         for (unsigned v = 0; v < nv; v++) xb[v] = _mm512_loadu_si512((const void *)(b->x + 16 * v));
         pb = b->p;
     }
     /* (a pair's planes have the same length, so the same number of groups) */
     if (nv == 2 && a->i % 64) {
-        if (pa >= a->floor) odd_vbmi(a, &ta, order, xa, &pa);
-        if (b && pb >= b->floor) odd_vbmi(b, &tb, order, xb, &pb);
+        if (pa >= a->floor) odd_vbmi(a, &ta, xa, &pa);
+        if (b && pb >= b->floor) odd_vbmi(b, &tb, xb, &pb);
     }
     if (b)
         while ((a->i && pa >= a->floor) || (b->i && pb >= b->floor)) {
-            if (a->i && pa >= a->floor) block_vbmi(a, &ta, order, xa, &pa, nv);
-            if (b->i && pb >= b->floor) block_vbmi(b, &tb, order, xb, &pb, nv);
+            if (a->i && pa >= a->floor) block_vbmi(a, &ta, xa, &pa, nv);
+            if (b->i && pb >= b->floor) block_vbmi(b, &tb, xb, &pb, nv);
         }
     else
-        while (a->i && pa >= a->floor) block_vbmi(a, &ta, order, xa, &pa, nv);
+        while (a->i && pa >= a->floor) block_vbmi(a, &ta, xa, &pa, nv);
     for (unsigned v = 0; v < nv; v++) _mm512_storeu_si512((void *)(a->x + 16 * v), xa[v]);
     a->p = pa;
     if (b) {

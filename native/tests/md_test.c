@@ -499,7 +499,7 @@ static void rans16(void) {
     const int nl = (int)(sizeof levels / sizeof levels[0]);
     for (unsigned lanes = 32; lanes <= 64; lanes += 32)
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        for (int kind = 0; kind < 4; kind++) {
+        for (int kind = 0; kind < 6; kind++) {
             size_t n = sizes[si], cap = 2 * n + 1024;
             uint8_t *src = malloc(n), *back = malloc(n), *dst = malloc(cap), *dst_p = malloc(cap);
             uint32_t count[256] = {0};
@@ -507,10 +507,14 @@ static void rans16(void) {
                 uint64_t r = rnd();
                 unsigned bell = 0;
                 for (int k = 0; k < 40; k++) bell += (unsigned)((r >> (k % 32)) & 3) % 3;
+                /* kinds 4 and 5: 32 and 33 symbols, half of them near 255 (the small
+                 * alphabet kernel takes at most 32) */
                 src[i] = kind == 0 ? (uint8_t)((r % 100) < 90 ? 0 : r % 7)
                          : kind == 1 ? 42
                          : kind == 2 ? (uint8_t)r
-                                     : (uint8_t)bell;
+                         : kind == 3 ? (uint8_t)bell
+                         : kind == 4 ? (uint8_t)(r % 32 < 16 ? r % 16 : 255 - r % 16)
+                                     : (uint8_t)(r % 33 < 17 ? r % 17 : 255 - r % 16);
                 count[src[i]]++;
             }
             md_set_portable(0);
