@@ -47,6 +47,7 @@ from agents.placement import MembershipWatch
 from agents.placement.fastfail import FastFailDetector
 from agents.rebalance import Rebalancer
 from agents.replication import EtcdPeers, SyncReplication
+from agents.replication.replica_pushes import ReplicaPushes
 from agents.replication.replica_sets import ReplicaSets
 from agents.replication.sync import Adopt
 from agents.routing import PeerStubs, RoutedAgentService
@@ -169,6 +170,7 @@ class NodeAgent(Lifecycle):
             # Reused for a second (not read from etcd at every push): see peers.py.
             EtcdPeers(self.coord, self.settings.agent_address, max_age_s=PEER_MAX_AGE_S),
             adopt=_adopter(transfers),
+            owner_now=admission.owner_now,  # a stale refusal: re-claimed, or deposed?
         )
         # A region holding no replica of a dataset its residency allows may read it
         # through a bounded cache (issue 16), when the region has a cache bound.
@@ -187,6 +189,15 @@ class NodeAgent(Lifecycle):
             members=self.members,
             peers=self.peers,
             cache=cache,
+        )
+        # Critical pushes batched by their owner (replica_pushes.py): alone in the region.
+        service.pushes = ReplicaPushes(
+            store,
+            admission,
+            self.region,
+            self.metrics,
+            lambda: self.view.current,
+            alone=self._alone_in_region,
         )
         self.server, port = await start_server(service, self.config.listen)
         self.endpoint = service.endpoint = self._advertised(port)
@@ -314,6 +325,9 @@ class NodeAgent(Lifecycle):
 
     async def _announce(self, dataset: str) -> None:
         await announce(self.coord, dataset, by=self.identity.agent_id)
+
+    def _alone_in_region(self) -> bool:
+        return all(a == self.identity.agent_id for a in self.members.current.all)
 
     async def _fresh_owner(self, dataset: str) -> OwnerRecord | None:
         return (await self.owners.read_fresh(dataset)).record

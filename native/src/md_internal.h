@@ -134,10 +134,14 @@ static inline uint32_t md_filter1(uint32_t s1, uint32_t s2) {
  * ask for the portable code (MD_PORTABLE, a per-thread switch that each API entry
  * point sets and md_parallel_for hands to its workers). */
 int md_cpu_avx2(void);
-/* Nonzero when the CPU runs AVX-512 F/BW/VL and the switch is 0 (the switch's
+/* Nonzero when the CPU runs AVX-512 F/BW/VL and the switch is 0 or 3 (the switch's
  * level 2, for the tests only, stops at AVX2: every kernel level writes the same
  * bytes, and the tests compare them). */
 int md_cpu_avx512(void);
+/* Nonzero when md_cpu_avx512() is and the CPU also runs AVX-512 VBMI (byte
+ * permutes across two registers) and the switch is 0 (its level 3, for the tests
+ * only, stops at AVX-512 without VBMI). */
+int md_cpu_avx512vbmi(void);
 void md_set_portable(int portable);
 int md_get_portable(void);
 /* The API's common argument checks: threads (0..4) and flags; sets the switch above. */

@@ -128,12 +128,10 @@ __attribute__((target("avx2"))) static inline __m256i enc_vec(__m256i x, const e
 /* Sixteen lanes at once (AVX-512): the words of the lanes that emit compressed to
  * the bottom of a vector (vpcompressd), narrowed to 16 bits and written by a masked
  * store right below p, with no lookup table for their order. */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512i enc_vec16(__m512i x, const esym_v *t,
-                                                                                      const uint8_t *s16,
-                                                                                      uint8_t **pp) {
-    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s16));
-    __m512i rcp = _mm512_i32gather_epi32(idx, (const int *)t->rcp, 4);
-    __m512i pk = _mm512_i32gather_epi32(idx, (const int *)t->packed, 4);
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline __m512i enc_step16(__m512i x,
+                                                                                                   __m512i rcp,
+                                                                                                   __m512i pk,
+                                                                                                   uint8_t **pp) {
     __m512i bias = _mm512_and_si512(pk, _mm512_set1_epi32(0x1fff));
     __m512i cmpl = _mm512_and_si512(_mm512_srli_epi32(pk, 13), _mm512_set1_epi32(0xfff));
     __m512i shift = _mm512_srli_epi32(pk, 25);
@@ -148,6 +146,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512i enc_v
     __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), _mm512_srli_epi64(rcp, 32));
     __m512i q = _mm512_srlv_epi32(_mm512_mask_blend_epi32(0xAAAA, even, odd), shift);
     return _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_mullo_epi32(q, cmpl));
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512i enc_vec16(__m512i x, const esym_v *t,
+                                                                                      const uint8_t *s16,
+                                                                                      uint8_t **pp) {
+    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s16));
+    __m512i rcp = _mm512_i32gather_epi32(idx, (const int *)t->rcp, 4);
+    __m512i pk = _mm512_i32gather_epi32(idx, (const int *)t->packed, 4);
+    return enc_step16(x, rcp, pk, pp);
 }
 
 /* top[m]: the lanes set in m, in order, moved to the top of the vector */
@@ -169,6 +175,7 @@ static void top_init(void) {
  * from the end of dst (moved up behind the header and states at the end). */
 typedef struct enc16 {
     const uint8_t *src;
+    const uint32_t *count; /* the caller's counts, while encoding */
     size_t i, hdr;
     unsigned lanes;
     uint8_t *dst, *end, *p, *floor;
@@ -199,6 +206,7 @@ static int enc_open(enc16 *e, const uint8_t *src, size_t n, const uint32_t count
     /* A group writes at most GROUP_BYTES (plus the one word stored without being
      * emitted), so one check per group keeps every write above the states. */
     e->src = src;
+    e->count = count;
     e->dst = dst;
     e->end = e->p = dst + cap;
     e->floor = dst + e->hdr + lanes * 4 + GROUP_BYTES(lanes) + 2;
@@ -330,11 +338,161 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void enc_avx512_32(e
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void enc_avx512_64(enc16 *a, enc16 *b) {
     enc_avx512_n(a, b, 4);
 }
+
+/* Gather-free lookups for small alphabets (AVX-512 VBMI). The gathers of the
+ * kernels above are half of the encoder's time: each fetches sixteen words with
+ * sixteen loads. The planes that matter most hold few symbols (the coded high plane
+ * of bf16 changes holds 8-31 in every 1 MiB chunk), so where at most 32 symbols have
+ * a count, each symbol's rank among them comes from a 256-entry byte table for 64
+ * symbols at once (vpermi2b looks up 128 entries held in two registers: two of them
+ * and a blend on bit 7), and the rank's rcp and packed words from two registers for
+ * sixteen lanes at once (vpermi2d). A plane with more symbols keeps the gathers:
+ * byte tables for all 256 symbols (eight byte lookups per 64 symbols, then unpacks
+ * into dwords) measured no faster than them. The states' arithmetic is enc_step16's,
+ * so the bytes are those of every other kernel. */
+#define VBMI_TARGET "avx512f,avx512bw,avx512vl,avx512vbmi"
+
+typedef struct esym_b {
+    _Alignas(64) uint8_t rank[256];
+    _Alignas(64) uint32_t rcp[32], packed[32];
+    int small; /* at most 32 symbols have a count; otherwise the gathers */
+} esym_b;
+
+/* A symbol without a count cannot be decoded, so no valid input holds one: ranks
+ * are given only to the symbols with a count. */
+static void enc_small(enc16 *e, esym_b *b) {
+    enc_tables(e);
+    unsigned k = 0;
+    memset(b, 0, sizeof *b);
+    for (unsigned s = 0; s < 256 && k <= 32; s++)
+        if (e->count[s]) {
+            if (k < 32) {
+                b->rank[s] = (uint8_t)k;
+                b->rcp[k] = e->v.rcp[s];
+                b->packed[k] = e->v.packed[s];
+            }
+            k++;
+        }
+    b->small = k <= 32;
+}
+
+/* rcp and packed of the 64 symbols in sym, sixteen lanes a vector, in lane order:
+ * the ranks of the 64 symbols, then for each vector the rank of its lanes' symbols
+ * in the low byte of each dword (vpermb), the index vpermi2d takes (its low five bits). */
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void lut64_small(__m512i sym, const esym_b *b,
+                                                                                  __m512i rcp[4], __m512i pk[4]) {
+    const __m512i *r = (const __m512i *)b->rank;
+    __mmask64 hi = _mm512_movepi8_mask(sym);
+    __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(r), sym, _mm512_load_si512(r + 1));
+    __m512i up = _mm512_permutex2var_epi8(_mm512_load_si512(r + 2), sym, _mm512_load_si512(r + 3));
+    __m512i rk = _mm512_mask_blend_epi8(hi, lo, up);
+    const __m512i r0 = _mm512_load_si512((const void *)b->rcp), r1 = _mm512_load_si512((const void *)(b->rcp + 16));
+    const __m512i p0 = _mm512_load_si512((const void *)b->packed);
+    const __m512i p1 = _mm512_load_si512((const void *)(b->packed + 16));
+    for (unsigned v = 0; v < 4; v++) {
+        /* dword j of vector v takes byte 16 v + j */
+        __m512i spread = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32((int)(16 * v)));
+        __m512i idx = _mm512_permutexvar_epi8(spread, rk);
+        rcp[v] = _mm512_permutex2var_epi32(r0, idx, r1);
+        pk[v] = _mm512_permutex2var_epi32(p0, idx, p1);
+    }
+}
+
+/* The constants of the 64 symbols at s, by lookups or by gathers. */
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void consts64(const enc16 *e, const esym_b *b,
+                                                                               __m512i sym, const uint8_t *s,
+                                                                               __m512i rcp[4], __m512i pk[4]) {
+    if (b->small) {
+        lut64_small(sym, b, rcp, pk);
+        return;
+    }
+    for (unsigned v = 0; v < 4; v++) {
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(s + 16 * v)));
+        rcp[v] = _mm512_i32gather_epi32(idx, (const int *)e->v.rcp, 4);
+        pk[v] = _mm512_i32gather_epi32(idx, (const int *)e->v.packed, 4);
+    }
+}
+
+/* The groups of one plane in the 64 symbols below src + i (i a multiple of 64):
+ * one group of 64 lanes, or two of 32, the upper first; a plane that reaches its
+ * floor stops after the group that reached it. */
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void block_vbmi(enc16 *e, const esym_b *b,
+                                                                                 __m512i *x, uint8_t **pp,
+                                                                                 unsigned nv) {
+    __m512i rcp[4], pk[4];
+    const uint8_t *s = e->src + e->i - 64;
+    consts64(e, b, b->small ? _mm512_loadu_si512((const void *)s) : _mm512_setzero_si512(), s, rcp, pk);
+    if (nv == 4) {
+        for (unsigned v = 4; v--;) x[v] = enc_step16(x[v], rcp[v], pk[v], pp);
+        e->i -= 64;
+        return;
+    }
+    x[1] = enc_step16(x[1], rcp[3], pk[3], pp);
+    x[0] = enc_step16(x[0], rcp[2], pk[2], pp);
+    e->i -= 32;
+    if (*pp < e->floor) return;
+    x[1] = enc_step16(x[1], rcp[1], pk[1], pp);
+    x[0] = enc_step16(x[0], rcp[0], pk[0], pp);
+    e->i -= 32;
+}
+
+/* With 32 lanes and an odd number of groups: the top group alone. */
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void odd_vbmi(enc16 *e, const esym_b *b,
+                                                                               __m512i *x, uint8_t **pp) {
+    for (unsigned v = 2; v--;) {
+        const uint8_t *s = e->src + e->i - 32 + 16 * v;
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s));
+        (void)b;
+        x[v] = enc_step16(x[v], _mm512_i32gather_epi32(idx, (const int *)e->v.rcp, 4),
+                          _mm512_i32gather_epi32(idx, (const int *)e->v.packed, 4), pp);
+    }
+    e->i -= 32;
+}
+
+__attribute__((target(VBMI_TARGET), always_inline)) static inline void enc_vbmi_n(enc16 *a, enc16 *b,
+                                                                                 unsigned nv) {
+    esym_b ta, tb;
+    __m512i xa[4], xb[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                            _mm512_setzero_si512()};
+    uint8_t *pa = a->p, *pb = NULL;
+    enc_small(a, &ta);
+    for (unsigned v = 0; v < nv; v++) xa[v] = _mm512_loadu_si512((const void *)(a->x + 16 * v));
+    if (b) {
+        enc_small(b, &tb);
+        for (unsigned v = 0; v < nv; v++) xb[v] = _mm512_loadu_si512((const void *)(b->x + 16 * v));
+        pb = b->p;
+    }
+    /* (a pair's planes have the same length, so the same number of groups) */
+    if (nv == 2 && a->i % 64) {
+        if (pa >= a->floor) odd_vbmi(a, &ta, xa, &pa);
+        if (b && pb >= b->floor) odd_vbmi(b, &tb, xb, &pb);
+    }
+    if (b)
+        while ((a->i && pa >= a->floor) || (b->i && pb >= b->floor)) {
+            if (a->i && pa >= a->floor) block_vbmi(a, &ta, xa, &pa, nv);
+            if (b->i && pb >= b->floor) block_vbmi(b, &tb, xb, &pb, nv);
+        }
+    else
+        while (a->i && pa >= a->floor) block_vbmi(a, &ta, xa, &pa, nv);
+    for (unsigned v = 0; v < nv; v++) _mm512_storeu_si512((void *)(a->x + 16 * v), xa[v]);
+    a->p = pa;
+    if (b) {
+        for (unsigned v = 0; v < nv; v++) _mm512_storeu_si512((void *)(b->x + 16 * v), xb[v]);
+        b->p = pb;
+    }
+}
+__attribute__((target(VBMI_TARGET))) static void enc_vbmi_32(enc16 *a, enc16 *b) { enc_vbmi_n(a, b, 2); }
+__attribute__((target(VBMI_TARGET))) static void enc_vbmi_64(enc16 *a, enc16 *b) { enc_vbmi_n(a, b, 4); }
 #endif
 
 /* a, and b when not NULL (with the same lanes) */
 static void enc_run(enc16 *a, enc16 *b) {
 #if MD_RANS16_SIMD
+    if (md_cpu_avx512vbmi()) {
+        (a->lanes == 64 ? enc_vbmi_64 : enc_vbmi_32)(a, b);
+        return;
+    }
     if (md_cpu_avx512()) {
         (a->lanes == 64 ? enc_avx512_64 : enc_avx512_32)(a, b);
         return;

@@ -488,16 +488,18 @@ static void rans(void) {
 
 /* The 32- and 64-state rANS of plane codecs 3 and 4: exact round trips on skewed,
  * constant, uniform and bell-shaped inputs of lengths around the group sizes, the
- * AVX-512, AVX2 and portable coders (switch levels 0, 2, 1) writing and reading the
+ * AVX-512 VBMI, AVX-512, AVX2 and portable coders (switch levels 0, 3, 2, 1) writing and reading the
  * same bytes; an output that does not fit is refused; single-byte changes and cuts
  * are refused or stay in bounds (ASan watches); a plane is not read with the other
  * codec's state count. */
 static void rans16(void) {
     size_t sizes[] = {1, 31, 32, 33, 63, 64, 65, 95, 97, 127, 129, 1000, 4099, 65537, 200003};
-    static const int levels[3] = {0, 2, 1}; /* best kernel, AVX2 at most, portable */
+    /* best kernel, AVX-512 without VBMI at most, AVX2 at most, portable */
+    static const int levels[] = {0, 3, 2, 1};
+    const int nl = (int)(sizeof levels / sizeof levels[0]);
     for (unsigned lanes = 32; lanes <= 64; lanes += 32)
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        for (int kind = 0; kind < 4; kind++) {
+        for (int kind = 0; kind < 6; kind++) {
             size_t n = sizes[si], cap = 2 * n + 1024;
             uint8_t *src = malloc(n), *back = malloc(n), *dst = malloc(cap), *dst_p = malloc(cap);
             uint32_t count[256] = {0};
@@ -505,23 +507,27 @@ static void rans16(void) {
                 uint64_t r = rnd();
                 unsigned bell = 0;
                 for (int k = 0; k < 40; k++) bell += (unsigned)((r >> (k % 32)) & 3) % 3;
+                /* kinds 4 and 5: 32 and 33 symbols, half of them near 255 (the small
+                 * alphabet kernel takes at most 32) */
                 src[i] = kind == 0 ? (uint8_t)((r % 100) < 90 ? 0 : r % 7)
                          : kind == 1 ? 42
                          : kind == 2 ? (uint8_t)r
-                                     : (uint8_t)bell;
+                         : kind == 3 ? (uint8_t)bell
+                         : kind == 4 ? (uint8_t)(r % 32 < 16 ? r % 16 : 255 - r % 16)
+                                     : (uint8_t)(r % 33 < 17 ? r % 17 : 255 - r % 16);
                 count[src[i]]++;
             }
             md_set_portable(0);
             size_t len = md_rans16_encode(src, n, count, dst, cap, lanes);
             CHECK(len > 0, "rans16/%u: %zu bytes, kind %d: not coded", lanes, n, kind);
-            for (int l = 1; l < 3; l++) {
+            for (int l = 1; l < nl; l++) {
                 md_set_portable(levels[l]);
                 memset(dst_p, 0, cap);
                 size_t len_p = md_rans16_encode(src, n, count, dst_p, cap, lanes);
                 CHECK(len == len_p && memcmp(dst, dst_p, len) == 0,
                       "rans16/%u: %zu bytes, kind %d: level %d writes other bytes", lanes, n, kind, levels[l]);
             }
-            for (int l = 0; l < 3; l++) {
+            for (int l = 0; l < nl; l++) {
                 md_set_portable(levels[l]);
                 memset(back, 0, n);
                 CHECK(md_rans16_decode(dst, len, back, n, lanes) == 0 && memcmp(back, src, n) == 0,
@@ -540,7 +546,7 @@ static void rans16(void) {
                       "rans16/%u: a uniform plane fit in raw size", lanes);
             for (size_t i = 0; i < len; i = sample_next(i, len)) {
                 dst[i] ^= 0x40;
-                for (int l = 0; l < 3; l++) {
+                for (int l = 0; l < nl; l++) {
                     md_set_portable(levels[l]);
                     (void)md_rans16_decode(dst, len, back, n, lanes);
                 }
@@ -558,7 +564,7 @@ static void rans16(void) {
                     /* the pair coder writes what the single one does */
                     uint8_t *pa = malloc(cap), *pb = malloc(cap);
                     size_t la, lb;
-                    for (int l = 0; l < 3; l++) {
+                    for (int l = 0; l < nl; l++) {
                         md_set_portable(levels[l]);
                         md_rans16_encode2(src, count, pa, &la, other, oc, pb, &lb, n, cap, lanes);
                         CHECK(la == len && lb == olen && memcmp(pa, dst, len) == 0 && memcmp(pb, oenc, olen) == 0,
@@ -568,7 +574,7 @@ static void rans16(void) {
                     free(pa);
                     free(pb);
                 }
-                for (int l = 0; l < 3; l++) {
+                for (int l = 0; l < nl; l++) {
                     md_set_portable(levels[l]);
                     memset(back, 0, n);
                     memset(oback, 0, n);
