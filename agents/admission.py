@@ -340,6 +340,18 @@ class Admission:
         self._fenced(dataset, epoch)  # a handover marked in etcd refuses it (UNAVAILABLE)
         return placement
 
+    async def owner_now(self, dataset: str) -> OwnerRecord | None:
+        """The owner record read from etcd now (`fresh_owner`; the bounded-age `owners`
+        without one), told to the fence: an owner whose push a replica refused as stale
+        asks this to tell a re-claim by its own region (a newer epoch the watch has not
+        delivered yet) from a real loss of ownership, and its next write is admitted at
+        the epoch read."""
+        read = self._fresh_owner or self._owners.owner
+        owner = await read(dataset)
+        if owner is not None:
+            self._fence.observe(dataset, owner.epoch, handing_over=owner.handing_over)
+        return owner
+
     def _fenced(self, dataset: str, epoch: int) -> None:
         try:
             self._fence.admit(dataset, epoch)

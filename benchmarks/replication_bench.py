@@ -38,6 +38,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import bench_harness  # noqa: F401 - puts tests/ (the process harness) on the path
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -71,12 +72,31 @@ DATASET = "corpus/bench"  # standard, copies anywhere (the harness's world polic
 PARTITIONS = 12
 
 
+class StampedConsumer(KafkaConsumer):
+    """The replicator's consumer, noting when each record's poll returned it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.polled_at: dict[bytes, float] = {}  # record key -> time.time() of its poll
+
+    async def poll(self, max_records: int, timeout_ms: int) -> list[Record]:
+        records = await super().poll(max_records, timeout_ms)
+        now = time.time()
+        for r in records:
+            if r.key is not None:
+                self.polled_at.setdefault(r.key, now)
+        return records
+
+
 class Timed:
-    """An `AgentPort` that notes when each event's apply was answered (its commit)."""
+    """An `AgentPort` that notes when each event's apply was answered (its commit), and
+    when its call to the agent started."""
 
     def __init__(self, inner: AgentPort) -> None:
         self.inner = inner
         self.done_at: dict[str, float] = {}  # event key -> time.time() of its first effect
+        self.called_at: dict[str, float] = {}  # event key -> time.time() its call started
+        self.batch_calls: list[tuple[int, float]] = []  # (events, seconds) of each call
         self.fetch_s: list[float] = []  # how long each fetch call took
         self._noted = asyncio.Event()
 
@@ -116,7 +136,11 @@ class Timed:
         return r
 
     async def apply_many(self, events: Sequence[ChangeEvent]) -> list[ApplyResult | Exception]:
+        now = time.time()
+        for e in events:
+            self.called_at.setdefault(e.key, now)
         r = await self.inner.apply_many(events)
+        self.batch_calls.append((len(events), time.time() - now))
         self._note(events)
         return r
 
@@ -176,7 +200,7 @@ class Replicator:
         self.config = ReplicatorConfig(region=REGION, max_in_flight=64, commit_interval_s=0.05)
         self.journal = RecordJournal(folder / f"journal-{uuid.uuid4().hex}.db")
         self.metrics = ReplicatorMetrics(REGION)
-        self.consumer = KafkaConsumer(kafka, topics=[topic], group_id=f"bench-{uuid.uuid4().hex}")
+        self.consumer = StampedConsumer(kafka, topics=[topic], group_id=f"bench-{uuid.uuid4().hex}")
         snapshot: list[CompiledPolicy] = []
 
         class Letters:
@@ -277,9 +301,16 @@ async def bare_loop(
 
 
 async def paced(
-    producer: KafkaProducer, topic: str, rate: int, seconds: float, tag: str, sent: dict[str, float]
+    producer: KafkaProducer,
+    topic: str,
+    rate: int,
+    seconds: float,
+    tag: str,
+    sent: dict[str, float],
+    queued: dict[str, float] | None = None,
 ) -> int:
-    """Publish 1 KiB events at `rate`/s for `seconds`; note each one's Kafka ack time."""
+    """Publish 1 KiB events at `rate`/s for `seconds`; note each one's Kafka ack time (and
+    in `queued`, when its send began)."""
     tick = 0.01
     per_tick = max(1, int(rate * tick))
     total = int(rate * seconds)
@@ -287,6 +318,10 @@ async def paced(
     i = 0
     while i < total:
         batch = [event(i + j, os.urandom(KiB), tag) for j in range(min(per_tick, total - i))]
+        if queued is not None:
+            began = time.time()
+            for e in batch:
+                queued[e.key] = began
         acks = await producer.send_many(
             topic, [(e.log_key.encode(), encode_change_event(e)) for e in batch]
         )
@@ -301,21 +336,45 @@ async def paced(
     return total
 
 
+STAGES = ("send → Kafka ack", "Kafka ack → polled", "polled → agent call", "agent call → commit")
+
+
 async def lag_run(
     kafka: str, agent: AgentPort, rate: int, seconds: int, folder: Path, policy: CompiledPolicy
-) -> list[float]:
+) -> tuple[list[float], dict[str, list[float]]]:
+    """Each event's lag (its Kafka ack → its commit answered in eu-central), and the
+    seconds each event spent in each of `STAGES` (keyed by stage)."""
     topic = await new_topic(kafka, "lag")
     timed = Timed(agent)
     rep = Replicator(kafka, topic, timed, folder)
     sent: dict[str, float] = {}
+    queued: dict[str, float] = {}
 
     async def body(loop: ReplicatorLoop) -> None:
         async with KafkaProducer(kafka, linger_ms=1) as producer:
-            await paced(producer, topic, rate, seconds, "lag", sent)
+            await paced(producer, topic, rate, seconds, "lag", sent, queued)
         await timed.wait_all(set(sent), 600)
 
     await rep.run(policy, body)
-    return [timed.done_at[k] - t for k, t in sent.items()]
+    calls = timed.batch_calls
+    if calls:
+        mean = sum(n for n, _ in calls) / len(calls)
+        print(
+            f"lag run: {len(calls)} batch calls, {mean:.1f} events each on average, "
+            f"p50 {pct([t for _, t in calls], 50) * 1000:.0f} ms",
+            file=sys.stderr,
+        )
+    stages: dict[str, list[float]] = {name: [] for name in STAGES}
+    polled = rep.consumer.polled_at
+    for k, acked in sent.items():
+        got = polled.get(f"{DATASET}/{k}".encode())
+        called = timed.called_at.get(k)
+        if got is None or called is None:
+            continue  # applied one by one (not in a batch call): no stage marks
+        marks = (queued[k], acked, got, called, timed.done_at[k])
+        for name, a, b in zip(STAGES, marks, marks[1:], strict=False):
+            stages[name].append(b - a)
+    return [timed.done_at[k] - t for k, t in sent.items()], stages
 
 
 async def partition_run(
@@ -431,7 +490,10 @@ async def main() -> int:
     parser.add_argument("--partition-s", type=float, default=60.0)
     parser.add_argument("--large", default="1:20,64:2", help="MiB:count,... of fetched objects")
     parser.add_argument(
-        "--only-throughput", action="store_true", help="the throughput rows only (profiling)"
+        "--only-lag", action="store_true", help="the lag rows only, with each stage's share"
+    )
+    parser.add_argument(
+        "--only-throughput", action="store_true", help="the throughput and CPU rows only"
     )
     args = parser.parse_args()
     # As `meridian replicator run` logs (one JSON line per event on stderr, which the
@@ -463,6 +525,36 @@ async def main() -> int:
                 a.stop()
 
 
+def header() -> None:
+    print(f"| {'measure':<58} | {'result':>16} | {'target':>22} | ok |")
+    print(f"|{'-' * 60}|{'-' * 18}|{'-' * 24}|----|")
+
+
+def row(name: str, result: str, target: str, ok: bool | None) -> None:
+    mark = "" if ok is None else ("yes" if ok else "NO")
+    print(f"| {name:<58} | {result:>16} | {target:>22} | {mark:>2} |")
+
+
+def lag_rows(args: argparse.Namespace, lags: list[float], stages: dict[str, list[float]]) -> None:
+    p50, p99 = pct(lags, 50) * 1000, pct(lags, 99) * 1000
+    row(
+        f"lag at {args.rate}/s for {args.seconds} s, p50 (Kafka ack → commit)",
+        f"{p50:,.0f} ms",
+        "≤ 100 ms",
+        p50 <= 100,
+    )
+    row(f"lag at {args.rate}/s, p99", f"{p99:,.0f} ms", "≤ 1,000 ms", p99 <= 1000)
+    row(f"lag at {args.rate}/s, max", f"{max(lags) * 1000:,.0f} ms", "", None)
+    for name, spent in stages.items():
+        if spent:
+            row(
+                f"  stage {name}, p50 / p99",
+                f"{pct(spent, 50) * 1000:,.0f} / {pct(spent, 99) * 1000:,.0f} ms",
+                "",
+                None,
+            )
+
+
 async def measure(
     args: argparse.Namespace,
     kafka: str,
@@ -472,6 +564,13 @@ async def measure(
     folder: Path,
     policy: CompiledPolicy,
 ) -> int:
+    if args.only_lag:
+        async with GrpcAgent(agents[REGION].address) as agent:
+            lags, stages = await lag_run(kafka, agent, args.rate, args.seconds, folder, policy)
+        print(f"\nreplication benchmark: lag at {args.rate}/s into {REGION}, one run\n")
+        header()
+        lag_rows(args, lags, stages)
+        return 0
     topic = await new_topic(kafka, "apply")
     base = system_ms() - 60_000
     await publish(
@@ -497,14 +596,23 @@ async def measure(
         # replicator's loop). Both include what ran while the consumer group formed.
         agent_cpu, repl_cpu = cpu_s(pid) - agent_before, time.process_time() - mine
         print(f"real agent: {n / real:,.0f}/s; null: {n / null:,.0f}/s", file=sys.stderr)
-        if args.only_throughput:
-            return 0
-        lags = await lag_run(kafka, agent, args.rate, args.seconds, folder, policy)
-        drain, cut_events = await partition_run(
-            kafka, wan_kafka, faults, agent, args.partition_rate, args.partition_s, folder, policy
-        )
+        lags: list[float] = []
+        stages: dict[str, list[float]] = {}
+        drain, cut_events = 0.0, 0
         large: list[tuple[int, int, float]] = []
-        for spec in args.large.split(","):
+        if not args.only_throughput:
+            lags, stages = await lag_run(kafka, agent, args.rate, args.seconds, folder, policy)
+            drain, cut_events = await partition_run(
+                kafka,
+                wan_kafka,
+                faults,
+                agent,
+                args.partition_rate,
+                args.partition_s,
+                folder,
+                policy,
+            )
+        for spec in [] if args.only_throughput else args.large.split(","):
             mib, count = (int(x) for x in spec.split(":"))
             secs = await large_run(
                 kafka, west, agent, agents[ORIGIN].address, mib * MiB, count, folder, policy
@@ -512,12 +620,7 @@ async def measure(
             large.append((mib, count, secs))
     rate = n / real
     print(f"\nreplication benchmark: {n} objects of 1 KiB into {REGION}, one run\n")
-    print(f"| {'measure':<58} | {'result':>16} | {'target':>22} | ok |")
-    print(f"|{'-' * 60}|{'-' * 18}|{'-' * 24}|----|")
-
-    def row(name: str, result: str, target: str, ok: bool | None) -> None:
-        mark = "" if ok is None else ("yes" if ok else "NO")
-        print(f"| {name:<58} | {result:>16} | {target:>22} | {mark:>2} |")
+    header()
 
     row("bare aiokafka → file, fsync per message → commit", f"{n / bare_msg:,.0f}/s", "", None)
     row(
@@ -549,15 +652,9 @@ async def measure(
         "",
         None,
     )
-    p50, p99 = pct(lags, 50) * 1000, pct(lags, 99) * 1000
-    row(
-        f"lag at {args.rate}/s for {args.seconds} s, p50 (Kafka ack → commit)",
-        f"{p50:,.0f} ms",
-        "≤ 100 ms",
-        p50 <= 100,
-    )
-    row(f"lag at {args.rate}/s, p99", f"{p99:,.0f} ms", "≤ 1,000 ms", p99 <= 1000)
-    row(f"lag at {args.rate}/s, max", f"{max(lags) * 1000:,.0f} ms", "", None)
+    if args.only_throughput:
+        return 0
+    lag_rows(args, lags, stages)
     row(
         f"drain after a {args.partition_s:g} s partition at {args.partition_rate}/s "
         f"({cut_events} events)",

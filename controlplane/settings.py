@@ -136,6 +136,11 @@ class Settings(BaseSettings):
     # On SIGTERM an agent of a region of several hands what it holds to the others
     # first, for at most this long (then it stops; the copies left move on its loss).
     drain_timeout_s: float = Field(30.0, ge=0)
+    # An agent whose listening port refuses connections (twice, a moment apart) is
+    # marked down by a peer at once, its registration's lease revoked, instead of after
+    # the lease lapses (agents/placement/fastfail.py; Ceph's
+    # osd_fast_fail_on_connection_refused). Off: only the lease decides.
+    fast_fail_on_refused: bool = Field(True)
     # The read-through cache (issue 16, agents/cache/): `region=SIZE,...` bounds each
     # agent's cache in that region (a region not named has none); how many shards
     # ahead a sequential reader is prefetched (0: off); how long entries are trusted

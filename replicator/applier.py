@@ -64,6 +64,7 @@ from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.changelog import Record
 from meridian.convert import decode_log_event
 from replicator import dlq
+from replicator.coalesce import CoalescedCalls
 from replicator.config import ReplicatorConfig
 from replicator.guard import Admission, Decision, admit, sources_for
 from replicator.journal import RecordJournal, ReplicaRecord
@@ -117,7 +118,14 @@ class Applier:
         self._on_record = on_record
         self._sleep = sleep
         self._decided_under: CompiledPolicy | None = None
-        self._batch_gate = asyncio.Semaphore(config.max_batch_calls)
+        # Runs waiting for a free call merge into it (coalesce.py): one call per run
+        # queued 64 small runs behind 2 calls under a trickle of events.
+        self._batch_calls = CoalescedCalls(
+            agent.apply_many,
+            max_calls=config.max_batch_calls,
+            max_events=config.batch_max_events,
+            max_bytes=config.batch_max_bytes,
+        )
         self._decisions: dict[str, Decision] = {}
 
     # -- the pipeline --------------------------------------------------------------------
@@ -150,12 +158,48 @@ class Applier:
         self._metrics.events.labels(result).inc()
         return result
 
-    async def handle_many(self, records: Sequence[Record]) -> list[str]:
+    async def handle_many(
+        self,
+        records: Sequence[Record],
+        on_done: Callable[[Sequence[int]], None] = lambda _: None,
+    ) -> list[str]:
         """`handle` for a run of records (each partition's in log order), batched (module
-        docstring); what became of each, in order. Returns once every effect is durable."""
+        docstring); what became of each, in order. Returns once every effect is durable.
+        `on_done` is told the indices of records whose effect is durable (and logged)
+        as soon as it is, before the rest of the run has finished: a slow fetch then
+        holds back only its own partition's offsets, not every partition of the run."""
         if len(records) == 1:
-            return [await self.handle(records[0])]
+            result = await self.handle(records[0])
+            on_done([0])
+            return [result]
         results: list[str] = [""] * len(records)
+        reported: set[int] = set()
+
+        def finish(indices: Sequence[int]) -> None:
+            """Log and count these records' results (each once), then report them."""
+            fresh = [n for n in indices if n not in reported]
+            counts: dict[str, int] = {}
+            for n in fresh:
+                reported.add(n)
+                result = results[n]
+                counts[result] = counts.get(result, 0) + 1
+                change = events.get(n)
+                if change is not None:
+                    log.info(
+                        "event_applied",
+                        region=self.region,
+                        event_id=change.event_id,
+                        dataset=change.dataset,
+                        key=change.key,
+                        version=str(change.version.hlc),
+                        outcome=result,
+                        t=time.time(),
+                    )
+            for result, count in counts.items():
+                self._metrics.events.labels(result).inc(count)
+            if fresh:
+                on_done(fresh)
+
         events: dict[int, ChangeEvent] = {}
         rounds: list[list[tuple[int, CompiledPolicy]]] = []
         depth: dict[tuple[str, str], int] = {}
@@ -182,28 +226,12 @@ class Applier:
                 rounds.append([])
             rounds[k].append((n, got))
         for round_ in rounds:
-            await self._apply_round(records, events, round_, results)
+            await self._apply_round(records, events, round_, results, finish)
         # One by one, in log order (one set id's events keep theirs); after the batch's
         # member events, which is only quicker: a set applies in any order to them.
         for n, set_event in sets:
             results[n] = await self._handle_set(records[n], set_event)
-        counts: dict[str, int] = {}
-        for n, result in enumerate(results):
-            counts[result] = counts.get(result, 0) + 1
-            change = events.get(n)
-            if change is not None:
-                log.info(
-                    "event_applied",
-                    region=self.region,
-                    event_id=change.event_id,
-                    dataset=change.dataset,
-                    key=change.key,
-                    version=str(change.version.hlc),
-                    outcome=result,
-                    t=time.time(),
-                )
-        for result, count in counts.items():
-            self._metrics.events.labels(result).inc(count)
+        finish(range(len(records)))  # the rest: decided without a copy, sets
         return results
 
     async def _apply_round(
@@ -212,9 +240,12 @@ class Applier:
         events: dict[int, ChangeEvent],
         round_: list[tuple[int, CompiledPolicy]],
         results: list[str],
+        finish: Callable[[Sequence[int]], None],
     ) -> None:
         """Events of distinct objects: the batchable ones in `apply_many` calls (bounded
-        by count and bytes), the others (fetches, set members) one by one, at once."""
+        by count and bytes), the others (fetches, set members) one by one, at once; each
+        `finish`ed once its effect and its record are in (the journal is flushed before
+        any offset is committed)."""
         batches: list[list[tuple[int, CompiledPolicy]]] = [[]]
         size = 0
         singles: list[tuple[int, CompiledPolicy]] = []
@@ -235,6 +266,7 @@ class Applier:
 
         async def one(n: int, policy: CompiledPolicy) -> None:
             results[n] = await self._apply(records[n], events[n], policy)
+            finish([n])
 
         async def one_by_one(items: list[tuple[int, CompiledPolicy]]) -> None:
             gate = asyncio.Semaphore(_SINGLES_AT_ONCE)  # not a burst of calls at the agent
@@ -255,6 +287,7 @@ class Applier:
                 return
             retry: list[tuple[int, CompiledPolicy]] = []
             done: list[ReplicaRecord] = []
+            settled: list[int] = []
             for (n, policy), answer in zip(batch, answers, strict=True):
                 event = events[n]
                 if isinstance(answer, ApplyResult):
@@ -264,9 +297,12 @@ class Applier:
                     results[n] = "refused"
                 else:
                     retry.append((n, policy))
+                    continue
+                settled.append(n)
             if done:
                 self._journal.append_many(done)
                 self._on_record()
+            finish(settled)
             await one_by_one(retry)
 
         await asyncio.gather(
@@ -274,8 +310,9 @@ class Applier:
         )
 
     async def _call_batch(self, events: list[ChangeEvent]) -> list[ApplyResult | Exception] | None:
-        """The agent's answers to one batch, at most `max_batch_calls` batches at the agent
-        at once (a busy agent gets a queue here, not a pile of calls that time out). A
+        """The agent's answers to one batch, at most `max_batch_calls` calls at the agent
+        at once (a busy agent gets a queue here, not a pile of calls that time out; the
+        batches in that queue go out merged). A
         retriable failure of the whole call (the agent busy or away) retries the whole
         batch with backoff; after `max_attempts`, or a failure the call itself cannot
         get past (a malformed item, an agent without the call), None: one by one, on
@@ -283,8 +320,7 @@ class Applier:
         attempt = 0
         while True:
             try:
-                async with self._batch_gate:
-                    return await self._agent.apply_many(events)
+                return await self._batch_calls.submit(events)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the events go one by one then

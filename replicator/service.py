@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from controlplane.errors import MeridianError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
@@ -157,16 +157,21 @@ class ReplicatorLoop(Lifecycle):
         return [run for run in runs if run]
 
     async def _run(self, records: list[Record]) -> None:
+        def done(indices: Sequence[int]) -> None:
+            # As each effect is durable, not when the whole run is: one slow fetch would
+            # hold back the commits of every partition in the run.
+            for n in indices:
+                record = records[n]
+                self._offsets.done((record.topic, record.partition), record.offset)
+
         try:
-            await self._applier.handle_many(records)
+            await self._applier.handle_many(records, done)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # pragma: no cover - the applier records every failure
             log.exception("apply_crashed", error=str(exc))
             raise
         self.handled += len(records)
-        for record in records:
-            self._offsets.done((record.topic, record.partition), record.offset)
         async with self._progress:
             self._progress.notify_all()
 

@@ -15,7 +15,8 @@ Start (each step raises one clear error, and what was started is stopped again):
    the catalog, the outbox drain publishing change events to Kafka (neither needs
    its engine up to start);
 6. the metrics endpoint, if asked;
-7. the registration on a lease (last, so that a listed agent answers).
+7. the registration on a lease (last, so that a listed agent answers), then the
+   rebalance and the fast-fail watch on two region peers (agents/placement/fastfail.py).
 
 Stop (SIGTERM): the registration goes first (its lease revoked, so peers stop
 choosing this agent at once), then the server stops accepting calls and gives
@@ -43,8 +44,10 @@ from agents.daemon.registration import AgentRecord, Registration
 from agents.metrics import AgentMetrics
 from agents.owners import EtcdOwners
 from agents.placement import MembershipWatch
+from agents.placement.fastfail import FastFailDetector
 from agents.rebalance import Rebalancer
 from agents.replication import EtcdPeers, SyncReplication
+from agents.replication.replica_pushes import ReplicaPushes
 from agents.replication.replica_sets import ReplicaSets
 from agents.replication.sync import Adopt
 from agents.routing import PeerStubs, RoutedAgentService
@@ -113,6 +116,7 @@ class NodeAgent(Lifecycle):
         self.replication: SyncReplication | None = None
         self.holdings: HoldingsPublisher | None = None
         self.rebalancer: Rebalancer | None = None
+        self.fast_fail: FastFailDetector | None = None
         self.sweeper: ResumeSweeper | None = None
         self.cache: ReadCache | None = None
         self.prefetcher: Prefetcher | None = None
@@ -166,6 +170,7 @@ class NodeAgent(Lifecycle):
             # Reused for a second (not read from etcd at every push): see peers.py.
             EtcdPeers(self.coord, self.settings.agent_address, max_age_s=PEER_MAX_AGE_S),
             adopt=_adopter(transfers),
+            owner_now=admission.owner_now,  # a stale refusal: re-claimed, or deposed?
         )
         # A region holding no replica of a dataset its residency allows may read it
         # through a bounded cache (issue 16), when the region has a cache bound.
@@ -184,6 +189,15 @@ class NodeAgent(Lifecycle):
             members=self.members,
             peers=self.peers,
             cache=cache,
+        )
+        # Critical pushes batched by their owner (replica_pushes.py): alone in the region.
+        service.pushes = ReplicaPushes(
+            store,
+            admission,
+            self.region,
+            self.metrics,
+            lambda: self.view.current,
+            alone=self._alone_in_region,
         )
         self.server, port = await start_server(service, self.config.listen)
         self.endpoint = service.endpoint = self._advertised(port)
@@ -249,6 +263,17 @@ class NodeAgent(Lifecycle):
         )
         await self.holdings.start()
         await self.rebalancer.start()
+        if self.settings.fast_fail_on_refused:
+            # Peers whose port refuses connections are marked down at once (fastfail.py).
+            self.fast_fail = FastFailDetector(
+                self.coord,
+                self.members,
+                self.identity.agent_id,
+                retry_initial_s=self.config.retry_initial_s,
+                retry_max_s=self.config.retry_max_s,
+                registry=self.metrics.registry,
+            )
+            await self.fast_fail.start()
         log.info(
             "agent_ready",
             region=self.region,
@@ -300,6 +325,9 @@ class NodeAgent(Lifecycle):
 
     async def _announce(self, dataset: str) -> None:
         await announce(self.coord, dataset, by=self.identity.agent_id)
+
+    def _alone_in_region(self) -> bool:
+        return all(a == self.identity.agent_id for a in self.members.current.all)
 
     async def _fresh_owner(self, dataset: str) -> OwnerRecord | None:
         return (await self.owners.read_fresh(dataset)).record
@@ -354,6 +382,8 @@ class NodeAgent(Lifecycle):
         self.watch.on_owner = None  # no takeover begins once stopping
         for task in list(self._takeovers):
             task.cancel()
+        if self.fast_fail is not None:
+            await self.fast_fail.stop()
         if self.sweeper is not None:
             await self.sweeper.stop()
         if self.rebalancer is not None:

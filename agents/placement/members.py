@@ -26,11 +26,16 @@ class Member:
     state: str = SERVING
     rebalance_bytes: int = 0
     rebalance_objects: int = 0
+    # The etcd lease the registration is on (0: not known). It names this one
+    # registration: a restarted agent registers on a new lease under the same key, so
+    # marking the agent down by revoking this lease never removes its successor
+    # (agents/placement/fastfail.py).
+    lease: int = 0
 
     @classmethod
-    def from_registration(cls, value: bytes) -> Member | None:
-        """The member a registration names; None for a value that is not one (a foreign
-        or half-written key is skipped rather than trusted)."""
+    def from_registration(cls, value: bytes, lease: int = 0) -> Member | None:
+        """The member a registration names (on `lease`); None for a value that is not one
+        (a foreign or half-written key is skipped rather than trusted)."""
         try:
             doc = json.loads(value)
         except ValueError:
@@ -51,6 +56,7 @@ class Member:
             state=str(doc.get("state") or SERVING),
             rebalance_bytes=_int(rebalance.get("remaining_bytes"), 0),
             rebalance_objects=_int(rebalance.get("remaining_objects"), 0),
+            lease=lease,
         )
 
 

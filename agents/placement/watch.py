@@ -68,7 +68,7 @@ class MembershipWatch(Lifecycle):
         kvs, revision = await self.coord.get_prefix(self.prefix)
         found: dict[str, Member] = {}
         for kv in kvs:
-            member = Member.from_registration(kv.value)
+            member = Member.from_registration(kv.value, kv.lease)
             if member is not None:
                 found[member.agent_id] = member
         self._publish(found, revision)
@@ -97,7 +97,7 @@ class MembershipWatch(Lifecycle):
             if ev.type is EventType.DELETE:
                 found.pop(agent_id, None)
             else:
-                member = Member.from_registration(ev.kv.value)
+                member = Member.from_registration(ev.kv.value, ev.kv.lease)
                 if member is None:
                     continue
                 found[member.agent_id] = member

@@ -60,6 +60,18 @@ when the two clocks differ. Either way the copies converge. A deposed owner also
 rewinds its own write at once when a replica fences it and no region took it (a
 `StaleEpochError`: the write can never be acked).
 
+**Batches.** A small version (below 64 KiB, not a set member) goes through the
+region's push lane (push_lanes.py): alone at once while fewer than two calls run to
+that region, else queued and sent with whatever else queued meanwhile in one
+`ReplicatePushes`, fenced per item and committed in one transaction by the replica
+(replica_pushes.py). Each item keeps its own answer, so the counting above holds
+per write.
+
+**Fenced, or re-claimed?** A replica's stale refusal is a loss of ownership only if
+etcd, read now (`owner_now`), names another owner or no newer epoch of this region;
+when this region re-claimed the dataset (the watch had not delivered it when the
+write was admitted at the old epoch) the answer is retriable (`_fenced_answer`).
+
 **Deltas.** A version of at least 64 KiB is pushed as a delta against the version
 the replica holds (the one it was last seen to commit, else this store's previous
 one), patched by the replica as it arrives; a replica without that basis answers at
@@ -76,7 +88,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 
-from agents.admission import Admitted
+from agents.admission import Admitted, OwnerRecord
 from agents.replication.delta_push import (
     DELTA_MIN_BYTES,
     ReplicaBases,
@@ -84,8 +96,9 @@ from agents.replication.delta_push import (
     delta_frames,
 )
 from agents.replication.peers import Peers
+from agents.replication.push_lanes import BATCH_ITEM_MAX, BATCH_MAX, BatchRefusedError, PushLane
 from agents.replication.replica_sets import MAX_SETS
-from agents.rpc.status import from_rpc_error
+from agents.rpc.status import error_from_parts, from_rpc_error
 from agents.service.servicer import CommittedWrite
 from agents.store import CHUNK_BYTES, ObjectStore, SetRecord
 from controlplane.domain.hlc import HLC
@@ -102,6 +115,8 @@ Held = tuple[str, Version, str | None]  # key, version, the set it was written i
 Local = tuple[list[Held], list[SetRecord], list[Held]]  # newest, latest set, its members
 # (dataset, key, version, source region, source address) -> whether it is held here now.
 Adopt = Callable[[str, str, Version, str, str], Awaitable[bool]]
+# dataset -> its owner record read from etcd now (`Admission.owner_now`).
+OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]
 
 # Takeover passes that list and push at once (the others wait their turn).
 TAKEOVER_PASSES = 4
@@ -148,6 +163,8 @@ class SyncReplication:
         delta_threads: int = 1,
         adopt: Adopt | None = None,
         takeover_passes: int = TAKEOVER_PASSES,
+        owner_now: OwnerNow | None = None,
+        batch_max: int = BATCH_MAX,
     ) -> None:
         self.store = store
         self.region = region
@@ -179,6 +196,13 @@ class SyncReplication:
         self.adopt = adopt
         # dataset -> the write at the newest epoch seen here (what catch-ups push at).
         self._latest: dict[str, CommittedWrite] = {}
+        # Tells a replica's stale refusal of a re-claim by this region (retriable) from
+        # a real loss of ownership (`_fenced_answer`).
+        self.owner_now = owner_now
+        # region -> its push lane (push_lanes.py): small pushes queued behind the ones
+        # running to that region go together in one ReplicatePushes; 1: never batched.
+        self.batch_max = batch_max
+        self._lanes: dict[str, PushLane] = {}
 
     def behind(self, dataset: str) -> list[str]:
         """The replicas of `dataset` catching up (not counted toward acks)."""
@@ -206,8 +230,11 @@ class SyncReplication:
             version = write.version
             deadline = self.timeout_s + version.size / self.min_rate_bps
             what = f"critical write {write.dataset}/{write.key} at {version.hlc}"
+            batched = self.batch_max > 1 and write.set_id is None and version.size < BATCH_ITEM_MAX
 
             def push(region: str) -> Awaitable[str]:
+                if batched:
+                    return self._lane(region).push(write, version, deadline)
                 return self._push(region, write, version, deadline)
 
         else:
@@ -226,7 +253,7 @@ class SyncReplication:
         placement = write.admitted.placement
         need = copies_needed(placement)
         targets = push_targets(placement, self.region)
-        tasks = {self._ordered(write.dataset, region, push(region)): region for region in targets}
+        tasks = {self._ordered(write, region, push(region)): region for region in targets}
         held = [self.region]
         errors: dict[str, MeridianError] = {}
         pending = set(tasks)
@@ -250,15 +277,12 @@ class SyncReplication:
                     errors[region] = UnavailableError(f"{type(exc).__name__}: {exc}")
         for task in pending:
             # Still pushing: goes on to its own deadline; reached or not, never awaited.
-            # Should it fail, the region is caught up then (`_finished`); while it runs,
+            # Should it fail, the region is caught up then (`_push_ended`); while it runs,
             # the region's later commits count only once it is done (`_ordered`). (It
             # was marked behind at once: under load nearly every write's straggler was,
             # so one replica never counted and catch-up rounds ran back to back.)
             self._background.add(task)
-            task.add_done_callback(functools.partial(self._finished, write))
-        for region, exc in errors.items():
-            if not isinstance(exc, FencedError):
-                self._mark_behind(write, region)
+            task.add_done_callback(self._finished)
         if len(held) >= need:
             return tuple(held)
         missing = [r for r in targets if r not in held]
@@ -273,9 +297,10 @@ class SyncReplication:
         )
         fenced = next((e for e in errors.values() if isinstance(e, FencedError)), None)
         if fenced is not None:
+            answer = await self._fenced_answer(write, what, fenced)
             if held == [self.region] and not pending:
                 await self._rewind_own(write, fenced)
-            raise fenced
+            raise answer
         timed_out = time.monotonic() >= until
         why = "; ".join(
             f"{r}: {errors[r]}"
@@ -288,6 +313,84 @@ class SyncReplication:
             f"{placement.ack or DEFAULT_ACK} needs {need} of {len(copy_regions(placement))} "
             f"regions ({why}); retry the write"
         )
+
+    def _lane(self, region: str) -> PushLane:
+        lane = self._lanes.get(region)
+        if lane is None:
+            lane = self._lanes[region] = PushLane(
+                region,
+                alone=functools.partial(self._push, region),
+                together=functools.partial(self._push_many, region),
+                most=self.batch_max,
+            )
+        return lane
+
+    async def _push_many(
+        self, region: str, items: list[tuple[CommittedWrite, Version]], deadline_s: float
+    ) -> list[MeridianError | None]:
+        """Push small whole versions to `region` in one ReplicatePushes: per item, None
+        (committed there) or why not. Raises when the call itself fails (every item
+        failed); `BatchRefusedError` when the agent takes no batch."""
+        try:
+            address = await self.peers.address(region)
+            stub = agent_pb2_grpc.AgentStub(self._channel(address))
+            datas = await asyncio.to_thread(self._read_many, items)
+            request = agent_pb2.ReplicatePushesRequest(
+                items=[
+                    agent_pb2.PushedItem(header=self._header(write, version), data=data)
+                    for (write, version), data in zip(items, datas, strict=True)
+                ]
+            )
+            try:
+                resp = await stub.ReplicatePushes(request, timeout=deadline_s)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise BatchRefusedError(f"{region} ({address}) takes no batch") from err
+                raise from_rpc_error(err, f"{region} ({address})") from err
+            _check_region(resp.region, region, address)
+            if len(resp.results) != len(items):
+                raise UnavailableError(
+                    f"{region} ({address}) answered {len(resp.results)} pushes for {len(items)}"
+                )
+        except BatchRefusedError:
+            raise
+        except BaseException:
+            self.peers.forget(region)
+            raise
+        answers: list[MeridianError | None] = []
+        for (write, _version), got in zip(items, resp.results, strict=True):
+            if got.error_code or got.error_class:
+                answers.append(error_from_parts(got.error_class, got.error_code, got.error))
+                continue
+            self._committed(
+                region,
+                write.dataset,
+                write.key or "",
+                agent_pb2.ReplicateResponse(version=got.held, region=resp.region),
+            )
+            answers.append(None)
+        return answers
+
+    def _read_many(self, items: list[tuple[CommittedWrite, Version]]) -> list[bytes]:
+        return [
+            b""
+            if version.is_tombstone
+            else self.store.read_bytes(write.dataset, write.key or "", version.hlc.text)
+            for write, version in items
+        ]
+
+    def _header(self, write: CommittedWrite, version: Version) -> agent_pb2.ReplicateHeader:
+        header = agent_pb2.ReplicateHeader(
+            dataset=write.dataset,
+            key=write.key or "",
+            version=version_to_wire(version),
+            epoch=write.admitted.epoch,
+            origin_region=self.region,
+            policy_revision=write.admitted.policy_revision,
+        )
+        if write.set_id is not None:
+            header.set = write.set_id
+        return header
 
     def _members_size(self, record: SetRecord) -> int:
         total = 0
@@ -659,15 +762,24 @@ class SyncReplication:
             self._channels[address] = channel
         return channel
 
-    def _ordered(self, dataset: str, region: str, push: Awaitable[str]) -> asyncio.Task[str]:
+    def _ordered(
+        self, write: CommittedWrite, region: str, push: Awaitable[str]
+    ) -> asyncio.Task[str]:
         """`push` to `region` as a task that succeeds only once every push to `region`
         begun before it has succeeded too: a region counts toward an ack only when it
         holds every earlier write pushed to it (pushes run at once and may end out of
-        order). An earlier push that fails fails this one (and marks it behind)."""
+        order). An earlier push that fails fails this one.
+
+        A push that fails (not fenced) marks its region behind the moment it fails,
+        before the region leaves the running set: a push begun after it then finds the
+        region behind and is not counted. (Marked when its write's wait ended, a later
+        write's push that succeeded meanwhile counted a region lacking this one.)"""
+        dataset = write.dataset
         running = self._inflight.setdefault((dataset, region), set())
         earlier = [f for f in running if not f.done()]
         raw = asyncio.ensure_future(push)
         running.add(raw)
+        raw.add_done_callback(functools.partial(self._push_ended, write, region))
         raw.add_done_callback(running.discard)
 
         async def in_order() -> str:
@@ -684,17 +796,57 @@ class SyncReplication:
 
         return asyncio.create_task(in_order(), name=region)
 
-    def _finished(self, write: CommittedWrite, task: asyncio.Task[str]) -> None:
-        """A push still running when its write was answered has ended."""
+    def _push_ended(self, write: CommittedWrite, region: str, raw: asyncio.Future[str]) -> None:
+        if raw.cancelled():
+            return
+        exc = raw.exception()
+        if exc is not None and not isinstance(exc, FencedError):
+            self._mark_behind(write, region)
+
+    def _finished(self, task: asyncio.Task[str]) -> None:
+        """A push still running when its write was answered has ended (a failed one
+        marked its region behind as it failed: `_ordered`)."""
         self._background.discard(task)
         if task.cancelled():
             return
         exc = task.exception()
         if exc is not None:
-            region = task.get_name()
-            log.warning("replica_push_failed_after_ack", region=region, error=str(exc))
-            if not isinstance(exc, FencedError):
-                self._mark_behind(write, region)
+            log.warning("replica_push_failed_after_ack", region=task.get_name(), error=str(exc))
+
+    async def _fenced_answer(
+        self, write: CommittedWrite, what: str, fenced: FencedError
+    ) -> MeridianError:
+        """What to answer when a replica fenced `write`: its etcd names a newer epoch.
+        That is a loss of ownership (`fenced`, not retriable) unless etcd, read now, still
+        names this region as the owner at a newer epoch: a re-claim by this region that
+        the ownership watch had not delivered when the write was admitted (at the old
+        epoch, the client stating none). Then the answer is retriable: the retry is
+        admitted at the new epoch (the read told the fence). The write is not pushed
+        again at the new epoch: it was admitted under the old one, and another region
+        may have owned the dataset between the two."""
+        if self.owner_now is None:
+            return fenced
+        try:
+            owner = await self.owner_now(write.dataset)
+        except MeridianError as exc:
+            return UnavailableError(
+                f"{what} was refused by a replica as stale ({fenced}), and etcd cannot say "
+                f"now whether this region still owns {write.dataset} ({exc}); retry the write"
+            )
+        if owner is None or owner.region != self.region or owner.epoch <= write.admitted.epoch:
+            return fenced
+        log.info(
+            "critical_write_epoch_renewed",
+            dataset=write.dataset,
+            what=what,
+            epoch=write.admitted.epoch,
+            current=owner.epoch,
+        )
+        return UnavailableError(
+            f"{what} was admitted at epoch {write.admitted.epoch}, but this region "
+            f"{self.region} has since re-claimed {write.dataset} at epoch {owner.epoch}; "
+            "nothing was acked; retry the write (it is admitted at the new epoch)"
+        )
 
     async def _push(
         self, region: str, write: CommittedWrite, version: Version, deadline_s: float
@@ -713,16 +865,7 @@ class SyncReplication:
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         key = write.key or ""
-        header = agent_pb2.ReplicateHeader(
-            dataset=write.dataset,
-            key=key,
-            version=version_to_wire(version),
-            epoch=write.admitted.epoch,
-            origin_region=self.region,
-            policy_revision=write.admitted.policy_revision,
-        )
-        if write.set_id is not None:
-            header.set = write.set_id
+        header = self._header(write, version)
         known = self.bases.get(region, write.dataset, key)
         basis = None
         if self.deltas and not version.is_tombstone and version.size >= DELTA_MIN_BYTES:
@@ -925,6 +1068,8 @@ class SyncReplication:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+        for lane in self._lanes.values():
+            await lane.close()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()

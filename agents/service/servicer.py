@@ -2,8 +2,8 @@
 
 It answers Put, Get, GetSet, Stat, List, Delete, CommitSet and Health itself and hands
 Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer), and
-ReplicateSet to a `SetReceiver` (agents/replication), answering UNIMPLEMENTED while
-there is none.
+ReplicateSet to a `SetReceiver` and ReplicatePushes to a `PushReceiver`
+(agents/replication), answering UNIMPLEMENTED while there is none.
 
 Writes (Put, Delete, CommitSet) are admitted first (`Admission.admit_write`:
 residency, and for a critical dataset owner, epoch and handover), so a refused
@@ -32,6 +32,7 @@ from typing import Never, Protocol
 import grpc
 
 from agents.admission import Admission, Admitted
+from agents.daemon.metrics_http import bind_store_gauges
 from agents.metrics import AgentMetrics
 from agents.service import requests
 from agents.service.outcome import Context, stream, unary
@@ -49,7 +50,6 @@ from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Version
 from controlplane.errors import (
     InvalidInputError,
-    MeridianError,
     NotFoundError,
     OperationTimeoutError,
 )
@@ -128,6 +128,19 @@ class SetReceiver(Protocol):
     ) -> agent_pb2.ReplicateSetResponse: ...
 
 
+class PushReceiver(Protocol):
+    """A replica's side of ReplicatePushes (issue 13: agents/replication/replica_pushes.py):
+    several small critical versions pushed by their owner in one call. `serves()`: this
+    agent takes a batch now (an agent of a region of several does not: each key is
+    routed, so it answers UNIMPLEMENTED and the owner pushes alone)."""
+
+    def serves(self) -> bool: ...
+
+    async def receive(
+        self, request: agent_pb2.ReplicatePushesRequest
+    ) -> agent_pb2.ReplicatePushesResponse: ...
+
+
 class ReadThrough(Protocol):
     """The read-through cache (issue 16, agents/cache/): Get and Stat of a dataset this
     region holds no replica of, which this agent's store cannot answer."""
@@ -166,6 +179,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.max_object_bytes = max_object_bytes
         self.sets = sets
         self.cache = cache
+        # The store gauges read the store's usage row when scraped, not after every write
+        # (a thread hop, a query and a statvfs per write, for gauges read far less often).
+        bind_store_gauges(metrics, store.usage)
+        # Set by the daemon after construction (agents/daemon/agent.py).
+        self.pushes: PushReceiver | None = None
 
     # -- writes ------------------------------------------------------------------------
 
@@ -350,20 +368,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def _after_write(self, write: CommittedWrite) -> tuple[str, ...]:
         """The regions holding the committed write once it may be acked (replication
         raises when it may not)."""
-        await self._refresh_usage()
         if write.admitted.critical and self.replication is not None:
             return await self.replication.replicate(write)
         return (self.region,)
-
-    async def _refresh_usage(self) -> None:
-        try:
-            usage = await asyncio.to_thread(self.store.usage)
-        except MeridianError as exc:
-            # The write is committed: a gauge must not turn it into a failed call.
-            log.warning("usage_unreadable", error=str(exc))
-            return
-        self.metrics.objects.set(usage.objects)
-        self.metrics.bytes_stored.set(usage.bytes)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -587,6 +594,21 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             context,
             self.metrics,
             lambda: transfers.ReplicateMany(request, context),
+        )
+
+    async def ReplicatePushes(  # noqa: N802
+        self, request: agent_pb2.ReplicatePushesRequest, context: Context
+    ) -> agent_pb2.ReplicatePushesResponse:
+        pushes = self.pushes
+        if pushes is None or not pushes.serves():
+            return await unary(
+                "ReplicatePushes",
+                context,
+                self.metrics,
+                lambda: _refuse_unimplemented("ReplicatePushes", context),
+            )
+        return await unary(
+            "ReplicatePushes", context, self.metrics, lambda: pushes.receive(request)
         )
 
     async def Rewind(  # noqa: N802

@@ -868,26 +868,7 @@ class Catalog:
         # RETURNING says whether this call inserted the row (psycopg's rowcount does not).
         inserted = s.execute(
             self._insert_ignore(
-                Transfer,
-                {
-                    "id": rec.id,
-                    "dataset": rec.dataset,
-                    "object": rec.object,
-                    "version": rec.version,
-                    "from_region": rec.from_region,
-                    "to_region": rec.to_region,
-                    "from_jurisdiction": from_j,
-                    "to_jurisdiction": to_j,
-                    "logical_bytes": rec.logical_bytes,
-                    "wire_bytes": rec.wire_bytes,
-                    "policy_revision": rec.policy_revision,
-                    "outcome": rec.outcome,
-                    "cross_border": from_j != to_j,
-                    "allowed": allowed,
-                    "residency": list(residency or []),
-                    "at": rec.at,
-                },
-                ["id"],
+                Transfer, holdings_mod.transfer_row(rec, from_j, to_j, allowed, residency), ["id"]
             ).returning(Transfer.id)
         )
         return inserted.first() is not None

@@ -91,6 +91,8 @@ CALLS = [
     ("ReplicateMany", False, False),
     # The takeover pass's call (lead, issue 13): a deposed owner's unacked write undone.
     ("Rewind", False, False),
+    # Critical pushes batched by their owner (crit, issue 13).
+    ("ReplicatePushes", False, False),
 ]
 
 

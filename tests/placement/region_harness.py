@@ -26,6 +26,7 @@ from harness.agent_process import AgentProcess
 from agents.routing.peers import ROUTED_KEY
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols import keys
+from controlplane.loopback import free_port
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 Holdings = dict[str, dict[tuple[str, str], str]]
@@ -40,7 +41,11 @@ class RegionOfAgents:
     agents: list[AgentProcess] = field(default_factory=list)
     ids: dict[str, str] = field(default_factory=dict)
 
-    def add(self, count: int = 1, *, weight: int = 1, metrics: bool = False) -> list[AgentProcess]:
+    def add(
+        self, count: int = 1, *, weight: int = 1, metrics: bool = False, fixed_port: bool = False
+    ) -> list[AgentProcess]:
+        """Start `count` agents; `fixed_port`: each on a port of its own below the ephemeral
+        range (controlplane.loopback), so that it can be restarted on the same address."""
         started = []
         for _ in range(count):
             n = len(self.agents)
@@ -52,6 +57,7 @@ class RegionOfAgents:
                 lease_ttl_s=self.lease_ttl_s,
                 extra_args=["--weight", str(weight)],
                 metrics=metrics,
+                port=free_port() if fixed_port else 0,
             )
             proc.spawn()
             self.agents.append(proc)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 
 import pytest
 import repl_builders as b
+import waiting
 from repl_rig import Rig, RigFactory
 
+from controlplane.domain.events import ChangeEvent
 from controlplane.domain.hlc import system_ms
 from controlplane.errors import UnavailableError
 from controlplane.ports.changelog import Record
-from replicator.ports import ApplyOutcome, Source
+from replicator.ports import ApplyOutcome, ApplyResult, Source
 
 
 def rec(event_value: bytes, offset: int = 0, key: bytes = b"corpus/web/a") -> Record:
@@ -304,3 +307,63 @@ async def test_one_polls_events_of_many_partitions_share_a_batch_call(rig: Rig) 
     assert rig.agent.batches == [8]
     assert rig.agent.calls[-1][0] == "delete"  # after the put of "a", in its own round
     assert rig.metric("meridian_replicator_events_total", result="applied") == 9
+
+
+async def test_runs_waiting_for_a_busy_agent_go_out_merged(rig: Rig) -> None:
+    # A trickle of events: each poll is a small run. While both batch calls are at the
+    # agent, the runs of later polls wait and then go in ONE call, not a call each (a
+    # call each queued 64 runs behind 2 calls: seconds of lag at 1,000 events/s).
+    t = system_ms() - 1000
+    rig.agent.gate = asyncio.Event()
+    keys = iter(f"k{i:02d}" for i in range(20))
+
+    def trickle(count: int) -> None:
+        for _ in range(count):
+            e = b.put(next(keys), wall_ms=t)
+            rig.log.append(b.log_key(e), b.value(e), partition=0)
+
+    def taken() -> int:
+        return rig.log.position[0]
+
+    async with rig.loop():
+        for polls in range(1, 8):  # 2 runs at the agent, then 5 that wait
+            trickle(2)
+            await waiting.until(lambda n=polls: taken() == 2 * n, 5, f"poll {polls} taken")
+            if polls <= rig.config.max_batch_calls:
+                await b.until(rig.agent.changed, lambda n=polls: len(rig.agent.batches) == n)
+        assert rig.agent.batches == [2, 2]
+        rig.agent.gate.set()
+        await b.until(rig.log.changed, lambda: rig.log.lag() == 0)
+    assert rig.agent.batches == [2, 2, 10]
+    assert len(rig.agent.effects) == 14
+    assert rig.metric("meridian_replicator_events_total", result="applied") == 14
+
+
+async def test_a_slow_fetch_holds_back_only_its_own_partitions_offsets(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One poll's run spans partitions; the fetch of partition 1 is held. The inline
+    # puts of partitions 0 and 2 have their effect at once, so their offsets commit
+    # meanwhile (they used to wait for the whole run, the held fetch included).
+    t = system_ms() - 1000
+    held = asyncio.Event()
+    fetch = rig.agent.fetch
+
+    async def slow_fetch(event: ChangeEvent, sources: Sequence[Source]) -> ApplyResult:
+        await held.wait()
+        return await fetch(event, sources)
+
+    monkeypatch.setattr(rig.agent, "fetch", slow_fetch)
+    for n, e in enumerate([b.put("a", wall_ms=t), b.put("big", wall_ms=t, inline=False)]):
+        rig.log.append(b.log_key(e), b.value(e), partition=n)
+    later = b.put("c", wall_ms=t)
+    rig.log.append(b.log_key(later), b.value(later), partition=2)
+    async with rig.loop():
+        await b.until(
+            rig.log.changed, lambda: rig.log.committed[0] == 1 and rig.log.committed[2] == 1
+        )
+        assert rig.log.committed[1] == 0  # the fetch's partition waits for its effect
+        assert rig.metric("meridian_replicator_events_total", result="applied") == 2
+        held.set()
+        await b.until(rig.log.changed, lambda: rig.log.lag() == 0)
+    assert sorted(e.key for e in rig.agent.effects) == ["a", "big", "c"]

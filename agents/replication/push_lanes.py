@@ -1,0 +1,186 @@
+"""The owner's push lane to one replica region (issue 13): group commit of critical
+pushes without waiting to fill a batch.
+
+A push finds the lane with fewer than `in_flight` calls running to that region: it
+goes at once, alone, as a `Replicate` (a lone write is exactly as fast as before).
+Otherwise it queues; when a call ends, whatever queued meanwhile goes in ONE
+`ReplicatePushes` call (at most `most` items and `BATCH_BYTES`, each (dataset, key)
+once: a second version of a key waits for the next call, so a replica applies a
+key's versions in the order they were pushed), which the replica fences and commits
+in one store transaction, answering per item (replica_pushes.py). So under load each
+round trip carries every write that arrived during the previous one, and the
+replica's owner read and commit are paid once per call rather than once per write.
+
+Each item keeps its own answer (committed there, or the error that says why not),
+so `SyncReplication._ordered` still counts a region toward a write's ack only once
+every earlier push to it has succeeded, and a failed item marks the region behind.
+A replica agent that takes no batch (UNIMPLEMENTED: one of a region of several, or
+an older agent) gets its items pushed alone, and no batch for `REFUSED_FOR_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from agents.replication.delta_push import DELTA_MIN_BYTES
+from agents.service.servicer import CommittedWrite
+from controlplane.domain.version import Version
+from controlplane.errors import MeridianError, UnavailableError
+
+BATCH_MAX = 64  # items in one call
+BATCH_BYTES = 1 << 20  # bytes of data in one call (well under the 4 MiB message cap)
+BATCH_ITEM_MAX = DELTA_MIN_BYTES  # larger versions go alone (and may go as a delta)
+IN_FLIGHT = 2  # calls running to one region before pushes queue
+REFUSED_FOR_S = 30.0
+
+Alone = Callable[[CommittedWrite, Version, float], Awaitable[str]]
+Together = Callable[
+    [list[tuple[CommittedWrite, Version]], float], Awaitable[list[MeridianError | None]]
+]
+
+
+class BatchRefusedError(UnavailableError):
+    """The replica agent takes no ReplicatePushes (it answered UNIMPLEMENTED)."""
+
+
+@dataclass(slots=True)
+class _Queued:
+    write: CommittedWrite
+    version: Version
+    deadline_s: float
+    answer: asyncio.Future[str]
+
+
+class PushLane:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        region: str,
+        *,
+        alone: Alone,
+        together: Together,
+        most: int = BATCH_MAX,
+        in_flight: int = IN_FLIGHT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.region = region
+        self._alone = alone
+        self._together = together
+        self.most = most
+        self.in_flight = in_flight
+        self._clock = clock
+        self._running = 0
+        self._queue: deque[_Queued] = deque()
+        self._calls: set[asyncio.Task[None]] = set()
+        self._refused_until = 0.0
+        self.batches = 0  # calls that carried more than one item (for tests, metrics)
+
+    async def push(self, write: CommittedWrite, version: Version, deadline_s: float) -> str:
+        """Push one small version to this lane's region; its region once committed there."""
+        if self._running < self.in_flight and not self._queue:
+            self._running += 1
+            try:
+                return await self._alone(write, version, deadline_s)
+            finally:
+                self._running -= 1
+                self._drain()
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Queued(write, version, deadline_s, answer))
+        self._drain()
+        return await answer
+
+    def _drain(self) -> None:
+        while self._running < self.in_flight and self._queue:
+            batch = self._take()
+            if not batch:
+                continue
+            self._running += 1
+            task = asyncio.create_task(self._send(batch), name=f"pushes to {self.region}")
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    def _take(self) -> list[_Queued]:
+        """The queued pushes of the next call, oldest first (cancelled ones dropped)."""
+        batch: list[_Queued] = []
+        names: set[tuple[str, str]] = set()
+        size = 0
+        kept: deque[_Queued] = deque()
+        while self._queue and len(batch) < self.most:
+            queued = self._queue.popleft()
+            if queued.answer.done():
+                continue
+            name = (queued.write.dataset, queued.write.key or "")
+            if name in names:
+                kept.append(queued)  # the next call: one version of a key per call
+                continue
+            if batch and size + queued.version.size > BATCH_BYTES:
+                kept.append(queued)  # full: it and what is left stay in order
+                break
+            names.add(name)
+            size += queued.version.size
+            batch.append(queued)
+        kept.extend(self._queue)
+        self._queue = kept
+        return batch
+
+    async def _send(self, batch: list[_Queued]) -> None:
+        try:
+            if len(batch) == 1 or self._clock() < self._refused_until:
+                await self._each_alone(batch)
+                return
+            items = [(q.write, q.version) for q in batch]
+            try:
+                answers = await self._together(items, max(q.deadline_s for q in batch))
+            except BatchRefusedError:
+                self._refused_until = self._clock() + REFUSED_FOR_S
+                await self._each_alone(batch)
+                return
+            except Exception as exc:  # noqa: BLE001 - the call failed: so did each item (handed on)
+                for queued in batch:
+                    self._settle(queued.answer, exc)
+                return
+            self.batches += 1
+            for queued, error in zip(batch, answers, strict=True):
+                self._settle(queued.answer, error)
+        finally:
+            self._running -= 1
+            for queued in batch:  # cancelled (closing): nobody waits in vain
+                if not queued.answer.done():
+                    queued.answer.cancel()
+            self._drain()
+
+    async def _each_alone(self, batch: list[_Queued]) -> None:
+        async def one(queued: _Queued) -> None:
+            try:
+                await self._alone(queued.write, queued.version, queued.deadline_s)
+            except Exception as exc:  # noqa: BLE001 - handed to the push waiting for it
+                self._settle(queued.answer, exc)
+            else:
+                self._settle(queued.answer, None)
+
+        await asyncio.gather(*(one(q) for q in batch))
+
+    async def close(self) -> None:
+        for queued in self._queue:
+            queued.answer.cancel()
+        self._queue.clear()
+        calls = list(self._calls)
+        for task in calls:
+            task.cancel()
+        for task in calls:
+            with contextlib.suppress(BaseException):
+                await task
+
+    def _settle(self, answer: asyncio.Future[str], error: BaseException | None) -> None:
+        if answer.done():
+            return
+        if error is None:
+            answer.set_result(self.region)
+        else:
+            answer.set_exception(error)

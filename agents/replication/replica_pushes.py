@@ -1,0 +1,187 @@
+"""A replica's side of `ReplicatePushes` (issue 13): several small versions of critical
+datasets pushed by their owner in one call, committed in one store transaction.
+
+The owner batches only what was already queued behind a push still running to this
+agent (sync.py, `_lanes`), so a lone write still goes alone as a `Replicate`. Every
+guarantee of a lone push holds per item:
+
+* each item is fenced as a `Replicate` (residency, the watched newest epoch, the
+  owner at that epoch); a refused item is answered with its error and recorded
+  refused, and does not fail the others;
+* then, just before the commit, etcd's owner record read now must name the pusher at
+  the item's epoch (`admit_replica_current`): asked once per (dataset, epoch, origin)
+  of the call rather than once per item, which is the point of the batch;
+* the admitted items are applied by LWW in ONE `apply_many` (one transaction, one
+  syncfs), each with its own transfer record; the answer of each item is the newest
+  version held after the call, as a `Replicate` answers.
+
+A malformed item (a bad version, a delta, a set member, a standard dataset's item,
+a key named twice) fails the whole call and stores nothing: the owner never sends
+one, so it is a bug to be seen, not a refusal to count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from agents.admission import Admission
+from agents.metrics import AgentMetrics
+from agents.rpc.status import code_of
+from agents.store import ObjectStore
+from agents.transfer.ports import PolicySource
+from agents.transfer.records import Outcome, TransferTally, count_many, new_transfer_id
+from controlplane.domain.version import Verdict, Version
+from controlplane.errors import InvalidInputError, MeridianError
+from controlplane.logs import get_logger
+from meridian.convert import version_from_wire, version_to_wire
+from meridian.v1 import agent_pb2
+
+log = get_logger("meridian.agent.replication")
+
+_OUTCOMES = {
+    Verdict.APPLY: agent_pb2.APPLY_OUTCOME_APPLIED,
+    Verdict.SAME: agent_pb2.APPLY_OUTCOME_SAME,
+    Verdict.OLDER: agent_pb2.APPLY_OUTCOME_OLDER,
+    Verdict.COLLISION: agent_pb2.APPLY_OUTCOME_COLLISION,
+}
+
+Group = tuple[str, int, str]  # dataset, epoch, origin region
+
+
+class ReplicaPushes:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        admission: Admission,
+        region: str,
+        metrics: AgentMetrics,
+        policy: PolicySource,
+        *,
+        alone: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.store = store
+        self._alone = alone
+        self.admission = admission
+        self.region = region
+        self.metrics = metrics
+        self.policy = policy
+
+    def serves(self) -> bool:
+        """Only an agent alone in its region takes a batch (see PushReceiver)."""
+        return self._alone()
+
+    async def receive(
+        self, request: agent_pb2.ReplicatePushesRequest
+    ) -> agent_pb2.ReplicatePushesResponse:
+        results = [agent_pb2.ReplicateItemResult() for _ in request.items]
+        admitted: list[tuple[int, Version, TransferTally, Group]] = []
+        refused: list[tuple[TransferTally, Version, MeridianError]] = []
+        names: set[tuple[str, str]] = set()
+        for n, item in enumerate(request.items):
+            header = item.header
+            where = f"ReplicatePushesRequest.items[{n}]"
+            version = version_from_wire(header.version, f"{where}.header.version")
+            if (header.dataset, header.key) in names:
+                raise InvalidInputError(f"{where}: {header.dataset}/{header.key} is named twice")
+            names.add((header.dataset, header.key))
+            if header.HasField("basis") or header.HasField("set"):
+                raise InvalidInputError(
+                    f"{where}: a delta or a set member is pushed alone with Replicate"
+                )
+            if version.is_tombstone and item.data:
+                raise InvalidInputError(f"{where}: the delete of {header.key} carries bytes")
+            origin = header.origin_region or version.hlc.region
+            tally = TransferTally(
+                new_transfer_id(),
+                header.dataset,
+                header.key,
+                origin,
+                self.region,
+                "in",
+                method="push",
+                logical_bytes=version.size,
+                wire_bytes=len(item.data),
+                policy_revision=header.policy_revision or None,
+            )
+            try:
+                placement = self.admission.admit_store(header.dataset)
+                if placement.dataset_class != "critical":
+                    raise InvalidInputError(
+                        f"{where}: {header.dataset} is a standard dataset; its copies go "
+                        "with ReplicateMany"
+                    )
+                self.admission.admit_replica(header.dataset, header.epoch, origin)
+            except InvalidInputError:
+                raise
+            except MeridianError as exc:
+                results[n] = _refusal(exc)
+                refused.append((tally, version, exc))
+                continue
+            admitted.append((n, version, tally, (header.dataset, header.epoch, origin)))
+        # The owner record read now, once per (dataset, epoch, origin) of the call.
+        verdicts: dict[Group, MeridianError | None] = {}
+        for group in dict.fromkeys(g for _, _, _, g in admitted):
+            try:
+                await self.admission.admit_replica_current(*group)
+                verdicts[group] = None
+            except MeridianError as exc:
+                verdicts[group] = exc
+        committing: list[tuple[int, Version, TransferTally]] = []
+        for n, version, tally, group in admitted:
+            verdict = verdicts[group]
+            if verdict is None:
+                committing.append((n, version, tally))
+            else:
+                results[n] = _refusal(verdict)
+                refused.append((tally, version, verdict))
+        ended: list[tuple[TransferTally, Outcome]] = []
+        if committing:
+            items = [
+                (
+                    request.items[n].header.dataset,
+                    request.items[n].header.key,
+                    version,
+                    None if version.is_tombstone else [request.items[n].data],
+                )
+                for n, version, _ in committing
+            ]
+            transfers = [tally.record("completed", self.policy) for _, _, tally in committing]
+            applied = await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+            for (n, version, tally), got in zip(committing, applied, strict=True):
+                results[n] = agent_pb2.ReplicateItemResult(
+                    outcome=_OUTCOMES[got.verdict], held=version_to_wire(got.newest)
+                )
+                if got.verdict.applies or got.restored:
+                    ended.append((tally, "completed"))
+                else:
+                    # Journalled as a lone Replicate's no-op is (a critical push is rare
+                    # to skip: an owner's retry, a catch-up racing a new write).
+                    await self._journal(tally, "skipped", version, got.verdict.value)
+                    ended.append((tally, "skipped"))
+        for tally, version, why in refused:
+            await self._journal(tally, "refused", version, str(why))
+            ended.append((tally, "refused"))
+        count_many(self.metrics, ended)
+        return agent_pb2.ReplicatePushesResponse(results=results, region=self.region)
+
+    async def _journal(
+        self, tally: TransferTally, outcome: Outcome, version: Version, reason: str
+    ) -> None:
+        with contextlib.suppress(MeridianError):
+            await asyncio.to_thread(
+                self.store.record_transfer,
+                tally.dataset,
+                tally.key,
+                version.hlc.text,
+                tally.record(outcome, self.policy, reason),
+            )
+
+
+def _refusal(exc: MeridianError) -> agent_pb2.ReplicateItemResult:
+    return agent_pb2.ReplicateItemResult(
+        error_code=code_of(exc).name, error=str(exc), error_class=type(exc).__name__
+    )

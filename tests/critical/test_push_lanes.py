@@ -1,0 +1,120 @@
+"""The owner's push lane to one region (agents/replication/push_lanes.py), on faked
+calls: a lone push goes alone at once; pushes queued behind a running call go
+together in one call, one version of a key per call; each keeps its own answer; an
+agent that takes no batch gets its items pushed alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from waiting import until
+
+from agents.admission import Admitted
+from agents.replication.push_lanes import BatchRefusedError, PushLane
+from agents.service.servicer import CommittedWrite
+from controlplane.coordination.protocols.fencing import StaleEpochError
+from controlplane.domain.hlc import HybridClock
+from controlplane.domain.placement import Placement
+from controlplane.domain.version import Version
+from controlplane.errors import MeridianError
+
+REGION = "eu-north"
+CLOCK = HybridClock("eu-west")
+PLACEMENT = Placement(
+    dataset="ckpt/lanes",
+    policy="checkpoints",
+    dataset_class="critical",
+    home="eu-west",
+    replicas=("eu-central", REGION),
+    residency=("EU",),
+    rpo_s=0,
+    failover_mode="automatic",
+    failover_order=("eu-central", REGION),
+)
+
+
+def write(key: str) -> tuple[CommittedWrite, Version]:
+    version = Version(CLOCK.now(), "delete", 0, None)
+    return CommittedWrite(
+        Admitted(PLACEMENT, 5, 1), "ckpt/lanes", key=key, version=version
+    ), version
+
+
+class Calls:
+    """The faked calls: `alone` waits for `gate`; `together` answers `answers`."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.alone: list[str] = []
+        self.together: list[list[str]] = []
+        self.answer: dict[str, MeridianError] = {}
+        self.refuse = False
+
+    async def push_alone(self, w: CommittedWrite, _v: Version, _deadline: float) -> str:
+        self.alone.append(w.key or "")
+        await asyncio.wait_for(self.gate.wait(), timeout=5)
+        return REGION
+
+    async def push_together(
+        self, items: list[tuple[CommittedWrite, Version]], _deadline: float
+    ) -> list[MeridianError | None]:
+        if self.refuse:
+            raise BatchRefusedError("takes no batch")
+        self.together.append([w.key or "" for w, _ in items])
+        return [self.answer.get(w.key or "") for w, _ in items]
+
+    def lane(self) -> PushLane:
+        return PushLane(REGION, alone=self.push_alone, together=self.push_together, in_flight=1)
+
+
+async def test_a_lone_push_goes_alone_at_once() -> None:
+    calls = Calls()
+    calls.gate.set()
+    lane = calls.lane()
+    assert await lane.push(*write("a"), 5.0) == REGION
+    assert calls.alone == ["a"] and calls.together == []
+
+
+async def test_pushes_queued_behind_a_call_go_together_one_version_of_a_key_each() -> None:
+    calls = Calls()
+    lane = calls.lane()
+    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    await until(lambda: calls.alone == ["a"], timeout_s=5, what="the first push under way")
+    queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c", "b")]
+    await asyncio.sleep(0)  # (they queue: the only call slot is taken)
+    calls.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5) == [REGION] * 4
+    # b and c in one call; the second version of b in the next (alone: a batch of one).
+    assert calls.together == [["b", "c"]]
+    assert calls.alone == ["a", "b"]
+    assert lane.batches == 1
+
+
+async def test_each_item_of_a_call_keeps_its_own_answer() -> None:
+    calls = Calls()
+    calls.answer["c"] = StaleEpochError("epoch 5 is older than 9")
+    lane = calls.lane()
+    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    await until(lambda: calls.alone == ["a"], timeout_s=5, what="the first push under way")
+    b = asyncio.create_task(lane.push(*write("b"), 5.0))
+    c = asyncio.create_task(lane.push(*write("c"), 5.0))
+    await asyncio.sleep(0)
+    calls.gate.set()
+    assert await asyncio.wait_for(first, 5) == REGION
+    assert await asyncio.wait_for(b, 5) == REGION
+    with pytest.raises(StaleEpochError):
+        await asyncio.wait_for(c, 5)
+
+
+async def test_an_agent_taking_no_batch_gets_each_item_alone() -> None:
+    calls = Calls()
+    calls.refuse = True
+    lane = calls.lane()
+    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    await until(lambda: calls.alone == ["a"], timeout_s=5, what="the first push under way")
+    queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c")]
+    await asyncio.sleep(0)
+    calls.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5) == [REGION] * 3
+    assert sorted(calls.alone) == ["a", "b", "c"] and lane.batches == 0

@@ -1,0 +1,93 @@
+"""The fast-fail detector's parts over a fake coordination port and real loopback
+sockets: what a probe counts as a refusal, whom an agent watches, that a lone agent
+watches nobody, and a watched in-process gRPC server stopping is marked down."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import grpc
+import waiting
+from fakes.coordination import MemoryCoordination
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from agents.placement import Member, Members, MembershipWatch
+from agents.placement.fastfail import FastFailDetector, Probe, neighbours, probe
+from controlplane.coordination.protocols import keys
+from controlplane.loopback import free_port
+
+
+async def test_a_closed_port_is_refused_and_a_listening_one_answers() -> None:
+    port = free_port()
+    assert await probe(f"127.0.0.1:{port}") is Probe.REFUSED
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen(4)
+        assert await probe(f"127.0.0.1:{port}") is Probe.ANSWERED
+        assert await probe(f"localhost:{port}") is not Probe.REFUSED  # one address answers
+
+
+async def test_what_is_not_a_refusal_gives_no_verdict() -> None:
+    assert await probe("no-such-host.invalid:80", timeout_s=2) is Probe.UNKNOWN
+    assert await probe("not an endpoint") is Probe.UNKNOWN
+
+
+def test_each_agent_watches_the_next_two_by_id() -> None:
+    members = Members("r", {i: Member(i, f"h:{i}") for i in ("a", "b", "c", "d")})
+    assert [m.agent_id for m in neighbours(members, "a")] == ["b", "c"]
+    assert [m.agent_id for m in neighbours(members, "c")] == ["d", "a"]
+    assert [m.agent_id for m in neighbours(members, "d")] == ["a", "b"]
+    # Every agent is watched by two peers.
+    watchers = [n.agent_id for me in members.all for n in neighbours(members, me)]
+    assert sorted(watchers) == ["a", "a", "b", "b", "c", "c", "d", "d"]
+    assert [m.agent_id for m in neighbours(members, "z")] == ["a", "b"]  # not registered
+    two = Members("r", {i: Member(i, f"h:{i}") for i in ("a", "b")})
+    assert [m.agent_id for m in neighbours(two, "b")] == ["a"]
+    assert neighbours(Members("r", {"a": Member("a", "h:a")}), "a") == []
+
+
+def registration(agent_id: str, endpoint: str) -> bytes:
+    return json.dumps({"id": agent_id, "endpoint": endpoint}).encode()
+
+
+async def test_a_lone_agent_watches_nobody() -> None:
+    coord = MemoryCoordination()
+    lease = await coord.grant(10)
+    await coord.put(keys.agent("r", "a"), registration("a", "127.0.0.1:1"), lease=lease.id)
+    async with (
+        MembershipWatch(coord, "r") as watch,
+        FastFailDetector(coord, watch, "a") as detector,
+    ):
+        assert detector.watched == []
+
+
+async def test_a_watched_server_that_stops_is_marked_down_by_its_lease() -> None:
+    coord = MemoryCoordination()
+    port = free_port()
+    server = grpc.aio.server()
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    try:
+        await checks.set("", health_pb2.HealthCheckResponse.SERVING)
+        mine, theirs = await coord.grant(10), await coord.grant(10)
+        await coord.put(keys.agent("r", "a"), registration("a", "127.0.0.1:1"), lease=mine.id)
+        endpoint = f"127.0.0.1:{port}"
+        await coord.put(keys.agent("r", "b"), registration("b", endpoint), lease=theirs.id)
+        async with (
+            MembershipWatch(coord, "r") as watch,
+            FastFailDetector(coord, watch, "a", confirm_after_s=0.05) as detector,
+        ):
+            assert detector.watched == ["b"]
+            await waiting.until(
+                lambda: detector.seen_serving == ["b"], 5, "the detector's health watch"
+            )
+            await server.stop(None)
+            await waiting.until(lambda: not detector.watched, 5, "b to be marked down")
+            assert [(w.agent_id, w.lease) for w in detector.marked_down] == [("b", theirs.id)]
+            assert await coord.get(keys.agent("r", "b")) is None
+            assert await coord.get(keys.agent("r", "a")) is not None
+    finally:
+        await server.stop(None)
