@@ -57,6 +57,8 @@ from meridian.v1 import agent_pb2
 
 log = get_logger(__name__)
 
+MOVE_BUNDLE_MAX_BYTES = 4 << 20  # objects a move inside the region bundles (_classify)
+
 Context = grpc.aio.ServicerContext[object, object]
 
 _OUTCOMES = {
@@ -610,7 +612,7 @@ class TransferService:
         # Set members go alone: apply_many commits no set membership.
         if (
             version.is_tombstone
-            or version.size >= BUNDLE_MAX_BYTES
+            or version.size >= MOVE_BUNDLE_MAX_BYTES
             or not sources
             or item.HasField("set")
         ):
@@ -634,6 +636,13 @@ class TransferService:
         if nearest is None:
             nearest = order_sources(self.region, sources, self.policy)[0]
             memo.nearest[tuple(sources)] = nearest
+        if version.size >= BUNDLE_MAX_BYTES and (nearest.region != self.region or held):
+            # Large: alone (resumable, a delta against the basis held). Only a move inside
+            # the region of an object new to this agent rides the bundle up to
+            # MOVE_BUNDLE_MAX_BYTES: on a fast link, one commit per batch instead of one per
+            # object is what a rebalance of 1 MiB shards waits for.
+            singles.append(n)
+            return
         groups.setdefault(nearest, []).append((n, Wanted(item.dataset, item.key, version)))
 
     async def _record(
