@@ -13,6 +13,9 @@ surviving three, against the target 2 s + bytes moved / the measured throughput.
 Printed apart: detection (until its registration went: a peer's fast-fail report,
 agents/placement/fastfail.py, or the lease lapsing), the move phase after it (and its
 throughput), the survivors' rebalance passes from their logs, and the load average.
+The restore instant is the end of the last survivor's pass (its log), checked once by
+listing every survivor's objects: listing them over and over while they move would
+take the CPU the move needs.
 """
 
 from __future__ import annotations
@@ -33,11 +36,13 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests" / "placement"), str(HERE.parent / "tests")]
 
 from harness.agent_fixtures import clear_keyspace  # noqa: E402
-from harness.agent_process import prepare_world  # noqa: E402
+from harness.agent_process import AgentProcess, prepare_world  # noqa: E402
 from region_harness import RegionOfAgents, copies, local_objects  # noqa: E402
 
 from agents.client import AgentClient  # noqa: E402
 from agents.routing.peers import ROUTED_KEY  # noqa: E402
+from controlplane.adapters.etcd import EtcdCoordination  # noqa: E402
+from controlplane.coordination.protocols import keys  # noqa: E402
 from meridian.convert import version_to_wire  # noqa: E402
 from meridian.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 
@@ -88,7 +93,7 @@ async def run(region: RegionOfAgents, objects: int, size: int) -> None:
     region.add(4)
     await region.wait_members(4)
     entry = region.agents[0]
-    keys = [f"obj-{i:05d}" for i in range(objects)]
+    names = [f"obj-{i:05d}" for i in range(objects)]
     t = time.monotonic()
     async with AgentClient(entry.address, timeout_s=120) as client:
         gate = asyncio.Semaphore(8)
@@ -97,7 +102,7 @@ async def run(region: RegionOfAgents, objects: int, size: int) -> None:
             async with gate:
                 await client.put(DATASET, key, blob(size, i + 1))
 
-        await asyncio.gather(*(put(i, k) for i, k in enumerate(keys)))
+        await asyncio.gather(*(put(i, k) for i, k in enumerate(names)))
         write_s = time.monotonic() - t
         # In-region throughput: one agent pulls a 64 MiB object from a holder.
         big = 64 << 20
@@ -125,32 +130,46 @@ async def run(region: RegionOfAgents, objects: int, size: int) -> None:
     before = copies(await region.holdings())
     victim = region.agents[3]
     victim_id = region.agent_id(victim)
-    lost = {n for n, w in before.items() if victim_id in w and n[0] == DATASET}
-    lost_bytes = len(lost) * size
+    # Everything it held moves, the 64 MiB throughput object too when it was a holder.
+    lost = {n for n, w in before.items() if victim_id in w}
+    lost_bytes = sum(big if n == ("corpus/b", "throughput") else size for n in lost)
     load_before = os.getloadavg()
+    # The survivors that hold a lost object push it to its new owner; each one's pass
+    # ends (rebalance_finished, left 0) once every object it pushed is held there.
+    senders = [
+        p
+        for p in region.live()
+        if p is not victim and any(region.agent_id(p) in before[n] for n in lost)
+    ]
+    etcd = EtcdCoordination([region.env["MERIDIAN_ETCD"]], timeout_s=5.0)
+    await etcd.connect()
+    prefix = keys.agents_of(region.region)
     killed_wall = time.time()
     killed = time.monotonic()
     victim.kill()
     detected = None
     restored = None
-    for _ in range(100_000):
-        now = time.monotonic()
-        if now - killed > 600:
+    try:
+        for _ in range(100_000):  # detection: one etcd read every 10 ms
+            kvs, _rev = await etcd.get_prefix(prefix)
+            if not any(kv.key.endswith("/" + victim_id) for kv in kvs):
+                detected = time.monotonic() - killed
+                break
+            if time.monotonic() - killed > 600:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await etcd.close()
+    # The move: read from the senders' logs (listing every agent's objects while they
+    # move would take CPU from the move), then checked once with a listing.
+    for _ in range(12_000):
+        if detected is None or time.monotonic() - killed > 600:
             break
-        if detected is None:
-            if victim_id not in await region.registrations():
-                detected = now - killed
-            else:
-                await asyncio.sleep(0.01)
-                continue
-        held: dict[tuple[str, str], set[str]] = {}
-        for proc in region.live():
-            for name in await local_objects(proc.address, DATASET):
-                held.setdefault(name, set()).add(region.agent_id(proc))
-        if all(len(held.get(n, set())) >= 2 for n in lost):
-            restored = time.monotonic() - killed
+        ends = [settled_at(p, killed_wall) for p in senders]
+        if all(e is not None for e in ends) and await restored_everywhere(region, lost):
+            restored = max(e for e in ends if e is not None) - killed_wall
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
     load_after = os.getloadavg()
     passes = survivor_passes(region, killed_wall)
     moved_s = restored - detected if restored is not None and detected is not None else None
@@ -189,6 +208,23 @@ async def run(region: RegionOfAgents, objects: int, size: int) -> None:
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
         print(" | ".join(c.ljust(w) for c, w in zip(row, width, strict=True)))
+
+
+def settled_at(proc: AgentProcess, since_wall: float) -> float | None:
+    """When `proc`'s last pass since `since_wall` ended with nothing left (unix time)."""
+    last = None
+    for e in proc.events():
+        if e.get("event") == "rebalance_finished" and _at(e) >= since_wall:
+            last = _at(e) if e.get("left") == 0 else None
+    return last
+
+
+async def restored_everywhere(region: RegionOfAgents, lost: set[tuple[str, str]]) -> bool:
+    held: dict[tuple[str, str], set[str]] = {}
+    for proc in region.live():
+        for name in await local_objects(proc.address):
+            held.setdefault(name, set()).add(region.agent_id(proc))
+    return all(len(held.get(n, set())) >= 2 for n in lost)
 
 
 def _at(event: dict[str, object]) -> float:

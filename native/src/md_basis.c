@@ -128,6 +128,25 @@ __attribute__((target("avx2,popcnt,bmi"))) static void histogram_sparse(const ui
     for (; i < n; i++) out[p[i]]++;
     out[d] += (uint32_t)same;
 }
+
+/* The same, 64 bytes at a time (AVX-512 BW): the same counts. */
+__attribute__((target("avx512f,avx512bw,popcnt,bmi"))) static void histogram_sparse64(const uint8_t *p, size_t n,
+                                                                                       uint8_t d,
+                                                                                       uint32_t out[256]) {
+    memset(out, 0, 256 * sizeof *out);
+    const __m512i dv = _mm512_set1_epi8((char)d);
+    size_t i = 0, same = 0;
+    for (; i + 64 <= n; i += 64) {
+        uint64_t other = _mm512_cmpneq_epi8_mask(_mm512_loadu_si512((const void *)(p + i)), dv);
+        same += 64 - (size_t)__builtin_popcountll(other);
+        while (other) {
+            out[p[i + (unsigned)__builtin_ctzll(other)]]++;
+            other &= other - 1;
+        }
+    }
+    for (; i < n; i++) out[p[i]]++;
+    out[d] += (uint32_t)same;
+}
 #endif
 
 /* The byte counts of one 64-byte run in every four (a quarter of the plane). */
@@ -168,7 +187,8 @@ static size_t histogram(const uint8_t *p, size_t n, uint32_t out[256]) {
                 d = (uint8_t)b;
             }
         if (top >= 896) {
-            histogram_sparse(p, n, d, out);
+            if (md_cpu_avx512()) histogram_sparse64(p, n, d, out);
+            else histogram_sparse(p, n, d, out);
             return n;
         }
     }
