@@ -9,14 +9,18 @@ import contextlib
 import pytest
 from critical_helpers import put, stat
 from harness.agent_process import AgentProcess
+from harness.controllers import run_cli
 from waiting import WaitTimeoutError, until
 
 from agents.client import ObjectInfo
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.catalog.api import open_catalog
 from controlplane.controller.agent_probe import AgentCatchUpProbe, lacking
+from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
+from controlplane.policy.placer import place
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +62,44 @@ async def test_the_probe_reports_what_the_target_agent_lacks(
     held = await stat(central.address, "tri/e", "k2")
     assert held is not None and held.version.digest == missed.version.digest
     assert await asyncio.to_thread(probe.incomplete_versions, "tri/e", "eu-north") == []
+
+
+async def test_a_cli_switchover_does_not_wait_for_a_version_only_the_owner_holds(
+    eu_agents: dict[str, AgentProcess],
+    coord: EtcdCoordination,
+    critical_world: dict[str, str],
+) -> None:
+    """`meridian switchover` waits as the controller does (the agents decide), not for
+    the catalog's newest version of each object: the catalog also lists a write the
+    owner stored but never acked (admitted just before the handover mark, its pushes
+    refused by the mark), which cannot reach the target while the mark holds, so the
+    catalog alone made the switchover wait out its timeout and abort."""
+    west = eu_agents["eu-west"]
+    await Ownership(coord).claim("tri/e", "eu-west", expect_epoch=0, reason="home", actor="t")
+    acked = await put(west.address, "tri/e", "k1", b"acked")
+    await coord.put(keys.alive("eu-central"), b"{}")  # a move needs a live target
+    # The catalog's record of such an unacked write: a newer k1, only at its origin.
+    unacked = HLC.parse(acked.version.hlc)
+    newer = HLC(unacked.wall_ms + 1000, 0, "eu-west")
+    catalog = open_catalog(critical_world["MERIDIAN_CATALOG"], placer=place)
+    try:
+        catalog.register_version(
+            "tri/e", "k1", newer.text, acked.version.digest, origin_region="eu-west"
+        )
+        assert [v.version for v in catalog.incomplete_versions("tri/e", "eu-central")] == [
+            newer.text
+        ]
+    finally:
+        catalog.close()
+
+    switch = ["switchover", "--dataset", "tri/e", "--to", "eu-central", "--yes"]
+    done = await asyncio.to_thread(run_cli, [*switch, "--timeout", "10"], critical_world)
+    assert done.returncode == 0, done.stderr
+    owner = await Ownership(coord).get("tri/e")
+    assert owner is not None and owner.region == "eu-central", owner
+    # The acked version was on the target before the move (zero RPO).
+    held = await stat(eu_agents["eu-central"].address, "tri/e", "k1")
+    assert held is not None and held.version.digest == acked.version.digest
 
 
 def test_lacking_compares_newest_versions_by_hlc_and_digest() -> None:

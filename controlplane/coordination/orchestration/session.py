@@ -40,14 +40,25 @@ async def open_session(settings: Settings, *, actor: str | None = None) -> Async
             [f"{h}:{p}" for h, p in settings.etcd_endpoints], timeout_s=settings.etcd_timeout_s
         )
         await coord.connect()
-        # Imported here: it dials agents (agents.client), which only runbooks need.
+        # Imported here: they dial agents (agents.client), which only runbooks need.
+        from controlplane.controller.agent_probe import AgentCatchUpProbe
         from controlplane.controller.holdings_choice import HoldingsChooser
 
+        # A switchover's catch-up wait asks the agents, as the controller's does: the
+        # catalog alone also lists the owner's unacked newest versions (a write admitted
+        # just before the handover mark, its pushes refused by the mark), which cannot
+        # reach the target during the freeze, so it would wait out the timeout and abort.
+        probe = AgentCatchUpProbe(
+            [f"{h}:{p}" for h, p in settings.etcd_endpoints],
+            settings.agent_address,
+            fallback=catalog,
+            etcd_timeout_s=settings.etcd_timeout_s,
+        )
         runbooks = Runbooks(
             coord,
             catalog,
             catalog,
-            catalog,
+            probe,
             actor=actor or os_actor(),
             lease_ttl_s=settings.lease_ttl_s,
             holdings=HoldingsChooser(
