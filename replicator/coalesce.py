@@ -67,7 +67,10 @@ class CoalescedCalls:
         except asyncio.CancelledError:
             run.answer.cancel()
             task = run.call
-            if task is not None and all(r.answer.done() for r in self._calls[task].runs):
+            # The call may have ended (and left `_calls`) in the same step as this
+            # cancellation: then there is nothing to cancel, and the cancel must go on.
+            group = self._calls.get(task) if task is not None else None
+            if task is not None and group is not None and all(r.answer.done() for r in group.runs):
                 task.cancel()  # nobody waits for this call's answers any more
             raise
 

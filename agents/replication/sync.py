@@ -335,10 +335,15 @@ class SyncReplication:
             address = await self.peers.address(region)
             stub = agent_pb2_grpc.AgentStub(self._channel(address))
             datas = await asyncio.to_thread(self._read_many, items)
+            # An item whose version is gone (superseded and pruned while it waited in
+            # the queue) fails alone; the others still go.
+            sent = [(n, data) for n, data in enumerate(datas) if isinstance(data, bytes)]
+            if not sent:
+                return [d if isinstance(d, MeridianError) else None for d in datas]
             request = agent_pb2.ReplicatePushesRequest(
                 items=[
-                    agent_pb2.PushedItem(header=self._header(write, version), data=data)
-                    for (write, version), data in zip(items, datas, strict=True)
+                    agent_pb2.PushedItem(header=self._header(*items[n]), data=data)
+                    for n, data in sent
                 ]
             )
             try:
@@ -348,19 +353,28 @@ class SyncReplication:
                     raise BatchRefusedError(f"{region} ({address}) takes no batch") from err
                 raise from_rpc_error(err, f"{region} ({address})") from err
             _check_region(resp.region, region, address)
-            if len(resp.results) != len(items):
+            if len(resp.results) != len(sent):
                 raise UnavailableError(
-                    f"{region} ({address}) answered {len(resp.results)} pushes for {len(items)}"
+                    f"{region} ({address}) answered {len(resp.results)} pushes for {len(sent)}"
                 )
         except BatchRefusedError:
             raise
         except BaseException:
             self.peers.forget(region)
             raise
-        answers: list[MeridianError | None] = []
-        for (write, _version), got in zip(items, resp.results, strict=True):
+        answers: list[MeridianError | None] = [
+            d if isinstance(d, MeridianError) else None for d in datas
+        ]
+        for (n, _data), got in zip(sent, resp.results, strict=True):
+            write = items[n][0]
             if got.error_code or got.error_class:
-                answers.append(error_from_parts(got.error_class, got.error_code, got.error))
+                answers[n] = error_from_parts(got.error_class, got.error_code, got.error)
+                continue
+            if not got.HasField("held"):  # neither an error nor a commit: not held
+                answers[n] = UnavailableError(
+                    f"{region} ({address}) answered a push of {write.dataset}/{write.key} "
+                    "with neither a version nor an error"
+                )
                 continue
             self._committed(
                 region,
@@ -368,16 +382,21 @@ class SyncReplication:
                 write.key or "",
                 agent_pb2.ReplicateResponse(version=got.held, region=resp.region),
             )
-            answers.append(None)
         return answers
 
-    def _read_many(self, items: list[tuple[CommittedWrite, Version]]) -> list[bytes]:
-        return [
-            b""
-            if version.is_tombstone
-            else self.store.read_bytes(write.dataset, write.key or "", version.hlc.text)
-            for write, version in items
-        ]
+    def _read_many(
+        self, items: list[tuple[CommittedWrite, Version]]
+    ) -> list[bytes | MeridianError]:
+        out: list[bytes | MeridianError] = []
+        for write, version in items:
+            if version.is_tombstone:
+                out.append(b"")
+                continue
+            try:
+                out.append(self.store.read_bytes(write.dataset, write.key or "", version.hlc.text))
+            except MeridianError as exc:
+                out.append(exc)
+        return out
 
     def _header(self, write: CommittedWrite, version: Version) -> agent_pb2.ReplicateHeader:
         header = agent_pb2.ReplicateHeader(

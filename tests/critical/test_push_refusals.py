@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -24,8 +25,9 @@ from agents.rpc.status import abort
 from agents.service.servicer import CommittedWrite
 from agents.store import ObjectStore
 from controlplane.coordination.protocols.fencing import StaleEpochError
-from controlplane.domain.hlc import HybridClock
+from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.placement import Placement
+from controlplane.domain.version import Version
 from controlplane.errors import FencedError, MeridianError, UnavailableError
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
@@ -196,3 +198,59 @@ async def test_a_replica_whose_push_failed_is_behind_before_the_write_is_answere
         assert await asyncio.wait_for(answer, timeout=5) == (OWNER, "eu-north")
 
     await owner_with(tmp_path, replicas, None, run)
+
+
+class BatchReplica(agent_pb2_grpc.AgentServicer):
+    """A replica agent taking ReplicatePushes: it commits every item it gets, or, with
+    `blank`, answers each with an empty result (neither a version nor an error)."""
+
+    def __init__(self, region: str, *, blank: bool = False) -> None:
+        self.region = region
+        self.blank = blank
+        self.keys: list[str] = []
+
+    async def ReplicatePushes(  # noqa: N802 - the generated name
+        self,
+        request: agent_pb2.ReplicatePushesRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> agent_pb2.ReplicatePushesResponse:
+        self.keys += [item.header.key for item in request.items]
+        results = [
+            agent_pb2.ReplicateItemResult()
+            if self.blank
+            else agent_pb2.ReplicateItemResult(held=item.header.version)
+            for item in request.items
+        ]
+        return agent_pb2.ReplicatePushesResponse(results=results, region=self.region)
+
+
+def two_writes(store: ObjectStore, write: CommittedWrite) -> list[tuple[CommittedWrite, Version]]:
+    """The test's committed write, and one of another key whose version the owner no
+    longer holds (superseded and pruned while its push waited in the queue)."""
+    assert write.version is not None
+    gone = replace(write.version, hlc=HLC.parse(f"1000000000000.00000@{OWNER}"))
+    other = CommittedWrite(write.admitted, DATASET, key="pruned", version=gone)
+    return [(other, gone), (write, write.version)]
+
+
+async def test_a_batch_item_whose_version_is_gone_fails_alone(tmp_path: Path) -> None:
+    replica = BatchReplica("eu-central")
+
+    async def run(sync: SyncReplication, write: CommittedWrite) -> None:
+        answers = await sync._push_many("eu-central", two_writes(sync.store, write), 5.0)
+        assert isinstance(answers[0], MeridianError), answers
+        assert answers[1] is None, f"the held write failed with the gone one: {answers[1]}"
+        assert replica.keys == ["k"]
+
+    await owner_with(tmp_path, {"eu-central": replica}, None, run)
+
+
+async def test_a_batch_result_with_neither_version_nor_error_is_not_held(tmp_path: Path) -> None:
+    replica = BatchReplica("eu-central", blank=True)
+
+    async def run(sync: SyncReplication, write: CommittedWrite) -> None:
+        assert write.version is not None
+        answers = await sync._push_many("eu-central", [(write, write.version)], 5.0)
+        assert isinstance(answers[0], UnavailableError), answers
+
+    await owner_with(tmp_path, {"eu-central": replica}, None, run)
