@@ -158,7 +158,13 @@ class NodeAgent(Lifecycle):
         )
         # The policy as of each transfer (RTTs for source order, per-link caps).
         transfers = TransferService(
-            store, admission, self.region, self.metrics, None, lambda: self.view.current
+            store,
+            admission,
+            self.region,
+            self.metrics,
+            None,
+            lambda: self.view.current,
+            bundle_max_bytes=self.settings.bundle_max_bytes,
         )
         # Cut transfers never retried: their resume states expire (at start, then here).
         self.sweeper = ResumeSweeper(transfers.book, interval_s=self.config.resume_sweep_interval_s)

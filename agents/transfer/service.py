@@ -81,8 +81,16 @@ class TransferService:
         *,
         threads: int = 2,
         checkpoint_bytes: int = CHECKPOINT_BYTES,
+        bundle_max_bytes: int = BUNDLE_MAX_BYTES,
     ) -> None:
         self.store = store
+        # Objects below this travel in bundles (the `bundle_max_bytes` setting; 0: none),
+        # and new objects moved inside the region below the larger of it and
+        # MOVE_BUNDLE_MAX_BYTES (see _classify).
+        self.bundle_max_bytes = bundle_max_bytes
+        self.move_bundle_max_bytes = (
+            max(bundle_max_bytes, MOVE_BUNDLE_MAX_BYTES) if bundle_max_bytes > 0 else 0
+        )
         self.admission = admission
         self.region = region
         self.metrics = metrics
@@ -612,7 +620,7 @@ class TransferService:
         # Set members go alone: apply_many commits no set membership.
         if (
             version.is_tombstone
-            or version.size >= MOVE_BUNDLE_MAX_BYTES
+            or version.size >= self.move_bundle_max_bytes
             or not sources
             or item.HasField("set")
         ):
@@ -636,7 +644,7 @@ class TransferService:
         if nearest is None:
             nearest = order_sources(self.region, sources, self.policy)[0]
             memo.nearest[tuple(sources)] = nearest
-        if version.size >= BUNDLE_MAX_BYTES and (nearest.region != self.region or held):
+        if version.size >= self.bundle_max_bytes and (nearest.region != self.region or held):
             # Large: alone (resumable, a delta against the basis held). Only a move inside
             # the region of an object new to this agent rides the bundle up to
             # MOVE_BUNDLE_MAX_BYTES: on a fast link, one commit per batch instead of one per

@@ -102,6 +102,7 @@ async def start_agent(
     limiter: LinkLimiter | None = None,
     checkpoint_bytes: int = 1 << 20,
     keep_versions: int = 2,
+    bundle_max_bytes: int = 1 << 20,
 ) -> Agent:
     store = ObjectStore(root, clock=HybridClock(region), keep_versions=keep_versions)
     metrics = AgentMetrics(region, f"{region}-1")
@@ -116,6 +117,7 @@ async def start_agent(
         limiter,
         lambda: policy,
         checkpoint_bytes=checkpoint_bytes,
+        bundle_max_bytes=bundle_max_bytes,
     )
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     agent_pb2_grpc.add_AgentServicer_to_server(_Servicer(service), server)

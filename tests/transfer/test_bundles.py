@@ -8,6 +8,7 @@ from agents_inproc import AgentFactory
 from xfer_helpers import content, transfers
 
 from agents.transfer.pull import CHANNEL_OPTIONS
+from controlplane.domain.version import Version
 from meridian.convert import version_to_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
@@ -75,3 +76,58 @@ async def test_a_refused_dataset_in_a_bundle_refuses_only_its_items(agents: Agen
 
     assert got.errors[0].startswith("PERMISSION_DENIED")
     assert east.store.head("ckpt", "a") is None
+
+
+def wanted(
+    dataset: str, key: str, version: Version, region: str, address: str
+) -> agent_pb2.FetchRequest:
+    return agent_pb2.FetchRequest(
+        dataset=dataset,
+        key=key,
+        version=version_to_wire(version),
+        sources=[agent_pb2.FetchSource(region=region, address=address)],
+    )
+
+
+async def test_the_bundle_limit_is_the_agents_setting(agents: AgentFactory) -> None:
+    west = await agents("eu-west")
+    central = await agents("eu-central", bundle_max_bytes=2048)  # 4 KiB: too large
+    files = {f"s/{n}": content(4096, seed=n) for n in range(5)}
+    versions = west.store.put_many([("ckpt", k, [v]) for k, v in files.items()])
+    items = [
+        wanted("ckpt", k, v, "eu-west", west.address) for k, v in zip(files, versions, strict=True)
+    ]
+
+    got = await fetch_many(central.address, items)
+
+    assert list(got.errors) == [""] * len(items)
+    assert [r["method"] for r in transfers(central.store)] == ["raw"] * len(items)
+
+
+async def test_a_move_inside_the_region_bundles_an_object_up_to_4_mib(
+    agents: AgentFactory,
+) -> None:
+    """2 MiB is above the bundle limit: from another region it goes alone (resumable,
+    a delta where a basis is held); moved between two agents of one region, to an agent
+    that holds none of it, it rides a bundle."""
+    west = await agents("eu-west")
+    west2 = await agents("eu-west", name="eu-west-2")
+    central = await agents("eu-central")
+    data = content(2 << 20, seed=7)
+    version = west.store.put("ckpt", "shard.bin", [data])
+
+    got = await fetch_many(
+        west2.address,
+        [wanted("ckpt", "shard.bin", version, "eu-west", west.address)],
+    )
+    assert list(got.errors) == [""]
+    assert [r["method"] for r in transfers(west2.store)] == ["bundle"]
+    assert west2.store.read_bytes("ckpt", "shard.bin") == data
+
+    got = await fetch_many(
+        central.address,
+        [wanted("ckpt", "shard.bin", version, "eu-west", west.address)],
+    )
+    assert list(got.errors) == [""]
+    assert [r["method"] for r in transfers(central.store)] != ["bundle"]
+    assert central.store.read_bytes("ckpt", "shard.bin") == data
