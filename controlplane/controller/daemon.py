@@ -25,6 +25,7 @@ Every decision is one structured log event.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from controlplane.controller.claims import Claims
 from controlplane.controller.config import ControllerConfig, ControllerContext, Term
@@ -87,6 +88,7 @@ class RegionController(Lifecycle):
         self.election = Election(self.ctx, self._serve, self._step_down)
         self._tracker: OwnershipTracker | None = None
         self._failover: FailoverWatch | None = None
+        self._stepped_down_at: float | None = None  # time.monotonic() of the last step-down
         self._done = asyncio.Event()
 
     @property
@@ -151,7 +153,13 @@ class RegionController(Lifecycle):
     async def _serve(self, term: Term) -> None:
         tracker = OwnershipTracker(self.ctx)
         claims = Claims(self.ctx, term, tracker)
-        failover = FailoverWatch(self.ctx, term)
+        # A term that begins soon after the last one ended (lease lost, or etcd out of
+        # reach while campaigning) most likely follows an etcd outage that ended the
+        # other regions' terms too: see FailoverWatch.recovering.
+        recent = self._stepped_down_at is not None and (
+            term.began_at - self._stepped_down_at < self.config.lease_ttl_s + 1
+        )
+        failover = FailoverWatch(self.ctx, term, recovering=recent)
         self.ctx.term = term
         self._tracker, self._failover = tracker, failover
         self.active.set()
@@ -166,6 +174,7 @@ class RegionController(Lifecycle):
         if self.active.is_set():
             self.metrics.step_downs.inc()
         log.warning("step_down", region=self.config.region, id=self.config.controller_id, why=why)
+        self._stepped_down_at = time.monotonic()
         self.active.clear()
         self._tracker = self._failover = None
         self.metrics.active.set(0)

@@ -5,7 +5,9 @@ another region's key (and with maintenance mode off) it races one guarded
 transaction per dataset of that region to its successor (exactly one racer wins
 each; see `coordination.orchestration.failover`). The `sweep` loop catches deletions the watch
 could not see (before this term, or while etcd was unreachable), once the term
-is a whole TTL old so that a cold start does not grab everything.
+is a whole TTL old so that a cold start does not grab everything. In a term that
+follows an etcd outage of this controller's own, the watch leaves deletions to the
+sweep as well (see `recovering`).
 
 Placements and jurisdictions come from the policy in etcd (`PolicyView`) and the
 datasets announced there after the apply (`protocols.datasets`); with no
@@ -41,10 +43,17 @@ log = get_logger("meridian.controller")
 class FailoverWatch(Duty):
     name = "failover"
 
-    def __init__(self, ctx: ControllerContext, term: Term) -> None:
+    def __init__(self, ctx: ControllerContext, term: Term, *, recovering: bool = False) -> None:
         super().__init__(ctx.config.region, **ctx.retry())
         self.ctx = ctx
         self.term = term
+        # This term began just after this controller's last one ended for lack of etcd.
+        # A quorum loss ends every region's term at once; each then writes its liveness
+        # key again, in some order. A deletion seen early in such a term is most likely
+        # that outage, not a dead region, so the watch leaves it to the sweep, which
+        # judges once the term is a TTL old (by then a live region is back). Found by
+        # chaos scenario 6: eu-west, back 0.1 s before eu-central, failed it over.
+        self.recovering = recovering
 
     def loops(self) -> dict[str, Loop]:
         return {"regions": self._watch_regions, "sweep": self._sweep_loop}
@@ -58,6 +67,14 @@ class FailoverWatch(Duty):
             region = parsed[0]
             if region == self.region:
                 continue
+            if self.recovering and self._young():
+                log.info(
+                    "failover_deferred",
+                    region=region,
+                    observer=self.region,
+                    reason="this controller's own term just followed an etcd outage",
+                )
+                continue  # the sweep decides once the term is a TTL old
             log.info("region_lease_expired", region=region, observer=self.region)
             try:
                 await self.fail_over(region, detected_at_monotonic=time.monotonic())
@@ -67,12 +84,17 @@ class FailoverWatch(Duty):
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self.ctx.config.reconcile_interval_s)
-            if time.monotonic() - self.term.began_at < self.ctx.config.lease_ttl_s + 1:
+            if self._young():
                 continue
             view = await read_view(self.ctx.coord)
             dead = {o.region for o in view.owners.values() if not view.is_alive(o.region)}
             for region in sorted(dead - {self.region}):
                 await self.fail_over(region, detected_at_monotonic=time.monotonic(), quiet=True)
+
+    def _young(self) -> bool:
+        """Less than a TTL (and a second) into the term: no region can be judged dead
+        from the liveness keys yet (a cold start, or one after an etcd outage)."""
+        return time.monotonic() - self.term.began_at < self.ctx.config.lease_ttl_s + 1
 
     async def fail_over(
         self, region: str, *, detected_at_monotonic: float, quiet: bool = False
