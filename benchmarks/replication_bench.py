@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -452,6 +455,46 @@ async def large_run(
     return sum(timed.fetch_s) / len(timed.fetch_s)
 
 
+@contextlib.contextmanager
+def profiled(pids: dict[str, int]) -> Iterator[None]:
+    """With MERIDIAN_BENCH_PYSPY=DIR (and py-spy installed): sample each named process
+    while the block runs, into DIR/NAME.txt (py-spy's collapsed stacks, one per line
+    with its count), to see where the CPU per object goes. Off by default."""
+    out = os.environ.get("MERIDIAN_BENCH_PYSPY")
+    if not out:
+        yield
+        return
+    Path(out).mkdir(parents=True, exist_ok=True)
+    spies = [
+        subprocess.Popen(
+            [
+                "py-spy",
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                "200",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--gil",
+                "--output",
+                str(Path(out) / f"{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        for spy in spies:
+            spy.wait(timeout=60)
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -590,7 +633,8 @@ async def measure(
     ):
         pid = agents[REGION].pid
         agent_before, mine = cpu_s(pid), time.process_time()
-        real = await timed_apply(kafka, topic, agent, n, folder, policy)
+        with profiled({"agent": pid, "replicator": os.getpid()}):
+            real = await timed_apply(kafka, topic, agent, n, folder, policy)
         # Where each object's CPU goes (2 cores, shared): the agent (gRPC, store, and its
         # recorder shipping the journal to the catalog meanwhile) and this process (the
         # replicator's loop). Both include what ran while the consumer group formed.
