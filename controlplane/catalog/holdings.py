@@ -172,9 +172,12 @@ def _among(s: Session, column: Any, values: Sequence[Any], type_: Any) -> Column
 
 def _object_ids(s: Session, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
     oids: dict[tuple[str, str], int] = {}
+    # On the session's connection (Core), not through the ORM: these selects read
+    # columns only, and the ORM's result machinery cost as much as the query.
+    conn = s.connection()
     for dataset, keys in _by_dataset(pairs):
         for chunk in _chunks(keys):
-            found = s.execute(
+            found = conn.execute(
                 select(CatalogObject.id, CatalogObject.key).where(
                     CatalogObject.dataset == dataset,
                     _among(s, CatalogObject.key, chunk, String),
@@ -198,6 +201,7 @@ def _versions(
         oids = _object_ids(s, sorted({(d, k) for d, k, _ in wanted}))
     names = {oid: pair for pair, oid in oids.items()}
     rows: list[_Row] = []
+    conn = s.connection()  # Core, as in `_object_ids`
     for chunk in _chunks(sorted(names)):
         ids = set(chunk)
         columns = select(
@@ -213,12 +217,12 @@ def _versions(
             # IN; two scalar IN lists made it probe every id with every version (400 x
             # 400 per chunk: most of a recorder batch's time on a SQLite catalog).
             pairs = sorted((oids[(d, k)], v) for d, k, v in wanted if oids.get((d, k)) in ids)
-            found = s.execute(
+            found = conn.execute(
                 columns.where(tuple_(ObjectVersion.object_id, ObjectVersion.version).in_(pairs))
             ).all()
         else:
             versions = sorted({v for d, k, v in wanted if oids.get((d, k)) in ids})
-            found = s.execute(
+            found = conn.execute(
                 columns.where(
                     _among(s, ObjectVersion.object_id, chunk, BigInteger),
                     _among(s, ObjectVersion.version, versions, String),
