@@ -270,7 +270,8 @@ def cli_config(cache_dir: Path) -> Path:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
-        tmp = path.with_suffix(".tmp")
+        # Per process: the background build of scripts/test.sh and a test may both write it.
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(text)
         tmp.rename(path)
     return path
