@@ -334,7 +334,10 @@ class SyncReplication:
         try:
             address = await self.peers.address(region)
             stub = agent_pb2_grpc.AgentStub(self._channel(address))
-            datas = await asyncio.to_thread(self._read_many, items)
+            if all(_inline(w, v) is not None or v.is_tombstone for w, v in items):
+                datas = self._read_many(items)  # every one held in memory: no thread hop
+            else:
+                datas = await asyncio.to_thread(self._read_many, items)
             # An item whose version is gone (superseded and pruned while it waited in
             # the queue) fails alone; the others still go.
             sent = [(n, data) for n, data in enumerate(datas) if isinstance(data, bytes)]
@@ -391,6 +394,10 @@ class SyncReplication:
         for write, version in items:
             if version.is_tombstone:
                 out.append(b"")
+                continue
+            data = _inline(write, version)
+            if data is not None:
+                out.append(data)
                 continue
             try:
                 out.append(self.store.read_bytes(write.dataset, write.key or "", version.hlc.text))
@@ -945,6 +952,11 @@ class SyncReplication:
         yield agent_pb2.ReplicateRequest(header=header)
         if version.is_tombstone:
             return
+        data = _inline(write, version)
+        if data is not None:
+            if data:
+                yield agent_pb2.ReplicateRequest(chunk=data)
+            return
         if version.size <= CHUNK_BYTES:
             # One chunk: opened and read in one thread hop, not two.
             chunk = await asyncio.to_thread(
@@ -1092,6 +1104,12 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _inline(write: CommittedWrite, version: Version) -> bytes | None:
+    """The bytes of `version` as the client sent them (a small Put), when `write` is
+    that version's own write; None: read them from the store."""
+    return write.data if write.version == version else None
 
 
 def _check_region(answered: str, region: str, address: str) -> None:

@@ -10,7 +10,9 @@ residency, and for a critical dataset owner, epoch and handover), so a refused
 write touches nothing; a Put is admitted again once its bytes have arrived, just
 before its commit, so a handover that committed during a long upload refuses it.
 A Put's bytes stream into the store's staged write, one thread hop per chunk
-(hashing and disk writes never run on the event loop), and commit atomically; a
+(hashing and disk writes never run on the event loop), and commit atomically; one
+of at most `INLINE_BYTES` is held until its end and then staged and committed in
+a single thread hop (three or more cost a small write more CPU than its commit); a
 standard write's change event is committed with it (the store's outbox), a
 critical write's epoch is recorded with it. After the local commit a critical
 write is handed to the `Replication` hook (synchronous replication, issue 13:
@@ -24,8 +26,9 @@ Every call is counted by call and code and ends with the code of its error
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Never, Protocol
 
@@ -43,11 +46,12 @@ from agents.store import (
     ObjectStore,
     SetRecord,
     ShortStreamError,
+    StagedWrite,
     StoredVersion,
     TooLargeError,
 )
 from controlplane.domain.hlc import HLC
-from controlplane.domain.version import Version
+from controlplane.domain.version import Digest, Version
 from controlplane.errors import (
     InvalidInputError,
     NotFoundError,
@@ -58,6 +62,10 @@ from meridian.convert import version_set_from_wire, version_set_to_wire, version
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 log = get_logger("meridian.agent.api")
+
+# A Put of at most this many bytes is held in memory until its end and then stored in
+# one thread hop (and its bytes pushed from memory, for a critical dataset).
+INLINE_BYTES = 64 * 1024
 
 
 class Transfers(Protocol):
@@ -108,6 +116,9 @@ class CommittedWrite:
     version: Version | None = None
     set_id: str | None = None
     set_record: SetRecord | None = None
+    # The bytes of a small version, as the client sent them: pushed from here, not read
+    # back from the store (None: read them there).
+    data: bytes | None = None
 
 
 class Replication(Protocol):
@@ -213,14 +224,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 f"cap of {self.max_object_bytes}; nothing was stored"
             )
         admitted = await self.admission.admit_write(dataset, epoch)
-        staged = await asyncio.to_thread(
-            self.store.stage,
-            dataset,
-            key,
-            expected_size=size,
-            max_size=self.max_object_bytes,
-            expected_digest=digest,
-        )
+        # The first INLINE_BYTES are held here, not staged: an object that ends within
+        # them (the common small write) is stored in ONE thread hop, after its end.
+        # A larger one is staged then and streams on, one thread hop per chunk.
+        held: list[bytes] = []
+        held_bytes = 0
+        staged: StagedWrite | None = None
         try:
             end: agent_pb2.PutEnd | None = None
             async for frame in frames:
@@ -234,29 +243,35 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     raise InvalidInputError(
                         "PutRequest.chunk: every message after a Put's header must be a chunk"
                     )
-                if len(frame.chunk) > CHUNK_BYTES:
+                chunk = frame.chunk
+                if len(chunk) > CHUNK_BYTES:
                     raise TooLargeError(
                         f"PutRequest.chunk: a chunk holds at most {CHUNK_BYTES} bytes, got "
-                        f"{len(frame.chunk)}; nothing was stored"
+                        f"{len(chunk)}; nothing was stored"
                     )
-                await asyncio.to_thread(staged.write, frame.chunk)
+                if staged is None and held_bytes + len(chunk) <= INLINE_BYTES:
+                    held.append(chunk)
+                    held_bytes += len(chunk)
+                    continue
+                if staged is None:
+                    staged = await asyncio.to_thread(self._stage, dataset, key, size, digest, held)
+                    held = []
+                await asyncio.to_thread(staged.write, chunk)
             _before_commit(context, "Put")  # a stream cut by its deadline ends like this too
-            if end is None and (size is None or staged.size != size):
+            got = held_bytes if staged is None else staged.size
+            if end is None and (size is None or got != size):
                 # grpc ends the request stream this way when the writer was killed, its
                 # connection cut, or a message refused as too large: not a whole object.
                 raise ShortStreamError(
-                    f"PutRequest.end: the stream of {dataset}/{key} ended after {staged.size} "
+                    f"PutRequest.end: the stream of {dataset}/{key} ended after {got} "
                     "bytes without its end (the writer went away, its connection was cut, or "
                     "a message was too large); nothing was stored"
                 )
+            stated = None
             if end is not None and end.HasField("digest"):
                 stated = requests.digest("PutEnd.digest", True, end.digest)
-                found = await asyncio.to_thread(staged.finish)
-                if found != stated:
-                    raise DigestMismatchError(
-                        f"object {dataset}/{key} hashed to {found}, not the stated {stated}; "
-                        "nothing was stored"
-                    )
+            if staged is not None and stated is not None:
+                await asyncio.to_thread(_check_digest, staged, stated)
             # Admitted again at the end of the stream, which may have taken minutes: a
             # handover or a narrowed residency meanwhile refuses it, nothing stored.
             admitted = await self.admission.admit_write(
@@ -266,18 +281,24 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             # split-brain checker needs when the epoch was judged current.
             admitted_at = time.time()
             _before_commit(context, "Put")
-            version = await asyncio.to_thread(
-                self.store.commit_put,
-                staged,
+            commit = functools.partial(
+                self._commit,
                 set_id=set_id,
                 outbox=not admitted.critical,
                 epoch=admitted.epoch,
                 policy_revision=admitted.policy_revision,
             )
+            if staged is None:
+                version = await asyncio.to_thread(
+                    self._store_held, dataset, key, size, digest, held, stated, commit
+                )
+            else:
+                version = await asyncio.to_thread(commit, staged)
         finally:
             # After a commit this removes nothing; on an error or a cancel it drops the
             # temporary file (waiting for a chunk a thread may still be writing).
-            staged.abort()
+            if staged is not None:
+                staged.abort()
         log.info(
             "object_stored",
             dataset=dataset,
@@ -287,10 +308,63 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             epoch=admitted.epoch or None,
             admitted_at=admitted_at,
         )
+        data = b"".join(held) if staged is None else None
         regions = await self._after_write(
-            CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id)
+            CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id, data=data)
         )
         return agent_pb2.PutResponse(version=version_to_wire(version), regions=regions)
+
+    def _stage(
+        self, dataset: str, key: str, size: int | None, digest: Digest | None, held: list[bytes]
+    ) -> StagedWrite:
+        """Stage a Put (in a thread), with the chunks held so far written to it."""
+        staged = self.store.stage(
+            dataset,
+            key,
+            expected_size=size,
+            max_size=self.max_object_bytes,
+            expected_digest=digest,
+        )
+        try:
+            for chunk in held:
+                staged.write(chunk)
+        except BaseException:
+            staged.abort()
+            raise
+        return staged
+
+    def _commit(
+        self,
+        staged: StagedWrite,
+        *,
+        set_id: str | None,
+        outbox: bool,
+        epoch: int,
+        policy_revision: int,
+    ) -> Version:
+        return self.store.commit_put(
+            staged, set_id=set_id, outbox=outbox, epoch=epoch, policy_revision=policy_revision
+        )
+
+    def _store_held(
+        self,
+        dataset: str,
+        key: str,
+        size: int | None,
+        digest: Digest | None,
+        held: list[bytes],
+        stated: Digest | None,
+        commit: Callable[[StagedWrite], Version],
+    ) -> Version:
+        """A small Put whose bytes are all here: staged, checked and committed in one
+        thread hop, as the streamed path does it in several."""
+        staged = self._stage(dataset, key, size, digest, held)
+        try:
+            if stated is not None:
+                _check_digest(staged, stated)
+            return commit(staged)
+        finally:
+            staged.abort()
 
     async def Delete(  # noqa: N802
         self, request: agent_pb2.DeleteRequest, context: Context
@@ -631,6 +705,15 @@ def _info(stored: StoredVersion) -> agent_pb2.ObjectInfo:
     if stored.set_id is not None:
         info.set = stored.set_id
     return info
+
+
+def _check_digest(staged: StagedWrite, stated: Digest) -> None:
+    found = staged.finish()
+    if found != stated:
+        raise DigestMismatchError(
+            f"object {staged.dataset}/{staged.key} hashed to {found}, not the stated {stated}; "
+            "nothing was stored"
+        )
 
 
 def _before_commit(context: Context, call: str) -> None:

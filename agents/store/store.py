@@ -1356,6 +1356,27 @@ class ObjectStore:
             if len(found) < batch:
                 return Page(items, None)
 
+    def listing(
+        self, dataset: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, str, str | None]]:
+        """(key, newest HLC text, content digest text or None) of each object of `dataset`
+        whose key sorts after `after`, in key order, tombstones included, at most
+        `limit`: `list_objects(include_deleted=True)` as the stored text, without a
+        StoredVersion per row (the holdings publisher, agents/daemon/holdings.py, lists
+        every critical dataset whenever anything changed; the objects were most of it)."""
+        dataset = check_name("dataset", dataset)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise InvalidInputError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
+        with self._lock:
+            self._require_open()
+            found = self._db.execute(
+                # With one max(), SQLite takes the bare columns from the row holding it.
+                "SELECT key, max(hlc), digest FROM versions WHERE dataset = ? AND key > ?"
+                " GROUP BY key ORDER BY key LIMIT ?",
+                (dataset, after, limit),
+            ).fetchall()
+        return [(str(k), str(h), None if d is None else str(d)) for k, h, d in found]
+
     def held(self, after: tuple[str, str] | None = None, limit: int = 1000) -> list[StoredVersion]:
         """The newest version (puts and tombstones) of each object held, in (dataset,
         key) order, at most `limit`, after the object `after` (issue 16: the rebalance
