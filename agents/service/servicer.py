@@ -17,7 +17,10 @@ standard write's change event is committed with it (the store's outbox), a
 critical write's epoch is recorded with it. After the local commit a critical
 write is handed to the `Replication` hook (synchronous replication, issue 13:
 agents/replication/), which returns once the policy's `ack` copies hold it; the
-response names the regions holding it.
+response names the regions holding it. A small critical Put is handed on as soon as
+its version has its HLC, its commit still under way (`CommittedWrite.local`), so
+that its push overlaps its commit; the hook counts this region only once that
+commit is done, and the Put is answered only then.
 
 Every call is counted by call and code and ends with the code of its error
 (agents.service.outcome).
@@ -119,6 +122,10 @@ class CommittedWrite:
     # The bytes of a small version, as the client sent them: pushed from here, not read
     # back from the store (None: read them there).
     data: bytes | None = None
+    # The owner's own commit of `version`, when it was handed on still under way
+    # (pushed while it commits): its copy counts toward the ack only once this is done,
+    # and its error is the write's. None: committed before it was handed on.
+    local: asyncio.Future[Version] | None = None
 
 
 class Replication(Protocol):
@@ -288,7 +295,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 epoch=admitted.epoch,
                 policy_revision=admitted.policy_revision,
             )
-            if staged is None:
+            local: asyncio.Future[Version] | None = None
+            if staged is None and admitted.critical and self.replication is not None:
+                # Pushed while it commits here (`overlapped`): the ack still waits for
+                # this commit to be durable, and counts this region only then.
+                version, local = await self._overlapped(
+                    functools.partial(self._store_held, dataset, key, size, digest, held, stated),
+                    commit,
+                )
+            elif staged is None:
                 version = await asyncio.to_thread(
                     self._store_held, dataset, key, size, digest, held, stated, commit
                 )
@@ -299,20 +314,65 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             # temporary file (waiting for a chunk a thread may still be writing).
             if staged is not None:
                 staged.abort()
-        log.info(
-            "object_stored",
-            dataset=dataset,
-            key=key,
-            version=str(version.hlc),
-            size=version.size,
-            epoch=admitted.epoch or None,
-            admitted_at=admitted_at,
-        )
+
+        def stored(version: Version) -> None:
+            log.info(
+                "object_stored",
+                dataset=dataset,
+                key=key,
+                version=str(version.hlc),
+                size=version.size,
+                epoch=admitted.epoch or None,
+                admitted_at=admitted_at,
+            )
+
+        def committed(done: asyncio.Future[Version]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                stored(done.result())
+
+        if local is None:
+            stored(version)
+        else:  # logged as it commits, as the others are
+            local.add_done_callback(committed)
         data = b"".join(held) if staged is None else None
         regions = await self._after_write(
-            CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id, data=data)
+            CommittedWrite(
+                admitted, dataset, key=key, version=version, set_id=set_id, data=data, local=local
+            )
         )
+        if local is not None:
+            await local  # done: the ack waited for it (raises what it raised)
         return agent_pb2.PutResponse(version=version_to_wire(version), regions=regions)
+
+    async def _overlapped(
+        self,
+        store_held: Callable[[Callable[[StagedWrite], Version]], Version],
+        commit: Callable[..., Version],
+    ) -> tuple[Version, asyncio.Future[Version]]:
+        """Run a small Put's commit in a thread and return as soon as its version has its
+        HLC (the store tells `on_stamped` under the object's lock, before the commit is
+        durable), with the commit still under way; a commit that fails before that
+        raises here, as a plain commit does."""
+        loop = asyncio.get_running_loop()
+        stamped: asyncio.Future[Version] = loop.create_future()
+
+        def tell(version: Version) -> None:
+            if not stamped.done():
+                stamped.set_result(version)
+
+        def on_stamped(version: Version) -> None:  # in the store's thread
+            loop.call_soon_threadsafe(tell, version)
+
+        local = asyncio.ensure_future(
+            asyncio.to_thread(store_held, functools.partial(commit, on_stamped=on_stamped))
+        )
+        # Its outcome is awaited by the ack, or by nobody when the call is cancelled.
+        local.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.wait((stamped, local), return_when=asyncio.FIRST_COMPLETED)
+        if stamped.done():
+            return stamped.result(), local
+        stamped.cancel()
+        return await local, local
 
     def _stage(
         self, dataset: str, key: str, size: int | None, digest: Digest | None, held: list[bytes]
@@ -341,9 +401,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         outbox: bool,
         epoch: int,
         policy_revision: int,
+        on_stamped: Callable[[Version], None] | None = None,
     ) -> Version:
         return self.store.commit_put(
-            staged, set_id=set_id, outbox=outbox, epoch=epoch, policy_revision=policy_revision
+            staged,
+            set_id=set_id,
+            outbox=outbox,
+            epoch=epoch,
+            policy_revision=policy_revision,
+            on_stamped=on_stamped,
         )
 
     def _store_held(

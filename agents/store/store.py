@@ -326,14 +326,19 @@ class ObjectStore:
         epoch: int = 0,
         policy_revision: int | None = None,
         transfer: Mapping[str, JsonValue] | None = None,
+        on_stamped: Callable[[Version], None] | None = None,
     ) -> Version:
         """Commit a staged write as a new local version (HLC assigned at commit, under the
-        object's lock, so the last commit of an object is its newest version)."""
+        object's lock, so the last commit of an object is its newest version).
+        `on_stamped(version)` is told the version as soon as it has its HLC, before
+        the commit is durable (a critical owner pushes it meanwhile); it must not block."""
         set_id = None if set_id is None else check_name("set", set_id)
         with staged:
             digest = self._finish(staged)
             with self._object_lock(staged.dataset, staged.key):
                 version = Version.put(self.clock.now(), staged.size, digest)
+                if on_stamped is not None:
+                    on_stamped(version)
                 completed = self._install(
                     staged.dataset,
                     staged.key,
