@@ -331,14 +331,19 @@ class ObjectStore:
         epoch: int = 0,
         policy_revision: int | None = None,
         transfer: Mapping[str, JsonValue] | None = None,
+        on_stamped: Callable[[Version], None] | None = None,
     ) -> Version:
         """Commit a staged write as a new local version (HLC assigned at commit, under the
-        object's lock, so the last commit of an object is its newest version)."""
+        object's lock, so the last commit of an object is its newest version).
+        `on_stamped(version)` is told the version as soon as it has its HLC, before
+        the commit is durable (a critical owner pushes it meanwhile); it must not block."""
         set_id = None if set_id is None else check_name("set", set_id)
         with staged:
             digest = self._finish(staged)
             with self._object_lock(staged.dataset, staged.key):
                 version = Version.put(self.clock.now(), staged.size, digest)
+                if on_stamped is not None:
+                    on_stamped(version)
                 completed = self._install(
                     staged.dataset,
                     staged.key,
@@ -1368,6 +1373,27 @@ class ObjectStore:
                 items.append(stored)
             if len(found) < batch:
                 return Page(items, None)
+
+    def listing(
+        self, dataset: str, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, str, str | None]]:
+        """(key, newest HLC text, content digest text or None) of each object of `dataset`
+        whose key sorts after `after`, in key order, tombstones included, at most
+        `limit`: `list_objects(include_deleted=True)` as the stored text, without a
+        StoredVersion per row (the holdings publisher, agents/daemon/holdings.py, lists
+        every critical dataset whenever anything changed; the objects were most of it)."""
+        dataset = check_name("dataset", dataset)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise InvalidInputError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
+        with self._lock:
+            self._require_open()
+            found = self._db.execute(
+                # With one max(), SQLite takes the bare columns from the row holding it.
+                "SELECT key, max(hlc), digest FROM versions WHERE dataset = ? AND key > ?"
+                " GROUP BY key ORDER BY key LIMIT ?",
+                (dataset, after, limit),
+            ).fetchall()
+        return [(str(k), str(h), None if d is None else str(d)) for k, h, d in found]
 
     def held(self, after: tuple[str, str] | None = None, limit: int = 1000) -> list[StoredVersion]:
         """The newest version (puts and tombstones) of each object held, in (dataset,
