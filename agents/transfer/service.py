@@ -543,26 +543,34 @@ class TransferService:
             await abort(context, exc)
 
     async def fetch_many(self, request: agent_pb2.FetchManyRequest) -> agent_pb2.FetchManyResponse:
+        """Each item held already (or older) is answered at once, small new ones travel
+        in bundles (one SyncBundle per source), the others are fetched one by one.
+        Pipelined: the first FIRST_SLICE_ITEMS items are classified and their bundle is
+        on its way before the rest is classified (classifying thousands of items took
+        0.1-0.3 s, with the link idle meanwhile); the rest then follows in a bundle of
+        its own on the same link."""
         count = len(request.items)
         results: list[agent_pb2.FetchResponse] = [agent_pb2.FetchResponse() for _ in range(count)]
         errors = [""] * count
-        groups: dict[Source, list[tuple[int, Wanted]]] = {}
         singles: list[int] = []
+        memo = _ClassifyMemo()
 
-        def classify() -> None:  # on a thread: admission and LWW read the store
+        def classify(begin: int, end: int) -> dict[Source, list[tuple[int, Wanted]]]:
+            # On a thread: admission and LWW read the store.
+            groups: dict[Source, list[tuple[int, Wanted]]] = {}
+            part = request.items[begin:end]
             try:  # what is held, for every item at once (LWW), in a few lookups
-                heads = self.store.heads([(item.dataset, item.key) for item in request.items])
+                heads = self.store.heads([(item.dataset, item.key) for item in part])
             except MeridianError:
                 heads = None  # a bad name or a repeated object: each is looked up alone
-            memo = _ClassifyMemo()
-            for n, item in enumerate(request.items):
+            for n, item in enumerate(part, begin):
                 try:
                     self._classify(n, item, results, groups, singles, heads, memo)
                 except MeridianError:
                     singles.append(n)  # fetched alone, which records and words its refusal
+            return groups
 
-        await asyncio.to_thread(classify)
-        for source, group in groups.items():
+        async def bundle(source: Source, group: list[tuple[int, Wanted]]) -> None:
             pulled = await pull_bundle(
                 self.store,
                 source,
@@ -575,7 +583,10 @@ class TransferService:
                 if isinstance(got, ApplyResult):
                     results[n] = agent_pb2.FetchResponse(
                         outcome=_OUTCOMES[got.verdict],
-                        held=version_to_wire(got.newest),
+                        # The applied version is the one asked for: its wire form is at hand.
+                        held=wanted.wire
+                        if got.newest is wanted.version and wanted.wire is not None
+                        else version_to_wire(got.newest),
                         source_region=source.region,
                         logical_bytes=wanted.version.size,
                     )
@@ -583,6 +594,19 @@ class TransferService:
                     errors[n] = f"{code_of(got).name}: {got}"
                 else:
                     singles.append(n)  # the next source, or this one alone
+
+        bundles: list[asyncio.Task[None]] = []
+        try:
+            for begin, end in _slices(count):
+                groups = await asyncio.to_thread(classify, begin, end)
+                bundles += [
+                    asyncio.ensure_future(bundle(source, group)) for source, group in groups.items()
+                ]
+            await asyncio.gather(*bundles)
+        finally:
+            for task in bundles:  # cancelled (the caller went away): none is left running
+                task.cancel()
+            await asyncio.gather(*bundles, return_exceptions=True)
         gate = asyncio.Semaphore(4)
 
         async def single(n: int) -> None:
@@ -651,7 +675,9 @@ class TransferService:
             # object is what a rebalance of 1 MiB shards waits for.
             singles.append(n)
             return
-        groups.setdefault(nearest, []).append((n, Wanted(item.dataset, item.key, version)))
+        groups.setdefault(nearest, []).append(
+            (n, Wanted(item.dataset, item.key, version, item.version))
+        )
 
     async def _record(
         self, tally: TransferTally, outcome: Outcome, version: Version, reason: str
@@ -665,6 +691,18 @@ class TransferService:
                 tally.record(outcome, self.policy, reason),
             )
         tally.count(self.metrics, outcome)
+
+
+# A FetchMany's first slice: its bundle leaves after these are classified (~10 ms).
+FIRST_SLICE_ITEMS = 256
+
+
+def _slices(count: int) -> list[tuple[int, int]]:
+    """The [begin, end) parts a FetchMany of `count` items is classified in: a first
+    small one, then the rest."""
+    if count <= FIRST_SLICE_ITEMS:
+        return [(0, count)]
+    return [(0, FIRST_SLICE_ITEMS), (FIRST_SLICE_ITEMS, count)]
 
 
 def _refusal(exc: MeridianError) -> agent_pb2.ReplicateItemResult:
