@@ -8,8 +8,11 @@ bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
 started_stack=0
+tools_pid=""
 # MERIDIAN_KEEP_STACK=1 leaves the stack running afterwards (for a developer's loop).
 cleanup() {
+  # its own process group (setsid), so its Go builds stop with it
+  if [ -n "$tools_pid" ]; then kill -- -"$tools_pid" 2>/dev/null || true; fi
   if [ "$started_stack" = 1 ] && [ "${MERIDIAN_KEEP_STACK:-0}" != 1 ]; then
     meridian stack down >&2 || true
   fi
@@ -17,19 +20,37 @@ cleanup() {
 trap cleanup EXIT
 
 status=0
-step() { echo; echo "== $1" >&2; shift; "$@" || { echo "FAILED: $*" >&2; status=1; }; }
+began=$SECONDS
+step() {
+  local name=$1 t0=$SECONDS
+  shift
+  echo; echo "== $name" >&2
+  "$@" || { echo "FAILED: $*" >&2; status=1; }
+  echo "== $name: $((SECONDS - t0)) s (at $((SECONDS - began)) s)" >&2
+}
+
+# The deployment tests' tools (OpenTofu, its providers, helm: Go builds; checkov: a
+# virtualenv) take about two minutes to build on a fresh machine. They build in the
+# background, niced, while the engine's tests and the stack start: one core is free
+# then. The tests' fixture takes the same file locks, so it waits for a build under way
+# (or builds what failed here, and then fails with the installer's sentence).
+tools_log="${TMPDIR:-/tmp}/meridian-tools.$$.log"
+setsid nice -n 10 python -m controlplane.stack.tools >"$tools_log" 2>&1 &
+tools_pid=$!
+echo "deployment tools building in the background (log: $tools_log)" >&2
 
 step "ruff" ruff check .
 step "ruff format" ruff format --check .
 step "mypy --strict" mypy
 if [ -f native/Makefile ]; then
-  step "native engine: C tests, sanitizers, bounded fuzzing" make -C native ci
+  step "native engine: C tests, sanitizers, bounded fuzzing" make -C native -j2 ci
 fi
 
 echo "== stack up" >&2
 meridian stack up --postgres
 started_stack=1
 meridian stack status --output table
+echo "== stack up: done (at $((SECONDS - began)) s)" >&2
 
 step "pytest" pytest -p no:cacheprovider "$@"
 exit "$status"

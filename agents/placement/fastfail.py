@@ -24,6 +24,15 @@ plain TCP connect, and marks it down only when:
   (SIGSTOPped) agent, whose kernel still accepts connections, falls back to its
   lease exactly as before.
 
+Two watchers must agree (where the peer has two): a watcher whose refusal is
+confirmed votes in etcd (`/meridian/fast-fail/<region>/<agent>/<lease>/<voter>`, on a
+short lease of its own) and marks the peer down only once the votes of `agreement`
+distinct watchers are there. So a fault between one watcher and its peer (a firewall
+rule that rejects, a route that answers with a reset) never removes a live agent that
+its other watcher still sees. The votes of two watchers meet whatever their order:
+each writes its own before it reads the others'. A peer whose other watcher died with
+it gets no agreement and falls back to its lease.
+
 Marking down revokes the lease the watched registration was on (`Member.lease`),
 not the key: an agent restarted on the same address re-registers on a new lease
 under the same key, and etcd detaches a key from its old lease when it is put on a
@@ -52,6 +61,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agents.placement.members import Member, Members
 from agents.placement.watch import MembershipWatch
+from controlplane.coordination.protocols import keys
 from controlplane.errors import MeridianError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
@@ -64,8 +74,23 @@ NEIGHBOURS = 2
 # The second connect that confirms a refusal comes this long after the first.
 CONFIRM_AFTER_S = 0.15
 PROBE_TIMEOUT_S = 1.0
+# Watchers that must have voted a peer down (fewer where it has fewer watchers).
+AGREEMENT = 2
+# How long a voter waits for the other votes, and how long its vote counts: a watch that
+# keeps breaking votes again, so agreement may also come from a later attempt.
+AGREE_WAIT_S = 1.5
+VOTE_TTL_S = 5
+VOTE_POLL_S = 0.03
 
-OUTCOMES = ("marked_down", "not_confirmed", "answered", "unreachable", "superseded", "failed")
+OUTCOMES = (
+    "marked_down",
+    "not_confirmed",
+    "not_agreed",
+    "answered",
+    "unreachable",
+    "superseded",
+    "failed",
+)
 
 
 class Probe(StrEnum):
@@ -124,7 +149,8 @@ async def _connect(
 class FastFailMetrics:
     """- `meridian_fast_fail_total{outcome}`: what the checks after a broken watch found:
       `marked_down` (refused twice: the registration's lease was revoked),
-      `not_confirmed` (refused, then not), `answered` (the port accepts: watched
+      `not_confirmed` (refused, then not), `not_agreed` (refused twice, but the peer's
+      other watcher did not vote it down in time), `answered` (the port accepts: watched
       again), `unreachable` (no verdict: left to the lease), `superseded` (the
       registration had gone or changed meanwhile), `failed` (etcd did not take it);
     - `meridian_fast_fail_watched_peers`: the peers this agent watches now."""
@@ -152,6 +178,15 @@ def neighbours(members: Members, agent_id: str, count: int = NEIGHBOURS) -> list
     return [members.all[i] for i in after[:count]]
 
 
+def watchers_of(members: Members, agent_id: str, count: int = NEIGHBOURS) -> list[str]:
+    """The agents that watch `agent_id`: those it is among the neighbours of."""
+    return sorted(
+        m
+        for m in members.all
+        if m != agent_id and any(n.agent_id == agent_id for n in neighbours(members, m, count))
+    )
+
+
 @dataclass(frozen=True)
 class _Watched:
     """What a watch task is bound to: one registration (its lease) at one endpoint."""
@@ -173,6 +208,8 @@ class FastFailDetector(Lifecycle):
         neighbours: int = NEIGHBOURS,
         confirm_after_s: float = CONFIRM_AFTER_S,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
+        agreement: int = AGREEMENT,
+        agree_wait_s: float = AGREE_WAIT_S,
         retry_initial_s: float = 0.1,
         retry_max_s: float = 2.0,
         registry: CollectorRegistry | None = None,
@@ -183,6 +220,8 @@ class FastFailDetector(Lifecycle):
         self._count = neighbours
         self._confirm_s = confirm_after_s
         self._timeout_s = probe_timeout_s
+        self._agreement = agreement
+        self._agree_wait_s = agree_wait_s
         self._retry = (retry_initial_s, retry_max_s)
         self._tasks: dict[_Watched, asyncio.Task[None]] = {}
         self._marking: set[_Watched] = set()
@@ -292,11 +331,52 @@ class FastFailDetector(Lifecycle):
             return False
         self._marking.add(peer)
         try:
+            if not await self._agreed(peer):
+                return False
             return await self.mark_down(
                 peer.agent_id, peer.lease, endpoint=peer.endpoint, since=broke
             )
         finally:
             self._marking.discard(peer)
+
+    async def _agreed(self, peer: _Watched) -> bool:
+        """Vote `peer` down and wait (bounded) for the votes its other watchers owe: True
+        when they are in (or the peer is gone already), False to watch it again."""
+        current = self.members.current
+        needed = min(self._agreement, max(1, len(watchers_of(current, peer.agent_id, self._count))))
+        if needed <= 1:
+            return True
+        prefix = keys.down_votes(current.region, peer.agent_id, peer.lease)
+        try:
+            vote = await self.coord.grant(VOTE_TTL_S)
+            await self.coord.put(prefix + self.agent_id, b"", lease=vote.id)
+            deadline = time.monotonic() + self._agree_wait_s
+            for _ in range(int(self._agree_wait_s / VOTE_POLL_S) + 2):  # bounded by the wait
+                votes, _ = await self.coord.get_prefix(prefix)
+                voters = {kv.key.removeprefix(prefix) for kv in votes}
+                if len(voters) >= needed:
+                    log.info("peer_down_agreed", agent=peer.agent_id, voters=sorted(voters))
+                    return True
+                now = self.members.current.get(peer.agent_id)
+                if now is None or now.lease != peer.lease or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(VOTE_POLL_S)
+        except MeridianError as exc:
+            log.warning("peer_down_vote_failed", agent=peer.agent_id, error=str(exc))
+            self._count_outcome("failed")
+            return False
+        now = self.members.current.get(peer.agent_id)
+        if now is None or now.lease != peer.lease:
+            return True  # another watcher marked it down: mark_down finds it superseded
+        self._count_outcome("not_agreed")
+        log.info(
+            "peer_down_not_agreed",
+            agent=peer.agent_id,
+            voters=sorted(voters),
+            needed=needed,
+            action="watching it again; its lease lapses on its own otherwise",
+        )
+        return False
 
     async def mark_down(
         self, agent_id: str, lease: int, *, endpoint: str = "", since: float | None = None

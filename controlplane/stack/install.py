@@ -64,15 +64,20 @@ def _apt_install(packages: Sequence[str]) -> None:
     )
 
 
-def etcd_binary() -> Path:
-    """The etcd server binary, installing Debian's etcd-server package when it is missing."""
-    found = shutil.which("etcd")
+def debian_binary(name: str, package: str) -> Path:
+    """`name` on PATH, installing Debian's `package` when it is missing."""
+    found = shutil.which(name)
     if found is None:
-        _apt_install(["etcd-server"])
-        found = shutil.which("etcd")
+        _apt_install([package])
+        found = shutil.which(name)
     if found is None:
-        raise StackError("etcd is still missing after installing etcd-server")
+        raise StackError(f"{name} is still missing after installing the {package} package")
     return Path(found)
+
+
+def etcd_binary() -> Path:
+    """The etcd server binary (Debian's etcd-server package)."""
+    return debian_binary("etcd", "etcd-server")
 
 
 def postgres_bin_dir() -> Path:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from controlplane.errors import StackError
 from controlplane.logs import get_logger
-from controlplane.stack.install import _apt_install
+from controlplane.stack.install import debian_binary
 
 log = get_logger(__name__)
 
@@ -270,21 +270,16 @@ def cli_config(cache_dir: Path) -> Path:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
-        tmp = path.with_suffix(".tmp")
+        # Per process: the background build of scripts/test.sh and a test may both write it.
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(text)
         tmp.rename(path)
     return path
 
 
 def promtool_binary() -> Path:
-    """promtool, installing Debian's prometheus package when it is missing."""
-    found = shutil.which("promtool")
-    if found is None:
-        _apt_install(["prometheus"])
-        found = shutil.which("promtool")
-    if found is None:
-        raise StackError("promtool is still missing after installing the prometheus package")
-    return Path(found)
+    """promtool (Debian's prometheus package)."""
+    return debian_binary("promtool", "prometheus")
 
 
 def prometheus_binary() -> Path:

@@ -1,5 +1,6 @@
 """Fast failure detection inside a region of real agents (agents/placement/fastfail.py):
-a SIGKILLed agent's registration goes long before its lease would lapse; a SIGSTOPped
+a SIGKILLed agent's registration goes long before its lease would lapse, once both its
+watchers agree; a SIGSTOPped
 one (its port still accepts, nothing answers) keeps it until the lease lapses; and a
 late report about a killed agent never removes the agent restarted on its address."""
 
@@ -80,6 +81,9 @@ async def test_a_killed_agent_is_marked_down_long_before_its_lease_lapses(
     marked = events_about(region, "peer_marked_down", victim_id)
     assert marked, "the registration went, but no peer marked it down"
     assert all(e["reason"] == "connection refused, confirmed" for e in marked)
+    # Both of its watchers voted it down before it was marked (fastfail.py, agreement).
+    agreed = events_about(region, "peer_down_agreed", victim_id)
+    assert agreed and all(len(e["voters"]) == 2 for e in agreed), agreed
     assert set(await leases(coord, region.region)) == {region.agent_id(p) for p in region.live()}
 
 

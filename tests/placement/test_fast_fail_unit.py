@@ -1,6 +1,7 @@
 """The fast-fail detector's parts over a fake coordination port and real loopback
 sockets: what a probe counts as a refusal, whom an agent watches, that a lone agent
-watches nobody, and a watched in-process gRPC server stopping is marked down."""
+watches nobody, a watched in-process gRPC server stopping is marked down, and a peer
+with two watchers only once both have voted."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import grpc
 import waiting
 from fakes.coordination import MemoryCoordination
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from agents.placement import Member, Members, MembershipWatch
-from agents.placement.fastfail import FastFailDetector, Probe, neighbours, probe
+from agents.placement.fastfail import FastFailDetector, Probe, neighbours, probe, watchers_of
 from controlplane.coordination.protocols import keys
 from controlplane.loopback import free_port
 
@@ -89,5 +91,67 @@ async def test_a_watched_server_that_stops_is_marked_down_by_its_lease() -> None
             assert [(w.agent_id, w.lease) for w in detector.marked_down] == [("b", theirs.id)]
             assert await coord.get(keys.agent("r", "b")) is None
             assert await coord.get(keys.agent("r", "a")) is not None
+    finally:
+        await server.stop(None)
+
+
+def test_a_peer_with_two_watchers_needs_both_and_one_with_one_needs_one() -> None:
+    members = Members("r", {i: Member(i, f"h:{i}") for i in ("a", "b", "c", "d")})
+    assert watchers_of(members, "c") == ["a", "b"]
+    assert watchers_of(members, "a") == ["c", "d"]
+    two = Members("r", {i: Member(i, f"h:{i}") for i in ("a", "b")})
+    assert watchers_of(two, "b") == ["a"]
+
+
+async def test_a_refusal_only_one_watcher_sees_marks_nobody_down_until_the_other_votes() -> None:
+    coord = MemoryCoordination()
+    port = free_port()
+    server = grpc.aio.server()
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    registry = CollectorRegistry()
+
+    def outcomes(name: str) -> float:
+        found = registry.get_sample_value("meridian_fast_fail_total", {"outcome": name})
+        return found or 0.0
+
+    try:
+        await checks.set("", health_pb2.HealthCheckResponse.SERVING)
+        leases = {name: (await coord.grant(30)).id for name in ("a", "b", "c")}
+        endpoints = {"a": "127.0.0.1:1", "b": f"127.0.0.1:{port}", "c": "127.0.0.1:1"}
+        for name, lease in leases.items():
+            await coord.put(keys.agent("r", name), registration(name, endpoints[name]), lease=lease)
+        async with (
+            MembershipWatch(coord, "r") as watch,
+            FastFailDetector(
+                coord,
+                watch,
+                "a",
+                confirm_after_s=0.05,
+                agree_wait_s=0.3,
+                retry_initial_s=0.05,
+                retry_max_s=0.2,
+                registry=registry,
+            ) as detector,
+        ):
+            # c watches b too (c's own endpoint never answers, so a never checks it).
+            assert watchers_of(watch.current, "b") == ["a", "c"]
+            await waiting.until(
+                lambda: detector.seen_serving == ["b"], 5, "the detector's health watch"
+            )
+            await server.stop(None)
+            # a's refusal is confirmed and it votes, but c never does: b stays.
+            await waiting.until(lambda: outcomes("not_agreed") >= 2, 10, "two unagreed votes")
+            assert await coord.get(keys.agent("r", "b")) is not None
+            assert detector.marked_down == []
+            # Then c votes (as the other watcher would): a's next vote finds agreement.
+            vote = await coord.grant(30)
+            await coord.put(keys.down_votes("r", "b", leases["b"]) + "c", b"", lease=vote.id)
+            await waiting.until(lambda: bool(detector.marked_down), 10, "b to be marked down")
+            assert [(w.agent_id, w.lease) for w in detector.marked_down] == [("b", leases["b"])]
+            assert await coord.get(keys.agent("r", "b")) is None
+            assert outcomes("marked_down") == 1
     finally:
         await server.stop(None)

@@ -11,6 +11,7 @@ POLICY_CURRENT = ROOT + "policy/current"
 MAINTENANCE = ROOT + "maintenance"
 AGENTS = ROOT + "agents/"
 DATASETS = ROOT + "datasets/"
+FAST_FAIL = ROOT + "fast-fail/"
 
 
 def alive(region: str) -> str:
@@ -46,6 +47,12 @@ def agent(region: str, agent_id: str) -> str:
 def agents_of(region: str) -> str:
     """The prefix of a region's agent registrations."""
     return f"{AGENTS}{region}/"
+
+
+def down_votes(region: str, agent_id: str, lease: int) -> str:
+    """The prefix of the votes that the registration of `agent_id` on `lease` is down
+    (agents/placement/fastfail.py): one key per voting peer, on a short lease of its own."""
+    return f"{FAST_FAIL}{region}/{agent_id}/{lease:x}/"
 
 
 def lock(name: str) -> str:
