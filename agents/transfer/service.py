@@ -640,12 +640,14 @@ class TransferService:
         at once (LWW: already held or older)."""
         memo = memo or _ClassifyMemo()
         version = version_from_wire(item.version, f"FetchManyRequest.items[{n}].version")
-        sources = [Source(s.region, s.address) for s in item.sources]
+        # The sources by their names: a batch usually names the same ones for all items,
+        # so Source values and their order are made once per distinct list (memo).
+        names = tuple((s.region, s.address) for s in item.sources)
         # Set members go alone: apply_many commits no set membership.
         if (
             version.is_tombstone
             or version.size >= self.move_bundle_max_bytes
-            or not sources
+            or not names
             or item.HasField("set")
         ):
             singles.append(n)
@@ -664,10 +666,10 @@ class TransferService:
                 outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
             )
             return
-        nearest = memo.nearest.get(tuple(sources))
+        nearest = memo.nearest.get(names)
         if nearest is None:
-            nearest = order_sources(self.region, sources, self.policy)[0]
-            memo.nearest[tuple(sources)] = nearest
+            sources = [Source(region, address) for region, address in names]
+            nearest = memo.nearest[names] = order_sources(self.region, sources, self.policy)[0]
         if version.size >= self.bundle_max_bytes and (nearest.region != self.region or held):
             # Large: alone (resumable, a delta against the basis held). Only a move inside
             # the region of an object new to this agent rides the bundle up to
@@ -717,7 +719,7 @@ class _ClassifyMemo:
     small objects usually names one or two datasets and the same sources for all."""
 
     admitted: set[str] = field(default_factory=set)
-    nearest: dict[tuple[Source, ...], Source] = field(default_factory=dict)
+    nearest: dict[tuple[tuple[str, str], ...], Source] = field(default_factory=dict)
 
 
 @dataclass
