@@ -8,11 +8,15 @@ bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
 started_stack=0
-tools_pid=""
+tools_pid="" tools_group=""
 # MERIDIAN_KEEP_STACK=1 leaves the stack running afterwards (for a developer's loop).
 cleanup() {
-  # its own process group (setsid), so its Go builds stop with it
-  if [ -n "$tools_pid" ]; then kill -- -"$tools_pid" 2>/dev/null || true; fi
+  # its own session and process group (setsid), so its Go builds stop with it
+  # (only while that job still runs: a finished group's id may belong to another by now)
+  if [ -n "$tools_pid" ] && jobs -rp | grep -qx "$tools_pid" && [ -s "$tools_group" ]; then
+    kill -- -"$(cat "$tools_group")" 2>/dev/null || true
+  fi
+  rm -f "$tools_group"
   if [ "$started_stack" = 1 ] && [ "${MERIDIAN_KEEP_STACK:-0}" != 1 ]; then
     meridian stack down >&2 || true
   fi
@@ -35,7 +39,11 @@ step() {
 # then. The tests' fixture takes the same file locks, so it waits for a build under way
 # (or builds what failed here, and then fails with the installer's sentence).
 tools_log="${TMPDIR:-/tmp}/meridian-tools.$$.log"
-setsid nice -n 10 python -m controlplane.stack.tools >"$tools_log" 2>&1 &
+tools_group="${TMPDIR:-/tmp}/meridian-tools.$$.pgid"
+# The child writes its own id: setsid forks when it starts as a group leader (job
+# control on), and then `$!` is not the new group's id.
+setsid sh -c 'echo $$ >"$1"; exec nice -n 10 python -m controlplane.stack.tools' sh "$tools_group" \
+  >"$tools_log" 2>&1 &
 tools_pid=$!
 echo "deployment tools building in the background (log: $tools_log)" >&2
 

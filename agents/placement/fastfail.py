@@ -187,6 +187,14 @@ def watchers_of(members: Members, agent_id: str, count: int = NEIGHBOURS) -> lis
     )
 
 
+class _Vote(StrEnum):
+    """What the vote on a peer whose refusal was confirmed came to."""
+
+    AGREED = "agreed"  # its watchers agree, and it is still registered: revoke it
+    GONE = "gone"  # its registration went meanwhile (another voter revoked it)
+    NOT_AGREED = "not_agreed"  # no agreement in time: watch it again
+
+
 @dataclass(frozen=True)
 class _Watched:
     """What a watch task is bound to: one registration (its lease) at one endpoint."""
@@ -331,43 +339,55 @@ class FastFailDetector(Lifecycle):
             return False
         self._marking.add(peer)
         try:
-            if not await self._agreed(peer):
+            verdict = await self._agreed(peer)
+            if verdict is _Vote.NOT_AGREED:
                 return False
+            if verdict is _Vote.GONE:
+                self._count_outcome("superseded")
+                log.info("peer_down_superseded", agent=peer.agent_id, lease=f"{peer.lease:x}")
+                return True
             return await self.mark_down(
                 peer.agent_id, peer.lease, endpoint=peer.endpoint, since=broke
             )
         finally:
             self._marking.discard(peer)
 
-    async def _agreed(self, peer: _Watched) -> bool:
-        """Vote `peer` down and wait (bounded) for the votes its other watchers owe: True
-        when they are in (or the peer is gone already), False to watch it again."""
+    async def _agreed(self, peer: _Watched) -> _Vote:
+        """Vote `peer` down and wait (bounded) for the votes its other watchers owe.
+        Only the votes of its watchers count (a `report` from another agent waits for
+        theirs); GONE when its registration went meanwhile (another voter revoked it)."""
         current = self.members.current
-        needed = min(self._agreement, max(1, len(watchers_of(current, peer.agent_id, self._count))))
+        valid = set(watchers_of(current, peer.agent_id, self._count))
+        needed = min(self._agreement, max(1, len(valid)))
         if needed <= 1:
-            return True
+            return _Vote.AGREED
         prefix = keys.down_votes(current.region, peer.agent_id, peer.lease)
+        voters: set[str] = set()
         try:
-            vote = await self.coord.grant(VOTE_TTL_S)
-            await self.coord.put(prefix + self.agent_id, b"", lease=vote.id)
+            if self.agent_id in valid:
+                vote = await self.coord.grant(VOTE_TTL_S)
+                await self.coord.put(prefix + self.agent_id, b"", lease=vote.id)
             deadline = time.monotonic() + self._agree_wait_s
             for _ in range(int(self._agree_wait_s / VOTE_POLL_S) + 2):  # bounded by the wait
                 votes, _ = await self.coord.get_prefix(prefix)
-                voters = {kv.key.removeprefix(prefix) for kv in votes}
+                voters = {kv.key.removeprefix(prefix) for kv in votes} & valid
                 if len(voters) >= needed:
                     log.info("peer_down_agreed", agent=peer.agent_id, voters=sorted(voters))
-                    return True
+                    # Both voters may see both votes: the second to look finds the
+                    # registration gone and does not revoke (or count) it again.
+                    found = await self.coord.get(keys.agent(current.region, peer.agent_id))
+                    gone = found is None or found.lease != peer.lease
+                    return _Vote.GONE if gone else _Vote.AGREED
                 now = self.members.current.get(peer.agent_id)
-                if now is None or now.lease != peer.lease or time.monotonic() >= deadline:
+                if now is None or now.lease != peer.lease:
+                    return _Vote.GONE
+                if time.monotonic() >= deadline:
                     break
                 await asyncio.sleep(VOTE_POLL_S)
         except MeridianError as exc:
             log.warning("peer_down_vote_failed", agent=peer.agent_id, error=str(exc))
             self._count_outcome("failed")
-            return False
-        now = self.members.current.get(peer.agent_id)
-        if now is None or now.lease != peer.lease:
-            return True  # another watcher marked it down: mark_down finds it superseded
+            return _Vote.NOT_AGREED
         self._count_outcome("not_agreed")
         log.info(
             "peer_down_not_agreed",
@@ -376,7 +396,7 @@ class FastFailDetector(Lifecycle):
             needed=needed,
             action="watching it again; its lease lapses on its own otherwise",
         )
-        return False
+        return _Vote.NOT_AGREED
 
     async def mark_down(
         self, agent_id: str, lease: int, *, endpoint: str = "", since: float | None = None

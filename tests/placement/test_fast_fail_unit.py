@@ -146,8 +146,12 @@ async def test_a_refusal_only_one_watcher_sees_marks_nobody_down_until_the_other
             await waiting.until(lambda: outcomes("not_agreed") >= 2, 10, "two unagreed votes")
             assert await coord.get(keys.agent("r", "b")) is not None
             assert detector.marked_down == []
-            # Then c votes (as the other watcher would): a's next vote finds agreement.
+            # A vote from an agent that does not watch b does not count.
             vote = await coord.grant(30)
+            await coord.put(keys.down_votes("r", "b", leases["b"]) + "zz", b"", lease=vote.id)
+            await waiting.until(lambda: outcomes("not_agreed") >= 4, 10, "two more unagreed")
+            assert await coord.get(keys.agent("r", "b")) is not None
+            # Then c votes (as the other watcher would): a's next vote finds agreement.
             await coord.put(keys.down_votes("r", "b", leases["b"]) + "c", b"", lease=vote.id)
             await waiting.until(lambda: bool(detector.marked_down), 10, "b to be marked down")
             assert [(w.agent_id, w.lease) for w in detector.marked_down] == [("b", leases["b"])]
