@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Before/after runs of critical_bench.py, alternated in the same conditions (issue 13):
 #
-#   bash benchmarks/critical_ab.sh BASE_COMMIT [ROUNDS]
+#   bash benchmarks/critical_ab.sh BASE_COMMIT [ROUNDS] [SECONDS]
 #
 # "before" is BASE_COMMIT checked out (detached) in a temporary worktree and run with
 # this tree's venv, its code first on PYTHONPATH (the generated protobuf code is made
 # there, the native engine's built module copied: native/ must be the same at both);
 # "after" is this tree. Each round runs the throughput run (32 writers, CPU per acked
-# write) and the 1 KiB latency run of --quick, before then after. Needs the stack
+# write; SECONDS long, default 5: the costs that grow with the objects held show in
+# longer runs) and the 1 KiB latency run of --quick, before then after. Needs the stack
 # (MERIDIAN_STACK_* ports exported) and this tree's .venv.
 set -euo pipefail
 base=${1:?usage: critical_ab.sh BASE_COMMIT [ROUNDS]}
 rounds=${2:-2}
+seconds=${3:-5}
 here=$(cd "$(dirname "$0")/.." && pwd)
 py="$here/.venv/bin/python"
 tree=$(mktemp -d /tmp/critical-ab.XXXXXX)
@@ -26,7 +28,7 @@ for round in $(seq "$rounds"); do
     for what in throughput small; do
       echo "=== round $round $side $what $(date -u +%T) load $(cut -d' ' -f1 /proc/loadavg)"
       (cd "$dir" && PYTHONPATH=$path timeout 300 "$py" benchmarks/critical_bench.py --quick \
-        --only "$what" --seconds 5 2>&1 | grep -E "ack quorum, p|writers  |CPU per acked") || true
+        --only "$what" --seconds "$seconds" 2>&1 | grep -E "ack quorum, p|writers  |CPU per acked") || true
     done
   done
 done

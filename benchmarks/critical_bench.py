@@ -150,17 +150,18 @@ def start_profiles(procs: dict[str, AgentProcess], folder: Path, seconds: float)
     for region, proc in procs.items():
         argv = [spy, "record", "-p", str(proc.pid), "-d", str(int(seconds)), "-f", "speedscope"]
         argv += ["-o", str(folder / f"{region}.speedscope.json"), "--nonblocking"]
+        argv += os.environ.get("MERIDIAN_BENCH_PYSPY_ARGS", "").split()
         out.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return out
 
 
-def cpu_seconds(procs: dict[str, AgentProcess]) -> dict[str, float]:
-    """User + system CPU time each agent process has used (/proc/PID/stat)."""
+def cpu_seconds(procs: dict[str, AgentProcess]) -> dict[str, tuple[float, float]]:
+    """User and system CPU time each agent process has used (/proc/PID/stat)."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for region, proc in procs.items():
         fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        out[region] = (int(fields[11]) + int(fields[12])) / tick
+        out[region] = (int(fields[11]) / tick, int(fields[12]) / tick)
     return out
 
 
@@ -169,14 +170,16 @@ async def throughput_cpu(
     dataset: str,
     args: argparse.Namespace,
     procs: dict[str, AgentProcess],
-) -> tuple[float, int, int, dict[str, float]]:
-    """`throughput`, and the agents' CPU milliseconds per acked write during it: what
-    bounds the rate when the agents share the machine's cores."""
+) -> tuple[float, int, int, dict[str, float], dict[str, float]]:
+    """`throughput`, and the agents' CPU milliseconds per acked write during it (all,
+    and the system part of it): what bounds the rate when the agents share the
+    machine's cores."""
     before = cpu_seconds(procs)
     rate, acked, refused = await throughput(stub, dataset, args.writers, args.seconds)
     after = cpu_seconds(procs)
-    per_write = {r: (after[r] - before[r]) * 1e3 / max(acked, 1) for r in procs}
-    return rate, acked, refused, per_write
+    per_write = {r: (sum(after[r]) - sum(before[r])) * 1e3 / max(acked, 1) for r in procs}
+    system = {r: (after[r][1] - before[r][1]) * 1e3 / max(acked, 1) for r in procs}
+    return rate, acked, refused, per_write, system
 
 
 async def measure(
@@ -203,13 +206,16 @@ async def measure(
         rate, acked, refused, local_rate = 0.0, 0, 0, 0.0
         local_cpu: dict[str, float] = {}
         cpu: dict[str, float] = {}
+        system: dict[str, float] = {}
         if args.only in ("all", "throughput"):
             # The same load on a standard dataset: the owner's local commits alone.
-            local_rate, _, _, local_cpu = await throughput_cpu(
+            local_rate, _, _, local_cpu, _ = await throughput_cpu(
                 stub, "plain/tput", args, procs or {}
             )
             spies = start_profiles(procs or {}, args.profile, args.seconds) if args.profile else []
-            rate, acked, refused, cpu = await throughput_cpu(stub, "tri/tput", args, procs or {})
+            rate, acked, refused, cpu, system = await throughput_cpu(
+                stub, "tri/tput", args, procs or {}
+            )
             for spy in spies:
                 await asyncio.to_thread(spy.wait)  # type: ignore[attr-defined]
     return {
@@ -223,6 +229,7 @@ async def measure(
         "refused": refused,
         "local_cpu": local_cpu,
         "cpu": cpu,
+        "system": system,
     }
 
 
@@ -291,6 +298,12 @@ def report(figures: dict[str, object], rtt_ms: float, args: argparse.Namespace) 
             + f"); unreplicated {local_total:.1f} ms; ceiling on {cores} cores: "
             f"{cores * 1e3 / total:.0f} /s replicated, {cores * 1e3 / local_total:.0f} /s "
             "unreplicated (the agents alone, nothing else running)"
+        )
+        system = figures.get("system") or {}
+        assert isinstance(system, dict)
+        print(
+            "agent CPU per acked write, of it in the kernel (system time): "
+            + ", ".join(f"{r} {ms:.1f}" for r, ms in system.items())
         )
     print(
         f"throughput: {figures['acked']} acked, {figures['refused']} refused in "

@@ -2,20 +2,23 @@
 pushes without waiting to fill a batch.
 
 A push finds the lane with fewer than `in_flight` calls running to that region: it
-goes at once, alone, as a `Replicate` (a lone write is exactly as fast as before).
-Otherwise it queues; when a call ends, whatever queued meanwhile goes in ONE
-`ReplicatePushes` call (at most `most` items and `BATCH_BYTES`, each (dataset, key)
-once: a second version of a key waits for the next call, so a replica applies a
-key's versions in the order they were pushed), which the replica fences and commits
-in one store transaction, answering per item (replica_pushes.py). So under load each
-round trip carries every write that arrived during the previous one, and the
-replica's owner read and commit are paid once per call rather than once per write.
+goes at once, alone, as a `ReplicatePushes` of one item (one unary message: a
+streamed `Replicate` costs both agents more CPU for the same bytes, and a lone
+write is no slower). Otherwise it queues; when a call ends, whatever queued
+meanwhile goes in ONE `ReplicatePushes` call (at most `most` items and
+`BATCH_BYTES`, each (dataset, key) once: a second version of a key waits for the
+next call, so a replica applies a key's versions in the order they were pushed),
+which the replica fences and commits in one store transaction, answering per item
+(replica_pushes.py). So under load each round trip carries every write that
+arrived during the previous one, and the replica's owner read and commit are paid
+once per call rather than once per write.
 
 Each item keeps its own answer (committed there, or the error that says why not),
 so `SyncReplication._ordered` still counts a region toward a write's ack only once
 every earlier push to it has succeeded, and a failed item marks the region behind.
 A replica agent that takes no batch (UNIMPLEMENTED: one of a region of several, or
-an older agent) gets its items pushed alone, and no batch for `REFUSED_FOR_S`.
+an older agent) gets its items pushed alone as `Replicate`, and no batch for
+`REFUSED_FOR_S`.
 """
 
 from __future__ import annotations
@@ -81,12 +84,17 @@ class PushLane:
         self._refused_until = 0.0
         self.batches = 0  # calls that carried more than one item (for tests, metrics)
 
+    @property
+    def queued(self) -> int:
+        """Pushes waiting for a call slot (for tests)."""
+        return len(self._queue)
+
     async def push(self, write: CommittedWrite, version: Version, deadline_s: float) -> str:
         """Push one small version to this lane's region; its region once committed there."""
         if self._running < self.in_flight and not self._queue:
             self._running += 1
             try:
-                return await self._alone(write, version, deadline_s)
+                return await self._one(write, version, deadline_s)
             finally:
                 self._running -= 1
                 self._drain()
@@ -94,6 +102,20 @@ class PushLane:
         self._queue.append(_Queued(write, version, deadline_s, answer))
         self._drain()
         return await answer
+
+    async def _one(self, write: CommittedWrite, version: Version, deadline_s: float) -> str:
+        """One push in a call of its own: a batch of one, or `Replicate` while the
+        region takes no batch."""
+        if self._clock() >= self._refused_until:
+            try:
+                answers = await self._together([(write, version)], deadline_s)
+            except BatchRefusedError:
+                self._refused_until = self._clock() + REFUSED_FOR_S
+            else:
+                if answers[0] is not None:
+                    raise answers[0]
+                return self.region
+        return await self._alone(write, version, deadline_s)
 
     def _drain(self) -> None:
         while self._running < self.in_flight and self._queue:
@@ -131,7 +153,7 @@ class PushLane:
 
     async def _send(self, batch: list[_Queued]) -> None:
         try:
-            if len(batch) == 1 or self._clock() < self._refused_until:
+            if self._clock() < self._refused_until:
                 await self._each_alone(batch)
                 return
             items = [(q.write, q.version) for q in batch]
@@ -145,7 +167,8 @@ class PushLane:
                 for queued in batch:
                     self._settle(queued.answer, exc)
                 return
-            self.batches += 1
+            if len(batch) > 1:
+                self.batches += 1
             for queued, error in zip(batch, answers, strict=True):
                 self._settle(queued.answer, error)
         finally:
@@ -158,7 +181,7 @@ class PushLane:
     async def _each_alone(self, batch: list[_Queued]) -> None:
         async def one(queued: _Queued) -> None:
             try:
-                await self._alone(queued.write, queued.version, queued.deadline_s)
+                await self._one(queued.write, queued.version, queued.deadline_s)
             except Exception as exc:  # noqa: BLE001 - handed to the push waiting for it
                 self._settle(queued.answer, exc)
             else:

@@ -23,29 +23,21 @@ one, so it is a bug to be seen, not a refusal to count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 from agents.admission import Admission
 from agents.metrics import AgentMetrics
-from agents.rpc.status import code_of
+from agents.replication.answers import OUTCOMES, journal, refusal
 from agents.store import ObjectStore
 from agents.transfer.ports import PolicySource
 from agents.transfer.records import Outcome, TransferTally, count_many, new_transfer_id
-from controlplane.domain.version import Verdict, Version
+from controlplane.domain.version import Version
 from controlplane.errors import InvalidInputError, MeridianError
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire, version_to_wire
 from meridian.v1 import agent_pb2
 
 log = get_logger("meridian.agent.replication")
-
-_OUTCOMES = {
-    Verdict.APPLY: agent_pb2.APPLY_OUTCOME_APPLIED,
-    Verdict.SAME: agent_pb2.APPLY_OUTCOME_SAME,
-    Verdict.OLDER: agent_pb2.APPLY_OUTCOME_OLDER,
-    Verdict.COLLISION: agent_pb2.APPLY_OUTCOME_COLLISION,
-}
 
 Group = tuple[str, int, str]  # dataset, epoch, origin region
 
@@ -118,7 +110,7 @@ class ReplicaPushes:
             except InvalidInputError:
                 raise
             except MeridianError as exc:
-                results[n] = _refusal(exc)
+                results[n] = refusal(exc)
                 refused.append((tally, version, exc))
                 continue
             admitted.append((n, version, tally, (header.dataset, header.epoch, origin)))
@@ -136,7 +128,7 @@ class ReplicaPushes:
             if verdict is None:
                 committing.append((n, version, tally))
             else:
-                results[n] = _refusal(verdict)
+                results[n] = refusal(verdict)
                 refused.append((tally, version, verdict))
         ended: list[tuple[TransferTally, Outcome]] = []
         if committing:
@@ -153,35 +145,19 @@ class ReplicaPushes:
             applied = await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
             for (n, version, tally), got in zip(committing, applied, strict=True):
                 results[n] = agent_pb2.ReplicateItemResult(
-                    outcome=_OUTCOMES[got.verdict], held=version_to_wire(got.newest)
+                    outcome=OUTCOMES[got.verdict], held=version_to_wire(got.newest)
                 )
                 if got.verdict.applies or got.restored:
                     ended.append((tally, "completed"))
                 else:
                     # Journalled as a lone Replicate's no-op is (a critical push is rare
                     # to skip: an owner's retry, a catch-up racing a new write).
-                    await self._journal(tally, "skipped", version, got.verdict.value)
+                    await journal(
+                        self.store, self.policy, tally, "skipped", version, got.verdict.value
+                    )
                     ended.append((tally, "skipped"))
         for tally, version, why in refused:
-            await self._journal(tally, "refused", version, str(why))
+            await journal(self.store, self.policy, tally, "refused", version, str(why))
             ended.append((tally, "refused"))
         count_many(self.metrics, ended)
         return agent_pb2.ReplicatePushesResponse(results=results, region=self.region)
-
-    async def _journal(
-        self, tally: TransferTally, outcome: Outcome, version: Version, reason: str
-    ) -> None:
-        with contextlib.suppress(MeridianError):
-            await asyncio.to_thread(
-                self.store.record_transfer,
-                tally.dataset,
-                tally.key,
-                version.hlc.text,
-                tally.record(outcome, self.policy, reason),
-            )
-
-
-def _refusal(exc: MeridianError) -> agent_pb2.ReplicateItemResult:
-    return agent_pb2.ReplicateItemResult(
-        error_code=code_of(exc).name, error=str(exc), error_class=type(exc).__name__
-    )

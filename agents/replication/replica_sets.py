@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 
 from agents.admission import Admission
+from agents.replication.answers import OUTCOMES
 from agents.store import ObjectStore
 from controlplane.domain.version import Verdict
 from controlplane.domain.version_set import VersionSet
@@ -26,12 +27,6 @@ from meridian.v1 import agent_pb2
 
 log = get_logger("meridian.agent.replication")
 
-_OUTCOMES = {
-    Verdict.APPLY: agent_pb2.APPLY_OUTCOME_APPLIED,
-    Verdict.SAME: agent_pb2.APPLY_OUTCOME_SAME,
-    Verdict.OLDER: agent_pb2.APPLY_OUTCOME_OLDER,
-    Verdict.COLLISION: agent_pb2.APPLY_OUTCOME_COLLISION,
-}
 MAX_SETS = 1000  # one request; the owner's catch-up pages its sets by this
 
 
@@ -109,11 +104,11 @@ def _apply_all(store: ObjectStore, sets: list[VersionSet]) -> list[agent_pb2.Rep
             missing = store.missing_members(vs.dataset, vs.id)
             out.append(
                 agent_pb2.ReplicatedSet(
-                    id=vs.id, outcome=_OUTCOMES[verdict], complete=not missing, missing=missing
+                    id=vs.id, outcome=OUTCOMES[verdict], complete=not missing, missing=missing
                 )
             )
         else:
             # A newer set of this id is held (or another with the same HLC): the pushed
             # one is not what this region shows, so it is not complete here.
-            out.append(agent_pb2.ReplicatedSet(id=vs.id, outcome=_OUTCOMES[verdict]))
+            out.append(agent_pb2.ReplicatedSet(id=vs.id, outcome=OUTCOMES[verdict]))
     return out

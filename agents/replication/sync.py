@@ -2,7 +2,11 @@
 
 After the owner's local commit (agents/service, `Replication` hook) the version is
 pushed with `Replicate` to an agent of every replica region at once, and the call
-returns once `copies_needed` regions hold it, counting the owner's own commit:
+returns once `copies_needed` regions hold it, counting the owner's own commit. A
+small Put is handed on as soon as its version has its HLC, its local commit still
+under way (`CommittedWrite.local`), so the push's round trip covers the commit: the
+ack then also waits for that commit, and a failed one fails the write (its pushes
+may have reached replicas: an unacked version, as when a quorum is missed):
 
 * `ack: quorum`: a majority of home + replicas (2 of 2, 2 of 3, 3 of 4 or 5);
 * `ack: all`: every one.
@@ -211,6 +215,8 @@ class SyncReplication:
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
         placement = write.admitted.placement
         if not push_targets(placement, self.region):
+            if write.local is not None:
+                await write.local
             return (self.region,)
         latest = self._latest.get(write.dataset)
         if latest is None or latest.admitted.epoch <= write.admitted.epoch:
@@ -254,6 +260,8 @@ class SyncReplication:
         need = copies_needed(placement)
         targets = push_targets(placement, self.region)
         tasks = {self._ordered(write, region, push(region)): region for region in targets}
+        # This region's copy, counted from the start; when it is still committing
+        # (`write.local`: pushed meanwhile), it must be durable before the ack, below.
         held = [self.region]
         errors: dict[str, MeridianError] = {}
         pending = set(tasks)
@@ -283,6 +291,11 @@ class SyncReplication:
             # so one replica never counted and catch-up rounds ran back to back.)
             self._background.add(task)
             task.add_done_callback(self._finished)
+        if write.local is not None:
+            # Whatever the replicas answered: the write is this region's only once its
+            # own commit is (a failed one fails the write, acked nowhere), and what
+            # follows (a rewind of a fenced write) needs it committed.
+            await write.local
         if len(held) >= need:
             return tuple(held)
         missing = [r for r in targets if r not in held]
@@ -334,7 +347,10 @@ class SyncReplication:
         try:
             address = await self.peers.address(region)
             stub = agent_pb2_grpc.AgentStub(self._channel(address))
-            datas = await asyncio.to_thread(self._read_many, items)
+            if all(_inline(w, v) is not None or v.is_tombstone for w, v in items):
+                datas = self._read_many(items)  # every one held in memory: no thread hop
+            else:
+                datas = await asyncio.to_thread(self._read_many, items)
             # An item whose version is gone (superseded and pruned while it waited in
             # the queue) fails alone; the others still go.
             sent = [(n, data) for n, data in enumerate(datas) if isinstance(data, bytes)]
@@ -391,6 +407,10 @@ class SyncReplication:
         for write, version in items:
             if version.is_tombstone:
                 out.append(b"")
+                continue
+            data = _inline(write, version)
+            if data is not None:
+                out.append(data)
                 continue
             try:
                 out.append(self.store.read_bytes(write.dataset, write.key or "", version.hlc.text))
@@ -887,7 +907,13 @@ class SyncReplication:
         header = self._header(write, version)
         known = self.bases.get(region, write.dataset, key)
         basis = None
-        if self.deltas and not version.is_tombstone and version.size >= DELTA_MIN_BYTES:
+        inline = _inline(write, version) is not None  # small, in memory, maybe not committed
+        if (
+            self.deltas
+            and not inline
+            and not version.is_tombstone
+            and version.size >= DELTA_MIN_BYTES
+        ):
             # (choose_basis says None below the threshold: no thread hop for it.)
             basis = await asyncio.to_thread(
                 choose_basis, self.store, write.dataset, key, version, known
@@ -944,6 +970,11 @@ class SyncReplication:
     ) -> AsyncGenerator[agent_pb2.ReplicateRequest]:
         yield agent_pb2.ReplicateRequest(header=header)
         if version.is_tombstone:
+            return
+        data = _inline(write, version)
+        if data is not None:
+            if data:
+                yield agent_pb2.ReplicateRequest(chunk=data)
             return
         if version.size <= CHUNK_BYTES:
             # One chunk: opened and read in one thread hop, not two.
@@ -1092,6 +1123,12 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _inline(write: CommittedWrite, version: Version) -> bytes | None:
+    """The bytes of `version` as the client sent them (a small Put), when `write` is
+    that version's own write; None: read them from the store."""
+    return write.data if write.version == version else None
 
 
 def _check_region(answered: str, region: str, address: str) -> None:

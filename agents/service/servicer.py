@@ -10,12 +10,17 @@ residency, and for a critical dataset owner, epoch and handover), so a refused
 write touches nothing; a Put is admitted again once its bytes have arrived, just
 before its commit, so a handover that committed during a long upload refuses it.
 A Put's bytes stream into the store's staged write, one thread hop per chunk
-(hashing and disk writes never run on the event loop), and commit atomically; a
+(hashing and disk writes never run on the event loop), and commit atomically; one
+of at most `INLINE_BYTES` is held until its end and then staged and committed in
+a single thread hop (three or more cost a small write more CPU than its commit); a
 standard write's change event is committed with it (the store's outbox), a
 critical write's epoch is recorded with it. After the local commit a critical
 write is handed to the `Replication` hook (synchronous replication, issue 13:
 agents/replication/), which returns once the policy's `ack` copies hold it; the
-response names the regions holding it.
+response names the regions holding it. A small critical Put is handed on as soon as
+its version has its HLC, its commit still under way (`CommittedWrite.local`), so
+that its push overlaps its commit; the hook counts this region only once that
+commit is done, and the Put is answered only then.
 
 Every call is counted by call and code and ends with the code of its error
 (agents.service.outcome).
@@ -24,8 +29,9 @@ Every call is counted by call and code and ends with the code of its error
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Never, Protocol
 
@@ -43,11 +49,12 @@ from agents.store import (
     ObjectStore,
     SetRecord,
     ShortStreamError,
+    StagedWrite,
     StoredVersion,
     TooLargeError,
 )
 from controlplane.domain.hlc import HLC
-from controlplane.domain.version import Version
+from controlplane.domain.version import Digest, Version
 from controlplane.errors import (
     InvalidInputError,
     NotFoundError,
@@ -58,6 +65,10 @@ from meridian.convert import version_set_from_wire, version_set_to_wire, version
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 log = get_logger("meridian.agent.api")
+
+# A Put of at most this many bytes is held in memory until its end and then stored in
+# one thread hop (and its bytes pushed from memory, for a critical dataset).
+INLINE_BYTES = 64 * 1024
 
 
 class Transfers(Protocol):
@@ -108,6 +119,13 @@ class CommittedWrite:
     version: Version | None = None
     set_id: str | None = None
     set_record: SetRecord | None = None
+    # The bytes of a small version, as the client sent them: pushed from here, not read
+    # back from the store (None: read them there).
+    data: bytes | None = None
+    # The owner's own commit of `version`, when it was handed on still under way
+    # (pushed while it commits): its copy counts toward the ack only once this is done,
+    # and its error is the write's. None: committed before it was handed on.
+    local: asyncio.Future[Version] | None = None
 
 
 class Replication(Protocol):
@@ -213,14 +231,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 f"cap of {self.max_object_bytes}; nothing was stored"
             )
         admitted = await self.admission.admit_write(dataset, epoch)
-        staged = await asyncio.to_thread(
-            self.store.stage,
-            dataset,
-            key,
-            expected_size=size,
-            max_size=self.max_object_bytes,
-            expected_digest=digest,
-        )
+        # The first INLINE_BYTES are held here, not staged: an object that ends within
+        # them (the common small write) is stored in ONE thread hop, after its end.
+        # A larger one is staged then and streams on, one thread hop per chunk.
+        held: list[bytes] = []
+        held_bytes = 0
+        staged: StagedWrite | None = None
         try:
             end: agent_pb2.PutEnd | None = None
             async for frame in frames:
@@ -234,29 +250,35 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     raise InvalidInputError(
                         "PutRequest.chunk: every message after a Put's header must be a chunk"
                     )
-                if len(frame.chunk) > CHUNK_BYTES:
+                chunk = frame.chunk
+                if len(chunk) > CHUNK_BYTES:
                     raise TooLargeError(
                         f"PutRequest.chunk: a chunk holds at most {CHUNK_BYTES} bytes, got "
-                        f"{len(frame.chunk)}; nothing was stored"
+                        f"{len(chunk)}; nothing was stored"
                     )
-                await asyncio.to_thread(staged.write, frame.chunk)
+                if staged is None and held_bytes + len(chunk) <= INLINE_BYTES:
+                    held.append(chunk)
+                    held_bytes += len(chunk)
+                    continue
+                if staged is None:
+                    staged = await asyncio.to_thread(self._stage, dataset, key, size, digest, held)
+                    held = []
+                await asyncio.to_thread(staged.write, chunk)
             _before_commit(context, "Put")  # a stream cut by its deadline ends like this too
-            if end is None and (size is None or staged.size != size):
+            got = held_bytes if staged is None else staged.size
+            if end is None and (size is None or got != size):
                 # grpc ends the request stream this way when the writer was killed, its
                 # connection cut, or a message refused as too large: not a whole object.
                 raise ShortStreamError(
-                    f"PutRequest.end: the stream of {dataset}/{key} ended after {staged.size} "
+                    f"PutRequest.end: the stream of {dataset}/{key} ended after {got} "
                     "bytes without its end (the writer went away, its connection was cut, or "
                     "a message was too large); nothing was stored"
                 )
+            stated = None
             if end is not None and end.HasField("digest"):
                 stated = requests.digest("PutEnd.digest", True, end.digest)
-                found = await asyncio.to_thread(staged.finish)
-                if found != stated:
-                    raise DigestMismatchError(
-                        f"object {dataset}/{key} hashed to {found}, not the stated {stated}; "
-                        "nothing was stored"
-                    )
+            if staged is not None and stated is not None:
+                await asyncio.to_thread(_check_digest, staged, stated)
             # Admitted again at the end of the stream, which may have taken minutes: a
             # handover or a narrowed residency meanwhile refuses it, nothing stored.
             admitted = await self.admission.admit_write(
@@ -266,31 +288,149 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             # split-brain checker needs when the epoch was judged current.
             admitted_at = time.time()
             _before_commit(context, "Put")
-            version = await asyncio.to_thread(
-                self.store.commit_put,
-                staged,
+            commit = functools.partial(
+                self._commit,
                 set_id=set_id,
                 outbox=not admitted.critical,
                 epoch=admitted.epoch,
                 policy_revision=admitted.policy_revision,
             )
+            local: asyncio.Future[Version] | None = None
+            if staged is None and admitted.critical and self.replication is not None:
+                # Pushed while it commits here (`overlapped`): the ack still waits for
+                # this commit to be durable, and counts this region only then.
+                version, local = await self._overlapped(
+                    functools.partial(self._store_held, dataset, key, size, digest, held, stated),
+                    commit,
+                )
+            elif staged is None:
+                version = await asyncio.to_thread(
+                    self._store_held, dataset, key, size, digest, held, stated, commit
+                )
+            else:
+                version = await asyncio.to_thread(commit, staged)
         finally:
             # After a commit this removes nothing; on an error or a cancel it drops the
             # temporary file (waiting for a chunk a thread may still be writing).
-            staged.abort()
-        log.info(
-            "object_stored",
-            dataset=dataset,
-            key=key,
-            version=str(version.hlc),
-            size=version.size,
-            epoch=admitted.epoch or None,
-            admitted_at=admitted_at,
-        )
+            if staged is not None:
+                staged.abort()
+
+        def stored(version: Version) -> None:
+            log.info(
+                "object_stored",
+                dataset=dataset,
+                key=key,
+                version=str(version.hlc),
+                size=version.size,
+                epoch=admitted.epoch or None,
+                admitted_at=admitted_at,
+            )
+
+        def committed(done: asyncio.Future[Version]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                stored(done.result())
+
+        if local is None:
+            stored(version)
+        else:  # logged as it commits, as the others are
+            local.add_done_callback(committed)
+        data = b"".join(held) if staged is None else None
         regions = await self._after_write(
-            CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id)
+            CommittedWrite(
+                admitted, dataset, key=key, version=version, set_id=set_id, data=data, local=local
+            )
         )
+        if local is not None:
+            await local  # done: the ack waited for it (raises what it raised)
         return agent_pb2.PutResponse(version=version_to_wire(version), regions=regions)
+
+    async def _overlapped(
+        self,
+        store_held: Callable[[Callable[[StagedWrite], Version]], Version],
+        commit: Callable[..., Version],
+    ) -> tuple[Version, asyncio.Future[Version]]:
+        """Run a small Put's commit in a thread and return as soon as its version has its
+        HLC (the store tells `on_stamped` under the object's lock, before the commit is
+        durable), with the commit still under way; a commit that fails before that
+        raises here, as a plain commit does."""
+        loop = asyncio.get_running_loop()
+        stamped: asyncio.Future[Version] = loop.create_future()
+
+        def tell(version: Version) -> None:
+            if not stamped.done():
+                stamped.set_result(version)
+
+        def on_stamped(version: Version) -> None:  # in the store's thread
+            loop.call_soon_threadsafe(tell, version)
+
+        local = asyncio.ensure_future(
+            asyncio.to_thread(store_held, functools.partial(commit, on_stamped=on_stamped))
+        )
+        # Its outcome is awaited by the ack, or by nobody when the call is cancelled.
+        local.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.wait((stamped, local), return_when=asyncio.FIRST_COMPLETED)
+        if stamped.done():
+            return stamped.result(), local
+        stamped.cancel()
+        return await local, local
+
+    def _stage(
+        self, dataset: str, key: str, size: int | None, digest: Digest | None, held: list[bytes]
+    ) -> StagedWrite:
+        """Stage a Put (in a thread), with the chunks held so far written to it."""
+        staged = self.store.stage(
+            dataset,
+            key,
+            expected_size=size,
+            max_size=self.max_object_bytes,
+            expected_digest=digest,
+        )
+        try:
+            for chunk in held:
+                staged.write(chunk)
+        except BaseException:
+            staged.abort()
+            raise
+        return staged
+
+    def _commit(
+        self,
+        staged: StagedWrite,
+        *,
+        set_id: str | None,
+        outbox: bool,
+        epoch: int,
+        policy_revision: int,
+        on_stamped: Callable[[Version], None] | None = None,
+    ) -> Version:
+        return self.store.commit_put(
+            staged,
+            set_id=set_id,
+            outbox=outbox,
+            epoch=epoch,
+            policy_revision=policy_revision,
+            on_stamped=on_stamped,
+        )
+
+    def _store_held(
+        self,
+        dataset: str,
+        key: str,
+        size: int | None,
+        digest: Digest | None,
+        held: list[bytes],
+        stated: Digest | None,
+        commit: Callable[[StagedWrite], Version],
+    ) -> Version:
+        """A small Put whose bytes are all here: staged, checked and committed in one
+        thread hop, as the streamed path does it in several."""
+        staged = self._stage(dataset, key, size, digest, held)
+        try:
+            if stated is not None:
+                _check_digest(staged, stated)
+            return commit(staged)
+        finally:
+            staged.abort()
 
     async def Delete(  # noqa: N802
         self, request: agent_pb2.DeleteRequest, context: Context
@@ -631,6 +771,15 @@ def _info(stored: StoredVersion) -> agent_pb2.ObjectInfo:
     if stored.set_id is not None:
         info.set = stored.set_id
     return info
+
+
+def _check_digest(staged: StagedWrite, stated: Digest) -> None:
+    found = staged.finish()
+    if found != stated:
+        raise DigestMismatchError(
+            f"object {staged.dataset}/{staged.key} hashed to {found}, not the stated {stated}; "
+            "nothing was stored"
+        )
 
 
 def _before_commit(context: Context, call: str) -> None:

@@ -28,6 +28,9 @@ import grpc
 import native
 from agents.errors import ResidencyError
 from agents.metrics import AgentMetrics
+from agents.replication.answers import OUTCOMES as _OUTCOMES
+from agents.replication.answers import journal
+from agents.replication.answers import refusal as _refusal
 from agents.replication.delta_push import PUSH_DELTA, holds_basis, receive_delta
 from agents.rpc.status import abort, code_of
 from agents.store import ApplyResult, ObjectStore
@@ -42,7 +45,7 @@ from agents.transfer.resume import CHECKPOINT_BYTES, ResumeBook
 from agents.transfer.sender import SyncSender, _file
 from agents.transfer.sources import order_sources
 from controlplane.domain.placement import Placement
-from controlplane.domain.version import Verdict, Version, lww
+from controlplane.domain.version import Version, lww
 from controlplane.errors import (
     FencedError,
     HandingOverError,
@@ -60,13 +63,6 @@ log = get_logger(__name__)
 MOVE_BUNDLE_MAX_BYTES = 4 << 20  # objects a move inside the region bundles (_classify)
 
 Context = grpc.aio.ServicerContext[object, object]
-
-_OUTCOMES = {
-    Verdict.APPLY: agent_pb2.APPLY_OUTCOME_APPLIED,
-    Verdict.SAME: agent_pb2.APPLY_OUTCOME_SAME,
-    Verdict.OLDER: agent_pb2.APPLY_OUTCOME_OLDER,
-    Verdict.COLLISION: agent_pb2.APPLY_OUTCOME_COLLISION,
-}
 
 
 class TransferService:
@@ -684,14 +680,7 @@ class TransferService:
     async def _record(
         self, tally: TransferTally, outcome: Outcome, version: Version, reason: str
     ) -> None:
-        with contextlib.suppress(MeridianError):
-            await asyncio.to_thread(
-                self.store.record_transfer,
-                tally.dataset,
-                tally.key,
-                version.hlc.text,
-                tally.record(outcome, self.policy, reason),
-            )
+        await journal(self.store, self.policy, tally, outcome, version, reason)
         tally.count(self.metrics, outcome)
 
 
@@ -705,12 +694,6 @@ def _slices(count: int) -> list[tuple[int, int]]:
     if count <= FIRST_SLICE_ITEMS:
         return [(0, count)]
     return [(0, FIRST_SLICE_ITEMS), (FIRST_SLICE_ITEMS, count)]
-
-
-def _refusal(exc: MeridianError) -> agent_pb2.ReplicateItemResult:
-    return agent_pb2.ReplicateItemResult(
-        error_code=code_of(exc).name, error=str(exc), error_class=type(exc).__name__
-    )
 
 
 @dataclass

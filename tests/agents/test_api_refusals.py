@@ -372,7 +372,8 @@ async def main() -> None:
 
     async def frames():
         yield agent_pb2.PutRequest(header=agent_pb2.PutHeader(dataset=sys.argv[2], key="torn"))
-        yield agent_pb2.PutRequest(chunk=b"x" * 1000)
+        # More than the servicer holds in memory (INLINE_BYTES): staged in a file.
+        yield agent_pb2.PutRequest(chunk=b"x" * 100_000)
         print("sent", flush=True)
         await asyncio.sleep(60)  # a writer that hangs mid-stream: killed long before
 
@@ -403,12 +404,12 @@ async def test_a_writer_killed_mid_stream_leaves_nothing_stored(agent: Agent) ->
     part = agent.root / "tmp"
     with contextlib.suppress(WaitTimeoutError):  # the assertion below fails instead
         await until(
-            lambda: any(f.stat().st_size == 1000 for f in part.glob("*.part")),
+            lambda: any(f.stat().st_size == 100_000 for f in part.glob("*.part")),
             10,
             "the chunk to be held",
             step_s=0.02,
         )
-    assert any(f.stat().st_size == 1000 for f in part.glob("*.part"))
+    assert any(f.stat().st_size == 100_000 for f in part.glob("*.part"))
     proc.kill()
     await proc.wait()
     with contextlib.suppress(WaitTimeoutError):  # the assertions say what it saw

@@ -42,7 +42,12 @@ from controlplane.coordination.protocols.ownership import Owner, Ownership
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 EU = ("eu-west", "eu-central", "eu-north")
-LEASE_TTL_S = 2
+# The regions' and agents' leases. Long enough that a loaded machine (CI runs on two
+# cores) does not let a live controller's lease lapse between keepalives: with 2 s one
+# did, 2.3 s into its term, and an automatic failover moved every dataset off eu-west
+# in the middle of the partition test. The tests that need a failover (a paused and a
+# killed owner region) wait about one TTL more for it.
+LEASE_TTL_S = 4
 
 
 def faults_policy(datasets: list[str]) -> str:

@@ -148,6 +148,7 @@ async def wait_status(
 async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_up(
     world: FaultsWorld, coord: EtcdCoordination
 ) -> None:
+    await wait_alive(coord, EU)  # every region's controller holds its lease: no failover
     owner = await wait_owner(coord, "auto/c", lambda o: o.handing_over_to is None)
     strict = await wait_owner(coord, "strict/c", lambda o: o.handing_over_to is None)
     assert owner.region == strict.region == "eu-west"

@@ -1,7 +1,7 @@
 """The owner's push lane to one region (agents/replication/push_lanes.py), on faked
-calls: a lone push goes alone at once; pushes queued behind a running call go
-together in one call, one version of a key per call; each keeps its own answer; an
-agent that takes no batch gets its items pushed alone."""
+calls: a lone push goes at once in a call of its own; pushes queued behind a running
+call go together in one call, one version of a key per call; each keeps its own
+answer; an agent that takes no batch gets its items pushed alone."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def write(key: str) -> tuple[CommittedWrite, Version]:
 
 
 class Calls:
-    """The faked calls: `alone` waits for `gate`; `together` answers `answers`."""
+    """The faked calls: each waits for `gate`; `together` answers `answer` per item, or
+    refuses every batch (`refuse`: an agent that takes none)."""
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
@@ -62,33 +63,35 @@ class Calls:
         if self.refuse:
             raise BatchRefusedError("takes no batch")
         self.together.append([w.key or "" for w, _ in items])
+        await asyncio.wait_for(self.gate.wait(), timeout=5)
         return [self.answer.get(w.key or "") for w, _ in items]
 
     def lane(self) -> PushLane:
         return PushLane(REGION, alone=self.push_alone, together=self.push_together, in_flight=1)
 
 
-async def test_a_lone_push_goes_alone_at_once() -> None:
+async def test_a_lone_push_goes_at_once_in_a_call_of_its_own() -> None:
     calls = Calls()
     calls.gate.set()
     lane = calls.lane()
     assert await lane.push(*write("a"), 5.0) == REGION
-    assert calls.alone == ["a"] and calls.together == []
+    # One item of ReplicatePushes (cheaper than a streamed Replicate), not a batch.
+    assert calls.together == [["a"]] and calls.alone == [] and lane.batches == 0
 
 
 async def test_pushes_queued_behind_a_call_go_together_one_version_of_a_key_each() -> None:
     calls = Calls()
     lane = calls.lane()
     first = asyncio.create_task(lane.push(*write("a"), 5.0))
-    await until(lambda: calls.alone == ["a"], timeout_s=5, what="the first push under way")
+    await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
     queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c", "b")]
-    await asyncio.sleep(0)  # (they queue: the only call slot is taken)
+    # They queue: the only call slot is taken.
+    await until(lambda: lane.queued == 3, timeout_s=5, what="three pushes queued")
     calls.gate.set()
     assert await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5) == [REGION] * 4
-    # b and c in one call; the second version of b in the next (alone: a batch of one).
-    assert calls.together == [["b", "c"]]
-    assert calls.alone == ["a", "b"]
-    assert lane.batches == 1
+    # b and c in one call; the second version of b in the next (a call of one).
+    assert calls.together == [["a"], ["b", "c"], ["b"]]
+    assert calls.alone == [] and lane.batches == 1
 
 
 async def test_each_item_of_a_call_keeps_its_own_answer() -> None:
@@ -96,15 +99,24 @@ async def test_each_item_of_a_call_keeps_its_own_answer() -> None:
     calls.answer["c"] = StaleEpochError("epoch 5 is older than 9")
     lane = calls.lane()
     first = asyncio.create_task(lane.push(*write("a"), 5.0))
-    await until(lambda: calls.alone == ["a"], timeout_s=5, what="the first push under way")
+    await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
     b = asyncio.create_task(lane.push(*write("b"), 5.0))
     c = asyncio.create_task(lane.push(*write("c"), 5.0))
-    await asyncio.sleep(0)
+    await until(lambda: lane.queued == 2, timeout_s=5, what="two pushes queued")
     calls.gate.set()
     assert await asyncio.wait_for(first, 5) == REGION
     assert await asyncio.wait_for(b, 5) == REGION
     with pytest.raises(StaleEpochError):
         await asyncio.wait_for(c, 5)
+    assert calls.together == [["a"], ["b", "c"]]
+
+
+async def test_a_lone_push_refused_as_a_batch_keeps_its_own_error() -> None:
+    calls = Calls()
+    calls.answer["a"] = StaleEpochError("epoch 5 is older than 9")
+    calls.gate.set()
+    with pytest.raises(StaleEpochError):
+        await calls.lane().push(*write("a"), 5.0)
 
 
 async def test_an_agent_taking_no_batch_gets_each_item_alone() -> None:
@@ -112,9 +124,12 @@ async def test_an_agent_taking_no_batch_gets_each_item_alone() -> None:
     calls.refuse = True
     lane = calls.lane()
     first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    # Refused as a batch of one: pushed alone, and no batch is tried again meanwhile.
     await until(lambda: calls.alone == ["a"], timeout_s=5, what="the first push under way")
     queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c")]
-    await asyncio.sleep(0)
+    await until(lambda: lane.queued == 2, timeout_s=5, what="two pushes queued")
+    calls.refuse = False  # within REFUSED_FOR_S: still pushed alone
     calls.gate.set()
     assert await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5) == [REGION] * 3
-    assert sorted(calls.alone) == ["a", "b", "c"] and lane.batches == 0
+    assert sorted(calls.alone) == ["a", "b", "c"] and calls.together == []
+    assert lane.batches == 0
