@@ -50,8 +50,12 @@ async def test_transfers_on_one_link_share_its_rate_and_links_are_separate() -> 
     )
     shared = max(ends[:2]) - begin
     alone = ends[2] - begin
-    assert 1.85 <= shared <= 2.4  # 2 x RATE bytes through one RATE link
-    assert 0.85 <= alone <= 1.3
+    assert shared >= 1.85  # 2 x RATE bytes through one RATE link
+    assert alone >= 0.85
+    # The other link is not held back by this one's pair: it ends about a second before
+    # them. (Relative, and loose above: on a loaded machine every sleep overshoots.)
+    assert shared - alone >= 0.6, (shared, alone)
+    assert shared <= 3.5, shared
 
 
 async def test_critical_goes_before_standard_on_a_busy_link() -> None:
