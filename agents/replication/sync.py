@@ -179,6 +179,9 @@ class SyncReplication:
         self._background: set[asyncio.Task[str]] = set()
         # (dataset, replica) -> its pushes of new writes still running (`_ordered`).
         self._inflight: dict[tuple[str, str], set[asyncio.Future[str]]] = {}
+        # dataset -> this region's own commits still running while their pushes go out
+        # (`CommittedWrite.local`): a takeover pass waits for them (`_commits_ended`).
+        self._committing: dict[str, set[asyncio.Future[Version]]] = {}
         # (dataset, replica) -> its catch-up task, while that replica is behind.
         self._behind: dict[tuple[str, str], asyncio.Task[None]] = {}
         # Those marked behind again while their catch-up ran: it makes one more pass.
@@ -214,6 +217,8 @@ class SyncReplication:
 
     async def replicate(self, write: CommittedWrite) -> tuple[str, ...]:
         placement = write.admitted.placement
+        if write.local is not None and not write.local.done():
+            self._track_commit(write.dataset, write.local)
         if not push_targets(placement, self.region):
             if write.local is not None:
                 await write.local
@@ -572,14 +577,36 @@ class SyncReplication:
         local = await asyncio.to_thread(self._local, write.dataset)
         return await self._push_lacking(write, region, theirs, local, None)
 
+    def _track_commit(self, dataset: str, local: asyncio.Future[Version]) -> None:
+        running = self._committing.setdefault(dataset, set())
+        running.add(local)
+
+        def ended(done: asyncio.Future[Version]) -> None:
+            running.discard(done)
+            if not running and self._committing.get(dataset) is running:
+                del self._committing[dataset]
+
+        local.add_done_callback(ended)
+
+    async def _commits_ended(self, dataset: str) -> None:
+        """Every commit of `dataset` in this store whose push had begun has ended. A
+        version is pushed while its own commit runs here, so a replica may list one
+        that this store does not list yet: a takeover pass that read theirs first would
+        take it for another owner's lone write and rewind an acked one."""
+        running = self._committing.get(dataset)
+        if running:
+            await asyncio.wait(list(running))  # wait, never cancel: they are the writes'
+
     async def _takeover_once(
         self, write: CommittedWrite, region: str, older_than: HLC
     ) -> tuple[int, int, int]:
         """One takeover pass over `region` (module docstring): versions pushed, adopted,
-        rewound. Ours is read after theirs, so every version of ours they hold is in it:
-        what they hold and we lack came from another owner."""
+        rewound. Ours is read after theirs, and after our commits then running end, so
+        every version of ours they hold is in it: what they hold and we lack came from
+        another owner."""
         address = await self.peers.address(region)
         theirs = await self._listing(address, write.dataset)
+        await self._commits_ended(write.dataset)
         local = await asyncio.to_thread(self._local, write.dataset)
         ours = {key: version for key, version, _ in local[0]}
         extras = sorted(

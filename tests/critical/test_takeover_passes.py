@@ -14,11 +14,12 @@ from pathlib import Path
 from waiting import until
 
 from agents.admission import Admitted
-from agents.replication.sync import SyncReplication
+from agents.replication.sync import Local, SyncReplication
 from agents.service.servicer import CommittedWrite
 from agents.store import ObjectStore
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.placement import Placement
+from controlplane.domain.version import Version
 
 REPLICAS = ("eu-central", "eu-north")
 
@@ -107,6 +108,51 @@ async def test_a_pass_asked_again_while_it_runs_runs_once_more_after_it(tmp_path
         await until(lambda: len(probe.done) == 3, 10, "every pass done")
         assert probe.twice == []
         assert sorted(probe.done) == [(ds, "eu-central"), (ds, "eu-central"), (ds, "eu-north")]
+    finally:
+        await sync.close()
+        store.close()
+
+
+async def test_a_pass_waits_for_this_stores_commits_whose_pushes_began(tmp_path: Path) -> None:
+    """A critical Put is pushed while its own commit runs here (the servicer's early
+    push), so a replica may list a version this store does not list yet. A takeover pass
+    that read the replica's listing must wait for that commit, or it takes an acked
+    write of this owner for another owner's lone one and has the replica rewind it."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    sync = SyncReplication(store, "eu-west", NoPeers())
+    ds = "tri/early"
+    older_than = store.clock.now()
+    version = store.put(ds, "k", [b"acked"])  # committed here only once `local` ends
+    local: asyncio.Future[Version] = asyncio.get_running_loop().create_future()
+    real_local = sync._local
+    listed = asyncio.Event()
+    judged: list[str] = []
+
+    async def their_listing(address: str, dataset: str) -> dict[str, Version]:
+        listed.set()
+        return {"k": version}
+
+    def our_listing(dataset: str) -> Local:
+        # What this store lists while the commit still runs: not the version yet.
+        return real_local(dataset) if local.done() else ([], [], [])
+
+    async def held_nowhere_else(*args: object) -> bool:
+        judged.append("lone?")
+        return True
+
+    sync._listing = their_listing  # type: ignore[method-assign]
+    sync._local = our_listing  # type: ignore[method-assign]
+    sync._held_nowhere_else = held_nowhere_else  # type: ignore[method-assign]
+    write = CommittedWrite(Admitted(placement(ds), 5, 1), ds, key="k", version=version)
+    try:
+        sync._track_commit(ds, local)  # as `replicate` does when the push begins
+        running = asyncio.ensure_future(sync._takeover_once(write, "eu-central", older_than))
+        await asyncio.wait_for(listed.wait(), 5)
+        await asyncio.sleep(0.05)  # the window: the pass must still be waiting
+        assert not running.done()
+        local.set_result(version)
+        assert await asyncio.wait_for(running, 5) == (0, 0, 0)
+        assert judged == []  # never taken for an extra, so never a rewind candidate
     finally:
         await sync.close()
         store.close()
