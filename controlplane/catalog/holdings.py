@@ -119,12 +119,23 @@ def _execute_many(
         return
     keys = tuple(rows[0])
     dialect = conn.dialect
-    cache_key = (dialect.name, dialect.server_version_info, name, keys)
+    # The driver too: psycopg2 and psycopg (3) are both "postgresql" but bind differently.
+    cache_key = (
+        dialect.name,
+        dialect.driver,
+        dialect.paramstyle,
+        dialect.server_version_info,
+        name,
+        keys,
+    )
     plan = _COMPILED.get(cache_key)
     if plan is None:
         compiled = build().compile(dialect=dialect, column_keys=list(keys))
+        binds = tuple(compiled.bind_names.values())
         order = tuple(compiled.positiontup or ()) if compiled.positional else keys
-        if sorted(order) != sorted(keys):  # binds other than the columns: the usual way
+        # Binds other than the row's columns (a default the statement adds, say): the
+        # usual way. Judged on the binds themselves, whatever the paramstyle.
+        if sorted(order) != sorted(keys) or sorted(binds) != sorted(keys):
             conn.execute(build(), list(rows))
             return
         # The dialect's own form of each type (e.g. psycopg's JSON), as SQLAlchemy binds it.
