@@ -397,7 +397,14 @@ class AgentClient:
                     f"the agent at {self.address} answered ReplicateMany item {n} with "
                     f"outcome {r.outcome} and no error"
                 )
-            out.append(ReplicateOutcome(outcome, _version(r.held, "ReplicateItemResult.held")))
+            # Mostly the very version sent (applied, or a replay): compared on the wire
+            # (in C), it need not be parsed back.
+            held = (
+                items[n].version
+                if r.held == req.items[n].version
+                else _version(r.held, "ReplicateItemResult.held")
+            )
+            out.append(ReplicateOutcome(outcome, held))
         return out
 
     async def fetch(

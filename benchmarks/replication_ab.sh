@@ -5,11 +5,14 @@
 #
 #   BASE=d71c5cd ROUNDS=2 benchmarks/replication_ab.sh --only-lag [--rate 500]
 #   BASE=d71c5cd ROUNDS=1 benchmarks/replication_ab.sh --objects 10000
+#   BASE=d71c5cd NEW=HEAD benchmarks/replication_ab.sh ...   # "after" = a commit, not the tree
 #
 # The base's code is exported with `git archive` into a temporary folder (no worktree,
 # no checkout) and run with PYTHONPATH pointing there (the agents it starts inherit
 # it); this tree's generated protobuf code, native engine and benchmark script are
 # copied in, so both runs print the same rows (the base must have the same protos).
+# With NEW set, the "after" runs are that commit exported the same way, so editing the
+# tree meanwhile changes neither side.
 # Export the MERIDIAN_STACK_*_PORT variables of your stack first.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -18,10 +21,20 @@ rounds="${ROUNDS:-2}"
 python="$here/.venv/bin/python"
 old="$(mktemp -d /tmp/replication-ab-XXXXXX)"
 trap 'rm -rf "$old"' EXIT
-git -C "$here" archive "$base" | tar -x -C "$old"
-cp "$here"/meridian/v1/_generated.py "$here"/meridian/v1/*_pb2*.py* "$old/meridian/v1/"
-cp "$here"/native/*.so "$old/native/" 2>/dev/null || true
-cp "$here/benchmarks/replication_bench.py" "$old/benchmarks/"
+export_to() {  # commit, folder
+    git -C "$here" archive "$1" | tar -x -C "$2"
+    cp "$here"/meridian/v1/_generated.py "$here"/meridian/v1/*_pb2*.py* "$2/meridian/v1/"
+    cp "$here"/native/*.so "$2/native/" 2>/dev/null || true
+    cp "$here/benchmarks/replication_bench.py" "$2/benchmarks/"
+}
+export_to "$base" "$old"
+new_dir="$here" new_path=""
+if [ -n "${NEW:-}" ]; then
+    new_dir="$old/new"
+    mkdir "$new_dir"
+    export_to "$NEW" "$new_dir"
+    new_path="$new_dir"
+fi
 run() {  # label, folder, PYTHONPATH, args...
     local label="$1" dir="$2" path="$3"
     shift 3
@@ -32,5 +45,5 @@ run() {  # label, folder, PYTHONPATH, args...
 }
 for round in $(seq "$rounds"); do
     run "before-$base-$round" "$old" "$old" "$@"
-    run "after-$round" "$here" "" "$@"
+    run "after-$round" "$new_dir" "$new_path" "$@"
 done

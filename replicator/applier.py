@@ -51,8 +51,9 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from agents.errors import ResidencyError
 from controlplane.domain.errors import ClockSkewError, MessageError
@@ -75,6 +76,7 @@ log = get_logger("meridian.replicator")
 
 # Events of a batch the agent could not take at once go one by one, this many at a time.
 _SINGLES_AT_ONCE = 4
+_R = TypeVar("_R")
 
 
 class HolderLookup(Protocol):
@@ -389,12 +391,69 @@ class Applier:
         return policy
 
     async def _apply(self, record: Record, event: ChangeEvent, policy: CompiledPolicy) -> str:
-        attempts = self.config.max_attempts
+        async def failed(exc: Exception, attempt: int) -> _Retry | str:
+            error = _describe(exc)
+            retriable = isinstance(exc, MeridianError) and exc.retriable
+            if retriable and not await self._agent_answers(event):
+                # Our own agent is away: no copy can succeed, and it is not this copy's
+                # fault. Wait for it without spending an attempt (nothing is failed,
+                # no offset moves) rather than mark every event failed.
+                delay = self._backoff(4)
+                log.warning("agent_unreachable", error=error, retry_in_s=round(delay, 3))
+                return _Retry(delay, counts=False)
+            # Anything but a Meridian error is retried too (an unknown failure may pass).
+            final = isinstance(exc, MeridianError) and not exc.retriable
+            if final or attempt == self.config.max_attempts:
+                self._append(self._record(event, "failed", error=error, attempted=True))
+                self._metrics.failed.labels(event.dataset, self.region).inc()
+                log.warning(
+                    "replica_failed",
+                    event_id=event.event_id,
+                    dataset=event.dataset,
+                    key=event.key,
+                    version=str(event.version.hlc),
+                    attempts=attempt,
+                    error=error,
+                    action="marked failed; `meridian replication resync` re-drives it",
+                )
+                return "failed"
+            self._append(self._record(event, "pending", error=error, attempted=True))
+            self._metrics.retries.labels(event.dataset).inc()
+            delay = self._backoff(attempt)
+            log.info(
+                "replica_retry",
+                event_id=event.event_id,
+                dataset=event.dataset,
+                key=event.key,
+                attempt=attempt,
+                error=error,
+                retry_in_s=round(delay, 3),
+            )
+            return _Retry(delay)
+
+        result = await self._attempts(
+            record, event, policy, lambda: self._call(event, policy), failed
+        )
+        return result if isinstance(result, str) else self._settle(event, result)
+
+    async def _attempts(
+        self,
+        record: Record,
+        event: LogEvent,
+        policy: CompiledPolicy,
+        call: Callable[[], Awaitable[_R]],
+        failed: Callable[[Exception, int], Awaitable[_Retry | str]],
+    ) -> _R | str:
+        """The retry shape of an event's agent call (an object's version or a set): its
+        answer, or the label the event ends with. A refused residency is recorded and
+        dead-lettered; a stale epoch or a clock the agent refuses is dead-lettered. Any
+        other failure of attempt N (from 1) goes to `failed`, which says how long to
+        wait before the next attempt (and whether this one counted), or the label."""
         attempt = 0
         while True:
             attempt += 1
             try:
-                result = await self._call(event, policy)
+                return await call()
             except ResidencyError as exc:
                 await self._refuse(record, event, str(exc), policy.revision)
                 return "refused"
@@ -405,50 +464,13 @@ class Applier:
             except ClockSkewError as exc:  # the agent's clock refused it
                 await self._dead_letter(record, dlq.CLOCK_SKEW, str(exc), event)
                 return "dead-lettered"
-            except Exception as exc:  # noqa: BLE001 - every failure is recorded, none ends the loop
-                error = _describe(exc)
-                retriable = isinstance(exc, MeridianError) and exc.retriable
-                if retriable and not await self._agent_answers(event):
-                    # Our own agent is away: no copy can succeed, and it is not this copy's
-                    # fault. Wait for it without spending an attempt (nothing is failed,
-                    # no offset moves) rather than mark every event failed.
+            except Exception as exc:  # noqa: BLE001 - every failure is handled, none ends the loop
+                decided = await failed(exc, attempt)
+                if isinstance(decided, str):
+                    return decided
+                if not decided.counts:
                     attempt -= 1
-                    delay = self._backoff(4)
-                    log.warning("agent_unreachable", error=error, retry_in_s=round(delay, 3))
-                    await self._sleep(delay)
-                    continue
-                final = attempt == attempts or (
-                    isinstance(exc, MeridianError) and not exc.retriable
-                )
-                if final:
-                    self._append(self._record(event, "failed", error=error, attempted=True))
-                    self._metrics.failed.labels(event.dataset, self.region).inc()
-                    log.warning(
-                        "replica_failed",
-                        event_id=event.event_id,
-                        dataset=event.dataset,
-                        key=event.key,
-                        version=str(event.version.hlc),
-                        attempts=attempt,
-                        error=error,
-                        action="marked failed; `meridian replication resync` re-drives it",
-                    )
-                    return "failed"
-                self._append(self._record(event, "pending", error=error, attempted=True))
-                self._metrics.retries.labels(event.dataset).inc()
-                delay = self._backoff(attempt)
-                log.info(
-                    "replica_retry",
-                    event_id=event.event_id,
-                    dataset=event.dataset,
-                    key=event.key,
-                    attempt=attempt,
-                    error=error,
-                    retry_in_s=round(delay, 3),
-                )
-                await self._sleep(delay)
-                continue
-            return self._settle(event, result)
+                await self._sleep(decided.delay_s)
 
     async def _agent_answers(self, event: ChangeEvent) -> bool:
         """Whether this region's agent itself answers (a cheap `head`)."""
@@ -526,39 +548,26 @@ class Applier:
                 record, dlq.REJECTED, "this replicator has no agent call for version sets", event
             )
             return "dead-lettered"
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                result = await sets.apply_set(event)
-            except ResidencyError as exc:
-                await self._refuse(record, event, str(exc), policy.revision)
-                return "refused"
-            except FencedError as exc:
-                self._metrics.stale_epoch_refused.labels(event.dataset).inc()
-                await self._dead_letter(record, dlq.STALE_EPOCH, str(exc), event)
-                return "dead-lettered"
-            except ClockSkewError as exc:
-                await self._dead_letter(record, dlq.CLOCK_SKEW, str(exc), event)
-                return "dead-lettered"
-            except Exception as exc:  # noqa: BLE001 - every failure is handled, none ends the loop
-                error = _describe(exc)
-                if isinstance(exc, MeridianError) and exc.retriable:
-                    delay = self._backoff(attempt)
-                    log.info(
-                        "set_retry",
-                        event_id=event.event_id,
-                        dataset=event.dataset,
-                        set=event.set_id,
-                        attempt=attempt,
-                        error=error,
-                        retry_in_s=round(delay, 3),
-                    )
-                    await self._sleep(delay)
-                    continue
-                await self._dead_letter(record, dlq.REJECTED, error, event)
-                return "dead-lettered"
-            return self._settle_set(event, result)
+
+        async def failed(exc: Exception, attempt: int) -> _Retry | str:
+            error = _describe(exc)
+            if isinstance(exc, MeridianError) and exc.retriable:
+                delay = self._backoff(attempt)
+                log.info(
+                    "set_retry",
+                    event_id=event.event_id,
+                    dataset=event.dataset,
+                    set=event.set_id,
+                    attempt=attempt,
+                    error=error,
+                    retry_in_s=round(delay, 3),
+                )
+                return _Retry(delay)
+            await self._dead_letter(record, dlq.REJECTED, error, event)
+            return "dead-lettered"
+
+        result = await self._attempts(record, event, policy, lambda: sets.apply_set(event), failed)
+        return result if isinstance(result, str) else self._settle_set(event, result)
 
     def _settle_set(self, event: SetEvent, result: SetApplyResult) -> str:
         hlc = event.version_set.hlc
@@ -722,6 +731,15 @@ class Applier:
     def _append(self, rec: ReplicaRecord) -> None:
         self._journal.append(rec)
         self._on_record()
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """What `Applier._attempts` does after a failed attempt: wait, then try again;
+    `counts=False`: the attempt is not counted against `max_attempts`."""
+
+    delay_s: float
+    counts: bool = True
 
 
 def _describe(exc: BaseException) -> str:

@@ -55,6 +55,11 @@ class CoalescedCalls:
     def in_flight(self) -> int:
         return len(self._calls)
 
+    @property
+    def waiting(self) -> int:
+        """Runs waiting for a free call (their submitters not cancelled)."""
+        return sum(1 for run in self._waiting if not run.answer.done())
+
     async def submit(self, events: Sequence[ChangeEvent]) -> Answers:
         """The agent's answers to `events`, in order, from a call they may share with
         other runs; the call's exception if it failed as a whole."""

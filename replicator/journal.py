@@ -70,10 +70,10 @@ class ReplicaRecord:
 
     def to_json(self) -> str:
         # Field by field, not dataclasses.asdict: that deep-copies every value, and this
-        # runs once per event applied.
+        # runs once per event applied (so does the one shared encoder).
         data = {f: getattr(self, f) for f in _FIELDS}
         data["at"] = self.at.isoformat()
-        return json.dumps(data, separators=(",", ":"))
+        return _ENCODE(data)
 
     @classmethod
     def from_json(cls, text: str) -> ReplicaRecord:
@@ -83,6 +83,8 @@ class ReplicaRecord:
 
 
 _FIELDS = tuple(f.name for f in fields(ReplicaRecord))
+# `json.dumps` with separators builds a new encoder at every call.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 @dataclass(frozen=True)

@@ -62,12 +62,35 @@ def plan(region: str, entry: JournalEntry, lookup: Lookup) -> Plan:
 
 
 def _version(region: str, entry: JournalEntry, _: Lookup) -> Plan:
+    # The commonest record (one per version stored): its texts are formatted once for
+    # both facts.
     key, hlc = _object(entry)
     version = _version_of(entry, hlc)
     set_id = entry.data.get("set")
+    text = version.hlc.text
+    digest = None if version.digest is None else version.digest.text
     return Plan(
-        versions=[_held(entry.dataset, key, version, set_id if isinstance(set_id, str) else None)],
-        holdings=[_holding(region, entry, key, version, "completed")],
+        versions=[
+            _held(
+                entry.dataset,
+                key,
+                version,
+                set_id if isinstance(set_id, str) else None,
+                text=text,
+                digest=digest,
+            )
+        ],
+        holdings=[
+            Holding(
+                dataset=entry.dataset,
+                key=key,
+                version=text,
+                region=region,
+                state="completed",
+                at=_at(entry),
+                digest=digest,
+            )
+        ],
     )
 
 
@@ -165,15 +188,26 @@ def _version_of(entry: JournalEntry, hlc: str) -> Version:
         raise InvalidInputError(f"journal record {entry.seq} ({entry.kind}): {exc}") from exc
 
 
-def _held(dataset: str, key: str, version: Version, set_id: str | None) -> HeldVersion:
+def _held(
+    dataset: str,
+    key: str,
+    version: Version,
+    set_id: str | None,
+    *,
+    text: str | None = None,
+    digest: str | None = None,
+) -> HeldVersion:
+    """`text`, `digest`: the version's HLC and digest texts, if the caller has them."""
     hlc = version.hlc
+    if digest is None and version.digest is not None:
+        digest = version.digest.text
     return HeldVersion(
         dataset=dataset,
         key=key,
-        version=hlc.text,
+        version=hlc.text if text is None else text,
         op=version.op,
         size=version.size,
-        digest="" if version.digest is None else version.digest.text,
+        digest="" if digest is None else digest,
         origin_region=hlc.region,
         created_at=datetime.fromtimestamp(hlc.wall_ms / 1000, UTC),
         set_id=set_id,

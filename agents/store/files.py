@@ -65,12 +65,12 @@ def syncfs(path: Path) -> None:
         os.close(fd)
 
 
-def replace(src: Path, dst: Path) -> None:
+def replace(src: str | Path, dst: str | Path) -> None:
     """Atomically put `src` at `dst` (same file system)."""
     os.replace(src, dst)
 
 
-def remove_file(path: Path) -> None:
+def remove_file(path: str | Path) -> None:
     """Remove a file if it is there."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)

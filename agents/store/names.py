@@ -58,8 +58,16 @@ def object_hash(dataset: str, key: str) -> str:
 
 def version_path(dataset: str, key: str, hlc: HLC) -> PurePosixPath:
     """The file holding one version's bytes, relative to the root."""
+    return PurePosixPath(version_text(dataset, key, hlc)[1])
+
+
+def version_text(dataset: str, key: str, hlc: HLC) -> tuple[str, str]:
+    """`version_path` as text, with its fan-out folder's name: (fan, relative path). A
+    bundle of small objects builds thousands of these; pathlib's parsing cost more
+    than the hash."""
     h = object_hash(dataset, key)
-    return PurePosixPath(OBJECTS, h[0:3], f"{h}.{hlc.text}")
+    fan = h[0:3]
+    return fan, f"{OBJECTS}/{fan}/{h}.{hlc.text}"
 
 
 def is_version_path(relative: PurePosixPath) -> bool:

@@ -58,10 +58,21 @@ _INSERT_JOURNAL = (
 LOOKUP_KEYS = 500  # keys per batched lookup (SQLite allows 32,766 parameters)
 
 
+# One encoder for every row: `json.dumps(..., sort_keys=True)` builds a new one per
+# call, and a bundle journals two rows per object.
+_ENCODE = json.JSONEncoder(sort_keys=True).encode
+
+
 def journal_row(
-    kind: str, dataset: str, key: str | None, hlc: str | None, data: dict[str, JsonValue]
+    kind: str,
+    dataset: str,
+    key: str | None,
+    hlc: str | None,
+    data: dict[str, JsonValue],
+    at_ms: int | None = None,
 ) -> JournalRow:
-    return (kind, dataset, key, hlc, now_ms(), json.dumps(data, sort_keys=True))
+    """A journal row; `at_ms` (default now) lets a bundle stamp all its rows at once."""
+    return (kind, dataset, key, hlc, now_ms() if at_ms is None else at_ms, _ENCODE(data))
 
 
 def journal(

@@ -88,7 +88,7 @@ class StagedWrite:
         expected_size: int | None,
         max_size: int | None,
         expected_digest: Digest | None,
-        path: Path,
+        path: str | Path,
     ) -> None:
         self.dataset = dataset
         self.key = key
@@ -103,6 +103,7 @@ class StagedWrite:
         self._aborted = False
         self._detached = False
         self._moved = False
+        self._sized = False  # written whole in one go (of_bytes): its length is set
         self._lock = threading.Lock()  # abort may come from another thread (cancellation)
 
     def _open(self, flags: int) -> None:
@@ -110,7 +111,8 @@ class StagedWrite:
             self._fd = os.open(self.path, flags, 0o644)
         except OSError as err:
             raise StorageError(
-                f"could not start writing {self.dataset}/{self.key} in {self.path.parent}: "
+                f"could not start writing {self.dataset}/{self.key} in "
+                f"{os.path.dirname(self.path)}: "
                 f"{err.strerror}"
             ) from err
 
@@ -132,8 +134,15 @@ class StagedWrite:
         fsyncs it, `close_unsynced()` closes it for a caller's one `syncfs`. Not for
         data with a run of zeros to leave as a hole (`HOLE_MIN_BYTES`)."""
         staged = cls.__new__(cls)
+        # The path as text: pathlib's join and its conversion for open() cost more than
+        # the hash of a small object.
         staged._fields(
-            dataset, key, expected_size, None, expected_digest, root / TMP / temporary_name()
+            dataset,
+            key,
+            expected_size,
+            None,
+            expected_digest,
+            f"{os.fspath(root)}/{TMP}/{temporary_name()}",
         )
         view = memoryview(data).cast("B")
         size = len(view)
@@ -162,11 +171,12 @@ class StagedWrite:
         except OSError as err:
             staged._abort_locked()
             raise StorageError(
-                f"could not write {dataset}/{key} to {staged.path.parent}: "
+                f"could not write {dataset}/{key} to {os.path.dirname(staged.path)}: "
                 f"{err.strerror}; nothing was stored"
             ) from err
         staged.size = size
         staged._digest = digest
+        staged._sized = True
         return staged
 
     def _continue(self, offset: int) -> None:
@@ -271,7 +281,7 @@ class StagedWrite:
             except OSError as err:
                 self._abort_locked()
                 raise StorageError(
-                    f"could not write {self.dataset}/{self.key} to {self.path.parent}: "
+                    f"could not write {self.dataset}/{self.key} to {os.path.dirname(self.path)}: "
                     f"{err.strerror}; nothing was stored"
                 ) from err
             self.size = new_size
@@ -322,7 +332,8 @@ class StagedWrite:
                 raise InvalidInputError(f"the write of {self.dataset}/{self.key} is not finished")
             if self._fd is not None:
                 try:
-                    os.ftruncate(self._fd, self.size)
+                    if not self._sized:  # a trailing hole has no length yet
+                        os.ftruncate(self._fd, self.size)
                 except OSError as err:
                     self._abort_locked()
                     raise StorageError(

@@ -37,7 +37,7 @@ from agents.store.model import (
     StoredVersion,
     Usage,
 )
-from agents.store.names import OBJECTS, check_name, version_path
+from agents.store.names import OBJECTS, check_name, version_path, version_text
 from agents.store.reader import CHUNK_BYTES, ObjectReader
 from agents.store.schema import FORMAT, connect
 from agents.store.staging import HOLE_MIN_BYTES, TMP, StagedWrite
@@ -77,10 +77,15 @@ class _Entry:
     transfer: Mapping[str, JsonValue] | None = None  # journalled with this version
 
     @functools.cached_property
+    def where(self) -> tuple[str, str]:
+        """Its fan-out folder's name and its version's path (relative to the root, as
+        text), computed once: a bundle needs them for the folder, the rename and the
+        row, and they are a blake3 and a string build."""
+        return version_text(self.dataset, self.key, self.version.hlc)
+
+    @property
     def rel(self) -> PurePosixPath:
-        """Its version's path (relative to the root), computed once: a bundle needs it
-        for the folder, the rename and the row, and it is a blake3 and a path build."""
-        return version_path(self.dataset, self.key, self.version.hlc)
+        return PurePosixPath(self.where[1])
 
 
 Source = Iterable[bytes | bytearray | memoryview] | BinaryIO
@@ -786,24 +791,30 @@ class ObjectStore:
         startup removes them). Returns the (dataset, set) pairs these versions
         completed: the caller prunes for them once it has let go of the objects'
         locks (`_settle`)."""
-        targets: list[Path] = []
-        folders: set[Path] = set()
+        # Paths as text in this loop: it runs once per object of a bundle, and pathlib's
+        # joins and conversions cost more than the rename itself.
+        root = os.fspath(self.root)
+        targets: list[str] = []
+        fans: set[str] = set()
         completed: list[tuple[str, str]] = []
         victims: list[Path] = []
         try:
-            self._make_folders([e.rel for e in entries if e.staged])
+            self._make_folders([e.where[0] for e in entries if e.staged])
             for e in entries:
                 if e.staged is None:
                     continue
-                target = self.root / e.rel
-                folders.add(self._folder(e.rel))
+                fan, rel = e.where
+                if fan not in self._folders:
+                    self._folder(e.rel)
+                fans.add(fan)
+                target = f"{root}/{rel}"
                 files.replace(e.staged.path, target)
                 e.staged.moved()  # its abort then has no temporary to unlink
                 targets.append(target)
-            if not synced or (len(folders) >= SYNCFS_MIN_FILES and files.can_syncfs()):
+            if not synced or (len(fans) >= SYNCFS_MIN_FILES and files.can_syncfs()):
                 self._syncfs()  # every byte and rename of the bundle at once
             else:
-                self._each(files.fsync_dir, sorted(folders))
+                self._each(files.fsync_dir, [self.root / OBJECTS / fan for fan in sorted(fans)])
             with self._tx() as conn:
                 done, victims = self._write_rows(conn, entries, transfer)
             completed = [pair for pairs in done for pair in pairs]
@@ -838,7 +849,7 @@ class ObjectStore:
         journal_rows = []
         for n, e in enumerate(entries):
             hlc = e.version.hlc.text
-            relative = None if e.staged is None else str(e.rel)
+            relative = None if e.staged is None else e.where[1]
             version_rows.append(
                 (
                     e.dataset,
@@ -854,14 +865,14 @@ class ObjectStore:
             )
             data = rows.version_data(e.version)
             data["set"] = e.set_id
-            journal_rows.append(rows.journal_row("version", e.dataset, e.key, hlc, data))
+            journal_rows.append(rows.journal_row("version", e.dataset, e.key, hlc, data, stored_ms))
             if transfer is not None and n == 0:
                 journal_rows.append(
-                    rows.journal_row("transfer", e.dataset, e.key, hlc, dict(transfer))
+                    rows.journal_row("transfer", e.dataset, e.key, hlc, dict(transfer), stored_ms)
                 )
             if e.transfer is not None:
                 journal_rows.append(
-                    rows.journal_row("transfer", e.dataset, e.key, hlc, dict(e.transfer))
+                    rows.journal_row("transfer", e.dataset, e.key, hlc, dict(e.transfer), stored_ms)
                 )
         conn.executemany(
             "INSERT INTO versions (dataset, key, hlc, op, size, digest, state,"
@@ -1027,16 +1038,18 @@ class ObjectStore:
         with ThreadPoolExecutor(min(len(items), _FSYNC_THREADS)) as pool:
             list(pool.map(fn, items))
 
-    def _make_folders(self, rels: Sequence[PurePosixPath]) -> None:
-        """Make the new fan-out folders of a bundle at once, with one fsync of `objects/`
-        for all of them (one per folder cost a bundle of 1,000 new objects ~3 s)."""
-        new = {rel.parent for rel in rels if rel.parent.name not in self._folders}
+    def _make_folders(self, fans: Sequence[str]) -> None:
+        """Make the new fan-out folders (by name) of a bundle at once, with one fsync of
+        `objects/` for all of them (one per folder cost a bundle of 1,000 new objects
+        ~3 s)."""
+        new = {fan for fan in fans if fan not in self._folders}
         if len(new) <= 1:
             return  # `_folder` makes a single one as it always did
-        for parent in sorted(new):
-            (self.root / parent).mkdir(exist_ok=True)
-        files.fsync_dir(self.root / OBJECTS)
-        self._folders.update(parent.name for parent in new)
+        objects = self.root / OBJECTS
+        for fan in sorted(new):
+            (objects / fan).mkdir(exist_ok=True)
+        files.fsync_dir(objects)
+        self._folders.update(new)
 
     def _folder(self, rel: PurePosixPath) -> Path:
         """The fan-out folder of a version path, made (durably) if it is new."""
@@ -1845,7 +1858,10 @@ def _event(row: tuple[object, ...]) -> OutboxEvent:
 
 def _at(found: Sequence[StoredVersion], hlc: HLC) -> StoredVersion | None:
     """The row of version `hlc` among an object's rows (see `_held_many`)."""
-    return next((r for r in found if r.version.hlc == hlc), None)
+    for r in found:  # a loop, not next(genexpr): most objects of a bundle have no rows
+        if r.version.hlc == hlc:
+            return r
+    return None
 
 
 def _wanted_in(found: Sequence[StoredVersion], version: Version) -> bool:

@@ -43,7 +43,7 @@ from controlplane.domain.version import Version
 from controlplane.errors import InvalidInputError, MeridianError, NotFoundError, UnavailableError
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire, version_to_wire
-from meridian.v1 import agent_pb2, agent_pb2_grpc
+from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 log = get_logger(__name__)
 
@@ -65,6 +65,9 @@ class Wanted:
     dataset: str
     key: str
     version: Version
+    # The version as it came on the wire (a FetchRequest's), when at hand: the bundle's
+    # request then copies it instead of encoding `version` again.
+    wire: types_pb2.Version | None = None
 
 
 class BundleSender:
@@ -96,12 +99,7 @@ class BundleSender:
         tally = TransferTally(new_transfer_id(), "", "", self.region, to, "out", method="bundle")
         outcome = "failed"
         try:
-            async for frame, placement in iterate_in_thread(lambda: self._frames(request)):
-                n = (
-                    sum(len(e.content) for e in frame.pack.entries)
-                    if frame.HasField("pack")
-                    else len(frame.content or frame.content_zstd)
-                )
+            async for frame, placement, n in iterate_in_thread(lambda: self._frames(request)):
                 if n and placement is not None:
                     await self.limiter.acquire(
                         self.region,
@@ -118,32 +116,38 @@ class BundleSender:
 
     def _frames(
         self, request: agent_pb2.SyncBundleRequest
-    ) -> Iterator[tuple[agent_pb2.SyncBundleResponse, Placement | None]]:
-        """On a thread: admit, read and compress each item."""
+    ) -> Iterator[tuple[agent_pb2.SyncBundleResponse, Placement | None, int]]:
+        """On a thread: admit, read and compress each item. Yields each frame with the
+        placement its content is charged to and its content's size."""
         to = request.receiver_region
         placements: dict[str, Placement | MeridianError] = {}
         packers: dict[str, ChunkCompressor] = {}
         # Packed: whole small items gather in one frame of up to PACK_BYTES, all of one
-        # placement (the limiter charges the frame to it).
-        pack: list[agent_pb2.BundleEntry] = []
+        # placement (the limiter charges the frame to it). The entries are added to the
+        # frame in place (building each one apart and then the frame copied them all).
+        pack = agent_pb2.SyncBundleResponse()
+        entries = pack.pack.entries
         pack_bytes = 0
         pack_placement: Placement | None = None
 
-        def flush() -> Iterator[tuple[agent_pb2.SyncBundleResponse, Placement | None]]:
-            nonlocal pack, pack_bytes, pack_placement
-            if pack:
-                frame = agent_pb2.SyncBundleResponse(pack=agent_pb2.BundlePack(entries=pack))
-                yield frame, pack_placement
-            pack, pack_bytes, pack_placement = [], 0, None
+        def flush() -> Iterator[tuple[agent_pb2.SyncBundleResponse, Placement | None, int]]:
+            nonlocal pack, entries, pack_bytes, pack_placement
+            if entries:
+                yield pack, pack_placement, pack_bytes
+                pack = agent_pb2.SyncBundleResponse()
+                entries = pack.pack.entries
+            pack_bytes, pack_placement = 0, None
 
         block: dict[int, bytes | MeridianError] = {}
+        # Each item's version, parsed once: the block read parses ahead of the loop.
+        versions: dict[int, Version] = {}
         # The first block is small and each next one twice the size, so the first frame
         # leaves after a few reads rather than a whole block's (about 0.1 s of 500 reads,
         # paid by every bundle before its first byte moved).
         block_items = FIRST_BLOCK_ITEMS
         for index, item in enumerate(request.items):
             try:
-                version = version_from_wire(
+                version = versions.pop(index, None) or version_from_wire(
                     item.version, f"SyncBundleRequest.items[{index}].version"
                 )
                 if item.dataset not in placements:
@@ -157,7 +161,7 @@ class BundleSender:
                     raise found
                 placement = found
                 if index not in block:
-                    block = self._read_block(request.items, index, block_items)
+                    block = self._read_block(request.items, index, block_items, versions)
                     block_items = min(READ_BLOCK_ITEMS, 2 * block_items)
                 got = block.pop(index, None)
                 if got is None:  # not in the block (a repeated object): alone
@@ -174,29 +178,30 @@ class BundleSender:
                 )
                 start = agent_pb2.BundleItemStart(index=index, refused=str(exc), refused_code=code)
                 if request.packed:
-                    pack.append(agent_pb2.BundleEntry(item=start))
+                    entries.add(item=start)
                 else:
-                    yield agent_pb2.SyncBundleResponse(item=start), None
+                    yield agent_pb2.SyncBundleResponse(item=start), None, 0
                 continue
-            packer = packers.setdefault(
-                item.dataset, ChunkCompressor(placement.transfer_compression == "zstd")
-            )
+            packer = packers.get(item.dataset)
+            if packer is None:  # one per dataset (each holds a zstd context)
+                packer = packers[item.dataset] = ChunkCompressor(
+                    placement.transfer_compression == "zstd"
+                )
             if request.packed and len(data) < PACK_BYTES:
                 packed, compressed = packer.pack(data)
-                entry = agent_pb2.BundleEntry(
-                    item=agent_pb2.BundleItemStart(index=index), content=packed, zstd=compressed
-                )
                 if pack_bytes + len(packed) > PACK_BYTES or pack_placement not in (
                     None,
                     placement,
                 ):
                     yield from flush()
-                pack.append(entry)
+                entry = entries.add(content=packed, zstd=compressed)
+                entry.item.index = index
                 pack_bytes += len(packed)
                 pack_placement = placement
                 continue
             yield from flush()
-            yield agent_pb2.SyncBundleResponse(item=agent_pb2.BundleItemStart(index=index)), None
+            start = agent_pb2.BundleItemStart(index=index)
+            yield agent_pb2.SyncBundleResponse(item=start), None, 0
             for at in range(0, len(data), CHUNK_BYTES):
                 packed, compressed = packer.pack(data[at : at + CHUNK_BYTES])
                 frame = (
@@ -204,16 +209,21 @@ class BundleSender:
                     if compressed
                     else agent_pb2.SyncBundleResponse(content=packed)
                 )
-                yield frame, placement
+                yield frame, placement, len(packed)
         yield from flush()
 
     def _read_block(
-        self, items: Sequence[agent_pb2.BundleItem], start: int, count: int = READ_BLOCK_ITEMS
+        self,
+        items: Sequence[agent_pb2.BundleItem],
+        start: int,
+        count: int = READ_BLOCK_ITEMS,
+        versions: dict[int, Version] | None = None,
     ) -> dict[int, bytes | MeridianError]:
         """The contents of the items from `start` on, up to `count` items or
         READ_BLOCK_BYTES, read with one store lookup (`open_many`) instead of one per
         item; by index, the bytes or the error `open` gives. Items it cannot take (a bad
-        version, an object twice) are left out: the caller reads those alone."""
+        version, an object twice) are left out: the caller reads those alone. The
+        versions it parses go in `versions` (by index), for the caller to reuse."""
         chosen: list[tuple[int, agent_pb2.BundleItem, Version]] = []
         seen: set[tuple[str, str]] = set()
         size = 0
@@ -223,6 +233,8 @@ class BundleSender:
                 version = version_from_wire(item.version, "")
             except MeridianError:
                 continue
+            if versions is not None:
+                versions[index] = version
             if (item.dataset, item.key) in seen:
                 continue
             seen.add((item.dataset, item.key))
@@ -277,7 +289,11 @@ async def pull_bundle(
     results: list[ApplyResult | MeridianError | None] = [None] * len(items)
     request = agent_pb2.SyncBundleRequest(
         items=[
-            agent_pb2.BundleItem(dataset=w.dataset, key=w.key, version=version_to_wire(w.version))
+            agent_pb2.BundleItem(
+                dataset=w.dataset,
+                key=w.key,
+                version=version_to_wire(w.version) if w.wire is None else w.wire,
+            )
             for w in items
         ],
         receiver_region=region,

@@ -63,7 +63,9 @@ class LinkLimiter:
         bucket = self._buckets.get(link)
         now = time.monotonic()
         if bucket is None:
-            bucket = _Bucket(rate=rate_bps, tokens=0.0, stamp=now)
+            # A new link starts as an idle one: with the burst it may hold (it used to
+            # start empty, so every first transfer on a link waited one chunk's time).
+            bucket = _Bucket(rate=rate_bps, tokens=rate_bps * self.burst_s, stamp=now)
             self._buckets[link] = bucket
         bucket.rate = rate_bps
         cap = max(float(min(nbytes, CHUNK_BYTES)), rate_bps * self.burst_s)

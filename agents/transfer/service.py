@@ -539,26 +539,34 @@ class TransferService:
             await abort(context, exc)
 
     async def fetch_many(self, request: agent_pb2.FetchManyRequest) -> agent_pb2.FetchManyResponse:
+        """Each item held already (or older) is answered at once, small new ones travel
+        in bundles (one SyncBundle per source), the others are fetched one by one.
+        Pipelined: the first FIRST_SLICE_ITEMS items are classified and their bundle is
+        on its way before the rest is classified (classifying thousands of items took
+        0.1-0.3 s, with the link idle meanwhile); the rest then follows in a bundle of
+        its own on the same link."""
         count = len(request.items)
         results: list[agent_pb2.FetchResponse] = [agent_pb2.FetchResponse() for _ in range(count)]
         errors = [""] * count
-        groups: dict[Source, list[tuple[int, Wanted]]] = {}
         singles: list[int] = []
+        memo = _ClassifyMemo()
 
-        def classify() -> None:  # on a thread: admission and LWW read the store
+        def classify(begin: int, end: int) -> dict[Source, list[tuple[int, Wanted]]]:
+            # On a thread: admission and LWW read the store.
+            groups: dict[Source, list[tuple[int, Wanted]]] = {}
+            part = request.items[begin:end]
             try:  # what is held, for every item at once (LWW), in a few lookups
-                heads = self.store.heads([(item.dataset, item.key) for item in request.items])
+                heads = self.store.heads([(item.dataset, item.key) for item in part])
             except MeridianError:
                 heads = None  # a bad name or a repeated object: each is looked up alone
-            memo = _ClassifyMemo()
-            for n, item in enumerate(request.items):
+            for n, item in enumerate(part, begin):
                 try:
                     self._classify(n, item, results, groups, singles, heads, memo)
                 except MeridianError:
                     singles.append(n)  # fetched alone, which records and words its refusal
+            return groups
 
-        await asyncio.to_thread(classify)
-        for source, group in groups.items():
+        async def bundle(source: Source, group: list[tuple[int, Wanted]]) -> None:
             pulled = await pull_bundle(
                 self.store,
                 source,
@@ -571,7 +579,10 @@ class TransferService:
                 if isinstance(got, ApplyResult):
                     results[n] = agent_pb2.FetchResponse(
                         outcome=_OUTCOMES[got.verdict],
-                        held=version_to_wire(got.newest),
+                        # The applied version is the one asked for: its wire form is at hand.
+                        held=wanted.wire
+                        if got.newest is wanted.version and wanted.wire is not None
+                        else version_to_wire(got.newest),
                         source_region=source.region,
                         logical_bytes=wanted.version.size,
                     )
@@ -579,6 +590,19 @@ class TransferService:
                     errors[n] = f"{code_of(got).name}: {got}"
                 else:
                     singles.append(n)  # the next source, or this one alone
+
+        bundles: list[asyncio.Task[None]] = []
+        try:
+            for begin, end in _slices(count):
+                groups = await asyncio.to_thread(classify, begin, end)
+                bundles += [
+                    asyncio.ensure_future(bundle(source, group)) for source, group in groups.items()
+                ]
+            await asyncio.gather(*bundles)
+        finally:
+            for task in bundles:  # cancelled (the caller went away): none is left running
+                task.cancel()
+            await asyncio.gather(*bundles, return_exceptions=True)
         gate = asyncio.Semaphore(4)
 
         async def single(n: int) -> None:
@@ -612,12 +636,14 @@ class TransferService:
         at once (LWW: already held or older)."""
         memo = memo or _ClassifyMemo()
         version = version_from_wire(item.version, f"FetchManyRequest.items[{n}].version")
-        sources = [Source(s.region, s.address) for s in item.sources]
+        # The sources by their names: a batch usually names the same ones for all items,
+        # so Source values and their order are made once per distinct list (memo).
+        names = tuple((s.region, s.address) for s in item.sources)
         # Set members go alone: apply_many commits no set membership.
         if (
             version.is_tombstone
             or version.size >= self.move_bundle_max_bytes
-            or not sources
+            or not names
             or item.HasField("set")
         ):
             singles.append(n)
@@ -636,10 +662,10 @@ class TransferService:
                 outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
             )
             return
-        nearest = memo.nearest.get(tuple(sources))
+        nearest = memo.nearest.get(names)
         if nearest is None:
-            nearest = order_sources(self.region, sources, self.policy)[0]
-            memo.nearest[tuple(sources)] = nearest
+            sources = [Source(region, address) for region, address in names]
+            nearest = memo.nearest[names] = order_sources(self.region, sources, self.policy)[0]
         if version.size >= self.bundle_max_bytes and (nearest.region != self.region or held):
             # Large: alone (resumable, a delta against the basis held). Only a move inside
             # the region of an object new to this agent rides the bundle up to
@@ -647,7 +673,9 @@ class TransferService:
             # object is what a rebalance of 1 MiB shards waits for.
             singles.append(n)
             return
-        groups.setdefault(nearest, []).append((n, Wanted(item.dataset, item.key, version)))
+        groups.setdefault(nearest, []).append(
+            (n, Wanted(item.dataset, item.key, version, item.version))
+        )
 
     async def _record(
         self, tally: TransferTally, outcome: Outcome, version: Version, reason: str
@@ -656,13 +684,25 @@ class TransferService:
         tally.count(self.metrics, outcome)
 
 
+# A FetchMany's first slice: its bundle leaves after these are classified (~10 ms).
+FIRST_SLICE_ITEMS = 256
+
+
+def _slices(count: int) -> list[tuple[int, int]]:
+    """The [begin, end) parts a FetchMany of `count` items is classified in: a first
+    small one, then the rest."""
+    if count <= FIRST_SLICE_ITEMS:
+        return [(0, count)]
+    return [(0, FIRST_SLICE_ITEMS), (FIRST_SLICE_ITEMS, count)]
+
+
 @dataclass
 class _ClassifyMemo:
     """What one FetchMany decides once rather than per item: a batch of thousands of
     small objects usually names one or two datasets and the same sources for all."""
 
     admitted: set[str] = field(default_factory=set)
-    nearest: dict[tuple[Source, ...], Source] = field(default_factory=dict)
+    nearest: dict[tuple[tuple[str, str], ...], Source] = field(default_factory=dict)
 
 
 @dataclass

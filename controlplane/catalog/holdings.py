@@ -18,11 +18,23 @@ transaction, under the shared residency lock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import BigInteger, ColumnElement, String, any_, bindparam, delete, select, tuple_
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    FromClause,
+    Insert,
+    String,
+    any_,
+    bindparam,
+    delete,
+    select,
+    tuple_,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
@@ -88,6 +100,48 @@ def _insert(dialect: str, table: Any) -> postgresql.Insert | sqlite.Insert:
     return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
 
 
+# Compiled bulk statements, by (dialect, server version, statement name, column keys).
+_COMPILED: dict[tuple[object, ...], tuple[str, tuple[str, ...], list[Any]]] = {}
+
+
+def _execute_many(
+    conn: Connection,
+    name: str,
+    build: Callable[[], Insert],
+    table: FromClause,
+    rows: Sequence[dict[str, Any]],
+) -> None:
+    """`conn.execute(build(), rows)` for rows of the same keys, without SQLAlchemy's
+    per-row parameter building (most of a recorder batch's Python time): the statement
+    is compiled once per dialect and `name`, and each row goes to the driver with each
+    column's own bind processor applied, as SQLAlchemy would send it."""
+    if not rows:
+        return
+    keys = tuple(rows[0])
+    dialect = conn.dialect
+    cache_key = (dialect.name, dialect.server_version_info, name, keys)
+    plan = _COMPILED.get(cache_key)
+    if plan is None:
+        compiled = build().compile(dialect=dialect, column_keys=list(keys))
+        order = tuple(compiled.positiontup or ()) if compiled.positional else keys
+        if sorted(order) != sorted(keys):  # binds other than the columns: the usual way
+            conn.execute(build(), list(rows))
+            return
+        # The dialect's own form of each type (e.g. psycopg's JSON), as SQLAlchemy binds it.
+        procs = [table.c[k].type.dialect_impl(dialect).bind_processor(dialect) for k in order]
+        plan = _COMPILED[cache_key] = (compiled.string, order, procs)
+    sql, order, procs = plan
+    values = [[row[k] for k in order] for row in rows]
+    for at, proc in enumerate(procs):
+        if proc is not None:
+            for v in values:
+                v[at] = proc(v[at])
+    if dialect.positional:
+        conn.exec_driver_sql(sql, [tuple(v) for v in values])
+    else:
+        conn.exec_driver_sql(sql, [dict(zip(order, v, strict=True)) for v in values])
+
+
 def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), CHUNK):
         yield items[start : start + CHUNK]
@@ -111,17 +165,22 @@ def _register(
         return {}
     conn = s.connection()
     pairs = sorted({(d, k) for d, k, _ in wanted})
-    conn.execute(
-        _insert(dialect, CatalogObject.__table__).on_conflict_do_nothing(
-            index_elements=["dataset", "key"]
-        ),
+    objects, version_table = CatalogObject.__table__, ObjectVersion.__table__
+    _execute_many(
+        conn,
+        "register objects",
+        lambda: _insert(dialect, objects).on_conflict_do_nothing(index_elements=["dataset", "key"]),
+        objects,
         [{"dataset": d, "key": k} for d, k in pairs],
     )
     oids = _object_ids(s, pairs)
-    conn.execute(
-        _insert(dialect, ObjectVersion.__table__).on_conflict_do_nothing(
+    _execute_many(
+        conn,
+        "register versions",
+        lambda: _insert(dialect, version_table).on_conflict_do_nothing(
             index_elements=["object_id", "version"]
         ),
+        version_table,
         [
             {
                 "object_id": oids[(v.dataset, v.key)],
@@ -172,9 +231,12 @@ def _among(s: Session, column: Any, values: Sequence[Any], type_: Any) -> Column
 
 def _object_ids(s: Session, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
     oids: dict[tuple[str, str], int] = {}
+    # On the session's connection (Core), not through the ORM: these selects read
+    # columns only, and the ORM's result machinery cost as much as the query.
+    conn = s.connection()
     for dataset, keys in _by_dataset(pairs):
         for chunk in _chunks(keys):
-            found = s.execute(
+            found = conn.execute(
                 select(CatalogObject.id, CatalogObject.key).where(
                     CatalogObject.dataset == dataset,
                     _among(s, CatalogObject.key, chunk, String),
@@ -198,6 +260,7 @@ def _versions(
         oids = _object_ids(s, sorted({(d, k) for d, k, _ in wanted}))
     names = {oid: pair for pair, oid in oids.items()}
     rows: list[_Row] = []
+    conn = s.connection()  # Core, as in `_object_ids`
     for chunk in _chunks(sorted(names)):
         ids = set(chunk)
         columns = select(
@@ -213,12 +276,12 @@ def _versions(
             # IN; two scalar IN lists made it probe every id with every version (400 x
             # 400 per chunk: most of a recorder batch's time on a SQLite catalog).
             pairs = sorted((oids[(d, k)], v) for d, k, v in wanted if oids.get((d, k)) in ids)
-            found = s.execute(
+            found = conn.execute(
                 columns.where(tuple_(ObjectVersion.object_id, ObjectVersion.version).in_(pairs))
             ).all()
         else:
             versions = sorted({v for d, k, v in wanted if oids.get((d, k)) in ids})
-            found = s.execute(
+            found = conn.execute(
                 columns.where(
                     _among(s, ObjectVersion.object_id, chunk, BigInteger),
                     _among(s, ObjectVersion.version, versions, String),
@@ -295,26 +358,27 @@ def _hold(
             }
         )
     conn = s.connection()
-    if upserts:
-        insert = _insert(cat.dialect, Replica.__table__)
-        conn.execute(
-            insert.on_conflict_do_update(
-                index_elements=["version_id", "region"],
-                set_={
-                    name: insert.excluded[name]
-                    for name in (
-                        "jurisdiction",
-                        "allowed",
-                        "state",
-                        "updated_at",
-                        "verified_digest",
-                        "attempted_at",
-                        "last_error",
-                    )
-                },
-            ),
-            upserts,
+    replicas = Replica.__table__
+
+    def upsert() -> Insert:
+        insert = _insert(cat.dialect, replicas)
+        return insert.on_conflict_do_update(
+            index_elements=["version_id", "region"],
+            set_={
+                name: insert.excluded[name]
+                for name in (
+                    "jurisdiction",
+                    "allowed",
+                    "state",
+                    "updated_at",
+                    "verified_digest",
+                    "attempted_at",
+                    "last_error",
+                )
+            },
         )
+
+    _execute_many(conn, "hold replicas", upsert, replicas, upserts)
     if removals:
         conn.execute(
             delete(Replica).where(
@@ -389,6 +453,12 @@ def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> 
             transfer_row(rec, from_j, to_j, residency is not None and to_j in residency, residency),
         )
     conn = s.connection()
-    insert = _insert(cat.dialect, Transfer.__table__).on_conflict_do_nothing(index_elements=["id"])
+    table = Transfer.__table__
     for chunk in _chunks(list(rows.values())):
-        conn.execute(insert, list(chunk))
+        _execute_many(
+            conn,
+            "record transfers",
+            lambda: _insert(cat.dialect, table).on_conflict_do_nothing(index_elements=["id"]),
+            table,
+            chunk,
+        )

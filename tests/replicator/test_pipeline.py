@@ -183,6 +183,15 @@ async def test_a_failing_copy_is_retried_then_marked_failed(rig_factory: RigFact
     )
 
 
+async def test_an_unexpected_error_is_retried_like_a_retriable_one(rig_factory: RigFactory) -> None:
+    # Not a MeridianError, so not known final: retried until max_attempts, then failed.
+    r = rig_factory(max_attempts=2)
+    r.agent.failures = [RuntimeError("surprise"), RuntimeError("again")]
+    assert await handle(r, b.put("a")) == ["failed"]
+    assert len(r.agent.calls) == 2
+    assert [x.record.state for x in r.journal.pending()] == ["pending", "failed"]
+
+
 async def test_an_unreachable_agent_spends_no_attempt_and_fails_nothing(
     rig_factory: RigFactory,
 ) -> None:

@@ -3,6 +3,8 @@ batches; large ones, refused ones and held ones take their own way."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 from agents_inproc import AgentFactory
 from xfer_helpers import content, transfers
@@ -131,3 +133,35 @@ async def test_a_move_inside_the_region_bundles_an_object_up_to_4_mib(
     assert list(got.errors) == [""]
     assert [r["method"] for r in transfers(central.store)] != ["bundle"]
     assert central.store.read_bytes("ckpt", "shard.bin") == data
+
+
+async def test_a_fetch_many_sends_its_first_slice_before_classifying_the_rest(
+    agents: AgentFactory,
+) -> None:
+    """The first 256 items leave in a bundle of their own, so the link is busy while the
+    rest is classified; the rest follows in a second bundle. Every item arrives."""
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    files = {f"s/{n:04d}": content(4096, seed=n) for n in range(1000)}
+    versions = west.store.put_many([("ckpt", k, [v]) for k, v in files.items()])
+    served: list[int] = []
+    serve = west.service.bundler.serve
+
+    def spy(request: agent_pb2.SyncBundleRequest) -> AsyncIterator[agent_pb2.SyncBundleResponse]:
+        served.append(len(request.items))
+        return serve(request)
+
+    west.service.bundler.serve = spy  # type: ignore[method-assign]
+    items = [
+        wanted("ckpt", k, v, "eu-west", west.address) for k, v in zip(files, versions, strict=True)
+    ]
+
+    got = await fetch_many(central.address, items)
+
+    assert list(got.errors) == [""] * len(items)
+    assert {r.outcome for r in got.results} == {agent_pb2.APPLY_OUTCOME_APPLIED}
+    assert [r.held for r in got.results] == [version_to_wire(v) for v in versions]
+    assert sorted(served) == [256, 744]
+    for key, data in files.items():
+        assert central.store.read_bytes("ckpt", key) == data
+    assert sum(r["items"] for r in transfers(central.store) if r["method"] == "bundle") == 1000

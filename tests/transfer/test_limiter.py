@@ -68,3 +68,16 @@ async def test_critical_goes_before_standard_on_a_busy_link() -> None:
     # remaining 1.9 s or so: FIFO would finish it at about 2.5 s.
     assert checkpoint_done - begin <= 0.9
     assert backfill_done - begin >= 2.4  # the backfill waited for it (the link is shared)
+
+
+async def test_a_new_link_sends_its_first_burst_at_once() -> None:
+    """A link never used starts as an idle one, with its burst in the bucket: the first
+    chunk does not wait (an empty start held every first transfer back a chunk's time)."""
+    limiter = LinkLimiter(burst_s=0.5)
+    rate = 256 << 10  # 128 KiB of burst; an empty bucket would make 64 KiB wait 0.25 s
+    begin = time.monotonic()
+    await limiter.acquire("eu-west", "eu-central", 64 << 10, rate, critical=False)
+    assert time.monotonic() - begin < 0.1
+    begin = time.monotonic()
+    await limiter.acquire("eu-west", "eu-central", 128 << 10, rate, critical=False)
+    assert time.monotonic() - begin >= 0.2  # then the rate holds: the burst is spent
