@@ -41,8 +41,8 @@ step() {
 tools_log="${TMPDIR:-/tmp}/meridian-tools.$$.log"
 tools_group="${TMPDIR:-/tmp}/meridian-tools.$$.pgid"
 # The child writes its own id: setsid forks when it starts as a group leader (job
-# control on), and then `$!` is not the new group's id.
-setsid sh -c 'echo $$ >"$1"; exec nice -n 10 python -m controlplane.stack.tools' sh "$tools_group" \
+# control on), and then `$!` is not the new group's id; -w keeps `$!` alive as long.
+setsid -w sh -c 'echo $$ >"$1"; exec nice -n 10 python -m controlplane.stack.tools' sh "$tools_group" \
   >"$tools_log" 2>&1 &
 tools_pid=$!
 echo "deployment tools building in the background (log: $tools_log)" >&2

@@ -65,7 +65,7 @@ from controlplane.coordination.protocols import keys
 from controlplane.errors import MeridianError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
-from controlplane.ports.coordination import Coordination
+from controlplane.ports.coordination import Cmp, Compare, Coordination, Put, Target
 
 log = get_logger("meridian.agent.placement")
 
@@ -81,6 +81,8 @@ AGREEMENT = 2
 AGREE_WAIT_S = 1.5
 VOTE_TTL_S = 5
 VOTE_POLL_S = 0.03
+# Beside the votes' folder (not in it), the key of the one voter that revokes.
+CLAIM_SUFFIX = ".revoke"
 
 OUTCOMES = (
     "marked_down",
@@ -192,6 +194,7 @@ class _Vote(StrEnum):
 
     AGREED = "agreed"  # its watchers agree, and it is still registered: revoke it
     GONE = "gone"  # its registration went meanwhile (another voter revoked it)
+    CLAIMED = "claimed"  # agreed, and another voter claimed the revoke: watch it go
     NOT_AGREED = "not_agreed"  # no agreement in time: watch it again
 
 
@@ -340,7 +343,7 @@ class FastFailDetector(Lifecycle):
         self._marking.add(peer)
         try:
             verdict = await self._agreed(peer)
-            if verdict is _Vote.NOT_AGREED:
+            if verdict in (_Vote.NOT_AGREED, _Vote.CLAIMED):
                 return False
             if verdict is _Vote.GONE:
                 self._count_outcome("superseded")
@@ -364,8 +367,8 @@ class FastFailDetector(Lifecycle):
         prefix = keys.down_votes(current.region, peer.agent_id, peer.lease)
         voters: set[str] = set()
         try:
+            vote = await self.coord.grant(VOTE_TTL_S)
             if self.agent_id in valid:
-                vote = await self.coord.grant(VOTE_TTL_S)
                 await self.coord.put(prefix + self.agent_id, b"", lease=vote.id)
             deadline = time.monotonic() + self._agree_wait_s
             for _ in range(int(self._agree_wait_s / VOTE_POLL_S) + 2):  # bounded by the wait
@@ -373,11 +376,17 @@ class FastFailDetector(Lifecycle):
                 voters = {kv.key.removeprefix(prefix) for kv in votes} & valid
                 if len(voters) >= needed:
                     log.info("peer_down_agreed", agent=peer.agent_id, voters=sorted(voters))
-                    # Both voters may see both votes: the second to look finds the
-                    # registration gone and does not revoke (or count) it again.
                     found = await self.coord.get(keys.agent(current.region, peer.agent_id))
-                    gone = found is None or found.lease != peer.lease
-                    return _Vote.GONE if gone else _Vote.AGREED
+                    if found is None or found.lease != peer.lease:
+                        return _Vote.GONE
+                    # Both voters may see both votes: one claims the revoke (created
+                    # once, on its vote's lease), so it is revoked and counted once.
+                    claim = prefix.rstrip("/") + CLAIM_SUFFIX
+                    won = await self.coord.txn(
+                        [Compare(claim, Target.CREATE, Cmp.EQUAL, 0)],
+                        [Put(claim, self.agent_id.encode(), lease=vote.id)],
+                    )
+                    return _Vote.AGREED if won.succeeded else _Vote.CLAIMED
                 now = self.members.current.get(peer.agent_id)
                 if now is None or now.lease != peer.lease:
                     return _Vote.GONE

@@ -221,7 +221,7 @@ class SyncReplication:
             self._track_commit(write.dataset, write.local)
         if not push_targets(placement, self.region):
             if write.local is not None:
-                await write.local
+                await asyncio.shield(write.local)  # a cancelled ack leaves it running
             return (self.region,)
         latest = self._latest.get(write.dataset)
         if latest is None or latest.admitted.epoch <= write.admitted.epoch:
@@ -300,7 +300,7 @@ class SyncReplication:
             # Whatever the replicas answered: the write is this region's only once its
             # own commit is (a failed one fails the write, acked nowhere), and what
             # follows (a rewind of a fenced write) needs it committed.
-            await write.local
+            await asyncio.shield(write.local)
         if len(held) >= need:
             return tuple(held)
         missing = [r for r in targets if r not in held]

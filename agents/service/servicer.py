@@ -341,7 +341,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         )
         if local is not None:
-            await local  # done: the ack waited for it (raises what it raised)
+            # Done: the ack waited for it (raises what it raised). Shielded, as in the
+            # ack: a cancelled call must not cancel the commit's task while its thread
+            # still commits (a takeover pass waits on that task, `_commits_ended`).
+            await asyncio.shield(local)
         return agent_pb2.PutResponse(version=version_to_wire(version), regions=regions)
 
     async def _overlapped(
@@ -372,7 +375,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if stamped.done():
             return stamped.result(), local
         stamped.cancel()
-        return await local, local
+        return await asyncio.shield(local), local
 
     def _stage(
         self, dataset: str, key: str, size: int | None, digest: Digest | None, held: list[bytes]

@@ -9,6 +9,8 @@ replaced by a probe that counts how many run at once; the store is a real one.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from pathlib import Path
 
 from waiting import until
@@ -20,6 +22,7 @@ from agents.store import ObjectStore
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
+from controlplane.errors import MeridianError
 
 REPLICAS = ("eu-central", "eu-north")
 
@@ -154,5 +157,40 @@ async def test_a_pass_waits_for_this_stores_commits_whose_pushes_began(tmp_path:
         assert await asyncio.wait_for(running, 5) == (0, 0, 0)
         assert judged == []  # never taken for an extra, so never a rewind candidate
     finally:
+        await sync.close()
+        store.close()
+
+
+async def test_a_cancelled_write_leaves_its_commit_running_and_waited_for(tmp_path: Path) -> None:
+    """A Put cancelled while its ack waits for the local commit (a client's deadline)
+    must not cancel the commit's task: its thread commits anyway, and a takeover pass
+    has to keep waiting for it."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    sync = SyncReplication(store, "eu-west", NoPeers(), timeout_s=0.2)
+    ds = "tri/cancelled"
+    release = threading.Event()
+    version = store.put(ds, "k", [b"v"])
+
+    def commit() -> Version:
+        release.wait(10)
+        return version
+
+    local = asyncio.ensure_future(asyncio.to_thread(commit))
+    write = CommittedWrite(Admitted(placement(ds), 5, 1), ds, key="k", version=version, local=local)
+    try:
+        acking = asyncio.ensure_future(sync.replicate(write))
+        await until(lambda: ds in sync._committing, 5, "the commit tracked")
+        acking.cancel()
+        with contextlib.suppress(asyncio.CancelledError, MeridianError):
+            await acking
+        assert not local.cancelled()
+        waiting_pass = asyncio.ensure_future(sync._commits_ended(ds))
+        await asyncio.sleep(0.05)  # the window: it must still be waiting
+        assert not waiting_pass.done()
+        release.set()
+        await asyncio.wait_for(waiting_pass, 5)
+        assert await local == version
+    finally:
+        release.set()
         await sync.close()
         store.close()

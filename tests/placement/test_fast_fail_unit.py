@@ -5,6 +5,7 @@ with two watchers only once both have voted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
@@ -151,8 +152,17 @@ async def test_a_refusal_only_one_watcher_sees_marks_nobody_down_until_the_other
             await coord.put(keys.down_votes("r", "b", leases["b"]) + "zz", b"", lease=vote.id)
             await waiting.until(lambda: outcomes("not_agreed") >= 4, 10, "two more unagreed")
             assert await coord.get(keys.agent("r", "b")) is not None
-            # Then c votes (as the other watcher would): a's next vote finds agreement.
-            await coord.put(keys.down_votes("r", "b", leases["b"]) + "c", b"", lease=vote.id)
+            # Then c votes (as the other watcher would), but has claimed the revoke: a,
+            # agreeing, leaves it to c and only watches b again.
+            votes = keys.down_votes("r", "b", leases["b"])
+            claim = votes.rstrip("/") + ".revoke"
+            await coord.put(claim, b"c", lease=vote.id)
+            await coord.put(votes + "c", b"", lease=vote.id)
+            await asyncio.sleep(0.5)  # the window: a must not revoke meanwhile
+            assert detector.marked_down == []
+            assert await coord.get(keys.agent("r", "b")) is not None
+            # c never revoked (it died, say): once its claim is gone, a revokes.
+            await coord.delete(claim)
             await waiting.until(lambda: bool(detector.marked_down), 10, "b to be marked down")
             assert [(w.agent_id, w.lease) for w in detector.marked_down] == [("b", leases["b"])]
             assert await coord.get(keys.agent("r", "b")) is None
