@@ -65,16 +65,22 @@ async def test_a_lone_agent_watches_nobody() -> None:
         assert detector.watched == []
 
 
-async def test_a_watched_server_that_stops_is_marked_down_by_its_lease() -> None:
-    coord = MemoryCoordination()
-    port = free_port()
+async def serving_server(port: int) -> grpc.aio.Server:
+    """An in-process gRPC server on `port` whose health watches answer SERVING."""
     server = grpc.aio.server()
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
+    await checks.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server
+
+
+async def test_a_watched_server_that_stops_is_marked_down_by_its_lease() -> None:
+    coord = MemoryCoordination()
+    port = free_port()
+    server = await serving_server(port)
     try:
-        await checks.set("", health_pb2.HealthCheckResponse.SERVING)
         mine, theirs = await coord.grant(10), await coord.grant(10)
         await coord.put(keys.agent("r", "a"), registration("a", "127.0.0.1:1"), lease=mine.id)
         endpoint = f"127.0.0.1:{port}"
@@ -107,11 +113,7 @@ def test_a_peer_with_two_watchers_needs_both_and_one_with_one_needs_one() -> Non
 async def test_a_refusal_only_one_watcher_sees_marks_nobody_down_until_the_other_votes() -> None:
     coord = MemoryCoordination()
     port = free_port()
-    server = grpc.aio.server()
-    checks = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
+    server = await serving_server(port)
     registry = CollectorRegistry()
 
     def outcomes(name: str) -> float:
@@ -119,7 +121,6 @@ async def test_a_refusal_only_one_watcher_sees_marks_nobody_down_until_the_other
         return found or 0.0
 
     try:
-        await checks.set("", health_pb2.HealthCheckResponse.SERVING)
         leases = {name: (await coord.grant(30)).id for name in ("a", "b", "c")}
         endpoints = {"a": "127.0.0.1:1", "b": f"127.0.0.1:{port}", "c": "127.0.0.1:1"}
         for name, lease in leases.items():
