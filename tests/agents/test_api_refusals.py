@@ -417,10 +417,12 @@ async def test_a_writer_killed_mid_stream_leaves_nothing_stored(agent: Agent) ->
 
 
 async def _killed_writer(agent: Agent, attempts: int = 3) -> asyncio.subprocess.Process:
-    """The writer of KILLED_WRITER once it says it sent its chunk. Its gRPC client has
-    been seen to die on its own first (an epoll_wait EBADF in the child under a loaded CI
-    run: no traceback, nothing said): that is the helper's fault, not the agent's, so
-    such a writer is replaced (bounded), and its stderr shown if all of them die."""
+    """The writer of KILLED_WRITER once it says it sent its chunk. A fork of this
+    gRPC-using process has been seen to die before its exec (once in a loaded full run:
+    "Epoll1Poller encountered epoll_wait error: Bad file descriptor", no traceback; gRPC's
+    poller restarted in the forked child meets the epoll fd that Popen's close_fds
+    closed, grpc/grpc#43055): not the agent's doing, so such a writer is replaced
+    (bounded), and each one's exit and stderr are shown if all of them die."""
     died: list[str] = []
     for _ in range(attempts):
         proc = await asyncio.create_subprocess_exec(
