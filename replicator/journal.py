@@ -24,7 +24,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -69,9 +69,10 @@ class ReplicaRecord:
     policy_revision: int | None = None
 
     def to_json(self) -> str:
-        # Field by field, not dataclasses.asdict: that deep-copies every value, and this
-        # runs once per event applied (so does the one shared encoder).
-        data = {f: getattr(self, f) for f in _FIELDS}
+        # A shallow copy of the instance's fields (in field order), not
+        # dataclasses.asdict: that deep-copies every value, and this runs once per event
+        # applied (so does the one shared encoder).
+        data = dict(self.__dict__)
         data["at"] = self.at.isoformat()
         return _ENCODE(data)
 
@@ -82,7 +83,6 @@ class ReplicaRecord:
         return cls(**data)
 
 
-_FIELDS = tuple(f.name for f in fields(ReplicaRecord))
 # `json.dumps` with separators builds a new encoder at every call.
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
