@@ -17,7 +17,9 @@ The pipeline of dataplane.md, *The replicator*, for one record:
    the event (redelivery, rebalance, a crash before the offset commit) is a no-op;
 7. record: a failed attempt journals the replica `pending` with its error and is
    retried with exponential backoff and jitter; after `max_attempts` it is `failed`
-   (re-driven by `meridian replication resync`); a held version is `completed`.
+   (re-driven by `meridian replication resync`); a held version is `completed`
+   (unless the agent applied it in a batch call: its own journal says so, see
+   journal.py).
 
 `handle_many` runs the same pipeline over a run of records (each partition's in log
 order): steps 1-5 record by record, then the inline puts and deletes that reach step 6 go

@@ -16,6 +16,11 @@ Completed copies are also recorded by the agent itself (its journal, in the same
 transaction as the data, shipped by the agent's recorder); the replicator's
 `completed` row only moves the same replica to the same state, which the catalog
 treats as a no-op, so whichever arrives first wins and the other changes nothing.
+So a version the agent answers APPLIED in a batch call (`apply_many`, whose
+commit holds those journal rows) gets no row here at all: it would be a journal
+row and a catalog write per event that change nothing. A late `pending` of ours
+after the agent's `completed` is refused by the catalog (shipper.py), so the
+agent's record alone keeps the replica complete.
 """
 
 from __future__ import annotations
