@@ -769,8 +769,10 @@ class SyncReplication:
             if other == region:
                 continue
             try:
-                address = await self.peers.address(other)
+                address = await self._proof_address(other)
                 held = await self._newest_at(address, write.dataset, key)
+            except _OwnRegionPendingError:
+                raise
             except MeridianError as exc:
                 log.info(
                     "takeover_kept_unproven",
@@ -783,6 +785,20 @@ class SyncReplication:
             if held is not None and held.hlc >= version.hlc:
                 return False
         return True
+
+    async def _proof_address(self, region: str) -> str:
+        """An agent of `region` to ask for a proof. This agent's own region is asked too
+        (its other agents), and at an agent's start, before its registration is in
+        etcd, it has none: that is no doubt to adopt on (a deposed owner's lone write
+        would be spread everywhere), only a wait, so the pass is retried."""
+        try:
+            return await self.peers.address(region)
+        except MeridianError as exc:
+            if region != self.region:
+                raise
+            raise _OwnRegionPendingError(
+                f"this region {region} has no agent to ask yet ({exc}); the pass waits"
+            ) from exc
 
     async def _newest_at(self, address: str, dataset: str, key: str) -> Version | None:
         """The newest version an agent's region holds of `key`, a tombstone included
@@ -868,8 +884,10 @@ class SyncReplication:
             if other == region:
                 continue
             try:
-                address = await self.peers.address(other)
+                address = await self._proof_address(other)
                 held = await self._set_at(address, write.dataset, record.set_id)
+            except _OwnRegionPendingError:
+                raise
             except MeridianError as exc:
                 log.info(
                     "takeover_kept_unproven",
@@ -1374,6 +1392,11 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+class _OwnRegionPendingError(UnavailableError):
+    """A proof needs this agent's own region's agents, and none is registered yet (the
+    agent is starting): the takeover pass is retried, never decided on that doubt."""
 
 
 def _inline(write: CommittedWrite, version: Version) -> bytes | None:
