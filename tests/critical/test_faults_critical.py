@@ -40,11 +40,12 @@ from faults_world import (
 )
 from harness.agent_fixtures import clear_keyspace
 from harness.cli_schema import check_output
+from harness.raw_replicate import replicate_raw
 from waiting import WaitTimeoutError, until, until_sync
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.holdings import read_holdings
-from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+from meridian.v1 import agent_pb2, types_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -214,20 +215,10 @@ async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_u
 async def replicate(
     address: str, dataset: str, version: types_pb2.Version, data: bytes, epoch: int
 ) -> None:
-    async def frames() -> object:
-        yield agent_pb2.ReplicateRequest(
-            header=agent_pb2.ReplicateHeader(
-                dataset=dataset,
-                key="woken",
-                version=version,
-                epoch=epoch,
-                origin_region="eu-west",
-            )
-        )
-        yield agent_pb2.ReplicateRequest(chunk=data)
-
-    async with grpc.aio.insecure_channel(address) as channel:
-        await agent_pb2_grpc.AgentStub(channel).Replicate(frames(), timeout=10)  # type: ignore[arg-type]
+    header = agent_pb2.ReplicateHeader(
+        dataset=dataset, key="woken", version=version, epoch=epoch, origin_region="eu-west"
+    )
+    await replicate_raw(address, header, [data])  # grpc/grpc#36066: see raw_replicate
 
 
 def scrape(world: FaultsWorld, region: str) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from agents_inproc import REGIONS, AgentFactory
+from harness.raw_replicate import replicate_raw
 from waiting import until
 from xfer_helpers import content, fetch, rewrite, transfers
 from xfer_relay import Relay
@@ -114,25 +115,18 @@ async def replicate(
     data: bytes | None,
     epoch: int,
 ) -> agent_pb2.ReplicateResponse:
-    async def frames() -> object:
-        yield agent_pb2.ReplicateRequest(
-            header=agent_pb2.ReplicateHeader(
-                dataset=dataset,
-                key=key,
-                version=version_to_wire(version),
-                epoch=epoch,
-                origin_region=version.hlc.region,
-            )
-        )
-        if data is not None:
-            for at in range(0, len(data), 1 << 20):
-                yield agent_pb2.ReplicateRequest(chunk=data[at : at + (1 << 20)])
-
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        response: agent_pb2.ReplicateResponse = await agent_pb2_grpc.AgentStub(channel).Replicate(
-            frames(), timeout=30
-        )
-        return response
+    header = agent_pb2.ReplicateHeader(
+        dataset=dataset,
+        key=key,
+        version=version_to_wire(version),
+        epoch=epoch,
+        origin_region=version.hlc.region,
+    )
+    chunks = (
+        [] if data is None else [data[at : at + (1 << 20)] for at in range(0, len(data), 1 << 20)]
+    )
+    # A refusal at the header may reach a raw stub as INTERNAL (grpc/grpc#36066).
+    return await replicate_raw(address, header, chunks, timeout_s=30, options=CHANNEL_OPTIONS)
 
 
 def put_version(hlc_ms: int, data: bytes) -> Version:
