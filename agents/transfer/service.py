@@ -340,11 +340,9 @@ class TransferService:
 
     async def rewind(self, request: agent_pb2.RewindRequest) -> agent_pb2.RewindResponse:
         """Fenced as a Replicate of a critical dataset (the watched epoch, then etcd's
-        owner record read now): only the current owner drops a version here, and only a
-        put (no region can prove a delete lone: `Stat` does not show tombstones)."""
+        owner record read now): only the current owner drops a version here, a put or a
+        delete (the owner proves either lone with a listing that shows tombstones)."""
         version = version_from_wire(request.version, "RewindRequest.version")
-        if version.is_tombstone:
-            raise InvalidInputError("RewindRequest.version: only a put is rewound")
         placement = self.admission.admit_store(request.dataset)
         if placement.dataset_class != "critical":
             raise InvalidInputError(
