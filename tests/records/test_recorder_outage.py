@@ -60,13 +60,19 @@ async def test_the_recorder_catches_up_after_a_catalog_outage(
         return -1.0 if value is None else value
 
     async with recorder:
-        store.put(DATASET, "before", [b"x"])
-        await until(lambda: store.journal_pending() == [], 30, "the first record to ship")
+        began = time.monotonic()
+        for i in range(20):
+            store.put(DATASET, f"b{i}", [b"before %d" % i])
+        healthy_s = time.monotonic() - began
+        await until(lambda: store.journal_pending() == [], 30, "the first records to ship")
 
         proxy.disable(name)
         began = time.monotonic()
         written = [store.put(DATASET, f"k{i}", [b"during %d" % i]) for i in range(20)]
-        assert time.monotonic() - began < 5  # the data path does not wait for the catalog
+        # The data path does not wait for the catalog: 20 puts take about as long as 20
+        # with it up (judged against those, as the shared disk's fsyncs vary by seconds).
+        outage_s = time.monotonic() - began
+        assert outage_s < 3 * healthy_s + 2, (outage_s, healthy_s)
         await until(lambda: recorder.failing is not None, 30, "the recorder to see the outage")
         await until(lambda: behind() > 0.1, 30, "the lag gauge to show the backlog")
         first = behind()
@@ -84,4 +90,4 @@ async def test_the_recorder_catches_up_after_a_catalog_outage(
             REGION,
             "completed",
         )
-    assert metrics.registry.get_sample_value("meridian_records_shipped_total") == 21
+    assert metrics.registry.get_sample_value("meridian_records_shipped_total") == 40

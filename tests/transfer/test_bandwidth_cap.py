@@ -29,4 +29,5 @@ async def test_a_sync_is_held_to_the_datasets_cap(agents: AgentFactory) -> None:
     elapsed = time.monotonic() - begin
 
     assert got.wire_bytes == SIZE
-    assert 0.9 * SIZE / RATE <= elapsed <= 1.6 * SIZE / RATE  # 2 s at the cap
+    # 2 s at the cap: the lower bound is what tests it; the upper one is loose for load
+    assert 0.9 * SIZE / RATE <= elapsed <= 3 * SIZE / RATE

@@ -36,7 +36,8 @@ async def test_one_transfer_is_held_to_the_rate() -> None:
     begin = time.monotonic()
     await _send(limiter, "eu-west", "eu-central", 2 * RATE, critical=False)
     elapsed = time.monotonic() - begin
-    assert 1.85 <= elapsed <= 2.4  # 2 s of bytes at the rate, within a tolerance
+    # 2 s of bytes at the rate; loose above, as every sleep overshoots on a loaded machine
+    assert 1.85 <= elapsed <= 4.0
 
 
 async def test_transfers_on_one_link_share_its_rate_and_links_are_separate() -> None:
@@ -70,7 +71,7 @@ async def test_critical_goes_before_standard_on_a_busy_link() -> None:
     backfill_done = await backfill
     # The checkpoint's half second of bytes is served at once, not after the backfill's
     # remaining 1.9 s or so: FIFO would finish it at about 2.5 s.
-    assert checkpoint_done - begin <= 0.9
+    assert checkpoint_done - begin <= 1.7  # loose for load, still well before FIFO's 2.5 s
     assert backfill_done - begin >= 2.4  # the backfill waited for it (the link is shared)
 
 
@@ -81,7 +82,7 @@ async def test_a_new_link_sends_its_first_burst_at_once() -> None:
     rate = 256 << 10  # 128 KiB of burst; an empty bucket would make 64 KiB wait 0.25 s
     begin = time.monotonic()
     await limiter.acquire("eu-west", "eu-central", 64 << 10, rate, critical=False)
-    assert time.monotonic() - begin < 0.1
+    assert time.monotonic() - begin < 0.2  # an empty bucket would wait 0.25 s
     begin = time.monotonic()
     await limiter.acquire("eu-west", "eu-central", 128 << 10, rate, critical=False)
     assert time.monotonic() - begin >= 0.2  # then the rate holds: the burst is spent
