@@ -666,12 +666,15 @@ class SyncReplication:
             key=lambda kv: kv[1].hlc,
         )
         adopted = rewound = 0
+        rewinds: set[str] = set()
         for key, version in extras:
             took, dropped, newest = await self._settle_extra(
                 write, region, address, key, version, ours.get(key), older_than
             )
             adopted += took
             rewound += dropped
+            if dropped:
+                rewinds.add(key)
             if newest is None:
                 theirs.pop(key, None)
             else:
@@ -683,7 +686,7 @@ class SyncReplication:
         if await self._adopt_set(write, region, address, older_than, local):
             adopted += 1
             local = await asyncio.to_thread(self._local, write.dataset)
-        pushed = await self._push_lacking(write, region, theirs, local, older_than)
+        pushed = await self._push_lacking(write, region, theirs, local, older_than, rewinds)
         return pushed, adopted, rewound
 
     async def _settle_extra(
@@ -939,11 +942,14 @@ class SyncReplication:
         theirs: dict[str, Version],
         local: Local,
         older_than: HLC | None,
+        rewound: set[str] | frozenset[str] = frozenset(),
     ) -> int:
         """Push what `region` (holding `theirs`) lacks of `local`, oldest first; the number
         pushed. `older_than`: only versions and sets older than it (a takeover pass
         leaves the writes of its own epoch to their own pushes, which it would only
-        duplicate)."""
+        duplicate), but for the keys `rewound` there: their pushes of this epoch may
+        have been answered "older" against the lone version just rewound, so nothing
+        else would bring that region this owner's version."""
         ours, sets, members = local
         # The newest version of each key, and the members of the sets this region
         # shows (the newest complete set and any newer: older versions of their keys),
@@ -953,7 +959,8 @@ class SyncReplication:
             (
                 c
                 for c in candidates.values()
-                if _lacks(theirs.get(c[0]), c[1]) and (older_than is None or c[1].hlc < older_than)
+                if _lacks(theirs.get(c[0]), c[1])
+                and (older_than is None or c[1].hlc < older_than or c[0] in rewound)
             ),
             key=lambda kv: kv[1].hlc,
         )

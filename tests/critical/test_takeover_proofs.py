@@ -277,3 +277,39 @@ async def test_a_set_only_the_deposed_owner_shows_is_not_adopted(
         assert central.list_sets(DS) == []
     finally:
         await sync.close()
+
+
+async def test_a_rewind_is_followed_by_the_owners_version_of_the_key(
+    regions: dict[str, Region],
+) -> None:
+    """The new owner's write `y` of this epoch reached eu-west while eu-west held the
+    deposed owner's later lone write `x`: eu-west answered "older" (counted: it holds
+    something newer), so once the pass rewinds `x`, nothing but the pass itself would
+    bring eu-west `y`, though `y` is newer than the epoch's start."""
+    west, central = regions["eu-west"], regions["eu-central"]
+    acked = west.store.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", acked, "eu-central", "eu-north")
+    older_than = central.store.clock.now()
+    y = central.store.put(DS, "k", [b"the new owner's write"])
+    regions["eu-north"].store.apply(DS, "k", y, [b"the new owner's write"])
+    west.store.clock.observe(y.hlc)
+    x = west.store.put(DS, "k", [b"the deposed owner's lone write, after y"])
+    assert x.hlc > y.hlc
+    sync = owner(regions)
+    pushed: list[tuple[str, str, str]] = []
+
+    async def push(region: str, write: CommittedWrite, version: Version, deadline: float) -> str:
+        # The Replicate port: applied to that region's store as the replica would.
+        data = central.store.read_bytes(DS, "k", version.hlc)
+        regions[region].store.apply(DS, write.key or "", version, [data])
+        pushed.append((region, write.key or "", version.hlc.text))
+        return region
+
+    sync._push = push  # type: ignore[method-assign]
+    try:
+        _, _, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert rewound == 1
+        assert pushed == [("eu-west", "k", y.hlc.text)]
+        assert newest(west, "k") == y
+    finally:
+        await sync.close()
