@@ -8,6 +8,16 @@ engine.
 
 from __future__ import annotations
 
+import os
+
+# Before anything imports grpc: with fork support on (grpcio's default now), a child
+# forked with a `preexec_fn` (harness/children.py: every agent and controller) restarts
+# grpc's poller thread between fork and exec, and `close_fds` then closes its epoll
+# descriptor: the child aborts ("epoll_wait error: Bad file descriptor") before it ever
+# runs (grpc/grpc#43055, seen in this suite's runs). The tests' children exec at once
+# and never use the parent's grpc, so the handlers have nothing to do for them.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
