@@ -675,6 +675,13 @@ class SyncReplication:
             rewound += dropped
             if dropped:
                 rewinds.add(key)
+                # What this pass pushes below comes from its snapshot and is forgotten
+                # if the pass is retried, yet the region may have answered "older"
+                # (counted toward an ack) to a write of ours against the version just
+                # rewound. A catch-up lists it afresh, retries until it lacks nothing,
+                # and keeps it out of acks meanwhile (review: a failed push, or a
+                # write committed during the pass, left an acked write on one copy).
+                self._mark_behind(write, region)
             if newest is None:
                 theirs.pop(key, None)
             else:

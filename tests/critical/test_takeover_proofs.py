@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 import pytest
 from fakes.admission import MemoryOwners, StaticPolicy, compiled
+from waiting import until
 
 from agents.admission import Admission, Admitted
 from agents.metrics import AgentMetrics
@@ -35,6 +36,7 @@ from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
+from controlplane.errors import UnavailableError
 from meridian.convert import version_from_wire, version_to_wire
 from meridian.v1 import agent_pb2
 
@@ -311,5 +313,82 @@ async def test_a_rewind_is_followed_by_the_owners_version_of_the_key(
         assert rewound == 1
         assert pushed == [("eu-west", "k", y.hlc.text)]
         assert newest(west, "k") == y
+    finally:
+        await sync.close()
+
+
+def pushing_from(regions: dict[str, Region], fail_first: int = 0) -> tuple[object, list[str]]:
+    """A Replicate port applying to the region's store as a replica would, failing its
+    first `fail_first` calls (a blip), and the versions it was called with."""
+    central = regions["eu-central"].store
+    calls: list[str] = []
+
+    async def push(region: str, write: CommittedWrite, version: Version, deadline: float) -> str:
+        calls.append(version.hlc.text)
+        if len(calls) <= fail_first:
+            raise UnavailableError("a blip on the way to the replica")
+        data = central.read_bytes(DS, write.key or "", version.hlc)
+        regions[region].store.apply(DS, write.key or "", version, [data])
+        return region
+
+    return push, calls
+
+
+async def test_a_rewound_region_gets_the_owners_version_even_when_the_push_fails_once(
+    regions: dict[str, Region],
+) -> None:
+    """As above, but the pass's push of `y` fails once: its retry no longer sees the
+    rewound key as an extra, so only the catch-up the rewind started brings eu-west `y`
+    (review: without it eu-west kept the old version, and `y` sat in one region)."""
+    west, central = regions["eu-west"], regions["eu-central"]
+    acked = west.store.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", acked, "eu-central", "eu-north")
+    older_than = central.store.clock.now()
+    y = central.store.put(DS, "k", [b"the new owner's write"])
+    west.store.clock.observe(y.hlc)
+    west.store.put(DS, "k", [b"the deposed owner's lone write, after y"])
+    sync = owner(regions)
+    sync.retry_initial_s = 0.01
+    sync._reconciled[DS] = epoch_write().admitted.epoch  # this epoch's pass, as started
+    push, _ = pushing_from(regions, fail_first=1)
+    sync._push = push  # type: ignore[method-assign]
+    try:
+        await sync._reconcile(epoch_write(), "eu-west", older_than)
+        await until(lambda: newest(west, "k") == y, 30, "eu-west to hold the owner's write")
+    finally:
+        await sync.close()
+
+
+async def test_a_rewound_region_gets_the_owners_write_committed_during_the_pass(
+    regions: dict[str, Region],
+) -> None:
+    """The new owner commits `y` while the pass proves eu-west's `x` lone, and eu-west
+    answers "older" to `y` (counted); the pass's snapshot lacks `y`, so only the
+    catch-up the rewind started brings it (review: eu-west kept the old version)."""
+    west, central = regions["eu-west"], regions["eu-central"]
+    acked = west.store.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", acked, "eu-central", "eu-north")
+    older_than = central.store.clock.now()
+    now = west.store.clock.now()
+    west.store.clock.observe(HLC(now.wall_ms + 500, 0, "eu-central"))  # within the skew
+    west.store.put(DS, "k", [b"the deposed owner's lone write"])
+    sync = owner(regions)
+    sync._reconciled[DS] = epoch_write().admitted.epoch  # this epoch's pass, as started
+    proof = sync._held_nowhere_else
+    during: list[Version] = []
+
+    async def held(write: CommittedWrite, region: str, key: str, version: Version) -> object:
+        if not during:  # y lands at eu-west as "older" than x, and is acked meanwhile
+            y = central.store.put(DS, "k", [b"y"])
+            west.store.apply(DS, "k", y, [b"y"])
+            during.append(y)
+        return await proof(write, region, key, version)
+
+    sync._held_nowhere_else = held  # type: ignore[method-assign,assignment]
+    push, _ = pushing_from(regions)
+    sync._push = push  # type: ignore[method-assign]
+    try:
+        await sync._reconcile(epoch_write(), "eu-west", older_than)
+        await until(lambda: newest(west, "k") == during[0], 30, "eu-west to hold the owner's write")
     finally:
         await sync.close()
