@@ -17,7 +17,9 @@ The pipeline of dataplane.md, *The replicator*, for one record:
    the event (redelivery, rebalance, a crash before the offset commit) is a no-op;
 7. record: a failed attempt journals the replica `pending` with its error and is
    retried with exponential backoff and jitter; after `max_attempts` it is `failed`
-   (re-driven by `meridian replication resync`); a held version is `completed`.
+   (re-driven by `meridian replication resync`); a held version is `completed`
+   (unless the agent applied it in a batch call: its own journal says so, see
+   journal.py).
 
 `handle_many` runs the same pipeline over a run of records (each partition's in log
 order): steps 1-5 record by record, then the inline puts and deletes that reach step 6 go
@@ -180,6 +182,11 @@ class Applier:
         def finish(indices: Sequence[int]) -> None:
             """Log and count these records' results (each once), then report them."""
             fresh = [n for n in indices if n not in reported]
+            if not fresh:
+                return
+            # The module's logger is a lazy proxy that builds a bound logger at every
+            # call (half of each line's cost): resolved once for this run's lines here.
+            applied = log.bind()
             counts: dict[str, int] = {}
             for n in fresh:
                 reported.add(n)
@@ -187,7 +194,7 @@ class Applier:
                 counts[result] = counts.get(result, 0) + 1
                 change = events.get(n)
                 if change is not None:
-                    log.info(
+                    applied.info(
                         "event_applied",
                         region=self.region,
                         event_id=change.event_id,
@@ -199,8 +206,7 @@ class Applier:
                     )
             for result, count in counts.items():
                 self._metrics.events.labels(result).inc(count)
-            if fresh:
-                on_done(fresh)
+            on_done(fresh)
 
         events: dict[int, ChangeEvent] = {}
         rounds: list[list[tuple[int, CompiledPolicy]]] = []
@@ -293,7 +299,13 @@ class Applier:
             for (n, policy), answer in zip(batch, answers, strict=True):
                 event = events[n]
                 if isinstance(answer, ApplyResult):
-                    results[n] = self._settle(event, answer, done)
+                    # APPLIED in a batch: the agent committed this version with its
+                    # journal rows (the version held here, its transfer), which its
+                    # recorder ships to the catalog; a `completed` row of ours would
+                    # only repeat them (journal.py), at a journal row and a catalog
+                    # write per event.
+                    journalled = answer.outcome is ApplyOutcome.APPLIED
+                    results[n] = self._settle(event, answer, done, journalled=journalled)
                 elif isinstance(answer, ResidencyError):
                     await self._refuse(records[n], event, str(answer), policy.revision)
                     results[n] = "refused"
@@ -594,12 +606,19 @@ class Applier:
         return result.outcome.value
 
     def _settle(
-        self, event: ChangeEvent, result: ApplyResult, into: list[ReplicaRecord] | None = None
+        self,
+        event: ChangeEvent,
+        result: ApplyResult,
+        into: list[ReplicaRecord] | None = None,
+        *,
+        journalled: bool = False,
     ) -> str:
+        """The label of `result`; a held version journals its replica `completed` (into
+        `into`, else at once) unless `journalled` (the agent's own rows say so)."""
         # Checked before the apply, so it cannot refuse here; suppressed all the same.
         with contextlib.suppress(ClockSkewError):
             self._clock.observe(event.version.hlc)
-        if result.outcome.holds_version:
+        if result.outcome.holds_version and not journalled:
             done = self._record(event, "completed")
             if into is None:
                 self._append(done)

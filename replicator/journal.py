@@ -16,6 +16,11 @@ Completed copies are also recorded by the agent itself (its journal, in the same
 transaction as the data, shipped by the agent's recorder); the replicator's
 `completed` row only moves the same replica to the same state, which the catalog
 treats as a no-op, so whichever arrives first wins and the other changes nothing.
+So a version the agent answers APPLIED in a batch call (`apply_many`, whose
+commit holds those journal rows) gets no row here at all: it would be a journal
+row and a catalog write per event that change nothing. A late `pending` of ours
+after the agent's `completed` is refused by the catalog (shipper.py), so the
+agent's record alone keeps the replica complete.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -69,9 +74,10 @@ class ReplicaRecord:
     policy_revision: int | None = None
 
     def to_json(self) -> str:
-        # Field by field, not dataclasses.asdict: that deep-copies every value, and this
-        # runs once per event applied (so does the one shared encoder).
-        data = {f: getattr(self, f) for f in _FIELDS}
+        # A shallow copy of the instance's fields (in field order), not
+        # dataclasses.asdict: that deep-copies every value, and this runs once per event
+        # applied (so does the one shared encoder).
+        data = dict(self.__dict__)
         data["at"] = self.at.isoformat()
         return _ENCODE(data)
 
@@ -82,7 +88,6 @@ class ReplicaRecord:
         return cls(**data)
 
 
-_FIELDS = tuple(f.name for f in fields(ReplicaRecord))
 # `json.dumps` with separators builds a new encoder at every call.
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 

@@ -59,10 +59,18 @@ dropped). Newer, and held by that region alone (every other copy region, this on
 included, says it holds neither it nor anything newer), it can only be a deposed
 owner's write made after this epoch began, never acked (an ack needs two regions):
 it is *rewound* there (the `Rewind` call, fenced like a push), so it cannot
-supersede a write acked at this epoch. Any doubt adopts: an HLC alone says little
-when the two clocks differ. Either way the copies converge. A deposed owner also
-rewinds its own write at once when a replica fences it and no region took it (a
-`StaleEpochError`: the write can never be acked).
+supersede a write acked at this epoch; the version that shows there then is judged
+in turn. A delete is judged as a put: "held elsewhere" is read from a listing that
+shows tombstones (`Stat` hides them, so an acked delete held by two regions once
+looked lone), and a delete older than half the tombstone retention is left (another
+region may have forgotten a newer delete). Any doubt adopts: an HLC alone says
+little when the two clocks differ. Either way the copies converge. The set a region
+shows (its newest complete one), when newer than the one this owner shows, is
+adopted as well: its members at the set's versions, then the record (without it,
+this owner would show the set before it and spread that). A set newer than the
+epoch's start that no other region shows was never acked and is not adopted. A
+deposed owner also rewinds its own write at once when a replica fences it and no
+region took it (a `StaleEpochError`: the write can never be acked).
 
 **Batches.** A small version (below 64 KiB, not a set member) goes through the
 region's push lane (push_lanes.py): alone at once while fewer than two calls run to
@@ -89,6 +97,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -107,13 +116,20 @@ from agents.service.servicer import CommittedWrite
 from agents.store import CHUNK_BYTES, ObjectStore, SetRecord
 from controlplane.domain.hlc import HLC
 from controlplane.domain.placement import DEFAULT_ACK, Placement
-from controlplane.domain.version import Version
+from controlplane.domain.version import Verdict, Version
 from controlplane.errors import FencedError, InvalidInputError, MeridianError, UnavailableError
 from controlplane.logs import get_logger
-from meridian.convert import version_from_wire, version_set_to_wire, version_to_wire
+from meridian.convert import (
+    version_from_wire,
+    version_set_from_wire,
+    version_set_to_wire,
+    version_to_wire,
+)
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 log = get_logger("meridian.agent.replication")
+
+_T = TypeVar("_T")
 
 Held = tuple[str, Version, str | None]  # key, version, the set it was written in
 Local = tuple[list[Held], list[SetRecord], list[Held]]  # newest, latest set, its members
@@ -124,6 +140,12 @@ OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]
 
 # Takeover passes that list and push at once (the others wait their turn).
 TAKEOVER_PASSES = 4
+# Versions one pass rewinds of one key, each showing the one before it (a deposed owner
+# rarely makes more than one lone write to a key; the next pass goes on).
+REWINDS_PER_KEY = 8
+# Tries of one catch-up (each retry waits up to retry_max_s) and of one takeover pass.
+CATCH_UP_ATTEMPTS = 1_000_000
+TAKEOVER_ATTEMPTS = 1_000
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 4 * CHUNK_BYTES),
@@ -534,41 +556,71 @@ class SyncReplication:
         at an older epoch (this region took the dataset back meanwhile) would be fenced
         and give up on a replica that still lacks the new epoch's writes (chaos
         scenario 10 found one)."""
-        delay = self.retry_initial_s
-        try:
-            for _attempt in range(1_000_000):  # bounded; each retry waits up to retry_max_s
-                current = self._latest.get(write.dataset, write)
+        pair = (write.dataset, region)
+
+        async def once() -> int:
+            current = self._latest.get(write.dataset, write)
+            for _epoch in range(1_000):  # bounded: each turn needs a newer epoch of ours
                 try:
-                    pushed = await self._catch_up_once(current, region)
-                except FencedError as exc:
+                    return await self._catch_up_once(current, region)
+                except FencedError:
                     newer = self._latest.get(write.dataset, write)
-                    if newer.admitted.epoch > current.admitted.epoch:
-                        continue  # a newer epoch of ours: push at it
+                    if newer.admitted.epoch <= current.admitted.epoch:
+                        raise
+                    current = newer  # a newer epoch of ours: push at it
+            return await self._catch_up_once(current, region)
+
+        try:
+            for _round in range(CATCH_UP_ATTEMPTS):  # one more per write failed there meanwhile
+                try:
+                    pushed = await self._retried(
+                        "catch_up_retry", write.dataset, region, once, CATCH_UP_ATTEMPTS
+                    )
+                except FencedError as exc:
                     log.warning(
                         "catch_up_fenced", dataset=write.dataset, region=region, error=str(exc)
                     )
                     return
                 except MeridianError as exc:
-                    self.peers.forget(region)
-                    log.info(
-                        "catch_up_retry",
-                        dataset=write.dataset,
-                        region=region,
-                        error=str(exc),
-                        retry_in_s=delay,
+                    log.warning(
+                        "catch_up_gave_up", dataset=write.dataset, region=region, error=str(exc)
                     )
-                    await asyncio.sleep(delay)
-                    delay = min(self.retry_max_s, delay * 2)
-                    continue
-                if (write.dataset, region) in self._again:
-                    self._again.discard((write.dataset, region))
-                    await asyncio.sleep(delay)  # a write failed there during this pass
+                    return
+                if pair in self._again:
+                    self._again.discard(pair)
+                    await asyncio.sleep(self.retry_initial_s)  # a write failed there meanwhile
                     continue
                 log.info("replica_caught_up", dataset=write.dataset, region=region, pushed=pushed)
                 return
         finally:
-            self._behind.pop((write.dataset, region), None)
-            self._again.discard((write.dataset, region))
+            self._behind.pop(pair, None)
+            self._again.discard(pair)
+
+    async def _retried(
+        self,
+        event: str,
+        dataset: str,
+        region: str,
+        attempt: Callable[[], Awaitable[_T]],
+        attempts: int,
+    ) -> _T:
+        """`attempt()` until it does not fail with a MeridianError, at most `attempts`
+        times (then its last error), waiting a doubling backoff between tries (from
+        `retry_initial_s` up to `retry_max_s`) and reading the region's address from
+        etcd again. A FencedError is raised at once: this owner was deposed (or the
+        caller knows better). The catch-up and the takeover pass both retry this way."""
+        delay = self.retry_initial_s
+        for _attempt in range(attempts - 1):
+            try:
+                return await attempt()
+            except FencedError:
+                raise
+            except MeridianError as exc:
+                self.peers.forget(region)
+                log.info(event, dataset=dataset, region=region, error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(self.retry_max_s, delay * 2)
+        return await attempt()
 
     async def _catch_up_once(self, write: CommittedWrite, region: str) -> int:
         """One pass; the number of versions pushed. Raises when one cannot be."""
@@ -600,10 +652,10 @@ class SyncReplication:
     async def _takeover_once(
         self, write: CommittedWrite, region: str, older_than: HLC
     ) -> tuple[int, int, int]:
-        """One takeover pass over `region` (module docstring): versions pushed, adopted,
-        rewound. Ours is read after theirs, and after our commits then running end, so
-        every version of ours they hold is in it: what they hold and we lack came from
-        another owner."""
+        """One takeover pass over `region` (module docstring): versions pushed, adopted
+        (a set record counts one), rewound. Ours is read after theirs, and after our
+        commits then running end, so every version of ours they hold is in it: what
+        they hold and we lack came from another owner."""
         address = await self.peers.address(region)
         theirs = await self._listing(address, write.dataset)
         await self._commits_ended(write.dataset)
@@ -615,69 +667,112 @@ class SyncReplication:
         )
         adopted = rewound = 0
         for key, version in extras:
-            lone = version.hlc >= older_than and await self._held_nowhere_else(
-                write, region, key, version
+            took, dropped, newest = await self._settle_extra(
+                write, region, address, key, version, ours.get(key), older_than
             )
-            if not lone:
-                # Adopted: it may be an acked write this owner missed, held by a quorum
-                # without us, whatever its HLC says of the two clocks (a new owner whose
-                # clock is behind sees an old epoch's acked write as "newer").
-                if self.adopt is not None and await self.adopt(
-                    write.dataset, key, version, region, address
-                ):
-                    adopted += 1
-                continue
-            if version.is_tombstone:
-                # Left, and said: `Stat` cannot show a tombstone, so "no other region
-                # holds this delete" can never be proven, and an acked delete would be
-                # rewound (the object back everywhere). It hides the object in that
-                # region until a later write supersedes it.
-                log.warning(
-                    "takeover_stale_delete_left",
-                    dataset=write.dataset,
-                    key=key,
-                    region=region,
-                    version=version.hlc.text,
-                )
-                continue
-            newest = await self._rewind(write, region, address, key, version)
-            rewound += 1
+            adopted += took
+            rewound += dropped
             if newest is None:
                 theirs.pop(key, None)
             else:
                 theirs[key] = newest
         if adopted:
             local = await asyncio.to_thread(self._local, write.dataset)
+        # After the versions: a lone set's lone members are rewound by now, so the set
+        # that region shows is one it may hold with another region.
+        if await self._adopt_set(write, region, address, older_than, local):
+            adopted += 1
+            local = await asyncio.to_thread(self._local, write.dataset)
         pushed = await self._push_lacking(write, region, theirs, local, older_than)
         return pushed, adopted, rewound
+
+    async def _settle_extra(
+        self,
+        write: CommittedWrite,
+        region: str,
+        address: str,
+        key: str,
+        version: Version,
+        ours: Version | None,
+        older_than: HLC,
+    ) -> tuple[int, int, Version | None]:
+        """Adopt or rewind `version`, the newest `region` holds of `key`, which this owner
+        lacks: (adopted, rewound, what `region` holds of it afterwards). A rewind shows
+        the version before it there, which may be another one this owner lacks (a
+        deposed owner's earlier lone write, or an acked one): it is judged in turn, so
+        the region is left showing nothing lone."""
+        adopted = rewound = 0
+        held: Version | None = version
+        for _step in range(REWINDS_PER_KEY):
+            if held is None or not _extra(ours, held):
+                break
+            lone = held.hlc >= older_than and await self._held_nowhere_else(
+                write, region, key, held
+            )
+            if lone and held.is_tombstone and not self._delete_rewindable(held):
+                # Lone, but another region may have forgotten a newer acked delete than
+                # what a rewind would show here: left, and said.
+                log.warning(
+                    "takeover_stale_delete_left",
+                    dataset=write.dataset,
+                    key=key,
+                    region=region,
+                    version=held.hlc.text,
+                    why="older than half the tombstone retention",
+                )
+                break
+            if not lone:
+                # Adopted: it may be an acked write this owner missed, held by a quorum
+                # without us, whatever its HLC says of the two clocks (a new owner whose
+                # clock is behind sees an old epoch's acked write as "newer").
+                if self.adopt is not None and await self.adopt(
+                    write.dataset, key, held, region, address
+                ):
+                    adopted += 1
+                break
+            try:
+                before = await self._rewind(write, region, address, key, held)
+            except InvalidInputError as exc:
+                # An agent that predates rewinding deletes refuses one: left as before.
+                log.warning(
+                    "takeover_stale_delete_left",
+                    dataset=write.dataset,
+                    key=key,
+                    region=region,
+                    version=held.hlc.text,
+                    why=str(exc),
+                )
+                break
+            rewound += 1
+            if before == held:
+                break  # not dropped where it was asked (another agent of that region)
+            held = before
+        return adopted, rewound, held
+
+    def _delete_rewindable(self, tombstone: Version) -> bool:
+        """A lone delete is rewound only while no other region can have forgotten an
+        acked delete of the key that is newer than what the rewind shows: while the
+        tombstone is younger than half this store's tombstone retention (by its HLC's
+        wall time), the regions' own tombstones are all still kept."""
+        age_ms = self.store.clock.now().wall_ms - tombstone.hlc.wall_ms
+        return age_ms < 500 * self.store.tombstone_retention_s
 
     async def _held_nowhere_else(
         self, write: CommittedWrite, region: str, key: str, version: Version
     ) -> bool:
-        """Whether `region` alone holds `version` (or anything newer) of `key`: every other
-        copy region, this one included (its other agents, by routing), answers that it
-        holds neither. Only such a version can never have been acked (an ack needs at
-        least two regions), so only it may be rewound; any doubt (a region that does
-        not answer) keeps it."""
+        """Whether `region` alone holds `version` (or anything newer) of `key`, a put or a
+        delete: every other copy region, this one included (each region's agents, by
+        the routed listing), holds only older versions of it. Only such a version can
+        never have been acked (an ack needs at least two regions), so only it may be
+        rewound; any doubt (a region that does not answer) keeps it."""
         for other in (self.region, *push_targets(write.admitted.placement, self.region)):
             if other == region:
                 continue
             try:
-                address = await self.peers.address(other)
-                stub = agent_pb2_grpc.AgentStub(self._channel(address))
-                for wanted in (version.hlc.text, None):
-                    request = agent_pb2.StatRequest(dataset=write.dataset, key=key)
-                    if wanted is not None:
-                        request.version = wanted
-                    try:
-                        got = await stub.Stat(request, timeout=self.timeout_s)
-                    except grpc.aio.AioRpcError as err:
-                        if err.code() == grpc.StatusCode.NOT_FOUND:
-                            continue
-                        raise from_rpc_error(err, f"{other} ({address})") from err
-                    held = version_from_wire(got.object.version, "StatResponse.object.version")
-                    if held.hlc >= version.hlc:
-                        return False
+                address = await self._proof_address(other)
+                held = await self._newest_at(address, write.dataset, key)
+            except _OwnRegionPendingError:
+                raise
             except MeridianError as exc:
                 log.info(
                     "takeover_kept_unproven",
@@ -687,7 +782,155 @@ class SyncReplication:
                     error=str(exc),
                 )
                 return False
+            if held is not None and held.hlc >= version.hlc:
+                return False
         return True
+
+    async def _proof_address(self, region: str) -> str:
+        """An agent of `region` to ask for a proof. This agent's own region is asked too
+        (its other agents), and at an agent's start, before its registration is in
+        etcd, it has none: that is no doubt to adopt on (a deposed owner's lone write
+        would be spread everywhere), only a wait, so the pass is retried."""
+        try:
+            return await self.peers.address(region)
+        except MeridianError as exc:
+            if region != self.region:
+                raise
+            raise _OwnRegionPendingError(
+                f"this region {region} has no agent to ask yet ({exc}); the pass waits"
+            ) from exc
+
+    async def _newest_at(self, address: str, dataset: str, key: str) -> Version | None:
+        """The newest version an agent's region holds of `key`, a tombstone included
+        (None: nothing). A listing, not `Stat`: `Stat` answers "not found" for a delete
+        (an acked delete held by two regions was once "proven" lone that way and
+        rewound in both), and a routed listing asks every agent of the region."""
+        stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        request = agent_pb2.ListRequest(
+            dataset=dataset, prefix=key, page_size=1, include_deleted=True
+        )
+        try:
+            page = await stub.List(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, address) from err
+        # The key itself sorts first among the keys it prefixes.
+        for info in page.objects:
+            if info.key == key:
+                return version_from_wire(info.version, "ListResponse.objects.version")
+        return None
+
+    async def _adopt_set(
+        self,
+        write: CommittedWrite,
+        region: str,
+        address: str,
+        older_than: HLC,
+        local: Local,
+    ) -> bool:
+        """Adopt the set `region` shows (its newest complete one) when it is newer than the
+        one this owner shows: an old epoch's acked set this owner missed, whose members
+        alone the version pass would adopt (this region would go on showing the set
+        before it, and no catch-up would ever spread it). Its members are pulled at the
+        set's versions, then the record is applied here (visible once every member is
+        stored). A set newer than the epoch's start that no other copy region shows
+        was never acked: not adopted (said in the log)."""
+        theirs = await self._set_at(address, write.dataset, "latest")
+        shown = local[1][0] if local[1] else None
+        if theirs is None or (shown is not None and theirs.hlc <= shown.hlc):
+            return False
+        if theirs.hlc >= older_than and await self._set_nowhere_else(write, region, theirs):
+            log.warning(
+                "takeover_lone_set_left",
+                dataset=write.dataset,
+                set=theirs.set_id,
+                region=region,
+                hlc=theirs.hlc.text,
+            )
+            return False
+        if self.adopt is None:
+            return False
+        pulled = False
+        for key, hlc in sorted(theirs.members.items()):
+            if await asyncio.to_thread(self._stored_here, write.dataset, key, hlc):
+                continue
+            member = await self._stat_at(address, write.dataset, key, hlc)
+            pulled = await self.adopt(write.dataset, key, member, region, address) or pulled
+        verdict = await asyncio.to_thread(
+            self.store.apply_set, write.dataset, theirs.set_id, theirs.hlc, theirs.members
+        )
+        missing = await asyncio.to_thread(self.store.missing_members, write.dataset, theirs.set_id)
+        log.info(
+            "takeover_set_adopted",
+            dataset=write.dataset,
+            set=theirs.set_id,
+            region=region,
+            hlc=theirs.hlc.text,
+            verdict=verdict.value,
+            # A member this store holds a newer put of cannot be stored (LWW): the set
+            # then stays recorded but not shown here.
+            missing=missing,
+        )
+        # Something new here (its passes over the other regions spread it); a set that
+        # cannot be completed here counts once, not at every pass (no ping-pong).
+        return pulled or verdict is Verdict.APPLY
+
+    async def _set_nowhere_else(
+        self, write: CommittedWrite, region: str, record: SetRecord
+    ) -> bool:
+        """Whether no copy region but `region` shows `record` (or a newer record of its
+        id) complete: only such a set was never acked. Any doubt (no answer, or an
+        incomplete set, which answers retriable too) keeps it."""
+        for other in (self.region, *push_targets(write.admitted.placement, self.region)):
+            if other == region:
+                continue
+            try:
+                address = await self._proof_address(other)
+                held = await self._set_at(address, write.dataset, record.set_id)
+            except _OwnRegionPendingError:
+                raise
+            except MeridianError as exc:
+                log.info(
+                    "takeover_kept_unproven",
+                    dataset=write.dataset,
+                    set=record.set_id,
+                    region=other,
+                    error=str(exc),
+                )
+                return False
+            if held is not None and held.hlc >= record.hlc:
+                return False
+        return True
+
+    async def _set_at(self, address: str, dataset: str, set_id: str) -> SetRecord | None:
+        """A set as an agent shows it (complete), by id or "latest"; None: not known."""
+        stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        try:
+            got = await stub.GetSet(
+                agent_pb2.GetSetRequest(dataset=dataset, set=set_id), timeout=self.timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise from_rpc_error(err, address) from err
+        vs = version_set_from_wire(got.set, "GetSetResponse.set", stamped=True)
+        assert vs.hlc is not None  # noqa: S101 - parsed with stamped=True
+        members = {m.key: m.version for m in vs.members}
+        return SetRecord(dataset, vs.id, vs.hlc, members, complete=True)
+
+    async def _stat_at(self, address: str, dataset: str, key: str, hlc: HLC) -> Version:
+        stub = agent_pb2_grpc.AgentStub(self._channel(address))
+        request = agent_pb2.StatRequest(dataset=dataset, key=key, version=hlc.text)
+        try:
+            got = await stub.Stat(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, address) from err
+        return version_from_wire(got.object.version, "StatResponse.object.version")
+
+    def _stored_here(self, dataset: str, key: str, hlc: HLC) -> bool:
+        try:
+            return self.store.stat(dataset, key, hlc).state == "present"
+        except MeridianError:
+            return False
 
     async def _push_lacking(
         self,
@@ -1095,43 +1338,42 @@ class SyncReplication:
             self._start_pass(queued[0], pair[1], queued[1])
 
     async def _reconcile(self, write: CommittedWrite, region: str, older_than: HLC) -> None:
-        delay = self.retry_initial_s
-        for _attempt in range(1_000):  # bounded: ~80 min at the capped delay
+        async def once() -> tuple[int, int, int] | None:
             if self._reconciled.get(write.dataset) != write.admitted.epoch:
-                return  # a newer epoch of ours started its own pass
-            try:
-                # Bounded: an agent starting as the owner of many datasets begins a pass
-                # per dataset and region at once; a few list and push at a time.
-                async with self._pass_gate:
-                    pushed, adopted, rewound = await self._takeover_once(write, region, older_than)
-            except FencedError:
-                return  # no longer the owner: the new one runs its own pass
-            except MeridianError as exc:
-                self.peers.forget(region)
-                log.info(
-                    "takeover_pass_retry",
-                    dataset=write.dataset,
-                    region=region,
-                    error=str(exc),
-                    retry_in_s=delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(self.retry_max_s, delay * 2)
-                continue
-            log.info(
-                "takeover_pass_done",
-                dataset=write.dataset,
-                region=region,
-                pushed=pushed,
-                adopted=adopted,
-                rewound=rewound,
+                return None  # a newer epoch of ours started its own pass
+            # Bounded: an agent starting as the owner of many datasets begins a pass per
+            # dataset and region at once; a few list and push at a time.
+            async with self._pass_gate:
+                return await self._takeover_once(write, region, older_than)
+
+        try:
+            # Bounded: ~80 min at the capped delay.
+            done = await self._retried(
+                "takeover_pass_retry", write.dataset, region, once, TAKEOVER_ATTEMPTS
             )
-            if adopted:
-                # What came from `region` goes to the others too (their passes may be over).
-                for other in push_targets(write.admitted.placement, self.region):
-                    if other != region:
-                        self._start_pass(write, other, older_than)
+        except FencedError:
+            return  # no longer the owner: the new one runs its own pass
+        except MeridianError as exc:
+            log.warning(
+                "takeover_pass_gave_up", dataset=write.dataset, region=region, error=str(exc)
+            )
             return
+        if done is None:
+            return
+        pushed, adopted, rewound = done
+        log.info(
+            "takeover_pass_done",
+            dataset=write.dataset,
+            region=region,
+            pushed=pushed,
+            adopted=adopted,
+            rewound=rewound,
+        )
+        if adopted:
+            # What came from `region` goes to the others too (their passes may be over).
+            for other in push_targets(write.admitted.placement, self.region):
+                if other != region:
+                    self._start_pass(write, other, older_than)
 
     async def close(self) -> None:
         """Cancel pushes and catch-ups still running and close the channels."""
@@ -1150,6 +1392,11 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+class _OwnRegionPendingError(UnavailableError):
+    """A proof needs this agent's own region's agents, and none is registered yet (the
+    agent is starting): the takeover pass is retried, never decided on that doubt."""
 
 
 def _inline(write: CommittedWrite, version: Version) -> bytes | None:

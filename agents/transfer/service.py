@@ -56,7 +56,7 @@ from controlplane.errors import (
 )
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire, version_to_wire
-from meridian.v1 import agent_pb2
+from meridian.v1 import agent_pb2, types_pb2
 
 log = get_logger(__name__)
 
@@ -255,13 +255,16 @@ class TransferService:
         its own transfer record. A refused item is answered with its error and recorded
         refused; a malformed item (a bad version, bytes that do not match it) fails the
         call and stores nothing."""
-        count = len(request.items)
-        results = [agent_pb2.ReplicateItemResult() for _ in range(count)]
-        admitted: list[tuple[int, Version, TransferTally]] = []
+        items = request.items
+        # Each item's answer: a refusal's as made, an applied one's (outcome, held) pair.
+        answers: list[agent_pb2.ReplicateItemResult | tuple[int, types_pb2.Version]] = [
+            _NO_ANSWER
+        ] * len(items)
+        admitted: list[tuple[int, agent_pb2.ReplicateItem, Version, TransferTally]] = []
         # A dataset admitted once is admitted for the rest of the call (as if decided
         # at its start); a refusal is decided, counted and recorded item by item.
         standard: set[str] = set()
-        for n, item in enumerate(request.items):
+        for n, item in enumerate(items):
             version = version_from_wire(item.version, f"ReplicateManyRequest.items[{n}].version")
             if version.is_tombstone and item.data:
                 raise InvalidInputError(
@@ -290,36 +293,40 @@ class TransferService:
                             "epoch"
                         )
                 except MeridianError as exc:
-                    results[n] = _refusal(exc)
+                    answers[n] = _refusal(exc)
                     if isinstance(exc, RefusedError):
                         await self._record(tally, "refused", version, str(exc))
                     continue
                 standard.add(item.dataset)
-            admitted.append((n, version, tally))
+            admitted.append((n, item, version, tally))
         if admitted:
-            items = [
-                (
-                    request.items[n].dataset,
-                    request.items[n].key,
-                    version,
-                    None if version.is_tombstone else [request.items[n].data],
-                )
-                for n, version, _ in admitted
+            batch = [
+                (item.dataset, item.key, version, None if version.is_tombstone else [item.data])
+                for _, item, version, _ in admitted
             ]
-            transfers = [tally.record("completed", self.policy) for _, _, tally in admitted]
-            applied = await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+            transfers = [tally.record("completed", self.policy) for _, _, _, tally in admitted]
+            applied = await asyncio.to_thread(self.store.apply_many, batch, transfers=transfers)
             ended: list[tuple[TransferTally, Outcome]] = []
-            for (n, _version, tally), got in zip(admitted, applied, strict=True):
-                results[n] = agent_pb2.ReplicateItemResult(
-                    outcome=_OUTCOMES[got.verdict], held=version_to_wire(got.newest)
-                )
+            for (n, item, version, tally), got in zip(admitted, applied, strict=True):
+                # Held is most often the very version sent: its wire form as it came
+                # (parsed and checked above), not made again.
+                newest = got.newest
+                held = item.version if newest == version else version_to_wire(newest)
+                answers[n] = (_OUTCOMES[got.verdict], held)
                 # A no-op (a replay, an older version) is counted, not journalled: a
                 # replay of the log would otherwise write a record per event.
                 ended.append(
                     (tally, "completed" if got.verdict.applies or got.restored else "skipped")
                 )
             count_many(self.metrics, ended)
-        return agent_pb2.ReplicateManyResponse(results=results)
+        response = agent_pb2.ReplicateManyResponse()
+        results = response.results
+        for answer in answers:
+            if isinstance(answer, tuple):
+                results.add(outcome=answer[0], held=answer[1])
+            else:
+                results.append(answer)
+        return response
 
     # -- Rewind (the owner's takeover pass drops a deposed owner's unacked write) --------
 
@@ -333,11 +340,9 @@ class TransferService:
 
     async def rewind(self, request: agent_pb2.RewindRequest) -> agent_pb2.RewindResponse:
         """Fenced as a Replicate of a critical dataset (the watched epoch, then etcd's
-        owner record read now): only the current owner drops a version here, and only a
-        put (no region can prove a delete lone: `Stat` does not show tombstones)."""
+        owner record read now): only the current owner drops a version here, a put or a
+        delete (the owner proves either lone with a listing that shows tombstones)."""
         version = version_from_wire(request.version, "RewindRequest.version")
-        if version.is_tombstone:
-            raise InvalidInputError("RewindRequest.version: only a put is rewound")
         placement = self.admission.admit_store(request.dataset)
         if placement.dataset_class != "critical":
             raise InvalidInputError(
@@ -686,6 +691,10 @@ class TransferService:
 
 # A FetchMany's first slice: its bundle leaves after these are classified (~10 ms).
 FIRST_SLICE_ITEMS = 256
+
+
+# A ReplicateMany item not answered yet (each is answered before the call returns).
+_NO_ANSWER = agent_pb2.ReplicateItemResult()
 
 
 def _slices(count: int) -> list[tuple[int, int]]:

@@ -110,6 +110,7 @@ class ManagedProcess:
         pid = self.pid()
         if pid is None:
             self._forget_stale()
+            _reap_exited()
             return False
         _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
@@ -157,6 +158,17 @@ def _reap(pid: int) -> None:
     if child is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=5)
+    _reap_exited()
+
+
+def _reap_exited() -> None:
+    """Reap and forget every child of ours that has exited. Another process may kill a
+    service we started and start its successor (a chaos run's faults do, on the test
+    session's private stack): the pid file then names the successor, so `stop` never
+    reaches our dead child, which stayed a zombie with a Popen warning at exit."""
+    for pid, child in list(_CHILDREN.items()):
+        if child.poll() is not None:
+            del _CHILDREN[pid]
 
 
 def wait_healthy(

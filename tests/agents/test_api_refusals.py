@@ -388,18 +388,7 @@ async def test_a_writer_killed_mid_stream_leaves_nothing_stored(agent: Agent) ->
     # the call a moment later: the cancel usually wins the race against the commit
     # here, but not always (seen with an oversize message); the missing end frame is
     # what refuses it for sure (test_a_stream_without_its_end_stores_nothing).
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        KILLED_WRITER,
-        f"127.0.0.1:{agent.port}",
-        STANDARD,
-        stdout=asyncio.subprocess.PIPE,
-        preexec_fn=die_with_us(),  # forked by this (the loop's) thread, which outlives it
-    )
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), TIMEOUT_S)
-    assert line.strip() == b"sent"
+    proc = await _killed_writer(agent)
     # Kill it once the server holds the chunk and waits for more.
     part = agent.root / "tmp"
     with contextlib.suppress(WaitTimeoutError):  # the assertion below fails instead
@@ -422,5 +411,34 @@ async def test_a_writer_killed_mid_stream_leaves_nothing_stored(agent: Agent) ->
             step_s=0.02,
         )
     assert agent.requests("Put", "OK") == 0
-    assert agent.requests("Put", "INVALID_ARGUMENT") + agent.requests("Put", "CANCELLED") == 1
+    # One refused call, or more where a writer died on its own before it could say so.
+    assert agent.requests("Put", "INVALID_ARGUMENT") + agent.requests("Put", "CANCELLED") >= 1
     assert_nothing_stored(agent, STANDARD)
+
+
+async def _killed_writer(agent: Agent, attempts: int = 3) -> asyncio.subprocess.Process:
+    """The writer of KILLED_WRITER once it says it sent its chunk. A fork of this
+    gRPC-using process has been seen to die before its exec (once in a loaded full run:
+    "Epoll1Poller encountered epoll_wait error: Bad file descriptor", no traceback; gRPC's
+    poller restarted in the forked child meets the epoll fd that Popen's close_fds
+    closed, grpc/grpc#43055): not the agent's doing, so such a writer is replaced
+    (bounded), and each one's exit and stderr are shown if all of them die."""
+    died: list[str] = []
+    for _ in range(attempts):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            KILLED_WRITER,
+            f"127.0.0.1:{agent.port}",
+            STANDARD,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            preexec_fn=die_with_us(),  # forked by this (the loop's) thread, which outlives it
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), TIMEOUT_S)
+        if line.strip() == b"sent":
+            return proc
+        _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+        died.append(f"exit {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
+    raise AssertionError(f"every writer died before it sent its chunk: {died}")

@@ -5,8 +5,6 @@ integration test."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from controlplane.coordination.protocols.fencing import (
 )
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.errors import UnavailableError
+from controlplane.loopback import free_block
 from controlplane.stack.etcd import EtcdCluster, start_etcd_cluster
 
 
@@ -125,25 +124,14 @@ async def test_an_unreadable_owner_record_fails_closed() -> None:
 # -- against real etcd ---------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 @pytest.fixture(scope="module")
 def etcd1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    client, peer = _free_ports(2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)  # the launcher drops its Popen handles
-        cluster = start_etcd_cluster(
-            tmp_path_factory.mktemp("etcd-owners"), members=1, client_port=client, peer_port=peer
-        )
+    # Below the ephemeral range (controlplane/loopback.py): a port the kernel gave a probe
+    # socket may be any outgoing connection's source port by the time etcd binds it.
+    client = free_block((0, 1))
+    cluster = start_etcd_cluster(
+        tmp_path_factory.mktemp("etcd-owners"), members=1, client_port=client, peer_port=client + 1
+    )
     try:
         yield cluster
     finally:

@@ -10,12 +10,11 @@ invalidations. Every wait here is bounded in time and count.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import waiting
 from harness.controllers import run_cli
 
 from meridian.v1 import agent_pb2, agent_pb2_grpc
@@ -126,15 +125,5 @@ def metric(text: str, name: str, labels: str = "") -> float:
 async def until(
     check: Callable[[], object], timeout_s: float, what: str, *, poll_s: float = 0.1
 ) -> None:
-    """Await `check()` (sync or async) until it is truthy, bounded in time and count."""
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / poll_s) + 2):
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            break
-        await asyncio.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    """Await `check()` (sync or async) until it is truthy, bounded (waiting.until)."""
+    await waiting.until(check, timeout_s, what, step_s=poll_s)

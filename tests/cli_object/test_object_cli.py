@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from waiting import WaitTimeoutError, until
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.version import ContentHasher
+from controlplane.loopback import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -116,9 +116,7 @@ def test_ls_says_so_when_the_catalog_cannot_be_read(agent: AgentProcess, tmp_pat
     small = tmp_path / "a.txt"
     small.write_bytes(b"a")
     ok(cli(agent, "object", "put", "--dataset", "corpus/nocat", str(small)))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nobody listens there (and it is no outgoing connection's port)
     done = cli(
         agent,
         "object",
@@ -233,9 +231,7 @@ def test_bad_input_is_refused_with_one_sentence_and_stores_nothing(
 
     done = run_cli(["object", "ls", "--dataset", "corpus/bad"], {**agent.env, "MERIDIAN_AGENT": ""})
     assert "pass --agent HOST:PORT or set MERIDIAN_AGENT" in one_error(done)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nobody listens there
     done = cli(agent, "object", "ls", "--dataset", "corpus/bad", "--agent", f"127.0.0.1:{port}")
     assert f"127.0.0.1:{port}" in one_error(done)
 

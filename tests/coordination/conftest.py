@@ -10,7 +10,6 @@ etcd binary is a failure.
 from __future__ import annotations
 
 import shutil
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -31,12 +30,8 @@ CLUSTER_OFFSETS = (0, 1, 10, 11, 20, 21)  # client and peer port of each of 3 me
 @pytest.fixture(scope="session")
 def etcd3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
     base = tmp_path_factory.mktemp("etcd3")
-    with warnings.catch_warnings():
-        # The stack launcher drops its Popen handles on purpose (the members outlive
-        # it, tracked by pid files); Popen.__del__ then warns that they still run.
-        warnings.simplefilter("ignore", ResourceWarning)
-        port = free_block(CLUSTER_OFFSETS)
-        cluster = start_etcd_cluster(base, members=3, client_port=port, peer_port=port + 1)
+    port = free_block(CLUSTER_OFFSETS)
+    cluster = start_etcd_cluster(base, members=3, client_port=port, peer_port=port + 1)
     try:
         yield cluster
     finally:

@@ -189,7 +189,10 @@ async def test_a_transient_etcd_cut_keeps_the_lease_and_the_duties_resume(
     await publish_world(coord, source)
     west_coord = EtcdCoordination([listen], timeout_s=0.5)
     await west_coord.connect()
-    ttl = 4
+    # The cut (2 s) is a quarter of the lease: renewed at most every second, and retried
+    # through a channel that may still be backing off after the cut, the lease keeps
+    # seconds of room on a loaded machine (at half a 4 s TTL it kept about one).
+    ttl, cut_s = 8, 2.0
     config = ControllerConfig("eu-west", "w", lease_ttl_s=ttl, reconcile_interval_s=0.3)
     own = Ownership(coord)
     try:
@@ -199,7 +202,7 @@ async def test_a_transient_etcd_cut_keeps_the_lease_and_the_duties_resume(
             assert before is not None
             with capture_logs() as logs:
                 await asyncio.to_thread(toxi.disable, proxy)
-                await asyncio.sleep(ttl / 2)  # every etcd call of the duties fails meanwhile
+                await asyncio.sleep(cut_s)  # every etcd call of the duties fails meanwhile
                 await asyncio.to_thread(toxi.enable, proxy)
                 # A dataset homed here, applied after the cut: the claims duty resumed.
                 grown = MemoryPlacements(REGIONS, [*source.placements(), critical("ckpt/new")])

@@ -15,7 +15,7 @@ from controlplane.ports.coordination import Cmp, Compare, EventType, Get, Put, T
 pytestmark = pytest.mark.integration
 
 
-async def test_key_on_lease_disappears_within_ttl_plus_one_second_after_keepalive_stops(
+async def test_key_on_lease_disappears_with_its_lease_after_keepalive_stops(
     coord: EtcdCoordination,
 ) -> None:
     lease = await coord.grant(2)
@@ -30,7 +30,9 @@ async def test_key_on_lease_disappears_within_ttl_plus_one_second_after_keepaliv
         return await coord.get("/meridian/test/leased") is None
 
     with contextlib.suppress(WaitTimeoutError):  # the assertion says it is still there
-        await until(gone, lease.ttl_s + 1, "the leased key to go with its lease")
+        # Within the TTL, then etcd's expiry pass (every 0.5 s) through the 3-member
+        # cluster; the rest is room for a loaded machine.
+        await until(gone, lease.ttl_s + 5, "the leased key to go with its lease")
     assert await coord.get("/meridian/test/leased") is None
     assert await coord.lease_ttl(lease.id) == -1
     assert await coord.refresh(lease.id) <= 0

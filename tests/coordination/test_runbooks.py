@@ -350,8 +350,10 @@ async def test_a_dead_runbooks_handover_mark_goes_with_its_lease(coord: EtcdCoor
         assert rb._keepalive is not None
         await rb._keepalive.stop()  # the runbook's process is gone: nobody renews
         died = time.monotonic()
-        assert await wait_until(lambda: _writable(resource, "ckpt/a", before.epoch), 2 + 1)
-        assert time.monotonic() - died <= 2 + 1
+        # Within the 2 s lease and etcd's expiry pass, with room for a loaded 3-member
+        # cluster; the runbook's own deadline (60 s) is far beyond, so only the lapse fits.
+        assert await wait_until(lambda: _writable(resource, "ckpt/a", before.epoch), 2 + 8)
+        assert time.monotonic() - died <= 2 + 8
         assert await Ownership(coord).get("ckpt/a") == before  # same owner, same epoch
         # Were the runbook only paused, its move could not commit on the lapsed mark.
         probe.missing.clear()

@@ -14,7 +14,10 @@ differing for ever):
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -154,27 +157,23 @@ async def test_a_lone_write_newer_than_the_new_epoch_is_rewound(
     assert base is not None  # only the unacked version went
 
 
-async def test_a_delete_newer_than_the_new_epoch_is_never_rewound(
+async def test_a_lone_delete_newer_than_the_new_epoch_is_rewound(
     eu_agents: Agents, coord: EtcdCoordination
 ) -> None:
-    """`Stat` cannot show a tombstone, so a pass can never prove a delete held by one
-    region alone: an acked delete would look just like this lone one, and rewinding it
-    would bring the object back everywhere (a review found that sequence). The pass
-    leaves it, and says so."""
-    lone, first, _base = await _lone_write_then_takeover(
+    """The deposed owner's unacked delete, made after the new epoch began, must not hide
+    the acked object in its region: the pass proves it lone (no other region's listing,
+    which shows tombstones, holds it) and has eu-west rewind it, which shows `base`
+    there again. (An acked delete held by two regions is kept: the test below.)"""
+    lone, first, base = await _lone_write_then_takeover(
         eu_agents, coord, central_offset_ms=-60_000, delete=True
     )
     assert lone.version.hlc > first.version.hlc  # the new owner's clock is behind
-    central, west = eu_agents["eu-central"], eu_agents["eu-west"]
-
-    async def judged() -> tuple[str] | None:
-        kept = await _newest(west.address, "base")
-        if kept is None or kept.version.hlc != lone.version.hlc:
-            return ("rewound",)
-        return ("left",) if '"takeover_stale_delete_left"' in central.log_text() else None
-
-    (outcome,) = await until(judged, 45, "eu-central's pass over eu-west", step_s=0.2)
-    assert outcome == "left", "the delete was rewound"
+    for region in ("eu-west", "eu-central", "eu-north"):
+        shown = await _wait_newest(eu_agents[region].address, "base", base.version.hlc)
+        assert shown is not None and shown.version.hlc == base.version.hlc, (
+            f"{region} shows {shown} of base, not the acked put"
+        )
+        assert shown.version.digest == base.version.digest
 
 
 async def test_rewind_is_fenced_like_a_push(eu_agents: Agents, coord: EtcdCoordination) -> None:
@@ -255,16 +254,32 @@ async def test_a_new_owner_levels_the_replicas_before_it_writes(
     assert held.version.hlc == missed.version.hlc
 
 
-async def test_an_acked_write_is_kept_when_the_new_owners_clock_is_behind(
+async def test_what_was_acked_is_kept_when_the_new_owners_clock_is_behind(
     eu_agents: Agents, coord: EtcdCoordination
 ) -> None:
-    """An acked write the new owner missed looks "newer than the epoch" to a clock that
-    runs behind; held by two regions, it was (or may have been) acked: it must be
-    adopted, never rewound (the review of this pass found that sequence)."""
+    """An acked write, an acked delete and an acked version set that the new owner
+    missed (down) look "newer than the epoch" to a clock that runs behind; held by two
+    regions, each was (or may have been) acked: each must be adopted, never rewound.
+    The reviews found both: a write rewound (the first pass), and a delete "proven"
+    lone because `Stat` hides tombstones, rewound in both regions that held it. A set
+    whose members alone were adopted left the new owner showing no set at all."""
     west, central, north = (eu_agents[r] for r in ("eu-west", "eu-central", "eu-north"))
-    acked, _ = await _acked_without(
-        eu_agents, coord, "eu-central", "acked", then_owner="eu-central"
+    own = Ownership(coord)
+    epoch1 = await own.claim(DATASET, "eu-west", expect_epoch=0, reason="home", actor="test")
+    assert epoch1 is not None
+    doomed = await put(west.address, DATASET, "doomed", b"deleted while eu-central is down")
+    assert await _wait_held(central.address, "doomed", doomed.version.digest) is not None
+    assert central.stop() == 0
+    acked = await put(west.address, DATASET, "acked", b"acked without eu-central")
+    deleted = await _delete(west.address, "doomed")
+    shards = [await _put_shard(west.address, n) for n in range(2)]
+    ckpt = await _commit_set(west.address, shards)
+    for what in (acked, deleted, ckpt):
+        assert sorted(what.regions) == ["eu-north", "eu-west"]
+    epoch2 = await own.claim(
+        DATASET, "eu-central", expect_epoch=epoch1, reason="failover", actor="test"
     )
+    assert epoch2 is not None and epoch2 > epoch1
     # Its clock a minute behind (tolerated, so that it can adopt what it finds); its
     # takeover pass begins at its start.
     central.env = {
@@ -273,7 +288,103 @@ async def test_an_acked_write_is_kept_when_the_new_owners_clock_is_behind(
         "MERIDIAN_MAX_CLOCK_SKEW_MS": "120000",
     }
     central.start()
+    # Both first passes judged everything (a rewind would have been made by then), and
+    # none rewound anything: all of it was held by two regions.
+    await until(
+        lambda: {"eu-west", "eu-north"} <= _passes_done(central),
+        90,
+        "eu-central's takeover passes over eu-west and eu-north",
+        step_s=0.2,
+    )
+    assert '"takeover_rewound"' not in central.log_text(), "an acked version was rewound"
     for proc in (west, north, central):  # kept where it was, and adopted
         held = await _wait_held(proc.address, "acked", acked.version.digest)
         assert held is not None, f"{proc.region} lost the acked write"
         assert held.version.hlc == acked.version.hlc
+        gone = await _wait_newest(proc.address, "doomed", deleted.version.hlc)
+        assert gone is not None and gone.version.hlc == deleted.version.hlc, (
+            f"{proc.region} shows {gone} of the deleted object, not the acked delete"
+        )
+    shown = await _wait_set(central.address, ckpt.set.hlc)
+    assert shown is not None, "eu-central never showed the acked set"
+    assert (shown.id, shown.hlc) == (ckpt.set.id, ckpt.set.hlc)
+    assert sorted((m.key, m.version) for m in shown.members) == sorted(
+        (m.key, m.version) for m in ckpt.set.members
+    )
+
+
+def _passes_done(proc: AgentProcess) -> set[str]:
+    """The regions `proc`'s takeover passes are done with, from its log."""
+    done: set[str] = set()
+    for line in proc.log_text().splitlines():
+        if '"takeover_pass_done"' in line:
+            with contextlib.suppress(ValueError):
+                done.add(str(json.loads(line).get("region")))
+    return done
+
+
+async def _put_shard(address: str, n: int) -> agent_pb2.PutResponse:
+    async def frames() -> AsyncIterator[agent_pb2.PutRequest]:
+        header = agent_pb2.PutHeader(dataset=DATASET, key=f"shard-{n}", set="ckpt")
+        yield agent_pb2.PutRequest(header=header)
+        yield agent_pb2.PutRequest(chunk=f"shard {n} of ckpt".encode())
+        yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await agent_pb2_grpc.AgentStub(channel).Put(frames(), timeout=30)  # type: ignore[arg-type]
+
+
+async def _commit_set(
+    address: str, shards: list[agent_pb2.PutResponse]
+) -> agent_pb2.CommitSetResponse:
+    members = [
+        types_pb2.SetMember(key=f"shard-{n}", version=s.version.hlc) for n, s in enumerate(shards)
+    ]
+    request = agent_pb2.CommitSetRequest(
+        set=types_pb2.VersionSet(dataset=DATASET, id="ckpt", members=members)
+    )
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await agent_pb2_grpc.AgentStub(channel).CommitSet(request, timeout=30)
+
+
+async def _wait_newest(
+    address: str, key: str, hlc: str, timeout_s: float = 45
+) -> agent_pb2.ObjectInfo | None:
+    """What `address` holds of DATASET/key, a delete included, once its newest is at
+    `hlc`; the last answer if it never is."""
+
+    async def settled() -> tuple[agent_pb2.ObjectInfo | None] | None:
+        found = await _newest(address, key)
+        return (found,) if found is not None and found.version.hlc == hlc else None
+
+    try:
+        (found,) = await until(settled, timeout_s, f"{key} at {hlc} in {address}", step_s=0.1)
+    except WaitTimeoutError:
+        return await _newest(address, key)
+    return found
+
+
+async def _wait_set(address: str, hlc: str, timeout_s: float = 45) -> types_pb2.VersionSet | None:
+    """The newest set `address` shows once it is the one at `hlc`; the last one shown
+    (None: none) if it never is."""
+
+    async def shown() -> types_pb2.VersionSet | None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            try:
+                got = await agent_pb2_grpc.AgentStub(channel).GetSet(
+                    agent_pb2.GetSetRequest(dataset=DATASET, set="latest"), timeout=10
+                )
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.NOT_FOUND:
+                    return None
+                raise
+        return got.set
+
+    async def settled() -> types_pb2.VersionSet | None:
+        got = await shown()
+        return got if got is not None and got.hlc == hlc else None
+
+    try:
+        return await until(settled, timeout_s, f"the set at {hlc} in {address}", step_s=0.1)
+    except WaitTimeoutError:
+        return await shown()

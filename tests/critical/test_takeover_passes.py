@@ -143,9 +143,13 @@ async def test_a_pass_waits_for_this_stores_commits_whose_pushes_began(tmp_path:
         judged.append("lone?")
         return True
 
+    async def no_set(*args: object) -> None:
+        return None  # the region shows no set
+
     sync._listing = their_listing  # type: ignore[method-assign]
     sync._local = our_listing  # type: ignore[method-assign]
     sync._held_nowhere_else = held_nowhere_else  # type: ignore[method-assign]
+    sync._set_at = no_set  # type: ignore[method-assign]
     write = CommittedWrite(Admitted(placement(ds), 5, 1), ds, key="k", version=version)
     try:
         sync._track_commit(ds, local)  # as `replicate` does when the push begins

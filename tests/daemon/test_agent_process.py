@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -120,21 +119,22 @@ async def test_it_is_registered_while_up_and_deregistered_by_sigterm(
 async def test_after_sigkill_the_registration_expires_with_its_lease(
     tmp_path: Path, world: dict[str, str], etcd_endpoint: str
 ) -> None:
-    proc = AgentProcess("eu-west", tmp_path / "r", world, tmp_path / "r.log", lease_ttl_s=2)
+    # Renewed every TTL / 3: at the kill the lease has 3 s or more left, so the check
+    # right after it sees the registration still there even if this process is slow.
+    proc = AgentProcess("eu-west", tmp_path / "r", world, tmp_path / "r.log", lease_ttl_s=5)
     proc.start()
     try:
         agent_id = proc.wait_healthy().agent_id
         assert await registration(etcd_endpoint, "eu-west", agent_id) is not None
         proc.kill()
-        killed = time.monotonic()
         assert await registration(etcd_endpoint, "eu-west", agent_id) is not None
 
         async def gone() -> bool:
             return await registration(etcd_endpoint, "eu-west", agent_id) is None
 
-        # The TTL is 2 s, etcd may take up to two.
-        await until(gone, 10, what=f"the registration of {agent_id} to expire")
-        assert time.monotonic() - killed < 8
+        # Nothing deregistered it (a SIGKILL runs no shutdown): it goes when etcd expires
+        # the lease, within its 5 s; the wait leaves a loaded etcd room for that.
+        await until(gone, 20, what=f"the registration of {agent_id} to expire")
     finally:
         proc.stop()
 

@@ -106,18 +106,24 @@ async def test_clients_bootstrapped_through_the_wan_proxy_stay_on_it(
     topic = f"test.wan.{uuid.uuid4().hex[:8]}"
     async with KafkaAdmin(stack_settings.kafka) as admin:
         await admin.ensure_topics([TopicSpec(topic, partitions=1)])
+
+    async def fastest_send(value: bytes, tries: int = 3) -> float:
+        """The fastest of a few sends: one slow answer of a loaded broker says nothing."""
+        best = float("inf")
+        for _ in range(tries):
+            t0 = time.perf_counter()
+            await producer.send(topic, b"k", value)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
     async with KafkaProducer(wan, client_id="test-wan") as producer:
         await producer.send(topic, b"k", b"warm-up")  # metadata fetched, broker connected
-        t0 = time.perf_counter()
-        await producer.send(topic, b"k", b"fast")
-        fast = time.perf_counter() - t0
+        fast = await fastest_send(b"fast")
         faults.add_latency(KAFKA_WAN_PROXY, latency_ms=100)
         try:
-            t0 = time.perf_counter()
-            await producer.send(topic, b"k", b"slow")
-            slow = time.perf_counter() - t0
+            slow = await fastest_send(b"slow")
         finally:
             faults.remove_toxics(KAFKA_WAN_PROXY)
-    # A round trip through the proxy pays 100 ms each way; had the client reconnected to the
-    # broker's direct address after bootstrap, it would have stayed as fast as before.
+    # A round trip through the proxy pays 100 ms each way, so every send does; had the
+    # client reconnected to the broker's direct address after bootstrap, some would not.
     assert slow >= 0.2 > fast

@@ -68,7 +68,9 @@ async def test_latency_both_ways_adds_a_full_round_trip(toxiproxy_url: str, echo
     # difference may fall short of 200 ms by the baseline's own few milliseconds.
     assert degraded >= 0.200
     assert degraded - baseline >= 0.190
-    assert recovered < 0.100
+    # With the toxic still there no round trip could take less than 200 ms; below that
+    # is a loaded machine's room (the fastest of three, through the proxy and this loop).
+    assert recovered < 0.200
 
 
 async def test_disabled_proxy_refuses_connections(toxiproxy_url: str, echo_port: int) -> None:

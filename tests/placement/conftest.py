@@ -1,7 +1,7 @@
 """Fixtures of the placement tests: a world on the stack's etcd (a SQLite catalog: these
 tests need neither Kafka nor PostgreSQL), one per module since applying the policy
 through the CLI takes seconds, and a region of real agents per test, killed after it
-with their registrations removed (the next test's region starts empty)."""
+with their registrations, votes and holdings removed (the next test's region starts empty)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from harness.agent_process import prepare_world
 from region_harness import RegionOfAgents, clear_prefix
 
 from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.holdings import HOLDINGS
 
 __all__ = ["region", "small_world"]
 
@@ -37,4 +38,7 @@ def region(tmp_path: Path, small_world: dict[str, str]) -> Iterator[RegionOfAgen
         yield found
     finally:
         found.stop_all()
-        clear_prefix(small_world["MERIDIAN_ETCD"], keys.agents_of(found.region))
+        # What the killed agents left on their leases (up to 30 s in a test) goes now,
+        # not into the next test: registrations, fast-fail votes and holdings records.
+        for prefix in (keys.agents_of(found.region), f"{keys.FAST_FAIL}{found.region}/", HOLDINGS):
+            clear_prefix(small_world["MERIDIAN_ETCD"], prefix)

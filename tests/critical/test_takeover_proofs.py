@@ -1,0 +1,279 @@
+"""What a takeover pass proves before it rewinds, and the version sets it adopts
+(agents/replication/sync.py).
+
+A unit test: three in-process agents, each the real agent API (`AgentService` over a
+real store) on a loopback port, stand for the regions' agents; the new owner is
+eu-central. Its takeover pass over eu-west lists, probes and adopts through them.
+Two ports are faked: the pull of a version (`adopt`, a copy between the stores, as
+the Fetch would make it) and the replica's `Rewind` handler (a drop from the store,
+without its fencing, which tests/critical/test_takeover.py checks on real agents).
+
+* A delete held by two regions is not lone: the probe must see tombstones (`Stat`
+  hides them: an acked delete was once rewound in both regions holding it).
+* A lone delete over a lone put over an acked put: both lone ones are rewound, and
+  the region shows the acked put again.
+* The set a region shows, newer than the new owner's, is adopted with its members,
+  unless no other region shows it (then it was never acked)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from fakes.admission import MemoryOwners, StaticPolicy, compiled
+
+from agents.admission import Admission, Admitted
+from agents.metrics import AgentMetrics
+from agents.replication.sync import SyncReplication
+from agents.service import AgentService, CommittedWrite, start_server, stop_server
+from agents.service.outcome import Context, unary
+from agents.store import ObjectStore
+from controlplane.coordination.protocols.fencing import FencedResource
+from controlplane.domain.hlc import HLC, HybridClock
+from controlplane.domain.placement import Placement
+from controlplane.domain.version import Version
+from meridian.convert import version_from_wire, version_to_wire
+from meridian.v1 import agent_pb2
+
+DS = "tri/proofs"
+REGIONS = ("eu-west", "eu-central", "eu-north")
+PLACEMENT = Placement(
+    dataset=DS,
+    policy="crit",
+    dataset_class="critical",
+    home="eu-west",
+    replicas=("eu-central", "eu-north"),
+    residency=("EU",),
+    rpo_s=0,
+    ack="quorum",
+    failover_mode="manual",
+    failover_order=("eu-central", "eu-north"),
+)
+
+
+class StoreRewinds:
+    """The `Rewind` port of an agent: drops the version from its store (unfenced)."""
+
+    def __init__(self, store: ObjectStore, region: str) -> None:
+        self.store = store
+        self.region = region
+        self.rewound: list[str] = []
+
+    async def Rewind(  # noqa: N802 - the generated name
+        self, request: agent_pb2.RewindRequest, context: Context
+    ) -> agent_pb2.RewindResponse:
+        version = version_from_wire(request.version, "RewindRequest.version")
+        dropped = self.store.rewind(request.dataset, request.key, version)
+        self.rewound.append(version.hlc.text)
+        response = agent_pb2.RewindResponse(dropped=dropped, region=self.region)
+        newest = self.store.head(request.dataset, request.key)
+        if newest is not None:
+            response.newest.CopyFrom(version_to_wire(newest))
+        return response
+
+
+class RewindingService(AgentService):
+    """The agent API, with `Rewind` served by `StoreRewinds`."""
+
+    rewinds: StoreRewinds
+
+    async def Rewind(  # noqa: N802 - the generated name
+        self, request: agent_pb2.RewindRequest, context: Context
+    ) -> agent_pb2.RewindResponse:
+        return await unary(
+            "Rewind", context, self.metrics, lambda: self.rewinds.Rewind(request, context)
+        )
+
+
+@dataclass
+class Region:
+    name: str
+    store: ObjectStore
+    service: RewindingService
+    server: grpc.aio.Server
+    address: str
+
+
+class Addresses:
+    """The owner's `Peers`: each region's one agent."""
+
+    def __init__(self, regions: dict[str, Region]) -> None:
+        self.regions = regions
+
+    async def address(self, region: str) -> str:
+        return self.regions[region].address
+
+    def forget(self, region: str) -> None:
+        pass
+
+
+@pytest.fixture
+async def regions(tmp_path: Path) -> AsyncIterator[dict[str, Region]]:
+    started: dict[str, Region] = {}
+    policy = StaticPolicy(compiled(dict.fromkeys(REGIONS, "EU"), [PLACEMENT]))
+    try:
+        for name in REGIONS:
+            # Three versions kept, so that each rewind below shows the one before (the
+            # default two would have pruned the acked put, which the pass then pushes
+            # back from the owner: test_takeover.py, on real agents).
+            store = ObjectStore(tmp_path / name, clock=HybridClock(name), keep_versions=3)
+            metrics = AgentMetrics(name, f"{name}-1")
+            owners = MemoryOwners()
+            owners.set(DS, "eu-central", 2)
+            admission = Admission(name, policy, FencedResource(), owners, metrics)
+            service = RewindingService(store, admission, name, f"{name}-1", metrics)
+            service.rewinds = StoreRewinds(store, name)
+            server, port = await start_server(service, "127.0.0.1:0")
+            started[name] = Region(name, store, service, server, f"127.0.0.1:{port}")
+        yield started
+    finally:
+        for region in started.values():
+            await stop_server(region.server, None)
+            region.store.close()
+
+
+def owner(regions: dict[str, Region]) -> SyncReplication:
+    """eu-central's replication, pulling adopted versions straight from the source store."""
+    here = regions["eu-central"].store
+
+    async def adopt(dataset: str, key: str, version: Version, region: str, address: str) -> bool:
+        source = regions[region].store
+        if version.is_tombstone:
+            here.apply(dataset, key, version, None)
+        else:
+            here.apply(dataset, key, version, [source.read_bytes(dataset, key, version.hlc)])
+        return True
+
+    return SyncReplication(here, "eu-central", Addresses(regions), timeout_s=10, adopt=adopt)
+
+
+def copy(regions: dict[str, Region], key: str, version: Version, *to: str) -> None:
+    """Apply `version`, as eu-west holds it, to the stores of `to`."""
+    west = regions["eu-west"].store
+    data = None if version.is_tombstone else [west.read_bytes(DS, key, version.hlc)]
+    for name in to:
+        regions[name].store.apply(DS, key, version, data)
+
+
+def epoch_write() -> CommittedWrite:
+    return CommittedWrite(Admitted(PLACEMENT, 2, 1), DS)
+
+
+def newest(region: Region, key: str) -> Version | None:
+    return region.store.head(DS, key)
+
+
+async def test_a_delete_held_by_two_regions_is_not_proven_lone(
+    regions: dict[str, Region],
+) -> None:
+    west = regions["eu-west"].store
+    put = west.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", put, "eu-central", "eu-north")
+    delete = west.delete(DS, "k")
+    sync = owner(regions)
+    try:
+        # Held by eu-west alone: lone.
+        assert await sync._held_nowhere_else(epoch_write(), "eu-west", "k", delete)
+        # eu-north holds the same delete (an acked one, by two regions): not lone,
+        # though `Stat` answers "not found" there.
+        copy(regions, "k", delete, "eu-north")
+        assert not await sync._held_nowhere_else(epoch_write(), "eu-west", "k", delete)
+    finally:
+        await sync.close()
+
+
+async def test_a_lone_delete_and_the_lone_put_under_it_are_rewound(
+    regions: dict[str, Region],
+) -> None:
+    """eu-west (the deposed owner) holds an acked put, then its own lone put and lone
+    delete, both made after the new epoch began: after the pass it shows the acked put."""
+    west = regions["eu-west"]
+    acked = west.store.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", acked, "eu-central", "eu-north")
+    older_than = regions["eu-central"].store.clock.now()  # the new epoch's start
+    lone = west.store.put(DS, "k", [b"the deposed owner's lone write"])
+    gone = west.store.delete(DS, "k")
+    sync = owner(regions)
+    try:
+        pushed, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert (adopted, rewound) == (0, 2)
+        assert west.service.rewinds.rewound == [gone.hlc.text, lone.hlc.text]
+        assert newest(west, "k") == acked
+        assert pushed == 0  # it holds what the owner holds
+    finally:
+        await sync.close()
+
+
+async def test_an_acked_delete_newer_than_the_epoch_is_adopted_not_rewound(
+    regions: dict[str, Region],
+) -> None:
+    """The new owner (its clock behind: the delete looks newer than its epoch) missed an
+    acked delete held by eu-west and eu-north: adopted, never rewound."""
+    west = regions["eu-west"]
+    put = west.store.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", put, "eu-central", "eu-north")
+    older_than = regions["eu-central"].store.clock.now()
+    delete = west.store.delete(DS, "k")
+    copy(regions, "k", delete, "eu-north")
+    sync = owner(regions)
+    try:
+        _, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert (adopted, rewound) == (1, 0)
+        assert west.service.rewinds.rewound == []
+        assert newest(regions["eu-central"], "k") == delete
+        assert newest(west, "k") == delete
+    finally:
+        await sync.close()
+
+
+def acked_set(regions: dict[str, Region], *, record_in_north: bool) -> tuple[HLC, dict[str, HLC]]:
+    """eu-west writes a set of two members (both also in eu-north) and commits it; with
+    `record_in_north`, eu-north holds the set record too (an acked set). The epoch's
+    start (before all of it) and the members."""
+    west = regions["eu-west"].store
+    older_than = regions["eu-central"].store.clock.now()
+    members: dict[str, HLC] = {}
+    for n in range(2):
+        key = f"shard-{n}"
+        version = west.put(DS, key, [f"shard {n}".encode()], set_id="ckpt")
+        copy(regions, key, version, "eu-north")
+        members[key] = version.hlc
+    record = west.commit_set(DS, "ckpt", members)
+    if record_in_north:
+        regions["eu-north"].store.apply_set(DS, "ckpt", record.hlc, members)
+    return older_than, members
+
+
+async def test_an_acked_set_the_new_owner_missed_is_adopted(regions: dict[str, Region]) -> None:
+    older_than, members = acked_set(regions, record_in_north=True)
+    central = regions["eu-central"].store
+    sync = owner(regions)
+    try:
+        _, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert rewound == 0
+        assert adopted == 3  # two members and the set record
+        shown = central.get_set(DS, "latest")
+        want = regions["eu-west"].store.get_set(DS, "latest")
+        assert (shown.set_id, shown.hlc, shown.members) == ("ckpt", want.hlc, members)
+    finally:
+        await sync.close()
+
+
+async def test_a_set_only_the_deposed_owner_shows_is_not_adopted(
+    regions: dict[str, Region],
+) -> None:
+    """Its members are held by two regions (adopted), but no region but eu-west shows
+    the set record made after the epoch began: never acked, so not shown here."""
+    older_than, members = acked_set(regions, record_in_north=False)
+    central = regions["eu-central"].store
+    sync = owner(regions)
+    try:
+        _, adopted, _ = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert adopted == 2  # the members only
+        assert {k: central.stat(DS, k).version.hlc for k in members} == members
+        assert central.list_sets(DS) == []
+    finally:
+        await sync.close()
