@@ -10,10 +10,15 @@ policy asks for it. The receiver stages the items as they arrive and commits the
 batches with `apply_many` (one transaction and one parallel fsync round per batch,
 each batch recorded as one transfer), committing batch n while batch n+1 arrives.
 A batch is cut at BATCH_ITEMS / BATCH_BYTES, or earlier, at a frame's end, once it
-holds EAGER_BYTES and no commit is running: batches then shrink toward what arrives
-during one commit, so the last one, committed after the stream ends, is small. With
-fixed-size batches the stream's end waited for a whole batch to commit (and with
-several bundles ending together on one link, for one whole batch of each).
+holds EAGER_BYTES and fewer than EAGER_COMMITS commits are running: batches then
+shrink toward what arrives during one commit, so the last one, committed after the
+stream ends, is small. With fixed-size batches the stream's end waited for a whole
+batch to commit (and with several bundles ending together on one link, for one whole
+batch of each). Two commits overlap (not one at a time): a commit of small files waits
+mostly on the file system (its creates and syncfs), not on the CPU, so a second one
+beside it takes its batch while the first waits, and the batches stay at about 1 MiB
+instead of growing to what arrives during a whole commit (500-800 items on a loaded
+machine, with the last one's commit alone 0.3-0.8 s after the stream's end).
 A damaged item fails its batch (apply_many is all or nothing); the caller fetches
 that batch's items one by one.
 """
@@ -52,11 +57,17 @@ PACK_BYTES = 256 << 10  # a packed frame's content (and the largest item packed)
 READ_BLOCK_ITEMS = 500  # the sender reads a bundle's items in blocks (one lookup each)
 READ_BLOCK_BYTES = 8 << 20
 FIRST_BLOCK_ITEMS = 32
+# A bundle's first packed frame is small and each next one as large as all before it,
+# up to PACK_BYTES: the first bytes leave once 8 items are read, not 64 (the receiver
+# starts on its first batch sooner too), and the frames still end at 1 MiB (256 items
+# of 4 KiB), where the receiver cuts its first batch.
+FIRST_PACK_BYTES = 32 << 10
 BATCH_ITEMS = 1000
 BATCH_BYTES = 16 << 20
 # The least an early batch carries: below about 1 MiB the fixed cost of a batch (its
 # transaction, syncfs and transfer record) made the receiver's CPU grow 1.5-2x.
 EAGER_BYTES = 1 << 20
+EAGER_COMMITS = 2  # an early batch is cut while fewer than this many commit
 MAX_ITEMS = 100_000
 
 
@@ -128,14 +139,18 @@ class BundleSender:
         pack = agent_pb2.SyncBundleResponse()
         entries = pack.pack.entries
         pack_bytes = 0
+        pack_limit = FIRST_PACK_BYTES
+        packed_total = 0
         pack_placement: Placement | None = None
 
         def flush() -> Iterator[tuple[agent_pb2.SyncBundleResponse, Placement | None, int]]:
-            nonlocal pack, entries, pack_bytes, pack_placement
+            nonlocal pack, entries, pack_bytes, pack_placement, pack_limit, packed_total
             if entries:
                 yield pack, pack_placement, pack_bytes
                 pack = agent_pb2.SyncBundleResponse()
                 entries = pack.pack.entries
+                packed_total += pack_bytes
+                pack_limit = min(PACK_BYTES, max(pack_limit, packed_total))
             pack_bytes, pack_placement = 0, None
 
         block: dict[int, bytes | MeridianError] = {}
@@ -189,7 +204,7 @@ class BundleSender:
                 )
             if request.packed and len(data) < PACK_BYTES:
                 packed, compressed = packer.pack(data)
-                if pack_bytes + len(packed) > PACK_BYTES or pack_placement not in (
+                if pack_bytes + len(packed) > pack_limit or pack_placement not in (
                     None,
                     placement,
                 ):
@@ -345,8 +360,8 @@ async def pull_bundle(
                 )
             tally.count(metrics, "failed")
 
-    def idle() -> bool:
-        return all(task.done() for task in commits)
+    def eager() -> bool:
+        return sum(not task.done() for task in commits) < EAGER_COMMITS
 
     async def flush() -> None:
         nonlocal batch, batch_bytes
@@ -395,7 +410,7 @@ async def pull_bundle(
                             batch.append(done)
                             wire[0] += len(entry.content)
                             batch_bytes += len(entry.content)
-                        if batch_bytes >= EAGER_BYTES and idle():
+                        if batch_bytes >= EAGER_BYTES and eager():
                             await flush()
                     elif kind in ("content", "content_zstd"):
                         if current is None:

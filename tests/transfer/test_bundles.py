@@ -3,13 +3,17 @@ batches; large ones, refused ones and held ones take their own way."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from agents_inproc import AgentFactory
 from xfer_helpers import content, transfers
 
-from agents.transfer.pull import CHANNEL_OPTIONS
+from agents.store import ApplyResult
+from agents.transfer.bundle import Wanted, pull_bundle
+from agents.transfer.pull import CHANNEL_OPTIONS, Source
 from controlplane.domain.version import Version
 from meridian.convert import version_to_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
@@ -165,3 +169,63 @@ async def test_a_fetch_many_sends_its_first_slice_before_classifying_the_rest(
     for key, data in files.items():
         assert central.store.read_bytes("ckpt", key) == data
     assert sum(r["items"] for r in transfers(central.store) if r["method"] == "bundle") == 1000
+
+
+async def test_a_bundle_starts_with_small_packed_frames(agents: AgentFactory) -> None:
+    """The first packed frame carries 8 items of 4 KiB (32 KiB), each next one as much
+    as all before it, up to 256 KiB: the first bytes leave after a few reads, and the
+    frames still end at 1 MiB, where the receiver cuts its first batch."""
+    west = await agents("eu-west")
+    files = {f"r/{n:04d}": content(4096, seed=n) for n in range(400)}
+    versions = west.store.put_many([("ckpt", k, [v]) for k, v in files.items()])
+    request = agent_pb2.SyncBundleRequest(
+        items=[
+            agent_pb2.BundleItem(dataset="ckpt", key=k, version=version_to_wire(v))
+            for k, v in zip(files, versions, strict=True)
+        ],
+        receiver_region="eu-central",
+        packed=True,
+    )
+    async with grpc.aio.insecure_channel(west.address, options=CHANNEL_OPTIONS) as channel:
+        frames = [f async for f in agent_pb2_grpc.AgentStub(channel).SyncBundle(request)]
+
+    counts = [len(f.pack.entries) for f in frames]
+    assert counts == [8, 8, 16, 32, 64, 64, 64, 64, 64, 16], counts
+    got = [e.content for f in frames for e in f.pack.entries]
+    assert got == list(files.values())
+
+
+async def test_a_second_batch_is_cut_while_the_first_commits(agents: AgentFactory) -> None:
+    """Two commits overlap: while the first batch (1 MiB) is held in its commit, the
+    next 1 MiB is cut as a batch of its own rather than growing into all that arrives
+    meanwhile; only the rest waits for a commit to end."""
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    files = {f"b/{n:04d}": content(4096, seed=n) for n in range(1200)}
+    versions = west.store.put_many([("ckpt", k, [v]) for k, v in files.items()])
+    second = threading.Event()
+    calls: list[int] = []
+    apply_many = central.store.apply_many
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        calls.append(len(args[0]))
+        if len(calls) == 1:  # the first commit waits for a second one to start
+            assert second.wait(timeout=20)
+        else:
+            second.set()
+        return apply_many(*args, **kwargs)
+
+    central.store.apply_many = held  # type: ignore[method-assign]
+    got = await pull_bundle(
+        central.store,
+        Source("eu-west", west.address),
+        [Wanted("ckpt", k, v) for k, v in zip(files, versions, strict=True)],
+        region="eu-central",
+        metrics=central.service.metrics,
+        policy=central.service.policy,
+    )
+
+    assert all(isinstance(r, ApplyResult) for r in got), got
+    assert calls == [256, 256, 688], calls
+    for key, data in files.items():
+        assert central.store.read_bytes("ckpt", key) == data
