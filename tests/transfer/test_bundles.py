@@ -3,17 +3,13 @@ batches; large ones, refused ones and held ones take their own way."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 from agents_inproc import AgentFactory
 from xfer_helpers import content, transfers
 
-from agents.store import ApplyResult
-from agents.transfer.bundle import Wanted, pull_bundle
-from agents.transfer.pull import CHANNEL_OPTIONS, Source
+from agents.transfer.pull import CHANNEL_OPTIONS
 from controlplane.domain.version import Version
 from meridian.convert import version_to_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
@@ -193,39 +189,3 @@ async def test_a_bundle_starts_with_small_packed_frames(agents: AgentFactory) ->
     assert counts == [8, 8, 16, 32, 64, 64, 64, 64, 64, 16], counts
     got = [e.content for f in frames for e in f.pack.entries]
     assert got == list(files.values())
-
-
-async def test_a_second_batch_is_cut_while_the_first_commits(agents: AgentFactory) -> None:
-    """Two commits overlap: while the first batch (1 MiB) is held in its commit, the
-    next 1 MiB is cut as a batch of its own rather than growing into all that arrives
-    meanwhile; only the rest waits for a commit to end."""
-    west = await agents("eu-west")
-    central = await agents("eu-central")
-    files = {f"b/{n:04d}": content(4096, seed=n) for n in range(1200)}
-    versions = west.store.put_many([("ckpt", k, [v]) for k, v in files.items()])
-    second = threading.Event()
-    calls: list[int] = []
-    apply_many = central.store.apply_many
-
-    def held(*args: Any, **kwargs: Any) -> Any:
-        calls.append(len(args[0]))
-        if len(calls) == 1:  # the first commit waits for a second one to start
-            assert second.wait(timeout=20)
-        else:
-            second.set()
-        return apply_many(*args, **kwargs)
-
-    central.store.apply_many = held  # type: ignore[method-assign]
-    got = await pull_bundle(
-        central.store,
-        Source("eu-west", west.address),
-        [Wanted("ckpt", k, v) for k, v in zip(files, versions, strict=True)],
-        region="eu-central",
-        metrics=central.service.metrics,
-        policy=central.service.policy,
-    )
-
-    assert all(isinstance(r, ApplyResult) for r in got), got
-    assert calls == [256, 256, 688], calls
-    for key, data in files.items():
-        assert central.store.read_bytes("ckpt", key) == data
