@@ -15,9 +15,10 @@ during one commit, so the last one, committed after the stream ends, is small. W
 fixed-size batches the stream's end waited for a whole batch to commit (and with
 several bundles ending together on one link, for one whole batch of each). One commit
 at a time, not two: each ends in a syncfs, which flushes the whole file system, so
-overlapping commits flush each other's files and none ends sooner (tried: with two,
-256-item commits took 1-2 s on the loaded test machine, and 5 of 6 runs of the 10,000
-files took 8.4-11 s, against 3.6-4.3 s for all 7 runs with one, alternating).
+overlapping commits flush each other's files and none ends sooner. (Tried: with two,
+5 of 6 runs of the 10,000 files took 8.4-11 s on the loaded test machine, 3.6-4.3 s for
+7 runs with one; a later run with one also took 9.2 s, so the file system's load, not
+only the overlap, made those slow: kept at one for the syncfs reason.)
 A damaged item fails its batch (apply_many is all or nothing); the caller fetches
 that batch's items one by one.
 """
