@@ -165,3 +165,27 @@ async def test_a_fetch_many_sends_its_first_slice_before_classifying_the_rest(
     for key, data in files.items():
         assert central.store.read_bytes("ckpt", key) == data
     assert sum(r["items"] for r in transfers(central.store) if r["method"] == "bundle") == 1000
+
+
+async def test_a_bundle_starts_with_small_packed_frames(agents: AgentFactory) -> None:
+    """The first packed frame carries 8 items of 4 KiB (32 KiB), each next one as much
+    as all before it, up to 256 KiB: the first bytes leave after a few reads, and the
+    frames still end at 1 MiB, where the receiver cuts its first batch."""
+    west = await agents("eu-west")
+    files = {f"r/{n:04d}": content(4096, seed=n) for n in range(400)}
+    versions = west.store.put_many([("ckpt", k, [v]) for k, v in files.items()])
+    request = agent_pb2.SyncBundleRequest(
+        items=[
+            agent_pb2.BundleItem(dataset="ckpt", key=k, version=version_to_wire(v))
+            for k, v in zip(files, versions, strict=True)
+        ],
+        receiver_region="eu-central",
+        packed=True,
+    )
+    async with grpc.aio.insecure_channel(west.address, options=CHANNEL_OPTIONS) as channel:
+        frames = [f async for f in agent_pb2_grpc.AgentStub(channel).SyncBundle(request)]
+
+    counts = [len(f.pack.entries) for f in frames]
+    assert counts == [8, 8, 16, 32, 64, 64, 64, 64, 64, 16], counts
+    got = [e.content for f in frames for e in f.pack.entries]
+    assert got == list(files.values())
