@@ -136,6 +136,10 @@ def connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise sqlite3.OperationalError(f"could not put {path} in WAL mode (got {mode})")
     conn.execute("PRAGMA synchronous=FULL")
+    # A group's savepoints spill their statement journal to a temporary file, made and
+    # removed under /var/tmp per commit (a file created and freed per group: see
+    # `files.mark_top_dir` for what that costs here); memory holds it as well.
+    conn.execute("PRAGMA temp_store=MEMORY")
     conn.execute("PRAGMA foreign_keys=ON")
     conn.executescript(DDL)
     conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('format', ?)", (FORMAT,))
