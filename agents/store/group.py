@@ -105,30 +105,24 @@ class GroupCommitter(Generic[T, R]):
         return slot.result  # type: ignore[return-value]
 
     def _lead(self, slot: _Slot[T, R]) -> None:
-        """Commit the next group (ours is in it unless more than max_group were queued
-        before it), then wake its writers and pass the lead to the first writer still
-        queued, or give it up when none is."""
+        """Commit the next group, then wake its writers and pass the lead to the first
+        writer still queued, or give it up when none is. A leader's own write is first
+        in the queue (a lone writer's, or the heir's), so it is in its group; the loop
+        in `submit` is only a guard."""
         with self._lock:
             group = self._queue[: self._max]
             del self._queue[: self._max]
             self._groups += 1
             self._items += len(group)
-        ran = False
         try:
             self._run(group)
-            ran = True
-        finally:
+        finally:  # interrupted too: its group's writers are told, the lead passes on
             heir: _Slot[T, R] | None = None
             with self._lock:
-                if not ran and not slot.done:
-                    # Interrupted while ours still waits in the queue: it leaves with
-                    # the exception, and the lead passes on all the same.
-                    self._queue.remove(slot)
-                if slot.done or not ran:
-                    if self._queue:
-                        heir = self._queue[0]  # the lead passes on: _leading stays True
-                    else:
-                        self._leading = False
+                if self._queue:
+                    heir = self._queue[0]  # the lead passes on: _leading stays True
+                else:
+                    self._leading = False
             for s in group:
                 if s is not slot:
                     s.wake.set()
