@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import os
-import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -89,36 +87,6 @@ def make_dirs(root: Path, relative: Path) -> Path:
                 os.mkdir(path)
                 fsync_dir(parent)
     return path
-
-
-# linux/fs.h: the inode flags' ioctls, and the "top of a directory hierarchy" flag.
-_FS_IOC_GETFLAGS = 0x80086601
-_FS_IOC_SETFLAGS = 0x40086602
-_FS_TOPDIR_FL = 0x00020000
-
-
-def mark_top_dir(path: Path) -> bool:
-    """Mark a folder as the top of a directory hierarchy (`chattr +T`), so ext4 spreads
-    the folders made in it over quiet block groups instead of packing them beside
-    their parent. Why a store cares: without a journal (this machine's ext4 and CI's),
-    making a file skips, one by one from the start of its block group, every inode of
-    the group freed in the last minute (`recently_deleted` in fs/ext4/ialloc.c); a
-    store under a busy shared /tmp then spent 0.2-1 ms of CPU per file it created.
-    A hint only: False (and nothing changed) where the file system has no such flag."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return False
-    try:
-        got = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, struct.pack("l", 0))
-        flags = struct.unpack("l", got)[0]
-        if not flags & _FS_TOPDIR_FL:
-            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("l", flags | _FS_TOPDIR_FL))
-        return True
-    except OSError:  # not ext2/3/4 (ENOTTY, EOPNOTSUPP), or not allowed
-        return False
-    finally:
-        os.close(fd)
 
 
 def remove_empty_dir(path: Path) -> None:

@@ -129,9 +129,6 @@ class ObjectStore:
         self._pool_lock = threading.Lock()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            # Before its folders are made: they (and the files made in them) then go to
-            # quiet block groups of the file system (see `files.mark_top_dir`).
-            files.mark_top_dir(self.root)
             for sub in ("objects", TMP):
                 files.make_dirs(self.root, Path(sub))
             # Folders found here may not be durable yet (made by a process that did not

@@ -3,11 +3,9 @@ journal and outbox rows, listing, usage, the root's lock."""
 
 from __future__ import annotations
 
-import fcntl
 import io
 import os
 import sqlite3
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +21,6 @@ from agents.store import (
     StorageError,
     StoreLockedError,
     TooLargeError,
-    files,
 )
 from agents.store.names import version_path
 from controlplane.domain.hlc import HybridClock
@@ -359,27 +356,3 @@ def test_a_resumable_write_cut_inside_a_run_of_zeros_resumes_whole(store: Object
     again.write(data[offset:])
     version = store.commit_put(again)
     assert store.read_bytes("ds", "img", version.hlc) == data
-
-
-def _top_dir_flag(path: Path) -> bool:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        got = fcntl.ioctl(fd, 0x80086601, struct.pack("l", 0))  # FS_IOC_GETFLAGS
-    finally:
-        os.close(fd)
-    return bool(struct.unpack("l", got)[0] & 0x00020000)  # FS_TOPDIR_FL
-
-
-def test_the_root_is_marked_the_top_of_a_hierarchy(tmp_path: Path) -> None:
-    """Before its folders are made, so ext4 places them (and the files made in them) in
-    quiet block groups (files.mark_top_dir says why); where the file system has no
-    such flag nothing is marked and the store opens all the same."""
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    if not files.mark_top_dir(probe):
-        pytest.skip("this file system has no top-directory flag")
-    assert _top_dir_flag(probe)
-    root = tmp_path / "root"
-    with ObjectStore(root, clock=HybridClock("eu-west")):
-        assert _top_dir_flag(root)
-        assert not _top_dir_flag(root / "objects")  # its fan-out folders stay beside it
