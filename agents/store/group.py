@@ -41,21 +41,12 @@ class GroupStats:
     items: int
 
 
-def _new_event() -> threading.Event:
-    return threading.Event()  # looked up at each call: the tests count the wake-ups
-
-
 @dataclass
 class _Slot(Generic[T, R]):
     item: T
     done: bool = False
     result: R | None = None
     error: BaseException | None = field(default=None)
-    # Set once its group is committed, or when it is handed the lead: each waiting
-    # writer is woken once, for its own reason (one condition for all woke every
-    # queued writer at the end of each group, most only to sleep again, each wake-up
-    # a thread switch and a GIL hand-off).
-    wake: threading.Event = field(default_factory=_new_event)
 
 
 class GroupCommitter(Generic[T, R]):
@@ -71,63 +62,49 @@ class GroupCommitter(Generic[T, R]):
             raise ValueError(f"max_group must be at least 1, got {max_group}")
         self._commit = commit
         self._max = max_group
-        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Slot[T, R]] = []
         self._leading = False
         self._groups = 0
         self._items = 0
 
     def stats(self) -> GroupStats:
-        with self._lock:
+        with self._cond:
             return GroupStats(self._groups, self._items)
 
     def queued(self) -> int:
         """Writes waiting for the next group (not counting those being committed)."""
-        with self._lock:
+        with self._cond:
             return len(self._queue)
 
     def submit(self, item: T) -> R:
         """Commit `item` with whatever else is queued; returns its result or raises its
         error once its group is committed."""
         slot: _Slot[T, R] = _Slot(item)
-        with self._lock:
+        with self._cond:
             self._queue.append(slot)
-            lead = not self._leading
-            self._leading = True
-        if not lead:
-            # Woken when a leader committed it, or handed the lead (then not done, and
-            # first in the queue: nobody takes from the queue while the lead is passed).
-            slot.wake.wait()
-        while not slot.done:
-            self._lead(slot)
+        while True:
+            with self._cond:
+                while not slot.done and self._leading:
+                    self._cond.wait()
+                if slot.done:
+                    break
+                # No commit in flight and ours not done: lead the next group (ours is in
+                # it unless more than max_group were queued before it; then loop).
+                self._leading = True
+                group = self._queue[: self._max]
+                del self._queue[: self._max]
+                self._groups += 1
+                self._items += len(group)
+            try:
+                self._run(group)
+            finally:
+                with self._cond:
+                    self._leading = False
+                    self._cond.notify_all()
         if slot.error is not None:
             raise slot.error
         return slot.result  # type: ignore[return-value]
-
-    def _lead(self, slot: _Slot[T, R]) -> None:
-        """Commit the next group, then wake its writers and pass the lead to the first
-        writer still queued, or give it up when none is. A leader's own write is first
-        in the queue (a lone writer's, or the heir's), so it is in its group; the loop
-        in `submit` is only a guard."""
-        with self._lock:
-            group = self._queue[: self._max]
-            del self._queue[: self._max]
-            self._groups += 1
-            self._items += len(group)
-        try:
-            self._run(group)
-        finally:  # interrupted too: its group's writers are told, the lead passes on
-            heir: _Slot[T, R] | None = None
-            with self._lock:
-                if self._queue:
-                    heir = self._queue[0]  # the lead passes on: _leading stays True
-                else:
-                    self._leading = False
-            for s in group:
-                if s is not slot:
-                    s.wake.set()
-            if heir is not None:
-                heir.wake.set()
 
     def _run(self, group: list[_Slot[T, R]]) -> None:
         try:

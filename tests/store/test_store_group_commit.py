@@ -15,13 +15,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from store_helpers import StoreFactory, object_files, remote
 
 from agents.store import DigestMismatchError, ObjectStore, StorageError, files
-from agents.store import group as group_module
 from agents.store.group import GroupCommitter
 from agents.store.names import version_path
 from agents.store.store import stripe_of
@@ -390,80 +388,3 @@ def test_agents_take_group_commit_from_the_settings(monkeypatch: pytest.MonkeyPa
     assert load_settings(check_endpoints=False).store_group_commit is True
     monkeypatch.setenv("MERIDIAN_STORE_GROUP_COMMIT", "0")
     assert load_settings(check_endpoints=False).store_group_commit is False
-
-
-def test_each_waiting_writer_is_woken_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Writers queued behind a commit are woken for their own reason only (their group
-    is done, or they are handed the lead), not all of them at the end of every group
-    (each wake-up a thread switch and a GIL hand-off). With max_group=1
-    and 6 queued writers, 6 groups follow the held one, each led by its own writer."""
-    wakes: list[str] = []
-
-    class CountingEvent(threading.Event):
-        def wait(self, timeout: float | None = None) -> bool:
-            got = super().wait(timeout)
-            wakes.append(threading.current_thread().name)
-            return got
-
-    # Seen by group.py alone (its slots' events), not by the pool or this test.
-    monkeypatch.setattr(
-        group_module, "threading", SimpleNamespace(Event=CountingEvent, Lock=threading.Lock)
-    )
-    gate, entered = threading.Event(), threading.Event()
-    leaders: list[tuple[int, str]] = []
-    names: dict[int, str] = {}
-
-    def commit(items: object) -> list[int | BaseException]:
-        batch = list(items)  # type: ignore[call-overload]
-        leaders.append((batch[0], threading.current_thread().name))
-        if len(leaders) == 1:
-            entered.set()
-            assert gate.wait(DEADLINE_S)
-        return batch
-
-    committer: GroupCommitter[int, int] = GroupCommitter(commit, max_group=1)
-
-    def submit(n: int) -> int:
-        names[n] = threading.current_thread().name
-        return committer.submit(n)
-
-    with ThreadPoolExecutor(8) as pool:
-        first = pool.submit(submit, 0)
-        assert entered.wait(DEADLINE_S)
-        rest = [pool.submit(submit, n) for n in range(1, 7)]
-        _wait_for("six queued", lambda: committer.queued() == 6)
-        gate.set()
-        assert [first.result(DEADLINE_S)] + [f.result(DEADLINE_S) for f in rest] == list(range(7))
-    assert [n for n, _ in leaders] == list(range(7))  # in the order they queued
-    assert all(name == names[n] for n, name in leaders)  # each led its own group
-    assert sorted(wakes) == sorted(names[n] for n in range(1, 7))  # each woken once
-
-
-def test_an_interrupted_leader_passes_the_lead_on() -> None:
-    """A leader interrupted (KeyboardInterrupt) while its own write still waits in the
-    queue leaves with it, and the writers behind it still commit (nobody is left
-    waiting for a lead that is never passed)."""
-    gate, entered = threading.Event(), threading.Event()
-    calls: list[list[int]] = []
-
-    def commit(items: object) -> list[int | BaseException]:
-        batch = list(items)  # type: ignore[call-overload]
-        calls.append(batch)
-        if len(calls) == 1:
-            entered.set()
-            assert gate.wait(DEADLINE_S)
-        if batch == [2]:
-            raise KeyboardInterrupt
-        return batch
-
-    committer: GroupCommitter[int, int] = GroupCommitter(commit, max_group=1)
-    with ThreadPoolExecutor(8) as pool:
-        first = pool.submit(committer.submit, 1)
-        assert entered.wait(DEADLINE_S)
-        rest = [pool.submit(committer.submit, n) for n in (2, 3, 4)]
-        _wait_for("three queued", lambda: committer.queued() == 3)
-        gate.set()
-        assert first.result(DEADLINE_S) == 1
-        assert isinstance(rest[0].exception(DEADLINE_S), KeyboardInterrupt)
-        assert [f.result(DEADLINE_S) for f in rest[1:]] == [3, 4]
-    assert committer.queued() == 0
