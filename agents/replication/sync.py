@@ -108,12 +108,19 @@ from agents.replication.delta_push import (
     choose_basis,
     delta_frames,
 )
+from agents.replication.early_status import core_internal, header_alone
 from agents.replication.peers import Peers
 from agents.replication.push_lanes import BATCH_ITEM_MAX, BATCH_MAX, BatchRefusedError, PushLane
 from agents.replication.replica_sets import MAX_SETS
 from agents.rpc.status import error_from_parts, from_rpc_error
 from agents.service.servicer import CommittedWrite
-from agents.store import CHUNK_BYTES, ObjectStore, SetRecord
+from agents.store import (
+    CHUNK_BYTES,
+    DigestMismatchError,
+    ObjectStore,
+    SetRecord,
+    ShortStreamError,
+)
 from controlplane.domain.hlc import HLC
 from controlplane.domain.placement import DEFAULT_ACK, Placement
 from controlplane.domain.version import Verdict, Version
@@ -1205,7 +1212,7 @@ class SyncReplication:
         if basis is not None and basis.digest is not None:
             header.basis.CopyFrom(agent_pb2.Basis(version=basis.hlc.text, digest=basis.digest.text))
             frames = self._delta_frames(header, write, version, basis)
-            resp = await self._replicate_call(stub, frames, deadline_s, region, address)
+            resp = await self._replicate_call(stub, header, frames, deadline_s, region, address)
             _check_region(resp.region, region, address)
             if not resp.basis_missing:
                 self._committed(region, write.dataset, key, resp)
@@ -1214,7 +1221,7 @@ class SyncReplication:
             self.bases.forget(region, write.dataset, key)
             header.ClearField("basis")
         resp = await self._replicate_call(
-            stub, self._frames(header, write, version), deadline_s, region, address
+            stub, header, self._frames(header, write, version), deadline_s, region, address
         )
         _check_region(resp.region, region, address)
         self._committed(region, write.dataset, key, resp)
@@ -1223,6 +1230,7 @@ class SyncReplication:
     async def _replicate_call(
         self,
         stub: agent_pb2_grpc.AgentAsyncStub,
+        header: agent_pb2.ReplicateHeader,
         frames: AsyncGenerator[agent_pb2.ReplicateRequest],
         deadline_s: float,
         region: str,
@@ -1231,6 +1239,8 @@ class SyncReplication:
         try:
             return await stub.Replicate(frames, timeout=deadline_s)
         except grpc.aio.AioRpcError as err:
+            if core_internal(err):
+                return await self._early_answer(stub, header, region, address)
             raise from_rpc_error(err, f"{region} ({address})") from err
         finally:
             # A replica answering early (basis_missing, a refusal) leaves the frames
@@ -1240,6 +1250,42 @@ class SyncReplication:
             # is finalised (closed) by the loop then.
             with contextlib.suppress(RuntimeError):
                 await frames.aclose()
+
+    async def _early_answer(
+        self,
+        stub: agent_pb2_grpc.AgentAsyncStub,
+        header: agent_pb2.ReplicateHeader,
+        region: str,
+        address: str,
+    ) -> agent_pb2.ReplicateResponse:
+        """A push ended by grpc's INTERNAL in place of the replica's early status
+        (early_status.py): asked again once with the header alone, the replica's real
+        answer (its refusal raised: a fence is then a `FencedError`, a handover
+        retriable), or a retriable error when it admits the header now (the early end
+        was not a refusal; nothing of this push was committed there)."""
+        where = f"{region} ({address})"
+        what = f"{header.dataset}/{header.key} at {header.version.hlc}"
+        try:
+            response = await header_alone(stub, header, timeout_s=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            found = from_rpc_error(err, where)
+            if core_internal(err) or isinstance(found, (ShortStreamError, DigestMismatchError)):
+                log.warning("replicate_early_end_unexplained", region=region, what=what)
+                raise UnavailableError(
+                    f"{where} ended the push of {what} early and its reason was lost "
+                    f"(grpc/grpc#36066); asked again with the header alone it gives none "
+                    f"({found}); retry the push"
+                ) from err
+            log.info(
+                "replicate_refusal_recovered",
+                region=region,
+                what=what,
+                error_class=type(found).__name__,
+                error=str(found),
+            )
+            raise found from err
+        log.info("replicate_early_answer_recovered", region=region, what=what)
+        return response
 
     def _committed(
         self, region: str, dataset: str, key: str, resp: agent_pb2.ReplicateResponse
