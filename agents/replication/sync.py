@@ -63,8 +63,12 @@ supersede a write acked at this epoch; the version that shows there then is judg
 in turn. A delete is judged as a put: "held elsewhere" is read from a listing that
 shows tombstones (`Stat` hides them, so an acked delete held by two regions once
 looked lone), and a delete older than half the tombstone retention is left (another
-region may have forgotten a newer delete). Any doubt adopts: an HLC alone says
-little when the two clocks differ. Either way the copies converge. The set a region
+region may have forgotten a newer delete). Held elsewhere, it is adopted whatever its
+HLC says: an HLC alone says little when the two clocks differ. A proof reads every
+agent of each region (a `complete` listing; the Rewind reaches every agent of the
+region and its `dropped` is checked): a region, or an agent of one, that does not
+answer decides nothing, and the version is left as it is until the pass, retried,
+proves it either way. Either way the copies converge. The set a region
 shows (its newest complete one), when newer than the one this owner shows, is
 adopted as well: its members at the set's versions, then the record (without it,
 this owner would show the set before it and spread that). A set newer than the
@@ -664,7 +668,9 @@ class SyncReplication:
         commits then running end, so every version of ours they hold is in it: what
         they hold and we lack came from another owner."""
         address = await self.peers.address(region)
-        theirs = await self._listing(address, write.dataset)
+        # Complete: a version missed on an agent that did not answer would be neither
+        # adopted nor rewound, and never looked at again.
+        theirs = await self._listing(address, write.dataset, complete=True)
         await self._commits_ended(write.dataset)
         local = await asyncio.to_thread(self._local, write.dataset)
         ours = {key: version for key, version, _ in local[0]}
@@ -674,10 +680,22 @@ class SyncReplication:
         )
         adopted = rewound = 0
         rewinds: set[str] = set()
+        unresolved: dict[str, str] = {}  # key (or set) -> why it was left for a retry
         for key, version in extras:
-            took, dropped, newest = await self._settle_extra(
-                write, region, address, key, version, ours.get(key), older_than
-            )
+            try:
+                took, dropped, newest = await self._settle_extra(
+                    write, region, address, key, version, ours.get(key), older_than
+                )
+            except _UnresolvedError as exc:
+                # Left as it is (what shows there now: neither adopted nor rewound): the
+                # pass goes on with the other keys and is retried (below), which decides
+                # it then. A version before it that was rewound already is marked as a
+                # rewind is (below).
+                unresolved[key] = str(exc)
+                if exc.rewound:
+                    rewound += exc.rewound
+                    self._mark_behind(write, region)
+                continue
             adopted += took
             rewound += dropped
             if dropped:
@@ -697,10 +715,28 @@ class SyncReplication:
             local = await asyncio.to_thread(self._local, write.dataset)
         # After the versions: a lone set's lone members are rewound by now, so the set
         # that region shows is one it may hold with another region.
-        if await self._adopt_set(write, region, address, older_than, local):
-            adopted += 1
-            local = await asyncio.to_thread(self._local, write.dataset)
+        try:
+            if await self._adopt_set(write, region, address, older_than, local):
+                adopted += 1
+                local = await asyncio.to_thread(self._local, write.dataset)
+        except _UnresolvedError as exc:
+            unresolved["(the set it shows)"] = str(exc)
         pushed = await self._push_lacking(write, region, theirs, local, older_than, rewinds)
+        if unresolved:
+            log.warning(
+                "takeover_unresolved",
+                dataset=write.dataset,
+                region=region,
+                pushed=pushed,
+                adopted=adopted,
+                rewound=rewound,
+                unresolved=unresolved,
+            )
+            raise UnavailableError(
+                f"the takeover pass of {write.dataset} over {region} could not decide "
+                f"{len(unresolved)} of what that region holds (left as it is, the pass is "
+                "retried): " + "; ".join(f"{k}: {why}" for k, why in sorted(unresolved.items()))
+            )
         return pushed, adopted, rewound
 
     async def _settle_extra(
@@ -723,9 +759,13 @@ class SyncReplication:
         for _step in range(REWINDS_PER_KEY):
             if held is None or not _extra(ours, held):
                 break
-            lone = held.hlc >= older_than and await self._held_nowhere_else(
-                write, region, key, held
-            )
+            try:
+                lone = held.hlc >= older_than and await self._held_nowhere_else(
+                    write, region, key, held
+                )
+            except _UnresolvedError as exc:
+                exc.rewound = rewound  # the versions after it, rewound by now
+                raise
             if lone and held.is_tombstone and not self._delete_rewindable(held):
                 # Lone, but another region may have forgotten a newer acked delete than
                 # what a rewind would show here: left, and said.
@@ -748,7 +788,7 @@ class SyncReplication:
                     adopted += 1
                 break
             try:
-                before = await self._rewind(write, region, address, key, held)
+                dropped, before = await self._rewind(write, region, address, key, held)
             except InvalidInputError as exc:
                 # An agent that predates rewinding deletes refuses one: left as before.
                 log.warning(
@@ -760,9 +800,15 @@ class SyncReplication:
                     why=str(exc),
                 )
                 break
+            if not dropped:
+                # Listed there, yet dropped nowhere it was asked (an agent of that region
+                # the call did not reach, or one that does not route it): not done, and
+                # what it shows now proves nothing. The pass lists it again.
+                raise _UnresolvedError(
+                    f"{region} listed {key} at {held.hlc} but its rewind dropped nothing there",
+                    rewound=rewound,
+                )
             rewound += 1
-            if before == held:
-                break  # not dropped where it was asked (another agent of that region)
             held = before
         return adopted, rewound, held
 
@@ -781,7 +827,11 @@ class SyncReplication:
         delete: every other copy region, this one included (each region's agents, by
         the routed listing), holds only older versions of it. Only such a version can
         never have been acked (an ack needs at least two regions), so only it may be
-        rewound; any doubt (a region that does not answer) keeps it."""
+        rewound. A region that cannot answer for all its agents (one down, paused, a
+        deadline passed) decides nothing either way: `_UnresolvedError`. Read as "held
+        elsewhere" it was adopted, and a deposed owner's never-acked write, newer than
+        what this epoch acked, was spread over it; read as "nowhere" (a listing that
+        skipped the agent holding it) an acked write was rewound."""
         for other in (self.region, *push_targets(write.admitted.placement, self.region)):
             if other == region:
                 continue
@@ -792,13 +842,15 @@ class SyncReplication:
                 raise
             except MeridianError as exc:
                 log.info(
-                    "takeover_kept_unproven",
+                    "takeover_unproven",
                     dataset=write.dataset,
                     key=key,
                     region=other,
                     error=str(exc),
                 )
-                return False
+                raise _UnresolvedError(
+                    f"whether {other} holds {key} at {version.hlc} is unknown ({exc})"
+                ) from exc
             if held is not None and held.hlc >= version.hlc:
                 return False
         return True
@@ -821,10 +873,12 @@ class SyncReplication:
         """The newest version an agent's region holds of `key`, a tombstone included
         (None: nothing). A listing, not `Stat`: `Stat` answers "not found" for a delete
         (an acked delete held by two regions was once "proven" lone that way and
-        rewound in both), and a routed listing asks every agent of the region."""
+        rewound in both), and a routed listing asks every agent of the region:
+        `complete`, so that one that does not answer fails the call instead of being
+        skipped."""
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         request = agent_pb2.ListRequest(
-            dataset=dataset, prefix=key, page_size=1, include_deleted=True
+            dataset=dataset, prefix=key, page_size=1, include_deleted=True, complete=True
         )
         try:
             page = await stub.List(request, timeout=self.timeout_s)
@@ -895,8 +949,9 @@ class SyncReplication:
         self, write: CommittedWrite, region: str, record: SetRecord
     ) -> bool:
         """Whether no copy region but `region` shows `record` (or a newer record of its
-        id) complete: only such a set was never acked. Any doubt (no answer, or an
-        incomplete set, which answers retriable too) keeps it."""
+        id) complete: only such a set was never acked. A region that does not answer
+        (or shows the set incomplete, which answers retriable too) decides nothing:
+        `_UnresolvedError`, as for a version (`_held_nowhere_else`)."""
         for other in (self.region, *push_targets(write.admitted.placement, self.region)):
             if other == region:
                 continue
@@ -907,13 +962,15 @@ class SyncReplication:
                 raise
             except MeridianError as exc:
                 log.info(
-                    "takeover_kept_unproven",
+                    "takeover_unproven",
                     dataset=write.dataset,
                     set=record.set_id,
                     region=other,
                     error=str(exc),
                 )
-                return False
+                raise _UnresolvedError(
+                    f"whether {other} shows set {record.set_id} at {record.hlc} is unknown ({exc})"
+                ) from exc
             if held is not None and held.hlc >= record.hlc:
                 return False
         return True
@@ -995,8 +1052,9 @@ class SyncReplication:
 
     async def _rewind(
         self, write: CommittedWrite, region: str, address: str, key: str, version: Version
-    ) -> Version | None:
-        """Have `region` drop `version` of `key`; what it holds of the key afterwards."""
+    ) -> tuple[bool, Version | None]:
+        """Have `region` drop `version` of `key` (every agent of it: a routed Rewind); whether
+        it was dropped there, and what the region holds of the key afterwards."""
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         request = agent_pb2.RewindRequest(
             dataset=write.dataset,
@@ -1018,8 +1076,8 @@ class SyncReplication:
             dropped=resp.dropped,
         )
         if not resp.HasField("newest"):
-            return None
-        return version_from_wire(resp.newest, "RewindResponse.newest")
+            return resp.dropped, None
+        return resp.dropped, version_from_wire(resp.newest, "RewindResponse.newest")
 
     async def _rewind_own(self, write: CommittedWrite, fenced: FencedError) -> None:
         """A replica fenced this write (a newer epoch) and no region took it: it can never
@@ -1064,7 +1122,13 @@ class SyncReplication:
                     members.append((key, stored.version, record.set_id))
         return newest, latest, members
 
-    async def _listing(self, address: str, dataset: str) -> dict[str, Version]:
+    async def _listing(
+        self, address: str, dataset: str, *, complete: bool = False
+    ) -> dict[str, Version]:
+        """What the region of the agent at `address` holds of `dataset` (newest of each key,
+        tombstones included). `complete`: fail rather than skip an agent of a region
+        of several that does not answer (a catch-up may list partially: it then pushes
+        more than needed, which the replica answers "older")."""
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         held: dict[str, Version] = {}
         token = ""
@@ -1072,7 +1136,11 @@ class SyncReplication:
             try:
                 page = await stub.List(
                     agent_pb2.ListRequest(
-                        dataset=dataset, page_token=token, include_deleted=True, page_size=1000
+                        dataset=dataset,
+                        page_token=token,
+                        include_deleted=True,
+                        page_size=1000,
+                        complete=complete,
                     ),
                     timeout=self.timeout_s,
                 )
@@ -1452,6 +1520,17 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+class _UnresolvedError(UnavailableError):
+    """A version (or set) a takeover pass could not decide on: a proof that could not ask
+    every agent of a region, or a rewind that dropped nothing where it was listed. It
+    is left as it is, and the pass is retried. `rewound`: versions of the key after it
+    that were rewound before it was met."""
+
+    def __init__(self, message: str, *, rewound: int = 0) -> None:
+        super().__init__(message)
+        self.rewound = rewound
 
 
 class _OwnRegionPendingError(UnavailableError):

@@ -15,6 +15,10 @@ the first of them its primary. Any agent takes any call:
   do, so they are asked next: a reader never sees it missing.
 - **List**: every agent of the region is asked for the same page and the answers
   are merged by key (the newest version of each), so a listing covers the region.
+  An agent that does not answer is skipped (its objects have r-1 other copies),
+  unless the request asks for a `complete` listing: then the call fails.
+- **Rewind** (a critical takeover): every agent of the region is asked to drop the
+  version, and all must answer; the answer says whether one dropped it.
 
 Version sets (a Put or Get naming a set, CommitSet, GetSet) stay on the agent that
 takes them, as in a region of one agent: a set is committed only where every member
@@ -408,6 +412,13 @@ class RoutedAgentService(AgentService):
         pages = [local]
         for member, answer in zip(others, answers, strict=True):
             if isinstance(answer, BaseException):
+                if isinstance(answer, MeridianError) and answer.retriable and request.complete:
+                    # A proof (a critical takeover) must not read "held nowhere" from
+                    # a listing that missed an agent: the one that holds it.
+                    raise UnavailableError(
+                        f"the listing of {request.dataset} in {self.region} is incomplete: "
+                        f"agent {member.agent_id} did not answer ({answer})"
+                    ) from answer
                 if isinstance(answer, MeridianError) and answer.retriable:
                     # Its objects have r-1 other copies: listed from those.
                     log.warning("list_peer_unreachable", agent=member.agent_id, error=str(answer))
@@ -436,6 +447,63 @@ class RoutedAgentService(AgentService):
             )
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err, member.endpoint) from err
+        return response
+
+    # -- Rewind (a critical owner's takeover pass drops a deposed owner's lone write) -----
+
+    async def Rewind(  # noqa: N802
+        self, request: agent_pb2.RewindRequest, context: Context
+    ) -> agent_pb2.RewindResponse:
+        members = self._region_view()
+        if members is None or routed_by(context) is not None:
+            return await super().Rewind(request, context)
+        return await unary(
+            "Rewind", context, self.metrics, lambda: self._routed_rewind(members, request)
+        )
+
+    async def _routed_rewind(
+        self, members: Members, request: agent_pb2.RewindRequest
+    ) -> agent_pb2.RewindResponse:
+        """Every agent of the region drops the version (each fences the call itself), this
+        one too (through its own endpoint, marked as routed: served there as alone): the
+        owner listed it from the region, so any of them may hold it, an owner of the key
+        or one that held it before a rebalance. All must answer, or the call fails
+        retriable (an agent not asked may still hold it); `dropped` when one dropped it,
+        `newest` the newest any holds now."""
+        targets = [m for _, m in sorted(members.all.items())]
+        answers = await asyncio.gather(
+            *(self._remote_rewind(m, request) for m in targets), return_exceptions=True
+        )
+        merged = agent_pb2.RewindResponse(region=self.region)
+        failures: list[str] = []
+        for member, answer in zip(targets, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if isinstance(answer, MeridianError) and not answer.retriable:
+                    raise answer  # a fence: this caller is no longer the owner
+                failures.append(f"{member.agent_id}: {answer}")
+                continue
+            merged.dropped = merged.dropped or answer.dropped
+            if answer.HasField("newest") and (
+                not merged.HasField("newest") or answer.newest.hlc > merged.newest.hlc
+            ):  # HLC text sorts
+                merged.newest.CopyFrom(answer.newest)
+        if failures:
+            raise UnavailableError(
+                f"the rewind of {request.dataset}/{request.key} did not reach every agent of "
+                f"{self.region} (dropped where it did: {merged.dropped}): " + "; ".join(failures)
+            )
+        return merged
+
+    async def _remote_rewind(
+        self, member: Member, request: agent_pb2.RewindRequest
+    ) -> agent_pb2.RewindResponse:
+        endpoint = self.endpoint if member.agent_id == self.agent_id else member.endpoint
+        try:
+            response: agent_pb2.RewindResponse = await self.peers.stub(endpoint).Rewind(
+                request, timeout=30.0, metadata=self.peers.metadata
+            )
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, endpoint) from err
         return response
 
 

@@ -63,12 +63,15 @@ class StoreRewinds:
         self.store = store
         self.region = region
         self.rewound: list[str] = []
+        # False: answers as an agent of the region that does not hold the version would
+        # (drops nothing, shows what it holds: here the same store).
+        self.drops = True
 
     async def Rewind(  # noqa: N802 - the generated name
         self, request: agent_pb2.RewindRequest, context: Context
     ) -> agent_pb2.RewindResponse:
         version = version_from_wire(request.version, "RewindRequest.version")
-        dropped = self.store.rewind(request.dataset, request.key, version)
+        dropped = self.drops and self.store.rewind(request.dataset, request.key, version)
         self.rewound.append(version.hlc.text)
         response = agent_pb2.RewindResponse(dropped=dropped, region=self.region)
         newest = self.store.head(request.dataset, request.key)
@@ -390,5 +393,33 @@ async def test_a_rewound_region_gets_the_owners_write_committed_during_the_pass(
     try:
         await sync._reconcile(epoch_write(), "eu-west", older_than)
         await until(lambda: newest(west, "k") == during[0], 30, "eu-west to hold the owner's write")
+    finally:
+        await sync.close()
+
+
+async def test_a_rewind_that_dropped_nothing_is_not_counted_done(
+    regions: dict[str, Region],
+) -> None:
+    """eu-west lists a lone write, but the agent the Rewind reaches drops nothing (another
+    agent of the region holds it): the pass must not count it rewound and move on, it
+    leaves the key unresolved and fails retriable, so it is listed and rewound again."""
+    west = regions["eu-west"]
+    acked = west.store.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", acked, "eu-central", "eu-north")
+    older_than = regions["eu-central"].store.clock.now()
+    lone = west.store.put(DS, "k", [b"the deposed owner's lone write"])
+    west.service.rewinds.drops = False
+    sync = owner(regions)
+    try:
+        with pytest.raises(UnavailableError, match="dropped nothing") as caught:
+            await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert caught.value.retriable
+        assert west.service.rewinds.rewound == [lone.hlc.text]  # asked once
+        assert newest(west, "k") == lone
+        # Asked again where it is held, the retried pass rewinds it.
+        west.service.rewinds.drops = True
+        _, _, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert rewound == 1
+        assert newest(west, "k") == acked
     finally:
         await sync.close()
