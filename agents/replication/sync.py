@@ -88,6 +88,11 @@ etcd, read now (`owner_now`), names another owner or no newer epoch of this regi
 when this region re-claimed the dataset (the watch had not delivered it when the
 write was admitted at the old epoch) the answer is retriable (`_fenced_answer`).
 
+**Older answers.** A replica holding a newer version of the key answers a push
+"older"; that counts as holding it only when the newer version is this owner's or
+held here (`_check_newer`): over another owner's write (maybe a lone one, rewound
+later) an ack would rest on a copy that is not there.
+
 **Deltas.** A version of at least 64 KiB is pushed as a delta against the version
 the replica holds (the one it was last seen to commit, else this store's previous
 one), patched by the replica as it arrives; a replica without that basis answers at
@@ -136,7 +141,7 @@ from meridian.convert import (
     version_set_to_wire,
     version_to_wire,
 )
-from meridian.v1 import agent_pb2, agent_pb2_grpc
+from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 log = get_logger("meridian.agent.replication")
 
@@ -429,6 +434,13 @@ class SyncReplication:
                     f"{region} ({address}) answered a push of {write.dataset}/{write.key} "
                     "with neither a version nor an error"
                 )
+                continue
+            try:
+                await self._check_newer(
+                    region, write.dataset, write.key or "", items[n][1], got.held
+                )
+            except UnavailableError as exc:
+                answers[n] = exc
                 continue
             self._committed(
                 region,
@@ -1283,6 +1295,7 @@ class SyncReplication:
             resp = await self._replicate_call(stub, header, frames, deadline_s, region, address)
             _check_region(resp.region, region, address)
             if not resp.basis_missing:
+                await self._check_newer(region, write.dataset, key, version, resp.version)
                 self._committed(region, write.dataset, key, resp)
                 return region
             log.info("replica_basis_missing", dataset=write.dataset, key=key, region=region)
@@ -1292,8 +1305,51 @@ class SyncReplication:
             stub, header, self._frames(header, write, version), deadline_s, region, address
         )
         _check_region(resp.region, region, address)
+        await self._check_newer(region, write.dataset, key, version, resp.version)
         self._committed(region, write.dataset, key, resp)
         return region
+
+    async def _check_newer(
+        self, region: str, dataset: str, key: str, pushed: Version, wire: types_pb2.Version
+    ) -> None:
+        """A replica that answers "older" (it holds a newer version of the key) counts as
+        holding the push only when that newer version is this owner's (made in this
+        region: a later write of ours whose push came first) or held here. Any other is
+        another owner's write this owner does not know: a deposed owner's lone one,
+        which that owner or a takeover pass rewinds (then the replica shows neither it
+        nor ours, and an ack counted there rested on a copy that is gone), or an acked
+        one the takeover pass has yet to adopt. Raised (retriable): the replica is
+        marked behind, and the ack needs the other regions."""
+        if not wire.hlc or wire.hlc <= pushed.hlc.text:  # HLC text sorts: no parse per push
+            return  # committed (or the same version), or no version named (as before)
+        try:
+            held = version_from_wire(wire, "ReplicateResponse.version")
+        except MeridianError:
+            return
+        if held.hlc <= pushed.hlc or held.hlc.region == self.region:
+            return
+        if await asyncio.to_thread(self._known_here, dataset, key, held.hlc):
+            return
+        log.warning(
+            "replica_holds_unknown_newer",
+            dataset=dataset,
+            key=key,
+            region=region,
+            pushed=pushed.hlc.text,
+            held=held.hlc.text,
+        )
+        raise UnavailableError(
+            f"{region} answered the push of {dataset}/{key} at {pushed.hlc} with a newer "
+            f"version {held.hlc} that this owner does not hold (another owner's write, maybe "
+            "never acked): not counted toward the ack"
+        )
+
+    def _known_here(self, dataset: str, key: str, hlc: HLC) -> bool:
+        try:
+            self.store.stat(dataset, key, hlc, include_deleted=True)
+        except MeridianError:
+            return False
+        return True
 
     async def _replicate_call(
         self,
