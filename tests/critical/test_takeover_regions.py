@@ -19,6 +19,7 @@ process (its `adopt` is counted, not run), asking those agents:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +28,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from critical_helpers import prepare_critical_world
+from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess
 from waiting import until
 
@@ -50,9 +53,8 @@ from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
-DS = "tri/regions"
 PLACEMENT = Placement(
-    dataset=DS,
+    dataset="tri/regions",
     policy="tri",
     dataset_class="critical",
     home="eu-west",
@@ -63,6 +65,9 @@ PLACEMENT = Placement(
     failover_mode="manual",
     failover_order=(),
 )
+# The owner the versions are pushed from and rewound for: no agent runs in us-east, so
+# none makes a takeover pass of its own.
+OWNER = "us-east"
 LAYOUT = (("eu-west", 2), ("eu-central", 1), ("eu-north", 1))
 
 
@@ -77,8 +82,13 @@ class World:
         return self.agents[region][0]
 
 
-@pytest.fixture
-def world(tmp_path: Path, critical_world: dict[str, str]) -> Iterator[World]:
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str) -> Iterator[World]:
+    """One world for the module (the agents start once): each test has a dataset of its
+    own, and leaves every agent running and answering."""
+    tmp_path = tmp_path_factory.mktemp("regions")
+    clear_keyspace(etcd_endpoint)
+    critical_world = prepare_critical_world(tmp_path / "world", etcd_endpoint)
     # One copy per object in eu-west, and no rebalance pass while a test runs: which
     # agent holds a version is the test's choice.
     env = {
@@ -113,6 +123,13 @@ def world(tmp_path: Path, critical_world: dict[str, str]) -> Iterator[World]:
         source.close()
 
 
+@pytest.fixture
+async def coord(etcd_endpoint: str) -> AsyncIterator[EtcdCoordination]:
+    """etcd, as a controller writes it (the module's world is kept: no keyspace reset)."""
+    async with EtcdCoordination([etcd_endpoint], timeout_s=5.0) as connected:
+        yield connected
+
+
 class Addresses:
     """The owner's `Peers`: the agent of each region it is told to ask."""
 
@@ -137,27 +154,29 @@ class CountedAdopt:
         return True
 
 
-def owner(world: World, adopt: CountedAdopt, tmp_path: Path) -> SyncReplication:
-    """eu-central's replication (its own store empty), asking one agent per region."""
-    store = ObjectStore(tmp_path / "owner", clock=HybridClock("eu-central"))
+def owner(
+    world: World, adopt: CountedAdopt, tmp_path: Path, region: str = "eu-central"
+) -> SyncReplication:
+    """`region`'s replication (its own store empty), asking one agent per region."""
+    store = ObjectStore(tmp_path / "owner", clock=HybridClock(region))
     addresses = {region: procs[0].address for region, procs in world.agents.items()}
-    sync = SyncReplication(store, "eu-central", Addresses(addresses), timeout_s=1.0, adopt=adopt)
+    sync = SyncReplication(store, region, Addresses(addresses), timeout_s=1.0, adopt=adopt)
     sync.retry_initial_s = sync.retry_max_s = 0.05
     return sync
 
 
-def epoch_write(epoch: int = 1) -> CommittedWrite:
-    return CommittedWrite(Admitted(PLACEMENT, epoch, 1), DS)
+def epoch_write(ds: str, epoch: int = 1) -> CommittedWrite:
+    return CommittedWrite(Admitted(dataclasses.replace(PLACEMENT, dataset=ds), epoch, 1), ds)
 
 
 async def give(
-    proc: AgentProcess, world: World, key: str, data: bytes, *, epoch: int, origin: str
+    proc: AgentProcess, world: World, ds: str, key: str, data: bytes, *, epoch: int
 ) -> Version:
     """`data` as a version of `key` held by `proc` alone (a Replicate marked as routed:
     stored there, not spread to the region's other agents)."""
-    version = world.source.put(DS, key, [data])
+    version = world.source.put(ds, key, [data])
     header = agent_pb2.ReplicateHeader(
-        dataset=DS, key=key, version=version_to_wire(version), epoch=epoch, origin_region=origin
+        dataset=ds, key=key, version=version_to_wire(version), epoch=epoch, origin_region=OWNER
     )
 
     async def frames() -> AsyncIterator[agent_pb2.ReplicateRequest]:
@@ -173,29 +192,28 @@ async def give(
     return version
 
 
-async def seeding_owner(coord: EtcdCoordination) -> int:
-    """Name us-east (no agent runs there, so none makes a takeover pass of its own) the
-    owner the test's versions are pushed from; its epoch."""
-    epoch = await Ownership(coord).claim(DS, "us-east", expect_epoch=0, reason="test", actor="test")
+async def seeding_owner(coord: EtcdCoordination, ds: str) -> int:
+    """Name `OWNER` the owner of `ds`; its epoch."""
+    epoch = await Ownership(coord).claim(ds, OWNER, expect_epoch=0, reason="test", actor="test")
     assert epoch > 0
     return epoch
 
 
-async def held_here(proc: AgentProcess, key: str) -> list[str]:
+async def held_here(proc: AgentProcess, ds: str, key: str) -> list[str]:
     """The versions `proc` itself holds of `key` (its own listing, not the region's)."""
     async with grpc.aio.insecure_channel(proc.address) as channel:
         page = await agent_pb2_grpc.AgentStub(channel).List(
-            agent_pb2.ListRequest(dataset=DS, prefix=key, include_deleted=True),
+            agent_pb2.ListRequest(dataset=ds, prefix=key, include_deleted=True),
             metadata=((ROUTED_KEY, "test"),),
             timeout=10,
         )
     return [info.version.hlc for info in page.objects if info.key == key]
 
 
-async def list_region(proc: AgentProcess, *, complete: bool) -> agent_pb2.ListResponse:
+async def list_region(proc: AgentProcess, ds: str, *, complete: bool) -> agent_pb2.ListResponse:
     async with grpc.aio.insecure_channel(proc.address) as channel:
         response: agent_pb2.ListResponse = await agent_pb2_grpc.AgentStub(channel).List(
-            agent_pb2.ListRequest(dataset=DS, include_deleted=True, complete=complete),
+            agent_pb2.ListRequest(dataset=ds, include_deleted=True, complete=complete),
             timeout=10,
         )
     return response
@@ -204,11 +222,12 @@ async def list_region(proc: AgentProcess, *, complete: bool) -> agent_pb2.ListRe
 async def test_a_listing_that_misses_an_agent_proves_nothing(
     world: World, coord: EtcdCoordination, tmp_path: Path
 ) -> None:
+    ds = "tri/regions-list"
     west, north = world.one("eu-west"), world.one("eu-north")
     # Only eu-west holds the version (a deposed owner's write, or one acked with an
     # agent of eu-north that cannot answer now).
-    epoch = await seeding_owner(coord)
-    version = await give(west, world, "k", b"held in eu-west", epoch=epoch, origin="us-east")
+    epoch = await seeding_owner(coord, ds)
+    version = await give(west, world, ds, "k", b"held in eu-west", epoch=epoch)
     # An agent of eu-north that is registered but refuses connections (crashed; its
     # lease not lapsed yet): it may hold that version.
     ghost = keys.agents_of("eu-north") + "ghost"
@@ -218,29 +237,30 @@ async def test_a_listing_that_misses_an_agent_proves_nothing(
 
     async def sees_ghost() -> bool:
         try:
-            await list_region(north, complete=True)
+            await list_region(north, ds, complete=True)
         except grpc.aio.AioRpcError as err:
             return err.code() == grpc.StatusCode.UNAVAILABLE and "ghost" in (err.details() or "")
         return False
 
     await until(sees_ghost, 15, "eu-north's agent to count the ghost in a complete listing")
-    await list_region(north, complete=False)  # a reader's listing still answers
+    await list_region(north, ds, complete=False)  # a reader's listing still answers
 
     sync = owner(world, CountedAdopt(), tmp_path)
     try:
         with pytest.raises(_UnresolvedError, match="eu-north"):
-            await sync._held_nowhere_else(epoch_write(), "eu-west", "k", version)
+            await sync._held_nowhere_else(epoch_write(ds), "eu-west", "k", version)
         # Once the agent is gone from the region (its lease lapsed), the proof is made.
         await coord.delete(ghost)
 
         async def proven() -> bool:
             try:
-                return await sync._held_nowhere_else(epoch_write(), "eu-west", "k", version)
+                return await sync._held_nowhere_else(epoch_write(ds), "eu-west", "k", version)
             except _UnresolvedError:
                 return False
 
         await until(proven, 15, "the proof once eu-north answers for all its agents")
     finally:
+        await coord.delete(ghost)  # the next test's region answers for all its agents
         await sync.close()
         sync.store.close()
 
@@ -248,24 +268,25 @@ async def test_a_listing_that_misses_an_agent_proves_nothing(
 async def test_a_proof_that_times_out_adopts_nothing_and_the_pass_is_retried(
     world: World, coord: EtcdCoordination, tmp_path: Path
 ) -> None:
+    ds = "tri/regions-timeout"
     west, north = world.one("eu-west"), world.one("eu-north")
     older_than = world.source.clock.now()  # the epoch began before the version
-    epoch = await seeding_owner(coord)
-    version = await give(west, world, "k", b"maybe lone", epoch=epoch, origin="us-east")
+    epoch = await seeding_owner(coord, ds)
+    version = await give(west, world, ds, "k", b"maybe lone", epoch=epoch)
     adopt = CountedAdopt()
     sync = owner(world, adopt, tmp_path)
     north.signal(signal.SIGSTOP)  # its kernel still accepts: every call times out
     try:
         with pytest.raises(UnavailableError, match="could not decide 1") as caught:
-            await sync._takeover_once(epoch_write(), "eu-west", older_than)
+            await sync._takeover_once(epoch_write(ds), "eu-west", older_than)
         assert caught.value.retriable  # the pass is retried (`_retried`), not given up
         assert adopt.calls == []  # neither adopted...
-        assert await held_here(west, "k") == [version.hlc.text]  # ...nor rewound
+        assert await held_here(west, ds, "k") == [version.hlc.text]  # ...nor rewound
     finally:
         north.signal(signal.SIGCONT)
     try:
         # Answered, the proof is made: eu-west alone holds it.
-        assert await sync._held_nowhere_else(epoch_write(), "eu-west", "k", version)
+        assert await sync._held_nowhere_else(epoch_write(ds), "eu-west", "k", version)
     finally:
         await sync.close()
         sync.store.close()
@@ -274,34 +295,31 @@ async def test_a_proof_that_times_out_adopts_nothing_and_the_pass_is_retried(
 async def test_a_rewind_reaches_the_agent_of_the_region_that_holds_the_version(
     world: World, coord: EtcdCoordination, tmp_path: Path
 ) -> None:
-    # eu-central owns the dataset (no agent of it runs: none makes a pass of its own).
-    world.one("eu-central").stop()
-    epoch = await Ownership(coord).claim(
-        DS, "eu-central", expect_epoch=0, reason="failover", actor="test"
-    )
+    ds = "tri/regions-rewind"
+    epoch = await seeding_owner(coord, ds)
     first, second = world.agents["eu-west"]
-    key = _primary_key(world, first)  # held by its owner: no rebalance would move it
-    version = await give(first, world, key, b"lone", epoch=epoch, origin="eu-central")
-    assert await held_here(second, key) == []
-    sync = owner(world, CountedAdopt(), tmp_path)
+    key = _primary_key(world, ds, first)  # held by its owner: no rebalance would move it
+    version = await give(first, world, ds, key, b"lone", epoch=epoch)
+    assert await held_here(second, ds, key) == []
+    sync = owner(world, CountedAdopt(), tmp_path, region=OWNER)
     try:
         # Asked of the agent that does not hold it, as the owner's peers may pick it.
         dropped, after = await sync._rewind(
-            epoch_write(epoch), "eu-west", second.address, key, version
+            epoch_write(ds, epoch), "eu-west", second.address, key, version
         )
     finally:
         await sync.close()
         sync.store.close()
     assert dropped
     assert after is None
-    assert await held_here(first, key) == []
+    assert await held_here(first, ds, key) == []
 
 
-def _primary_key(world: World, proc: AgentProcess) -> str:
+def _primary_key(world: World, ds: str, proc: AgentProcess) -> str:
     """A key whose owner (r = 1) among eu-west's agents is `proc`."""
     members = [Member(world.ids[p.address], p.address) for p in world.agents["eu-west"]]
     for n in range(1000):
         key = f"k{n}"
-        if hrw.rank(hrw.placement_key(DS, key), members)[0].endpoint == proc.address:
+        if hrw.rank(hrw.placement_key(ds, key), members)[0].endpoint == proc.address:
             return key
     raise AssertionError("no key ranks that agent first")
