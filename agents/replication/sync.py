@@ -735,6 +735,10 @@ class SyncReplication:
             unresolved["(the set it shows)"] = str(exc)
         pushed = await self._push_lacking(write, region, theirs, local, older_than, rewinds)
         if unresolved:
+            if adopted:
+                # Adopted here now, so the retried pass finds nothing to adopt and would
+                # not spread them: spread now.
+                self._spread_adopted(write, region, older_than)
             log.warning(
                 "takeover_unresolved",
                 dataset=write.dataset,
@@ -1554,10 +1558,13 @@ class SyncReplication:
             rewound=rewound,
         )
         if adopted:
-            # What came from `region` goes to the others too (their passes may be over).
-            for other in push_targets(write.admitted.placement, self.region):
-                if other != region:
-                    self._start_pass(write, other, older_than)
+            self._spread_adopted(write, region, older_than)
+
+    def _spread_adopted(self, write: CommittedWrite, region: str, older_than: HLC) -> None:
+        """What came from `region` goes to the others too (their passes may be over)."""
+        for other in push_targets(write.admitted.placement, self.region):
+            if other != region:
+                self._start_pass(write, other, older_than)
 
     async def close(self) -> None:
         """Cancel pushes and catch-ups still running and close the channels."""

@@ -28,7 +28,7 @@ from waiting import until
 
 from agents.admission import Admission, Admitted
 from agents.metrics import AgentMetrics
-from agents.replication.sync import SyncReplication
+from agents.replication.sync import SyncReplication, _UnresolvedError
 from agents.service import AgentService, CommittedWrite, start_server, stop_server
 from agents.service.outcome import Context, unary
 from agents.store import ObjectStore
@@ -421,5 +421,33 @@ async def test_a_rewind_that_dropped_nothing_is_not_counted_done(
         _, _, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
         assert rewound == 1
         assert newest(west, "k") == acked
+    finally:
+        await sync.close()
+
+
+async def test_what_a_pass_adopted_is_spread_though_another_key_is_left_unresolved(
+    regions: dict[str, Region],
+) -> None:
+    """eu-west holds an old epoch's write the owner missed (adopted, no proof needed) and
+    a newer one whose proof cannot be made now. The pass fails retriable, and its retry
+    finds nothing left to adopt: the adopted version must go to eu-north's pass now."""
+    west = regions["eu-west"].store
+    missed = west.put(DS, "a", [b"acked at the old epoch"])
+    copy(regions, "a", missed, "eu-north")
+    older_than = regions["eu-central"].store.clock.now()
+    west.put(DS, "b", [b"unproven"])
+    sync = owner(regions)
+    started: list[str] = []
+
+    async def unknown(*args: object) -> bool:
+        raise _UnresolvedError("eu-north does not answer")
+
+    sync._held_nowhere_else = unknown  # type: ignore[method-assign]
+    sync._start_pass = lambda write, region, older: started.append(region)  # type: ignore[method-assign]
+    try:
+        with pytest.raises(UnavailableError, match="could not decide 1"):
+            await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert regions["eu-central"].store.head(DS, "a") == missed  # adopted
+        assert started == ["eu-north"]
     finally:
         await sync.close()
