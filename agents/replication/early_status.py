@@ -9,7 +9,9 @@ a deposed owner took its fencing for a transient failure and never rewound its w
 and a handover's retriable refusal failed the write for good.
 
 On that INTERNAL the call is made again with the header alone (`header_alone`): with
-nothing left to send after the status, the status arrives intact. A header alone
+nothing left to send after the status, the status arrives intact, nearly always; the
+bug can hide it again, so the header is asked a few times (bounded, within the push's
+deadline). A header alone
 never stores a non-empty version (its bytes are missing: the replica answers "short"
 or, for a delta, a failed patch), and a call the replica admits reads every frame, so
 it never ends early and never gets here. A tombstone or an empty version is its header
@@ -21,6 +23,7 @@ The owner's push (sync.py, `_replicate_call`) and the tests' raw pushes
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -43,17 +46,22 @@ async def header_alone(
     attempts: int = 1,
 ) -> agent_pb2.ReplicateResponse:
     """`Replicate` with `header` and no other frame, asked at most `attempts` times while
-    the same bug hides its status: the replica's answer, or its status as the
+    the same bug hides its status, all within `timeout_s` (a budget for every ask, not
+    one each: the caller's deadline holds): the replica's answer, or its status as the
     `grpc.aio.AioRpcError` raised (the last hidden one when every ask was hidden)."""
 
     async def frames() -> AsyncIterator[agent_pb2.ReplicateRequest]:
         yield agent_pb2.ReplicateRequest(header=header)
 
+    until = time.monotonic() + timeout_s
     hidden: grpc.aio.AioRpcError | None = None
-    for _attempt in range(max(1, attempts)):
+    for attempt in range(max(1, attempts)):
+        left = until - time.monotonic()
+        if attempt > 0 and left <= 0:
+            break  # the budget is spent: the last hidden status stands
         try:
             response: agent_pb2.ReplicateResponse = await stub.Replicate(
-                frames(), timeout=timeout_s
+                frames(), timeout=max(left, 0.0)
             )
             return response
         except grpc.aio.AioRpcError as err:
