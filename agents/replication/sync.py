@@ -706,12 +706,10 @@ class SyncReplication:
             except _UnresolvedError as exc:
                 # Left as it is (what shows there now: neither adopted nor rewound): the
                 # pass goes on with the other keys and is retried (below), which decides
-                # it then. A version before it that was rewound already is marked as a
-                # rewind is (below).
+                # it then. A version after it that was rewound already marked the
+                # region behind as it was dropped (`_settle_extra`).
                 unresolved[key] = str(exc)
-                if exc.rewound:
-                    rewound += exc.rewound
-                    self._mark_behind(write, region)
+                rewound += exc.rewound  # each marked the region behind as it was dropped
                 continue
             adopted += took
             rewound += dropped
@@ -720,10 +718,10 @@ class SyncReplication:
                 # What this pass pushes below comes from its snapshot and is forgotten
                 # if the pass is retried, yet the region may have answered "older"
                 # (counted toward an ack) to a write of ours against the version just
-                # rewound. A catch-up lists it afresh, retries until it lacks nothing,
-                # and keeps it out of acks meanwhile (review: a failed push, or a
-                # write committed during the pass, left an acked write on one copy).
-                self._mark_behind(write, region)
+                # rewound: `_settle_extra` marked the region behind as it dropped it. A
+                # catch-up lists it afresh, retries until it lacks nothing, and keeps it
+                # out of acks meanwhile (review: a failed push, or a write committed
+                # during the pass, left an acked write on one copy).
             if newest is None:
                 theirs.pop(key, None)
             else:
@@ -810,6 +808,8 @@ class SyncReplication:
                 break
             try:
                 dropped, before = await self._rewind(write, region, address, key, held)
+            except FencedError:
+                raise
             except InvalidInputError as exc:
                 # An agent that predates rewinding deletes refuses one: left as before.
                 log.warning(
@@ -821,6 +821,11 @@ class SyncReplication:
                     why=str(exc),
                 )
                 break
+            except MeridianError:
+                # A routed Rewind that did not reach every agent may have dropped it where
+                # it did ("dropped where it did"): marked behind as a drop is (below).
+                self._mark_behind(write, region)
+                raise
             if not dropped:
                 # Listed there, yet dropped nowhere it was asked (an agent of that region
                 # the call did not reach, or one that does not route it): not done, and
@@ -830,6 +835,12 @@ class SyncReplication:
                     rewound=rewound,
                 )
             rewound += 1
+            # Marked now, not by the caller once the key is settled: a later step of this
+            # key (a proof, a rewind, an adoption) may fail, and the retried pass, which
+            # may see nothing extra there any more, pushes none of this epoch's writes
+            # the region answered "older" against the version just dropped (review).
+            # A catch-up lists it afresh and keeps it out of acks until it lacks nothing.
+            self._mark_behind(write, region)
             held = before
         return adopted, rewound, held
 

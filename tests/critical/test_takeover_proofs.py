@@ -66,6 +66,9 @@ class StoreRewinds:
         # False: answers as an agent of the region that does not hold the version would
         # (drops nothing, shows what it holds: here the same store).
         self.drops = True
+        # Set: the calls from this one on (0-based) drop, then fail as a routed Rewind
+        # that did not reach every agent of the region does ("dropped where it did").
+        self.fails_from: int | None = None
 
     async def Rewind(  # noqa: N802 - the generated name
         self, request: agent_pb2.RewindRequest, context: Context
@@ -73,6 +76,8 @@ class StoreRewinds:
         version = version_from_wire(request.version, "RewindRequest.version")
         dropped = self.drops and self.store.rewind(request.dataset, request.key, version)
         self.rewound.append(version.hlc.text)
+        if self.fails_from is not None and len(self.rewound) > self.fails_from:
+            raise UnavailableError(f"the rewind did not reach every agent (dropped: {dropped})")
         response = agent_pb2.RewindResponse(dropped=dropped, region=self.region)
         newest = self.store.head(request.dataset, request.key)
         if newest is not None:
@@ -311,11 +316,16 @@ async def test_a_rewind_is_followed_by_the_owners_version_of_the_key(
         return region
 
     sync._push = push  # type: ignore[method-assign]
+    # The catch-up the rewind starts would push `y` too, racing the pass (it made this
+    # test flaky): recorded, not started, so that the pass's own push is what is seen.
+    marked: list[str] = []
+    sync._mark_behind = lambda write, region: marked.append(region)  # type: ignore[method-assign]
     try:
         _, _, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
         assert rewound == 1
         assert pushed == [("eu-west", "k", y.hlc.text)]
         assert newest(west, "k") == y
+        assert marked == ["eu-west"]
     finally:
         await sync.close()
 
@@ -449,5 +459,69 @@ async def test_what_a_pass_adopted_is_spread_though_another_key_is_left_unresolv
             await sync._takeover_once(epoch_write(), "eu-west", older_than)
         assert regions["eu-central"].store.head(DS, "a") == missed  # adopted
         assert started == ["eu-north"]
+    finally:
+        await sync.close()
+
+
+async def test_a_rewind_then_a_failed_adoption_leaves_the_region_marked_behind(
+    regions: dict[str, Region],
+) -> None:
+    """eu-west shows the deposed owner's lone `x2` over `x1`, an old epoch's write the
+    owner missed: `x2` is rewound, then adopting `x1` fails. The key is not settled, yet
+    a version was dropped there (review: only an unresolved key marked it)."""
+    west = regions["eu-west"].store
+    acked = west.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", acked, "eu-central", "eu-north")
+    x1 = west.put(DS, "k", [b"acked at the old epoch, missed"])
+    copy(regions, "k", x1, "eu-north")
+    older_than = regions["eu-central"].store.clock.now()
+    west.clock.observe(older_than)
+    x2 = west.put(DS, "k", [b"the deposed owner's lone write"])
+    sync = owner(regions)
+    marked: list[str] = []
+    sync._mark_behind = lambda write, region: marked.append(region)  # type: ignore[method-assign]
+
+    async def adopt(*args: object) -> bool:
+        raise UnavailableError("the pull of x1 failed")
+
+    sync.adopt = adopt
+    try:
+        with pytest.raises(UnavailableError, match="pull of x1"):
+            await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert regions["eu-west"].service.rewinds.rewound == [x2.hlc.text]
+        assert newest(regions["eu-west"], "k") == x1
+        assert marked == ["eu-west"]
+    finally:
+        await sync.close()
+
+
+async def test_a_rewind_that_dropped_but_failed_still_brings_the_owners_version(
+    regions: dict[str, Region],
+) -> None:
+    """The routed Rewind of eu-west's lone `x` drops it on the agent holding it but fails
+    (another agent did not answer). The retried pass sees nothing extra there and leaves
+    this epoch's `y` to its own push, answered "older" against `x`: only a catch-up
+    brings eu-west `y` (review: none was started)."""
+    west, central = regions["eu-west"], regions["eu-central"]
+    acked = west.store.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", acked, "eu-central", "eu-north")
+    older_than = central.store.clock.now()
+    y = central.store.put(DS, "k", [b"the new owner's write"])
+    regions["eu-north"].store.apply(DS, "k", y, [b"the new owner's write"])
+    west.store.clock.observe(y.hlc)
+    west.store.put(DS, "k", [b"the deposed owner's lone write, after y"])
+    west.service.rewinds.fails_from = 0
+    sync = owner(regions)
+    sync.retry_initial_s = 0.01
+    sync._reconciled[DS] = epoch_write().admitted.epoch  # this epoch's pass, as started
+    push, _ = pushing_from(regions)
+    sync._push = push  # type: ignore[method-assign]
+    try:
+        with pytest.raises(UnavailableError, match="did not reach every agent"):
+            await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert newest(west, "k") == acked  # dropped, though the call failed
+        west.service.rewinds.fails_from = None
+        await sync._reconcile(epoch_write(), "eu-west", older_than)
+        await until(lambda: newest(west, "k") == y, 10, "eu-west to hold the owner's write")
     finally:
         await sync.close()
