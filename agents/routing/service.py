@@ -60,6 +60,20 @@ log = get_logger("meridian.agent.routing")
 
 _F = TypeVar("_F", agent_pb2.PutRequest, agent_pb2.ReplicateRequest)
 
+# A fan-out call to a peer (routed List, Rewind) at most this long, and this long when
+# the caller set no deadline.
+FAN_OUT_TIMEOUT_S = 30.0
+
+
+def fan_out_timeout(context: Context) -> float:
+    """A peer's share of the caller's call: what is left of its deadline, at most
+    `FAN_OUT_TIMEOUT_S`. A fixed 30 s outlived a proof's deadline of a few seconds: the
+    caller gave up, and the peers' calls went on (a paused agent held each for 30 s)."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return FAN_OUT_TIMEOUT_S
+    return max(0.0, min(remaining, FAN_OUT_TIMEOUT_S))
+
 
 class MembersSource(Protocol):
     """The region's current member snapshot (agents/placement/watch.py)."""
@@ -397,17 +411,20 @@ class RoutedAgentService(AgentService):
         if members is None or routed_by(context) is not None:
             return await super().List(request, context)
         return await unary(
-            "List", context, self.metrics, lambda: self._routed_list(members, request)
+            "List",
+            context,
+            self.metrics,
+            lambda: self._routed_list(members, request, fan_out_timeout(context)),
         )
 
     async def _routed_list(
-        self, members: Members, request: agent_pb2.ListRequest
+        self, members: Members, request: agent_pb2.ListRequest, timeout_s: float
     ) -> agent_pb2.ListResponse:
         limit = requests.page_size("ListRequest.page_size", request.page_size)
         local = await self._list(request)  # validates the request, as alone
         others = [m for _, m in sorted(members.all.items()) if m.agent_id != self.agent_id]
         answers = await asyncio.gather(
-            *(self._remote_list(m, request) for m in others), return_exceptions=True
+            *(self._remote_list(m, request, timeout_s) for m in others), return_exceptions=True
         )
         pages = [local]
         for member, answer in zip(others, answers, strict=True):
@@ -439,11 +456,11 @@ class RoutedAgentService(AgentService):
         return agent_pb2.ListResponse(objects=[newest[k] for k in chosen], next_page_token=token)
 
     async def _remote_list(
-        self, member: Member, request: agent_pb2.ListRequest
+        self, member: Member, request: agent_pb2.ListRequest, timeout_s: float
     ) -> agent_pb2.ListResponse:
         try:
             response: agent_pb2.ListResponse = await self.peers.stub(member.endpoint).List(
-                request, timeout=30.0, metadata=self.peers.metadata
+                request, timeout=timeout_s, metadata=self.peers.metadata
             )
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err, member.endpoint) from err
@@ -458,11 +475,14 @@ class RoutedAgentService(AgentService):
         if members is None or routed_by(context) is not None:
             return await super().Rewind(request, context)
         return await unary(
-            "Rewind", context, self.metrics, lambda: self._routed_rewind(members, request)
+            "Rewind",
+            context,
+            self.metrics,
+            lambda: self._routed_rewind(members, request, fan_out_timeout(context)),
         )
 
     async def _routed_rewind(
-        self, members: Members, request: agent_pb2.RewindRequest
+        self, members: Members, request: agent_pb2.RewindRequest, timeout_s: float
     ) -> agent_pb2.RewindResponse:
         """Every agent of the region drops the version (each fences the call itself), this
         one too (through its own endpoint, marked as routed: served there as alone): the
@@ -472,7 +492,7 @@ class RoutedAgentService(AgentService):
         `newest` the newest any holds now."""
         targets = [m for _, m in sorted(members.all.items())]
         answers = await asyncio.gather(
-            *(self._remote_rewind(m, request) for m in targets), return_exceptions=True
+            *(self._remote_rewind(m, request, timeout_s) for m in targets), return_exceptions=True
         )
         merged = agent_pb2.RewindResponse(region=self.region)
         failures: list[str] = []
@@ -495,12 +515,12 @@ class RoutedAgentService(AgentService):
         return merged
 
     async def _remote_rewind(
-        self, member: Member, request: agent_pb2.RewindRequest
+        self, member: Member, request: agent_pb2.RewindRequest, timeout_s: float
     ) -> agent_pb2.RewindResponse:
         endpoint = self.endpoint if member.agent_id == self.agent_id else member.endpoint
         try:
             response: agent_pb2.RewindResponse = await self.peers.stub(endpoint).Rewind(
-                request, timeout=30.0, metadata=self.peers.metadata
+                request, timeout=timeout_s, metadata=self.peers.metadata
             )
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err, endpoint) from err
