@@ -72,7 +72,12 @@ proves it either way. Either way the copies converge. The set a region
 shows (its newest complete one), when newer than the one this owner shows, is
 adopted as well: its members at the set's versions, then the record (without it,
 this owner would show the set before it and spread that). A set newer than the
-epoch's start that no other region shows was never acked and is not adopted. A
+epoch's start that no other region shows was never acked and is not adopted. Unlike a
+version's, a set's proof asks ONE agent of each region (`GetSet` is not routed: a set
+stays on the agent that took it, agents/routing/service.py): in a region of several
+agents, a set held on another agent reads as not shown there, so an acked set can be
+left unadopted (left, never rewound; logged `takeover_lone_set_left`). A known gap
+(review, low): routing GetSet across the region is not done yet. A
 deposed owner also rewinds its own write at once when a replica fences it and no
 region took it (a `StaleEpochError`: the write can never be acked).
 
@@ -936,7 +941,9 @@ class SyncReplication:
         before it, and no catch-up would ever spread it). Its members are pulled at the
         set's versions, then the record is applied here (visible once every member is
         stored). A set newer than the epoch's start that no other copy region shows
-        was never acked: not adopted (said in the log)."""
+        was never acked: not adopted (said in the log). `region`'s set is read from the
+        one agent at `address`, as is each other region's (`_set_nowhere_else`): not
+        every agent of a region of several (module docstring: a known gap)."""
         theirs = await self._set_at(address, write.dataset, "latest")
         shown = local[1][0] if local[1] else None
         if theirs is None or (shown is not None and theirs.hlc <= shown.hlc):
@@ -983,7 +990,10 @@ class SyncReplication:
         """Whether no copy region but `region` shows `record` (or a newer record of its
         id) complete: only such a set was never acked. A region that does not answer
         (or shows the set incomplete, which answers retriable too) decides nothing:
-        `_UnresolvedError`, as for a version (`_held_nowhere_else`)."""
+        `_UnresolvedError`, as for a version (`_held_nowhere_else`). Unlike that
+        proof, each region is asked through ONE agent (`GetSet` is not routed): a set
+        held on another agent of a region of several reads as not shown there, and the
+        set is left unadopted (never rewound: sets are not). Module docstring."""
         for other in (self.region, *push_targets(write.admitted.placement, self.region)):
             if other == region:
                 continue
@@ -1008,7 +1018,8 @@ class SyncReplication:
         return True
 
     async def _set_at(self, address: str, dataset: str, set_id: str) -> SetRecord | None:
-        """A set as an agent shows it (complete), by id or "latest"; None: not known."""
+        """A set as the agent at `address` shows it (complete), by id or "latest"; None:
+        not known there. That agent only: `GetSet` is not routed across its region."""
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         try:
             got = await stub.GetSet(
