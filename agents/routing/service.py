@@ -15,6 +15,10 @@ the first of them its primary. Any agent takes any call:
   do, so they are asked next: a reader never sees it missing.
 - **List**: every agent of the region is asked for the same page and the answers
   are merged by key (the newest version of each), so a listing covers the region.
+  An agent that does not answer is skipped (its objects have r-1 other copies),
+  unless the request asks for a `complete` listing: then the call fails.
+- **Rewind** (a critical takeover): every agent of the region is asked to drop the
+  version, and all must answer; the answer says whether one dropped it.
 
 Version sets (a Put or Get naming a set, CommitSet, GetSet) stay on the agent that
 takes them, as in a region of one agent: a set is committed only where every member
@@ -55,6 +59,20 @@ from meridian.v1 import agent_pb2, types_pb2
 log = get_logger("meridian.agent.routing")
 
 _F = TypeVar("_F", agent_pb2.PutRequest, agent_pb2.ReplicateRequest)
+
+# A fan-out call to a peer (routed List, Rewind) at most this long, and this long when
+# the caller set no deadline.
+FAN_OUT_TIMEOUT_S = 30.0
+
+
+def fan_out_timeout(context: Context) -> float:
+    """A peer's share of the caller's call: what is left of its deadline, at most
+    `FAN_OUT_TIMEOUT_S`. A fixed 30 s outlived a proof's deadline of a few seconds: the
+    caller gave up, and the peers' calls went on (a paused agent held each for 30 s)."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return FAN_OUT_TIMEOUT_S
+    return max(0.0, min(remaining, FAN_OUT_TIMEOUT_S))
 
 
 class MembersSource(Protocol):
@@ -393,21 +411,31 @@ class RoutedAgentService(AgentService):
         if members is None or routed_by(context) is not None:
             return await super().List(request, context)
         return await unary(
-            "List", context, self.metrics, lambda: self._routed_list(members, request)
+            "List",
+            context,
+            self.metrics,
+            lambda: self._routed_list(members, request, fan_out_timeout(context)),
         )
 
     async def _routed_list(
-        self, members: Members, request: agent_pb2.ListRequest
+        self, members: Members, request: agent_pb2.ListRequest, timeout_s: float
     ) -> agent_pb2.ListResponse:
         limit = requests.page_size("ListRequest.page_size", request.page_size)
         local = await self._list(request)  # validates the request, as alone
         others = [m for _, m in sorted(members.all.items()) if m.agent_id != self.agent_id]
         answers = await asyncio.gather(
-            *(self._remote_list(m, request) for m in others), return_exceptions=True
+            *(self._remote_list(m, request, timeout_s) for m in others), return_exceptions=True
         )
         pages = [local]
         for member, answer in zip(others, answers, strict=True):
             if isinstance(answer, BaseException):
+                if isinstance(answer, MeridianError) and answer.retriable and request.complete:
+                    # A proof (a critical takeover) must not read "held nowhere" from
+                    # a listing that missed an agent: the one that holds it.
+                    raise UnavailableError(
+                        f"the listing of {request.dataset} in {self.region} is incomplete: "
+                        f"agent {member.agent_id} did not answer ({answer})"
+                    ) from answer
                 if isinstance(answer, MeridianError) and answer.retriable:
                     # Its objects have r-1 other copies: listed from those.
                     log.warning("list_peer_unreachable", agent=member.agent_id, error=str(answer))
@@ -428,14 +456,74 @@ class RoutedAgentService(AgentService):
         return agent_pb2.ListResponse(objects=[newest[k] for k in chosen], next_page_token=token)
 
     async def _remote_list(
-        self, member: Member, request: agent_pb2.ListRequest
+        self, member: Member, request: agent_pb2.ListRequest, timeout_s: float
     ) -> agent_pb2.ListResponse:
         try:
             response: agent_pb2.ListResponse = await self.peers.stub(member.endpoint).List(
-                request, timeout=30.0, metadata=self.peers.metadata
+                request, timeout=timeout_s, metadata=self.peers.metadata
             )
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err, member.endpoint) from err
+        return response
+
+    # -- Rewind (a critical owner's takeover pass drops a deposed owner's lone write) -----
+
+    async def Rewind(  # noqa: N802
+        self, request: agent_pb2.RewindRequest, context: Context
+    ) -> agent_pb2.RewindResponse:
+        members = self._region_view()
+        if members is None or routed_by(context) is not None:
+            return await super().Rewind(request, context)
+        return await unary(
+            "Rewind",
+            context,
+            self.metrics,
+            lambda: self._routed_rewind(members, request, fan_out_timeout(context)),
+        )
+
+    async def _routed_rewind(
+        self, members: Members, request: agent_pb2.RewindRequest, timeout_s: float
+    ) -> agent_pb2.RewindResponse:
+        """Every agent of the region drops the version (each fences the call itself), this
+        one too (through its own endpoint, marked as routed: served there as alone): the
+        owner listed it from the region, so any of them may hold it, an owner of the key
+        or one that held it before a rebalance. All must answer, or the call fails
+        retriable (an agent not asked may still hold it); `dropped` when one dropped it,
+        `newest` the newest any holds now."""
+        targets = [m for _, m in sorted(members.all.items())]
+        answers = await asyncio.gather(
+            *(self._remote_rewind(m, request, timeout_s) for m in targets), return_exceptions=True
+        )
+        merged = agent_pb2.RewindResponse(region=self.region)
+        failures: list[str] = []
+        for member, answer in zip(targets, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if isinstance(answer, MeridianError) and not answer.retriable:
+                    raise answer  # a fence: this caller is no longer the owner
+                failures.append(f"{member.agent_id}: {answer}")
+                continue
+            merged.dropped = merged.dropped or answer.dropped
+            if answer.HasField("newest") and (
+                not merged.HasField("newest") or answer.newest.hlc > merged.newest.hlc
+            ):  # HLC text sorts
+                merged.newest.CopyFrom(answer.newest)
+        if failures:
+            raise UnavailableError(
+                f"the rewind of {request.dataset}/{request.key} did not reach every agent of "
+                f"{self.region} (dropped where it did: {merged.dropped}): " + "; ".join(failures)
+            )
+        return merged
+
+    async def _remote_rewind(
+        self, member: Member, request: agent_pb2.RewindRequest, timeout_s: float
+    ) -> agent_pb2.RewindResponse:
+        endpoint = self.endpoint if member.agent_id == self.agent_id else member.endpoint
+        try:
+            response: agent_pb2.RewindResponse = await self.peers.stub(endpoint).Rewind(
+                request, timeout=timeout_s, metadata=self.peers.metadata
+            )
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, endpoint) from err
         return response
 
 

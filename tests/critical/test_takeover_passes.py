@@ -131,7 +131,7 @@ async def test_a_pass_waits_for_this_stores_commits_whose_pushes_began(tmp_path:
     listed = asyncio.Event()
     judged: list[str] = []
 
-    async def their_listing(address: str, dataset: str) -> dict[str, Version]:
+    async def their_listing(address: str, dataset: str, **_: bool) -> dict[str, Version]:
         listed.set()
         return {"k": version}
 

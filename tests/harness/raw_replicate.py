@@ -2,11 +2,9 @@
 
 grpc aio (grpc/grpc#36066) sometimes reports a server's early status on a client stream
 that is still sending as INTERNAL "Internal error from Core" instead of the status the
-server set. A replica decides its refusals (a stale epoch, a handover, residency) at
-the header, before any chunk: on that INTERNAL the call is made again with the header
-alone, which leaves nothing to send after the status, so the status arrives intact. A
-header alone never stores a non-empty version (its bytes are missing), and a call the
-replica admits reads every frame, so it never ends early and never gets here.
+server set: on that INTERNAL the call is made again with the header alone, as the
+owner's own push does (agents/replication/early_status.py says why that is safe), here
+while the same bug hides the status, up to `ATTEMPTS` times.
 """
 
 from __future__ import annotations
@@ -15,14 +13,10 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from agents.client import CORE_INTERNAL
+from agents.replication.early_status import core_internal, header_alone
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 ATTEMPTS = 3  # the header alone, asked again while the same bug hides its status
-
-
-def core_internal(err: grpc.aio.AioRpcError) -> bool:
-    return err.code() == grpc.StatusCode.INTERNAL and CORE_INTERNAL in (err.details() or "")
 
 
 async def replicate_raw(
@@ -36,24 +30,20 @@ async def replicate_raw(
     """Push `header` and `chunks` to the agent at `address`; its refusal raises
     `grpc.aio.AioRpcError` with the agent's own status code."""
 
-    async def frames(with_chunks: bool) -> AsyncIterator[agent_pb2.ReplicateRequest]:
+    async def frames() -> AsyncIterator[agent_pb2.ReplicateRequest]:
         yield agent_pb2.ReplicateRequest(header=header)
-        for chunk in chunks if with_chunks else ():
+        for chunk in chunks:
             yield agent_pb2.ReplicateRequest(chunk=chunk)
 
     async with grpc.aio.insecure_channel(address, options=list(options)) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
-        lost: grpc.aio.AioRpcError | None = None
-        for attempt in range(1 + ATTEMPTS):
-            try:
-                response: agent_pb2.ReplicateResponse = await stub.Replicate(
-                    frames(attempt == 0),  # type: ignore[arg-type]
-                    timeout=timeout_s,
-                )
-                return response
-            except grpc.aio.AioRpcError as err:
-                if not core_internal(err):
-                    raise
-                lost = err
-        assert lost is not None
-        raise lost
+        try:
+            response: agent_pb2.ReplicateResponse = await stub.Replicate(
+                frames(),  # type: ignore[arg-type]
+                timeout=timeout_s,
+            )
+            return response
+        except grpc.aio.AioRpcError as err:
+            if not core_internal(err):
+                raise
+        return await header_alone(stub, header, timeout_s=timeout_s, attempts=ATTEMPTS)

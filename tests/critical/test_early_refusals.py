@@ -1,0 +1,228 @@
+"""The owner's push recovers a replica's early refusal that grpc aio reported as
+INTERNAL "Internal error from Core" (grpc/grpc#36066; agents/replication/early_status.py):
+asked again with the header alone (a few times while the bug hides that too), a stale
+epoch is a fence (the deposed owner's
+write fails for good, and it rewinds its copy), a handover is retriable, and a header
+the replica admits now is a retriable error, never a commit.
+
+A unit test: the replicas are a fake agent (test scaffolding, a fake port) on loopback
+ports that end a push still sending with the bug's INTERNAL and answer a header alone
+with the refusal; the owner is the real `SyncReplication` over a real store. The bug
+itself cannot be made to happen on demand against a real agent; the raw pushes of the
+integration tests (tests/harness/raw_replicate.py) go through the same `header_alone`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agents.admission import Admitted
+from agents.client import CORE_INTERNAL
+from agents.replication.sync import SyncReplication
+from agents.rpc.status import abort
+from agents.service import CommittedWrite
+from agents.store import CHUNK_BYTES, ObjectStore, ShortStreamError
+from controlplane.coordination.protocols.fencing import StaleEpochError
+from controlplane.domain.hlc import HybridClock
+from controlplane.domain.placement import Placement
+from controlplane.errors import FencedError, MeridianError, UnavailableError
+from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+DS = "tri/early"
+PLACEMENT = Placement(
+    dataset=DS,
+    policy="crit",
+    dataset_class="critical",
+    home="eu-central",
+    replicas=("eu-west", "eu-north"),
+    residency=("EU",),
+    rpo_s=0,
+    ack="quorum",
+    failover_mode="manual",
+    failover_order=("eu-west", "eu-north"),
+)
+
+
+class GlitchingReplica(agent_pb2_grpc.AgentServicer):
+    """A replica's Replicate (a fake port): a push with chunks ends with the bug's
+    INTERNAL; a header alone gets `verdict` (an error raised, or a response)."""
+
+    def __init__(self, region: str, verdict: MeridianError | None, hides: int = 0) -> None:
+        self.region = region
+        self.verdict = verdict
+        self.hides = hides  # how many headers alone the bug hides too
+        self.slow_s = 0.0  # how long a header alone waits for its answer
+        self.calls: list[list[str]] = []  # the frames of each call
+
+    async def Replicate(  # noqa: N802 - the generated servicer's name
+        self,
+        request_iterator: AsyncIterator[agent_pb2.ReplicateRequest],
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> agent_pb2.ReplicateResponse:
+        frames = [str(f.WhichOneof("frame")) async for f in request_iterator]
+        self.calls.append(frames)
+        if len(frames) > 1:
+            await context.abort(grpc.StatusCode.INTERNAL, CORE_INTERNAL)
+        await asyncio.sleep(self.slow_s)
+        if self.hides > 0:
+            self.hides -= 1
+            await context.abort(grpc.StatusCode.INTERNAL, CORE_INTERNAL)
+        if self.verdict is not None:
+            await abort(context, self.verdict)  # type: ignore[arg-type]
+        return agent_pb2.ReplicateResponse(region=self.region)
+
+
+class Addresses:
+    def __init__(self, addresses: dict[str, str]) -> None:
+        self.addresses = addresses
+
+    async def address(self, region: str) -> str:
+        return self.addresses[region]
+
+    def forget(self, region: str) -> None:
+        pass
+
+
+async def replicas(
+    verdict: MeridianError | None, hides: int = 0
+) -> tuple[list[grpc.aio.Server], dict[str, GlitchingReplica], Addresses]:
+    servers, fakes, addresses = [], {}, {}
+    for region in PLACEMENT.replicas:
+        fake = GlitchingReplica(region, verdict, hides)
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_AgentServicer_to_server(fake, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        fakes[region] = fake
+        addresses[region] = f"127.0.0.1:{port}"
+    return servers, fakes, Addresses(addresses)
+
+
+def a_write(store: ObjectStore) -> CommittedWrite:
+    """A committed version of three chunks: its push is still sending when refused."""
+    version = store.put(DS, "k", [os.urandom(CHUNK_BYTES) for _ in range(3)])
+    return CommittedWrite(Admitted(PLACEMENT, 3, 1), DS, key="k", version=version)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> AsyncIterator[ObjectStore]:
+    opened = ObjectStore(tmp_path / "eu-central", clock=HybridClock("eu-central"))
+    yield opened
+    opened.close()
+
+
+async def test_a_stale_epoch_hidden_by_the_bug_fences_the_deposed_owners_write(
+    store: ObjectStore,
+) -> None:
+    servers, fakes, addresses = await replicas(StaleEpochError("epoch 3 is older than 4"))
+    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
+    write = a_write(store)
+    try:
+        with pytest.raises(FencedError, match="epoch 3") as caught:
+            await sync.replicate(write)
+    finally:
+        await sync.close()
+        for server in servers:
+            await server.stop(None)
+    assert not caught.value.retriable
+    for fake in fakes.values():
+        # the push (header and chunks), then the header alone, once
+        assert fake.calls == [["header", "chunk", "chunk", "chunk"], ["header"]]
+    # Fenced everywhere, acked nowhere: the deposed owner dropped its own copy.
+    assert store.head(DS, "k") is None
+    assert sync.behind(DS) == []  # a fence is no reason to catch a replica up
+
+
+async def test_a_handover_hidden_by_the_bug_is_retriable(store: ObjectStore) -> None:
+    servers, fakes, addresses = await replicas(UnavailableError("eu-west is handing over"))
+    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
+    write = a_write(store)
+    try:
+        with pytest.raises(UnavailableError, match="handing over") as caught:
+            await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
+    finally:
+        await sync.close()
+        for server in servers:
+            await server.stop(None)
+    assert caught.value.retriable
+    assert fakes["eu-west"].calls[1:] == [["header"]]
+
+
+async def test_a_header_admitted_when_asked_again_is_retriable(store: ObjectStore) -> None:
+    """A replica that refuses nothing at the header: the early end was no refusal. A
+    header alone of a non-empty version is answered "short": retriable, and says why."""
+    servers, fakes, addresses = await replicas(ShortStreamError("ended after 0 bytes"))
+    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
+    write = a_write(store)
+    try:
+        with pytest.raises(UnavailableError, match="36066") as caught:
+            await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
+    finally:
+        await sync.close()
+        for server in servers:
+            await server.stop(None)
+    assert caught.value.retriable
+    assert fakes["eu-west"].calls[1:] == [["header"]]  # asked once, not in a loop
+
+
+async def test_a_fence_hidden_twice_more_still_fences(store: ObjectStore) -> None:
+    """The bug hides the header alone's status too, twice: the third ask gets the fence,
+    and the deposed owner rewinds (a retriable error would leave its write standing)."""
+    servers, fakes, addresses = await replicas(StaleEpochError("epoch 3 is older than 4"), hides=2)
+    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
+    write = a_write(store)
+    try:
+        with pytest.raises(FencedError, match="epoch 3"):
+            await sync.replicate(write)
+    finally:
+        await sync.close()
+        for server in servers:
+            await server.stop(None)
+    for fake in fakes.values():
+        assert fake.calls[1:] == [["header"]] * 3
+    assert store.head(DS, "k") is None
+
+
+async def test_a_status_hidden_every_time_is_asked_a_bounded_number_of_times(
+    store: ObjectStore,
+) -> None:
+    servers, fakes, addresses = await replicas(StaleEpochError("epoch 3 is older than 4"), hides=99)
+    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
+    write = a_write(store)
+    try:
+        with pytest.raises(UnavailableError, match="36066") as caught:
+            await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
+    finally:
+        await sync.close()
+        for server in servers:
+            await server.stop(None)
+    assert caught.value.retriable
+    assert fakes["eu-west"].calls[1:] == [["header"]] * 3
+
+
+async def test_the_header_is_asked_again_within_the_pushs_deadline(store: ObjectStore) -> None:
+    """A push of 0.5 s whose header alone would be answered after 1 s: the ask ends at
+    the push's deadline (retriable), not `timeout_s` (10 s) later with a fence."""
+    servers, fakes, addresses = await replicas(StaleEpochError("epoch 3 is older than 4"))
+    fakes["eu-west"].slow_s = 1.0
+    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
+    write = a_write(store)
+    try:
+        started = time.monotonic()
+        with pytest.raises(MeridianError) as caught:
+            await sync._push("eu-west", write, write.version, 0.5)  # type: ignore[arg-type]
+        took = time.monotonic() - started
+    finally:
+        await sync.close()
+        for server in servers:
+            await server.stop(None)
+    assert not isinstance(caught.value, FencedError) and caught.value.retriable, caught.value
+    assert took < 1.0, took
