@@ -708,6 +708,8 @@ class SyncReplication:
                 took, dropped, newest = await self._settle_extra(
                     write, region, address, key, version, ours.get(key), older_than
                 )
+            except FencedError:
+                raise
             except _UnresolvedError as exc:
                 # Left as it is (what shows there now: neither adopted nor rewound): the
                 # pass goes on with the other keys and is retried (below), which decides
@@ -716,6 +718,13 @@ class SyncReplication:
                 unresolved[key] = str(exc)
                 rewound += exc.rewound  # each marked the region behind as it was dropped
                 continue
+            except MeridianError:
+                if adopted:
+                    # The retried pass finds what was adopted here as ours, adopts
+                    # nothing and would not spread it to regions whose passes are over
+                    # (review): spread now, as below for an unresolved key.
+                    self._spread_adopted(write, region, older_than)
+                raise
             adopted += took
             rewound += dropped
             if dropped:
@@ -817,6 +826,10 @@ class SyncReplication:
                 raise
             except InvalidInputError as exc:
                 # An agent that predates rewinding deletes refuses one: left as before.
+                # A routed Rewind raises that refusal even when another agent of the
+                # region dropped the version already, so the region is marked behind as
+                # after a drop (a catch-up where nothing was dropped only costs a listing).
+                self._mark_behind(write, region)
                 log.warning(
                     "takeover_stale_delete_left",
                     dataset=write.dataset,
@@ -1530,8 +1543,8 @@ class SyncReplication:
         """On this owner's first write at a new epoch, bring every other copy region up
         to what this region holds. A replica that was cut off while an earlier owner
         wrote (acked by the others) lacks those versions, and no push of ours fails to
-        tell us so: its pushes of new writes succeed. Off the ack path: the pass does not
-        mark the region behind, so it changes no ack."""
+        tell us so: its pushes of new writes succeed. Off the ack path: the pass marks
+        the region behind only where it rewinds a version there (`_settle_extra`)."""
         epoch = write.admitted.epoch
         if self._reconciled.get(write.dataset, 0) >= epoch:
             return

@@ -36,7 +36,7 @@ from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
-from controlplane.errors import UnavailableError
+from controlplane.errors import InvalidInputError, UnavailableError
 from meridian.convert import version_from_wire, version_to_wire
 from meridian.v1 import agent_pb2
 
@@ -523,5 +523,60 @@ async def test_a_rewind_that_dropped_but_failed_still_brings_the_owners_version(
         west.service.rewinds.fails_from = None
         await sync._reconcile(epoch_write(), "eu-west", older_than)
         await until(lambda: newest(west, "k") == y, 10, "eu-west to hold the owner's write")
+    finally:
+        await sync.close()
+
+
+async def test_what_a_pass_adopted_is_spread_though_a_later_key_fails(
+    regions: dict[str, Region],
+) -> None:
+    """As above, but the later key's proof fails outright (an agent not answering at all,
+    not an undecided proof): the pass raises, and what it adopted before still goes to
+    eu-north's pass (review: the exception left before the spreading)."""
+    west = regions["eu-west"].store
+    missed = west.put(DS, "a", [b"acked at the old epoch"])
+    copy(regions, "a", missed, "eu-north")
+    older_than = regions["eu-central"].store.clock.now()
+    west.put(DS, "b", [b"unproven"])
+    sync = owner(regions)
+    started: list[str] = []
+
+    async def down(*args: object) -> bool:
+        raise UnavailableError("eu-north (127.0.0.1:1) is unavailable")
+
+    sync._held_nowhere_else = down  # type: ignore[method-assign]
+    sync._start_pass = lambda write, region, older: started.append(region)  # type: ignore[method-assign]
+    try:
+        with pytest.raises(UnavailableError, match="is unavailable"):
+            await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert regions["eu-central"].store.head(DS, "a") == missed  # adopted
+        assert started == ["eu-north"]
+    finally:
+        await sync.close()
+
+
+async def test_a_rewind_refused_as_invalid_still_marks_the_region_behind(
+    regions: dict[str, Region],
+) -> None:
+    """eu-west's lone `x`'s rewind is refused as invalid input (an agent that predates
+    rewinding deletes, in a region where another agent may have dropped it already): the
+    key is left as it shows, and the region is marked behind as after a drop (review)."""
+    west = regions["eu-west"].store
+    acked = west.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", acked, "eu-central", "eu-north")
+    older_than = regions["eu-central"].store.clock.now()
+    west.clock.observe(older_than)
+    west.put(DS, "k", [b"the deposed owner's lone write"])
+    sync = owner(regions)
+    marked: list[str] = []
+    sync._mark_behind = lambda write, region: marked.append(region)  # type: ignore[method-assign]
+
+    async def refused(*args: object) -> tuple[bool, None]:
+        raise InvalidInputError("eu-west (agent b): Rewind of a delete is not known here")
+
+    sync._rewind = refused  # type: ignore[method-assign]
+    try:
+        await sync._takeover_once(epoch_write(), "eu-west", older_than)
+        assert marked == ["eu-west"]
     finally:
         await sync.close()

@@ -170,6 +170,9 @@ async def test_a_late_report_never_removes_the_agent_restarted_on_the_address(
         stale = watch.current.get(victim_id)
         assert stale is not None and stale.lease
         detector = FastFailDetector(coord, watch, "the-test")
+    # Its one peer watches the first registration before the kill, so that peer logs
+    # `peer_watched` once for each registration below (a CI run killed it first: one).
+    await watched(region, victim, watchers=1)
     victim.kill()
     await waiting.until(  # its one watcher marks it down, or else its lease lapses
         lambda: _absent(coord, region.region, victim_id),
