@@ -75,6 +75,18 @@ def broker_properties(settings: Settings, data_dir: Path) -> str:
     )
 
 
+def new_cluster_id() -> str:
+    """A random cluster id in Kafka's form (URL-safe base64 of 16 bytes, unpadded).
+
+    One draw in 64 starts with "-", which the storage tool's argument parser reads
+    as an option, so such a draw is made again (Kafka's own generator does the same).
+    """
+    while True:
+        drawn = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not drawn.startswith("-"):
+            return drawn
+
+
 class KafkaService(SingleProcessService):
     name = "kafka"
     stop_timeout_s = 30.0  # Kafka flushes and closes its logs on SIGTERM
@@ -111,10 +123,14 @@ class KafkaService(SingleProcessService):
     def _format_storage(self) -> None:
         if (self.data_dir / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         done = subprocess.run(
             self._java(
-                "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config)
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={cluster_id}",
+                "-c",
+                str(self.config),
             ),
             capture_output=True,
             text=True,
