@@ -3,7 +3,10 @@ INTERNAL "Internal error from Core" (grpc/grpc#36066; agents/replication/early_s
 asked again with the header alone (a few times while the bug hides that too), a stale
 epoch is a fence (the deposed owner's
 write fails for good, and it rewinds its copy), a handover is retriable, and a header
-the replica admits now is a retriable error, never a commit.
+the replica admits now is a retriable error, never a commit. Hidden on every ask, the
+fence is read from etcd (a fake `owner_now`): another owner or a newer epoch there
+fences the write as the replica's answer would have; this region at the write's epoch,
+no owner, or an etcd that cannot answer leave it retriable.
 
 A unit test: the replicas are a fake agent (test scaffolding, a fake port) on loopback
 ports that end a push still sending with the bug's INTERNAL and answer a header alone
@@ -17,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
-from agents.admission import Admitted
+from agents.admission import Admitted, OwnerRecord
 from agents.client import CORE_INTERNAL
 from agents.replication.sync import SyncReplication
 from agents.rpc.status import abort
@@ -229,3 +232,110 @@ async def test_the_header_is_asked_again_within_the_pushs_deadline(store: Object
     assert took < 3.5, took
     # the header alone was asked (the push did not end before reaching the re-ask)
     assert fakes["eu-west"].calls[1:2] == [["header"]], fakes["eu-west"].calls
+
+
+OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]
+
+
+def etcd_names(region: str | None, epoch: int = 0) -> OwnerNow:
+    """A fake `owner_now`: etcd names `region` at `epoch` the owner (None: no owner)."""
+
+    async def owner_now(dataset: str) -> OwnerRecord | None:
+        assert dataset == DS
+        return None if region is None else OwnerRecord(DS, region, epoch)
+
+    return owner_now
+
+
+async def etcd_down(dataset: str) -> OwnerRecord | None:
+    raise UnavailableError("etcd: no leader")
+
+
+async def test_a_fence_hidden_on_every_ask_is_read_from_etcd_and_rewound(
+    store: ObjectStore,
+) -> None:
+    """Every header alone hidden too, and the dataset failed over to eu-west at epoch 4:
+    the deposed owner (the write admitted at epoch 3) is fenced, not asked to retry,
+    and drops its own copy, as when the replica's fence was recovered."""
+    servers, fakes, addresses = await replicas(StaleEpochError("epoch 3 is older than 4"), hides=99)
+    sync = SyncReplication(
+        store,
+        "eu-central",
+        addresses,
+        timeout_s=10,
+        deltas=False,
+        owner_now=etcd_names("eu-west", 4),
+    )
+    write = a_write(store)
+    try:
+        with pytest.raises(FencedError, match="etcd names eu-west") as caught:
+            await sync.replicate(write)
+    finally:
+        await sync.close()
+        for server in servers:
+            await server.stop(None)
+    assert not caught.value.retriable
+    for fake in fakes.values():
+        assert fake.calls[1:] == [["header"]] * 3  # every ask hidden
+    assert store.head(DS, "k") is None
+    assert sync.behind(DS) == []  # a fence is no reason to catch a replica up
+
+
+@pytest.mark.parametrize(
+    ("region", "epoch"),
+    [("eu-west", 4), ("eu-west", 3), ("eu-central", 4)],
+    ids=["another-owner-newer-epoch", "another-owner", "this-region-newer-epoch"],
+)
+async def test_etcd_naming_another_owner_or_a_newer_epoch_is_a_fence(
+    store: ObjectStore, region: str, epoch: int
+) -> None:
+    servers, _fakes, addresses = await replicas(
+        StaleEpochError("epoch 3 is older than 4"), hides=99
+    )
+    sync = SyncReplication(
+        store,
+        "eu-central",
+        addresses,
+        timeout_s=10,
+        deltas=False,
+        owner_now=etcd_names(region, epoch),
+    )
+    write = a_write(store)
+    try:
+        with pytest.raises(FencedError, match=f"etcd names {region} .* at epoch {epoch}"):
+            await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
+    finally:
+        await sync.close()
+        for server in servers:
+            await server.stop(None)
+
+
+@pytest.mark.parametrize(
+    "owner_now",
+    [etcd_names("eu-central", 3), etcd_names(None), etcd_down],
+    ids=["this-region-at-the-writes-epoch", "no-owner", "etcd-down"],
+)
+async def test_a_hidden_answer_etcd_does_not_show_as_a_fence_stays_retriable(
+    store: ObjectStore, owner_now: OwnerNow
+) -> None:
+    """Nothing says the replica fenced the write: retriable, and the write is kept."""
+    servers, _fakes, addresses = await replicas(
+        StaleEpochError("epoch 3 is older than 4"), hides=99
+    )
+    sync = SyncReplication(
+        store, "eu-central", addresses, timeout_s=10, deltas=False, owner_now=owner_now
+    )
+    behind: list[str] = []
+    sync._mark_behind = lambda _write, region: behind.append(region)  # type: ignore[method-assign]
+    write = a_write(store)
+    try:
+        with pytest.raises(UnavailableError, match="36066") as caught:
+            await sync.replicate(write)
+    finally:
+        await sync.close()
+        for server in servers:
+            await server.stop(None)
+    assert caught.value.retriable
+    assert not isinstance(caught.value, FencedError)
+    assert store.head(DS, "k") == write.version  # not rewound
+    assert sorted(behind) == ["eu-north", "eu-west"]  # caught up later, as any failed push
