@@ -1320,6 +1320,11 @@ class SyncReplication:
     async def _push_to(
         self, region: str, write: CommittedWrite, version: Version, deadline_s: float
     ) -> str:
+        """The push of `_push`, all of it (a delta answered `basis_missing`, then the
+        version whole) within `deadline_s`: the whole call gets only what the delta
+        left of it (given the full deadline again, a replica slow to say it lacks the
+        basis stretched the push to twice its bound)."""
+        until = time.monotonic() + deadline_s
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         key = write.key or ""
@@ -1349,6 +1354,14 @@ class SyncReplication:
             log.info("replica_basis_missing", dataset=write.dataset, key=key, region=region)
             self.bases.forget(region, write.dataset, key)
             header.ClearField("basis")
+            left = until - time.monotonic()
+            if left <= 0:
+                raise UnavailableError(
+                    f"the push of {write.dataset}/{key} at {version.hlc} to {region} "
+                    f"({address}) was answered basis_missing with nothing left of its "
+                    f"{deadline_s:.1f} s deadline to send the version whole; retry the push"
+                )
+            deadline_s = left
         resp = await self._replicate_call(
             stub, header, self._frames(header, write, version), deadline_s, region, address
         )
