@@ -104,7 +104,8 @@ later) an ack would rest on a copy that is not there.
 **Deltas.** A version of at least 64 KiB is pushed as a delta against the version
 the replica holds (the one it was last seen to commit, else this store's previous
 one), patched by the replica as it arrives; a replica without that basis answers at
-once and gets the version whole (delta_push.py says why a push and not a pull).
+once and gets the version whole, within what is left of the push's deadline
+(delta_push.py says why a push and not a pull).
 """
 
 from __future__ import annotations
