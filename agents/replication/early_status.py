@@ -11,7 +11,8 @@ and a handover's retriable refusal failed the write for good.
 On that INTERNAL the call is made again with the header alone (`header_alone`): with
 nothing left to send after the status, the status arrives intact, nearly always; the
 bug can hide it again, so the header is asked a few times (bounded, within the push's
-deadline). A header alone
+deadline); hidden on every ask, the owner reads the fence from etcd instead (sync.py,
+`_hidden_fence`). A header alone
 never stores a non-empty version (its bytes are missing: the replica answers "short"
 or, for a delta, a failed patch), and a call the replica admits reads every frame, so
 it never ends early and never gets here. A tombstone or an empty version is its header

@@ -92,6 +92,9 @@ per write.
 etcd, read now (`owner_now`), names another owner or no newer epoch of this region;
 when this region re-claimed the dataset (the watch had not delivered it when the
 write was admitted at the old epoch) the answer is retriable (`_fenced_answer`).
+A fence the grpc bug hid on every ask (early_status.py) is read from etcd likewise
+(`_hidden_fence`): another owner or a newer epoch there is that fence, and is
+answered (and rewound) as one.
 
 **Older answers.** A replica holding a newer version of the key answers a push
 "older"; that counts as holding it only when the newer version is this owner's or
@@ -101,7 +104,8 @@ later) an ack would rest on a copy that is not there.
 **Deltas.** A version of at least 64 KiB is pushed as a delta against the version
 the replica holds (the one it was last seen to commit, else this store's previous
 one), patched by the replica as it arrives; a replica without that basis answers at
-once and gets the version whole (delta_push.py says why a push and not a pull).
+once and gets the version whole, within what is left of the push's deadline
+(delta_push.py says why a push and not a pull).
 """
 
 from __future__ import annotations
@@ -135,6 +139,7 @@ from agents.store import (
     SetRecord,
     ShortStreamError,
 )
+from controlplane.coordination.protocols.fencing import StaleEpochError
 from controlplane.domain.hlc import HLC
 from controlplane.domain.placement import DEFAULT_ACK, Placement
 from controlplane.domain.version import Verdict, Version
@@ -1316,6 +1321,11 @@ class SyncReplication:
     async def _push_to(
         self, region: str, write: CommittedWrite, version: Version, deadline_s: float
     ) -> str:
+        """The push of `_push`, all of it (a delta answered `basis_missing`, then the
+        version whole) within `deadline_s`: the whole call gets only what the delta
+        left of it (given the full deadline again, a replica slow to say it lacks the
+        basis stretched the push to twice its bound)."""
+        until = time.monotonic() + deadline_s
         address = await self.peers.address(region)
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         key = write.key or ""
@@ -1345,6 +1355,14 @@ class SyncReplication:
             log.info("replica_basis_missing", dataset=write.dataset, key=key, region=region)
             self.bases.forget(region, write.dataset, key)
             header.ClearField("basis")
+            left = until - time.monotonic()
+            if left <= 0:
+                raise UnavailableError(
+                    f"the push of {write.dataset}/{key} at {version.hlc} to {region} "
+                    f"({address}) was answered basis_missing with nothing left of its "
+                    f"{deadline_s:.1f} s deadline to send the version whole; retry the push"
+                )
+            deadline_s = left
         resp = await self._replicate_call(
             stub, header, self._frames(header, write, version), deadline_s, region, address
         )
@@ -1437,7 +1455,9 @@ class SyncReplication:
         was not a refusal; nothing of this push was committed there) or every ask was
         hidden or the deadline passed. One ask was not enough: the bug hides a fence
         twice in a row often enough that a deposed owner, given only a retriable
-        error, kept its write and never rewound it."""
+        error, kept its write and never rewound it. Hidden on every ask, the fence is
+        read from etcd instead (`_hidden_fence`): a deposed owner is still told it is
+        fenced, and rewinds its write as for a fence the replica's answer showed."""
         where = f"{region} ({address})"
         what = f"{header.dataset}/{header.key} at {header.version.hlc}"
         left = min(until - time.monotonic(), self.timeout_s)
@@ -1451,8 +1471,12 @@ class SyncReplication:
             response = await header_alone(stub, header, timeout_s=left, attempts=EARLY_ASKS)
         except grpc.aio.AioRpcError as err:
             found = from_rpc_error(err, where)
-            if core_internal(err) or isinstance(found, (ShortStreamError, DigestMismatchError)):
+            hidden = core_internal(err)
+            if hidden or isinstance(found, (ShortStreamError, DigestMismatchError)):
                 log.warning("replicate_early_end_unexplained", region=region, what=what)
+                fence = await self._hidden_fence(header, where, what) if hidden else None
+                if fence is not None:
+                    raise fence from err
                 raise UnavailableError(
                     f"{where} ended the push of {what} early and its reason was lost "
                     f"(grpc/grpc#36066); asked again with the header alone it gives none "
@@ -1468,6 +1492,43 @@ class SyncReplication:
             raise found from err
         log.info("replicate_early_answer_recovered", region=region, what=what)
         return response
+
+    async def _hidden_fence(
+        self, header: agent_pb2.ReplicateHeader, where: str, what: str
+    ) -> StaleEpochError | None:
+        """The fence a replica's answer may have been when the bug hid it on every ask,
+        read from etcd now (`owner_now`): a `StaleEpochError` when etcd names another
+        owner region, or a newer epoch, than the write was admitted at (`header.epoch`,
+        the write's `admitted.epoch`), so this owner was deposed and the write can never
+        be acked; None (the answer stays retriable) when etcd still names this region at
+        that epoch, names no owner, or cannot answer: nothing then says the replica
+        fenced it, and a retry is admitted against etcd again. (Left retriable, a
+        deposed owner kept its write standing and never rewound it.)"""
+        if self.owner_now is None:
+            return None
+        try:
+            owner = await self.owner_now(header.dataset)
+        except MeridianError as exc:
+            log.warning(
+                "replicate_hidden_fence_unread", dataset=header.dataset, what=what, error=str(exc)
+            )
+            return None
+        if owner is None or (owner.region == self.region and owner.epoch <= header.epoch):
+            return None
+        log.warning(
+            "replicate_hidden_fence_read",
+            dataset=header.dataset,
+            what=what,
+            epoch=header.epoch,
+            owner=owner.region,
+            current=owner.epoch,
+        )
+        return StaleEpochError(
+            f"{where} ended the push of {what} early and grpc/grpc#36066 hid its reason on "
+            f"every ask; etcd names {owner.region} the owner of {header.dataset} at epoch "
+            f"{owner.epoch}, and this write was admitted in {self.region} at epoch "
+            f"{header.epoch}: this owner was deposed (fenced)"
+        )
 
     def _committed(
         self, region: str, dataset: str, key: str, resp: agent_pb2.ReplicateResponse

@@ -1,7 +1,11 @@
 """Delta pushes of critical writes against real agent processes and etcd (issue 13): a
 new version of a large object reaches the replica as a delta over the version it
 holds (the catalog's transfer record shows the wire bytes far below the logical
-ones), and a replica that lost that basis gets it whole, still acked and bit-exact."""
+ones), and a replica that lost that basis gets it whole, still acked and bit-exact.
+
+The last tests are unit tests (a fake replica on a loopback port, the owner's real
+`SyncReplication` over a real store): a push answered `basis_missing` sends the
+version whole within what is left of the push's deadline, never a fresh one."""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ import asyncio
 import json
 import os
 import shutil
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -16,13 +23,20 @@ from critical_helpers import put, stat
 from harness.agent_process import AgentProcess
 from harness.cli_schema import check_output
 from harness.controllers import run_cli
+from harness.fake_peers import StaticPeers, serving
 from waiting import until
 
+from agents.admission import Admitted
+from agents.replication.delta_push import DELTA_MIN_BYTES
+from agents.replication.sync import SyncReplication
+from agents.service import CommittedWrite
+from agents.store import ObjectStore
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.domain.hlc import HybridClock
+from controlplane.domain.placement import Placement
+from controlplane.errors import UnavailableError
 from meridian.v1 import agent_pb2, agent_pb2_grpc
-
-pytestmark = pytest.mark.integration
 
 Agents = dict[str, AgentProcess]
 MiB = 1 << 20
@@ -60,6 +74,7 @@ async def transfer_to(
     return await until(recorded, timeout_s, what=what, step_s=0.25)
 
 
+@pytest.mark.integration
 async def test_a_new_version_goes_as_a_delta_and_whole_to_a_replica_without_its_basis(
     eu_agents: Agents, coord: EtcdCoordination, critical_world: dict[str, str]
 ) -> None:
@@ -106,6 +121,7 @@ async def test_a_new_version_goes_as_a_delta_and_whole_to_a_replica_without_its_
     assert int(again["wire_bytes"]) >= 4 * MiB
 
 
+@pytest.mark.integration
 async def test_a_replica_answers_basis_missing_before_reading_a_frame(
     eu_agents: Agents, coord: EtcdCoordination
 ) -> None:
@@ -132,3 +148,134 @@ async def test_a_replica_answers_basis_missing_before_reading_a_frame(
         resp = await agent_pb2_grpc.AgentStub(channel).Replicate(frames(), timeout=10)  # type: ignore[arg-type]
     assert resp.basis_missing
     assert resp.region == "eu-central"
+
+
+PAIR = Placement(
+    dataset="pair/late",
+    policy="pair",
+    dataset_class="critical",
+    home="eu-west",
+    replicas=("eu-central",),
+    residency=("EU",),
+    rpo_s=0,
+    ack="quorum",
+    failover_mode="manual",
+    failover_order=("eu-central",),
+)
+
+
+class LateBasisMissing(agent_pb2_grpc.AgentServicer):
+    """A replica's Replicate (a fake port) that lost every basis: a delta is answered
+    `basis_missing` after `slow_s`; a whole push is committed, and the deadline it came
+    with (the server's view of the time it had left) is kept."""
+
+    def __init__(self, slow_s: float) -> None:
+        self.slow_s = slow_s
+        self.whole_had_s: list[float] = []
+
+    async def Replicate(  # noqa: N802 - the generated servicer's name
+        self,
+        request_iterator: AsyncIterator[agent_pb2.ReplicateRequest],
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> agent_pb2.ReplicateResponse:
+        # Every frame read before answering: an early answer of a stream still sending
+        # is what grpc/grpc#36066 hides, which is not what this test is about.
+        frames = [f async for f in request_iterator]
+        header = frames[0].header
+        if header.HasField("basis"):
+            await asyncio.sleep(self.slow_s)
+            return agent_pb2.ReplicateResponse(region="eu-central", basis_missing=True)
+        remaining = context.time_remaining()
+        assert remaining is not None
+        self.whole_had_s.append(remaining)
+        return agent_pb2.ReplicateResponse(region="eu-central", version=header.version)
+
+
+@pytest.fixture
+def west_store(tmp_path: Path) -> Iterator[ObjectStore]:
+    opened = ObjectStore(tmp_path / "eu-west", clock=HybridClock("eu-west"))
+    yield opened
+    opened.close()
+
+
+def second_version(store: ObjectStore) -> CommittedWrite:
+    """A large key's second version: pushed as a delta over the first."""
+    first = os.urandom(2 * DELTA_MIN_BYTES)
+    store.put(PAIR.dataset, "k", [first])
+    version = store.put(PAIR.dataset, "k", [edited(first, 100, b"changed")])
+    return CommittedWrite(Admitted(PAIR, 1, 1), PAIR.dataset, key="k", version=version)
+
+
+def recording_calls(sync: SyncReplication) -> list[float]:
+    """The deadline of each Replicate call the owner's push makes."""
+    deadlines: list[float] = []
+    call = sync._replicate_call
+
+    async def recorded(
+        stub: agent_pb2_grpc.AgentAsyncStub,
+        header: agent_pb2.ReplicateHeader,
+        frames: AsyncGenerator[agent_pb2.ReplicateRequest],
+        deadline_s: float,
+        region: str,
+        address: str,
+    ) -> agent_pb2.ReplicateResponse:
+        deadlines.append(deadline_s)
+        return await call(stub, header, frames, deadline_s, region, address)
+
+    sync._replicate_call = recorded  # type: ignore[method-assign]
+    return deadlines
+
+
+async def test_the_whole_push_after_basis_missing_gets_what_is_left_of_the_deadline(
+    west_store: ObjectStore,
+) -> None:
+    """A push of 4 s whose delta is answered `basis_missing` after 1.5 s: the whole call
+    gets at most the 2.5 s left (a fresh deadline gave it 4 s more). The lower bound is
+    wide, for a loaded machine."""
+    replica = LateBasisMissing(slow_s=1.5)
+    write = second_version(west_store)
+    async with serving({"eu-central": replica}) as peers:
+        sync = SyncReplication(west_store, "eu-west", peers, timeout_s=10)
+        deadlines = recording_calls(sync)
+        try:
+            assert await sync._push("eu-central", write, write.version, 4.0) == "eu-central"  # type: ignore[arg-type]
+        finally:
+            await sync.close()
+    assert len(deadlines) == 2, deadlines
+    assert deadlines[0] == 4.0
+    assert 0.5 < deadlines[1] <= 2.5, deadlines
+    # the replica was given that deadline too (as grpc carries it: never more)
+    assert len(replica.whole_had_s) == 1
+    assert replica.whole_had_s[0] <= 2.5, replica.whole_had_s
+
+
+async def test_basis_missing_with_no_time_left_is_retriable_and_not_pushed_whole(
+    west_store: ObjectStore,
+) -> None:
+    """The delta's answer came as the deadline ran out: no whole call is made (it would
+    have had none of the deadline), and the error is retriable and names the push."""
+    write = second_version(west_store)
+    sync = SyncReplication(
+        west_store, "eu-west", StaticPeers({"eu-central": "127.0.0.1:1"}), timeout_s=10
+    )
+    deadlines: list[float] = []
+
+    async def late(
+        stub: object, header: object, frames: AsyncGenerator[object], deadline_s: float, *a: str
+    ) -> agent_pb2.ReplicateResponse:
+        deadlines.append(deadline_s)
+        await frames.aclose()
+        started = time.monotonic()
+        await asyncio.sleep(deadline_s)  # the answer takes the whole deadline
+        assert time.monotonic() - started >= deadline_s
+        return agent_pb2.ReplicateResponse(region="eu-central", basis_missing=True)
+
+    sync._replicate_call = late  # type: ignore[method-assign,assignment]
+    try:
+        with pytest.raises(UnavailableError, match=r"pair/late/k at .* to eu-central") as caught:
+            await sync._push("eu-central", write, write.version, 0.2)  # type: ignore[arg-type]
+    finally:
+        await sync.close()
+    assert caught.value.retriable
+    assert "basis_missing" in str(caught.value)
+    assert deadlines == [0.2]  # the delta alone: no whole call

@@ -3,7 +3,10 @@ INTERNAL "Internal error from Core" (grpc/grpc#36066; agents/replication/early_s
 asked again with the header alone (a few times while the bug hides that too), a stale
 epoch is a fence (the deposed owner's
 write fails for good, and it rewinds its copy), a handover is retriable, and a header
-the replica admits now is a retriable error, never a commit.
+the replica admits now is a retriable error, never a commit. Hidden on every ask, the
+fence is read from etcd (a fake `owner_now`): another owner or a newer epoch there
+fences the write as the replica's answer would have; this region at the write's epoch,
+no owner, or an etcd that cannot answer leave it retriable.
 
 A unit test: the replicas are a fake agent (test scaffolding, a fake port) on loopback
 ports that end a push still sending with the bug's INTERNAL and answer a header alone
@@ -15,15 +18,18 @@ integration tests (tests/harness/raw_replicate.py) go through the same `header_a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import NamedTuple, Protocol
 
 import grpc
 import pytest
+from harness.fake_peers import serving
 
-from agents.admission import Admitted
+from agents.admission import Admitted, OwnerRecord
 from agents.client import CORE_INTERNAL
 from agents.replication.sync import SyncReplication
 from agents.rpc.status import abort
@@ -48,6 +54,9 @@ PLACEMENT = Placement(
     failover_mode="manual",
     failover_order=("eu-west", "eu-north"),
 )
+STALE = "epoch 3 is older than 4"  # the replicas' fence of the write (admitted at 3)
+
+OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]
 
 
 class GlitchingReplica(agent_pb2_grpc.AgentServicer):
@@ -79,37 +88,25 @@ class GlitchingReplica(agent_pb2_grpc.AgentServicer):
         return agent_pb2.ReplicateResponse(region=self.region)
 
 
-class Addresses:
-    def __init__(self, addresses: dict[str, str]) -> None:
-        self.addresses = addresses
-
-    async def address(self, region: str) -> str:
-        return self.addresses[region]
-
-    def forget(self, region: str) -> None:
-        pass
-
-
-async def replicas(
-    verdict: MeridianError | None, hides: int = 0
-) -> tuple[list[grpc.aio.Server], dict[str, GlitchingReplica], Addresses]:
-    servers, fakes, addresses = [], {}, {}
-    for region in PLACEMENT.replicas:
-        fake = GlitchingReplica(region, verdict, hides)
-        server = grpc.aio.server()
-        agent_pb2_grpc.add_AgentServicer_to_server(fake, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        servers.append(server)
-        fakes[region] = fake
-        addresses[region] = f"127.0.0.1:{port}"
-    return servers, fakes, Addresses(addresses)
-
-
 def a_write(store: ObjectStore) -> CommittedWrite:
     """A committed version of three chunks: its push is still sending when refused."""
     version = store.put(DS, "k", [os.urandom(CHUNK_BYTES) for _ in range(3)])
     return CommittedWrite(Admitted(PLACEMENT, 3, 1), DS, key="k", version=version)
+
+
+class Pushing(NamedTuple):
+    """A push's world: each replica region's fake agent, and eu-central's replication
+    (the owner) with the write it pushes."""
+
+    fakes: dict[str, GlitchingReplica]
+    sync: SyncReplication
+    write: CommittedWrite
+
+
+class Start(Protocol):
+    async def __call__(
+        self, verdict: MeridianError | None, *, hides: int = 0, owner_now: OwnerNow | None = None
+    ) -> Pushing: ...
 
 
 @pytest.fixture
@@ -119,19 +116,33 @@ def store(tmp_path: Path) -> AsyncIterator[ObjectStore]:
     opened.close()
 
 
+@pytest.fixture
+async def start(store: ObjectStore) -> AsyncIterator[Start]:
+    """Starts the fake replicas (each answering a header alone with `verdict`, the bug
+    hiding the first `hides` of those answers too) and the owner's replication over
+    `store`; after the test, the replication is closed, then the replicas stopped."""
+    async with contextlib.AsyncExitStack() as started:
+
+        async def pushing(
+            verdict: MeridianError | None, *, hides: int = 0, owner_now: OwnerNow | None = None
+        ) -> Pushing:
+            fakes = {r: GlitchingReplica(r, verdict, hides) for r in PLACEMENT.replicas}
+            peers = await started.enter_async_context(serving(fakes))
+            sync = SyncReplication(
+                store, "eu-central", peers, timeout_s=10, deltas=False, owner_now=owner_now
+            )
+            started.push_async_callback(sync.close)
+            return Pushing(fakes, sync, a_write(store))
+
+        yield pushing
+
+
 async def test_a_stale_epoch_hidden_by_the_bug_fences_the_deposed_owners_write(
-    store: ObjectStore,
+    store: ObjectStore, start: Start
 ) -> None:
-    servers, fakes, addresses = await replicas(StaleEpochError("epoch 3 is older than 4"))
-    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
-    write = a_write(store)
-    try:
-        with pytest.raises(FencedError, match="epoch 3") as caught:
-            await sync.replicate(write)
-    finally:
-        await sync.close()
-        for server in servers:
-            await server.stop(None)
+    fakes, sync, write = await start(StaleEpochError(STALE))
+    with pytest.raises(FencedError, match="epoch 3") as caught:
+        await sync.replicate(write)
     assert not caught.value.retriable
     for fake in fakes.values():
         # the push (header and chunks), then the header alone, once
@@ -141,91 +152,123 @@ async def test_a_stale_epoch_hidden_by_the_bug_fences_the_deposed_owners_write(
     assert sync.behind(DS) == []  # a fence is no reason to catch a replica up
 
 
-async def test_a_handover_hidden_by_the_bug_is_retriable(store: ObjectStore) -> None:
-    servers, fakes, addresses = await replicas(UnavailableError("eu-west is handing over"))
-    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
-    write = a_write(store)
-    try:
-        with pytest.raises(UnavailableError, match="handing over") as caught:
-            await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
-    finally:
-        await sync.close()
-        for server in servers:
-            await server.stop(None)
+async def test_a_handover_hidden_by_the_bug_is_retriable(start: Start) -> None:
+    fakes, sync, write = await start(UnavailableError("eu-west is handing over"))
+    with pytest.raises(UnavailableError, match="handing over") as caught:
+        await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
     assert caught.value.retriable
     assert fakes["eu-west"].calls[1:] == [["header"]]
 
 
-async def test_a_header_admitted_when_asked_again_is_retriable(store: ObjectStore) -> None:
+async def test_a_header_admitted_when_asked_again_is_retriable(start: Start) -> None:
     """A replica that refuses nothing at the header: the early end was no refusal. A
     header alone of a non-empty version is answered "short": retriable, and says why."""
-    servers, fakes, addresses = await replicas(ShortStreamError("ended after 0 bytes"))
-    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
-    write = a_write(store)
-    try:
-        with pytest.raises(UnavailableError, match="36066") as caught:
-            await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
-    finally:
-        await sync.close()
-        for server in servers:
-            await server.stop(None)
+    fakes, sync, write = await start(ShortStreamError("ended after 0 bytes"))
+    with pytest.raises(UnavailableError, match="36066") as caught:
+        await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
     assert caught.value.retriable
     assert fakes["eu-west"].calls[1:] == [["header"]]  # asked once, not in a loop
 
 
-async def test_a_fence_hidden_twice_more_still_fences(store: ObjectStore) -> None:
+async def test_a_fence_hidden_twice_more_still_fences(store: ObjectStore, start: Start) -> None:
     """The bug hides the header alone's status too, twice: the third ask gets the fence,
     and the deposed owner rewinds (a retriable error would leave its write standing)."""
-    servers, fakes, addresses = await replicas(StaleEpochError("epoch 3 is older than 4"), hides=2)
-    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
-    write = a_write(store)
-    try:
-        with pytest.raises(FencedError, match="epoch 3"):
-            await sync.replicate(write)
-    finally:
-        await sync.close()
-        for server in servers:
-            await server.stop(None)
+    fakes, sync, write = await start(StaleEpochError(STALE), hides=2)
+    with pytest.raises(FencedError, match="epoch 3"):
+        await sync.replicate(write)
     for fake in fakes.values():
         assert fake.calls[1:] == [["header"]] * 3
     assert store.head(DS, "k") is None
 
 
 async def test_a_status_hidden_every_time_is_asked_a_bounded_number_of_times(
-    store: ObjectStore,
+    start: Start,
 ) -> None:
-    servers, fakes, addresses = await replicas(StaleEpochError("epoch 3 is older than 4"), hides=99)
-    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
-    write = a_write(store)
-    try:
-        with pytest.raises(UnavailableError, match="36066") as caught:
-            await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
-    finally:
-        await sync.close()
-        for server in servers:
-            await server.stop(None)
+    fakes, sync, write = await start(StaleEpochError(STALE), hides=99)
+    with pytest.raises(UnavailableError, match="36066") as caught:
+        await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
     assert caught.value.retriable
     assert fakes["eu-west"].calls[1:] == [["header"]] * 3
 
 
-async def test_the_header_is_asked_again_within_the_pushs_deadline(store: ObjectStore) -> None:
+async def test_the_header_is_asked_again_within_the_pushs_deadline(start: Start) -> None:
     """A push of 1 s whose header alone would be answered after 5 s: the ask ends at
     the push's deadline (retriable), not `timeout_s` (10 s) later with a fence. (Bounds
     wide apart, for a loaded machine.)"""
-    servers, fakes, addresses = await replicas(StaleEpochError("epoch 3 is older than 4"))
+    fakes, sync, write = await start(StaleEpochError(STALE))
     fakes["eu-west"].slow_s = 5.0
-    sync = SyncReplication(store, "eu-central", addresses, timeout_s=10, deltas=False)
-    write = a_write(store)
-    try:
-        started = time.monotonic()
-        with pytest.raises(MeridianError) as caught:
-            await sync._push("eu-west", write, write.version, 1.0)  # type: ignore[arg-type]
-        took = time.monotonic() - started
-    finally:
-        await sync.close()
-        for server in servers:
-            await server.stop(None)
+    started = time.monotonic()
+    with pytest.raises(MeridianError) as caught:
+        await sync._push("eu-west", write, write.version, 1.0)  # type: ignore[arg-type]
+    took = time.monotonic() - started
     assert not isinstance(caught.value, FencedError) and caught.value.retriable, caught.value
     assert took < 3.5, took
     # the header alone was asked (the push did not end before reaching the re-ask)
     assert fakes["eu-west"].calls[1:2] == [["header"]], fakes["eu-west"].calls
+
+
+def etcd_names(region: str | None, epoch: int = 0) -> OwnerNow:
+    """A fake `owner_now`: etcd names `region` at `epoch` the owner (None: no owner)."""
+
+    async def owner_now(dataset: str) -> OwnerRecord | None:
+        assert dataset == DS
+        return None if region is None else OwnerRecord(DS, region, epoch)
+
+    return owner_now
+
+
+async def etcd_down(dataset: str) -> OwnerRecord | None:
+    raise UnavailableError("etcd: no leader")
+
+
+async def test_a_fence_hidden_on_every_ask_is_read_from_etcd_and_rewound(
+    store: ObjectStore, start: Start
+) -> None:
+    """Every header alone hidden too, and the dataset failed over to eu-west at epoch 4:
+    the deposed owner (the write admitted at epoch 3) is fenced, not asked to retry,
+    and drops its own copy, as when the replica's fence was recovered."""
+    fakes, sync, write = await start(
+        StaleEpochError(STALE), hides=99, owner_now=etcd_names("eu-west", 4)
+    )
+    with pytest.raises(FencedError, match="etcd names eu-west") as caught:
+        await sync.replicate(write)
+    assert not caught.value.retriable
+    for fake in fakes.values():
+        assert fake.calls[1:] == [["header"]] * 3  # every ask hidden
+    assert store.head(DS, "k") is None
+    assert sync.behind(DS) == []  # a fence is no reason to catch a replica up
+
+
+@pytest.mark.parametrize(
+    ("region", "epoch"),
+    [("eu-west", 4), ("eu-west", 3), ("eu-central", 4)],
+    ids=["another-owner-newer-epoch", "another-owner", "this-region-newer-epoch"],
+)
+async def test_etcd_naming_another_owner_or_a_newer_epoch_is_a_fence(
+    start: Start, region: str, epoch: int
+) -> None:
+    _fakes, sync, write = await start(
+        StaleEpochError(STALE), hides=99, owner_now=etcd_names(region, epoch)
+    )
+    with pytest.raises(FencedError, match=f"etcd names {region} .* at epoch {epoch}"):
+        await sync._push("eu-west", write, write.version, 10)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "owner_now",
+    [etcd_names("eu-central", 3), etcd_names(None), etcd_down],
+    ids=["this-region-at-the-writes-epoch", "no-owner", "etcd-down"],
+)
+async def test_a_hidden_answer_etcd_does_not_show_as_a_fence_stays_retriable(
+    store: ObjectStore, start: Start, owner_now: OwnerNow
+) -> None:
+    """Nothing says the replica fenced the write: retriable, and the write is kept."""
+    _fakes, sync, write = await start(StaleEpochError(STALE), hides=99, owner_now=owner_now)
+    behind: list[str] = []
+    sync._mark_behind = lambda _write, region: behind.append(region)  # type: ignore[method-assign]
+    with pytest.raises(UnavailableError, match="36066") as caught:
+        await sync.replicate(write)
+    assert caught.value.retriable
+    assert not isinstance(caught.value, FencedError)
+    assert store.head(DS, "k") == write.version  # not rewound
+    assert sorted(behind) == ["eu-north", "eu-west"]  # caught up later, as any failed push

@@ -17,13 +17,14 @@ without its fencing, which tests/critical/test_takeover.py checks on real agents
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 from fakes.admission import MemoryOwners, StaticPolicy, compiled
+from harness.fake_peers import StaticPeers
 from waiting import until
 
 from agents.admission import Admission, Admitted
@@ -107,19 +108,6 @@ class Region:
     address: str
 
 
-class Addresses:
-    """The owner's `Peers`: each region's one agent."""
-
-    def __init__(self, regions: dict[str, Region]) -> None:
-        self.regions = regions
-
-    async def address(self, region: str) -> str:
-        return self.regions[region].address
-
-    def forget(self, region: str) -> None:
-        pass
-
-
 @pytest.fixture
 async def regions(tmp_path: Path) -> AsyncIterator[dict[str, Region]]:
     started: dict[str, Region] = {}
@@ -157,7 +145,8 @@ def owner(regions: dict[str, Region]) -> SyncReplication:
             here.apply(dataset, key, version, [source.read_bytes(dataset, key, version.hlc)])
         return True
 
-    return SyncReplication(here, "eu-central", Addresses(regions), timeout_s=10, adopt=adopt)
+    peers = StaticPeers({name: region.address for name, region in regions.items()})
+    return SyncReplication(here, "eu-central", peers, timeout_s=10, adopt=adopt)
 
 
 def copy(regions: dict[str, Region], key: str, version: Version, *to: str) -> None:
@@ -168,6 +157,54 @@ def copy(regions: dict[str, Region], key: str, version: Version, *to: str) -> No
         regions[name].store.apply(DS, key, version, data)
 
 
+@pytest.fixture
+async def sync(regions: dict[str, Region]) -> AsyncIterator[SyncReplication]:
+    """eu-central's replication (`owner`), closed after the test."""
+    replication = owner(regions)
+    try:
+        yield replication
+    finally:
+        await replication.close()
+
+
+@pytest.fixture
+def acked(regions: dict[str, Region]) -> Version:
+    """A put of `k` made in eu-west and held by every region (an acked one)."""
+    version = regions["eu-west"].store.put(DS, "k", [b"acked by all"])
+    copy(regions, "k", version, "eu-central", "eu-north")
+    return version
+
+
+@pytest.fixture
+def marked(sync: SyncReplication) -> Iterator[list[str]]:
+    """The regions the pass marks behind, recorded: no catch-up is started (it would
+    race what the test watches)."""
+    regions: list[str] = []
+    sync._mark_behind = lambda write, region: regions.append(region)  # type: ignore[method-assign]
+    yield regions
+
+
+@pytest.fixture
+def started(sync: SyncReplication) -> Iterator[list[str]]:
+    """The regions a takeover pass is started for, recorded, not started."""
+    regions: list[str] = []
+    sync._start_pass = lambda write, region, older: regions.append(region)  # type: ignore[method-assign]
+    yield regions
+
+
+@pytest.fixture
+def missed_and_unproven(regions: dict[str, Region]) -> tuple[Version, HLC]:
+    """eu-west holds `a`, an old epoch's write (eu-north has it too) that the owner
+    missed, and `b`, made after the epoch began (its proof is the test's to decide):
+    the missed version, and the epoch's start."""
+    west = regions["eu-west"].store
+    missed = west.put(DS, "a", [b"acked at the old epoch"])
+    copy(regions, "a", missed, "eu-north")
+    older_than = regions["eu-central"].store.clock.now()
+    west.put(DS, "b", [b"unproven"])
+    return missed, older_than
+
+
 def epoch_write() -> CommittedWrite:
     return CommittedWrite(Admitted(PLACEMENT, 2, 1), DS)
 
@@ -176,67 +213,51 @@ def newest(region: Region, key: str) -> Version | None:
     return region.store.head(DS, key)
 
 
+@pytest.mark.usefixtures("acked")
 async def test_a_delete_held_by_two_regions_is_not_proven_lone(
-    regions: dict[str, Region],
+    regions: dict[str, Region], sync: SyncReplication
 ) -> None:
     west = regions["eu-west"].store
-    put = west.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", put, "eu-central", "eu-north")
     delete = west.delete(DS, "k")
-    sync = owner(regions)
-    try:
-        # Held by eu-west alone: lone.
-        assert await sync._held_nowhere_else(epoch_write(), "eu-west", "k", delete)
-        # eu-north holds the same delete (an acked one, by two regions): not lone,
-        # though `Stat` answers "not found" there.
-        copy(regions, "k", delete, "eu-north")
-        assert not await sync._held_nowhere_else(epoch_write(), "eu-west", "k", delete)
-    finally:
-        await sync.close()
+    # Held by eu-west alone: lone.
+    assert await sync._held_nowhere_else(epoch_write(), "eu-west", "k", delete)
+    # eu-north holds the same delete (an acked one, by two regions): not lone,
+    # though `Stat` answers "not found" there.
+    copy(regions, "k", delete, "eu-north")
+    assert not await sync._held_nowhere_else(epoch_write(), "eu-west", "k", delete)
 
 
 async def test_a_lone_delete_and_the_lone_put_under_it_are_rewound(
-    regions: dict[str, Region],
+    regions: dict[str, Region], acked: Version, sync: SyncReplication
 ) -> None:
     """eu-west (the deposed owner) holds an acked put, then its own lone put and lone
     delete, both made after the new epoch began: after the pass it shows the acked put."""
     west = regions["eu-west"]
-    acked = west.store.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", acked, "eu-central", "eu-north")
     older_than = regions["eu-central"].store.clock.now()  # the new epoch's start
     lone = west.store.put(DS, "k", [b"the deposed owner's lone write"])
     gone = west.store.delete(DS, "k")
-    sync = owner(regions)
-    try:
-        pushed, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert (adopted, rewound) == (0, 2)
-        assert west.service.rewinds.rewound == [gone.hlc.text, lone.hlc.text]
-        assert newest(west, "k") == acked
-        assert pushed == 0  # it holds what the owner holds
-    finally:
-        await sync.close()
+    pushed, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert (adopted, rewound) == (0, 2)
+    assert west.service.rewinds.rewound == [gone.hlc.text, lone.hlc.text]
+    assert newest(west, "k") == acked
+    assert pushed == 0  # it holds what the owner holds
 
 
+@pytest.mark.usefixtures("acked")
 async def test_an_acked_delete_newer_than_the_epoch_is_adopted_not_rewound(
-    regions: dict[str, Region],
+    regions: dict[str, Region], sync: SyncReplication
 ) -> None:
     """The new owner (its clock behind: the delete looks newer than its epoch) missed an
     acked delete held by eu-west and eu-north: adopted, never rewound."""
     west = regions["eu-west"]
-    put = west.store.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", put, "eu-central", "eu-north")
     older_than = regions["eu-central"].store.clock.now()
     delete = west.store.delete(DS, "k")
     copy(regions, "k", delete, "eu-north")
-    sync = owner(regions)
-    try:
-        _, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert (adopted, rewound) == (1, 0)
-        assert west.service.rewinds.rewound == []
-        assert newest(regions["eu-central"], "k") == delete
-        assert newest(west, "k") == delete
-    finally:
-        await sync.close()
+    _, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert (adopted, rewound) == (1, 0)
+    assert west.service.rewinds.rewound == []
+    assert newest(regions["eu-central"], "k") == delete
+    assert newest(west, "k") == delete
 
 
 def acked_set(regions: dict[str, Region], *, record_in_north: bool) -> tuple[HLC, dict[str, HLC]]:
@@ -257,55 +278,47 @@ def acked_set(regions: dict[str, Region], *, record_in_north: bool) -> tuple[HLC
     return older_than, members
 
 
-async def test_an_acked_set_the_new_owner_missed_is_adopted(regions: dict[str, Region]) -> None:
+async def test_an_acked_set_the_new_owner_missed_is_adopted(
+    regions: dict[str, Region], sync: SyncReplication
+) -> None:
     older_than, members = acked_set(regions, record_in_north=True)
     central = regions["eu-central"].store
-    sync = owner(regions)
-    try:
-        _, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert rewound == 0
-        assert adopted == 3  # two members and the set record
-        shown = central.get_set(DS, "latest")
-        want = regions["eu-west"].store.get_set(DS, "latest")
-        assert (shown.set_id, shown.hlc, shown.members) == ("ckpt", want.hlc, members)
-    finally:
-        await sync.close()
+    _, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert rewound == 0
+    assert adopted == 3  # two members and the set record
+    shown = central.get_set(DS, "latest")
+    want = regions["eu-west"].store.get_set(DS, "latest")
+    assert (shown.set_id, shown.hlc, shown.members) == ("ckpt", want.hlc, members)
 
 
 async def test_a_set_only_the_deposed_owner_shows_is_not_adopted(
-    regions: dict[str, Region],
+    regions: dict[str, Region], sync: SyncReplication
 ) -> None:
     """Its members are held by two regions (adopted), but no region but eu-west shows
     the set record made after the epoch began: never acked, so not shown here."""
     older_than, members = acked_set(regions, record_in_north=False)
     central = regions["eu-central"].store
-    sync = owner(regions)
-    try:
-        _, adopted, _ = await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert adopted == 2  # the members only
-        assert {k: central.stat(DS, k).version.hlc for k in members} == members
-        assert central.list_sets(DS) == []
-    finally:
-        await sync.close()
+    _, adopted, _ = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert adopted == 2  # the members only
+    assert {k: central.stat(DS, k).version.hlc for k in members} == members
+    assert central.list_sets(DS) == []
 
 
+@pytest.mark.usefixtures("acked")
 async def test_a_rewind_is_followed_by_the_owners_version_of_the_key(
-    regions: dict[str, Region],
+    regions: dict[str, Region], sync: SyncReplication, marked: list[str]
 ) -> None:
     """The new owner's write `y` of this epoch reached eu-west while eu-west held the
     deposed owner's later lone write `x`: eu-west answered "older" (counted: it holds
     something newer), so once the pass rewinds `x`, nothing but the pass itself would
     bring eu-west `y`, though `y` is newer than the epoch's start."""
     west, central = regions["eu-west"], regions["eu-central"]
-    acked = west.store.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", acked, "eu-central", "eu-north")
     older_than = central.store.clock.now()
     y = central.store.put(DS, "k", [b"the new owner's write"])
     regions["eu-north"].store.apply(DS, "k", y, [b"the new owner's write"])
     west.store.clock.observe(y.hlc)
     x = west.store.put(DS, "k", [b"the deposed owner's lone write, after y"])
     assert x.hlc > y.hlc
-    sync = owner(regions)
     pushed: list[tuple[str, str, str]] = []
 
     async def push(region: str, write: CommittedWrite, version: Version, deadline: float) -> str:
@@ -317,17 +330,12 @@ async def test_a_rewind_is_followed_by_the_owners_version_of_the_key(
 
     sync._push = push  # type: ignore[method-assign]
     # The catch-up the rewind starts would push `y` too, racing the pass (it made this
-    # test flaky): recorded, not started, so that the pass's own push is what is seen.
-    marked: list[str] = []
-    sync._mark_behind = lambda write, region: marked.append(region)  # type: ignore[method-assign]
-    try:
-        _, _, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert rewound == 1
-        assert pushed == [("eu-west", "k", y.hlc.text)]
-        assert newest(west, "k") == y
-        assert marked == ["eu-west"]
-    finally:
-        await sync.close()
+    # test flaky): `marked` records it, not started, so the pass's own push is seen.
+    _, _, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert rewound == 1
+    assert pushed == [("eu-west", "k", y.hlc.text)]
+    assert newest(west, "k") == y
+    assert marked == ["eu-west"]
 
 
 def pushing_from(regions: dict[str, Region], fail_first: int = 0) -> tuple[object, list[str]]:
@@ -347,45 +355,38 @@ def pushing_from(regions: dict[str, Region], fail_first: int = 0) -> tuple[objec
     return push, calls
 
 
+@pytest.mark.usefixtures("acked")
 async def test_a_rewound_region_gets_the_owners_version_even_when_the_push_fails_once(
-    regions: dict[str, Region],
+    regions: dict[str, Region], sync: SyncReplication
 ) -> None:
     """As above, but the pass's push of `y` fails once: its retry no longer sees the
     rewound key as an extra, so only the catch-up the rewind started brings eu-west `y`
     (review: without it eu-west kept the old version, and `y` sat in one region)."""
     west, central = regions["eu-west"], regions["eu-central"]
-    acked = west.store.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", acked, "eu-central", "eu-north")
     older_than = central.store.clock.now()
     y = central.store.put(DS, "k", [b"the new owner's write"])
     west.store.clock.observe(y.hlc)
     west.store.put(DS, "k", [b"the deposed owner's lone write, after y"])
-    sync = owner(regions)
     sync.retry_initial_s = 0.01
     sync._reconciled[DS] = epoch_write().admitted.epoch  # this epoch's pass, as started
     push, _ = pushing_from(regions, fail_first=1)
     sync._push = push  # type: ignore[method-assign]
-    try:
-        await sync._reconcile(epoch_write(), "eu-west", older_than)
-        await until(lambda: newest(west, "k") == y, 30, "eu-west to hold the owner's write")
-    finally:
-        await sync.close()
+    await sync._reconcile(epoch_write(), "eu-west", older_than)
+    await until(lambda: newest(west, "k") == y, 30, "eu-west to hold the owner's write")
 
 
+@pytest.mark.usefixtures("acked")
 async def test_a_rewound_region_gets_the_owners_write_committed_during_the_pass(
-    regions: dict[str, Region],
+    regions: dict[str, Region], sync: SyncReplication
 ) -> None:
     """The new owner commits `y` while the pass proves eu-west's `x` lone, and eu-west
     answers "older" to `y` (counted); the pass's snapshot lacks `y`, so only the
     catch-up the rewind started brings it (review: eu-west kept the old version)."""
     west, central = regions["eu-west"], regions["eu-central"]
-    acked = west.store.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", acked, "eu-central", "eu-north")
     older_than = central.store.clock.now()
     now = west.store.clock.now()
     west.store.clock.observe(HLC(now.wall_ms + 500, 0, "eu-central"))  # within the skew
     west.store.put(DS, "k", [b"the deposed owner's lone write"])
-    sync = owner(regions)
     sync._reconciled[DS] = epoch_write().admitted.epoch  # this epoch's pass, as started
     proof = sync._held_nowhere_else
     during: list[Version] = []
@@ -400,183 +401,140 @@ async def test_a_rewound_region_gets_the_owners_write_committed_during_the_pass(
     sync._held_nowhere_else = held  # type: ignore[method-assign,assignment]
     push, _ = pushing_from(regions)
     sync._push = push  # type: ignore[method-assign]
-    try:
-        await sync._reconcile(epoch_write(), "eu-west", older_than)
-        await until(lambda: newest(west, "k") == during[0], 30, "eu-west to hold the owner's write")
-    finally:
-        await sync.close()
+    await sync._reconcile(epoch_write(), "eu-west", older_than)
+    await until(lambda: newest(west, "k") == during[0], 30, "eu-west to hold the owner's write")
 
 
 async def test_a_rewind_that_dropped_nothing_is_not_counted_done(
-    regions: dict[str, Region],
+    regions: dict[str, Region], acked: Version, sync: SyncReplication
 ) -> None:
     """eu-west lists a lone write, but the agent the Rewind reaches drops nothing (another
     agent of the region holds it): the pass must not count it rewound and move on, it
     leaves the key unresolved and fails retriable, so it is listed and rewound again."""
     west = regions["eu-west"]
-    acked = west.store.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", acked, "eu-central", "eu-north")
     older_than = regions["eu-central"].store.clock.now()
     lone = west.store.put(DS, "k", [b"the deposed owner's lone write"])
     west.service.rewinds.drops = False
-    sync = owner(regions)
-    try:
-        with pytest.raises(UnavailableError, match="dropped nothing") as caught:
-            await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert caught.value.retriable
-        assert west.service.rewinds.rewound == [lone.hlc.text]  # asked once
-        assert newest(west, "k") == lone
-        # Asked again where it is held, the retried pass rewinds it.
-        west.service.rewinds.drops = True
-        _, _, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert rewound == 1
-        assert newest(west, "k") == acked
-    finally:
-        await sync.close()
+    with pytest.raises(UnavailableError, match="dropped nothing") as caught:
+        await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert caught.value.retriable
+    assert west.service.rewinds.rewound == [lone.hlc.text]  # asked once
+    assert newest(west, "k") == lone
+    # Asked again where it is held, the retried pass rewinds it.
+    west.service.rewinds.drops = True
+    _, _, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert rewound == 1
+    assert newest(west, "k") == acked
 
 
 async def test_what_a_pass_adopted_is_spread_though_another_key_is_left_unresolved(
     regions: dict[str, Region],
+    sync: SyncReplication,
+    started: list[str],
+    missed_and_unproven: tuple[Version, HLC],
 ) -> None:
     """eu-west holds an old epoch's write the owner missed (adopted, no proof needed) and
     a newer one whose proof cannot be made now. The pass fails retriable, and its retry
     finds nothing left to adopt: the adopted version must go to eu-north's pass now."""
-    west = regions["eu-west"].store
-    missed = west.put(DS, "a", [b"acked at the old epoch"])
-    copy(regions, "a", missed, "eu-north")
-    older_than = regions["eu-central"].store.clock.now()
-    west.put(DS, "b", [b"unproven"])
-    sync = owner(regions)
-    started: list[str] = []
+    missed, older_than = missed_and_unproven
 
     async def unknown(*args: object) -> bool:
         raise _UnresolvedError("eu-north does not answer")
 
     sync._held_nowhere_else = unknown  # type: ignore[method-assign]
-    sync._start_pass = lambda write, region, older: started.append(region)  # type: ignore[method-assign]
-    try:
-        with pytest.raises(UnavailableError, match="could not decide 1"):
-            await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert regions["eu-central"].store.head(DS, "a") == missed  # adopted
-        assert started == ["eu-north"]
-    finally:
-        await sync.close()
+    with pytest.raises(UnavailableError, match="could not decide 1"):
+        await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert regions["eu-central"].store.head(DS, "a") == missed  # adopted
+    assert started == ["eu-north"]
 
 
+@pytest.mark.usefixtures("acked")
 async def test_a_rewind_then_a_failed_adoption_leaves_the_region_marked_behind(
-    regions: dict[str, Region],
+    regions: dict[str, Region], sync: SyncReplication, marked: list[str]
 ) -> None:
     """eu-west shows the deposed owner's lone `x2` over `x1`, an old epoch's write the
     owner missed: `x2` is rewound, then adopting `x1` fails. The key is not settled, yet
     a version was dropped there (review: only an unresolved key marked it)."""
     west = regions["eu-west"].store
-    acked = west.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", acked, "eu-central", "eu-north")
     x1 = west.put(DS, "k", [b"acked at the old epoch, missed"])
     copy(regions, "k", x1, "eu-north")
     older_than = regions["eu-central"].store.clock.now()
     west.clock.observe(older_than)
     x2 = west.put(DS, "k", [b"the deposed owner's lone write"])
-    sync = owner(regions)
-    marked: list[str] = []
-    sync._mark_behind = lambda write, region: marked.append(region)  # type: ignore[method-assign]
 
     async def adopt(*args: object) -> bool:
         raise UnavailableError("the pull of x1 failed")
 
     sync.adopt = adopt
-    try:
-        with pytest.raises(UnavailableError, match="pull of x1"):
-            await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert regions["eu-west"].service.rewinds.rewound == [x2.hlc.text]
-        assert newest(regions["eu-west"], "k") == x1
-        assert marked == ["eu-west"]
-    finally:
-        await sync.close()
+    with pytest.raises(UnavailableError, match="pull of x1"):
+        await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert regions["eu-west"].service.rewinds.rewound == [x2.hlc.text]
+    assert newest(regions["eu-west"], "k") == x1
+    assert marked == ["eu-west"]
 
 
 async def test_a_rewind_that_dropped_but_failed_still_brings_the_owners_version(
-    regions: dict[str, Region],
+    regions: dict[str, Region], acked: Version, sync: SyncReplication
 ) -> None:
     """The routed Rewind of eu-west's lone `x` drops it on the agent holding it but fails
     (another agent did not answer). The retried pass sees nothing extra there and leaves
     this epoch's `y` to its own push, answered "older" against `x`: only a catch-up
     brings eu-west `y` (review: none was started)."""
     west, central = regions["eu-west"], regions["eu-central"]
-    acked = west.store.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", acked, "eu-central", "eu-north")
     older_than = central.store.clock.now()
     y = central.store.put(DS, "k", [b"the new owner's write"])
     regions["eu-north"].store.apply(DS, "k", y, [b"the new owner's write"])
     west.store.clock.observe(y.hlc)
     west.store.put(DS, "k", [b"the deposed owner's lone write, after y"])
     west.service.rewinds.fails_from = 0
-    sync = owner(regions)
     sync.retry_initial_s = 0.01
     sync._reconciled[DS] = epoch_write().admitted.epoch  # this epoch's pass, as started
     push, _ = pushing_from(regions)
     sync._push = push  # type: ignore[method-assign]
-    try:
-        with pytest.raises(UnavailableError, match="did not reach every agent"):
-            await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert newest(west, "k") == acked  # dropped, though the call failed
-        west.service.rewinds.fails_from = None
-        await sync._reconcile(epoch_write(), "eu-west", older_than)
-        await until(lambda: newest(west, "k") == y, 10, "eu-west to hold the owner's write")
-    finally:
-        await sync.close()
+    with pytest.raises(UnavailableError, match="did not reach every agent"):
+        await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert newest(west, "k") == acked  # dropped, though the call failed
+    west.service.rewinds.fails_from = None
+    await sync._reconcile(epoch_write(), "eu-west", older_than)
+    await until(lambda: newest(west, "k") == y, 10, "eu-west to hold the owner's write")
 
 
 async def test_what_a_pass_adopted_is_spread_though_a_later_key_fails(
     regions: dict[str, Region],
+    sync: SyncReplication,
+    started: list[str],
+    missed_and_unproven: tuple[Version, HLC],
 ) -> None:
     """As above, but the later key's proof fails outright (an agent not answering at all,
     not an undecided proof): the pass raises, and what it adopted before still goes to
     eu-north's pass (review: the exception left before the spreading)."""
-    west = regions["eu-west"].store
-    missed = west.put(DS, "a", [b"acked at the old epoch"])
-    copy(regions, "a", missed, "eu-north")
-    older_than = regions["eu-central"].store.clock.now()
-    west.put(DS, "b", [b"unproven"])
-    sync = owner(regions)
-    started: list[str] = []
+    missed, older_than = missed_and_unproven
 
     async def down(*args: object) -> bool:
         raise UnavailableError("eu-north (127.0.0.1:1) is unavailable")
 
     sync._held_nowhere_else = down  # type: ignore[method-assign]
-    sync._start_pass = lambda write, region, older: started.append(region)  # type: ignore[method-assign]
-    try:
-        with pytest.raises(UnavailableError, match="is unavailable"):
-            await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert regions["eu-central"].store.head(DS, "a") == missed  # adopted
-        assert started == ["eu-north"]
-    finally:
-        await sync.close()
+    with pytest.raises(UnavailableError, match="is unavailable"):
+        await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert regions["eu-central"].store.head(DS, "a") == missed  # adopted
+    assert started == ["eu-north"]
 
 
+@pytest.mark.usefixtures("acked")
 async def test_a_rewind_refused_as_invalid_still_marks_the_region_behind(
-    regions: dict[str, Region],
+    regions: dict[str, Region], sync: SyncReplication, marked: list[str]
 ) -> None:
     """eu-west's lone `x`'s rewind is refused as invalid input (an agent that predates
     rewinding deletes, in a region where another agent may have dropped it already): the
     key is left as it shows, and the region is marked behind as after a drop (review)."""
     west = regions["eu-west"].store
-    acked = west.put(DS, "k", [b"acked by all"])
-    copy(regions, "k", acked, "eu-central", "eu-north")
     older_than = regions["eu-central"].store.clock.now()
     west.clock.observe(older_than)
     west.put(DS, "k", [b"the deposed owner's lone write"])
-    sync = owner(regions)
-    marked: list[str] = []
-    sync._mark_behind = lambda write, region: marked.append(region)  # type: ignore[method-assign]
 
     async def refused(*args: object) -> tuple[bool, None]:
         raise InvalidInputError("eu-west (agent b): Rewind of a delete is not known here")
 
     sync._rewind = refused  # type: ignore[method-assign]
-    try:
-        await sync._takeover_once(epoch_write(), "eu-west", older_than)
-        assert marked == ["eu-west"]
-    finally:
-        await sync.close()
+    await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert marked == ["eu-west"]

@@ -31,6 +31,7 @@ import pytest
 from critical_helpers import prepare_critical_world
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess
+from harness.fake_peers import StaticPeers
 from waiting import until
 
 from agents.admission import Admitted
@@ -130,19 +131,6 @@ async def coord(etcd_endpoint: str) -> AsyncIterator[EtcdCoordination]:
         yield connected
 
 
-class Addresses:
-    """The owner's `Peers`: the agent of each region it is told to ask."""
-
-    def __init__(self, addresses: dict[str, str]) -> None:
-        self.addresses = addresses
-
-    async def address(self, region: str) -> str:
-        return self.addresses[region]
-
-    def forget(self, region: str) -> None:
-        pass
-
-
 class CountedAdopt:
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -166,7 +154,7 @@ def owner(
     missed on a loaded machine of 2 cores."""
     store = ObjectStore(tmp_path / "owner", clock=HybridClock(region))
     addresses = {region: procs[0].address for region, procs in world.agents.items()}
-    sync = SyncReplication(store, region, Addresses(addresses), timeout_s=timeout_s, adopt=adopt)
+    sync = SyncReplication(store, region, StaticPeers(addresses), timeout_s=timeout_s, adopt=adopt)
     sync.retry_initial_s = sync.retry_max_s = 0.05
     return sync
 
