@@ -75,6 +75,12 @@ class ManagedProcess:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
+        child = _CHILDREN.get(pid)
+        if child is not None and child.poll() is None:
+            # Our own child, still running: between its fork and its exec its cmdline is
+            # still ours, without the marker. Read as "exited", a start-up was failed
+            # and its server, once exec'd, left running unrecorded on its port.
+            return pid
         if self.marker not in _cmdline(pid) or _is_zombie(pid):
             return None
         return pid
