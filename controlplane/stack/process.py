@@ -2,7 +2,10 @@
 
 Each service writes a pid file beside its data; `stop` only signals a pid whose
 command line still names that service's run folder, so a recycled pid that now
-belongs to someone else is never killed.
+belongs to someone else is never killed. A process of ours that the pid file no
+longer names (a start-up read as failed while the server went on to serve) is found
+by the same mark and adopted, so it is stopped, or reused, rather than holding its
+port against every later start as "another process".
 """
 
 from __future__ import annotations
@@ -46,6 +49,26 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _names(cmdline: str, path: str) -> bool:
+    """`path` appears in `cmdline` as a whole path or a folder of one (so the mark of
+    a run folder `.../run/kafka` is not read in `.../run/kafka2/...`)."""
+    at = cmdline.find(path)
+    while at >= 0:
+        after = cmdline[at + len(path) : at + len(path) + 1]
+        if after in ("", "/", " "):
+            return True
+        at = cmdline.find(path, at + 1)
+    return False
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -85,6 +108,25 @@ class ManagedProcess:
             return None
         return pid
 
+    def adopt_orphan(self) -> int | None:
+        """A running process of ours that the pid file does not name: the root of the
+        processes whose command line holds the marker, recorded in the pid file; None
+        when there is none (or the pid file names one already)."""
+        if self.pid() is not None:
+            return None
+        marked: set[int] = set()
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                pid = int(entry.name)
+                if _names(_cmdline(pid), self.marker) and not _is_zombie(pid):
+                    marked.add(pid)
+        roots = sorted(pid for pid in marked if _parent(pid) not in marked)
+        if not roots:
+            return None
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_file.write_text(f"{roots[0]}\n")
+        return roots[0]
+
     def start(self, argv: Sequence[str], *, env: dict[str, str] | None = None) -> int:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +155,7 @@ class ManagedProcess:
 
     def stop(self, timeout_s: float = 15.0) -> bool:
         """SIGTERM, then SIGKILL after the timeout. Idempotent; True if something was stopped."""
-        pid = self.pid()
+        pid = self.pid() or self.adopt_orphan()
         if pid is None:
             self._forget_stale()
             _reap_exited()
@@ -133,7 +175,7 @@ class ManagedProcess:
 
     def kill(self, timeout_s: float = 5.0) -> bool:
         """SIGKILL, as a crash would (tests use it), then reap; True if it was running."""
-        pid = self.pid()
+        pid = self.pid() or self.adopt_orphan()
         if pid is None:
             return False
         _signal(pid, signal.SIGKILL)

@@ -48,7 +48,7 @@ class SingleProcessService(ABC):
 
     def start(self) -> bool:
         """Start if not running and wait until healthy; True if this call started it."""
-        if self.process.pid() is not None:
+        if self.process.pid() is not None or self.process.adopt_orphan() is not None:
             wait_healthy(self.name, self.process, self.health, self.settings.stack_start_timeout_s)
             return False
         require_free_ports(self.name, self.ports())
