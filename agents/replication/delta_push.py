@@ -48,15 +48,25 @@ _KNOWN_MAX = 100_000  # (region, dataset, key) entries remembered, least recent 
 
 
 class ReplicaBases:
-    """What the owner last saw each replica commit of each object (bounded, in memory:
-    a restarted owner guesses its own previous version instead)."""
+    """What the owner last saw each replica commit of each object, or that it lacked
+    the basis it was offered (bounded, in memory: a restarted owner guesses its own
+    previous version instead)."""
 
     def __init__(self, limit: int = _KNOWN_MAX) -> None:
-        self._known: OrderedDict[tuple[str, str, str], Version] = OrderedDict()
+        # None: the replica answered basis_missing and has committed nothing since.
+        self._known: OrderedDict[tuple[str, str, str], Version | None] = OrderedDict()
         self._limit = limit
 
     def committed(self, region: str, dataset: str, key: str, version: Version) -> None:
-        name = (region, dataset, key)
+        self._remember((region, dataset, key), version)
+
+    def basis_missing(self, region: str, dataset: str, key: str) -> None:
+        """The replica lacked the basis offered: push the object whole there until it
+        is seen to commit a version (a retry of the same push, offered the same
+        guess, would only pay the refusal's round trip again)."""
+        self._remember((region, dataset, key), None)
+
+    def _remember(self, name: tuple[str, str, str], version: Version | None) -> None:
         self._known[name] = version
         self._known.move_to_end(name)
         while len(self._known) > self._limit:
@@ -67,6 +77,10 @@ class ReplicaBases:
 
     def get(self, region: str, dataset: str, key: str) -> Version | None:
         return self._known.get((region, dataset, key))
+
+    def lacks_basis(self, region: str, dataset: str, key: str) -> bool:
+        name = (region, dataset, key)
+        return name in self._known and self._known[name] is None
 
 
 def choose_basis(

@@ -202,6 +202,10 @@ def copies_needed(placement: Placement) -> int:
 # The header alone, asked again while grpc/grpc#36066 still hides its status (the
 # tests' raw pushes need as many: tests/harness/raw_replicate.py).
 EARLY_ASKS = 3
+# The etcd read of a fence the grpc bug hid (`_hidden_fence`) gets what is left of the
+# push's deadline, but at least this: a deposed owner learnt late is still told, and
+# rewinds its write (an answer left retriable keeps it standing).
+HIDDEN_FENCE_READ_S = 1.0
 
 
 class SyncReplication:
@@ -1338,6 +1342,7 @@ class SyncReplication:
             and not inline
             and not version.is_tombstone
             and version.size >= DELTA_MIN_BYTES
+            and not self.bases.lacks_basis(region, write.dataset, key)
         ):
             # (choose_basis says None below the threshold: no thread hop for it.)
             basis = await asyncio.to_thread(
@@ -1346,30 +1351,43 @@ class SyncReplication:
         if basis is not None and basis.digest is not None:
             header.basis.CopyFrom(agent_pb2.Basis(version=basis.hlc.text, digest=basis.digest.text))
             frames = self._delta_frames(header, write, version, basis)
-            resp = await self._replicate_call(stub, header, frames, deadline_s, region, address)
+            left = self._left(until, deadline_s, f"{write.dataset}/{key}", version, region)
+            resp = await self._replicate_call(stub, header, frames, left, region, address)
             _check_region(resp.region, region, address)
             if not resp.basis_missing:
                 await self._check_newer(region, write.dataset, key, version, resp.version)
                 self._committed(region, write.dataset, key, resp)
                 return region
             log.info("replica_basis_missing", dataset=write.dataset, key=key, region=region)
-            self.bases.forget(region, write.dataset, key)
+            self.bases.basis_missing(region, write.dataset, key)
             header.ClearField("basis")
-            left = until - time.monotonic()
-            if left <= 0:
+            if until - time.monotonic() <= 0:
                 raise UnavailableError(
                     f"the push of {write.dataset}/{key} at {version.hlc} to {region} "
                     f"({address}) was answered basis_missing with nothing left of its "
                     f"{deadline_s:.1f} s deadline to send the version whole; retry the push"
                 )
-            deadline_s = left
+        left = self._left(until, deadline_s, f"{write.dataset}/{key}", version, region)
         resp = await self._replicate_call(
-            stub, header, self._frames(header, write, version), deadline_s, region, address
+            stub, header, self._frames(header, write, version), left, region, address
         )
         _check_region(resp.region, region, address)
         await self._check_newer(region, write.dataset, key, version, resp.version)
         self._committed(region, write.dataset, key, resp)
         return region
+
+    @staticmethod
+    def _left(until: float, deadline_s: float, what: str, version: Version, region: str) -> float:
+        """What is left of a push's deadline (`until`, monotonic) for its next call: the
+        address read, the choice of a basis and a refused delta came out of it, so the
+        whole push stays within `deadline_s`."""
+        left = until - time.monotonic()
+        if left <= 0:
+            raise UnavailableError(
+                f"the push of {what} at {version.hlc} to {region} used up its "
+                f"{deadline_s:.1f} s deadline before its call was made; retry the push"
+            )
+        return left
 
     async def _check_newer(
         self, region: str, dataset: str, key: str, pushed: Version, wire: types_pb2.Version
@@ -1462,6 +1480,9 @@ class SyncReplication:
         what = f"{header.dataset}/{header.key} at {header.version.hlc}"
         left = min(until - time.monotonic(), self.timeout_s)
         if left <= 0:
+            fence = await self._hidden_fence(header, where, what, until)
+            if fence is not None:
+                raise fence
             raise UnavailableError(
                 f"{where} ended the push of {what} early and its reason was lost "
                 f"(grpc/grpc#36066); no time is left of the push's deadline to ask again; "
@@ -1474,7 +1495,7 @@ class SyncReplication:
             hidden = core_internal(err)
             if hidden or isinstance(found, (ShortStreamError, DigestMismatchError)):
                 log.warning("replicate_early_end_unexplained", region=region, what=what)
-                fence = await self._hidden_fence(header, where, what) if hidden else None
+                fence = await self._hidden_fence(header, where, what, until) if hidden else None
                 if fence is not None:
                     raise fence from err
                 raise UnavailableError(
@@ -1494,7 +1515,7 @@ class SyncReplication:
         return response
 
     async def _hidden_fence(
-        self, header: agent_pb2.ReplicateHeader, where: str, what: str
+        self, header: agent_pb2.ReplicateHeader, where: str, what: str, until: float
     ) -> StaleEpochError | None:
         """The fence a replica's answer may have been when the bug hid it on every ask,
         read from etcd now (`owner_now`): a `StaleEpochError` when etcd names another
@@ -1503,11 +1524,20 @@ class SyncReplication:
         be acked; None (the answer stays retriable) when etcd still names this region at
         that epoch, names no owner, or cannot answer: nothing then says the replica
         fenced it, and a retry is admitted against etcd again. (Left retriable, a
-        deposed owner kept its write standing and never rewound it.)"""
+        deposed owner kept its write standing and never rewound it.) The read gets what
+        is left of the push's deadline (`until`, monotonic), at least
+        `HIDDEN_FENCE_READ_S`."""
         if self.owner_now is None:
             return None
+        bound = max(until - time.monotonic(), HIDDEN_FENCE_READ_S)
         try:
-            owner = await self.owner_now(header.dataset)
+            async with asyncio.timeout(bound):
+                owner = await self.owner_now(header.dataset)
+        except TimeoutError:
+            log.warning(
+                "replicate_hidden_fence_unread", dataset=header.dataset, what=what, bound_s=bound
+            )
+            return None
         except MeridianError as exc:
             log.warning(
                 "replicate_hidden_fence_unread", dataset=header.dataset, what=what, error=str(exc)

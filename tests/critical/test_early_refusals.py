@@ -272,3 +272,44 @@ async def test_a_hidden_answer_etcd_does_not_show_as_a_fence_stays_retriable(
     assert not isinstance(caught.value, FencedError)
     assert store.head(DS, "k") == write.version  # not rewound
     assert sorted(behind) == ["eu-north", "eu-west"]  # caught up later, as any failed push
+
+
+@pytest.mark.parametrize(
+    ("owner_now", "expected"),
+    [(etcd_names("eu-west", 4), FencedError), (etcd_names("eu-central", 3), UnavailableError)],
+    ids=["etcd-shows-the-fence", "etcd-shows-none"],
+)
+async def test_a_push_with_no_time_left_to_ask_again_still_reads_the_fence_from_etcd(
+    start: Start, owner_now: OwnerNow, expected: type[MeridianError]
+) -> None:
+    """The early end came as the push's deadline ran out: no header is asked again,
+    but etcd is still read, so a deposed owner is told it is fenced (and rewinds)."""
+    fakes, sync, write = await start(StaleEpochError(STALE), owner_now=owner_now)
+    header = sync._header(write, write.version)
+    async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        with pytest.raises(MeridianError) as caught:
+            await sync._early_answer(stub, header, "eu-west", "127.0.0.1:1", time.monotonic() - 1)
+    assert type(caught.value) is expected or isinstance(caught.value, expected), caught.value
+    if expected is UnavailableError:
+        assert "no time is left" in str(caught.value)
+        assert not isinstance(caught.value, FencedError)
+    assert fakes["eu-west"].calls == []  # nothing asked: no time for it
+
+
+async def test_the_etcd_read_of_a_hidden_fence_is_bounded_by_the_push(start: Start) -> None:
+    """etcd hangs: the read ends with what is left of the push's 1 s deadline (at
+    least `HIDDEN_FENCE_READ_S`), and the answer stays retriable. (Bound wide, for a
+    loaded machine; unbounded, the push would wait for etcd for ever.)"""
+
+    async def etcd_hangs(dataset: str) -> OwnerRecord | None:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    _fakes, sync, write = await start(StaleEpochError(STALE), hides=99, owner_now=etcd_hangs)
+    started = time.monotonic()
+    async with asyncio.timeout(20):  # a failure of the bound fails here, not by a hang
+        with pytest.raises(UnavailableError, match="36066") as caught:
+            await sync._push("eu-west", write, write.version, 1.0)  # type: ignore[arg-type]
+    assert caught.value.retriable and not isinstance(caught.value, FencedError)
+    assert time.monotonic() - started < 6, time.monotonic() - started

@@ -38,9 +38,9 @@ async def serving(
         for region, servicer in servicers.items():
             server = grpc.aio.server()
             agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
+            servers.append(server)  # stopped at the end even if its start fails
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
-            servers.append(server)
             addresses[region] = f"127.0.0.1:{port}"
         yield StaticPeers(addresses)
     finally:
