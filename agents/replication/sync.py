@@ -72,12 +72,11 @@ proves it either way. Either way the copies converge. The set a region
 shows (its newest complete one), when newer than the one this owner shows, is
 adopted as well: its members at the set's versions, then the record (without it,
 this owner would show the set before it and spread that). A set newer than the
-epoch's start that no other region shows was never acked and is not adopted. Unlike a
-version's, a set's proof asks ONE agent of each region (`GetSet` is not routed: a set
-stays on the agent that took it, agents/routing/service.py): in a region of several
-agents, a set held on another agent reads as not shown there, so an acked set can be
-left unadopted (left, never rewound; logged `takeover_lone_set_left`). A known gap
-(review, low): routing GetSet across the region is not done yet. A
+epoch's start that no other region shows was never acked and is not adopted. A set
+stays on the agent that took it, and the agent asked answers `GetSet` from every agent
+of its region (agents/routing/service.py), so a set held on another agent of a region
+of several is seen there too; a region where no agent shows it, while one did not
+answer, decides nothing. A
 deposed owner also rewinds its own write at once when a replica fences it and no
 region took it (a `StaleEpochError`: the write can never be acked).
 
@@ -1012,10 +1011,8 @@ class SyncReplication:
         """Whether no copy region but `region` shows `record` (or a newer record of its
         id) complete: only such a set was never acked. A region that does not answer
         (or shows the set incomplete, which answers retriable too) decides nothing:
-        `_UnresolvedError`, as for a version (`_held_nowhere_else`). Unlike that
-        proof, each region is asked through ONE agent (`GetSet` is not routed): a set
-        held on another agent of a region of several reads as not shown there, and the
-        set is left unadopted (never rewound: sets are not). Module docstring."""
+        `_UnresolvedError`, as for a version (`_held_nowhere_else`). The agent asked
+        answers from every agent of its region (a routed `GetSet`). Module docstring."""
         for other in (self.region, *push_targets(write.admitted.placement, self.region)):
             if other == region:
                 continue
@@ -1041,7 +1038,7 @@ class SyncReplication:
 
     async def _set_at(self, address: str, dataset: str, set_id: str) -> SetRecord | None:
         """A set as the agent at `address` shows it (complete), by id or "latest"; None:
-        not known there. That agent only: `GetSet` is not routed across its region."""
+        not known in its region (the agent asks the others: a routed `GetSet`)."""
         stub = agent_pb2_grpc.AgentStub(self._channel(address))
         try:
             got = await stub.GetSet(

@@ -20,10 +20,13 @@ the first of them its primary. Any agent takes any call:
 - **Rewind** (a critical takeover): every agent of the region is asked to drop the
   version, and all must answer; the answer says whether one dropped it.
 
-Version sets (a Put or Get naming a set, CommitSet, GetSet) stay on the agent that
-takes them, as in a region of one agent: a set is committed only where every member
-is stored. A region of ONE agent (no other registration) is served exactly as
-before: no hop, no copy.
+Version sets (a Put or Get naming a set, CommitSet) stay on the agent that takes
+them, as in a region of one agent: a set is committed only where every member is
+stored. **GetSet** is asked of every agent of the region and answers the newest
+complete record found (of the named set, or "latest"), so a reader, or a critical
+owner's takeover proof, sees a set whichever agent took it; its members are read by
+version, which routed Gets find. A region of ONE agent (no other registration) is
+served exactly as before: no hop, no copy.
 """
 
 from __future__ import annotations
@@ -403,6 +406,70 @@ class RoutedAgentService(AgentService):
         raise missing or NotFoundError(
             f"object {request.dataset}/{request.key} is not stored in {self.region}"
         )
+
+    async def GetSet(  # noqa: N802
+        self, request: agent_pb2.GetSetRequest, context: Context
+    ) -> agent_pb2.GetSetResponse:
+        members = self._region_view()
+        if members is None or routed_by(context) is not None:
+            return await super().GetSet(request, context)
+        return await unary(
+            "GetSet",
+            context,
+            self.metrics,
+            lambda: self._routed_get_set(members, request, fan_out_timeout(context)),
+        )
+
+    async def _routed_get_set(
+        self, members: Members, request: agent_pb2.GetSetRequest, timeout_s: float
+    ) -> agent_pb2.GetSetResponse:
+        """The newest complete record of the set among the region's agents. Nothing
+        found: retriable when an agent did not answer, or holds the set incomplete (it
+        may show it soon), else not found."""
+        answers: list[agent_pb2.GetSetResponse | MeridianError] = []
+        try:
+            answers.append(await self._get_set(request))  # validates the request, as alone
+        except MeridianError as exc:
+            if not (isinstance(exc, NotFoundError) or exc.retriable):
+                raise
+            answers.append(exc)
+        others = [m for _, m in sorted(members.all.items()) if m.agent_id != self.agent_id]
+        remote = await asyncio.gather(
+            *(self._remote_get_set(m, request, timeout_s) for m in others), return_exceptions=True
+        )
+        for answer in remote:
+            if isinstance(answer, MeridianError):
+                answers.append(answer)
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                answers.append(answer)
+        found = [a for a in answers if isinstance(a, agent_pb2.GetSetResponse)]
+        if found:
+            return max(found, key=lambda a: a.set.hlc)  # HLC text sorts
+        failed = [a for a in answers if isinstance(a, MeridianError)]
+        if any(not isinstance(e, NotFoundError) for e in failed):
+            for e in failed:
+                if not (isinstance(e, NotFoundError) or e.retriable):
+                    raise e
+            raise UnavailableError(
+                f"set {request.set} of {request.dataset} is shown by no agent of {self.region} "
+                "now, and not every agent could say it holds none: "
+                + "; ".join(str(e) for e in failed if not isinstance(e, NotFoundError))
+            )
+        wanted = "no complete version set" if request.set == "latest" else f"no set {request.set}"
+        raise NotFoundError(f"dataset {request.dataset} has {wanted} in {self.region}")
+
+    async def _remote_get_set(
+        self, member: Member, request: agent_pb2.GetSetRequest, timeout_s: float
+    ) -> agent_pb2.GetSetResponse:
+        try:
+            response: agent_pb2.GetSetResponse = await self.peers.stub(member.endpoint).GetSet(
+                request, timeout=timeout_s, metadata=self.peers.metadata
+            )
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, member.endpoint) from err
+        return response
 
     async def List(  # noqa: N802
         self, request: agent_pb2.ListRequest, context: Context
