@@ -259,15 +259,18 @@ class NodeAgent(Lifecycle):
         # The durable roster entry goes first (no lease): an agent killed from now on
         # leaves it, and a complete listing is refused until it is back or the loss is
         # covered (agents/placement/departures.py). A returning agent rewrites its own.
-        self.roster = Roster(
-            self.coord, self.region, self.identity.agent_id, registry=self.metrics.registry
-        )
-        current = self.members.current
-        others = [m for m in current.serving if m.agent_id != self.identity.agent_id]
-        await self.roster.write(copies_for(len(others) + 1, current.configured_r), self.endpoint)
-        service.roster = self.roster
-        self.members.on_change(self._copies_seen)
-        self.rebalancer.on_settled = self._rebalance_settled
+        # Only with `departure_records` on (settings.py says why it is off by default).
+        if self.settings.departure_records:
+            self.roster = Roster(
+                self.coord, self.region, self.identity.agent_id, registry=self.metrics.registry
+            )
+            current = self.members.current
+            others = [m for m in current.serving if m.agent_id != self.identity.agent_id]
+            copies = copies_for(len(others) + 1, current.configured_r)
+            await self.roster.write(copies, self.endpoint)
+            service.roster = self.roster
+            self.members.on_change(self._copies_seen)
+            self.rebalancer.on_settled = self._rebalance_settled
         await self.registration.start()
         # What it holds of critical datasets, for the failover's choice (issue 13).
         self.holdings = HoldingsPublisher(

@@ -58,6 +58,7 @@ def world(
         **prepare_critical_world(tmp_path / "world", etcd_endpoint),
         "MERIDIAN_REGION_COPIES": "eu-west=1,eu-north=1",
         "MERIDIAN_REBALANCE_INTERVAL_S": "3600",
+        "MERIDIAN_DEPARTURE_RECORDS": "1",
     }
     agents: dict[str, list[AgentProcess]] = {}
     source = ObjectStore(tmp_path / "source", clock=HybridClock("eu-west"))

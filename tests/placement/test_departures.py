@@ -47,6 +47,7 @@ async def complete_list(address: str) -> agent_pb2.ListResponse | grpc.aio.AioRp
 async def test_departed_agents_refuse_complete_listings_until_cleared(
     region: RegionOfAgents, tmp_path: Path
 ) -> None:
+    region.env["MERIDIAN_DEPARTURE_RECORDS"] = "1"  # off by default (settings.py)
     region.add(3)
     await region.wait_members(3)
     a, b, c = region.agents
@@ -102,3 +103,10 @@ async def test_departed_agents_refuse_complete_listings_until_cleared(
     assert a.event("drain_complete") is not None, a.log_tail()
     assert set(await roster(region)) == {idb}
     assert isinstance(await complete_list(b.address), agent_pb2.ListResponse)
+
+
+async def test_without_the_setting_no_roster_entry_is_written(region: RegionOfAgents) -> None:
+    """Departure records are off by default (settings.py): an agent writes no entry."""
+    region.add(1)
+    await region.wait_members(1)
+    assert await roster(region) == {}
