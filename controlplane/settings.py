@@ -136,6 +136,13 @@ class Settings(BaseSettings):
     # On SIGTERM an agent of a region of several hands what it holds to the others
     # first, for at most this long (then it stops; the copies left move on its loss).
     drain_timeout_s: float = Field(30.0, ge=0)
+    # Departure records (agents/placement/departures.py): each agent keeps a durable
+    # roster entry, and a complete listing (a critical takeover's proof) is refused
+    # while an agent of the region departed without handing over. Off by default until
+    # the whole suite (chaos scenarios that replace a lone agent's disk, above all) has
+    # run with it on: a lone agent replaced by a new store leaves an entry that only
+    # `etcdctl del` clears, and its region's proofs are refused until then.
+    departure_records: bool = Field(False)
     # An agent whose listening port refuses connections (twice, a moment apart) is
     # marked down by a peer at once, its registration's lease revoked, instead of after
     # the lease lapses (agents/placement/fastfail.py; Ceph's

@@ -45,6 +45,8 @@ from agents.metrics import AgentMetrics
 from agents.owners import EtcdOwners
 from agents.placement import MembershipWatch
 from agents.placement.fastfail import FastFailDetector
+from agents.placement.members import Members, copies_for
+from agents.placement.roster import Roster
 from agents.rebalance import Rebalancer
 from agents.replication import EtcdPeers, SyncReplication
 from agents.replication.replica_pushes import ReplicaPushes
@@ -124,6 +126,8 @@ class NodeAgent(Lifecycle):
         self.admission: Admission | None = None
         self._taken: dict[str, int] = {}  # dataset -> the epoch a takeover was begun at
         self._takeovers: set[asyncio.Task[None]] = set()
+        self.roster: Roster | None = None
+        self._roster_tasks: set[asyncio.Task[None]] = set()
 
     @property
     def metrics_address(self) -> str | None:
@@ -252,6 +256,21 @@ class NodeAgent(Lifecycle):
             retry_max_s=self.config.retry_max_s,
             extra=self._registration_fields,
         )
+        # The durable roster entry goes first (no lease): an agent killed from now on
+        # leaves it, and a complete listing is refused until it is back or the loss is
+        # covered (agents/placement/departures.py). A returning agent rewrites its own.
+        # Only with `departure_records` on (settings.py says why it is off by default).
+        if self.settings.departure_records:
+            self.roster = Roster(
+                self.coord, self.region, self.identity.agent_id, registry=self.metrics.registry
+            )
+            current = self.members.current
+            others = [m for m in current.serving if m.agent_id != self.identity.agent_id]
+            copies = copies_for(len(others) + 1, current.configured_r)
+            await self.roster.write(copies, self.endpoint)
+            service.roster = self.roster
+            self.members.on_change(self._copies_seen)
+            self.rebalancer.on_settled = self._rebalance_settled
         await self.registration.start()
         # What it holds of critical datasets, for the failover's choice (issue 13).
         self.holdings = HoldingsPublisher(
@@ -325,6 +344,31 @@ class NodeAgent(Lifecycle):
             fields["cache"] = self.cache.report()
         return fields
 
+    def _copies_seen(self, current: Members) -> None:
+        """A smaller `r` lowers this agent's roster entry at once (what it places from
+        now on may have only that many copies)."""
+        roster = self.roster
+        if roster is None or current.get(self.identity.agent_id) is None:
+            return
+        task = asyncio.create_task(self._lower_copies(roster, current.r), name="roster-copies")
+        self._roster_tasks.add(task)
+        task.add_done_callback(self._roster_tasks.discard)
+
+    async def _lower_copies(self, roster: Roster, r: int) -> None:
+        try:
+            await roster.see_copies(r)
+        except MeridianError as exc:
+            log.warning("roster_copies_not_lowered", error=str(exc), copies=r)
+
+    async def _rebalance_settled(self, current: Members) -> None:
+        """Settled under `current`: everything this agent holds is at its `r` owners, so
+        its entry vouches for `r` (raised too), and the departed entries may go when
+        departures.may_clear allows it."""
+        if self.roster is None:
+            return
+        await self.roster.settled_at(current.r)
+        await self.roster.clear_settled(current)
+
     async def _publish_registration(self) -> None:
         if self.registration is not None:
             await self.registration.publish()
@@ -396,7 +440,15 @@ class NodeAgent(Lifecycle):
             if self.rebalancer.running and self.registration is not None:
                 # Hand what this agent holds to the region's other agents while it
                 # still serves their pulls (a lone agent has nobody to hand to).
-                await self.rebalancer.drain(self.settings.drain_timeout_s)
+                drained = await self.rebalancer.drain(self.settings.drain_timeout_s)
+                if drained and self.roster is not None:
+                    # Everything was handed over: this agent leaves no departure behind.
+                    # An undrained (or lone) agent keeps its entry: it may hold the
+                    # only copies of acked writes.
+                    try:
+                        await self.roster.remove()
+                    except MeridianError as exc:
+                        log.warning("roster_not_removed", error=str(exc))
             await self.rebalancer.stop()
         if self.holdings is not None:
             await self.holdings.stop()

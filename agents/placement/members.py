@@ -31,6 +31,10 @@ class Member:
     # marking the agent down by revoking this lease never removes its successor
     # (agents/placement/fastfail.py).
     lease: int = 0
+    # The serving agent ids its last settled rebalance pass ran under (the `settled`
+    # field): a roster clear waits until every agent settled under the current ones
+    # (agents/placement/departures.py).
+    settled: tuple[str, ...] = ()
 
     @classmethod
     def from_registration(cls, value: bytes, lease: int = 0) -> Member | None:
@@ -57,7 +61,14 @@ class Member:
             rebalance_bytes=_int(rebalance.get("remaining_bytes"), 0),
             rebalance_objects=_int(rebalance.get("remaining_objects"), 0),
             lease=lease,
+            settled=_ids(doc.get("settled")),
         )
+
+
+def _ids(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(sorted(v for v in value if isinstance(v, str)))
 
 
 def _int(value: object, default: int) -> int:

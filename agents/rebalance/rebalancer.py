@@ -106,6 +106,9 @@ class Rebalancer(Lifecycle):
         self.progress = Progress()
         self.passes = 0
         self._settled: Members | None = None  # the membership the last pass completed
+        # Called after a pass settled (nothing left to move) under a membership: the
+        # roster's clear of departed agents (agents/placement/roster.py).
+        self.on_settled: Callable[[Members], Awaitable[None]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -117,7 +120,13 @@ class Rebalancer(Lifecycle):
 
     def registration_fields(self) -> dict[str, object]:
         """The fields this agent adds to its registration."""
-        return {"state": self.state, "rebalance": self.progress.as_json()}
+        settled = self._settled
+        return {
+            "state": self.state,
+            "rebalance": self.progress.as_json(),
+            # The serving ids the last settled pass ran under (departures.py).
+            "settled": sorted(m.agent_id for m in settled.serving) if settled else [],
+        }
 
     async def _do_start(self) -> None:
         self.members.on_change(self._on_change)
@@ -237,7 +246,12 @@ class Rebalancer(Lifecycle):
             else:
                 self._kick.set()  # something could not move: try again soon
             await self._publish_quietly()
-            return stray
+        if stray == 0 and not leaving and self.on_settled is not None:
+            try:
+                await self.on_settled(current)
+            except Exception as exc:  # noqa: BLE001 - the next settled pass tries again
+                log.warning("rebalance_on_settled_failed", error=str(exc))
+        return stray
 
     async def _publish_quietly(self) -> None:
         if self._publish is None:

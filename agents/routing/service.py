@@ -32,6 +32,7 @@ served exactly as before: no hop, no copy.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol, TypeVar
 
@@ -39,7 +40,7 @@ import grpc
 
 from agents.admission import Admission
 from agents.metrics import AgentMetrics
-from agents.placement import hrw
+from agents.placement import departures, hrw
 from agents.placement.members import Member, Members
 from agents.routing.copies import fetch_to, place_copies
 from agents.routing.peers import PeerStubs, routed_by
@@ -85,6 +86,12 @@ class MembersSource(Protocol):
     def current(self) -> Members: ...
 
 
+class DeparturesSource(Protocol):
+    """The region's departed agents, read fresh (agents/placement/roster.py)."""
+
+    async def departed(self, members: Members) -> list[str]: ...
+
+
 class RoutedAgentService(AgentService):
     """See the module docstring. `endpoint` (where peers reach this agent) is set by the
     daemon once the server listens; until then, and while this agent is alone in its
@@ -121,6 +128,9 @@ class RoutedAgentService(AgentService):
         self.members = members
         self.peers = peers
         self.endpoint = ""
+        # The region's roster (agents/placement/roster.py), set by the daemon: a
+        # complete listing is refused while an agent of the region has departed.
+        self.roster: DeparturesSource | None = None
 
     def _region_view(self) -> Members | None:
         """The members when another agent shares the region (None: serve alone)."""
@@ -475,7 +485,14 @@ class RoutedAgentService(AgentService):
         self, request: agent_pb2.ListRequest, context: Context
     ) -> agent_pb2.ListResponse:
         members = self._region_view()
-        if members is None or routed_by(context) is not None:
+        if routed_by(context) is not None:
+            return await super().List(request, context)
+        if members is None:
+            if request.complete and self.roster is not None:
+                # The lone survivor too: what a departed agent held is on no one here.
+                return await unary(
+                    "List", context, self.metrics, lambda: self._lone_complete_list(request)
+                )
             return await super().List(request, context)
         return await unary(
             "List",
@@ -484,14 +501,34 @@ class RoutedAgentService(AgentService):
             lambda: self._routed_list(members, request, fan_out_timeout(context)),
         )
 
+    async def _refuse_departed(self) -> None:
+        """Fail retriable while an agent of the region has departed (a roster entry, no
+        registration: agents/placement/departures.py): it may hold the only copy of the
+        version a proof would call lone."""
+        if self.roster is None:
+            return
+        gone = await self.roster.departed(self.members.current)
+        if gone:
+            log.warning("list_refused_departed", region=self.region, departed=gone)
+            raise UnavailableError(departures.refusal(self.region, gone))
+
+    async def _lone_complete_list(self, request: agent_pb2.ListRequest) -> agent_pb2.ListResponse:
+        await self._refuse_departed()
+        return await self._list(request)
+
     async def _routed_list(
         self, members: Members, request: agent_pb2.ListRequest, timeout_s: float
     ) -> agent_pb2.ListResponse:
+        deadline = time.monotonic() + timeout_s
         limit = requests.page_size("ListRequest.page_size", request.page_size)
+        if request.complete:
+            await self._refuse_departed()
         local = await self._list(request)  # validates the request, as alone
         others = [m for _, m in sorted(members.all.items()) if m.agent_id != self.agent_id]
+        # The peers get what the local part left of the caller's deadline, not a fresh one.
+        left_s = max(0.0, deadline - time.monotonic())
         answers = await asyncio.gather(
-            *(self._remote_list(m, request, timeout_s) for m in others), return_exceptions=True
+            *(self._remote_list(m, request, left_s) for m in others), return_exceptions=True
         )
         pages = [local]
         for member, answer in zip(others, answers, strict=True):

@@ -13,6 +13,7 @@ from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import prepare_world
 from region_harness import RegionOfAgents, clear_prefix
 
+from agents.placement.departures import roster_of
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.holdings import HOLDINGS
 
@@ -39,6 +40,13 @@ def region(tmp_path: Path, small_world: dict[str, str]) -> Iterator[RegionOfAgen
     finally:
         found.stop_all()
         # What the killed agents left on their leases (up to 30 s in a test) goes now,
-        # not into the next test: registrations, fast-fail votes and holdings records.
-        for prefix in (keys.agents_of(found.region), f"{keys.FAST_FAIL}{found.region}/", HOLDINGS):
+        # not into the next test: registrations, fast-fail votes and holdings records, and
+        # the killed agents' roster entries (no lease: they would refuse the next test's
+        # complete listings, agents/placement/departures.py).
+        for prefix in (
+            keys.agents_of(found.region),
+            f"{keys.FAST_FAIL}{found.region}/",
+            HOLDINGS,
+            roster_of(found.region),
+        ):
             clear_prefix(small_world["MERIDIAN_ETCD"], prefix)

@@ -1,0 +1,136 @@
+"""The etcd side of departures (agents/placement/departures.py): an agent's own roster
+entry, and the region's entries read fresh for a `complete` listing or a settled clear."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from agents.placement import departures
+from agents.placement.departures import RosterEntry
+from agents.placement.members import Members
+from controlplane.coordination.protocols import keys
+from controlplane.coordination.timeutil import rfc3339, utcnow
+from controlplane.logs import get_logger
+from controlplane.ports.coordination import Cmp, Compare, Coordination, Delete, Target
+
+log = get_logger("meridian.agent.roster")
+
+
+class Roster:
+    """This agent's roster entry in `region`, and the region's departed agents."""
+
+    def __init__(
+        self,
+        coord: Coordination,
+        region: str,
+        agent_id: str,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.coord = coord
+        self.region = region
+        self.agent_id = agent_id
+        self.key = departures.roster_key(region, agent_id)
+        self._entry: RosterEntry | None = None
+        self._gauge = (
+            Gauge(
+                "meridian_agent_departed_agents",
+                "Agents of the region with a roster entry and no registration "
+                "(a complete listing is refused while there is one)",
+                ["region"],
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
+
+    async def write(self, copies: int, endpoint: str) -> None:
+        """Write (or rewrite, as a returning agent) this agent's entry: before it
+        registers, so an agent that serves always has one."""
+        entry = RosterEntry(self.agent_id, max(1, copies), endpoint, rfc3339(utcnow()) or "")
+        await self.coord.put(self.key, entry.value())
+        self._entry = entry
+        log.info("roster_written", key=self.key, copies=entry.copies)
+
+    async def see_copies(self, r: int) -> None:
+        """Lower this agent's entry to `r` when it sees fewer copies than it vouched for."""
+        entry = self._entry
+        if entry is None:
+            return
+        new = departures.lowered(entry, r)
+        if new is None:
+            return
+        await self.coord.put(self.key, new.value())
+        self._entry = new
+        log.info("roster_copies_lowered", key=self.key, copies=new.copies)
+
+    async def settled_at(self, r: int) -> None:
+        """After this agent's rebalance settled under `r` copies: everything it holds is
+        at its `r` owners, so its entry vouches for `r` (raised from a count it saw
+        while the region was smaller, or lowered)."""
+        entry = self._entry
+        if entry is None or entry.copies == r or r < 1:
+            return
+        new = RosterEntry(entry.agent_id, r, entry.endpoint, entry.written_at)
+        await self.coord.put(self.key, new.value())
+        self._entry = new
+        log.info("roster_copies_settled", key=self.key, copies=r)
+
+    async def remove(self) -> None:
+        """Delete this agent's entry: only after a drain that handed everything over."""
+        await self.coord.delete(self.key)
+        self._entry = None
+        log.info("roster_removed", key=self.key)
+
+    async def entries(self) -> dict[str, tuple[RosterEntry, int]]:
+        """The region's entries (with each key's mod revision), by agent id."""
+        prefix = departures.roster_of(self.region)
+        kvs, _ = await self.coord.get_prefix(prefix)
+        values = {kv.key.removeprefix(prefix): kv.value for kv in kvs}
+        revisions = {kv.key.removeprefix(prefix): kv.mod_revision for kv in kvs}
+        parsed = departures.entries_from(values)
+        return {a: (e, revisions[a]) for a, e in parsed.items()}
+
+    async def departed(self, members: Members) -> list[str]:
+        """The region's departed agents, from a fresh read of the roster and the
+        registrations `members` holds (the watch's snapshot)."""
+        found = await self.entries()
+        gone = departures.departed(found, members.all)
+        if self._gauge is not None:
+            self._gauge.labels(region=self.region).set(len(gone))
+        return gone
+
+    async def clear_settled(self, members: Members) -> departures.ClearDecision:
+        """After this agent's rebalance settled under `members`: delete the departed
+        entries when departures.may_clear allows it. Each delete holds only if the entry
+        is as read and its agent is still unregistered (it may be coming back)."""
+        found = await self.entries()
+        serving = tuple(sorted(m.agent_id for m in members.serving))
+        settled = {a: m.settled == serving for a, m in members.all.items()}
+        # This agent's own pass just settled under `members`; its published marker may
+        # not have come back through the watch yet.
+        settled[self.agent_id] = True
+        decision = departures.may_clear({a: e for a, (e, _) in found.items()}, members.all, settled)
+        if self._gauge is not None:
+            self._gauge.labels(region=self.region).set(len(departures.departed(found, members.all)))
+        if not decision.clear:
+            if departures.departed(found, members.all):
+                log.info("roster_kept", region=self.region, reason=decision.reason)
+            return decision
+        for agent_id in decision.clear:
+            key = departures.roster_key(self.region, agent_id)
+            result = await self.coord.txn(
+                [
+                    Compare(key, Target.MOD, Cmp.EQUAL, found[agent_id][1]),
+                    Compare(keys.agent(self.region, agent_id), Target.CREATE, Cmp.EQUAL, 0),
+                ],
+                [Delete(key)],
+            )
+            log.info(
+                "roster_cleared",
+                region=self.region,
+                agent=agent_id,
+                deleted=result.succeeded,
+                reason=decision.reason,
+            )
+        return decision

@@ -1,0 +1,112 @@
+"""Departed agents (issue 13, agents/placement/departures.py) in a region of three real
+agents at r=2: a SIGKILLed agent leaves its roster entry, and while one stands without a
+registration a `complete` listing is refused retriable, naming it; a restart clears it,
+a settled rebalance clears what the copies cover, and a SIGTERM drain leaves none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+from region_harness import RegionOfAgents, until
+
+from agents.client import AgentClient
+from agents.placement.departures import roster_of
+from controlplane.adapters.etcd import EtcdCoordination
+from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+DATASET = "corpus/a"
+
+
+async def roster(region: RegionOfAgents) -> dict[str, dict[str, object]]:
+    coord = EtcdCoordination([region.env["MERIDIAN_ETCD"]], timeout_s=5.0)
+    await coord.connect()
+    try:
+        kvs, _ = await coord.get_prefix(roster_of(region.region))
+    finally:
+        await coord.close()
+    return {kv.key.rsplit("/", 1)[-1]: json.loads(kv.value) for kv in kvs}
+
+
+async def complete_list(address: str) -> agent_pb2.ListResponse | grpc.aio.AioRpcError:
+    """A proof's listing (complete=True) through `address`: the answer, or its error."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        request = agent_pb2.ListRequest(dataset=DATASET, page_size=1000, complete=True)
+        try:
+            response: agent_pb2.ListResponse = await stub.List(request, timeout=10.0)
+        except grpc.aio.AioRpcError as err:
+            return err
+        return response
+
+
+async def test_departed_agents_refuse_complete_listings_until_cleared(
+    region: RegionOfAgents, tmp_path: Path
+) -> None:
+    region.env["MERIDIAN_DEPARTURE_RECORDS"] = "1"  # off by default (settings.py)
+    region.add(3)
+    await region.wait_members(3)
+    a, b, c = region.agents
+    ida, idb, idc = (region.agent_id(p) for p in (a, b, c))
+    everyone = {ida, idb, idc}
+    async with AgentClient(a.address) as client:
+        for i in range(20):
+            src = tmp_path / f"in{i}"
+            src.write_bytes(f"payload {i}".encode())
+            await client.put(DATASET, f"k{i:02d}", src)
+
+    async def vouched_two() -> bool:
+        found = await roster(region)
+        return set(found) == everyone and all(e["copies"] == 2 for e in found.values())
+
+    await until(vouched_two, 30, "three roster entries vouching for 2 copies")
+    assert isinstance(await complete_list(a.address), agent_pb2.ListResponse)
+
+    # SIGKILL two agents: every object they both held (r=2) is on no survivor.
+    b.kill()
+    c.kill()
+    await region.wait_members(1, timeout_s=30)
+    refused = await complete_list(a.address)
+    assert isinstance(refused, grpc.aio.AioRpcError), refused
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE  # retriable: the pass tries later
+    assert idb in str(refused.details()) and idc in str(refused.details())
+    # The survivor's settled pass keeps them: 2 departed, and they vouched for 2 copies.
+    await until(lambda: a.event("roster_kept") is not None, 30, "the survivor keeping them")
+    assert set(await roster(region)) == everyone
+
+    # One comes back: it is no longer named; the other is cleared by the settled
+    # rebalance (1 departed < 2 copies) once both live agents settled.
+    b.start()
+    await region.wait_members(2, timeout_s=30)
+
+    async def b_not_named() -> bool:
+        answer = await complete_list(a.address)
+        return not (isinstance(answer, grpc.aio.AioRpcError) and idb in str(answer.details()))
+
+    await until(b_not_named, 30, "the restarted agent no longer named")
+
+    async def c_cleared() -> bool:
+        return idc not in await roster(region)
+
+    await until(c_cleared, 60, "the settled rebalance clearing the other's entry")
+    assert isinstance(await complete_list(b.address), agent_pb2.ListResponse)
+
+    # A SIGTERM drain that handed everything over leaves no entry behind.
+    c_root_entry = set(await roster(region))
+    assert c_root_entry == {ida, idb}
+    a.stop()
+    await region.wait_members(1, timeout_s=30)
+    assert a.event("drain_complete") is not None, a.log_tail()
+    assert set(await roster(region)) == {idb}
+    assert isinstance(await complete_list(b.address), agent_pb2.ListResponse)
+
+
+async def test_without_the_setting_no_roster_entry_is_written(region: RegionOfAgents) -> None:
+    """Departure records are off by default (settings.py): an agent writes no entry."""
+    region.add(1)
+    await region.wait_members(1)
+    assert await roster(region) == {}
