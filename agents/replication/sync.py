@@ -962,9 +962,11 @@ class SyncReplication:
         before it, and no catch-up would ever spread it). Its members are pulled at the
         set's versions, then the record is applied here (visible once every member is
         stored). A set newer than the epoch's start that no other copy region shows
-        was never acked: not adopted (said in the log). `region`'s set is read from the
-        one agent at `address`, as is each other region's (`_set_nowhere_else`): not
-        every agent of a region of several (module docstring: a known gap)."""
+        was never acked: not adopted (said in the log). `region`'s set is read through
+        the one agent at `address`, as is each other region's (`_set_nowhere_else`),
+        which answers for every agent of its region (a routed GetSet,
+        agents/routing/service.py): "not shown" there is retriable while one of them
+        could not say."""
         theirs = await self._set_at(address, write.dataset, "latest")
         shown = local[1][0] if local[1] else None
         if theirs is None or (shown is not None and theirs.hlc <= shown.hlc):

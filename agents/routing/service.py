@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Protocol, TypeVar
 
 import grpc
@@ -63,6 +63,7 @@ from meridian.v1 import agent_pb2, types_pb2
 log = get_logger("meridian.agent.routing")
 
 _F = TypeVar("_F", agent_pb2.PutRequest, agent_pb2.ReplicateRequest)
+_R = TypeVar("_R")
 
 # A fan-out call to a peer (routed List, Rewind) at most this long, and this long when
 # the caller set no deadline.
@@ -421,7 +422,14 @@ class RoutedAgentService(AgentService):
         self, request: agent_pb2.GetSetRequest, context: Context
     ) -> agent_pb2.GetSetResponse:
         members = self._region_view()
-        if members is None or routed_by(context) is not None:
+        if routed_by(context) is not None:
+            return await super().GetSet(request, context)
+        if members is None:
+            if self.roster is not None:
+                # The lone survivor too: a departed agent may hold the set.
+                return await unary(
+                    "GetSet", context, self.metrics, lambda: self._lone_get_set(request)
+                )
             return await super().GetSet(request, context)
         return await unary(
             "GetSet",
@@ -430,12 +438,21 @@ class RoutedAgentService(AgentService):
             lambda: self._routed_get_set(members, request, fan_out_timeout(context)),
         )
 
+    async def _lone_get_set(self, request: agent_pb2.GetSetRequest) -> agent_pb2.GetSetResponse:
+        try:
+            return await self._get_set(request)
+        except NotFoundError:
+            await self._refuse_departed(f"set {request.set} of {request.dataset}")
+            raise
+
     async def _routed_get_set(
         self, members: Members, request: agent_pb2.GetSetRequest, timeout_s: float
     ) -> agent_pb2.GetSetResponse:
         """The newest complete record of the set among the region's agents. Nothing
         found: retriable when an agent did not answer, or holds the set incomplete (it
-        may show it soon), else not found."""
+        may show it soon), or has departed (agents/placement/departures.py: it may hold
+        the set), else not found."""
+        deadline = time.monotonic() + timeout_s
         answers: list[agent_pb2.GetSetResponse | MeridianError] = []
         try:
             answers.append(await self._get_set(request))  # validates the request, as alone
@@ -444,8 +461,10 @@ class RoutedAgentService(AgentService):
                 raise
             answers.append(exc)
         others = [m for _, m in sorted(members.all.items()) if m.agent_id != self.agent_id]
+        # The peers get what the local read left of the caller's deadline, not a fresh one.
+        left_s = max(0.0, deadline - time.monotonic())
         remote = await asyncio.gather(
-            *(self._remote_get_set(m, request, timeout_s) for m in others), return_exceptions=True
+            *(self._remote_get_set(m, request, left_s) for m in others), return_exceptions=True
         )
         for answer in remote:
             if isinstance(answer, MeridianError):
@@ -467,19 +486,18 @@ class RoutedAgentService(AgentService):
                 "now, and not every agent could say it holds none: "
                 + "; ".join(str(e) for e in failed if not isinstance(e, NotFoundError))
             )
+        await self._refuse_departed(f"set {request.set} of {request.dataset}")
         wanted = "no complete version set" if request.set == "latest" else f"no set {request.set}"
         raise NotFoundError(f"dataset {request.dataset} has {wanted} in {self.region}")
 
     async def _remote_get_set(
         self, member: Member, request: agent_pb2.GetSetRequest, timeout_s: float
     ) -> agent_pb2.GetSetResponse:
-        try:
-            response: agent_pb2.GetSetResponse = await self.peers.stub(member.endpoint).GetSet(
-                request, timeout=timeout_s, metadata=self.peers.metadata
-            )
-        except grpc.aio.AioRpcError as err:
-            raise from_rpc_error(err, member.endpoint) from err
-        return response
+        stub = self.peers.stub(member.endpoint)
+        return await _answer(
+            member.endpoint,
+            stub.GetSet(request, timeout=timeout_s, metadata=self.peers.metadata),
+        )
 
     async def List(  # noqa: N802
         self, request: agent_pb2.ListRequest, context: Context
@@ -501,29 +519,30 @@ class RoutedAgentService(AgentService):
             lambda: self._routed_list(members, request, fan_out_timeout(context)),
         )
 
-    async def _refuse_departed(self) -> None:
+    async def _refuse_departed(self, what: str) -> None:
         """Fail retriable while an agent of the region has departed (a roster entry, no
         registration: agents/placement/departures.py): it may hold the only copy of the
-        version a proof would call lone."""
+        version a proof would call lone, or of the set it would call absent."""
         if self.roster is None:
             return
         gone = await self.roster.departed(self.members.current)
         if gone:
-            log.warning("list_refused_departed", region=self.region, departed=gone)
+            log.warning("refused_departed", region=self.region, departed=gone, read=what)
             raise UnavailableError(departures.refusal(self.region, gone))
 
     async def _lone_complete_list(self, request: agent_pb2.ListRequest) -> agent_pb2.ListResponse:
-        await self._refuse_departed()
+        requests.list_query(request)  # a bad request is refused as bad, departures or not
+        await self._refuse_departed(f"complete listing of {request.dataset}")
         return await self._list(request)
 
     async def _routed_list(
         self, members: Members, request: agent_pb2.ListRequest, timeout_s: float
     ) -> agent_pb2.ListResponse:
         deadline = time.monotonic() + timeout_s
-        limit = requests.page_size("ListRequest.page_size", request.page_size)
+        limit = requests.list_query(request).limit
         if request.complete:
-            await self._refuse_departed()
-        local = await self._list(request)  # validates the request, as alone
+            await self._refuse_departed(f"complete listing of {request.dataset}")
+        local = await self._list(request)
         others = [m for _, m in sorted(members.all.items()) if m.agent_id != self.agent_id]
         # The peers get what the local part left of the caller's deadline, not a fresh one.
         left_s = max(0.0, deadline - time.monotonic())
@@ -562,13 +581,10 @@ class RoutedAgentService(AgentService):
     async def _remote_list(
         self, member: Member, request: agent_pb2.ListRequest, timeout_s: float
     ) -> agent_pb2.ListResponse:
-        try:
-            response: agent_pb2.ListResponse = await self.peers.stub(member.endpoint).List(
-                request, timeout=timeout_s, metadata=self.peers.metadata
-            )
-        except grpc.aio.AioRpcError as err:
-            raise from_rpc_error(err, member.endpoint) from err
-        return response
+        stub = self.peers.stub(member.endpoint)
+        return await _answer(
+            member.endpoint, stub.List(request, timeout=timeout_s, metadata=self.peers.metadata)
+        )
 
     # -- Rewind (a critical owner's takeover pass drops a deposed owner's lone write) -----
 
@@ -622,13 +638,19 @@ class RoutedAgentService(AgentService):
         self, member: Member, request: agent_pb2.RewindRequest, timeout_s: float
     ) -> agent_pb2.RewindResponse:
         endpoint = self.endpoint if member.agent_id == self.agent_id else member.endpoint
-        try:
-            response: agent_pb2.RewindResponse = await self.peers.stub(endpoint).Rewind(
-                request, timeout=timeout_s, metadata=self.peers.metadata
-            )
-        except grpc.aio.AioRpcError as err:
-            raise from_rpc_error(err, endpoint) from err
-        return response
+        stub = self.peers.stub(endpoint)
+        return await _answer(
+            endpoint, stub.Rewind(request, timeout=timeout_s, metadata=self.peers.metadata)
+        )
+
+
+async def _answer(endpoint: str, call: Awaitable[_R]) -> _R:
+    """A peer's answer to a unary call; its failure as the error it carries (a fence, a
+    not found), or retriable when the peer could not be reached."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as err:
+        raise from_rpc_error(err, endpoint) from err
 
 
 async def _remote_get(

@@ -4,11 +4,14 @@ client learns what was wrong and where before anything is touched."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from agents.store import check_name
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest
 from controlplane.errors import InvalidInputError
 from meridian.convert import hlc_from_wire
+from meridian.v1 import agent_pb2
 
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10_000
@@ -56,3 +59,28 @@ def page_size(path: str, value: int) -> int:
     if value > MAX_PAGE:
         raise InvalidInputError(f"{path}: at most {MAX_PAGE} objects per page, got {value}")
     return value
+
+
+class ListQuery(NamedTuple):
+    dataset: str
+    prefix: str
+    limit: int
+
+
+def list_query(request: agent_pb2.ListRequest) -> ListQuery:
+    """A List's fields checked: by the agent asked before it asks anyone else, so a bad
+    request is refused as bad, not as whatever the region's state makes of it."""
+    return ListQuery(
+        name("ListRequest.dataset", request.dataset),
+        name("ListRequest.prefix", request.prefix) if request.prefix else "",
+        page_size("ListRequest.page_size", request.page_size),
+    )
+
+
+def set_query(request: agent_pb2.GetSetRequest) -> tuple[str, str]:
+    """A GetSet's dataset and the set it wants (a set id, or "latest")."""
+    dataset = name("GetSetRequest.dataset", request.dataset)
+    if not request.set:
+        raise InvalidInputError("GetSetRequest.set is missing (a set id, or 'latest')")
+    wanted = request.set if request.set == "latest" else name("GetSetRequest.set", request.set)
+    return dataset, wanted

@@ -576,9 +576,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return await unary("List", context, self.metrics, lambda: self._list(request))
 
     async def _list(self, request: agent_pb2.ListRequest) -> agent_pb2.ListResponse:
-        dataset = requests.name("ListRequest.dataset", request.dataset)
-        prefix = requests.name("ListRequest.prefix", request.prefix) if request.prefix else ""
-        limit = requests.page_size("ListRequest.page_size", request.page_size)
+        dataset, prefix, limit = requests.list_query(request)
         page = await asyncio.to_thread(
             self.store.list_objects,
             dataset,
@@ -597,14 +595,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return await unary("GetSet", context, self.metrics, lambda: self._get_set(request))
 
     async def _get_set(self, request: agent_pb2.GetSetRequest) -> agent_pb2.GetSetResponse:
-        dataset = requests.name("GetSetRequest.dataset", request.dataset)
-        if not request.set:
-            raise InvalidInputError("GetSetRequest.set is missing (a set id, or 'latest')")
-        wanted = (
-            request.set
-            if request.set == "latest"
-            else requests.name("GetSetRequest.set", request.set)
-        )
+        dataset, wanted = requests.set_query(request)
         record = await asyncio.to_thread(self.store.get_set, dataset, wanted)
         return agent_pb2.GetSetResponse(set=version_set_to_wire(record.as_version_set()))
 

@@ -1,15 +1,20 @@
-"""A routed List or Rewind (a takeover proof's, agents/routing/service.py) gives each
-peer what is left of the caller's deadline, at most 30 s, and 30 s when the caller set
-none. A unit test: the servicer context is faked (only its `time_remaining`)."""
+"""A routed List, GetSet or Rewind (a takeover proof's, agents/routing/service.py) gives
+each peer what is left of the caller's deadline, at most 30 s, and 30 s when the caller
+set none; a routed GetSet's peers get what its local read left. Unit tests: the servicer
+context is faked (only its `time_remaining`), and so is the servicer's store read."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import cast
 
 import pytest
 
-from agents.routing.service import FAN_OUT_TIMEOUT_S, fan_out_timeout
+from agents.placement.members import Member, Members
+from agents.routing.service import FAN_OUT_TIMEOUT_S, RoutedAgentService, fan_out_timeout
 from agents.service.outcome import Context
+from controlplane.errors import NotFoundError
+from meridian.v1 import agent_pb2
 
 
 class Remaining:
@@ -28,3 +33,34 @@ def test_a_peer_gets_what_is_left_of_the_callers_deadline(
     remaining: float | None, expected: float
 ) -> None:
     assert fan_out_timeout(cast(Context, Remaining(remaining))) == expected
+
+
+class SlowHere(RoutedAgentService):
+    """Only what a routed GetSet touches: a local read that takes `LOCAL_S`, and peers
+    that record the timeout they were given. Both answer "not found"."""
+
+    def __init__(self) -> None:  # the servicer's parts are not used: not set up
+        self.agent_id, self.region, self.roster = "a", "eu-west", None
+        self.given: list[float] = []
+
+    async def _get_set(self, request: agent_pb2.GetSetRequest) -> agent_pb2.GetSetResponse:
+        await asyncio.sleep(LOCAL_S)
+        raise NotFoundError("not here")
+
+    async def _remote_get_set(
+        self, member: Member, request: agent_pb2.GetSetRequest, timeout_s: float
+    ) -> agent_pb2.GetSetResponse:
+        self.given.append(timeout_s)
+        raise NotFoundError("not there")
+
+
+LOCAL_S = 0.3
+
+
+async def test_a_routed_get_set_gives_peers_what_the_local_read_left() -> None:
+    service = SlowHere()
+    members = Members("eu-west", {i: Member(i, f"127.0.0.1:{n}") for n, i in enumerate("abc")})
+    with pytest.raises(NotFoundError):
+        await service._routed_get_set(members, agent_pb2.GetSetRequest(dataset="d", set="s"), 1.0)
+    assert len(service.given) == 2  # b and c, not itself
+    assert all(0.0 <= t <= 1.0 - LOCAL_S + 0.05 for t in service.given), service.given

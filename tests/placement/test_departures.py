@@ -1,7 +1,8 @@
 """Departed agents (issue 13, agents/placement/departures.py) in a region of three real
 agents at r=2: a SIGKILLed agent leaves its roster entry, and while one stands without a
 registration a `complete` listing is refused retriable, naming it; a restart clears it,
-a settled rebalance clears what the copies cover, and a SIGTERM drain leaves none."""
+a settled rebalance clears what the copies cover, and a SIGTERM drain leaves none. A set
+no agent shows is "not found" only while no agent has departed (retriable otherwise)."""
 
 from __future__ import annotations
 
@@ -32,16 +33,34 @@ async def roster(region: RegionOfAgents) -> dict[str, dict[str, object]]:
     return {kv.key.rsplit("/", 1)[-1]: json.loads(kv.value) for kv in kvs}
 
 
-async def complete_list(address: str) -> agent_pb2.ListResponse | grpc.aio.AioRpcError:
+async def complete_list(
+    address: str, page_size: int = 1000
+) -> agent_pb2.ListResponse | grpc.aio.AioRpcError:
     """A proof's listing (complete=True) through `address`: the answer, or its error."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
-        request = agent_pb2.ListRequest(dataset=DATASET, page_size=1000, complete=True)
+        request = agent_pb2.ListRequest(dataset=DATASET, page_size=page_size, complete=True)
         try:
             response: agent_pb2.ListResponse = await stub.List(request, timeout=10.0)
         except grpc.aio.AioRpcError as err:
             return err
         return response
+
+
+async def get_set(address: str, set_id: str) -> agent_pb2.GetSetResponse | grpc.aio.AioRpcError:
+    """A set proof's read through `address`: the answer, or its error."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        request = agent_pb2.GetSetRequest(dataset=DATASET, set=set_id)
+        try:
+            response: agent_pb2.GetSetResponse = await stub.GetSet(request, timeout=10.0)
+        except grpc.aio.AioRpcError as err:
+            return err
+        return response
+
+
+def code_of(answer: object) -> grpc.StatusCode | None:
+    return answer.code() if isinstance(answer, grpc.aio.AioRpcError) else None
 
 
 async def test_departed_agents_refuse_complete_listings_until_cleared(
@@ -65,6 +84,7 @@ async def test_departed_agents_refuse_complete_listings_until_cleared(
 
     await until(vouched_two, 30, "three roster entries vouching for 2 copies")
     assert isinstance(await complete_list(a.address), agent_pb2.ListResponse)
+    assert code_of(await get_set(a.address, "s-none")) == grpc.StatusCode.NOT_FOUND
 
     # SIGKILL two agents: every object they both held (r=2) is on no survivor.
     b.kill()
@@ -74,6 +94,14 @@ async def test_departed_agents_refuse_complete_listings_until_cleared(
     assert isinstance(refused, grpc.aio.AioRpcError), refused
     assert refused.code() == grpc.StatusCode.UNAVAILABLE  # retriable: the pass tries later
     assert idb in str(refused.details()) and idc in str(refused.details())
+    # A bad request is refused as bad, not as the region's state makes it.
+    invalid = await complete_list(a.address, page_size=100_000)
+    assert code_of(invalid) == grpc.StatusCode.INVALID_ARGUMENT, invalid
+    # A set the survivor does not show may be on a departed agent: retriable, naming them.
+    unshown = await get_set(a.address, "s-none")
+    assert code_of(unshown) == grpc.StatusCode.UNAVAILABLE, unshown
+    assert isinstance(unshown, grpc.aio.AioRpcError)
+    assert idb in str(unshown.details()) and idc in str(unshown.details())
     # The survivor's settled pass keeps them: 2 departed, and they vouched for 2 copies.
     await until(lambda: a.event("roster_kept") is not None, 30, "the survivor keeping them")
     assert set(await roster(region)) == everyone
@@ -94,6 +122,7 @@ async def test_departed_agents_refuse_complete_listings_until_cleared(
 
     await until(c_cleared, 60, "the settled rebalance clearing the other's entry")
     assert isinstance(await complete_list(b.address), agent_pb2.ListResponse)
+    assert code_of(await get_set(b.address, "s-none")) == grpc.StatusCode.NOT_FOUND
 
     # A SIGTERM drain that handed everything over leaves no entry behind.
     c_root_entry = set(await roster(region))
