@@ -24,6 +24,8 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from agents.placement.members import json_object
+
 ROSTER = "/meridian/roster/"
 
 
@@ -60,11 +62,8 @@ class RosterEntry:
         """The entry `value` names; None for a value that is not one. An unreadable entry
         is not skipped by the callers: it counts as departed with copies 1 (see
         `entries_from`), since dropping it would let a proof through."""
-        try:
-            doc = json.loads(value)
-        except ValueError:
-            return None
-        if not isinstance(doc, dict):
+        doc = json_object(value)
+        if doc is None:
             return None
         agent_id, copies = doc.get("id"), doc.get("copies")
         if not isinstance(agent_id, str) or not agent_id:

@@ -40,11 +40,8 @@ class Member:
     def from_registration(cls, value: bytes, lease: int = 0) -> Member | None:
         """The member a registration names (on `lease`); None for a value that is not one
         (a foreign or half-written key is skipped rather than trusted)."""
-        try:
-            doc = json.loads(value)
-        except ValueError:
-            return None
-        if not isinstance(doc, dict):
+        doc = json_object(value)
+        if doc is None:
             return None
         agent_id, endpoint = doc.get("id"), doc.get("endpoint")
         if not isinstance(agent_id, str) or not agent_id or not isinstance(endpoint, str):
@@ -63,6 +60,16 @@ class Member:
             lease=lease,
             settled=_ids(doc.get("settled")),
         )
+
+
+def json_object(value: bytes) -> dict[str, object] | None:
+    """The JSON object an etcd value holds; None for anything else (not JSON, or not an
+    object), which the callers treat as a value that names nothing."""
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _ids(value: object) -> tuple[str, ...]:
