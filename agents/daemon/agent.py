@@ -268,6 +268,7 @@ class NodeAgent(Lifecycle):
             others = [m for m in current.serving if m.agent_id != self.identity.agent_id]
             copies = copies_for(len(others) + 1, current.configured_r)
             await self.roster.write(copies, self.endpoint)
+            self.registration.on_registered = self.roster.restore
             service.roster = self.roster
             self.members.on_change(self._copies_seen)
             self.rebalancer.on_settled = self._rebalance_settled
@@ -366,7 +367,7 @@ class NodeAgent(Lifecycle):
         departures.may_clear allows it."""
         if self.roster is None:
             return
-        await self.roster.settled_at(current.r)
+        await self.roster.settled_at(current.r, lambda: self.members.current.r)
         await self.roster.clear_settled(current)
 
     async def _publish_registration(self) -> None:

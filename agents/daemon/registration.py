@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from agents.store.model import Usage
@@ -85,6 +85,10 @@ class Registration(Lifecycle):
         self._written: bytes = b""
         self._task: asyncio.Task[None] | None = None
         self.registrations = 0  # how many leases it took (1 unless one was lost)
+        # Run after each registration's put, before it counts as registered: a failure
+        # revokes the lease and the registration is tried again (the roster entry's
+        # rewrite, agents/placement/roster.py).
+        self.on_registered: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
     def started_now(cls) -> str:
@@ -121,6 +125,8 @@ class Registration(Lifecycle):
         try:
             value = await self._value()
             await self.coord.put(self.key, value, lease=lease.id)
+            if self.on_registered is not None:
+                await self.on_registered()
         except BaseException:
             await _revoke_quietly(self.coord, lease.id)
             raise

@@ -3,6 +3,9 @@ entry, and the region's entries read fresh for a `complete` listing or a settled
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Gauge
 
 from agents.placement import departures
@@ -17,7 +20,9 @@ log = get_logger("meridian.agent.roster")
 
 
 class Roster:
-    """This agent's roster entry in `region`, and the region's departed agents."""
+    """This agent's roster entry in `region`, and the region's departed agents. Its own
+    entry's writes are serialised: a lowering and a settled raise that race must not
+    leave the raise last on a count the region no longer has."""
 
     def __init__(
         self,
@@ -32,6 +37,7 @@ class Roster:
         self.agent_id = agent_id
         self.key = departures.roster_key(region, agent_id)
         self._entry: RosterEntry | None = None
+        self._writing = asyncio.Lock()
         self._gauge = (
             Gauge(
                 "meridian_agent_departed_agents",
@@ -46,40 +52,62 @@ class Roster:
 
     async def write(self, copies: int, endpoint: str) -> None:
         """Write (or rewrite, as a returning agent) this agent's entry: before it
-        registers, so an agent that serves always has one."""
-        entry = RosterEntry(self.agent_id, max(1, copies), endpoint, rfc3339(utcnow()) or "")
-        await self.coord.put(self.key, entry.value())
-        self._entry = entry
+        registers, so an agent that serves always has one. A returning agent's entry
+        keeps the smaller of its old count and `copies`: what it holds was placed under
+        the old one, and a restart places nothing."""
+        async with self._writing:
+            found = await self.coord.get(self.key)
+            old = RosterEntry.parse(found.value) if found is not None else None
+            n = max(1, copies) if old is None else min(old.copies, max(1, copies))
+            entry = RosterEntry(self.agent_id, n, endpoint, rfc3339(utcnow()) or "")
+            await self.coord.put(self.key, entry.value())
+            self._entry = entry
         log.info("roster_written", key=self.key, copies=entry.copies)
+
+    async def restore(self) -> None:
+        """Rewrite this agent's entry as it stands: once registered (again), since a
+        survivor's clear may have deleted it while this agent had no registration (in
+        the gap before it registered, or after its lease was lost). Registered, no
+        clear can delete it (each delete requires the agent to be unregistered)."""
+        async with self._writing:
+            entry = self._entry
+            if entry is None:
+                return
+            await self.coord.put(self.key, entry.value())
+        log.info("roster_restored", key=self.key, copies=entry.copies)
 
     async def see_copies(self, r: int) -> None:
         """Lower this agent's entry to `r` when it sees fewer copies than it vouched for."""
-        entry = self._entry
-        if entry is None:
-            return
-        new = departures.lowered(entry, r)
-        if new is None:
-            return
-        await self.coord.put(self.key, new.value())
-        self._entry = new
+        async with self._writing:
+            entry = self._entry
+            new = None if entry is None else departures.lowered(entry, r)
+            if new is None:
+                return
+            await self.coord.put(self.key, new.value())
+            self._entry = new
         log.info("roster_copies_lowered", key=self.key, copies=new.copies)
 
-    async def settled_at(self, r: int) -> None:
+    async def settled_at(self, r: int, now_r: Callable[[], int]) -> None:
         """After this agent's rebalance settled under `r` copies: everything it holds is
         at its `r` owners, so its entry vouches for `r` (raised from a count it saw
-        while the region was smaller, or lowered)."""
-        entry = self._entry
-        if entry is None or entry.copies == r or r < 1:
-            return
-        new = RosterEntry(entry.agent_id, r, entry.endpoint, entry.written_at)
-        await self.coord.put(self.key, new.value())
-        self._entry = new
+        while the region was smaller, or lowered). Never above `now_r()`, the count the
+        region has as this writes: the pass ran on a snapshot that may be gone, and a
+        lowering seen since must stand."""
+        async with self._writing:
+            entry = self._entry
+            r = min(r, now_r())
+            if entry is None or entry.copies == r or r < 1:
+                return
+            new = RosterEntry(entry.agent_id, r, entry.endpoint, entry.written_at)
+            await self.coord.put(self.key, new.value())
+            self._entry = new
         log.info("roster_copies_settled", key=self.key, copies=r)
 
     async def remove(self) -> None:
         """Delete this agent's entry: only after a drain that handed everything over."""
-        await self.coord.delete(self.key)
-        self._entry = None
+        async with self._writing:
+            await self.coord.delete(self.key)
+            self._entry = None
         log.info("roster_removed", key=self.key)
 
     async def entries(self) -> dict[str, tuple[RosterEntry, int]]:
