@@ -20,31 +20,34 @@ import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 from critical_helpers import prepare_critical_world
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess
 from harness.fake_peers import StaticPeers
-from test_takeover_regions import PLACEMENT, CountedAdopt, epoch_write, held_here, seeding_owner
+from test_takeover_regions import (
+    OWNER,
+    PLACEMENT,
+    CountedAdopt,
+    epoch_write,
+    held_here,
+    replicate,
+    seeding_owner,
+)
 from waiting import until
 
 from agents.placement.departures import roster_key, roster_of
 from agents.replication.sync import SyncReplication
-from agents.routing.peers import ROUTED_KEY
 from agents.store import ObjectStore
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols import keys
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.version import Version
 from controlplane.errors import UnavailableError
-from meridian.convert import version_to_wire
-from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
 LAYOUT = (("eu-west", 1), ("eu-central", 1), ("eu-north", 2))
-OWNER = "us-east"
 assert PLACEMENT.home == "eu-west"
 
 
@@ -94,26 +97,6 @@ def world(
 async def coord(etcd_endpoint: str) -> AsyncIterator[EtcdCoordination]:
     async with EtcdCoordination([etcd_endpoint], timeout_s=5.0) as connected:
         yield connected
-
-
-async def replicate(
-    proc: AgentProcess, ds: str, key: str, version: Version, data: bytes, epoch: int
-) -> None:
-    """`version` stored on `proc` alone (marked as routed: not spread in its region)."""
-    header = agent_pb2.ReplicateHeader(
-        dataset=ds, key=key, version=version_to_wire(version), epoch=epoch, origin_region=OWNER
-    )
-
-    async def frames() -> AsyncIterator[agent_pb2.ReplicateRequest]:
-        yield agent_pb2.ReplicateRequest(header=header)
-        yield agent_pb2.ReplicateRequest(chunk=data)
-
-    async with grpc.aio.insecure_channel(proc.address) as channel:
-        await agent_pb2_grpc.AgentStub(channel).Replicate(
-            frames(),  # type: ignore[arg-type]
-            metadata=((ROUTED_KEY, "test"),),
-            timeout=10,
-        )
 
 
 async def north_count_is(coord: EtcdCoordination, count: int) -> bool:

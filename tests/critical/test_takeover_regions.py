@@ -166,9 +166,17 @@ def epoch_write(ds: str, epoch: int = 1) -> CommittedWrite:
 async def give(
     proc: AgentProcess, world: World, ds: str, key: str, data: bytes, *, epoch: int
 ) -> Version:
-    """`data` as a version of `key` held by `proc` alone (a Replicate marked as routed:
-    stored there, not spread to the region's other agents)."""
+    """`data` as a version of `key` held by `proc` alone (see `replicate`)."""
     version = world.source.put(ds, key, [data])
+    await replicate(proc, ds, key, version, data, epoch)
+    return version
+
+
+async def replicate(
+    proc: AgentProcess, ds: str, key: str, version: Version, data: bytes, epoch: int
+) -> None:
+    """`version` stored on `proc` alone (a Replicate marked as routed: stored there, not
+    spread to the region's other agents), sent by `OWNER` at `epoch`."""
     header = agent_pb2.ReplicateHeader(
         dataset=ds, key=key, version=version_to_wire(version), epoch=epoch, origin_region=OWNER
     )
@@ -183,7 +191,6 @@ async def give(
             metadata=((ROUTED_KEY, "test"),),
             timeout=10,
         )
-    return version
 
 
 async def seeding_owner(coord: EtcdCoordination, ds: str) -> int:
