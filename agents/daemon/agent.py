@@ -364,10 +364,12 @@ class NodeAgent(Lifecycle):
     async def _rebalance_settled(self, current: Members) -> None:
         """Settled under `current`: everything this agent holds is at its `r` owners, so
         its entry vouches for `r` (raised too), and the departed entries may go when
-        departures.may_clear allows it."""
-        if self.roster is None:
+        departures.may_clear allows it. An agent that holds a version set vouches for 1:
+        a set's members are on the agent that took it alone (the rebalance leaves them)."""
+        if self.roster is None or self.store is None:
             return
-        await self.roster.settled_at(current.r, lambda: self.members.current.r)
+        sets = await asyncio.to_thread(self.store.holds_sets)
+        await self.roster.settled_at(1 if sets else current.r, lambda: self.members.current.r)
         await self.roster.clear_settled(current)
 
     async def _publish_registration(self) -> None:

@@ -167,7 +167,8 @@ class Rebalancer(Lifecycle):
 
     async def drain(self, timeout_s: float) -> bool:
         """Leave the region: publish `leaving`, then hand everything held to the agents
-        that stay (bounded by `timeout_s`). True when nothing is left here."""
+        that stay (bounded by `timeout_s`). True when nothing is left here: no object
+        not handed over, and no version set (those are not moved)."""
         if self._alone(self.members.current):
             return False  # a lone agent keeps its objects (and stops as before)
         self.state = LEAVING
@@ -199,8 +200,11 @@ class Rebalancer(Lifecycle):
         except TimeoutError:
             log.warning("drain_timed_out", timeout_s=timeout_s)
             return False
-        log.info("drain_complete", left=left)
-        return left == 0
+        # Version sets stay where they were taken: an agent that holds one has not
+        # handed everything over, whatever the pass moved.
+        sets_kept = await asyncio.to_thread(self.store.holds_sets)
+        log.info("drain_complete", left=left, sets_kept=sets_kept)
+        return left == 0 and not sets_kept
 
     async def run_pass(self, *, leaving: bool = False) -> int:
         """One pass over the store (see the module docstring); returns how many objects

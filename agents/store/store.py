@@ -1604,6 +1604,14 @@ class ObjectStore:
             members = self._members(self._db, dataset, set_id)
             return [k for k, h in members.items() if not self._present(dataset, k, h)]
 
+    def holds_sets(self) -> bool:
+        """Whether any version set is recorded here (complete or not): its members stay
+        on this agent alone (a rebalance does not move them), so this agent holds the
+        region's only copy of them."""
+        with self._lock:
+            self._require_open()
+            return self._db.execute("SELECT 1 FROM sets LIMIT 1").fetchone() is not None
+
     def list_sets(self, dataset: str) -> list[SetRecord]:
         """Every set recorded for a dataset, complete or not, newest first."""
         dataset = check_name("dataset", dataset)
