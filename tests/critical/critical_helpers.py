@@ -16,14 +16,37 @@ Stat calls."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import signal
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import grpc
+from harness.agent_process import AgentProcess
 from harness.controllers import apply_world
 from waiting import WaitTimeoutError, until
 
 from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+
+def wait_ready(procs: Iterable[AgentProcess], timeout_s: float = 60) -> dict[str, str]:
+    """Wait for each spawned agent's `agent_ready` (spawned together, waited for
+    together) and set its address; returns each agent's id by its address."""
+    ids: dict[str, str] = {}
+    for proc in procs:
+        event = proc.wait_event("agent_ready", timeout_s)
+        assert event is not None, proc.log_tail()
+        proc.address = str(event["endpoint"])
+        ids[proc.address] = str(event["id"])
+    return ids
+
+
+def kill_all(procs: Iterable[AgentProcess]) -> None:
+    """SIGKILL every agent still running (continued first: a test may have paused one)."""
+    for proc in procs:
+        if proc.running:
+            proc.signal(signal.SIGCONT)
+            proc.kill()
+
 
 REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("eu-north", "EU"), ("us-east", "US")]
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from critical_helpers import put, stat
+from critical_helpers import kill_all, put, stat, wait_ready
 from harness.agent_process import AgentProcess
 from harness.raw_replicate import replicate_raw
 from waiting import until
@@ -48,16 +47,10 @@ def agents(tmp_path: Path, critical_world: dict[str, str]) -> Iterator[dict[str,
                 env["MERIDIAN_CLOCK_OFFSET_MS"] = "-5000"  # the new owner's clock is behind
             procs[region] = AgentProcess(region, tmp_path / region, env, tmp_path / f"{region}.log")
             procs[region].spawn()
-        for proc in procs.values():
-            event = proc.wait_event("agent_ready", 60)
-            assert event is not None, proc.log_tail()
-            proc.address = str(event["endpoint"])
+        wait_ready(procs.values())
         yield procs
     finally:
-        for proc in procs.values():
-            if proc.running:
-                proc.signal(signal.SIGCONT)
-                proc.kill()
+        kill_all(procs.values())
 
 
 def passes_done(proc: AgentProcess) -> set[str]:

@@ -16,12 +16,11 @@ test process, its `adopt` counted) makes a takeover pass over eu-west:
 
 from __future__ import annotations
 
-import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from critical_helpers import prepare_critical_world
+from critical_helpers import kill_all, prepare_critical_world, wait_ready
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess
 from harness.fake_peers import StaticPeers
@@ -77,18 +76,10 @@ def world(
                 )
                 proc.spawn()
                 agents.setdefault(region, []).append(proc)
-        for procs in agents.values():
-            for proc in procs:
-                event = proc.wait_event("agent_ready", 60)
-                assert event is not None, proc.log_tail()
-                proc.address = str(event["endpoint"])
+        wait_ready(p for procs in agents.values() for p in procs)
         yield agents, source
     finally:
-        for procs in agents.values():
-            for proc in procs:
-                if proc.running:
-                    proc.signal(signal.SIGCONT)
-                    proc.kill()
+        kill_all(p for procs in agents.values() for p in procs)
         source.close()
         clear_keyspace(etcd_endpoint)
 

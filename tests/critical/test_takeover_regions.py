@@ -28,7 +28,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from critical_helpers import prepare_critical_world
+from critical_helpers import kill_all, prepare_critical_world, wait_ready
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess
 from harness.fake_peers import StaticPeers
@@ -98,7 +98,6 @@ def world(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str) -> Itera
         "MERIDIAN_REBALANCE_INTERVAL_S": "3600",
     }
     agents: dict[str, list[AgentProcess]] = {}
-    ids: dict[str, str] = {}
     source = ObjectStore(tmp_path / "source", clock=HybridClock("eu-west"))
     try:
         for region, count in LAYOUT:
@@ -108,19 +107,10 @@ def world(tmp_path_factory: pytest.TempPathFactory, etcd_endpoint: str) -> Itera
                 )
                 proc.spawn()
                 agents.setdefault(region, []).append(proc)
-        for procs in agents.values():  # spawned together, waited for together
-            for proc in procs:
-                event = proc.wait_event("agent_ready", 60)
-                assert event is not None, proc.log_tail()
-                proc.address = str(event["endpoint"])
-                ids[proc.address] = str(event["id"])
+        ids = wait_ready(p for procs in agents.values() for p in procs)
         yield World(env, agents, ids, source)
     finally:
-        for procs in agents.values():
-            for proc in procs:
-                if proc.running:
-                    proc.signal(signal.SIGCONT)
-                    proc.kill()
+        kill_all(p for procs in agents.values() for p in procs)
         source.close()
 
 
