@@ -195,7 +195,7 @@ class NodeAgent(Lifecycle):
             transfers,
             # Writes whose ack failed are remembered for the failover (holdings.py).
             replication=(unacked := UnackedWrites(self.replication)),
-            sets=ReplicaSets(store, admission, self.region),  # critical sets pushed here
+            sets=(replica_sets := ReplicaSets(store, admission, self.region)),  # critical sets
             members=self.members,
             peers=self.peers,
             cache=cache,
@@ -267,9 +267,12 @@ class NodeAgent(Lifecycle):
             current = self.members.current
             others = [m for m in current.serving if m.agent_id != self.identity.agent_id]
             copies = copies_for(len(others) + 1, current.configured_r)
+            if await asyncio.to_thread(store.holds_sets):
+                copies = 1  # a set's members are on this agent alone
             await self.roster.write(copies, self.endpoint)
             self.registration.on_registered = self.roster.restore
             service.roster = self.roster
+            service.holding_sets = replica_sets.holding_sets = self._holding_sets
             self.members.on_change(self._copies_seen)
             self.rebalancer.on_settled = self._rebalance_settled
         await self.registration.start()
@@ -360,6 +363,13 @@ class NodeAgent(Lifecycle):
             await roster.see_copies(r)
         except MeridianError as exc:
             log.warning("roster_copies_not_lowered", error=str(exc), copies=r)
+
+    async def _holding_sets(self) -> None:
+        """Before a set (or a member) is stored here: this agent's entry vouches for 1
+        copy from now on, since a SIGKILL before the next settled pass would otherwise
+        leave an entry a survivor may clear (fewer departed than its count)."""
+        if self.roster is not None:
+            await self.roster.see_copies(1)
 
     async def _rebalance_settled(self, current: Members) -> None:
         """Settled under `current`: everything this agent holds is at its `r` owners, so

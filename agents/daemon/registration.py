@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from agents.store.model import Usage
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.timeutil import rfc3339, utcnow
-from controlplane.errors import MeridianError
+from controlplane.errors import MeridianError, UnavailableError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import Coordination, KeepAlive
@@ -126,7 +126,7 @@ class Registration(Lifecycle):
             value = await self._value()
             await self.coord.put(self.key, value, lease=lease.id)
             if self.on_registered is not None:
-                await self.on_registered()
+                await self._after_put()
         except BaseException:
             await _revoke_quietly(self.coord, lease.id)
             raise
@@ -140,6 +140,19 @@ class Registration(Lifecycle):
             lease=f"{lease.id:x}",
             ttl_s=lease.ttl_s,
         )
+
+    async def _after_put(self) -> None:
+        """The hook, within half the lease's TTL: the keepalive starts after it, so a
+        slow hook must not outlive the new lease (the registration is retried)."""
+        assert self.on_registered is not None  # noqa: S101 - the caller checked
+        bound_s = self._ttl_s / 2
+        try:
+            async with asyncio.timeout(bound_s):
+                await self.on_registered()
+        except TimeoutError:
+            raise UnavailableError(
+                f"{self.key}: what follows the registration did not finish within {bound_s} s"
+            ) from None
 
     async def _run(self) -> None:
         delay = self._retry[0]

@@ -57,8 +57,9 @@ class Roster:
         the old one, and a restart places nothing."""
         async with self._writing:
             found = await self.coord.get(self.key)
-            old = RosterEntry.parse(found.value) if found is not None else None
-            n = max(1, copies) if old is None else min(old.copies, max(1, copies))
+            # An unreadable entry reads as 1 copy, as departures.entries_from reads it.
+            old = None if found is None else departures.entries_from({self.agent_id: found.value})
+            n = max(1, copies) if old is None else min(old[self.agent_id].copies, max(1, copies))
             entry = RosterEntry(self.agent_id, n, endpoint, rfc3339(utcnow()) or "")
             await self.coord.put(self.key, entry.value())
             self._entry = entry

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Never, Protocol
 
@@ -196,6 +196,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.replication = replication
         self.max_object_bytes = max_object_bytes
         self.sets = sets
+        # Awaited before a set member or a set is stored here (the daemon lowers its
+        # roster entry to 1 copy, agents/placement/roster.py: a set stays on the agent
+        # that takes it, so this agent then holds the region's only copy of it).
+        self.holding_sets: Callable[[], Awaitable[None]] | None = None
         self.cache = cache
         # The store gauges read the store's usage row when scraped, not after every write
         # (a thread hop, a query and a statvfs per write, for gauges read far less often).
@@ -231,6 +235,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 f"cap of {self.max_object_bytes}; nothing was stored"
             )
         admitted = await self.admission.admit_write(dataset, epoch)
+        if set_id is not None and self.holding_sets is not None:
+            await self.holding_sets()
         # The first INLINE_BYTES are held here, not staged: an object that ends within
         # them (the common small write) is stored in ONE thread hop, after its end.
         # A larger one is staged then and streams on, one thread hop per chunk.
@@ -484,6 +490,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         requests.set_id("CommitSetRequest.set.id", True, wanted.id)
         epoch = requests.epoch(request.HasField("epoch"), request.epoch)
         admitted = await self.admission.admit_write(wanted.dataset, epoch)
+        if self.holding_sets is not None:
+            await self.holding_sets()
         _before_commit(context, "CommitSet")
         record = await asyncio.to_thread(
             self.store.commit_set,

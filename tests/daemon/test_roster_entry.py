@@ -1,10 +1,12 @@
 """An agent's own roster entry (agents/placement/roster.py) against the stack's real
 etcd: a returning agent keeps the smaller count it vouched for, every registration
 (a lost lease's too) rewrites an entry a survivor's clear deleted while the agent was
-unregistered, and a settled raise never goes above the count the region has now."""
+unregistered, and a settled raise never goes above the count the region has now; a
+registration's hook is bounded by half the lease's TTL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -15,6 +17,8 @@ from agents.placement.departures import roster_key
 from agents.placement.roster import Roster
 from agents.store.model import Usage
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination.protocols import keys
+from controlplane.errors import UnavailableError
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +39,10 @@ async def test_a_returning_agent_keeps_the_smaller_count(coord: EtcdCoordination
     await coord.delete(KEY)
     await Roster(coord, REGION, AGENT).write(2, "127.0.0.1:1234")  # a new agent: its own
     assert await copies(coord) == 2
+    # An entry that does not parse reads as 1 copy (as departures.entries_from reads it).
+    await coord.put(KEY, b"not json")
+    await Roster(coord, REGION, AGENT).write(2, "127.0.0.1:1234")
+    assert await copies(coord) == 1
 
 
 async def test_every_registration_rewrites_an_entry_cleared_meanwhile(
@@ -81,3 +89,27 @@ async def test_a_settled_raise_stops_at_the_count_the_region_has_now(
     assert await copies(coord) == 2
     await roster.see_copies(1)
     assert await copies(coord) == 1
+
+
+async def test_a_hook_that_hangs_fails_the_registration_within_half_the_ttl(
+    coord: EtcdCoordination,
+) -> None:
+    """The keepalive starts after the hook: a hook that never ends (etcd slow for the
+    roster) must not outlive the new lease. The registration fails retriable, its lease
+    revoked."""
+    reg = Registration(
+        coord,
+        AgentRecord(AGENT, REGION, "127.0.0.1:1234", 1, "2026-12-01T00:00:00Z"),
+        lambda: Usage(0, 0, 0, 0),
+        lease_ttl_s=2,
+        usage_interval_s=0.1,
+    )
+
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    reg.on_registered = hangs
+    async with asyncio.timeout(10):  # a hook without its bound would hang here
+        with pytest.raises(UnavailableError, match=r"within 1\.0 s"):
+            await reg.start()
+    assert await coord.get(keys.agent(REGION, AGENT)) is None  # its lease was revoked

@@ -145,18 +145,26 @@ async def test_an_agent_holding_a_set_vouches_for_one_copy_and_keeps_its_entry(
     region: RegionOfAgents, tmp_path: Path
 ) -> None:
     """A version set's members stay on the agent that took it (the rebalance does not
-    move them): that agent's entry vouches for 1 copy once a pass settled, and a SIGTERM
-    drain, which moves its other objects, does not count as handing everything over."""
+    move them): that agent's entry vouches for 1 copy before the first member is acked
+    (no settled pass runs after it here), and a SIGTERM drain, which moves its other
+    objects, does not count as handing everything over."""
     region.env["MERIDIAN_DEPARTURE_RECORDS"] = "1"
-    region.env["MERIDIAN_REBALANCE_INTERVAL_S"] = "1"  # a settled pass soon after the set
+    region.env["MERIDIAN_REBALANCE_INTERVAL_S"] = "3600"  # passes only on membership changes
     region.add(2)
     await region.wait_members(2)
     a, b = region.agents
     ida, idb = region.agent_id(a), region.agent_id(b)
     src = tmp_path / "member"
     src.write_bytes(b"a member of s1")
+
+    async def both_vouch_two() -> bool:
+        found = await roster(region)
+        return found.get(ida, {}).get("copies") == 2 and found.get(idb, {}).get("copies") == 2
+
+    await until(both_vouch_two, 30, "both entries vouching for 2 copies")
     async with AgentClient(a.address) as client:
         member = await client.put(DATASET, "ckpt/m0", src, set_id="s1")
+        assert (await roster(region))[ida]["copies"] == 1  # lowered before the ack
         await client.commit_set(DATASET, "s1", {"ckpt/m0": member.hlc})
         await client.put(DATASET, "plain", src)  # an object the drain does hand over
 
@@ -169,4 +177,5 @@ async def test_an_agent_holding_a_set_vouches_for_one_copy_and_keeps_its_entry(
     await region.wait_members(1, timeout_s=30)
     drained = a.event("drain_complete")
     assert drained is not None and drained["sets_kept"] is True, a.log_tail()
+    assert a.event("drain_kept_sets") is not None  # the operator is told why
     assert set(await roster(region)) == {ida, idb}  # its entry stays: s1 is on it alone
