@@ -31,6 +31,18 @@ async def copies(coord: EtcdCoordination) -> int | None:
     return None if kv is None else int(json.loads(kv.value)["copies"])
 
 
+def registration(coord: EtcdCoordination) -> Registration:
+    """AGENT's registration on a 2 s lease, retried fast."""
+    return Registration(
+        coord,
+        AgentRecord(AGENT, REGION, "127.0.0.1:1234", 1, "2026-12-01T00:00:00Z"),
+        lambda: Usage(0, 0, 0, 0),
+        lease_ttl_s=2,
+        usage_interval_s=0.1,
+        retry_initial_s=0.05,
+    )
+
+
 async def test_a_returning_agent_keeps_the_smaller_count(coord: EtcdCoordination) -> None:
     await Roster(coord, REGION, AGENT).write(1, "127.0.0.1:1234")
     # Restarted where the region now has room for 2: what it holds was placed under 1.
@@ -50,14 +62,7 @@ async def test_every_registration_rewrites_an_entry_cleared_meanwhile(
 ) -> None:
     roster = Roster(coord, REGION, AGENT)
     await roster.write(2, "127.0.0.1:1234")
-    reg = Registration(
-        coord,
-        AgentRecord(AGENT, REGION, "127.0.0.1:1234", 1, "2026-12-01T00:00:00Z"),
-        lambda: Usage(0, 0, 0, 0),
-        lease_ttl_s=2,
-        usage_interval_s=0.1,
-        retry_initial_s=0.05,
-    )
+    reg = registration(coord)
     reg.on_registered = roster.restore
     # A survivor's settled clear in the gap between the entry and the registration.
     await coord.delete(KEY)
@@ -97,13 +102,7 @@ async def test_a_hook_that_hangs_fails_the_registration_within_half_the_ttl(
     """The keepalive starts after the hook: a hook that never ends (etcd slow for the
     roster) must not outlive the new lease. The registration fails retriable, its lease
     revoked."""
-    reg = Registration(
-        coord,
-        AgentRecord(AGENT, REGION, "127.0.0.1:1234", 1, "2026-12-01T00:00:00Z"),
-        lambda: Usage(0, 0, 0, 0),
-        lease_ttl_s=2,
-        usage_interval_s=0.1,
-    )
+    reg = registration(coord)
 
     async def hangs() -> None:
         await asyncio.Event().wait()
