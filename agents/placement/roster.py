@@ -57,9 +57,11 @@ class Roster:
         the old one, and a restart places nothing."""
         async with self._writing:
             found = await self.coord.get(self.key)
-            # An unreadable entry reads as 1 copy, as departures.entries_from reads it.
-            old = None if found is None else departures.entries_from({self.agent_id: found.value})
-            n = max(1, copies) if old is None else min(old[self.agent_id].copies, max(1, copies))
+            n = max(1, copies)
+            if found is not None:
+                # An unreadable entry reads as 1 copy, as departures.entries_from reads it.
+                old = RosterEntry.parse(found.value)
+                n = min(old.copies if old is not None else 1, n)
             entry = RosterEntry(self.agent_id, n, endpoint, rfc3339(utcnow()) or "")
             await self.coord.put(self.key, entry.value())
             self._entry = entry
