@@ -21,7 +21,8 @@ and *Classes*), and every check fails closed:
   gets the owner's current one attached (spec/cli.md); a stated epoch must be the
   current one. A pushed copy (`admit_replica`) goes through the `FencedResource`,
   which refuses an epoch older than the newest seen and every write while the
-  dataset hands over. Stale epochs and handovers are counted and logged.
+  dataset hands over, but for the owner's copies at its epoch to the handover's
+  target (`_through_handover`). Stale epochs and handovers are counted and logged.
 
 A dataset the policy's publish did not list but its rules place (`ckpt/run-7`,
 first written after the apply) is announced once through the optional `announce`
@@ -73,12 +74,14 @@ class PolicySource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OwnerRecord:
-    """Who owns a critical dataset, at which epoch, and whether a handover is marked."""
+    """Who owns a critical dataset, at which epoch, and whether a handover is marked
+    (and to which region, when known)."""
 
     dataset: str
     region: str
     epoch: int
     handing_over: bool = False
+    handover_to: str | None = None
 
 
 class OwnerSource(Protocol):
@@ -286,11 +289,16 @@ class Admission:
         self._fenced(dataset, owner.epoch)
         return Admitted(placement, owner.epoch, policy.revision)
 
-    def admit_replica(self, dataset: str, epoch: int, origin_region: str) -> Placement:
+    def admit_replica(
+        self, dataset: str, epoch: int, origin_region: str, *, rewind: bool = False
+    ) -> Placement:
         """A copy pushed to this region (Replicate, a fetched version): residency, and for
         a critical dataset the fence (an epoch older than the newest seen, or a marked
         handover, is refused). `origin_region` must be the owner at that epoch when the
-        owner record of that epoch is known here."""
+        owner record of that epoch is known here.
+
+        A handover's target takes the owner's copies at the owner's epoch through the
+        freeze (`_through_handover`); a `rewind` (a drop, not a copy) never does."""
         placement = self.admit_store(dataset)
         if placement.dataset_class != "critical":
             return placement
@@ -306,11 +314,12 @@ class Admission:
                 f"a copy of {dataset} at epoch {epoch} came from {origin_region}, but the "
                 f"owner at that epoch is {known.region}; refused"
             )
-        self._fenced(dataset, epoch)
+        through = not rewind and self._through_handover(known, epoch, origin_region)
+        self._fenced(dataset, epoch, through_handover=through)
         return placement
 
     async def admit_replica_current(
-        self, dataset: str, epoch: int, origin_region: str
+        self, dataset: str, epoch: int, origin_region: str, *, rewind: bool = False
     ) -> Placement:
         """`admit_replica`, then, for a critical dataset, the owner record read from etcd
         now (`fresh_owner`; the bounded-age `owners` without one): the copy is refused
@@ -319,7 +328,7 @@ class Admission:
         whose own reads lag (paused, partitioned, its read reused) cannot get a copy
         acked once etcd names another owner: the watch feeding the fence may lag, etcd
         does not."""
-        placement = self.admit_replica(dataset, epoch, origin_region)
+        placement = self.admit_replica(dataset, epoch, origin_region, rewind=rewind)
         if placement.dataset_class != "critical":
             return placement
         read = self._fresh_owner or self._owners.owner
@@ -337,8 +346,27 @@ class Admission:
                 f"a copy of {dataset} at epoch {epoch} came from {origin_region}, but etcd "
                 f"names {owner.region} at epoch {owner.epoch} as its owner; refused"
             )
-        self._fenced(dataset, epoch)  # a handover marked in etcd refuses it (UNAVAILABLE)
+        # A handover marked in etcd refuses it (UNAVAILABLE), unless this is its target.
+        through = not rewind and self._through_handover(owner, epoch, origin_region)
+        self._fenced(dataset, epoch, through_handover=through)
         return placement
+
+    def _through_handover(self, owner: OwnerRecord | None, epoch: int, origin: str) -> bool:
+        """Whether a copy passes a marked handover: pushed by the owner at its current
+        epoch to the region the dataset hands over to. The switchover moves only once
+        its target holds every acked version, so a target that was behind as the
+        freeze began (a catch-up still running, a push in flight as the mark landed)
+        must still take them; refusing them aborted the switchover (CI found it). It is
+        safe: the owner admits no client write during the freeze, every other replica
+        still refuses, so a version acked meanwhile is held by the target, and a later
+        epoch fences all of it."""
+        return (
+            owner is not None
+            and owner.handing_over
+            and owner.handover_to == self.region
+            and owner.region == origin
+            and owner.epoch == epoch
+        )
 
     async def owner_now(self, dataset: str) -> OwnerRecord | None:
         """The owner record read from etcd now (`fresh_owner`; the bounded-age `owners`
@@ -352,9 +380,9 @@ class Admission:
             self._fence.observe(dataset, owner.epoch, handing_over=owner.handing_over)
         return owner
 
-    def _fenced(self, dataset: str, epoch: int) -> None:
+    def _fenced(self, dataset: str, epoch: int, *, through_handover: bool = False) -> None:
         try:
-            self._fence.admit(dataset, epoch)
+            self._fence.admit(dataset, epoch, through_handover=through_handover)
         except StaleEpochError:
             self._metrics.stale_epoch_refused.labels(dataset=dataset).inc()
             log.warning(

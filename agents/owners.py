@@ -163,8 +163,9 @@ class EtcdOwners:
             if owner_kvs:
                 kv = owner_kvs[0]
                 owner = decode_owner(dataset, kv.value, kv.mod_revision, None)
-                frozen = bool(mark_kvs) and decode_handover(mark_kvs[0]).epoch >= owner.epoch
-                record = OwnerRecord(dataset, owner.region, owner.epoch, frozen)
+                mark = decode_handover(mark_kvs[0]) if mark_kvs else None
+                to = mark.to_region if mark is not None and mark.epoch >= owner.epoch else None
+                record = OwnerRecord(dataset, owner.region, owner.epoch, to is not None, to)
         except (CorruptRecordError, ValueError, KeyError, TypeError) as exc:
             log.error("owner_record_unreadable", dataset=dataset, error=str(exc))
             self._reads.pop(dataset, None)
@@ -184,4 +185,5 @@ class EtcdOwners:
 def _record(owner: Owner | None) -> OwnerRecord | None:
     if owner is None:
         return None
-    return OwnerRecord(owner.dataset, owner.region, owner.epoch, owner.handing_over_to is not None)
+    to = owner.handing_over_to
+    return OwnerRecord(owner.dataset, owner.region, owner.epoch, to is not None, to)

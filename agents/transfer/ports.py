@@ -22,10 +22,12 @@ class AdmissionPort(Protocol):
 
     def admit_send(self, dataset: str, to_region: str) -> Placement: ...
 
-    def admit_replica(self, dataset: str, epoch: int, origin_region: str) -> Placement: ...
+    def admit_replica(
+        self, dataset: str, epoch: int, origin_region: str, *, rewind: bool = False
+    ) -> Placement: ...
 
     async def admit_replica_current(
-        self, dataset: str, epoch: int, origin_region: str
+        self, dataset: str, epoch: int, origin_region: str, *, rewind: bool = False
     ) -> Placement: ...
 
 

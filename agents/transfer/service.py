@@ -350,7 +350,9 @@ class TransferService:
                 "dataset's unacknowledged writes are rewound"
             )
         origin = request.origin_region
-        await self.admission.admit_replica_current(request.dataset, request.epoch, origin)
+        await self.admission.admit_replica_current(
+            request.dataset, request.epoch, origin, rewind=True
+        )
         dropped = await asyncio.to_thread(self.store.rewind, request.dataset, request.key, version)
         log.info(
             "rewound_for_owner",

@@ -9,15 +9,16 @@ and reports, as `key@hlc`, every object whose possibly-acked newest version the
 target lacks by HLC and digest (tombstones included).
 
 *Possibly acked* (`required`): a write is acked once `copies_needed` regions hold
-it, and during the handover every replica refuses every push, so no more are
-acked. So per object, the newest version that at least `copies_needed` regions
-hold (at or above: a newer version supersedes it by LWW) is what the target must
-hold. A version only the owner holds (committed just as the freeze began, its
-pushes refused, its client told "not acked, retry") is not waited for: it cannot
-reach the target during the freeze, and waiting for it aborted every switchover
-under load (found by tests/critical/test_faults_failover.py). When some region of
-the placement cannot be listed, it may hold acked versions nobody else shows, so
-the target must then hold everything the owner holds (the strict rule).
+it, and during the handover every replica but the target refuses every push (the
+target takes the owner's, agents/admission.py `_through_handover`), so any acked
+meanwhile is on the target. So per object, the newest version that at least
+`copies_needed` regions hold (at or above: a newer version supersedes it by LWW)
+is what the target must hold. A version only the owner holds (committed just as
+the freeze began, its pushes refused, its client told "not acked, retry") is not
+waited for: nothing acked it, it may never reach the target, and waiting for it
+aborted every switchover under load (found by the critical fault tests). When some
+region of the placement cannot be listed, it may hold acked versions nobody else
+shows, so the target must then hold everything the owner holds (the strict rule).
 
 `incomplete_versions` is synchronous (the runbooks call it on a thread): each call
 runs its own short event loop with its own etcd connection and channels. When etcd

@@ -85,8 +85,9 @@ async def test_a_mark_the_watch_delivered_after_the_read_is_used_at_once() -> No
         mark = await ownership.begin_handover(CRITICAL, owner, "eu-central", "t")
         await watch.wait_for_revision(mark.create_revision, timeout_s=10)
         # The read is fresh (60 s bound), but the watch is past it.
-        assert await owners.owner(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, True)
-        assert owners.known(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, True)
+        marked = OwnerRecord(CRITICAL, REGION, epoch, True, "eu-central")
+        assert await owners.owner(CRITICAL) == marked
+        assert owners.known(CRITICAL) == marked
 
 
 async def test_after_a_committed_handover_the_old_epoch_is_never_accepted() -> None:
@@ -105,6 +106,9 @@ async def test_after_a_committed_handover_the_old_epoch_is_never_accepted() -> N
     mark = await ownership.begin_handover(CRITICAL, owner, "eu-central", "t")
     with pytest.raises(DatasetHandingOverError):
         await west.admit_write(CRITICAL, old)
+    # The read names the target (a replica there takes the owner's catch-up).
+    read = await EtcdOwners(coord, FencedResource(), max_age_s=0).owner(CRITICAL)
+    assert read == OwnerRecord(CRITICAL, REGION, old, True, "eu-central")
     await coord.put("/meridian/regions/eu-central/alive", b"x")
     new = await ownership.complete_handover(mark, reason="switchover", actor="t")
     with pytest.raises(NotOwnerError):

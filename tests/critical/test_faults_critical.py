@@ -57,7 +57,7 @@ async def world(
     clear_keyspace(etcd_endpoint)
     w = FaultsWorld(tmp_path_factory.mktemp("faults") / "world", etcd_endpoint, toxiproxy_url)
     try:
-        await w.start(["auto/a", "auto/b", "auto/c", "strict/c"])
+        await w.start(["auto/a", "auto/b", "auto/c", "auto/d", "strict/c"])
         yield w
     finally:
         await w.stop()
@@ -210,6 +210,47 @@ async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_u
 
     resp = await until(acked, 60, what="an `ack: all` write acked again", step_s=0.1)
     assert sorted(resp.regions) == sorted(EU)
+
+
+async def test_a_switchover_to_a_replica_that_is_behind_completes_once_it_caught_up(
+    world: FaultsWorld, coord: EtcdCoordination
+) -> None:
+    """The target missed acked writes (partitioned) and is still behind when the
+    handover freezes the dataset: every other replica refuses every push then, but the
+    owner's catch-up still reaches the target, so the move completes holding every
+    acked write. (Before, the target refused the catch-up too, and a switchover begun
+    while it was behind, or while a push to it was in flight, always aborted.)"""
+    ds = "auto/d"
+    await wait_alive(coord, EU)
+    before = await wait_owner(coord, ds, lambda o: o.handing_over_to is None)
+    assert before.region == "eu-west"
+    west = world.agents["eu-west"].address
+    target = "eu-north"
+    await world.partition(target, True)
+    healed = False
+    try:
+        acked: list[Acked] = []
+        for i in range(6):
+            data = f"behind {i}".encode() * 64
+            resp = await raw_put(west, ds, f"b{i}", data)
+            assert target not in resp.regions, resp.regions
+            acked.append(Acked(f"b{i}", data, resp.version.digest, "eu-west", tuple(resp.regions)))
+        switch = asyncio.create_task(
+            asyncio.to_thread(world.cli, "switchover", "--dataset", ds, "--to", target, "--yes")
+        )
+        # The freeze is on while the target still lacks all six: only then heal.
+        await wait_owner(coord, ds, lambda o: o.handing_over_to == target, timeout_s=20)
+        assert not switch.done()
+        await world.partition(target, False)
+        healed = True
+        code, _out, err = await asyncio.wait_for(switch, 60)
+        assert code == 0, err
+    finally:
+        if not healed:
+            await world.partition(target, False)
+    after = await wait_owner(coord, ds, lambda o: o.handing_over_to is None)
+    assert (after.region, after.epoch > before.epoch) == (target, True)
+    await assert_readable_from(world, target, ds, acked)
 
 
 async def replicate(

@@ -74,6 +74,34 @@ async def test_a_copy_from_a_region_etcd_does_not_name_or_during_a_handover_is_r
         await admission.admit_replica_current("crit/a", 5, "eu-west")
 
 
+async def test_the_handover_s_target_takes_the_owner_s_copies_through_the_freeze() -> None:
+    """This replica (eu-north) is the handover's target: the owner's copies at its epoch
+    pass (its catch-up must reach the target before the move), nothing else does."""
+    owners = MemoryOwners()
+    admission, fence, metrics = replica(owners)
+    owners.set("crit/a", "eu-west", 5, handing_over=True, to="eu-north")
+    fence.observe("crit/a", 5, handing_over=True)
+    admission.admit_replica("crit/a", 5, "eu-west")
+    await admission.admit_replica_current("crit/a", 5, "eu-west")
+    assert fence.highest_epoch("crit/a") == 5
+    refused = metrics.handover_refused.labels(dataset="crit/a")
+    with pytest.raises(DatasetHandingOverError):  # a drop is no catch-up
+        await admission.admit_replica_current("crit/a", 5, "eu-west", rewind=True)
+    with pytest.raises(DatasetHandingOverError):  # the freeze stays for the others
+        fence.admit("crit/a", 5)
+    with pytest.raises(StaleEpochError):  # an older epoch still fails as stale
+        await admission.admit_replica_current("crit/a", 4, "eu-west")
+    with pytest.raises(FencedError, match="owner at that epoch is eu-west"):
+        await admission.admit_replica_current("crit/a", 5, "eu-central")
+    assert refused._value.get() == 1
+    # Handing over to another region: this replica refuses the owner as any other.
+    owners.set("crit/a", "eu-west", 5, handing_over=True, to="eu-central")
+    with pytest.raises(DatasetHandingOverError):
+        admission.admit_replica("crit/a", 5, "eu-west")
+    with pytest.raises(DatasetHandingOverError):
+        await admission.admit_replica_current("crit/a", 5, "eu-west")
+
+
 @pytest.mark.parametrize(
     ("replicas", "ack", "needed"),
     [

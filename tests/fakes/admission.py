@@ -56,8 +56,16 @@ class MemoryOwners:
         self.unavailable = False
         self.reads = 0
 
-    def set(self, dataset: str, region: str, epoch: int, *, handing_over: bool = False) -> None:
-        self.records[dataset] = OwnerRecord(dataset, region, epoch, handing_over)
+    def set(
+        self,
+        dataset: str,
+        region: str,
+        epoch: int,
+        *,
+        handing_over: bool = False,
+        to: str | None = None,
+    ) -> None:
+        self.records[dataset] = OwnerRecord(dataset, region, epoch, handing_over, to)
 
     async def owner(self, dataset: str) -> OwnerRecord | None:
         self.reads += 1

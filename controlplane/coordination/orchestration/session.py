@@ -46,8 +46,8 @@ async def open_session(settings: Settings, *, actor: str | None = None) -> Async
 
         # A switchover's catch-up wait asks the agents, as the controller's does: the
         # catalog alone also lists the owner's unacked newest versions (a write admitted
-        # just before the handover mark, its pushes refused by the mark), which cannot
-        # reach the target during the freeze, so it would wait out the timeout and abort.
+        # just before the handover mark, its pushes refused by the mark), which need not
+        # ever reach the target, so it would wait out the timeout and abort.
         probe = AgentCatchUpProbe(
             [f"{h}:{p}" for h, p in settings.etcd_endpoints],
             settings.agent_address,

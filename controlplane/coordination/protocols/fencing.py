@@ -153,12 +153,19 @@ class FencedResource:
         return _epoch_of(self.memory.update(dataset, fn))
 
     def admit(
-        self, dataset: str, epoch: int, on_verdict: Callable[[bool], None] | None = None
+        self,
+        dataset: str,
+        epoch: int,
+        on_verdict: Callable[[bool], None] | None = None,
+        *,
+        through_handover: bool = False,
     ) -> int:
         """Check a write's epoch and remember it; raises instead of admitting a stale one.
 
         `on_verdict(accepted)` runs inside the atomic update, so what it records is
-        ordered exactly as the decisions were taken.
+        ordered exactly as the decisions were taken. `through_handover`: the caller
+        knows this write may pass a handover at its epoch (the handover's target
+        taking the owner's catch-up); the freeze stays marked for every other write.
         """
         verdict: dict[str, object] = {}
 
@@ -168,7 +175,8 @@ class FencedResource:
                 verdict["stale"] = current
                 out = rec
             elif epoch == current and rec.get("handing_over"):
-                verdict["handing_over"] = True
+                if not through_handover:
+                    verdict["handing_over"] = True
                 out = rec
             else:
                 out = {"epoch": epoch, "handing_over": False}
