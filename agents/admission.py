@@ -324,7 +324,8 @@ class Admission:
         """`admit_replica`, then, for a critical dataset, the owner record read from etcd
         now (`fresh_owner`; the bounded-age `owners` without one): the copy is refused
         unless `origin_region` owns the dataset at exactly `epoch` with no handover
-        marked. Called just before a replica commits a pushed copy, so a former owner
+        marked (or one to this region, `_through_handover`). Called just before a
+        replica commits a pushed copy, so a former owner
         whose own reads lag (paused, partitioned, its read reused) cannot get a copy
         acked once etcd names another owner: the watch feeding the fence may lag, etcd
         does not."""
@@ -357,9 +358,12 @@ class Admission:
         its target holds every acked version, so a target that was behind as the
         freeze began (a catch-up still running, a push in flight as the mark landed)
         must still take them; refusing them aborted the switchover (CI found it). It is
-        safe: the owner admits no client write during the freeze, every other replica
-        still refuses, so a version acked meanwhile is held by the target, and a later
-        epoch fences all of it."""
+        safe: every other replica refuses what it checks during the freeze, so a
+        version acked then (the owner's own admission may decide on a read up to its
+        bound old) is held by the target, which the move goes to, and a later epoch
+        fences all of it. The target's store observes the copy's HLC before its
+        fsync (ObjectStore.commit_apply), so a copy admitted just before the move
+        cannot supersede a write made there after it."""
         return (
             owner is not None
             and owner.handing_over

@@ -455,6 +455,10 @@ class ObjectStore:
         if version.is_tombstone:
             raise InvalidInputError("a tombstone has no bytes to commit; apply it without a source")
         set_id = None if set_id is None else check_name("set", set_id)
+        # Observed before the fsync, not after it: a version admitted here just before
+        # a move of its dataset must be older than any write made here after the move,
+        # or it would supersede one by LWW as its fsync ends (seconds for a big one).
+        self.clock.observe(version.hlc)
         with staged:
             self._finish(staged)
             if staged.digest != version.digest or staged.size != version.size:
@@ -464,7 +468,6 @@ class ObjectStore:
                     "and digest"
                 )
             dataset, key = staged.dataset, staged.key
-            self.clock.observe(version.hlc)
             with self._object_lock(dataset, key):
                 held_row = self._row(dataset, key, version.hlc)
                 if held_row is not None:

@@ -9,14 +9,16 @@ and reports, as `key@hlc`, every object whose possibly-acked newest version the
 target lacks by HLC and digest (tombstones included).
 
 *Possibly acked* (`required`): a write is acked once `copies_needed` regions hold
-it, and during the handover every replica but the target refuses every push (the
-target takes the owner's, agents/admission.py `_through_handover`), so any acked
-meanwhile is on the target. So per object, the newest version that at least
-`copies_needed` regions hold (at or above: a newer version supersedes it by LWW)
-is what the target must hold. A version only the owner holds (committed just as
-the freeze began, its pushes refused, its client told "not acked, retry") is not
-waited for: nothing acked it, it may never reach the target, and waiting for it
-aborted every switchover under load (found by the critical fault tests). When some
+it, and during the handover every replica but the target refuses the pushes it
+checks (the target takes the owner's, agents/admission.py `_through_handover`),
+so one acked meanwhile is on the target or on a replica that checked before the
+mark. So per object, the newest version that at least `copies_needed` regions
+hold (at or above: a newer version supersedes it by LWW) is what the target must
+hold. A version only the owner holds (committed just as the freeze began, its
+pushes refused, its client told "not acked, retry") is not waited for: it may
+never reach the target, and waiting for it aborted every switchover under load
+(found by the critical fault tests); should the target take it after this
+listing, the two hold it and that ack is on the target. When some
 region of the placement cannot be listed, it may hold acked versions nobody else
 shows, so the target must then hold everything the owner holds (the strict rule).
 

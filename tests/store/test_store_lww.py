@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from store_helpers import StoreFactory, object_files, remote
 
 from agents.store import DigestMismatchError, ObjectStore
+from agents.store.staging import StagedWrite
 from controlplane.domain.errors import ClockSkewError
 from controlplane.domain.hlc import HLC, HybridClock, system_ms
 from controlplane.domain.version import Digest, Verdict, Version, newest
@@ -42,6 +44,39 @@ def test_local_writes_after_apply_are_newer(store: ObjectStore) -> None:
     store.apply("ds", "k", ahead, [b"r"])
     local = store.put("ds", "k", [b"local"])
     assert local.hlc > ahead.hlc and store.read_bytes("ds", "k") == b"local"
+
+
+def test_a_write_made_during_a_copy_s_fsync_is_newer_than_the_copy(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`commit_apply` observes the copy's HLC before its fsync: a local write of the
+    same key made while that fsync runs (a move of a critical dataset to this region
+    landed meanwhile) is newer, and stays the head once the copy commits."""
+    ahead = remote(b"copy", ago_ms=-500)
+    staged = store.stage("ds", "k", expected_size=4, expected_digest=ahead.digest)
+    staged.write(b"copy")
+    syncing, release = threading.Event(), threading.Event()
+    finish = store._finish
+
+    def slow(write: StagedWrite) -> Digest:
+        if write is staged:  # only the copy's fsync is held
+            syncing.set()
+            assert release.wait(10)
+        return finish(write)
+
+    monkeypatch.setattr(store, "_finish", slow)
+    copy = threading.Thread(target=store.commit_apply, args=(staged, ahead))
+    copy.start()
+    try:
+        assert syncing.wait(10)
+        local = store.put("ds", "k", [b"local"])
+    finally:
+        release.set()
+        copy.join(10)
+    assert local.hlc > ahead.hlc
+    assert store.read_bytes("ds", "k") == b"local"
+    head = store.head("ds", "k")
+    assert head is not None and head.hlc == local.hlc
 
 
 def test_tombstones_take_part_in_ordering(store: ObjectStore) -> None:

@@ -8,7 +8,10 @@ write. It remembers the highest epoch it has seen per dataset and:
   the writer lost ownership while it was not looking (paused, partitioned) and
   must step down;
 * while the dataset is *handing over*, rejects every write with
-  `DatasetHandingOverError` (retriable): ownership is about to move.
+  `DatasetHandingOverError` (retriable): ownership is about to move. The one
+  exception is the caller's to make (`admit(through_handover=True)`): an agent of
+  the handover's target takes the owner's copies at its epoch
+  (agents/admission.py).
 
 Why the epoch and not the lease: a paused process cannot know its lease expired
 until it runs again, and by then it may already be inside a write. Only the
