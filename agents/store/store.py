@@ -455,11 +455,12 @@ class ObjectStore:
         if version.is_tombstone:
             raise InvalidInputError("a tombstone has no bytes to commit; apply it without a source")
         set_id = None if set_id is None else check_name("set", set_id)
-        # Observed before the fsync, not after it: a version admitted here just before
-        # a move of its dataset must be older than any write made here after the move,
-        # or it would supersede one by LWW as its fsync ends (seconds for a big one).
-        self.clock.observe(version.hlc)
         with staged:
+            # Observed before the fsync, not after it: a version admitted here just
+            # before a move of its dataset must be older than any write made here after
+            # the move, or it would supersede one by LWW as its fsync ends (seconds for
+            # a big one).
+            self.clock.observe(version.hlc)
             self._finish(staged)
             if staged.digest != version.digest or staged.size != version.size:
                 raise InvalidInputError(
