@@ -17,8 +17,8 @@ handover freezes writes with its mark before it moves ownership; as long as the
 freeze outlasts `max_age_s`, no write at the old epoch is accepted once the move
 has committed. Every read also feeds the agent's `FencedResource`.
 
-`known()` (for replica-side checks, no I/O) answers from the watch, else from the
-last read.
+`known()` (for replica-side checks, no I/O) answers from the newer of the watch and
+the last read.
 
 `read_fresh()` is the read a replica makes before it commits a pushed copy: a read
 of etcd that *began after the call*, so it says what etcd held at some moment after
@@ -103,9 +103,12 @@ class EtcdOwners:
         return found.record
 
     def known(self, dataset: str) -> OwnerRecord | None:
-        if self._watched is not None:
-            return _record(self._watched.owner(dataset))
+        # The newer of the two, as `owner()`: a read that saw a handover mark the watch
+        # has not delivered yet froze the fence, and the target's check needs the mark.
         found = self._reads.get(dataset)
+        watched = self._watched
+        if watched is not None and (found is None or watched.revision > found.revision):
+            return _record(watched.owner(dataset))
         return None if found is None else found.record
 
     async def read_fresh(self, dataset: str) -> _Read:

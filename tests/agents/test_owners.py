@@ -26,7 +26,7 @@ from controlplane.coordination.protocols.fencing import (
     FencedResource,
     StaleEpochError,
 )
-from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.coordination.protocols.ownership import Owner, Ownership
 from controlplane.errors import UnavailableError
 from controlplane.loopback import free_block
 from controlplane.stack.etcd import EtcdCluster, start_etcd_cluster
@@ -88,6 +88,37 @@ async def test_a_mark_the_watch_delivered_after_the_read_is_used_at_once() -> No
         marked = OwnerRecord(CRITICAL, REGION, epoch, True, "eu-central")
         assert await owners.owner(CRITICAL) == marked
         assert owners.known(CRITICAL) == marked
+
+
+class LateWatch:
+    """A watched map stuck before the handover mark (it has not delivered it yet)."""
+
+    def __init__(self, owner: Owner, revision: int) -> None:
+        self._owner, self.revision = owner, revision
+
+    def owner(self, dataset: str) -> Owner | None:
+        return self._owner if dataset == self._owner.dataset else None
+
+
+async def test_known_answers_from_a_read_newer_than_the_watch() -> None:
+    """A read that saw the mark froze the fence before the watch delivered it: `known`
+    (the replica's check without I/O) must say so too, target included, or the
+    handover's target refuses the owner's catch-up that its fresh check admits."""
+    coord = MemoryCoordination()
+    ownership = Ownership(coord)
+    epoch = await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
+    owner = await ownership.get(CRITICAL)
+    assert owner is not None
+    mark = await ownership.begin_handover(CRITICAL, owner, "eu-central", "t")
+    fence = FencedResource()
+    owners = EtcdOwners(coord, fence, watched=LateWatch(owner, mark.create_revision - 1))
+    assert owners.known(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, False)  # watch only
+    await owners.read_fresh(CRITICAL)
+    assert owners.known(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, True, "eu-central")
+    with pytest.raises(DatasetHandingOverError):  # the read froze the fence
+        fence.admit(CRITICAL, epoch)
+    central = admission_in("eu-central", fence, owners)
+    central.admit_replica(CRITICAL, epoch, REGION)  # the target takes it through the freeze
 
 
 async def test_after_a_committed_handover_the_old_epoch_is_never_accepted() -> None:
