@@ -33,7 +33,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 CopyKind = Literal["object", "tmp", "catalog_replica", "catalog_transfer", "dlq"]
 ApplyOutcome = Literal["applied", "superseded", "own", "refused"]
@@ -152,6 +152,31 @@ def parse_copies(lines: Iterable[Mapping[str, object]], where: str) -> list[Copy
     return out
 
 
+_DECODER = json.JSONDecoder()
+
+
+def json_record(line: str) -> dict[str, Any] | None:
+    """The JSON object a daemon's log line carries, or None when it carries none.
+
+    Our own lines are whole (controlplane.logs.LineLogger writes each in one call),
+    but the interpreter writes to the same stderr too, some of it in pieces (the
+    unraisable-exception hook, asyncio's "Task was destroyed"): text may precede or
+    follow a record on its line. CI lost a replicator's record that way, and the
+    checker called its event never processed. So the record is the first whole
+    object found on the line, not the line."""
+    at = line.find('{"')
+    for _try in range(8):  # bounded: a few objects' worth of stray text
+        if at < 0:
+            return None
+        try:
+            raw, _end = _DECODER.raw_decode(line, at)
+        except ValueError:
+            at = line.find('{"', at + 1)
+            continue
+        return raw if isinstance(raw, dict) else None
+    return None
+
+
 AGENT_WRITE_EVENTS = frozenset({"object_stored", "object_deleted", "set_committed"})
 
 
@@ -164,11 +189,8 @@ def accepts_from_agent_log(
     non-JSON ones) are skipped."""
     out = []
     for n, line in enumerate(lines, start=1):
-        if not line.startswith("{"):
-            continue
-        try:
-            raw = json.loads(line)
-        except ValueError:
+        raw = json_record(line)
+        if raw is None:
             continue
         event = raw.get("event")
         accepted = event in AGENT_WRITE_EVENTS
@@ -213,11 +235,8 @@ def applies_from_replicator_log(lines: Iterable[str], where: str) -> list[ApplyR
     """Apply records from a replicator's JSON log (`event_applied` lines)."""
     out = []
     for n, line in enumerate(lines, start=1):
-        if not line.startswith("{"):
-            continue
-        try:
-            raw = json.loads(line)
-        except ValueError:
+        raw = json_record(line)
+        if raw is None:
             continue
         if raw.get("event") != "event_applied":
             continue

@@ -34,8 +34,27 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     )
 
 
+class LineLogger(structlog.PrintLogger):
+    """A `PrintLogger` that writes each line, newline included, in one `write` call.
+
+    `print` writes the text and its newline apart, and a write to the same stderr from
+    another thread in between (asyncio's "Task was destroyed but it is pending!", from
+    a garbage collection in a worker thread) landed inside a JSON line: the chaos
+    checkers could not read that replicator's record and reported the event lost (CI,
+    scenario 11). The lock serialises our own writers; one `write` keeps a line whole
+    against the others."""
+
+    def msg(self, message: str) -> None:
+        with self._lock:
+            self._file.write(message + "\n")
+            self._file.flush()
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
 def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
-    return structlog.PrintLogger(file=sys.stderr)
+    return LineLogger(file=sys.stderr)
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -40,6 +40,25 @@ def test_an_apply_record_with_an_unknown_outcome_is_one_clear_error() -> None:
         applies_from_replicator_log([line], "replicator.log")
 
 
+def test_a_record_with_stray_stderr_text_around_it_is_still_read() -> None:
+    """CI: asyncio's "Task was destroyed" landed after a replicator's record, on its
+    line; the checker skipped the line and called the event never processed."""
+    record = json.dumps({"event": "event_applied", "region": "eu-central", "event_id": "e1",
+                         "dataset": "std/s1", "key": "k", "version": "1.0@x",
+                         "outcome": "applied", "t": 2.0})  # fmt: skip
+    lines = [
+        record + "Task was destroyed but it is pending!",
+        "Exception ignored in: " + record.replace('"e1"', '"e2"'),
+        "task: <Task pending coro={not json} wait_for=<Future pending>>",
+        '{"truncated": ',
+    ]
+    got = applies_from_replicator_log(lines, "replicator.log")
+    assert [(a.event_id, a.outcome, a.t) for a in got] == [
+        ("e1", "applied", 2.0),
+        ("e2", "applied", 2.0),
+    ]
+
+
 class Producer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, bytes, Sequence[tuple[str, bytes]]]] = []
