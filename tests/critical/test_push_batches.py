@@ -2,7 +2,8 @@
 against real agent processes and etcd: concurrent writes go to each replica several
 per ReplicatePushes call, and each is still acked only once held by its quorum; a
 replica fences each item of a batch on its own (a stale epoch refused, the others
-committed); a malformed batch stores nothing."""
+committed); during a handover only its target takes a batch (and no Rewind); a
+malformed batch stores nothing."""
 
 from __future__ import annotations
 
@@ -112,6 +113,50 @@ async def test_a_batch_refuses_a_stale_epoch_per_item(
     assert stale.error_code == "FAILED_PRECONDITION"
     assert not last.error_class and last.held.hlc == fresh_put.version.hlc
     assert await stat(north.address, "tri/renewed", "b2") is None  # refused: not stored
+
+
+async def test_during_a_handover_only_its_target_takes_the_owner_s_batch(
+    eu_agents: Agents, coord: EtcdCoordination
+) -> None:
+    """The freeze exception (agents/admission.py `_through_handover`) on the batched
+    path: the target catches up, every other replica and every Rewind still refuse;
+    once the mark goes, the others take the owner's pushes again."""
+    west, central, north = (eu_agents[r] for r in ("eu-west", "eu-central", "eu-north"))
+    epoch = await claim(coord, "tri/frozen")
+    data = b"acked before the freeze"
+    base = await put(west.address, "tri/frozen", "a", data)
+    ownership = Ownership(coord)
+    owner = await ownership.get("tri/frozen")
+    assert owner is not None and owner.epoch == epoch
+    mark = await ownership.begin_handover("tri/frozen", owner, "eu-north", "test")
+    try:
+        # A key neither replica holds (the version's bytes are the same, so it is valid).
+        catch_up = [item("tri/frozen", "caught-up", base.version, data, epoch)]
+        at_target = (await pushes(north.address, catch_up)).results[0]
+        assert not at_target.error_class, at_target
+        assert at_target.held.hlc == base.version.hlc
+        held = await stat(north.address, "tri/frozen", "caught-up")
+        assert held is not None and held.version.digest == base.version.digest
+        elsewhere = (await pushes(central.address, catch_up)).results[0]
+        assert elsewhere.error_class == "DatasetHandingOverError", elsewhere
+        assert elsewhere.error_code == "UNAVAILABLE"
+        assert await stat(central.address, "tri/frozen", "caught-up") is None
+        async with grpc.aio.insecure_channel(north.address) as channel:
+            rewind = agent_pb2.RewindRequest(
+                dataset="tri/frozen",
+                key="caught-up",
+                version=base.version,
+                epoch=epoch,
+                origin_region="eu-west",
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await agent_pb2_grpc.AgentStub(channel).Rewind(rewind, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+        assert await stat(north.address, "tri/frozen", "caught-up") is not None  # kept
+    finally:
+        assert await ownership.abort_handover(mark)
+    after = (await pushes(central.address, catch_up)).results[0]
+    assert not after.error_class, after  # the freeze is over: central takes it now
 
 
 async def test_a_batch_naming_a_key_twice_fails_whole_and_stores_nothing(
