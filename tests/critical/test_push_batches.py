@@ -2,8 +2,8 @@
 against real agent processes and etcd: concurrent writes go to each replica several
 per ReplicatePushes call, and each is still acked only once held by its quorum; a
 replica fences each item of a batch on its own (a stale epoch refused, the others
-committed); during a handover only its target takes a batch (and no Rewind); a
-malformed batch stores nothing."""
+committed); during a handover only its target takes a batch or a set (and no
+Rewind); a malformed batch stores nothing."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from urllib.request import urlopen
 
 import grpc
 import pytest
-from critical_helpers import put, stat
+from critical_helpers import put, stat, wait_stat_digest
 from harness.agent_process import AgentProcess
 
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
-from meridian.v1 import agent_pb2, agent_pb2_grpc
+from controlplane.domain.hlc import HLC
+from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -157,6 +158,63 @@ async def test_during_a_handover_only_its_target_takes_the_owner_s_batch(
         assert await ownership.abort_handover(mark)
     after = (await pushes(central.address, catch_up)).results[0]
     assert not after.error_class, after  # the freeze is over: central takes it now
+
+
+async def test_during_a_handover_only_its_target_takes_the_owner_s_set(
+    eu_agents: Agents, coord: EtcdCoordination
+) -> None:
+    """The freeze exception on the set path (replica_sets.py): a ReplicateSet of the
+    owner's at its epoch is recorded by the handover's target, refused as handing over
+    by every other replica (which records nothing), and taken by them once the mark
+    goes."""
+    west, central, north = (eu_agents[r] for r in ("eu-west", "eu-central", "eu-north"))
+    dataset = "tri/frozen-set"
+    epoch = await claim(coord, dataset)
+    members: list[types_pb2.SetMember] = []
+    for key in ("m1", "m2"):
+        acked = await put(west.address, dataset, key, f"member {key}".encode())
+        members.append(types_pb2.SetMember(key=key, version=acked.version.hlc))
+        for replica in (central, north):  # a quorum's straggler gets its copy after the ack
+            assert await wait_stat_digest(replica.address, dataset, key, acked.version.digest)
+    newest = max(HLC.parse(m.version) for m in members)
+    stamped = HLC(newest.wall_ms, newest.logical + 1, "eu-west")  # the owner's clock, later
+    request = agent_pb2.ReplicateSetRequest(
+        sets=[types_pb2.VersionSet(dataset=dataset, id="s1", members=members, hlc=str(stamped))],
+        epoch=epoch,
+        origin_region="eu-west",
+    )
+    ownership = Ownership(coord)
+    owner = await ownership.get(dataset)
+    assert owner is not None and owner.epoch == epoch
+    mark = await ownership.begin_handover(dataset, owner, "eu-north", "test")
+    try:
+        taken = await replicate_set(north.address, request)
+        assert [(s.id, s.complete) for s in taken.sets] == [("s1", True)], taken
+        assert (await get_set(north.address, dataset)).set.hlc == str(stamped)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await replicate_set(central.address, request)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+        assert "handed over" in (refused.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as none_there:
+            await get_set(central.address, dataset)
+        assert none_there.value.code() == grpc.StatusCode.NOT_FOUND, none_there.value.details()
+    finally:
+        assert await ownership.abort_handover(mark)
+    after = await replicate_set(central.address, request)
+    assert [(s.id, s.complete) for s in after.sets] == [("s1", True)], after
+
+
+async def replicate_set(
+    address: str, request: agent_pb2.ReplicateSetRequest
+) -> agent_pb2.ReplicateSetResponse:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await agent_pb2_grpc.AgentStub(channel).ReplicateSet(request, timeout=10)
+
+
+async def get_set(address: str, dataset: str) -> agent_pb2.GetSetResponse:
+    async with grpc.aio.insecure_channel(address) as channel:
+        request = agent_pb2.GetSetRequest(dataset=dataset, set="latest")
+        return await agent_pb2_grpc.AgentStub(channel).GetSet(request, timeout=10)
 
 
 async def test_a_batch_naming_a_key_twice_fails_whole_and_stores_nothing(
