@@ -24,6 +24,7 @@ commit and `journal_shipped`) harmless:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -62,22 +63,38 @@ def plan(region: str, entry: JournalEntry, lookup: Lookup) -> Plan:
 
 
 def _version(region: str, entry: JournalEntry, _: Lookup) -> Plan:
-    # The commonest record (one per version stored): its texts are formatted once for
-    # both facts.
-    key, hlc = _object(entry)
-    version = _version_of(entry, hlc)
-    set_id = entry.data.get("set")
-    text = version.hlc.text
-    digest = None if version.digest is None else version.digest.text
+    # The commonest record (one per version stored, so per object a replicator applies):
+    # its fields are checked here as far as the catalog does not check them again
+    # (`holdings.check_version` parses the HLC and the digest), and its texts are used
+    # as they are for both facts.
+    key, text = _object(entry)
+    data = entry.data
+    op, size, digest = data.get("op"), data.get("size"), data.get("digest")
+    if (
+        op not in ("put", "delete")
+        or type(size) is not int
+        or size < 0
+        or not (digest is None or isinstance(digest, str))
+    ):
+        _version_of(entry, text)  # says what is wrong
+        raise InvalidInputError(f"journal record {entry.seq} ({entry.kind}) is malformed")
+    try:
+        hlc = HLC.parse(text)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"journal record {entry.seq} ({entry.kind}): {exc}") from exc
+    set_id = data.get("set")
     return Plan(
         versions=[
-            _held(
-                entry.dataset,
-                key,
-                version,
-                set_id if isinstance(set_id, str) else None,
-                text=text,
-                digest=digest,
+            HeldVersion(
+                dataset=entry.dataset,
+                key=key,
+                version=text,
+                op="put" if op == "put" else "delete",  # (typed as the literal checked)
+                size=size,
+                digest="" if digest is None else digest,
+                origin_region=hlc.region,
+                created_at=utc_ms(hlc.wall_ms),
+                set_id=set_id if isinstance(set_id, str) else None,
             )
         ],
         holdings=[
@@ -188,28 +205,17 @@ def _version_of(entry: JournalEntry, hlc: str) -> Version:
         raise InvalidInputError(f"journal record {entry.seq} ({entry.kind}): {exc}") from exc
 
 
-def _held(
-    dataset: str,
-    key: str,
-    version: Version,
-    set_id: str | None,
-    *,
-    text: str | None = None,
-    digest: str | None = None,
-) -> HeldVersion:
-    """`text`, `digest`: the version's HLC and digest texts, if the caller has them."""
+def _held(dataset: str, key: str, version: Version, set_id: str | None) -> HeldVersion:
     hlc = version.hlc
-    if digest is None and version.digest is not None:
-        digest = version.digest.text
     return HeldVersion(
         dataset=dataset,
         key=key,
-        version=hlc.text if text is None else text,
+        version=hlc.text,
         op=version.op,
         size=version.size,
-        digest="" if digest is None else digest,
+        digest="" if version.digest is None else version.digest.text,
         origin_region=hlc.region,
-        created_at=datetime.fromtimestamp(hlc.wall_ms / 1000, UTC),
+        created_at=utc_ms(hlc.wall_ms),
         set_id=set_id,
     )
 
@@ -236,4 +242,11 @@ def _holding(
 
 
 def _at(entry: JournalEntry) -> datetime:
-    return datetime.fromtimestamp(entry.at_ms / 1000, UTC)
+    return utc_ms(entry.at_ms)
+
+
+@functools.lru_cache(maxsize=4096)
+def utc_ms(ms: int) -> datetime:
+    """The UTC time of a count of milliseconds. Cached: a bundle's records share their
+    `at_ms`, and versions written in one burst their HLC's millisecond."""
+    return datetime.fromtimestamp(ms / 1000, UTC)
