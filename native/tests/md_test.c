@@ -501,7 +501,8 @@ static void rans(void) {
 }
 
 /* The 32- and 64-state rANS of plane codecs 3 and 4: exact round trips on skewed,
- * constant, uniform and bell-shaped inputs of lengths around the group sizes, the
+ * constant, uniform and bell-shaped inputs and alphabets of 32, 33, 64, 65 and 200
+ * symbols, of lengths around the group sizes, the
  * AVX-512 VBMI, AVX-512, AVX2 and portable coders (switch levels 0, 3, 2, 1) writing and reading the
  * same bytes; an output that does not fit is refused; single-byte changes and cuts
  * are refused or stay in bounds (ASan watches); a plane is not read with the other
@@ -512,7 +513,7 @@ static void rans16_lanes(unsigned lanes) {
     static const int levels[] = {0, 3, 2, 1};
     const int nl = (int)(sizeof levels / sizeof levels[0]);
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        for (int kind = 0; kind < 6; kind++) {
+        for (int kind = 0; kind < 9; kind++) {
             size_t n = sizes[si], cap = 2 * n + 1024;
             uint8_t *src = malloc(n), *back = malloc(n), *dst = malloc(cap), *dst_p = malloc(cap);
             uint32_t count[256] = {0};
@@ -520,14 +521,18 @@ static void rans16_lanes(unsigned lanes) {
                 uint64_t r = rnd();
                 unsigned bell = 0;
                 for (int k = 0; k < 40; k++) bell += (unsigned)((r >> (k % 32)) & 3) % 3;
-                /* kinds 4 and 5: 32 and 33 symbols, half of them near 255 (the small
-                 * alphabet kernel takes at most 32) */
+                /* kinds 4 and 5: 32 and 33 symbols, half of them near 255; 6, 7 and 8:
+                 * 64, 65 and 200 spread over all values (the VBMI kernel looks the
+                 * symbols' constants up in pieces of 32 ranks: one, two, three, seven) */
                 src[i] = kind == 0 ? (uint8_t)((r % 100) < 90 ? 0 : r % 7)
                          : kind == 1 ? 42
                          : kind == 2 ? (uint8_t)r
                          : kind == 3 ? (uint8_t)bell
                          : kind == 4 ? (uint8_t)(r % 32 < 16 ? r % 16 : 255 - r % 16)
-                                     : (uint8_t)(r % 33 < 17 ? r % 17 : 255 - r % 16);
+                         : kind == 5 ? (uint8_t)(r % 33 < 17 ? r % 17 : 255 - r % 16)
+                         : kind == 6 ? (uint8_t)(r % 64 * 4)
+                         : kind == 7 ? (uint8_t)(r % 65 * 3)
+                                     : (uint8_t)(r % 200 + 30);
                 count[src[i]]++;
             }
             md_set_portable(0);
