@@ -628,6 +628,59 @@ static void rans16_lanes(unsigned lanes) {
 static void rans16_32(void) { rans16_lanes(32); }
 static void rans16_64(void) { rans16_lanes(64); }
 
+/* The numeric model's kernels (AVX-512 VBMI, the compiler's loops, the byte-wise
+ * ones): the same planes from every level and back to NEW exactly, for every
+ * element width, lengths around the 64-byte vector, and elements at the extremes
+ * (differences that wrap, the most negative one). */
+static void num_kernels(void) {
+    static const int levels[] = {0, 3, 2, 1};
+    size_t lens[] = {0, 1, 7, 8, 63, 64, 65, 127, 128, 129, 1000, 4096 + 24};
+    for (unsigned w = 1; w <= 8; w *= 2)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            size_t len = lens[li] / w * w;
+            uint8_t *old = malloc(len + 1), *nw = malloc(len + 1), *pl = malloc(len + 1), *pl_p = malloc(len + 1),
+                    *back = malloc(len + 1);
+            for (size_t i = 0; i < len; i++) {
+                uint64_t r = rnd();
+                old[i] = (uint8_t)r;
+                /* a third of the bytes equal, a third near, a third anything; every
+                 * 5th element 0x80..00 against 0x7f..ff and the reverse */
+                nw[i] = r % 3 == 0   ? old[i]
+                        : r % 3 == 1 ? (uint8_t)(old[i] + (r >> 8) % 5 - 2)
+                                     : (uint8_t)(r >> 16);
+                if ((i / w) % 5 == 0) {
+                    int top = i % w == w - 1;
+                    old[i] = top ? 0x80 : 0x00;
+                    nw[i] = top ? 0x7f : 0xff;
+                    if ((i / w) % 10 == 0) {
+                        uint8_t t = old[i];
+                        old[i] = nw[i];
+                        nw[i] = t;
+                    }
+                }
+            }
+            md_set_portable(0);
+            md_num_encode(old, nw, len, w, pl);
+            for (int l = 0; l < 4; l++) {
+                md_set_portable(levels[l]);
+                memset(pl_p, 0xAA, len + 1);
+                md_num_encode(old, nw, len, w, pl_p);
+                CHECK(memcmp(pl, pl_p, len) == 0 && pl_p[len] == 0xAA,
+                      "numeric model, width %u, %zu bytes: level %d writes other planes", w, len, levels[l]);
+                memset(back, 0xAA, len + 1);
+                md_num_decode(old, pl, len, w, back);
+                CHECK(memcmp(back, nw, len) == 0 && back[len] == 0xAA,
+                      "numeric model, width %u, %zu bytes: level %d decodes other bytes", w, len, levels[l]);
+            }
+            md_set_portable(0);
+            free(old);
+            free(nw);
+            free(pl);
+            free(pl_p);
+            free(back);
+        }
+}
+
 /* Threads beyond what the engine uses are refused, not silently capped. */
 static void threads_refused(void) {
     buf old = random_buf(1000), sig;
@@ -742,7 +795,7 @@ static const struct {
     {"defaults", defaults}, {"edge_cases", edge_cases}, {"corruption", corruption},
     {"durable", durable},   {"numeric", numeric},       {"version1", version1},
     {"hostile_headers", hostile_headers}, {"rans", rans}, {"rans16_32", rans16_32}, {"rans16_64", rans16_64},
-    {"threads_refused", threads_refused},
+    {"threads_refused", threads_refused}, {"num_kernels", num_kernels},
 };
 
 int main(int argc, char **argv) {
