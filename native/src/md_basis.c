@@ -378,9 +378,11 @@ static size_t literal_cost(const chunk *c, const worker_buf *b, size_t rival) {
     size_t len = (size_t)c->len;
     if (len > LIT_SAMPLE_RUNS * LIT_SAMPLE_RUN * 4) {
         size_t step = len / LIT_SAMPLE_RUNS, n = LIT_SAMPLE_RUNS * LIT_SAMPLE_RUN;
-        for (size_t r = 0; r < LIT_SAMPLE_RUNS; r++) memcpy(b->old + r * LIT_SAMPLE_RUN, c->nw + r * step, LIT_SAMPLE_RUN);
+        for (size_t r = 0; r < LIT_SAMPLE_RUNS; r++)
+            memcpy(b->old + r * LIT_SAMPLE_RUN, c->nw + r * step, LIT_SAMPLE_RUN);
         size_t z = ZSTD_compressCCtx(b->cctx, b->lit, ZSTD_compressBound(n), b->old, n, ZLEVEL_LIT);
-        if (ZSTD_isError(z) || (double)z * (double)len / (double)n > LIT_SAMPLE_MARGIN * (double)rival) return len;
+        if (ZSTD_isError(z) || (double)z * (double)len / (double)n > LIT_SAMPLE_MARGIN * (double)rival)
+            return len;
     }
     size_t z = ZSTD_compressCCtx(b->cctx, b->lit, ZSTD_compressBound(len), c->nw, len, ZLEVEL_LIT);
     return ZSTD_isError(z) || z >= len ? len : z;

@@ -399,10 +399,11 @@ __attribute__((target(VBMI_TARGET), always_inline)) static inline void lut64(__m
         pk[v] = _mm512_permutex2var_epi32(_mm512_load_si512(tp), idx, _mm512_load_si512(tp + 1));
         for (unsigned g = 1; g < segs; g++) {
             __mmask16 in = _mm512_cmpge_epu32_mask(idx, _mm512_set1_epi32((int)(32 * g)));
-            rcp[v] = _mm512_mask_blend_epi32(
-                in, rcp[v], _mm512_permutex2var_epi32(_mm512_load_si512(tr + 2 * g), idx, _mm512_load_si512(tr + 2 * g + 1)));
-            pk[v] = _mm512_mask_blend_epi32(
-                in, pk[v], _mm512_permutex2var_epi32(_mm512_load_si512(tp + 2 * g), idx, _mm512_load_si512(tp + 2 * g + 1)));
+            const __m512i *rg = tr + 2 * g, *pg = tp + 2 * g;
+            __m512i r_g = _mm512_permutex2var_epi32(_mm512_load_si512(rg), idx, _mm512_load_si512(rg + 1));
+            __m512i p_g = _mm512_permutex2var_epi32(_mm512_load_si512(pg), idx, _mm512_load_si512(pg + 1));
+            rcp[v] = _mm512_mask_blend_epi32(in, rcp[v], r_g);
+            pk[v] = _mm512_mask_blend_epi32(in, pk[v], p_g);
         }
     }
 }
