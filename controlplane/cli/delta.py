@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from controlplane.cli.common import OutputOpt, emit
+from controlplane.cli.delta_fast import MAX_THREADS, PROGRESS_MIN_BYTES, report_rows
 
 if TYPE_CHECKING:
     import native
 
 app = typer.Typer(help="Deltas of large files: rdiff-style, or numeric with OLD at hand.")
 
-_PROGRESS_MIN_BYTES = 64 << 20
-# The engine's own bound (native.MAX_THREADS); kept here so --help needs no import.
-_MAX_THREADS = 4
+_PROGRESS_MIN_BYTES = PROGRESS_MIN_BYTES
+# The engine's own bound (native.MAX_THREADS); kept in delta_fast so --help needs no import.
+_MAX_THREADS = MAX_THREADS
 
 ThreadsOpt = Annotated[
     int | None,
@@ -83,20 +84,7 @@ def _progress(label: str, total: int) -> Iterator[Callable[[int], None] | None]:
 
 
 def _report(stats: native.DeltaStats, output: OutputOpt) -> None:
-    emit(
-        [
-            {
-                "input_bytes": stats.input_bytes,
-                "output_bytes": stats.output_bytes,
-                "copy_bytes": stats.copy_bytes,
-                "literal_bytes": stats.literal_bytes,
-                "numeric_bytes": stats.numeric_bytes,
-                "block_size": stats.block_len,
-                "threads": stats.threads,
-            }
-        ],
-        output,
-    )
+    emit(report_rows(stats), output)
 
 
 @app.command("signature")
@@ -182,6 +170,8 @@ def patch_cmd(
     output: OutputOpt = None,
 ) -> None:
     """Write OUT from OLD and DELTA; verify both digests; on any error leave no OUT."""
+    # (controlplane.cli.delta_fast runs the plain command lines of this one without
+    # typer: a change here goes there too)
     import native
 
     # "-" reads the delta as it arrives on standard input (a pipe), with no spool

@@ -20,6 +20,13 @@ def entry() -> None:
         sys.stdout.write(f"meridian {__version__}\n")
         sys.stdout.flush()
         sys.exit(0)
+    if sys.argv[1:3] == ["delta", "patch"]:
+        # the plain patch command lines, without typer (delta_fast says which and why)
+        from controlplane.cli import delta_fast
+
+        status = delta_fast.run(sys.argv[3:])
+        if status is not None:
+            sys.exit(status)
     from controlplane.cli.main import entry as main_entry
 
     main_entry()

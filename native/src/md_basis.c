@@ -39,6 +39,9 @@
 /* The literal coding is tried too only when the numeric one saves less than this
  * share of the chunk: it almost never wins otherwise, and costs a compression. */
 #define TRY_LITERAL_ABOVE 0.85
+#define LIT_SAMPLE_RUNS 4u
+#define LIT_SAMPLE_RUN ((size_t)8 << 10)
+#define LIT_SAMPLE_MARGIN 1.03
 #define PIECE_LEN MD_MAX_BLOCK_LEN
 #define PIECE_HASH 16u
 #define FRAME_MAX_CMDS 32768u
@@ -361,6 +364,30 @@ static size_t encode_numeric(chunk *c, const worker_buf *b) {
     return total + c->cmd_len;
 }
 
+/* What a literal frame of the chunk (zstd level ZLEVEL_LIT) would store, to compare
+ * with a numeric frame of `rival` bytes; c->len when it would not be smaller. A
+ * chunk over 4 LIT_SAMPLE_RUN bytes is first sampled (LIT_SAMPLE_RUNS runs spread
+ * evenly, copied into b->old, which the caller no longer needs): a numeric frame
+ * that saves too little to skip this is mostly a tensor that moved by more than
+ * its own magnitude, where the literal lost by 8-10% on every 1 MiB chunk of the
+ * checkpoint series and its full compression was a fifth of the diff. The full
+ * compression runs only when the sample's size, scaled to the chunk, is within
+ * LIT_SAMPLE_MARGIN of the rival (a sample sees fewer long matches than the whole,
+ * so it errs towards the literal's cost being too high: the margin covers that). */
+static size_t literal_cost(const chunk *c, const worker_buf *b, size_t rival) {
+    size_t len = (size_t)c->len;
+    if (len > LIT_SAMPLE_RUNS * LIT_SAMPLE_RUN * 4) {
+        size_t step = len / LIT_SAMPLE_RUNS, n = LIT_SAMPLE_RUNS * LIT_SAMPLE_RUN;
+        for (size_t r = 0; r < LIT_SAMPLE_RUNS; r++)
+            memcpy(b->old + r * LIT_SAMPLE_RUN, c->nw + r * step, LIT_SAMPLE_RUN);
+        size_t z = ZSTD_compressCCtx(b->cctx, b->lit, ZSTD_compressBound(n), b->old, n, ZLEVEL_LIT);
+        if (ZSTD_isError(z) || (double)z * (double)len / (double)n > LIT_SAMPLE_MARGIN * (double)rival)
+            return len;
+    }
+    size_t z = ZSTD_compressCCtx(b->cctx, b->lit, ZSTD_compressBound(len), c->nw, len, ZLEVEL_LIT);
+    return ZSTD_isError(z) || z >= len ? len : z;
+}
+
 static void chunk_task(void *arg, size_t i, uint32_t worker) {
     batch_ctx *x = arg;
     chunk *c = &x->chunks[i];
@@ -378,10 +405,7 @@ static void chunk_task(void *arg, size_t i, uint32_t worker) {
         size_t num = encode_numeric(c, b);
         c->param |= MD_NUMERIC_NO_BASIS;
         c->n_pieces = 0;
-        size_t bound = ZSTD_compressBound((size_t)c->len);
-        size_t z = ZSTD_compressCCtx(b->cctx, b->lit, bound, c->nw, (size_t)c->len, ZLEVEL_LIT);
-        size_t lit_cost = ZSTD_isError(z) || z >= c->len ? (size_t)c->len : z;
-        if (lit_cost + 2 < num) encode_literal(c, c->nw, b->cctx);
+        if (literal_cost(c, b, num) + 2 < num) encode_literal(c, c->nw, b->cctx);
         return;
     }
     if ((c->width || c->has_old) && memcmp(b->old, c->nw, (size_t)c->len) == 0) {
@@ -395,12 +419,8 @@ static void chunk_task(void *arg, size_t i, uint32_t worker) {
     }
     size_t num = encode_numeric(c, b);
     hash_pieces(c, b->old);
-    if (num > TRY_LITERAL_ABOVE * (double)c->len) {
-        size_t bound = ZSTD_compressBound((size_t)c->len);
-        size_t z = ZSTD_compressCCtx(b->cctx, b->lit, bound, c->nw, (size_t)c->len, ZLEVEL_LIT);
-        size_t lit_cost = ZSTD_isError(z) || z >= c->len ? (size_t)c->len : z;
-        if (lit_cost + 2 < num) encode_literal(c, c->nw, b->cctx);
-    }
+    if (num > TRY_LITERAL_ABOVE * (double)c->len && literal_cost(c, b, num) + 2 < num)
+        encode_literal(c, c->nw, b->cctx);
 }
 
 /* ---------------- regions ---------------- */
@@ -593,32 +613,41 @@ md_status md_delta_basis(int old_fd, int new_fd, int delta_fd, const md_options 
     memset(&s, 0, sizeof s);
     md_digest dg = {0};
     uint64_t copy_bytes = 0, literal_bytes = 0, numeric_bytes = 0;
+    uint8_t *scratch = NULL;
+    size_t scratch_len = 0, out_in_scratch = 0;
     /* room for the planes written one after another, the last one with its full rANS
      * bound, or for one zstd literal block */
     size_t out_cap = MD_FRAME_HDR_LEN + 8 + 4 * 8 + 8 + CHUNK + 8 + md_rans_bound(CHUNK) + ZSTD_compressBound(CHUNK);
     int ok = md_writer_init(&s.w, delta_fd, 1 << 20) == 0 && md_digest_init(&dg) == 0;
     s.copies = malloc(MD_FRAME_HDR_LEN + (size_t)FRAME_MAX_CMDS * 20 + 8);
     ok = ok && s.copies;
+    /* One thread takes one chunk at a time: its buffers are reused while still in
+     * cache and never more are touched (page faults were ~5% of a small diff). */
+    uint32_t batch = threads == 1 ? 1 : BATCH;
+    /* The buffers every chunk writes through in full, in one scratch mapping (huge
+     * pages: their 4 KiB faults were ~20% of a diff of a few MiB); with one chunk
+     * at a time its frame buffer too (a frame fills its first MiB or so). */
+    out_in_scratch = batch == 1 ? (out_cap + 63) & ~(size_t)63 : 0;
+    scratch_len = (size_t)threads * 3 * CHUNK + (size_t)batch * CHUNK + out_in_scratch;
+    scratch = md_scratch_alloc(scratch_len);
+    ok = ok && scratch;
     for (uint32_t t = 0; ok && t < threads; t++) {
-        wb[t].old = malloc(CHUNK);
-        wb[t].planes = malloc(CHUNK);
-        wb[t].renc = malloc(CHUNK);
+        wb[t].old = scratch + (size_t)t * 3 * CHUNK;
+        wb[t].planes = wb[t].old + CHUNK;
+        wb[t].renc = wb[t].planes + CHUNK;
         wb[t].lit = malloc(ZSTD_compressBound(CHUNK));
         wb[t].cctx = ZSTD_createCCtx();
         wb[t].pctx = ZSTD_createCCtx();
-        ok = wb[t].old && wb[t].planes && wb[t].renc && wb[t].lit && wb[t].cctx && wb[t].pctx &&
+        ok = wb[t].lit && wb[t].cctx && wb[t].pctx &&
              !ZSTD_isError(ZSTD_CCtx_setParameter(wb[t].pctx, ZSTD_c_compressionLevel, ZLEVEL)) &&
              !ZSTD_isError(ZSTD_CCtx_setParameter(wb[t].pctx, ZSTD_c_hashLog, PLANE_HASH_LOG)) &&
              !ZSTD_isError(ZSTD_CCtx_setParameter(wb[t].pctx, ZSTD_c_minMatch, PLANE_MIN_MATCH));
     }
-    /* One thread takes one chunk at a time: its buffers are reused while still in
-     * cache and never more are touched (page faults were ~5% of a small diff). */
-    uint32_t batch = threads == 1 ? 1 : BATCH;
     for (uint32_t i = 0; ok && i < batch; i++) {
-        chunks[i].out = malloc(out_cap);
+        chunks[i].nw = scratch + (size_t)threads * 3 * CHUNK + (size_t)i * CHUNK;
+        chunks[i].out = out_in_scratch ? scratch + scratch_len - out_in_scratch : malloc(out_cap);
         chunks[i].out_cap = out_cap;
-        chunks[i].nw = malloc(CHUNK);
-        ok = chunks[i].out && chunks[i].nw;
+        ok = chunks[i].out != NULL;
     }
     if (!ok) {
         rc = md_fail(err, MD_E_NOMEM, "out of memory while making a delta.");
@@ -704,17 +733,13 @@ md_status md_delta_basis(int old_fd, int new_fd, int delta_fd, const md_options 
     }
 done:
     for (uint32_t t = 0; t < MD_MAX_WORKERS; t++) {
-        free(wb[t].old);
-        free(wb[t].planes);
-        free(wb[t].renc);
         free(wb[t].lit);
         ZSTD_freeCCtx(wb[t].cctx);
         ZSTD_freeCCtx(wb[t].pctx);
     }
-    for (uint32_t i = 0; i < BATCH; i++) {
-        free(chunks[i].out);
-        free(chunks[i].nw);
-    }
+    if (!out_in_scratch)
+        for (uint32_t i = 0; i < BATCH; i++) free(chunks[i].out);
+    md_scratch_free(scratch, scratch_len);
     free(s.copies);
     md_writer_free(&s.w);
     md_digest_free(&dg);

@@ -70,6 +70,12 @@ int64_t md_read_full(int fd, void *buf, size_t len);
 int64_t md_pread_full(int fd, void *buf, size_t len, uint64_t off);
 int md_write_full(int fd, const void *buf, size_t len);
 
+/* Scratch memory for buffers an operation writes through in full: mapped on 2 MiB
+ * boundaries and advised for huge pages (md_common.c says why); NULL when out of
+ * memory. Free with the same length. */
+void *md_scratch_alloc(size_t len);
+void md_scratch_free(void *p, size_t len);
+
 typedef struct md_writer {
     int fd;
     uint8_t *buf;

@@ -501,7 +501,8 @@ static void rans(void) {
 }
 
 /* The 32- and 64-state rANS of plane codecs 3 and 4: exact round trips on skewed,
- * constant, uniform and bell-shaped inputs of lengths around the group sizes, the
+ * constant, uniform and bell-shaped inputs and alphabets of 32, 33, 64, 65 and 200
+ * symbols, of lengths around the group sizes, the
  * AVX-512 VBMI, AVX-512, AVX2 and portable coders (switch levels 0, 3, 2, 1) writing and reading the
  * same bytes; an output that does not fit is refused; single-byte changes and cuts
  * are refused or stay in bounds (ASan watches); a plane is not read with the other
@@ -512,7 +513,7 @@ static void rans16_lanes(unsigned lanes) {
     static const int levels[] = {0, 3, 2, 1};
     const int nl = (int)(sizeof levels / sizeof levels[0]);
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        for (int kind = 0; kind < 6; kind++) {
+        for (int kind = 0; kind < 9; kind++) {
             size_t n = sizes[si], cap = 2 * n + 1024;
             uint8_t *src = malloc(n), *back = malloc(n), *dst = malloc(cap), *dst_p = malloc(cap);
             uint32_t count[256] = {0};
@@ -520,14 +521,18 @@ static void rans16_lanes(unsigned lanes) {
                 uint64_t r = rnd();
                 unsigned bell = 0;
                 for (int k = 0; k < 40; k++) bell += (unsigned)((r >> (k % 32)) & 3) % 3;
-                /* kinds 4 and 5: 32 and 33 symbols, half of them near 255 (the small
-                 * alphabet kernel takes at most 32) */
+                /* kinds 4 and 5: 32 and 33 symbols, half of them near 255; 6, 7 and 8:
+                 * 64, 65 and 200 spread over all values (the VBMI kernel looks the
+                 * symbols' constants up in pieces of 32 ranks: one, two, three, seven) */
                 src[i] = kind == 0 ? (uint8_t)((r % 100) < 90 ? 0 : r % 7)
                          : kind == 1 ? 42
                          : kind == 2 ? (uint8_t)r
                          : kind == 3 ? (uint8_t)bell
                          : kind == 4 ? (uint8_t)(r % 32 < 16 ? r % 16 : 255 - r % 16)
-                                     : (uint8_t)(r % 33 < 17 ? r % 17 : 255 - r % 16);
+                         : kind == 5 ? (uint8_t)(r % 33 < 17 ? r % 17 : 255 - r % 16)
+                         : kind == 6 ? (uint8_t)(r % 64 * 4)
+                         : kind == 7 ? (uint8_t)(r % 65 * 3)
+                                     : (uint8_t)(r % 200 + 30);
                 count[src[i]]++;
             }
             md_set_portable(0);
@@ -622,6 +627,59 @@ static void rans16_lanes(unsigned lanes) {
 /* One section per state count: the sanitized run's two parts take one each. */
 static void rans16_32(void) { rans16_lanes(32); }
 static void rans16_64(void) { rans16_lanes(64); }
+
+/* The numeric model's kernels (AVX-512 VBMI, the compiler's loops, the byte-wise
+ * ones): the same planes from every level and back to NEW exactly, for every
+ * element width, lengths around the 64-byte vector, and elements at the extremes
+ * (differences that wrap, the most negative one). */
+static void num_kernels(void) {
+    static const int levels[] = {0, 3, 2, 1};
+    size_t lens[] = {0, 1, 7, 8, 63, 64, 65, 127, 128, 129, 1000, 4096 + 24};
+    for (unsigned w = 1; w <= 8; w *= 2)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            size_t len = lens[li] / w * w;
+            uint8_t *old = malloc(len + 1), *nw = malloc(len + 1), *pl = malloc(len + 1), *pl_p = malloc(len + 1),
+                    *back = malloc(len + 1);
+            for (size_t i = 0; i < len; i++) {
+                uint64_t r = rnd();
+                old[i] = (uint8_t)r;
+                /* a third of the bytes equal, a third near, a third anything; every
+                 * 5th element 0x80..00 against 0x7f..ff and the reverse */
+                nw[i] = r % 3 == 0   ? old[i]
+                        : r % 3 == 1 ? (uint8_t)(old[i] + (r >> 8) % 5 - 2)
+                                     : (uint8_t)(r >> 16);
+                if ((i / w) % 5 == 0) {
+                    int top = i % w == w - 1;
+                    old[i] = top ? 0x80 : 0x00;
+                    nw[i] = top ? 0x7f : 0xff;
+                    if ((i / w) % 10 == 0) {
+                        uint8_t t = old[i];
+                        old[i] = nw[i];
+                        nw[i] = t;
+                    }
+                }
+            }
+            md_set_portable(0);
+            md_num_encode(old, nw, len, w, pl);
+            for (int l = 0; l < 4; l++) {
+                md_set_portable(levels[l]);
+                memset(pl_p, 0xAA, len + 1);
+                md_num_encode(old, nw, len, w, pl_p);
+                CHECK(memcmp(pl, pl_p, len) == 0 && pl_p[len] == 0xAA,
+                      "numeric model, width %u, %zu bytes: level %d writes other planes", w, len, levels[l]);
+                memset(back, 0xAA, len + 1);
+                md_num_decode(old, pl, len, w, back);
+                CHECK(memcmp(back, nw, len) == 0 && back[len] == 0xAA,
+                      "numeric model, width %u, %zu bytes: level %d decodes other bytes", w, len, levels[l]);
+            }
+            md_set_portable(0);
+            free(old);
+            free(nw);
+            free(pl);
+            free(pl_p);
+            free(back);
+        }
+}
 
 /* Threads beyond what the engine uses are refused, not silently capped. */
 static void threads_refused(void) {
@@ -737,7 +795,7 @@ static const struct {
     {"defaults", defaults}, {"edge_cases", edge_cases}, {"corruption", corruption},
     {"durable", durable},   {"numeric", numeric},       {"version1", version1},
     {"hostile_headers", hostile_headers}, {"rans", rans}, {"rans16_32", rans16_32}, {"rans16_64", rans16_64},
-    {"threads_refused", threads_refused},
+    {"threads_refused", threads_refused}, {"num_kernels", num_kernels},
 };
 
 int main(int argc, char **argv) {

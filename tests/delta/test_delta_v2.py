@@ -144,6 +144,27 @@ def test_dtype_for_a_raw_file(tmp_path: Path) -> None:
         native.delta_basis(tmp_path / "old", tmp_path / "new", tmp_path / "d2", dtype="fp12")
 
 
+def test_a_chunk_the_numeric_model_barely_shrinks_goes_as_a_literal(tmp_path: Path) -> None:
+    """--dtype over text-like NEW whose elements differ from OLD's by up to 2^28: the
+    numeric frames shrink each chunk by ~9% only (three noise planes, one of 5 bits),
+    zstd shrinks the text by ~70%, so each 1 MiB chunk must become a literal frame.
+    Chunks this large decide from a sample whether to try the literal coding in full
+    (md_basis.c, literal_cost), and the sample must say yes here."""
+    rng = random.Random(6)
+    words = [
+        bytes(rng.choice(b"etaoinshrdlu") for _ in range(rng.randint(2, 9))) for _ in range(400)
+    ]
+    size = 3 << 20
+    new = b" ".join(rng.choice(words) for _ in range(size // 5))[:size]
+    n = size // 4
+    values = struct.unpack(f"<{n}I", new)
+    old = struct.pack(f"<{n}I", *((v - rng.randrange(1 << 28)) % (1 << 32) for v in values))
+    stats = _basis_round_trip(tmp_path, old, new, dtype="fp32")
+    assert stats.literal_bytes == len(new)
+    assert stats.numeric_bytes == 0
+    assert (tmp_path / "delta").stat().st_size < 0.5 * len(new)
+
+
 @pytest.mark.parametrize(
     "header",
     [

@@ -133,7 +133,12 @@ def test_delta_signature_loads_only_the_delta_group(tmp_path: Path) -> None:
     )
     assert "<status 0>" in modules
     assert modules & (NEVER | COMPILER | EXTRAS) == set()
-    assert command_modules(modules) == {"controlplane.cli.common", "controlplane.cli.delta"}
+    # (delta_fast: the typer-free `delta patch`, whose report rows the group shares)
+    assert command_modules(modules) == {
+        "controlplane.cli.common",
+        "controlplane.cli.delta",
+        "controlplane.cli.delta_fast",
+    }
 
 
 def test_policy_validate_loads_the_compiler_and_nothing_else_heavy(tmp_path: Path) -> None:
