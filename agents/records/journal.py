@@ -75,6 +75,7 @@ def _version(region: str, entry: JournalEntry, _: Lookup) -> Plan:
         or type(size) is not int
         or size < 0
         or not (digest is None or isinstance(digest, str))
+        or (op == "delete" and (size != 0 or digest is not None))
     ):
         _version_of(entry, text)  # says what is wrong
         raise InvalidInputError(f"journal record {entry.seq} ({entry.kind}) is malformed")

@@ -175,8 +175,16 @@ def _processed(values: list[Any], proc: Callable[[Any], Any]) -> list[Any]:
     zone, then text on SQLite) was a tenth of a recorder batch's time."""
     if not values or not isinstance(values[0], datetime):
         return [proc(v) for v in values]
+    # Keyed with the offset too: two times of one zone differing only in `fold` (a
+    # repeated hour) are equal to Python, yet different instants.
     done: dict[Any, Any] = {}
-    return [done[v] if v in done else done.setdefault(v, proc(v)) for v in values]
+    out = []
+    for v in values:
+        key = (v, v.utcoffset()) if isinstance(v, datetime) else (v, None)
+        if key not in done:
+            done[key] = proc(v)
+        out.append(done[key])
+    return out
 
 
 def _chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:

@@ -12,12 +12,14 @@ clause as SQLAlchemy compiled it. Each column's array is sent as
 the base type of its kind (text, bigint, boolean, timestamptz: the INSERT's
 assignment casts give the column's own type, length and collation); a JSON column
 goes as text and is cast back. A column of any other kind returns None, and the
-caller keeps `executemany`.
+caller keeps `executemany`. Each column's values must be of one Python type (psycopg
+types an array by its elements): the recorder's facts are, as `plan` checks them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,15 +33,19 @@ _ARRAYS: dict[type, str] = {str: "TEXT", int: "BIGINT", bool: "BOOLEAN"}
 @dataclass(frozen=True)
 class UnnestForm:
     sql: str  # takes one parameter per column, p0..pN: that column's values, in order
-    json_columns: frozenset[int]  # positions whose values are JSON-encoded before sending
+    # Positions of JSON columns -> whether a None there is SQL NULL (the column type's
+    # `none_as_null`) rather than JSON 'null', as SQLAlchemy would bind it.
+    json_columns: dict[int, bool]
+    serialize: Callable[[Any], str] = json.dumps  # the dialect's JSON serializer
 
     def parameters(self, columns: list[list[Any]]) -> dict[str, list[Any]]:
         """The statement's parameters from the rows' values by column (bind-processed,
-        except JSON columns: their plain values)."""
+        except JSON columns: their plain values, serialized here)."""
         out: dict[str, list[Any]] = {}
         for n, values in enumerate(columns):
             if n in self.json_columns:
-                out[f"p{n}"] = [None if v is None else json.dumps(v) for v in values]
+                null = None if self.json_columns[n] else "null"
+                out[f"p{n}"] = [null if v is None else self.serialize(v) for v in values]
             else:
                 out[f"p{n}"] = values
         return out
@@ -82,7 +88,7 @@ def unnest_form(
     tail = rest[end:].partition(" RETURNING ")[0]
     arrays: list[str] = []
     selected: list[str] = []
-    json_columns: set[int] = set()
+    json_columns: dict[int, bool] = {}
     for n, key in enumerate(order):
         typed = _array_type(table.c[key], dialect)
         if typed is None:
@@ -92,7 +98,8 @@ def unnest_form(
         if cast_back is None:
             selected.append(f"u.c{n}")
         else:
-            json_columns.add(n)
+            kind = table.c[key].type
+            json_columns[n] = bool(getattr(getattr(kind, "impl", kind), "none_as_null", False))
             selected.append(f"CAST(u.c{n} AS {cast_back})")
     # The column list is made here, in `order` (the compiled one is in the table's
     # order, which need not be the rows'), quoted as the dialect quotes.
@@ -104,4 +111,5 @@ def unnest_form(
         f"INSERT INTO {quote.format_table(table)} ({columns}) "  # noqa: S608
         f"SELECT {', '.join(selected)} FROM unnest({', '.join(arrays)}) AS u({names})"
     )
-    return UnnestForm(sql + tail, frozenset(json_columns))
+    serialize = getattr(dialect, "_json_serializer", None) or json.dumps
+    return UnnestForm(sql + tail, json_columns, serialize)

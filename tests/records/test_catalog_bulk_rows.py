@@ -7,17 +7,24 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from records_helpers import DATASET, REGION
 from sqlalchemy import event, select
 
 from controlplane.catalog import holdings
 from controlplane.catalog.api import Catalog
-from controlplane.catalog.models import Replica, Transfer
+from controlplane.catalog.audit import rfc3339
+from controlplane.catalog.models import ObjectVersion, Replica, Transfer
 from controlplane.catalog.records import HeldVersion, Holding, TransferRecord
-from controlplane.catalog.unnest import unnest_form
+from controlplane.catalog.unnest import UnnestForm, unnest_form
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def _at(n: int) -> datetime:
+    """A time of its own per row (a mix-up between rows must show), some rows alike."""
+    return AT + timedelta(minutes=n // 3)
 
 
 def _batch(n: int) -> tuple[list[HeldVersion], list[Holding], list[TransferRecord]]:
@@ -36,8 +43,8 @@ def _batch(n: int) -> tuple[list[HeldVersion], list[Holding], list[TransferRecor
         for i in range(n)
     ]
     held = [
-        Holding(v.dataset, v.key, v.version, REGION, "completed", AT, digest=v.digest)
-        for v in versions
+        Holding(v.dataset, v.key, v.version, REGION, "completed", _at(n), digest=v.digest)
+        for n, v in enumerate(versions)
     ]
     transfers = [
         TransferRecord(
@@ -50,7 +57,7 @@ def _batch(n: int) -> tuple[list[HeldVersion], list[Holding], list[TransferRecor
             logical_bytes=v.size,
             wire_bytes=1000 + i,
             outcome="completed",
-            at=AT,
+            at=_at(i),
             policy_revision=7,
         )
         for i, v in enumerate(versions)
@@ -91,6 +98,15 @@ def test_a_batch_reads_back_as_sent_and_goes_as_one_statement_per_table(cat: Cat
         41,
     )
     assert (t["from_jurisdiction"], t["to_jurisdiction"]) == ("US", "EU")
+    assert all(stored[f"t-{i}"]["at"] == rfc3339(_at(i)) for i in range(60)), stored
+    with cat._engine.connect() as conn:
+        times = conn.execute(
+            select(ObjectVersion.version, ObjectVersion.created_at, Replica.updated_at).join(
+                Replica, Replica.version_id == ObjectVersion.id
+            )
+        ).all()
+    want = {v.version: (v.created_at, _at(n)) for n, v in enumerate(versions)}
+    assert {r[0]: (_utc(r[1]), _utc(r[2])) for r in times} == want
     tables = ("objects", "object_versions", "replicas", "transfers")
     inserts = [
         (s, many) for s, many in sent if s.startswith(tuple(f"INSERT INTO {t} " for t in tables))
@@ -125,6 +141,35 @@ def test_rows_whose_keys_are_not_in_table_order_land_in_their_columns(cat: Catal
         ).all()
     assert [tuple(r[:3]) for r in got] == [("us-east", REGION, ["EU", "US"])] * 2
     assert {r[3].astimezone(UTC) if r[3].tzinfo else r[3].replace(tzinfo=UTC) for r in got} == {AT}
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def test_equal_times_of_different_instants_are_processed_apart() -> None:
+    """In a repeated hour two times differ only in `fold`: equal to Python, yet two
+    instants, each of which must be written as itself."""
+    zone = ZoneInfo("America/New_York")
+    first = datetime(2026, 11, 1, 1, 30, tzinfo=zone)
+    second = first.replace(fold=1)
+    assert first == second and first.utcoffset() != second.utcoffset()
+    assert holdings._processed([first, second, first], lambda v: v.astimezone(UTC)) == [
+        datetime(2026, 11, 1, 5, 30, tzinfo=UTC),
+        datetime(2026, 11, 1, 6, 30, tzinfo=UTC),
+        datetime(2026, 11, 1, 5, 30, tzinfo=UTC),
+    ]
+
+
+def test_a_json_none_is_sent_as_sqlalchemy_binds_it() -> None:
+    """JSON 'null' unless the column type says none_as_null (then SQL NULL), whatever
+    the batch's size (a single row goes the usual way, which does the same)."""
+    form = UnnestForm("-", {0: False, 1: True})
+    assert form.parameters([[None, ["EU"]], [None, {"a": 1}], [1, 2]]) == {
+        "p0": ["null", '["EU"]'],
+        "p1": [None, '{"a": 1}'],
+        "p2": [1, 2],
+    }
 
 
 def test_the_one_statement_form_keeps_the_conflict_clause_and_the_row_order() -> None:

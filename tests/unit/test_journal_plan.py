@@ -63,6 +63,9 @@ def test_a_version_record_becomes_its_version_and_this_regions_holding() -> None
         ({"size": -1}, HLC_TEXT, "size"),
         ({"size": True}, HLC_TEXT, "size"),
         ({"digest": 7}, HLC_TEXT, "digest"),
+        ({"op": "delete", "size": 5, "digest": None}, HLC_TEXT, "tombstone"),
+        ({"op": "delete", "size": 0, "digest": ""}, HLC_TEXT, "digest"),
+        ({"op": "delete", "size": 0, "digest": DIGEST}, HLC_TEXT, "tombstone"),
         ({}, "1796000000123@us-east", "HLC"),
     ],
 )
