@@ -73,7 +73,7 @@ typedef struct md_options {
 #define MD_MAX_WORKERS 4u
 
 /* md_patch: the caller will fsync the output, so start its writeback while patching
- * (sync_file_range every 8 MiB) and the final fsync waits only for the tail. Costs
+ * (sync_file_range every 1 MiB) and the final fsync waits only for the tail. Costs
  * CPU when nobody fsyncs, hence opt-in. */
 #define MD_DURABLE 1u
 /* Use the portable code instead of the AVX2 kernels (same bytes; for tests). */

@@ -296,43 +296,47 @@ static md_status run_commands(patcher *P, const uint8_t *cp, size_t cmd_len, con
     return MD_OK;
 }
 
-/* A NUMERIC frame (v2): OLD[off, off + L) plus the decoded differences. */
-static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, const uint8_t *sp,
-                             unsigned width, int no_basis, uint32_t lit_raw, uint64_t seq, uint64_t check,
-                             md_error *err) {
+/* A NUMERIC frame (v2): OLD[off, off + L) (or zeros) into `old`, and its basis check. */
+static md_status numeric_old(patcher *P, const uint8_t *cp, int no_basis, uint32_t lit_raw, uint64_t seq,
+                             uint64_t check, uint8_t *old, md_error *err) {
     uint64_t off = md_get_u64(cp);
-    size_t plane = lit_raw / width;
     if (no_basis) {
         /* a tensor OLD does not have: its planes against zeros; no OLD to check */
         if (off || check != seq) return corrupt(err, "a numeric frame without basis names one");
-        memset(P->scratch, 0, lit_raw);
-    } else {
-        if (off > P->basis_len || lit_raw > P->basis_len - off)
-            return corrupt(err, "a numeric frame reaches outside OLD");
-        md_status rc = read_old(P->old_fd, P->scratch, lit_raw, off, err);
-        if (rc != MD_OK) return rc;
-        md_ph_frame(&P->ph, seq);
-        md_ph_range(&P->ph, off, lit_raw);
-        md_ph_feed(&P->ph, P->scratch, lit_raw);
-        if (MD_VERIFY_CHECKSUMS && P->ph.chain != check) return basis_mismatch(err, off, off + lit_raw);
+        memset(old, 0, lit_raw);
+        return MD_OK;
     }
-    /* Planes coded with codec 3 or 4 are decoded two at a time (md_rans16_decode2:
-     * their work overlaps) when they have the same codec; the others, and one left
-     * without a partner, alone. */
+    if (off > P->basis_len || lit_raw > P->basis_len - off) return corrupt(err, "a numeric frame reaches outside OLD");
+    md_status rc = read_old(P->old_fd, old, lit_raw, off, err);
+    if (rc != MD_OK) return rc;
+    md_ph_frame(&P->ph, seq);
+    md_ph_range(&P->ph, off, lit_raw);
+    md_ph_feed(&P->ph, old, lit_raw);
+    if (MD_VERIFY_CHECKSUMS && P->ph.chain != check) return basis_mismatch(err, off, off + lit_raw);
+    return MD_OK;
+}
+
+/* Decodes a NUMERIC frame's `width` planes of `plane` bytes each (stored at sp, sizes
+ * at cp + 8) into `planes`; 0 if one does not decode. Touches nothing but its
+ * arguments, so it may run on the decoding thread. Planes coded with codec 3 or 4
+ * are decoded two at a time (md_rans16_decode2: their work overlaps) when they have
+ * the same codec; the others, and one left without a partner, alone. */
+static int decode_planes(ZSTD_DCtx *dctx, const uint8_t *cp, const uint8_t *sp, unsigned width, size_t plane,
+                         uint8_t *planes) {
     int pending = -1; /* a codec-3 or 4 plane waiting for a partner */
     unsigned pend_lanes = 0;
     const uint8_t *pend_src = NULL;
     size_t pend_len = 0;
     for (unsigned b = 0; b < width; b++) {
         uint32_t s = md_get_u32(cp + 8 + 4 * b);
-        uint8_t *dst = P->planes + (size_t)b * plane;
+        uint8_t *dst = planes + (size_t)b * plane;
         uint8_t codec = sp[0];
         unsigned lanes = codec == MD_PLANE_RANS16 ? 32 : codec == MD_PLANE_RANS64 ? 64 : 0;
         int ok;
         if (lanes && pending >= 0 && lanes != pend_lanes) {
             /* a pair is of one codec: the waiting plane goes alone */
-            if (md_rans16_decode(pend_src, pend_len, P->planes + (size_t)pending * plane, plane, pend_lanes) != 0)
-                return corrupt(err, "a numeric plane does not decode");
+            if (md_rans16_decode(pend_src, pend_len, planes + (size_t)pending * plane, plane, pend_lanes) != 0)
+                return 0;
             pending = -1;
         }
         if (codec == MD_PLANE_RAW) {
@@ -348,20 +352,145 @@ static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, con
             pend_len = s - 1;
             ok = 1;
         } else if (lanes) {
-            ok = md_rans16_decode2(pend_src, pend_len, P->planes + (size_t)pending * plane, sp + 1, s - 1, dst,
-                                   plane, lanes) == 0;
+            ok = md_rans16_decode2(pend_src, pend_len, planes + (size_t)pending * plane, sp + 1, s - 1, dst, plane,
+                                   lanes) == 0;
             pending = -1;
         } else {
             ok = codec == MD_PLANE_RANS && md_rans_decode(sp + 1, s - 1, dst, plane) == 0;
         }
-        if (!ok) return corrupt(err, "a numeric plane does not decode");
+        if (!ok) return 0;
         sp += s;
     }
-    if (pending >= 0 &&
-        md_rans16_decode(pend_src, pend_len, P->planes + (size_t)pending * plane, plane, pend_lanes) != 0)
-        return corrupt(err, "a numeric plane does not decode");
-    md_num_decode(P->scratch, P->planes, lit_raw, width, P->numout);
+    return pending < 0 || md_rans16_decode(pend_src, pend_len, planes + (size_t)pending * plane, plane,
+                                           pend_lanes) == 0;
+}
+
+static md_status numeric_out(patcher *P, const uint8_t *old, const uint8_t *planes, uint32_t lit_raw,
+                             unsigned width, md_error *err) {
+    md_num_decode(old, planes, lit_raw, width, P->numout);
     return put_out(P, P->numout, lit_raw, err);
+}
+
+/* A NUMERIC frame on this thread alone. */
+static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, const uint8_t *sp,
+                             unsigned width, int no_basis, uint32_t lit_raw, uint64_t seq, uint64_t check,
+                             md_error *err) {
+    md_status rc = numeric_old(P, cp, no_basis, lit_raw, seq, check, P->scratch, err);
+    if (rc != MD_OK) return rc;
+    if (!decode_planes(dctx, cp, sp, width, lit_raw / width, P->planes))
+        return corrupt(err, "a numeric plane does not decode");
+    return numeric_out(P, P->scratch, P->planes, lit_raw, width, err);
+}
+
+/* ---------------- threads >= 2: numeric planes decoded on a second thread ----------------
+ *
+ * The decoding of a NUMERIC frame's planes (the rANS gathers: half of a bf16 patch)
+ * runs on the decoder thread while this thread writes the frame before it (the
+ * inverse transform, the output digest, the write) and reads and checks the next
+ * one. Frames still reach the output in order and every check runs as before: a
+ * frame's OLD and basis check before its planes go to the decoder, a frame's output
+ * only once its planes decoded, and on any later error the frame still pending is
+ * finished first (so its error, or its bytes, come first, as one thread gives). Two
+ * sets of buffers (frame, OLD, planes) alternate between the frames. */
+typedef struct decoder {
+    pthread_t tid;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started, busy, quit, portable, ok;
+    ZSTD_DCtx *dctx;
+    const uint8_t *cp, *sp;
+    unsigned width;
+    size_t plane;
+    uint8_t *planes;
+} decoder;
+
+static void *decoder_main(void *arg) {
+    decoder *D = arg;
+    md_set_portable(D->portable);
+    pthread_mutex_lock(&D->mu);
+    for (;;) {
+        while (!D->busy && !D->quit) pthread_cond_wait(&D->cv, &D->mu);
+        if (D->quit) break;
+        pthread_mutex_unlock(&D->mu);
+        int ok = decode_planes(D->dctx, D->cp, D->sp, D->width, D->plane, D->planes);
+        pthread_mutex_lock(&D->mu);
+        D->ok = ok;
+        D->busy = 0;
+        pthread_cond_broadcast(&D->cv);
+    }
+    pthread_mutex_unlock(&D->mu);
+    return NULL;
+}
+
+static int decoder_start(decoder *D, int portable) {
+    memset(D, 0, sizeof *D);
+    D->portable = portable;
+    D->dctx = ZSTD_createDCtx();
+    if (!D->dctx) return -1;
+    if (pthread_mutex_init(&D->mu, NULL) != 0) goto no_mutex;
+    if (pthread_cond_init(&D->cv, NULL) != 0) goto no_cond;
+    if (pthread_create(&D->tid, NULL, decoder_main, D) != 0) goto no_thread;
+    D->started = 1;
+    return 0;
+no_thread:
+    pthread_cond_destroy(&D->cv);
+no_cond:
+    pthread_mutex_destroy(&D->mu);
+no_mutex:
+    ZSTD_freeDCtx(D->dctx);
+    D->dctx = NULL;
+    return -1;
+}
+
+static void decoder_submit(decoder *D, const uint8_t *cp, const uint8_t *sp, unsigned width, size_t plane,
+                           uint8_t *planes) {
+    pthread_mutex_lock(&D->mu);
+    D->cp = cp;
+    D->sp = sp;
+    D->width = width;
+    D->plane = plane;
+    D->planes = planes;
+    D->busy = 1;
+    pthread_cond_broadcast(&D->cv);
+    pthread_mutex_unlock(&D->mu);
+}
+
+/* Waits for the submitted frame; whether its planes decoded. */
+static int decoder_wait(decoder *D) {
+    pthread_mutex_lock(&D->mu);
+    while (D->busy) pthread_cond_wait(&D->cv, &D->mu);
+    int ok = D->ok;
+    pthread_mutex_unlock(&D->mu);
+    return ok;
+}
+
+static void decoder_stop(decoder *D) {
+    if (!D->started) return;
+    pthread_mutex_lock(&D->mu);
+    while (D->busy) pthread_cond_wait(&D->cv, &D->mu);
+    D->quit = 1;
+    pthread_cond_broadcast(&D->cv);
+    pthread_mutex_unlock(&D->mu);
+    pthread_join(D->tid, NULL);
+    pthread_cond_destroy(&D->cv);
+    pthread_mutex_destroy(&D->mu);
+    ZSTD_freeDCtx(D->dctx);
+    D->started = 0;
+}
+
+/* The frame the decoder has (if any): wait for its planes, then write it. */
+typedef struct pending_frame {
+    int on;
+    const uint8_t *old, *planes;
+    uint32_t len;
+    unsigned width;
+} pending_frame;
+
+static md_status finish_pending(patcher *P, decoder *D, pending_frame *pf, md_error *err) {
+    if (!pf->on) return MD_OK;
+    pf->on = 0;
+    if (!decoder_wait(D)) return corrupt(err, "a numeric plane does not decode");
+    return numeric_out(P, pf->old, pf->planes, pf->len, pf->width, err);
 }
 
 md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, md_stats *stats, md_error *err) {
@@ -418,10 +547,20 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
      * ~900 4 KiB faults a call were a tenth of a patch of a few MiB): OLD's window,
      * the planes and numbers of numeric frames, the frame, its literals. */
     size_t frame_room = (frame_cap + 63) & ~(size_t)63;
-    size_t scratch_len = OLD_BUF + 2 * (size_t)MD_FRAME_MAX_LIT + frame_room + MD_FRAME_MAX_LIT;
+    /* With threads >= 2 a second OLD window, planes and frame follow (the decoder). */
+    int pipelined = version == 2 && threads >= 2;
+    size_t one_set = OLD_BUF + 2 * (size_t)MD_FRAME_MAX_LIT + frame_room + MD_FRAME_MAX_LIT;
+    size_t scratch_len = one_set + (pipelined ? OLD_BUF + (size_t)MD_FRAME_MAX_LIT + frame_room : 0);
     uint8_t *scratch = md_scratch_alloc(scratch_len);
     uint8_t *fbuf = scratch ? scratch + OLD_BUF + 2 * (size_t)MD_FRAME_MAX_LIT : NULL;
     uint8_t *lit = scratch ? fbuf + frame_room : NULL;
+    /* per set: OLD's window, the planes, the frame */
+    uint8_t *set_old[2] = {scratch, scratch ? scratch + one_set : NULL};
+    uint8_t *set_planes[2] = {scratch ? scratch + OLD_BUF : NULL, set_old[1] ? set_old[1] + OLD_BUF : NULL};
+    uint8_t *set_frame[2] = {fbuf, set_planes[1] ? set_planes[1] + MD_FRAME_MAX_LIT : NULL};
+    unsigned set = 0;
+    decoder D = {0};
+    pending_frame pf = {0};
     ZSTD_DCtx *dctx = ZSTD_createDCtx();
     patcher P;
     memset(&P, 0, sizeof P);
@@ -449,6 +588,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
         ok = md_digest_init(&P.bc.dg) == 0;
         P.bc.on = ok;
     }
+    if (ok && pipelined) pipelined = decoder_start(&D, md_get_portable()) == 0;
     if (!ok) {
         rc = md_fail(err, MD_E_NOMEM, "out of memory while patching.");
         goto done;
@@ -522,6 +662,11 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
             goto done;
         }
         const uint8_t *cp = fbuf + hdr_len;
+        if (type != MD_FRAME_NUMERIC) {
+            /* frames reach the output in order */
+            rc = finish_pending(&P, &D, &pf, err);
+            if (rc != MD_OK) goto done;
+        }
         if (type == MD_FRAME_END) {
             uint8_t digest[16], probe;
             if (P.bc.on) {
@@ -571,9 +716,35 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
                 rc = corrupt(err, "a numeric frame declares impossible plane sizes");
                 goto done;
             }
-            rc = run_numeric(&P, dctx, cp, cp + cmd_len, width, param & MD_NUMERIC_NO_BASIS, lit_raw, seq, check,
-                             err);
-            if (rc != MD_OK) goto done;
+            if (!pipelined) {
+                rc = run_numeric(&P, dctx, cp, cp + cmd_len, width, param & MD_NUMERIC_NO_BASIS, lit_raw, seq,
+                                 check, err);
+                if (rc != MD_OK) goto done;
+            } else {
+                /* this frame's OLD and check; then the decoder takes its planes once it
+                 * is done with the previous frame's, which this thread then writes */
+                rc = numeric_old(&P, cp, param & MD_NUMERIC_NO_BASIS, lit_raw, seq, check, set_old[set], err);
+                if (rc != MD_OK) goto done;
+                pending_frame prev = pf;
+                pf.on = 0;
+                if (prev.on && !decoder_wait(&D)) {
+                    rc = corrupt(err, "a numeric plane does not decode");
+                    goto done;
+                }
+                decoder_submit(&D, cp, cp + cmd_len, width, lit_raw / width, set_planes[set]);
+                pf = (pending_frame){1, set_old[set], set_planes[set], lit_raw, width};
+                set ^= 1;
+                fbuf = set_frame[set];
+                if (prev.on) {
+                    rc = numeric_out(&P, prev.old, prev.planes, prev.len, prev.width, err);
+                    if (rc != MD_OK) {
+                        /* the frame just submitted comes after this error: discard it */
+                        pf.on = 0;
+                        (void)decoder_wait(&D);
+                        goto done;
+                    }
+                }
+            }
         } else {
             const uint8_t *lp = cp + cmd_len;
             if (codec == MD_CODEC_ZSTD) {
@@ -610,9 +781,15 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
         memset(stats, 0, sizeof *stats);
         stats->input_bytes = in_bytes;
         stats->output_bytes = P.w.total;
-        stats->threads = version == 1 && helper.started ? 2 : 1;
+        stats->threads = (version == 1 && helper.started) || D.started ? 2 : 1;
     }
 done:
+    if (rc != MD_OK && pf.on) {
+        /* the frame before the failing one comes first: its own error, or its bytes */
+        md_status prc = finish_pending(&P, &D, &pf, err);
+        if (prc != MD_OK) rc = prc;
+    }
+    decoder_stop(&D);
     if (rc != MD_OK && rewindable) {
         /* The deferred v1 check has not finished: a damaged delta applied to the wrong
          * OLD is reported as the wrong basis, as the up-front check would have. */

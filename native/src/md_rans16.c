@@ -39,6 +39,9 @@
 #define MAX_LANES 64u
 /* one group of `lanes` symbols moves at most 2 * lanes bytes */
 #define GROUP_BYTES(lanes) (2u * (lanes))
+#ifndef DOM_MIN
+#define DOM_MIN 3686u /* 90% of the slots */
+#endif
 
 static int lanes_ok(unsigned lanes) { return lanes == 32 || lanes == 64; }
 
@@ -542,16 +545,22 @@ void md_rans16_encode2(const uint8_t *src_a, const uint32_t count_a[256], uint8_
     free(e);
 }
 
-/* A decoding table entry: symbol in bits 0-7, slot - start in bits 8-19, f - 1 in 20-31. */
-static int build_table(const uint8_t *src, size_t len, size_t *at, uint32_t *tab) {
-    uint32_t acc = 0;
+/* A decoding table entry: symbol in bits 0-7, slot - start in bits 8-19, f - 1 in 20-31.
+ * *top gets the symbol of the largest frequency (the first of equals). */
+static int build_table(const uint8_t *src, size_t len, size_t *at, uint32_t *tab, uint32_t *top_sym) {
+    uint32_t acc = 0, top_f = 0;
     *at = 0;
+    *top_sym = 0;
     for (uint32_t s = 0; s < 256; s++) {
         uint64_t f;
         size_t used = md_get_varint(src + *at, len - *at, &f);
         if (!used || f > SCALE - acc) return -1;
         *at += used;
         for (uint32_t k = 0; k < f; k++) tab[acc + k] = s | (k << 8) | ((uint32_t)(f - 1) << 20);
+        if (f > top_f) {
+            top_f = (uint32_t)f;
+            *top_sym = s;
+        }
         acc += (uint32_t)f;
     }
     return acc == SCALE ? 0 : -1;
@@ -577,13 +586,28 @@ typedef struct dec16 {
     size_t i, n;
     unsigned lanes;
     int in_pad;
+    /* A symbol of at least DOM_MIN of the 4096 slots (the high byte plane of bf16
+     * weights, 93-99% one value): a vector of states whose slots all fall in its
+     * range is stepped from these three numbers, without the table gather. */
+    int dom;
+    uint32_t dom_sym, dom_start, dom_f;
     uint32_t tab[SCALE];
     uint8_t pad[2 * GROUP_BYTES(MAX_LANES)];
 } dec16;
 
 static int dec_open(dec16 *d, const uint8_t *src, size_t len, uint8_t *dst, size_t n, unsigned lanes) {
     size_t at;
-    if (!lanes_ok(lanes) || build_table(src, len, &at, d->tab) != 0 || len - at < lanes * 4) return -1;
+    uint32_t top_sym;
+    if (!lanes_ok(lanes) || build_table(src, len, &at, d->tab, &top_sym) != 0 || len - at < lanes * 4) return -1;
+    d->dom_sym = top_sym;
+    d->dom_f = 0;
+    for (uint32_t m = 0; m < SCALE; m++) /* the top symbol's first slot and its frequency */
+        if ((d->tab[m] & 0xff) == top_sym && (d->tab[m] >> 8 & (SCALE - 1)) == 0) {
+            d->dom_start = m;
+            d->dom_f = (d->tab[m] >> 20) + 1;
+            break;
+        }
+    d->dom = d->dom_f >= DOM_MIN;
     for (unsigned j = 0; j < lanes; j++) {
         d->x[j] = md_get_u32(src + at + 4 * j);
         if (d->x[j] < LOW || d->x[j] >> 31) return -1;
@@ -668,9 +692,10 @@ static void spread_init(void) {
 
 /* One group of one plane, eight lanes at a time: gather the table entries, step the
  * states, then give the lanes below LOW the next words in lane order. */
-__attribute__((target("avx2"), always_inline)) static inline void dec_group_avx2(__m256i *x, const uint32_t *tab,
+__attribute__((target("avx2"), always_inline)) static inline void dec_group_avx2(__m256i *x, const dec16 *d,
                                                                                 const uint8_t **pp, uint8_t *dst,
                                                                                 unsigned nv) {
+    const uint32_t *tab = d->tab;
     const __m256i mask_slot = _mm256_set1_epi32(SCALE - 1), one = _mm256_set1_epi32(1);
     const __m256i low = _mm256_set1_epi32(LOW), byte = _mm256_set1_epi32(0xff);
     const uint8_t *p = *pp;
@@ -703,12 +728,25 @@ __attribute__((target("avx2"), always_inline)) static inline void dec_group_avx2
 /* One group of one plane, sixteen lanes at a time (AVX-512): a lane below LOW takes
  * the next word by vpexpandd (the words in lane order, as spread[] does). */
 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void dec_group_avx512(
-    __m512i *x, const uint32_t *tab, const uint8_t **pp, uint8_t *dst, unsigned nv) {
+    __m512i *x, const dec16 *d, const uint8_t **pp, uint8_t *dst, unsigned nv) {
     const __m512i mask_slot = _mm512_set1_epi32(SCALE - 1), one = _mm512_set1_epi32(1);
     const __m512i low = _mm512_set1_epi32(LOW);
+    const __m512i dom_start = _mm512_set1_epi32((int)d->dom_start), dom_f = _mm512_set1_epi32((int)d->dom_f);
+    const __m128i dom_sym = _mm_set1_epi8((char)d->dom_sym);
+    const uint32_t *tab = d->tab;
     const uint8_t *p = *pp;
     for (unsigned v = 0; v < nv; v++) {
-        __m512i e = _mm512_i32gather_epi32(_mm512_and_si512(x[v], mask_slot), (const int *)tab, 4);
+        __m512i m = _mm512_and_si512(x[v], mask_slot);
+        if (d->dom) {
+            /* every slot in the top symbol's range: x = f * (x >> 12) + slot - start */
+            __m512i t = _mm512_sub_epi32(m, dom_start);
+            if (_mm512_cmplt_epu32_mask(t, dom_f) == 0xffff) {
+                x[v] = _mm512_add_epi32(_mm512_mullo_epi32(dom_f, _mm512_srli_epi32(x[v], SCALE_BITS)), t);
+                _mm_storeu_si128((__m128i *)(dst + 16 * v), dom_sym);
+                continue;
+            }
+        }
+        __m512i e = _mm512_i32gather_epi32(m, (const int *)tab, 4);
         __m512i f = _mm512_add_epi32(_mm512_srli_epi32(e, 20), one);
         __m512i b = _mm512_and_si512(_mm512_srli_epi32(e, 8), mask_slot);
         x[v] = _mm512_add_epi32(_mm512_mullo_epi32(f, _mm512_srli_epi32(x[v], SCALE_BITS)), b);
@@ -739,18 +777,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inlin
             ib = b->i;                                                                                    \
             for (unsigned v = 0; v < NV; v++) xb[v] = LOADV(b->x + W * v);                                \
             while (dec_ready(a, &pa, &ea, ia) && dec_ready(b, &pb, &eb, ib)) {                            \
-                GROUP(xa, a->tab, &pa, a->dst + ia, NV);                                                  \
-                GROUP(xb, b->tab, &pb, b->dst + ib, NV);                                                  \
+                GROUP(xa, a, &pa, a->dst + ia, NV);                                                  \
+                GROUP(xb, b, &pb, b->dst + ib, NV);                                                  \
                 ia += W * NV;                                                                             \
                 ib += W * NV;                                                                             \
             }                                                                                             \
-            for (; dec_ready(b, &pb, &eb, ib); ib += W * NV) GROUP(xb, b->tab, &pb, b->dst + ib, NV);     \
+            for (; dec_ready(b, &pb, &eb, ib); ib += W * NV) GROUP(xb, b, &pb, b->dst + ib, NV);     \
             for (unsigned v = 0; v < NV; v++) STOREV(b->x + W * v, xb[v]);                                \
             b->p = pb;                                                                                    \
             b->end = eb;                                                                                  \
             b->i = ib;                                                                                    \
         }                                                                                                 \
-        for (; dec_ready(a, &pa, &ea, ia); ia += W * NV) GROUP(xa, a->tab, &pa, a->dst + ia, NV);         \
+        for (; dec_ready(a, &pa, &ea, ia); ia += W * NV) GROUP(xa, a, &pa, a->dst + ia, NV);         \
         for (unsigned v = 0; v < NV; v++) STOREV(a->x + W * v, xa[v]);                                    \
         a->p = pa;                                                                                        \
         a->end = ea;                                                                                      \

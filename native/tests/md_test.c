@@ -379,6 +379,75 @@ static void numeric(void) {
     free(a);
 }
 
+/* A patch with threads >= 2 decodes numeric planes on a second thread while it writes
+ * the frame before: the same output, status and message as one thread for every
+ * corruption and truncation, and into an output that cannot be taken back the same
+ * bytes before the failure (frames in order; the earlier frame's error first). */
+static md_status apply_into(const buf *old, const buf *delta, uint32_t threads, uint64_t cap, int rewindable,
+                            buf *out, md_error *e) {
+    md_options o = {.threads = threads, .max_output = cap};
+    int a = mem_fd(old), d = mem_fd(delta), w = mem_fd(NULL);
+    if (!rewindable && write(w, "x", 1) != 1) abort(); /* not empty: no truncation on failure */
+    md_status rc = md_patch(a, d, w, &o, NULL, e);
+    *out = fd_contents(w);
+    close(a);
+    close(d);
+    close(w);
+    return rc;
+}
+
+static void same_as_one_thread(const char *what, size_t at, const buf *old, const buf *delta, uint64_t cap) {
+    for (int rewindable = 0; rewindable <= 1; rewindable++) {
+        buf o1, o2;
+        md_error e1 = {0}, e2 = {0};
+        md_status r1 = apply_into(old, delta, 1, cap, rewindable, &o1, &e1);
+        md_status r2 = apply_into(old, delta, 2, cap, rewindable, &o2, &e2);
+        CHECK(r1 == r2, "%s %zu: status %d with one thread, %d with two", what, at, r1, r2);
+        CHECK(r1 == MD_OK || strcmp(e1.message, e2.message) == 0, "%s %zu: '%s' vs '%s'", what, at, e1.message,
+              e2.message);
+        CHECK(o1.n == o2.n && memcmp(o1.p, o2.p, o1.n) == 0, "%s %zu: %zu bytes out with one thread, %zu with two",
+              what, at, o1.n, o2.n);
+        free(o1.p);
+        free(o2.p);
+    }
+}
+
+static void patch_pipelined(void) {
+    /* many small numeric frames (tensors under 1 MiB), one of them gained (no basis) */
+    size_t n = 400000;
+    float *a = malloc(n * 4 * 2), *b = a + n;
+    for (size_t i = 0; i < n; i++) {
+        a[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 2e-5f;
+        b[i] = a[i] + (float)((int64_t)(rnd() % 21) - 10) * 1e-7f;
+    }
+    size_t c1[] = {90000, 60000, 1000, 80000, 30000}, c2[] = {90000, 60000, 1000, 80000, 30000, 20000};
+    buf so = safetensors(c1, 5, a), sn = safetensors(c2, 6, b), d;
+    md_error e;
+    CHECK(make_basis(&so, &sn, 1, 0, &d, &e) == MD_OK, "pipelined: basis: %s", e.message);
+    same_as_one_thread("pipelined: intact", 0, &so, &d, 0);
+    check_patch("pipelined", &so, &d, &sn);
+    for (size_t i = 0; i < d.n; i = sample_next(i, d.n) + (i > 200 && i + 400 < d.n ? 1999 : 0)) {
+        d.p[i] ^= 0x21;
+        same_as_one_thread("pipelined: corrupt byte", i, &so, &d, 0);
+        d.p[i] ^= 0x21;
+    }
+    for (size_t k = 0; k < d.n; k = sample_next(k, d.n) + (k > 200 && k + 400 < d.n ? 1999 : 0)) {
+        buf t = {d.p, k};
+        same_as_one_thread("pipelined: truncated at", k, &so, &t, 0);
+    }
+    /* the wrong basis under each numeric frame; the output cap at several places */
+    for (size_t at = so.n - 4; at > 400; at -= so.n / 7) {
+        so.p[at] ^= 1;
+        same_as_one_thread("pipelined: wrong basis at", at, &so, &d, 0);
+        so.p[at] ^= 1;
+    }
+    for (uint64_t cap = 1; cap < sn.n; cap += sn.n / 5) same_as_one_thread("pipelined: cap", (size_t)cap, &so, &d, cap);
+    free(d.p);
+    free(so.p);
+    free(sn.p);
+    free(a);
+}
+
 /* A version 1 delta (made by hand here: header, one DATA frame, END) still patches. */
 static void version1(void) {
     buf old = random_buf(10000), delta = {malloc(4096), 0}, out;
@@ -502,7 +571,8 @@ static void rans(void) {
 
 /* The 32- and 64-state rANS of plane codecs 3 and 4: exact round trips on skewed,
  * constant, uniform and bell-shaped inputs and alphabets of 32, 33, 64, 65 and 200
- * symbols, of lengths around the group sizes, the
+ * symbols, and one symbol of ~98% in the middle of the alphabet (the AVX-512
+ * decoder's path without the table gather), of lengths around the group sizes, the
  * AVX-512 VBMI, AVX-512, AVX2 and portable coders (switch levels 0, 3, 2, 1) writing and reading the
  * same bytes; an output that does not fit is refused; single-byte changes and cuts
  * are refused or stay in bounds (ASan watches); a plane is not read with the other
@@ -513,7 +583,7 @@ static void rans16_lanes(unsigned lanes) {
     static const int levels[] = {0, 3, 2, 1};
     const int nl = (int)(sizeof levels / sizeof levels[0]);
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        for (int kind = 0; kind < 9; kind++) {
+        for (int kind = 0; kind < 10; kind++) {
             size_t n = sizes[si], cap = 2 * n + 1024;
             uint8_t *src = malloc(n), *back = malloc(n), *dst = malloc(cap), *dst_p = malloc(cap);
             uint32_t count[256] = {0};
@@ -532,7 +602,8 @@ static void rans16_lanes(unsigned lanes) {
                          : kind == 5 ? (uint8_t)(r % 33 < 17 ? r % 17 : 255 - r % 16)
                          : kind == 6 ? (uint8_t)(r % 64 * 4)
                          : kind == 7 ? (uint8_t)(r % 65 * 3)
-                                     : (uint8_t)(r % 200 + 30);
+                         : kind == 8 ? (uint8_t)(r % 200 + 30)
+                                     : (uint8_t)(r % 1000 < 980 ? 128 : 124 + r % 9);
                 count[src[i]]++;
             }
             md_set_portable(0);
@@ -795,7 +866,7 @@ static const struct {
     {"defaults", defaults}, {"edge_cases", edge_cases}, {"corruption", corruption},
     {"durable", durable},   {"numeric", numeric},       {"version1", version1},
     {"hostile_headers", hostile_headers}, {"rans", rans}, {"rans16_32", rans16_32}, {"rans16_64", rans16_64},
-    {"threads_refused", threads_refused}, {"num_kernels", num_kernels},
+    {"threads_refused", threads_refused}, {"num_kernels", num_kernels}, {"patch_pipelined", patch_pipelined},
 };
 
 int main(int argc, char **argv) {
