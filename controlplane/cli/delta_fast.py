@@ -59,7 +59,8 @@ def _parse(argv: list[str]) -> tuple[list[str], dict[str, int | str]] | None:
     while i < len(argv):
         arg = argv[i]
         if arg == "-" or not arg.startswith("-"):
-            paths.append(arg)
+            # As typer hands them over (`Path`): `./-` is standard input, `./a` is `a`.
+            paths.append(os.fspath(Path(arg)))
             i += 1
             continue
         flag, eq, value = arg.partition("=")
@@ -119,6 +120,8 @@ def run(argv: list[str]) -> int | None:
             threads=threads if isinstance(threads, int) else max(1, min(os.cpu_count() or 1, 4)),
             max_output_size=max_output if isinstance(max_output, int) else None,
         )
+        # common.emit's JSON form
+        sys.stdout.write(json.dumps(report_rows(stats), indent=2, default=str) + "\n")
     # the edge of controlplane.cli.main.run, word for word
     except MeridianError as exc:
         return _fail(str(exc), exc.exit_code)
@@ -127,8 +130,6 @@ def run(argv: list[str]) -> int | None:
     except Exception as exc:  # noqa: BLE001 - the edge turns any failure into one sentence
         detail = str(exc) or type(exc).__name__
         return _fail(f"internal error: {detail} (run with --debug for the traceback)", 1)
-    # common.emit's JSON form
-    sys.stdout.write(json.dumps(report_rows(stats), indent=2, default=str) + "\n")
     return 0
 
 

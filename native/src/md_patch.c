@@ -397,6 +397,7 @@ typedef struct decoder {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int started, busy, quit, portable, ok;
+    int used; /* given a frame: DeltaStats.threads counts the thread only then */
     ZSTD_DCtx *dctx;
     const uint8_t *cp, *sp;
     unsigned width;
@@ -451,6 +452,7 @@ static void decoder_submit(decoder *D, const uint8_t *cp, const uint8_t *sp, uns
     D->plane = plane;
     D->planes = planes;
     D->busy = 1;
+    D->used = 1;
     pthread_cond_broadcast(&D->cv);
     pthread_mutex_unlock(&D->mu);
 }
@@ -781,7 +783,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
         memset(stats, 0, sizeof *stats);
         stats->input_bytes = in_bytes;
         stats->output_bytes = P.w.total;
-        stats->threads = (version == 1 && helper.started) || D.started ? 2 : 1;
+        stats->threads = (version == 1 && helper.started) || D.used ? 2 : 1;
     }
 done:
     if (rc != MD_OK && pf.on) {

@@ -112,3 +112,35 @@ def test_anything_else_is_left_to_typer(files: Path, argv: list[str]) -> None:
     paths = {"old": str(files / "old"), "delta": str(files / "delta"), "out": str(files / "out")}
     assert delta_fast.run([paths.get(a, a) for a in argv]) is None
     assert not (files / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["./missing", "./delta", "./out"],  # named in the error as typer names it
+        ["./old", "./-", "./out"],  # `./-` is standard input to typer too
+        ["old/", "delta", "out"],
+        ["", "delta", "out"],  # typer reads "" as the current folder
+    ],
+    ids=["dot-slash", "dot-slash-dash", "trailing-slash", "empty"],
+)
+def test_paths_are_read_as_typer_reads_them(files: Path, argv: list[str]) -> None:
+    stdin = (files / "delta").read_bytes()
+    results = []
+    for code in (FAST, TYPER):
+        (files / "out").unlink(missing_ok=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, "delta", "patch", *argv],
+            input=stdin,
+            capture_output=True,
+            timeout=60,
+            check=False,
+            cwd=files,
+        )
+        out = files / "out"
+        results.append(
+            (proc.returncode, proc.stdout, proc.stderr, out.read_bytes() if out.exists() else None)
+        )
+    assert results[0] == results[1]
+    if argv[1] == "./-":
+        assert results[0][0] == 0 and results[0][3] == NEW
