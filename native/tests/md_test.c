@@ -311,15 +311,20 @@ static void check_patch(const char *name, const buf *old, const buf *delta, cons
     free(out.p);
 }
 
+/* n weights in a and the same after a small optimizer step in b (numeric deltas' input). */
+static void weights_step(float *a, float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        a[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 2e-5f;
+        b[i] = a[i] + (float)((int64_t)(rnd() % 21) - 10) * 1e-7f;
+    }
+}
+
 /* Numeric deltas: exact for every bit pattern, smaller than literals, thread-invariant,
  * and every single-byte corruption or truncation refused. */
 static void numeric(void) {
     size_t n = 300000;
     float *a = malloc(n * 4 * 2), *b = a + n;
-    for (size_t i = 0; i < n; i++) {
-        a[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 2e-5f;
-        b[i] = a[i] + (float)((int64_t)(rnd() % 21) - 10) * 1e-7f;
-    }
+    weights_step(a, b, n);
     uint32_t special[] = {0x7fc00001u, 0xffc00000u, 0x7f800000u, 0xff800000u, 0x80000000u, 0x00000001u, 0x807fffffu};
     memcpy(a, special, sizeof special);
     memcpy(b + 100, special, sizeof special);
@@ -416,10 +421,7 @@ static void patch_pipelined(void) {
     /* many small numeric frames (tensors under 1 MiB), one of them gained (no basis) */
     size_t n = 400000;
     float *a = malloc(n * 4 * 2), *b = a + n;
-    for (size_t i = 0; i < n; i++) {
-        a[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 2e-5f;
-        b[i] = a[i] + (float)((int64_t)(rnd() % 21) - 10) * 1e-7f;
-    }
+    weights_step(a, b, n);
     size_t c1[] = {90000, 60000, 1000, 80000, 30000}, c2[] = {90000, 60000, 1000, 80000, 30000, 20000};
     buf so = safetensors(c1, 5, a), sn = safetensors(c2, 6, b), d;
     md_error e;

@@ -32,13 +32,16 @@ def files(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _cli(code: str, argv: list[str], stdin: bytes = b"") -> tuple[int, str, str]:
+def _cli(
+    code: str, argv: list[str], stdin: bytes = b"", cwd: Path | None = None
+) -> tuple[int, str, str]:
     proc = subprocess.run(
         [sys.executable, "-c", code, *argv],
         input=stdin,
         capture_output=True,
         timeout=60,
         check=False,
+        cwd=cwd,
     )
     return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 
@@ -129,18 +132,9 @@ def test_paths_are_read_as_typer_reads_them(files: Path, argv: list[str]) -> Non
     results = []
     for code in (FAST, TYPER):
         (files / "out").unlink(missing_ok=True)
-        proc = subprocess.run(
-            [sys.executable, "-c", code, "delta", "patch", *argv],
-            input=stdin,
-            capture_output=True,
-            timeout=60,
-            check=False,
-            cwd=files,
-        )
+        status, stdout, stderr = _cli(code, ["delta", "patch", *argv], stdin, cwd=files)
         out = files / "out"
-        results.append(
-            (proc.returncode, proc.stdout, proc.stderr, out.read_bytes() if out.exists() else None)
-        )
+        results.append((status, stdout, stderr, out.read_bytes() if out.exists() else None))
     assert results[0] == results[1]
     if argv[1] == "./-":
         assert results[0][0] == 0 and results[0][3] == NEW
