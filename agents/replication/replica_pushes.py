@@ -23,6 +23,8 @@ one, so it is a bug to be seen, not a refusal to count.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 from collections.abc import Callable
 
 from agents.admission import Admission
@@ -31,8 +33,9 @@ from agents.replication.answers import OUTCOMES, journal, refusal
 from agents.store import ObjectStore
 from agents.transfer.ports import PolicySource
 from agents.transfer.records import Outcome, TransferTally, count_many, new_transfer_id
+from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
-from controlplane.errors import InvalidInputError, MeridianError
+from controlplane.errors import InvalidInputError, MeridianError, UnavailableError
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire, version_to_wire
 from meridian.v1 import agent_pb2
@@ -40,6 +43,34 @@ from meridian.v1 import agent_pb2
 log = get_logger("meridian.agent.replication")
 
 Group = tuple[str, int, str]  # dataset, epoch, origin region
+# How long the store's thread waits for the owner read at its gate. The read has its
+# own etcd deadline, far shorter; this only keeps a thread from hanging for ever.
+READ_WAIT_S = 60.0
+
+
+class _RefusedError(Exception):
+    """The owner read refused a call's items (raised at the store's gate: nothing stored)."""
+
+    def __init__(self, why: MeridianError) -> None:
+        super().__init__(str(why))
+        self.why = why
+
+
+def _passed(read: concurrent.futures.Future[Placement], group: Group) -> None:
+    """The store's gate (in its thread): the owner read of `group` has admitted the copy."""
+    try:
+        read.result(timeout=READ_WAIT_S)
+    except MeridianError as exc:
+        raise _RefusedError(exc) from exc
+    except Exception as exc:  # timed out, or cancelled as the agent stops
+        read.cancel()
+        dataset, epoch, origin = group
+        raise _RefusedError(
+            UnavailableError(
+                f"the owner of {dataset} could not be read from etcd for a copy at epoch "
+                f"{epoch} from {origin} ({type(exc).__name__}); refused, nothing stored"
+            )
+        ) from exc
 
 
 class ReplicaPushes:
@@ -115,13 +146,25 @@ class ReplicaPushes:
                 continue
             admitted.append((n, version, tally, (header.dataset, header.epoch, origin)))
         # The owner record read now, once per (dataset, epoch, origin) of the call.
+        groups = list(dict.fromkeys(g for _, _, _, g in admitted))
+        gate: Callable[[], None] | None = None
         verdicts: dict[Group, MeridianError | None] = {}
-        for group in dict.fromkeys(g for _, _, _, g in admitted):
-            try:
-                await self.admission.admit_replica_current(*group)
-                verdicts[group] = None
-            except MeridianError as exc:
-                verdicts[group] = exc
+        if len(groups) == 1:
+            # The usual call (a lone push, or a batch of one dataset): the read begins
+            # now and the store's thread waits for it once the bytes are staged, so it
+            # overlaps the staging; no row is written before it passed.
+            read = asyncio.run_coroutine_threadsafe(
+                self.admission.admit_replica_current(*groups[0]), asyncio.get_running_loop()
+            )
+            gate = functools.partial(_passed, read, groups[0])
+            verdicts[groups[0]] = None
+        else:
+            for group in groups:
+                try:
+                    await self.admission.admit_replica_current(*group)
+                    verdicts[group] = None
+                except MeridianError as exc:
+                    verdicts[group] = exc
         committing: list[tuple[int, Version, TransferTally]] = []
         for n, version, tally, group in admitted:
             verdict = verdicts[group]
@@ -142,7 +185,16 @@ class ReplicaPushes:
                 for n, version, _ in committing
             ]
             transfers = [tally.record("completed", self.policy) for _, _, tally in committing]
-            applied = await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+            try:
+                applied = await asyncio.to_thread(
+                    self.store.apply_many, items, transfers=transfers, gate=gate
+                )
+            except _RefusedError as exc:
+                applied = []
+                for n, version, tally in committing:
+                    results[n] = refusal(exc.why)
+                    refused.append((tally, version, exc.why))
+                committing = []
             for (n, version, tally), got in zip(committing, applied, strict=True):
                 results[n] = agent_pb2.ReplicateItemResult(
                     outcome=OUTCOMES[got.verdict], held=version_to_wire(got.newest)

@@ -545,12 +545,17 @@ class ObjectStore:
         *,
         transfer: Mapping[str, JsonValue] | None = None,
         transfers: Sequence[Mapping[str, JsonValue] | None] | None = None,
+        gate: Callable[[], None] | None = None,
     ) -> list[ApplyResult]:
         """`apply` for a bundle of versions made elsewhere, committed together as in
         `put_many` (`transfer` is journalled once for the bundle; `transfers`, one per
         item, each with its item's version when it is stored). Each item is decided
         by LWW on its own; the results come in the order of `items`. A bad item
-        (digest, size) fails the whole bundle and stores none."""
+        (digest, size) fails the whole bundle and stores none.
+        `gate()` is called in this thread once the bundle's bytes are staged, before
+        any lock is taken or row written; if it raises, nothing is stored and its
+        error propagates. A replica waits there for its fresh owner read, so that the
+        read overlaps the staging instead of preceding it (replica_pushes.py)."""
         self._distinct([(d, k) for d, k, _, _ in items])
         if transfers is not None and len(transfers) != len(items):
             raise InvalidInputError(
@@ -587,6 +592,8 @@ class ObjectStore:
             else:
                 self._each_staged(list(staged.values()))
             synced = not bulk
+            if gate is not None:
+                gate()
             results: list[ApplyResult | None] = [None] * len(checked)
             entries: list[_Entry] = []
             completed: list[tuple[str, str]] = []
