@@ -687,8 +687,7 @@ class ObjectStore:
             for s in staged:
                 s.finish()
             return
-        with ThreadPoolExecutor(min(len(staged), _FSYNC_THREADS)) as pool:
-            list(pool.map(lambda s: s.finish(), staged))
+        _raise_first(self._parallel([s.finish for s in staged]))
 
     def _held_many(
         self, names: Sequence[tuple[str, str]]
@@ -1024,6 +1023,8 @@ class ObjectStore:
         return errors
 
     def _fsync_pool(self) -> ThreadPoolExecutor:
+        # One pool for the store's life: a pool per bundle started (and joined) a thread
+        # per file, which cost a replica more CPU than the fsyncs it ran.
         with self._pool_lock:
             self._require_open()
             if self._pool is None:
@@ -1046,8 +1047,7 @@ class ObjectStore:
             for item in items:
                 fn(item)
             return
-        with ThreadPoolExecutor(min(len(items), _FSYNC_THREADS)) as pool:
-            list(pool.map(fn, items))
+        _raise_first(self._parallel([functools.partial(fn, item) for item in items]))
 
     def _make_folders(self, fans: Sequence[str]) -> None:
         """Make the new fan-out folders (by name) of a bundle at once, with one fsync of
@@ -1814,6 +1814,13 @@ class ObjectStore:
     def _require_open(self) -> None:
         if self._closed:
             raise UnavailableError(f"store {self.root} is closed")
+
+
+def _raise_first(errors: Sequence[BaseException | None]) -> None:
+    """Raise the first error of parallel jobs (in job order), once all have ended."""
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
 
 
 def stripe_of(dataset: str, key: str) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,43 @@ def test_a_large_apply_bundle_is_made_durable_by_one_syncfs(
         assert len(calls) == 1
     finally:
         store.close()
+
+
+def test_a_small_bundle_s_fsyncs_run_on_the_store_s_threads_and_one_failure_fails_it(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bundle under SYNCFS_MIN_FILES fsyncs its files in parallel on the store's own
+    fsync threads (not a pool, and a thread per file, started for each bundle); a file
+    whose fsync fails fails the whole bundle, with nothing stored and no file left."""
+    count = 6
+    assert count < SYNCFS_MIN_FILES
+    synced_on: list[str] = []
+    real = files.fsync_file
+
+    def noted(fd: int) -> None:
+        synced_on.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(files, "fsync_file", noted)
+    for round_ in range(3):
+        store.apply_many(
+            [("ds", f"r{round_}/{n}", remote(b"x%d" % n), [b"x%d" % n]) for n in range(count)]
+        )
+    pooled = {name for name in synced_on if name.startswith("store-fsync")}
+    assert len(synced_on) == 3 * count
+    assert 0 < len(pooled) <= count - 1  # the same few threads, bundle after bundle
+
+    def failing(fd: int) -> None:
+        if os.fstat(fd).st_size == 4:  # the bundle's one 4-byte object
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(files, "fsync_file", failing)
+    before = object_files(store.root)
+    items = [("ds", f"f/{n}", remote(b"%d" % n), [b"%d" % n]) for n in range(count - 1)]
+    items.append(("ds", "f/bad", remote(b"four"), [b"four"]))
+    with pytest.raises(StorageError, match="Input/output error"):
+        store.apply_many(items)
+    assert [store.head("ds", k) for _, k, _, _ in items] == [None] * count
+    assert object_files(store.root) == before
+    assert os.listdir(store.root / "tmp") == []
