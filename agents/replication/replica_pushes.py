@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from agents.admission import Admission
 from agents.metrics import AgentMetrics
 from agents.replication.answers import OUTCOMES, journal, refusal
 from agents.store import ObjectStore
+from agents.store.model import ApplyResult, JsonValue
 from agents.transfer.ports import PolicySource
 from agents.transfer.records import Outcome, TransferTally, count_many, new_transfer_id
 from controlplane.domain.placement import Placement
@@ -46,6 +48,10 @@ Group = tuple[str, int, str]  # dataset, epoch, origin region
 # How long the store's thread waits for the owner read at its gate. The read has its
 # own etcd deadline, far shorter; this only keeps a thread from hanging for ever.
 READ_WAIT_S = 60.0
+# Calls whose store thread may wait at the gate at once: each holds one of the agent's
+# threads while etcd answers, so a slow etcd under many pushes could otherwise starve
+# the store's other callers. Past it, a call reads first, then stages, as it did.
+GATED_MOST = 8
 
 
 class _RefusedError(Exception):
@@ -62,9 +68,11 @@ def _passed(read: concurrent.futures.Future[Placement], group: Group) -> None:
         read.result(timeout=READ_WAIT_S)
     except MeridianError as exc:
         raise _RefusedError(exc) from exc
-    except Exception as exc:  # timed out, or cancelled as the agent stops
+    except (TimeoutError, concurrent.futures.CancelledError) as exc:
+        # Not answered in time, or cancelled (the call was, or the agent stops).
         read.cancel()
         dataset, epoch, origin = group
+        log.warning("replica_owner_read_abandoned", dataset=dataset, epoch=epoch, origin=origin)
         raise _RefusedError(
             UnavailableError(
                 f"the owner of {dataset} could not be read from etcd for a copy at epoch "
@@ -92,6 +100,7 @@ class ReplicaPushes:
         self.region = region
         self.metrics = metrics
         self.policy = policy
+        self._gated = 0  # calls waiting at (or past) the store's gate; loop thread only
 
     def serves(self) -> bool:
         """Only an agent alone in its region takes a batch (see PushReceiver)."""
@@ -147,16 +156,15 @@ class ReplicaPushes:
             admitted.append((n, version, tally, (header.dataset, header.epoch, origin)))
         # The owner record read now, once per (dataset, epoch, origin) of the call.
         groups = list(dict.fromkeys(g for _, _, _, g in admitted))
-        gate: Callable[[], None] | None = None
+        read: concurrent.futures.Future[Placement] | None = None
         verdicts: dict[Group, MeridianError | None] = {}
-        if len(groups) == 1:
+        if len(groups) == 1 and self._gated < GATED_MOST:
             # The usual call (a lone push, or a batch of one dataset): the read begins
             # now and the store's thread waits for it once the bytes are staged, so it
             # overlaps the staging; no row is written before it passed.
             read = asyncio.run_coroutine_threadsafe(
                 self.admission.admit_replica_current(*groups[0]), asyncio.get_running_loop()
             )
-            gate = functools.partial(_passed, read, groups[0])
             verdicts[groups[0]] = None
         else:
             for group in groups:
@@ -186,9 +194,7 @@ class ReplicaPushes:
             ]
             transfers = [tally.record("completed", self.policy) for _, _, tally in committing]
             try:
-                applied = await asyncio.to_thread(
-                    self.store.apply_many, items, transfers=transfers, gate=gate
-                )
+                applied = await self._apply(items, transfers, read, groups)
             except _RefusedError as exc:
                 applied = []
                 for n, version, tally in committing:
@@ -213,3 +219,41 @@ class ReplicaPushes:
             ended.append((tally, "refused"))
         count_many(self.metrics, ended)
         return agent_pb2.ReplicatePushesResponse(results=results, region=self.region)
+
+    async def _apply(
+        self,
+        items: Sequence[tuple[str, str, Version, list[bytes] | None]],
+        transfers: Sequence[Mapping[str, JsonValue] | None],
+        read: concurrent.futures.Future[Placement] | None,
+        groups: list[Group],
+    ) -> list[ApplyResult]:
+        """`apply_many` of the admitted items, behind the gate of `read` when there is
+        one. Raises `_RefusedError` when the read refused them (nothing stored)."""
+        if read is None:
+            return await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+        self._gated += 1
+        try:
+            return await asyncio.to_thread(
+                self.store.apply_many,
+                items,
+                transfers=transfers,
+                gate=functools.partial(_passed, read, groups[0]),
+            )
+        except asyncio.CancelledError:
+            # The call is gone (its deadline, the server stopping): a thread still
+            # before the gate then stores nothing; one past it commits, as a push whose
+            # answer was lost does.
+            read.cancel()
+            raise
+        except MeridianError:
+            # Failed before the gate (a skewed clock, a bad digest, a closed store): the
+            # read's refusal, when it refuses, is still the answer, as when it came first.
+            if not read.cancelled():
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(read)
+            why = None if read.cancelled() else read.exception()
+            if isinstance(why, MeridianError):
+                raise _RefusedError(why) from None
+            raise
+        finally:
+            self._gated -= 1

@@ -569,7 +569,6 @@ class ObjectStore:
                     f"apply of {dataset}/{key} at {version.hlc}: a put needs its bytes and a "
                     "tombstone takes none"
                 )
-            self.clock.observe(version.hlc)
             checked.append((dataset, key, version, source))
         names = [(d, k) for d, k, _, _ in checked]
         # One lookup of what is held for the whole bundle (not several per object):
@@ -594,6 +593,9 @@ class ObjectStore:
             synced = not bulk
             if gate is not None:
                 gate()
+            # After the gate: a copy it refuses must not move this store's clock.
+            for _, _, version, _ in checked:
+                self.clock.observe(version.hlc)
             results: list[ApplyResult | None] = [None] * len(checked)
             entries: list[_Entry] = []
             completed: list[tuple[str, str]] = []
@@ -1011,7 +1013,14 @@ class ObjectStore:
     def _parallel(self, jobs: Sequence[Callable[[], object]]) -> list[BaseException | None]:
         """Run blocking calls (fsyncs) at once: all but the first on the store's fsync
         threads, the first on this one. Per job its exception, or None."""
-        futures = [self._fsync_pool().submit(job) for job in jobs[1:]]
+        pool = self._fsync_pool()
+        futures = []
+        try:
+            futures += [pool.submit(job) for job in jobs[1:]]
+        except RuntimeError as err:  # the store closed meanwhile (its pool shut down)
+            for f in futures:
+                f.exception()  # let the jobs already submitted end first
+            raise UnavailableError(f"store {self.root} is closed") from err
         errors: list[BaseException | None] = []
         for job in jobs[:1]:
             try:

@@ -182,13 +182,18 @@ def test_a_small_bundle_s_fsyncs_run_on_the_store_s_threads_and_one_failure_fail
         real(fd)
 
     monkeypatch.setattr(files, "fsync_file", noted)
+    pools = []
     for round_ in range(3):
         store.apply_many(
             [("ds", f"r{round_}/{n}", remote(b"x%d" % n), [b"x%d" % n]) for n in range(count)]
         )
-    pooled = {name for name in synced_on if name.startswith("store-fsync")}
+        pools.append(store._pool)
+    me = threading.current_thread().name
     assert len(synced_on) == 3 * count
-    assert 0 < len(pooled) <= count - 1  # the same few threads, bundle after bundle
+    # the first fsync of each bundle on the caller's thread, the rest on the store's
+    assert synced_on.count(me) == 3
+    assert all(n == me or n.startswith("store-fsync") for n in synced_on), synced_on
+    assert pools[0] is not None and all(p is pools[0] for p in pools)  # one pool, kept
 
     def failing(fd: int) -> None:
         if os.fstat(fd).st_size == 4:  # the bundle's one 4-byte object
