@@ -8,9 +8,13 @@ guarantee of a lone push holds per item:
 * each item is fenced as a `Replicate` (residency, the watched newest epoch, the
   owner at that epoch); a refused item is answered with its error and recorded
   refused, and does not fail the others;
-* then, just before the commit, etcd's owner record read now must name the pusher at
+* then, before the commit, etcd's owner record read now must name the pusher at
   the item's epoch (`admit_replica_current`): asked once per (dataset, epoch, origin)
-  of the call rather than once per item, which is the point of the batch;
+  of the call rather than once per item, which is the point of the batch. When the
+  call has one such group (nearly always), the read begins as the call arrives and
+  the store stages the bytes meanwhile, waiting for it at `apply_many`'s gate before
+  any lock or row: a round trip to etcd off the write's latency, and a refusal still
+  stores nothing (at most `GATED_MOST` calls wait so, each holding a thread);
 * the admitted items are applied by LWW in ONE `apply_many` (one transaction, one
   syncfs), each with its own transfer record; the answer of each item is the newest
   version held after the call, as a `Replicate` answers.
