@@ -220,74 +220,81 @@ void md_writer_free(md_writer *w) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MD_HAVE_AVX2_PATH 1
 void md_avx2_h128(const void *p, size_t n, uint8_t out[16]);
-void *md_avx2_state_new(void);
-void md_avx2_state_free(void *s);
 void md_avx2_state_reset(void *s);
 void md_avx2_state_update(void *s, const void *p, size_t n);
 void md_avx2_state_digest(void *s, uint8_t out[16]);
 uint64_t md_avx2_h64(const void *p, size_t n, uint64_t seed);
+void md_avx512_h128(const void *p, size_t n, uint8_t out[16]);
+void md_avx512_state_reset(void *s);
+void md_avx512_state_update(void *s, const void *p, size_t n);
+void md_avx512_state_digest(void *s, uint8_t out[16]);
+uint64_t md_avx512_h64(const void *p, size_t n, uint64_t seed);
 static int have_avx2(void);
 #else
 #define MD_HAVE_AVX2_PATH 0
 static int have_avx2(void) { return 0; }
 #endif
 
+/* Which XXH3 kernel this thread hashes with: AVX-512 where md_cpu_avx512() allows it,
+ * else AVX2, else the shared library (all give the same hashes, so the portable-code
+ * levels of the tests check that). */
+enum { HK_LIB, HK_AVX2, HK_AVX512 };
+static int hash_kernel(void) {
+#if MD_HAVE_AVX2_PATH
+    if (md_cpu_avx512()) return HK_AVX512;
+    if (have_avx2()) return HK_AVX2;
+#endif
+    return HK_LIB;
+}
+
 uint64_t md_h64(const void *p, size_t n, uint64_t seed) {
 #if MD_HAVE_AVX2_PATH
-    if (have_avx2()) return md_avx2_h64(p, n, seed);
+    switch (hash_kernel()) {
+    case HK_AVX512: return md_avx512_h64(p, n, seed);
+    case HK_AVX2: return md_avx2_h64(p, n, seed);
+    }
 #endif
     return XXH3_64bits_withSeed(p, n, seed);
 }
 void md_h128(const void *p, size_t n, uint8_t out[16]) {
 #if MD_HAVE_AVX2_PATH
-    if (have_avx2()) {
-        md_avx2_h128(p, n, out);
-        return;
+    switch (hash_kernel()) {
+    case HK_AVX512: md_avx512_h128(p, n, out); return;
+    case HK_AVX2: md_avx2_h128(p, n, out); return;
     }
 #endif
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits(p, n));
     memcpy(out, c.digest, 16);
 }
-void *md_h128_new(void) {
-#if MD_HAVE_AVX2_PATH
-    if (have_avx2()) return md_avx2_state_new();
-#endif
-    return XXH3_createState();
-}
-void md_h128_free(void *s) {
-    if (!s) return;
-#if MD_HAVE_AVX2_PATH
-    if (have_avx2()) {
-        md_avx2_state_free(s);
-        return;
-    }
-#endif
-    XXH3_freeState((XXH3_state_t *)s);
-}
+/* Every kernel's state is libxxhash's XXH3_state_t, allocated and freed the same way
+ * (the kernels differ only in the code that updates it), so a state may outlive a
+ * change of kernel. */
+void *md_h128_new(void) { return XXH3_createState(); }
+void md_h128_free(void *s) { XXH3_freeState((XXH3_state_t *)s); }
 void md_h128_reset(void *s) {
 #if MD_HAVE_AVX2_PATH
-    if (have_avx2()) {
-        md_avx2_state_reset(s);
-        return;
+    switch (hash_kernel()) {
+    case HK_AVX512: md_avx512_state_reset(s); return;
+    case HK_AVX2: md_avx2_state_reset(s); return;
     }
 #endif
     XXH3_128bits_reset((XXH3_state_t *)s);
 }
 void md_h128_update(void *s, const void *p, size_t n) {
 #if MD_HAVE_AVX2_PATH
-    if (have_avx2()) {
-        md_avx2_state_update(s, p, n);
-        return;
+    switch (hash_kernel()) {
+    case HK_AVX512: md_avx512_state_update(s, p, n); return;
+    case HK_AVX2: md_avx2_state_update(s, p, n); return;
     }
 #endif
     XXH3_128bits_update((XXH3_state_t *)s, p, n);
 }
 void md_h128_digest(void *s, uint8_t out[16]) {
 #if MD_HAVE_AVX2_PATH
-    if (have_avx2()) {
-        md_avx2_state_digest(s, out);
-        return;
+    switch (hash_kernel()) {
+    case HK_AVX512: md_avx512_state_digest(s, out); return;
+    case HK_AVX2: md_avx2_state_digest(s, out); return;
     }
 #endif
     XXH128_canonical_t c;
