@@ -794,6 +794,40 @@ static void hash_kernels(void) {
     }
 }
 
+/* The writer: pieces of every size relative to its buffer (small, one short of a
+ * buffer, whole buffers, several and a bit) reach the file in order, and every write
+ * it makes starts at a multiple of the buffer's size (checked as it goes: whenever
+ * the buffer is empty, all it emitted is whole buffers), so the page cache of a fresh
+ * output is filled as a plain copy in 1 MiB calls fills it. */
+static void writer_pieces(void) {
+    const size_t cap = 4096;
+    size_t sizes[] = {1, 7, 127, 128, 129, 4095, 4096, 4097, 8192, 12289, 3, 20000, 5, 4096, 1, 40000};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    buf want = random_buf(total);
+    int fd = mem_fd(NULL);
+    md_writer w;
+    CHECK(md_writer_init(&w, fd, cap) == 0, "writer: init");
+    size_t at = 0;
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && at < total; i++) {
+            size_t n = round ? sizes[sizeof sizes / sizeof sizes[0] - 1 - i] / 3 + 1 : sizes[i];
+            if (n > total - at) n = total - at;
+            CHECK(md_writer_put(&w, want.p + at, n) == 0, "writer: put %zu bytes", n);
+            at += n;
+            CHECK(w.total == at, "writer: %llu bytes counted, %zu put", (unsigned long long)w.total, at);
+            CHECK(w.len != 0 || w.emitted % cap == 0, "writer: a write ended at %llu, not on a buffer boundary",
+                  (unsigned long long)w.emitted);
+        }
+    CHECK(md_writer_finish(&w) == 0, "writer: finish");
+    md_writer_free(&w);
+    buf got = fd_contents(fd);
+    CHECK(got.n == at && memcmp(got.p, want.p, at) == 0, "writer: the file differs from the pieces put");
+    close(fd);
+    free(got.p);
+    free(want.p);
+}
+
 /* Threads beyond what the engine uses are refused, not silently capped. */
 static void threads_refused(void) {
     buf old = random_buf(1000), sig;
@@ -909,7 +943,7 @@ static const struct {
     {"durable", durable},   {"numeric", numeric},       {"version1", version1},
     {"hostile_headers", hostile_headers}, {"rans", rans}, {"rans16_32", rans16_32}, {"rans16_64", rans16_64},
     {"threads_refused", threads_refused}, {"num_kernels", num_kernels}, {"patch_pipelined", patch_pipelined},
-    {"hash_kernels", hash_kernels},
+    {"hash_kernels", hash_kernels}, {"writer_pieces", writer_pieces},
 };
 
 int main(int argc, char **argv) {
