@@ -7,12 +7,18 @@ Generates three workloads in a temporary folder (checkpoint: 1 GiB of fp16-like
 data with 2% of its 64 KiB regions rewritten and a small insertion near the start;
 corpus: 512 MiB of text-like data with 5,000 scattered small inserts and deletes;
 unrelated: two independent 256 MiB random files), runs every tool as its own
-process under /usr/bin/time (wall time and peak RSS; our engine and rdiff best of
---repeat runs, each after a sync), checks that every patch reproduces NEW, prints a
-table and the ratios against the targets, and writes JSON. Plain copies of NEW into
-a fresh file (`cp`, `dd`) are timed too: no patcher that writes its output can beat
-the faster of them, so they show how far the patch target sits from what the file
-system allows.
+process under /usr/bin/time (wall time and peak RSS; best of --repeat runs, each
+after a sync and into a fresh output file: every patch, our engine's and rdiff's
+signatures and deltas; xdelta3's and zstd's deltas, whose speed no target compares,
+once), checks that every patch reproduces NEW, prints a table and the ratios
+against the targets, and writes JSON.
+Plain copies of NEW into a fresh file (`cp`, `dd`) are timed too: no patcher that
+writes its output can beat the faster of them, so they show how far the patch
+target sits from what the file system allows. The patches of every tool and the two
+copies run in the same rounds, in an order that rotates from round to round, and
+none of them fsyncs (ours runs on plain descriptors, without MD_DURABLE): each
+process row compares like with like, the engine's speed plus the start of its
+process.
 
 The checkpoint series ("series") trains a small model with Adam in numpy (four
 dense layers, about 3.4 M parameters, weights around N(0, 0.02), learning rate 3e-4,
@@ -441,32 +447,44 @@ def patch_vs_copy_in_process(
     the Python front uses for a path) with one thread and with two (the second decodes
     numeric planes while the first writes), and of the faster plain copy of NEW, all in
     this process, each into a fresh file that is fsynced before the clock stops, runs
-    alternating and each after a sync: the engine against the copy floor without the
-    interpreter start that the processes row also measures."""
+    in rounds whose order rotates, each after a sync: the engine against the copy
+    floor without the interpreter start that the processes row also measures."""
     from native import _delta
 
     delta, out = folder / "pc.delta", folder / "pc.out"
     with old.open("rb") as o, new.open("rb") as n, delta.open("wb") as d:
         _delta.delta_basis(o.fileno(), n.fileno(), d.fileno(), 1)
-    best_p = {1: float("inf"), 2: float("inf")}
-    best_c = float("inf")
-    for _ in range(max(1, repeat)):
-        for threads in (1, 2):
-            out.unlink(missing_ok=True)
-            os.sync()
+
+    def patch(threads: int) -> Callable[[], None]:
+        def run() -> None:
             with old.open("rb") as o, delta.open("rb") as d, out.open("wb") as w:
-                t0 = time.perf_counter()
                 _delta.patch(o.fileno(), d.fileno(), w.fileno(), threads, durable=True)
                 os.fsync(w.fileno())
-                best_p[threads] = min(best_p[threads], time.perf_counter() - t0)
-            if digest(out) != digest(new):
-                raise RuntimeError(f"the in-process patch did not reproduce {new.name}")
-        for copy in (_copy_rw, _copy_kernel):
-            out.unlink()
+
+        return run
+
+    runs: dict[str, Callable[[], None]] = {
+        "patch 1": patch(1),
+        "patch 2": patch(2),
+        "copy rw": lambda: _copy_rw(new, out),
+        "copy kernel": lambda: _copy_kernel(new, out),
+    }
+    best = dict.fromkeys(runs, float("inf"))
+    want = digest(new)
+    order = list(runs)
+    for r in range(max(1, repeat)):
+        # the order rotates, so that no one of them always follows the same other
+        k = r % len(order)
+        for what in order[k:] + order[:k]:
+            out.unlink(missing_ok=True)
             os.sync()
             t0 = time.perf_counter()
-            copy(new, out)
-            best_c = min(best_c, time.perf_counter() - t0)
+            runs[what]()
+            best[what] = min(best[what], time.perf_counter() - t0)
+            if r == 0 and what.startswith("patch") and digest(out) != want:
+                raise RuntimeError(f"the in-process patch did not reproduce {new.name}")
+    best_p = {1: best["patch 1"], 2: best["patch 2"]}
+    best_c = min(best["copy rw"], best["copy kernel"])
     delta.unlink()
     out.unlink()
     return best_p[1], best_p[2], best_c
@@ -609,17 +627,24 @@ class Result:
         return next((r for r in self.runs if r.tool == tool and r.op == op), None)
 
 
-def timed(cmd: list[str], repeat: int = 1) -> tuple[float, int, float]:
+def timed(cmd: list[str], repeat: int = 1, out: Path | None = None) -> tuple[float, int, float]:
     """Runs cmd under /usr/bin/time `repeat` times; returns the best (wall seconds,
     peak RSS KiB, CPU seconds). Dirty pages are flushed first, so no run pays for the
-    writeback of the previous one."""
+    writeback of the previous one, and `out` is removed first, so every run writes a
+    fresh file (truncating the previous run's output would add freeing its blocks)."""
     best = (float("inf"), 0, 0.0)
     for _ in range(repeat):
-        os.sync()
-        run = _timed_once(cmd)
+        run = _timed_fresh(cmd, out)
         if run[0] < best[0]:
             best = run
     return best
+
+
+def _timed_fresh(cmd: list[str], out: Path | None) -> tuple[float, int, float]:
+    if out is not None:
+        out.unlink(missing_ok=True)
+    os.sync()
+    return _timed_once(cmd)
 
 
 def _timed_once(cmd: list[str]) -> tuple[float, int, float]:
@@ -648,16 +673,20 @@ def digest(path: Path) -> str:
 
 
 # The engine runs in a bare interpreter (-S, the extension loaded by path) so that
-# interpreter start-up (~20 ms) rather than package imports is all we add to it.
+# interpreter start-up (~6 ms) rather than package imports is all we add to it. The
+# runner imports nothing the interpreter has not loaded already: json and
+# importlib.util (through re, enum and contextlib) cost ~8 ms a process, 4-8% of a
+# plain copy of the 0.5-1 GiB workloads, and the stats it printed went nowhere.
 _RUNNER = """
-import importlib.machinery as m, importlib.util as u, json, os, sys
-loader = m.ExtensionFileLoader("native._delta", sys.argv[1])
-spec = u.spec_from_file_location("native._delta", sys.argv[1], loader=loader)
-mod = u.module_from_spec(spec); spec.loader.exec_module(mod)
+import os, sys
+from importlib.machinery import ExtensionFileLoader, ModuleSpec
+loader = ExtensionFileLoader("native._delta", sys.argv[1])
+mod = loader.create_module(ModuleSpec("native._delta", loader, origin=sys.argv[1]))
+loader.exec_module(mod)
 op, threads, paths = sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 fds = [os.open(p, os.O_RDONLY) for p in paths[:-1]]
 fds.append(os.open(paths[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
-print(json.dumps(getattr(mod, op)(*fds, threads=threads)))
+getattr(mod, op)(*fds, threads=threads)
 """
 
 
@@ -737,37 +766,54 @@ def tools(threads: int, series: bool = False) -> dict[str, dict[str, Callable[..
 def run_workload(
     name: str, old: Path, new: Path, folder: Path, threads: int, repeat: int, series: bool = False
 ) -> Result:
+    """Every tool's signature, delta and patch. Every patch and the plain copies of
+    NEW (the floor) are best of `repeat`, in the same rounds, in an order that
+    rotates from round to round, every run into a fresh file after a sync and none
+    fsyncing: on a shared machine the speed of writing into the page cache drifts
+    over seconds, so a floor timed after all the patchers would not be the floor they
+    met."""
     res = Result(name, old.stat().st_size, new.stat().st_size)
     want = digest(new)
+    patches: dict[str, list[str]] = {}
+    outs: dict[str, Path] = {}
     for tool, ops in tools(threads, series).items():
         if tool == "zstd" and max(res.old_bytes, res.new_bytes) > ZSTD_MAX:
             continue
-        sig, dlt, out = folder / f"{tool}.sig", folder / f"{tool}.delta", folder / f"{tool}.out"
-        # the engines the targets compare: best of `repeat`; the slow references once
+        sig, dlt = folder / f"{tool}.sig", folder / f"{tool}.delta"
+        # The signatures and deltas whose speed a target compares (ours, rdiff's):
+        # best of `repeat`. xdelta3's and zstd's count only by their size, and one
+        # xdelta3 diff of the unrelated pair takes ~13 minutes: once.
         n = repeat if tool.startswith(("meridian", "rdiff")) else 1
-        if series and not tool.startswith("meridian"):
-            n = 1
         if "signature" in ops:
-            s, rss, cpu = timed(ops["signature"](old, sig), n)
+            s, rss, cpu = timed(ops["signature"](old, sig), n, sig)
             res.runs.append(Run(tool, "signature", s, rss, res.old_bytes, sig.stat().st_size, cpu))
-            s, rss, cpu = timed(ops["delta"](sig, new, dlt), n)
+            s, rss, cpu = timed(ops["delta"](sig, new, dlt), n, dlt)
+            sig.unlink()
         else:
-            s, rss, cpu = timed(ops["delta"](old, new, dlt), n)
+            s, rss, cpu = timed(ops["delta"](old, new, dlt), n, dlt)
         res.runs.append(Run(tool, "delta", s, rss, res.new_bytes, dlt.stat().st_size, cpu))
-        s, rss, cpu = timed(ops["patch"](old, dlt, out), n)
-        res.runs.append(Run(tool, "patch", s, rss, res.new_bytes, out.stat().st_size, cpu))
-        if digest(out) != want:
-            raise RuntimeError(f"{tool} did not reproduce NEW on {name}")
-        for p in (sig, out):
-            p.unlink(missing_ok=True)
-        print(f"  {name}: {tool} done", file=sys.stderr, flush=True)
-    # The floor under any patcher that writes a fresh output file: a plain copy of
-    # NEW (already in the page cache) into a new file, best of `repeat` like ours.
+        outs[tool] = folder / f"{tool}.out"
+        patches[tool] = ops["patch"](old, dlt, outs[tool])
+        print(f"  {name}: {tool} delta done", file=sys.stderr, flush=True)
     for tool, cmd in COPIES.items():
-        out = folder / "copy.out"
-        s, rss, cpu = timed(cmd(new, out), repeat)
-        res.runs.append(Run(tool, "patch", s, rss, res.new_bytes, out.stat().st_size, cpu))
-        out.unlink()
+        outs[tool] = folder / "copy.out"
+        patches[tool] = cmd(new, outs[tool])
+    best: dict[str, tuple[float, int, float]] = {}
+    order = list(patches)
+    for r in range(repeat):
+        k = r % len(order)
+        for tool in order[k:] + order[:k]:
+            run = _timed_fresh(patches[tool], outs[tool])
+            if tool not in best or run[0] < best[tool][0]:
+                best[tool] = run
+            if r == 0 and tool not in COPIES and digest(outs[tool]) != want:
+                raise RuntimeError(f"{tool} did not reproduce NEW on {name}")
+    for tool, (s, rss, cpu) in best.items():
+        res.runs.append(Run(tool, "patch", s, rss, res.new_bytes, outs[tool].stat().st_size, cpu))
+    for p in set(outs.values()):
+        p.unlink(missing_ok=True)
+    for tool in patches:
+        (folder / f"{tool}.delta").unlink(missing_ok=True)
     return res
 
 
@@ -952,7 +998,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full sizes")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--repeat", type=int, default=3, help="runs of ours and rdiff (best kept)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each timing (best kept)")
     ap.add_argument("--json", type=Path, default=Path("delta_bench.json"))
     ap.add_argument(
         "--workdir", type=Path, default=None, help="where to generate (default: $TMPDIR)"

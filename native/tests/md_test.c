@@ -754,6 +754,80 @@ static void num_kernels(void) {
         }
 }
 
+/* The XXH3 kernels (AVX-512, AVX2, the shared library: levels 0, 2, 1): the same
+ * one-shot hashes, and the same streamed hash whatever the pieces, for lengths around
+ * XXH3's stripes and blocks; a state streamed partly under one level and finished
+ * under another still agrees (the states are one type). */
+static void hash_kernels(void) {
+    static const int levels[] = {0, 3, 2, 1};
+    size_t lens[] = {0, 1, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 4096, 65536 + 7, 300000};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        size_t len = lens[li];
+        uint8_t *p = malloc(len + 1), want[16], got[16];
+        for (size_t i = 0; i < len; i++) p[i] = (uint8_t)rnd();
+        md_set_portable(1);
+        md_h128(p, len, want);
+        uint64_t want64 = md_h64(p, len, 12345);
+        for (int l = 0; l < 4; l++) {
+            md_set_portable(levels[l]);
+            md_h128(p, len, got);
+            CHECK(memcmp(got, want, 16) == 0, "XXH3-128 of %zu bytes differs at level %d", len, levels[l]);
+            CHECK(md_h64(p, len, 12345) == want64, "XXH3-64 of %zu bytes differs at level %d", len, levels[l]);
+            void *st = md_h128_new();
+            CHECK(st != NULL, "no hash state");
+            md_h128_reset(st);
+            size_t at = 0;
+            for (size_t piece = 1; at < len; piece = piece * 3 + 1) {
+                size_t take = len - at < piece ? len - at : piece;
+                /* halfway, the other levels in turn: the state carries over */
+                if (at >= len / 2) md_set_portable(levels[(l + 1) % 4]);
+                md_h128_update(st, p + at, take);
+                at += take;
+            }
+            md_h128_digest(st, got);
+            md_h128_free(st);
+            CHECK(memcmp(got, want, 16) == 0, "streamed XXH3-128 of %zu bytes differs from level %d", len,
+                  levels[l]);
+        }
+        md_set_portable(0);
+        free(p);
+    }
+}
+
+/* The writer: pieces of every size relative to its buffer (small, one short of a
+ * buffer, whole buffers, several and a bit) reach the file in order, and every write
+ * it makes starts at a multiple of the buffer's size (checked as it goes: whenever
+ * the buffer is empty, all it emitted is whole buffers), so the page cache of a fresh
+ * output is filled as a plain copy in 1 MiB calls fills it. */
+static void writer_pieces(void) {
+    const size_t cap = 4096;
+    size_t sizes[] = {1, 7, 127, 128, 129, 4095, 4096, 4097, 8192, 12289, 3, 20000, 5, 4096, 1, 40000};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    buf want = random_buf(total);
+    int fd = mem_fd(NULL);
+    md_writer w;
+    CHECK(md_writer_init(&w, fd, cap) == 0, "writer: init");
+    size_t at = 0;
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && at < total; i++) {
+            size_t n = round ? sizes[sizeof sizes / sizeof sizes[0] - 1 - i] / 3 + 1 : sizes[i];
+            if (n > total - at) n = total - at;
+            CHECK(md_writer_put(&w, want.p + at, n) == 0, "writer: put %zu bytes", n);
+            at += n;
+            CHECK(w.total == at, "writer: %llu bytes counted, %zu put", (unsigned long long)w.total, at);
+            CHECK(w.len != 0 || w.emitted % cap == 0, "writer: a write ended at %llu, not on a buffer boundary",
+                  (unsigned long long)w.emitted);
+        }
+    CHECK(md_writer_finish(&w) == 0, "writer: finish");
+    md_writer_free(&w);
+    buf got = fd_contents(fd);
+    CHECK(got.n == at && memcmp(got.p, want.p, at) == 0, "writer: the file differs from the pieces put");
+    close(fd);
+    free(got.p);
+    free(want.p);
+}
+
 /* Threads beyond what the engine uses are refused, not silently capped. */
 static void threads_refused(void) {
     buf old = random_buf(1000), sig;
@@ -869,6 +943,7 @@ static const struct {
     {"durable", durable},   {"numeric", numeric},       {"version1", version1},
     {"hostile_headers", hostile_headers}, {"rans", rans}, {"rans16_32", rans16_32}, {"rans16_64", rans16_64},
     {"threads_refused", threads_refused}, {"num_kernels", num_kernels}, {"patch_pipelined", patch_pipelined},
+    {"hash_kernels", hash_kernels}, {"writer_pieces", writer_pieces},
 };
 
 int main(int argc, char **argv) {
