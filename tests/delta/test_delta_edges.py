@@ -252,7 +252,10 @@ def test_the_gil_is_released_and_progress_reported(tmp_path: Path) -> None:
         time.sleep(0)
     t.join(60)
     assert done.is_set()
-    assert ticks > 100, "the calling thread could not run while the engine worked"
+    # Held through the engine's run, the GIL would let this thread run at most a tick
+    # or two; released, it runs thousands, or a few dozen when the machine is loaded
+    # and the engine fast (it failed at > 100 on 2 shared cores).
+    assert ticks > 10, "the calling thread could not run while the engine worked"
     assert seen == sorted(seen)
     assert seen and seen[-1] <= big.stat().st_size
 
