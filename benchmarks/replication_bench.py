@@ -472,7 +472,11 @@ async def large_run(
 def profiled(pids: dict[str, int]) -> Iterator[None]:
     """With MERIDIAN_BENCH_PYSPY=DIR (and py-spy installed): sample each named process
     while the block runs, into DIR/NAME.txt (py-spy's collapsed stacks, one per line
-    with its count), to see where the CPU per object goes. Off by default."""
+    with its count), to see where the CPU per object goes. Off by default.
+    MERIDIAN_BENCH_PYSPY_FLAGS replaces the sampling flags `--nonblocking --gil`
+    (only the thread holding the GIL: the Python CPU), e.g. with `--native --threads`
+    to see every thread's C frames too (SQLite, syscalls, gRPC's core; py-spy then
+    pauses the process at each sample, so the run is slower)."""
     out = os.environ.get("MERIDIAN_BENCH_PYSPY")
     if not out:
         yield
@@ -489,8 +493,7 @@ def profiled(pids: dict[str, int]) -> Iterator[None]:
                 "200",
                 "--format",
                 "raw",
-                "--nonblocking",
-                "--gil",
+                *os.environ.get("MERIDIAN_BENCH_PYSPY_FLAGS", "--nonblocking --gil").split(),
                 "--output",
                 str(Path(out) / f"{name}.txt"),
             ],
@@ -527,8 +530,15 @@ async def recorder_caught_up(metrics_address: str, timeout_s: float) -> float:
 
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far (Linux /proc)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """CPU seconds in user mode and in the kernel a process has used so far: the
+    kernel's share is mostly the store's file creates, renames and syncs."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def pct(values: list[float], p: float) -> float:
@@ -695,13 +705,15 @@ async def measure(
         AgentClient(agents[ORIGIN].address) as west,
     ):
         pid = agents[REGION].pid
-        agent_before, mine = cpu_s(pid), time.process_time()
+        split_before = cpu_split(pid)
+        agent_before, mine = sum(split_before), time.process_time()
         with profiled({"agent": pid, "replicator": os.getpid()}):
             real = await timed_apply(kafka, topic, agent, n, folder, policy)
         # Where each object's CPU goes (2 cores, shared): the agent (gRPC, store, and its
         # recorder shipping the journal to the catalog meanwhile) and this process (the
         # replicator's loop). Both include what ran while the consumer group formed.
         agent_cpu, repl_cpu = cpu_s(pid) - agent_before, time.process_time() - mine
+        agent_user, agent_sys = (b - a for a, b in zip(split_before, cpu_split(pid), strict=True))
         # The recorder ships the journal behind the applies: its leftover for these
         # objects is part of what each one costs the agent.
         shipped_s = await recorder_caught_up(agents[REGION].metrics_address, 300)
@@ -760,6 +772,12 @@ async def measure(
     row(
         "  CPU per object: agent (incl. its recorder) / replicator",
         f"{agent_cpu * us:,.0f} / {repl_cpu * us:,.0f} µs",
+        "",
+        None,
+    )
+    row(
+        "  of the agent's: user / kernel",
+        f"{agent_user * us:,.0f} / {agent_sys * us:,.0f} µs",
         "",
         None,
     )
