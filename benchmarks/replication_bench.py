@@ -14,9 +14,10 @@ Printed, in one table with the issue's targets:
    published beforehand, timed from the loop's start to the last event's effect
    (the agent's `ReplicateMany` commit answered). Beside it, on the same topic in the
    same run, the bare loop the issue names, aiokafka consume → write each value to
-   its own local file → commit, twice: with one fsync per message, and with one
-   syncfs per poll batch (what the agent's batch apply does: the fair comparison,
-   and the ratio the target is checked against);
+   its own local file → commit: once with one fsync per message, and `--bare-runs`
+   times (3) with one syncfs per poll batch (what the agent's batch apply of files
+   did: the fair comparison; the ratio the target is checked against is to the
+   fastest of those runs, whose rate swings 2x with the shared disk's noise);
 2. end-to-end lag at a steady 1,000 writes/s of 1 KiB: the Kafka ack of the publish
    (standing for the origin's ack: the outbox drain publishes right after the
    commit) → the agent's commit answered in eu-central; p50, p99, max;
@@ -567,6 +568,9 @@ async def current_policy(settings: Settings) -> CompiledPolicy:
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=20_000)
+    parser.add_argument(
+        "--bare-runs", type=int, default=3, help="runs of the bare loop; the best is compared"
+    )
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--partition-rate", type=int, default=500)
@@ -694,9 +698,16 @@ async def measure(
     )
     n = args.objects
     bare_msg = await bare_loop(kafka, topic, n, folder, per_message=True)
-    mine = time.process_time()
-    bare_batch = await bare_loop(kafka, topic, n, folder, per_message=False)
-    bare_cpu = time.process_time() - mine
+    # The bare loop's rate swung 2x between runs of a minute (its file creates cost
+    # what the shared disk's other users leave): the best of `--bare-runs`, rate and
+    # CPU of that run, is what the ratio is checked against. The fastest bare loop
+    # is the hardest comparison for the replicator, so the best-of cannot flatter it.
+    bare_runs: list[tuple[float, float]] = []  # (seconds, CPU seconds) of each run
+    for _ in range(args.bare_runs):
+        mine = time.process_time()
+        took = await bare_loop(kafka, topic, n, folder, per_message=False)
+        bare_runs.append((took, time.process_time() - mine))
+    bare_batch, bare_cpu = min(bare_runs)
     mine = time.process_time()
     null = await timed_apply(kafka, topic, NullAgent(), n, folder, policy)
     null_cpu = time.process_time() - mine
@@ -747,15 +758,22 @@ async def measure(
 
     row("bare aiokafka → file, fsync per message → commit", f"{n / bare_msg:,.0f}/s", "", None)
     row(
-        "bare aiokafka → file, one syncfs per poll batch → commit",
+        f"bare aiokafka → file, one syncfs per poll batch → commit, best of {len(bare_runs)}",
         f"{n / bare_batch:,.0f}/s",
         "",
         None,
     )
+    if len(bare_runs) > 1:
+        row(
+            "  each run, objects/s",
+            " / ".join(f"{n / took:,.0f}" for took, _ in bare_runs),
+            "",
+            None,
+        )
     row("replicator, agent that does nothing (its ceiling)", f"{n / null:,.0f}/s", "", None)
     us = 1e6 / n
     row(
-        "  CPU per object: bare loop with syncfs / replicator alone",
+        "  CPU per object: bare loop with syncfs (its best run) / replicator alone",
         f"{bare_cpu * us:,.0f} / {null_cpu * us:,.0f} µs",
         "",
         None,
