@@ -14,9 +14,10 @@ Printed, in one table with the issue's targets:
    published beforehand, timed from the loop's start to the last event's effect
    (the agent's `ReplicateMany` commit answered). Beside it, on the same topic in the
    same run, the bare loop the issue names, aiokafka consume → write each value to
-   its own local file → commit, twice: with one fsync per message, and with one
-   syncfs per poll batch (what the agent's batch apply does: the fair comparison,
-   and the ratio the target is checked against);
+   its own local file → commit: once with one fsync per message, and `--bare-runs`
+   times (3) with one syncfs per poll batch (what the agent's batch apply of files
+   did: the fair comparison; the ratio the target is checked against is to the
+   fastest of those runs, whose rate swings 2x with the shared disk's noise);
 2. end-to-end lag at a steady 1,000 writes/s of 1 KiB: the Kafka ack of the publish
    (standing for the origin's ack: the outbox drain publishes right after the
    commit) → the agent's commit answered in eu-central; p50, p99, max;
@@ -472,7 +473,11 @@ async def large_run(
 def profiled(pids: dict[str, int]) -> Iterator[None]:
     """With MERIDIAN_BENCH_PYSPY=DIR (and py-spy installed): sample each named process
     while the block runs, into DIR/NAME.txt (py-spy's collapsed stacks, one per line
-    with its count), to see where the CPU per object goes. Off by default."""
+    with its count), to see where the CPU per object goes. Off by default.
+    MERIDIAN_BENCH_PYSPY_FLAGS replaces the sampling flags `--nonblocking --gil`
+    (only the thread holding the GIL: the Python CPU), e.g. with `--native --threads`
+    to see every thread's C frames too (SQLite, syscalls, gRPC's core; py-spy then
+    pauses the process at each sample, so the run is slower)."""
     out = os.environ.get("MERIDIAN_BENCH_PYSPY")
     if not out:
         yield
@@ -489,8 +494,7 @@ def profiled(pids: dict[str, int]) -> Iterator[None]:
                 "200",
                 "--format",
                 "raw",
-                "--nonblocking",
-                "--gil",
+                *os.environ.get("MERIDIAN_BENCH_PYSPY_FLAGS", "--nonblocking --gil").split(),
                 "--output",
                 str(Path(out) / f"{name}.txt"),
             ],
@@ -527,8 +531,15 @@ async def recorder_caught_up(metrics_address: str, timeout_s: float) -> float:
 
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far (Linux /proc)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """CPU seconds in user mode and in the kernel a process has used so far: the
+    kernel's share is mostly the store's file creates, renames and syncs."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def pct(values: list[float], p: float) -> float:
@@ -557,6 +568,9 @@ async def current_policy(settings: Settings) -> CompiledPolicy:
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=20_000)
+    parser.add_argument(
+        "--bare-runs", type=int, default=3, help="runs of the bare loop; the best is compared"
+    )
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--partition-rate", type=int, default=500)
@@ -684,9 +698,16 @@ async def measure(
     )
     n = args.objects
     bare_msg = await bare_loop(kafka, topic, n, folder, per_message=True)
-    mine = time.process_time()
-    bare_batch = await bare_loop(kafka, topic, n, folder, per_message=False)
-    bare_cpu = time.process_time() - mine
+    # The bare loop's rate swung 2x between runs of a minute (its file creates cost
+    # what the shared disk's other users leave): the best of `--bare-runs`, rate and
+    # CPU of that run, is what the ratio is checked against. The fastest bare loop
+    # is the hardest comparison for the replicator, so the best-of cannot flatter it.
+    bare_runs: list[tuple[float, float]] = []  # (seconds, CPU seconds) of each run
+    for _ in range(args.bare_runs):
+        mine = time.process_time()
+        took = await bare_loop(kafka, topic, n, folder, per_message=False)
+        bare_runs.append((took, time.process_time() - mine))
+    bare_batch, bare_cpu = min(bare_runs)
     mine = time.process_time()
     null = await timed_apply(kafka, topic, NullAgent(), n, folder, policy)
     null_cpu = time.process_time() - mine
@@ -695,13 +716,15 @@ async def measure(
         AgentClient(agents[ORIGIN].address) as west,
     ):
         pid = agents[REGION].pid
-        agent_before, mine = cpu_s(pid), time.process_time()
+        split_before = cpu_split(pid)
+        agent_before, mine = sum(split_before), time.process_time()
         with profiled({"agent": pid, "replicator": os.getpid()}):
             real = await timed_apply(kafka, topic, agent, n, folder, policy)
         # Where each object's CPU goes (2 cores, shared): the agent (gRPC, store, and its
         # recorder shipping the journal to the catalog meanwhile) and this process (the
         # replicator's loop). Both include what ran while the consumer group formed.
         agent_cpu, repl_cpu = cpu_s(pid) - agent_before, time.process_time() - mine
+        agent_user, agent_sys = (b - a for a, b in zip(split_before, cpu_split(pid), strict=True))
         # The recorder ships the journal behind the applies: its leftover for these
         # objects is part of what each one costs the agent.
         shipped_s = await recorder_caught_up(agents[REGION].metrics_address, 300)
@@ -735,15 +758,22 @@ async def measure(
 
     row("bare aiokafka → file, fsync per message → commit", f"{n / bare_msg:,.0f}/s", "", None)
     row(
-        "bare aiokafka → file, one syncfs per poll batch → commit",
+        f"bare aiokafka → file, one syncfs per poll batch → commit, best of {len(bare_runs)}",
         f"{n / bare_batch:,.0f}/s",
         "",
         None,
     )
+    if len(bare_runs) > 1:
+        row(
+            "  each run, objects/s",
+            " / ".join(f"{n / took:,.0f}" for took, _ in bare_runs),
+            "",
+            None,
+        )
     row("replicator, agent that does nothing (its ceiling)", f"{n / null:,.0f}/s", "", None)
     us = 1e6 / n
     row(
-        "  CPU per object: bare loop with syncfs / replicator alone",
+        "  CPU per object: bare loop with syncfs (its best run) / replicator alone",
         f"{bare_cpu * us:,.0f} / {null_cpu * us:,.0f} µs",
         "",
         None,
@@ -760,6 +790,12 @@ async def measure(
     row(
         "  CPU per object: agent (incl. its recorder) / replicator",
         f"{agent_cpu * us:,.0f} / {repl_cpu * us:,.0f} µs",
+        "",
+        None,
+    )
+    row(
+        "  of the agent's: user / kernel",
+        f"{agent_user * us:,.0f} / {agent_sys * us:,.0f} µs",
         "",
         None,
     )

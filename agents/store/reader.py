@@ -56,3 +56,44 @@ class ObjectReader:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.close()
+
+
+class InlineReader(ObjectReader):
+    """An open inline version (its bytes held in the metadata database, read with its
+    row under the store's lock, so pruning cannot take them away either). The same
+    interface; `fileno` copies the bytes into an anonymous memory file on first use,
+    for the delta engine, which reads a version through a descriptor."""
+
+    def __init__(self, stored: StoredVersion, data: bytes) -> None:
+        self.stored = stored
+        self.version = stored.version
+        self.size = stored.version.size
+        self._fd = None
+        self._data: bytes | None = data
+        self._at = 0
+
+    def read(self, limit: int = CHUNK_BYTES) -> bytes:
+        if self._data is None:
+            return b""
+        piece = self._data[self._at : self._at + limit]
+        self._at += len(piece)
+        return piece
+
+    def fileno(self) -> int:
+        if self._data is None:
+            raise ValueError("the reader is closed")
+        if self._fd is None:
+            fd = os.memfd_create("meridian-inline", os.MFD_CLOEXEC)
+            try:
+                view = memoryview(self._data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+        return self._fd
+
+    def close(self) -> None:
+        self._data = None
+        super().close()

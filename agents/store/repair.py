@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from agents.store import files, rows
-from agents.store.model import RepairReport
+from agents.store.model import RepairReport, StoredVersion
 from agents.store.names import OBJECTS, is_version_path
 from agents.store.staging import TMP
 from controlplane.domain.version import ContentHasher, Digest
@@ -129,18 +129,32 @@ def _check_row(
     root: Path, conn: sqlite3.Connection, row: tuple[object, ...], verify: Verify
 ) -> tuple[int, int]:
     stored = rows.to_stored(row[:-1])
-    path = root / str(row[-1])
     hlc = stored.version.hlc.text
+    if row[-1] is None:  # an inline version: its bytes are a row, never a file
+        if stored.state == "missing":
+            return 0, 0  # nothing can bring them back but an apply (`_restore`)
+        # By size, the length only (SQLite reads it from the record header; a blob's
+        # bytes are read for the digest only, as a file's are).
+        found = conn.execute(
+            "SELECT length(data), CASE WHEN ? THEN data END FROM inline_bytes"
+            " WHERE dataset = ? AND key = ? AND hlc = ?",
+            (verify == "digest", stored.dataset, stored.key, hlc),
+        ).fetchone()
+        if found is not None and _whole_bytes(
+            found[0], found[1], stored.version.size, stored.version.digest
+        ):
+            return 0, 0
+        conn.execute(
+            "DELETE FROM inline_bytes WHERE dataset = ? AND key = ? AND hlc = ?",
+            (stored.dataset, stored.key, hlc),
+        )
+        return _lost(conn, stored, "inline bytes missing or damaged at startup"), 0
+    path = root / str(row[-1])
     if stored.state == "present":
         if _whole(path, stored.version.size, stored.version.digest, verify):
             return 0, 0
         files.remove_file(path)
-        _set_state(conn, stored.dataset, stored.key, hlc, "missing")
-        data = rows.version_data(stored.version)
-        data["reason"] = "file missing or damaged at startup"
-        rows.journal(conn, "missing", stored.dataset, stored.key, hlc, data)
-        rows.refresh_sets_of(conn, stored.dataset, stored.key, hlc)
-        return 1, 0
+        return _lost(conn, stored, "file missing or damaged at startup"), 0
     if not path.exists():
         return 0, 0
     # A restore that crashed before its commit: keep the bytes only if they are whole.
@@ -153,11 +167,34 @@ def _check_row(
     return 0, 1
 
 
+def _lost(conn: sqlite3.Connection, stored: StoredVersion, reason: str) -> int:
+    """Mark a present version `missing` (its bytes are gone), journalled with `reason`."""
+    hlc = stored.version.hlc.text
+    _set_state(conn, stored.dataset, stored.key, hlc, "missing")
+    data = rows.version_data(stored.version)
+    data["reason"] = reason
+    rows.journal(conn, "missing", stored.dataset, stored.key, hlc, data)
+    rows.refresh_sets_of(conn, stored.dataset, stored.key, hlc)
+    return 1
+
+
 def _set_state(conn: sqlite3.Connection, dataset: str, key: str, hlc: str, state: str) -> None:
     conn.execute(
         "UPDATE versions SET state = ? WHERE dataset = ? AND key = ? AND hlc = ?",
         (state, dataset, key, hlc),
     )
+
+
+def _whole_bytes(length: int, data: bytes | None, size: int, digest: Digest | None) -> bool:
+    """Inline bytes of `length` are whole: the size, and the digest when `data` (read
+    to verify it) is given."""
+    if length != size:
+        return False
+    if data is None:
+        return True
+    hasher = ContentHasher()
+    hasher.update(data)
+    return hasher.digest() == digest
 
 
 def _whole(path: Path, size: int, digest: Digest | None, verify: Verify) -> bool:

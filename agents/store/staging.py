@@ -46,6 +46,39 @@ def _all_zero(view: memoryview) -> bool:
     return n >= HOLE_MIN_BYTES and view[0] == 0 and view[-1] == 0 and view.tobytes() == bytes(n)
 
 
+def checked_bytes(
+    dataset: str,
+    key: str,
+    view: memoryview,
+    *,
+    expected_size: int,
+    expected_digest: Digest | None,
+) -> Digest:
+    """The digest of a whole object at hand, checked against its stated size and digest
+    with the errors a staged write raises (`StagedWrite.of_bytes`, and the store's
+    inline versions, which are never staged)."""
+    size = len(view)
+    if size > expected_size:
+        raise TooLargeError(
+            f"object {dataset}/{key} passed its stated size of {expected_size} bytes; "
+            "nothing was stored"
+        )
+    if size < expected_size:
+        raise ShortStreamError(
+            f"object {dataset}/{key} ended after {size} of its {expected_size} bytes; "
+            "nothing was stored"
+        )
+    hasher = ContentHasher()
+    hasher.update(view)
+    digest = hasher.digest()
+    if expected_digest is not None and digest != expected_digest:
+        raise DigestMismatchError(
+            f"object {dataset}/{key} hashed to {digest}, not the stated "
+            f"{expected_digest}; nothing was stored"
+        )
+    return digest
+
+
 class StagedWrite:
     """Bytes of one object on their way in. `write` each chunk, then the store commits
     it (`ObjectStore.commit_put` / `commit_apply`); `abort`, or leaving the `with`
@@ -146,23 +179,9 @@ class StagedWrite:
         )
         view = memoryview(data).cast("B")
         size = len(view)
-        if size > expected_size:
-            raise TooLargeError(
-                f"object {dataset}/{key} passed its stated size of {expected_size} bytes; "
-                "nothing was stored"
-            )
-        if size < expected_size:
-            raise ShortStreamError(
-                f"object {dataset}/{key} ended after {size} of its {expected_size} bytes; "
-                "nothing was stored"
-            )
-        staged._hasher.update(view)
-        digest = staged._hasher.digest()
-        if expected_digest is not None and digest != expected_digest:
-            raise DigestMismatchError(
-                f"object {dataset}/{key} hashed to {digest}, not the stated "
-                f"{expected_digest}; nothing was stored"
-            )
+        digest = checked_bytes(
+            dataset, key, view, expected_size=expected_size, expected_digest=expected_digest
+        )
         staged._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         fd = staged._require_open()
         try:

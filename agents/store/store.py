@@ -38,9 +38,9 @@ from agents.store.model import (
     Usage,
 )
 from agents.store.names import OBJECTS, check_name, version_path, version_text
-from agents.store.reader import CHUNK_BYTES, ObjectReader
+from agents.store.reader import CHUNK_BYTES, InlineReader, ObjectReader
 from agents.store.schema import FORMAT, connect
-from agents.store.staging import HOLE_MIN_BYTES, TMP, StagedWrite
+from agents.store.staging import HOLE_MIN_BYTES, TMP, StagedWrite, checked_bytes
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.version import Digest, Verdict, Version, lww
 from controlplane.errors import ConfigError, InvalidInputError, NotFoundError, UnavailableError
@@ -60,6 +60,12 @@ _FSYNC_THREADS = 16
 # A bundle of at least this many files is made durable by one syncfs(2) of the store's
 # file system, not one fsync per file and folder.
 SYNCFS_MIN_FILES = 32
+# An applied put of at most this many bytes, all at hand (an inline change event's), is
+# kept in the metadata database (`inline_bytes`, schema.py) rather than in a file: for
+# small objects the file's create, rename and sync were most of the agent's CPU per
+# replicated object, and SQLite reads and writes blobs of this size faster than the file
+# system does (sqlite.org, "Internal Versus External BLOBs": up to ~100 KB).
+INLINE_MAX_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class _Entry:
     epoch: int = 0
     policy_revision: int | None = None
     transfer: Mapping[str, JsonValue] | None = None  # journalled with this version
+    inline: bytes | None = None  # a put's bytes kept in `inline_bytes` (then no staged file)
 
     @functools.cached_property
     def where(self) -> tuple[str, str]:
@@ -576,9 +583,21 @@ class ObjectStore:
         # where the decision is made (another writer may have committed meanwhile).
         before = self._held_many(names)
         staged: dict[int, StagedWrite] = {}
+        inline: dict[int, bytes] = {}  # checked bytes kept in the database, no file
         try:
             for n, (dataset, key, version, source) in enumerate(checked):
                 if source is None or not _wanted_in(before.get((dataset, key), ()), version):
+                    continue
+                small = _small(source)
+                if small is not None:
+                    checked_bytes(
+                        dataset,
+                        key,
+                        memoryview(small).cast("B"),
+                        expected_size=version.size,
+                        expected_digest=version.digest,
+                    )
+                    inline[n] = bytes(small)
                     continue
                 staged[n] = self._stage_apply(dataset, key, version, source)
             # Many small files: closed unsynced, renamed under the locks, then ONE syncfs
@@ -608,10 +627,15 @@ class ObjectStore:
                     verdict = lww(version, held)
                     if (
                         row is not None
-                        and n in staged
+                        and (n in staged or n in inline)
                         and row.state == "missing"
                         and row.version == version
                     ):
+                        if n in inline:
+                            # A lost version comes back as a file, the one way `_restore`
+                            # knows (rare: startup repair found it damaged), fsynced first.
+                            staged[n] = self._stage_apply(dataset, key, version, [inline[n]])
+                            staged[n].finish()
                         if not synced:  # a restore renames over a row's path: bytes first
                             self._syncfs()
                             synced = True
@@ -620,7 +644,8 @@ class ObjectStore:
                         continue
                     if row is not None and verdict is not Verdict.APPLY:
                         verdict = Verdict.SAME if row.version == version else Verdict.COLLISION
-                    if not verdict.applies or (not version.is_tombstone and n not in staged):
+                    held_bytes = n in staged or n in inline
+                    if not verdict.applies or (not version.is_tombstone and not held_bytes):
                         results[n] = ApplyResult(verdict, held or version)
                         continue
                     entries.append(
@@ -630,6 +655,7 @@ class ObjectStore:
                             version,
                             staged.get(n),
                             transfer=None if transfers is None else transfers[n],
+                            inline=inline.get(n),
                         )
                     )
                     results[n] = ApplyResult(verdict, version)
@@ -859,9 +885,12 @@ class ObjectStore:
         stored_ms = rows.now_ms()
         version_rows = []
         journal_rows = []
+        inline_rows = []
         for n, e in enumerate(entries):
             hlc = e.version.hlc.text
             relative = None if e.staged is None else e.where[1]
+            if e.inline is not None:
+                inline_rows.append((e.dataset, e.key, hlc, e.inline))
             version_rows.append(
                 (
                     e.dataset,
@@ -891,6 +920,11 @@ class ObjectStore:
             " set_id, stored_ms, path) VALUES (?, ?, ?, ?, ?, ?, 'present', ?, ?, ?)",
             version_rows,
         )
+        if inline_rows:
+            conn.executemany(
+                "INSERT INTO inline_bytes (dataset, key, hlc, data) VALUES (?, ?, ?, ?)",
+                inline_rows,
+            )
         rows.journal_many(conn, journal_rows)
         for e in entries:
             if e.outbox:
@@ -1085,8 +1119,15 @@ class ObjectStore:
         files.replace(staged.path, self.root / rel)
         files.fsync_dir(folder)
         with self._tx() as conn:
+            # With its path: an inline version restored is a file from now on (its
+            # row had no path, and a put row without one reads from `inline_bytes`).
             conn.execute(
-                "UPDATE versions SET state = 'present' WHERE dataset = ? AND key = ? AND hlc = ?",
+                "UPDATE versions SET state = 'present', path = ?"
+                " WHERE dataset = ? AND key = ? AND hlc = ?",
+                (str(rel), held.dataset, held.key, held.version.hlc.text),
+            )
+            conn.execute(
+                "DELETE FROM inline_bytes WHERE dataset = ? AND key = ? AND hlc = ?",
                 (held.dataset, held.key, held.version.hlc.text),
             )
             hlc = held.version.hlc.text
@@ -1266,11 +1307,25 @@ class ObjectStore:
                 )
             if stored.state == "missing":
                 raise _missing(stored)
-            path = self.root / version_path(dataset, key, stored.version.hlc)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise _missing(stored) from None
+            reader = self._open_held(stored)
+            if reader is None:
+                raise _missing(stored)
+        return reader
+
+    def _open_held(self, stored: StoredVersion) -> ObjectReader | None:
+        """A present put version's reader: its inline bytes, else its file; None when
+        its file is gone (the store's lock held)."""
+        dataset, key, hlc = stored.dataset, stored.key, stored.version.hlc
+        found = self._db.execute(
+            "SELECT data FROM inline_bytes WHERE dataset = ? AND key = ? AND hlc = ?",
+            (dataset, key, hlc.text),
+        ).fetchone()
+        if found is not None:
+            return InlineReader(stored, bytes(found[0]))
+        try:
+            fd = os.open(self.root / version_path(dataset, key, hlc), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
         return ObjectReader(stored, fd)
 
     def open_many(
@@ -1294,12 +1349,8 @@ class ObjectStore:
                 if stored.state == "missing":
                     out.append(_missing(stored))
                     continue
-                try:
-                    fd = os.open(self.root / version_path(dataset, key, hlc), os.O_RDONLY)
-                except FileNotFoundError:
-                    out.append(_missing(stored))
-                    continue
-                out.append(ObjectReader(stored, fd))
+                reader = self._open_held(stored)
+                out.append(_missing(stored) if reader is None else reader)
         return out
 
     def heads(self, names: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Version]:
@@ -1896,6 +1947,19 @@ def _at(found: Sequence[StoredVersion], hlc: HLC) -> StoredVersion | None:
     for r in found:  # a loop, not next(genexpr): most objects of a bundle have no rows
         if r.version.hlc == hlc:
             return r
+    return None
+
+
+def _small(source: Source) -> bytes | bytearray | memoryview | None:
+    """The bytes of an applied put to keep inline: one chunk at hand of at most
+    `INLINE_MAX_BYTES` (an inline change event's), else None (staged in a file)."""
+    if (
+        isinstance(source, list | tuple)
+        and len(source) == 1
+        and isinstance(source[0], bytes | bytearray | memoryview)
+        and memoryview(source[0]).nbytes <= INLINE_MAX_BYTES
+    ):
+        return source[0]
     return None
 
 

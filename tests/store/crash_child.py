@@ -9,8 +9,10 @@ transaction, before COMMIT), `after-commit` (before the pruned files go),
 `restore-after-rename` (refilling a missing version, before its commit),
 `bundle-after-rename` (a put_many of three, after the second rename),
 `apply-bundle-after-rename` / `apply-bundle-after-syncfs` (an apply_many of
-`APPLY_BUNDLE` inline objects, closed unsynced: after its second rename / after
-its one syncfs, before its rows commit).
+`APPLY_BUNDLE` objects just too large to keep inline, closed unsynced: after its
+second rename / after its one syncfs, before its rows commit), `apply-inline-in-commit`
+(an apply_many of `APPLY_BUNDLE` small objects, kept inline: inside its transaction,
+its version and blob rows written, before COMMIT).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agents.store import files, rows
-from agents.store.store import ObjectStore
+from agents.store.store import INLINE_MAX_BYTES, ObjectStore
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.version import Digest, Version
 
@@ -38,6 +40,7 @@ def die() -> None:
 def main(root: str, step: str) -> None:
     store = ObjectStore(root, clock=HybridClock("eu-west"), keep_versions=1)
     real_replace, real_fsync_dir, real_journal = files.replace, files.fsync_dir, rows.journal
+    real_journal_many = rows.journal_many
     real_syncfs = files.syncfs
     renamed = False
 
@@ -69,12 +72,18 @@ def main(root: str, step: str) -> None:
         if step == "in-commit":
             die()
 
+    def journal_many(*args: object, **kwargs: object) -> None:
+        real_journal_many(*args, **kwargs)  # type: ignore[arg-type]
+        if step == "apply-inline-in-commit":
+            die()
+
     def remove_file(path: Path) -> None:
         if step == "after-commit" and "objects" in path.parts:
             die()
         os.unlink(path)
 
     files.replace, files.fsync_dir, rows.journal = replace, fsync_dir, journal
+    rows.journal_many = journal_many
     files.syncfs = syncfs
     files.remove_file = remove_file
 
@@ -86,10 +95,12 @@ def main(root: str, step: str) -> None:
 
     if step == "bundle-after-rename":
         store.put_many([("ds", "k", stream()), ("ds", "k2", [b"second"]), ("ds", "k3", [b"3"])])
-    elif step.startswith("apply-bundle-"):
+    elif step.startswith(("apply-bundle-", "apply-inline-")):
         items = []
         for n in range(APPLY_BUNDLE):
             data = f"applied {n}".encode()
+            if step.startswith("apply-bundle-"):
+                data = data.ljust(INLINE_MAX_BYTES + 1, b".")
             hlc = HLC(1_796_000_000_000, n, "us-east")
             items.append(("ds", f"b{n}", Version.put(hlc, len(data), Digest.of(data)), [data]))
         store.apply_many(items)

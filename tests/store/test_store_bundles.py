@@ -13,7 +13,7 @@ from store_helpers import object_files, remote
 
 from agents.store import DigestMismatchError, ObjectStore, StorageError, files
 from agents.store.names import version_path
-from agents.store.store import SYNCFS_MIN_FILES
+from agents.store.store import INLINE_MAX_BYTES, SYNCFS_MIN_FILES
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Digest, Verdict, Version
 from controlplane.errors import InvalidInputError, UnavailableError
@@ -126,9 +126,10 @@ def test_open_many_and_heads_answer_each_object_as_one_at_a_time_would(
 def test_a_large_apply_bundle_is_made_durable_by_one_syncfs(
     store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Inline objects of a replicator's batch: written unsynced, renamed, then ONE syncfs
-    for their bytes and renames together (two, before and after the renames, cost a
-    batch twice the wait); a missing version among them is refilled, bytes first."""
+    """Objects of a replicator's batch too large to keep inline: written unsynced,
+    renamed, then ONE syncfs for their bytes and renames together (two, before and
+    after the renames, cost a batch twice the wait); a missing version among them is
+    refilled, bytes first."""
     if not files.can_syncfs():
         pytest.skip("no syncfs(2) here")
     lost = remote(b"lost 0", ago_ms=10_000)
@@ -145,7 +146,9 @@ def test_a_large_apply_bundle_is_made_durable_by_one_syncfs(
 
     monkeypatch.setattr(files, "syncfs", counted)
     count = SYNCFS_MIN_FILES + 8
-    datas = [f"lost {n}".encode() if n == 0 else os.urandom(100) for n in range(count)]
+    datas = [
+        f"lost {n}".encode() if n == 0 else os.urandom(INLINE_MAX_BYTES + 100) for n in range(count)
+    ]
     items = [
         ("ds", f"k{n:03d}", lost if n == 0 else remote(data), [data])
         for n, data in enumerate(datas)
@@ -160,7 +163,8 @@ def test_a_large_apply_bundle_is_made_durable_by_one_syncfs(
         # one before the refill renames over the missing row's path, one for the rest
         assert len(calls) == 2
         calls.clear()
-        store.apply_many([("ds", f"n{n:03d}", remote(b"n"), [b"n"]) for n in range(count)])
+        big = os.urandom(INLINE_MAX_BYTES + 1)
+        store.apply_many([("ds", f"n{n:03d}", remote(big), [big]) for n in range(count)])
         assert len(calls) == 1
     finally:
         store.close()

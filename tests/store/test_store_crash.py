@@ -3,8 +3,10 @@ startup repair: the old version or the new one, whole, and nothing else on disk.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -55,9 +57,11 @@ def _check_consistent(store: ObjectStore) -> None:
         ("in-commit", False, 0, 1),
         ("after-commit", True, 0, 1),
         ("bundle-after-rename", False, 1, 2),  # two renamed, the third still in tmp/
-        # An apply_many of 40 inline objects: renamed unsynced, then one syncfs, then rows.
+        # An apply_many of 40 files: renamed unsynced, then one syncfs, then rows.
         ("apply-bundle-after-rename", False, 38, 2),
         ("apply-bundle-after-syncfs", False, 0, 40),
+        # An apply_many of 40 inline objects: its blobs roll back with its rows.
+        ("apply-inline-in-commit", False, 0, 0),
     ],
 )
 def test_crash_at_each_step_leaves_old_or_new_whole(
@@ -83,6 +87,8 @@ def test_crash_at_each_step_leaves_old_or_new_whole(
             assert [j.kind for j in store.journal_pending()] == ["version"]
             assert store.head("ds", "k2") is None and store.head("ds", "k3") is None
             assert store.head("ds", "b0") is None and store.head("ds", "b39") is None
+            with contextlib.closing(sqlite3.connect(root / "meta.db")) as conn:
+                assert conn.execute("SELECT count(*) FROM inline_bytes").fetchone() == (0,)
         _check_consistent(store)
         # and the store still works
         store.put("ds", "k", [b"after"])
