@@ -8,9 +8,13 @@ guarantee of a lone push holds per item:
 * each item is fenced as a `Replicate` (residency, the watched newest epoch, the
   owner at that epoch); a refused item is answered with its error and recorded
   refused, and does not fail the others;
-* then, just before the commit, etcd's owner record read now must name the pusher at
+* then, before the commit, etcd's owner record read now must name the pusher at
   the item's epoch (`admit_replica_current`): asked once per (dataset, epoch, origin)
-  of the call rather than once per item, which is the point of the batch;
+  of the call rather than once per item, which is the point of the batch. When the
+  call has one such group (nearly always), the read begins as the call arrives and
+  the store stages the bytes meanwhile, waiting for it at `apply_many`'s gate before
+  any lock or row: a round trip to etcd off the write's latency, and a refusal still
+  stores nothing (at most `GATED_MOST` calls wait so, each holding a thread);
 * the admitted items are applied by LWW in ONE `apply_many` (one transaction, one
   syncfs), each with its own transfer record; the answer of each item is the newest
   version held after the call, as a `Replicate` answers.
@@ -23,16 +27,21 @@ one, so it is a bug to be seen, not a refusal to count.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import concurrent.futures
+import contextlib
+import functools
+from collections.abc import Callable, Mapping, Sequence
 
 from agents.admission import Admission
 from agents.metrics import AgentMetrics
 from agents.replication.answers import OUTCOMES, journal, refusal
 from agents.store import ObjectStore
+from agents.store.model import ApplyResult, JsonValue
 from agents.transfer.ports import PolicySource
 from agents.transfer.records import Outcome, TransferTally, count_many, new_transfer_id
+from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
-from controlplane.errors import InvalidInputError, MeridianError
+from controlplane.errors import InvalidInputError, MeridianError, UnavailableError
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire, version_to_wire
 from meridian.v1 import agent_pb2
@@ -40,6 +49,40 @@ from meridian.v1 import agent_pb2
 log = get_logger("meridian.agent.replication")
 
 Group = tuple[str, int, str]  # dataset, epoch, origin region
+# How long the store's thread waits for the owner read at its gate. The read has its
+# own etcd deadline, far shorter; this only keeps a thread from hanging for ever.
+READ_WAIT_S = 60.0
+# Calls whose store thread may wait at the gate at once: each holds one of the agent's
+# threads while etcd answers, so a slow etcd under many pushes could otherwise starve
+# the store's other callers. Past it, a call reads first, then stages, as it did.
+GATED_MOST = 8
+
+
+class _RefusedError(Exception):
+    """The owner read refused a call's items (raised at the store's gate: nothing stored)."""
+
+    def __init__(self, why: MeridianError) -> None:
+        super().__init__(str(why))
+        self.why = why
+
+
+def _passed(read: concurrent.futures.Future[Placement], group: Group) -> None:
+    """The store's gate (in its thread): the owner read of `group` has admitted the copy."""
+    try:
+        read.result(timeout=READ_WAIT_S)
+    except MeridianError as exc:
+        raise _RefusedError(exc) from exc
+    except (TimeoutError, concurrent.futures.CancelledError) as exc:
+        # Not answered in time, or cancelled (the call was, or the agent stops).
+        read.cancel()
+        dataset, epoch, origin = group
+        log.warning("replica_owner_read_abandoned", dataset=dataset, epoch=epoch, origin=origin)
+        raise _RefusedError(
+            UnavailableError(
+                f"the owner of {dataset} could not be read from etcd for a copy at epoch "
+                f"{epoch} from {origin} ({type(exc).__name__}); refused, nothing stored"
+            )
+        ) from exc
 
 
 class ReplicaPushes:
@@ -61,6 +104,7 @@ class ReplicaPushes:
         self.region = region
         self.metrics = metrics
         self.policy = policy
+        self._gated = 0  # calls waiting at (or past) the store's gate; loop thread only
 
     def serves(self) -> bool:
         """Only an agent alone in its region takes a batch (see PushReceiver)."""
@@ -115,13 +159,24 @@ class ReplicaPushes:
                 continue
             admitted.append((n, version, tally, (header.dataset, header.epoch, origin)))
         # The owner record read now, once per (dataset, epoch, origin) of the call.
+        groups = list(dict.fromkeys(g for _, _, _, g in admitted))
+        read: concurrent.futures.Future[Placement] | None = None
         verdicts: dict[Group, MeridianError | None] = {}
-        for group in dict.fromkeys(g for _, _, _, g in admitted):
-            try:
-                await self.admission.admit_replica_current(*group)
-                verdicts[group] = None
-            except MeridianError as exc:
-                verdicts[group] = exc
+        if len(groups) == 1 and self._gated < GATED_MOST:
+            # The usual call (a lone push, or a batch of one dataset): the read begins
+            # now and the store's thread waits for it once the bytes are staged, so it
+            # overlaps the staging; no row is written before it passed.
+            read = asyncio.run_coroutine_threadsafe(
+                self.admission.admit_replica_current(*groups[0]), asyncio.get_running_loop()
+            )
+            verdicts[groups[0]] = None
+        else:
+            for group in groups:
+                try:
+                    await self.admission.admit_replica_current(*group)
+                    verdicts[group] = None
+                except MeridianError as exc:
+                    verdicts[group] = exc
         committing: list[tuple[int, Version, TransferTally]] = []
         for n, version, tally, group in admitted:
             verdict = verdicts[group]
@@ -142,7 +197,14 @@ class ReplicaPushes:
                 for n, version, _ in committing
             ]
             transfers = [tally.record("completed", self.policy) for _, _, tally in committing]
-            applied = await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+            try:
+                applied = await self._apply(items, transfers, read, groups)
+            except _RefusedError as exc:
+                applied = []
+                for n, version, tally in committing:
+                    results[n] = refusal(exc.why)
+                    refused.append((tally, version, exc.why))
+                committing = []
             for (n, version, tally), got in zip(committing, applied, strict=True):
                 results[n] = agent_pb2.ReplicateItemResult(
                     outcome=OUTCOMES[got.verdict], held=version_to_wire(got.newest)
@@ -161,3 +223,41 @@ class ReplicaPushes:
             ended.append((tally, "refused"))
         count_many(self.metrics, ended)
         return agent_pb2.ReplicatePushesResponse(results=results, region=self.region)
+
+    async def _apply(
+        self,
+        items: Sequence[tuple[str, str, Version, list[bytes] | None]],
+        transfers: Sequence[Mapping[str, JsonValue] | None],
+        read: concurrent.futures.Future[Placement] | None,
+        groups: list[Group],
+    ) -> list[ApplyResult]:
+        """`apply_many` of the admitted items, behind the gate of `read` when there is
+        one. Raises `_RefusedError` when the read refused them (nothing stored)."""
+        if read is None:
+            return await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+        self._gated += 1
+        try:
+            return await asyncio.to_thread(
+                self.store.apply_many,
+                items,
+                transfers=transfers,
+                gate=functools.partial(_passed, read, groups[0]),
+            )
+        except asyncio.CancelledError:
+            # The call is gone (its deadline, the server stopping): a thread still
+            # before the gate then stores nothing; one past it commits, as a push whose
+            # answer was lost does.
+            read.cancel()
+            raise
+        except MeridianError:
+            # Failed before the gate (a skewed clock, a bad digest, a closed store): the
+            # read's refusal, when it refuses, is still the answer, as when it came first.
+            if not read.cancelled():
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(read)
+            why = None if read.cancelled() else read.exception()
+            if isinstance(why, MeridianError):
+                raise _RefusedError(why) from None
+            raise
+        finally:
+            self._gated -= 1

@@ -552,12 +552,17 @@ class ObjectStore:
         *,
         transfer: Mapping[str, JsonValue] | None = None,
         transfers: Sequence[Mapping[str, JsonValue] | None] | None = None,
+        gate: Callable[[], None] | None = None,
     ) -> list[ApplyResult]:
         """`apply` for a bundle of versions made elsewhere, committed together as in
         `put_many` (`transfer` is journalled once for the bundle; `transfers`, one per
         item, each with its item's version when it is stored). Each item is decided
         by LWW on its own; the results come in the order of `items`. A bad item
-        (digest, size) fails the whole bundle and stores none."""
+        (digest, size) fails the whole bundle and stores none.
+        `gate()` is called in this thread once the bundle's bytes are staged, before
+        any lock is taken or row written; if it raises, nothing is stored and its
+        error propagates. A replica waits there for its fresh owner read, so that the
+        read overlaps the staging instead of preceding it (replica_pushes.py)."""
         self._distinct([(d, k) for d, k, _, _ in items])
         if transfers is not None and len(transfers) != len(items):
             raise InvalidInputError(
@@ -571,7 +576,6 @@ class ObjectStore:
                     f"apply of {dataset}/{key} at {version.hlc}: a put needs its bytes and a "
                     "tombstone takes none"
                 )
-            self.clock.observe(version.hlc)
             checked.append((dataset, key, version, source))
         names = [(d, k) for d, k, _, _ in checked]
         # One lookup of what is held for the whole bundle (not several per object):
@@ -606,6 +610,11 @@ class ObjectStore:
             else:
                 self._each_staged(list(staged.values()))
             synced = not bulk
+            if gate is not None:
+                gate()
+            # After the gate: a copy it refuses must not move this store's clock.
+            for _, _, version, _ in checked:
+                self.clock.observe(version.hlc)
             results: list[ApplyResult | None] = [None] * len(checked)
             entries: list[_Entry] = []
             completed: list[tuple[str, str]] = []
@@ -706,8 +715,7 @@ class ObjectStore:
             for s in staged:
                 s.finish()
             return
-        with ThreadPoolExecutor(min(len(staged), _FSYNC_THREADS)) as pool:
-            list(pool.map(lambda s: s.finish(), staged))
+        _raise_first(self._parallel([s.finish for s in staged]))
 
     def _held_many(
         self, names: Sequence[tuple[str, str]]
@@ -1039,7 +1047,14 @@ class ObjectStore:
     def _parallel(self, jobs: Sequence[Callable[[], object]]) -> list[BaseException | None]:
         """Run blocking calls (fsyncs) at once: all but the first on the store's fsync
         threads, the first on this one. Per job its exception, or None."""
-        futures = [self._fsync_pool().submit(job) for job in jobs[1:]]
+        pool = self._fsync_pool()
+        futures = []
+        try:
+            futures += [pool.submit(job) for job in jobs[1:]]
+        except RuntimeError as err:  # the store closed meanwhile (its pool shut down)
+            for f in futures:
+                f.exception()  # let the jobs already submitted end first
+            raise UnavailableError(f"store {self.root} is closed") from err
         errors: list[BaseException | None] = []
         for job in jobs[:1]:
             try:
@@ -1051,6 +1066,8 @@ class ObjectStore:
         return errors
 
     def _fsync_pool(self) -> ThreadPoolExecutor:
+        # One pool for the store's life: a pool per bundle started (and joined) a thread
+        # per file, which cost a replica more CPU than the fsyncs it ran.
         with self._pool_lock:
             self._require_open()
             if self._pool is None:
@@ -1073,8 +1090,7 @@ class ObjectStore:
             for item in items:
                 fn(item)
             return
-        with ThreadPoolExecutor(min(len(items), _FSYNC_THREADS)) as pool:
-            list(pool.map(fn, items))
+        _raise_first(self._parallel([functools.partial(fn, item) for item in items]))
 
     def _make_folders(self, fans: Sequence[str]) -> None:
         """Make the new fan-out folders (by name) of a bundle at once, with one fsync of
@@ -1858,6 +1874,13 @@ class ObjectStore:
     def _require_open(self) -> None:
         if self._closed:
             raise UnavailableError(f"store {self.root} is closed")
+
+
+def _raise_first(errors: Sequence[BaseException | None]) -> None:
+    """Raise the first error of parallel jobs (in job order), once all have ended."""
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
 
 
 def stripe_of(dataset: str, key: str) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,48 @@ def test_a_large_apply_bundle_is_made_durable_by_one_syncfs(
         assert len(calls) == 1
     finally:
         store.close()
+
+
+def test_a_small_bundle_s_fsyncs_run_on_the_store_s_threads_and_one_failure_fails_it(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bundle under SYNCFS_MIN_FILES fsyncs its files in parallel on the store's own
+    fsync threads (not a pool, and a thread per file, started for each bundle); a file
+    whose fsync fails fails the whole bundle, with nothing stored and no file left."""
+    count = 6
+    assert count < SYNCFS_MIN_FILES
+    synced_on: list[str] = []
+    real = files.fsync_file
+
+    def noted(fd: int) -> None:
+        synced_on.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(files, "fsync_file", noted)
+    pools = []
+    for round_ in range(3):
+        store.apply_many(
+            [("ds", f"r{round_}/{n}", remote(b"x%d" % n), [b"x%d" % n]) for n in range(count)]
+        )
+        pools.append(store._pool)
+    me = threading.current_thread().name
+    assert len(synced_on) == 3 * count
+    # the first fsync of each bundle on the caller's thread, the rest on the store's
+    assert synced_on.count(me) == 3
+    assert all(n == me or n.startswith("store-fsync") for n in synced_on), synced_on
+    assert pools[0] is not None and all(p is pools[0] for p in pools)  # one pool, kept
+
+    def failing(fd: int) -> None:
+        if os.fstat(fd).st_size == 4:  # the bundle's one 4-byte object
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(files, "fsync_file", failing)
+    before = object_files(store.root)
+    items = [("ds", f"f/{n}", remote(b"%d" % n), [b"%d" % n]) for n in range(count - 1)]
+    items.append(("ds", "f/bad", remote(b"four"), [b"four"]))
+    with pytest.raises(StorageError, match="Input/output error"):
+        store.apply_many(items)
+    assert [store.head("ds", k) for _, k, _, _ in items] == [None] * count
+    assert object_files(store.root) == before
+    assert os.listdir(store.root / "tmp") == []
