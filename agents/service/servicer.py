@@ -33,7 +33,7 @@ import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Never, Protocol
+from typing import Never, Protocol, TypedDict, Unpack
 
 import grpc
 
@@ -294,27 +294,27 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             # split-brain checker needs when the epoch was judged current.
             admitted_at = time.time()
             _before_commit(context, "Put")
-            commit = functools.partial(
-                self._commit,
+            how = _Commit(
                 set_id=set_id,
                 outbox=not admitted.critical,
                 epoch=admitted.epoch,
                 policy_revision=admitted.policy_revision,
             )
             local: asyncio.Future[Version] | None = None
-            if staged is None and admitted.critical and self.replication is not None:
-                # Pushed while it commits here (`overlapped`): the ack still waits for
-                # this commit to be durable, and counts this region only then.
-                version, local = await self._overlapped(
-                    functools.partial(self._store_held, dataset, key, size, digest, held, stated),
-                    commit,
+            if staged is None:
+                small = functools.partial(
+                    self._store_held, dataset, key, size, digest, held, stated, **how
                 )
-            elif staged is None:
-                version = await asyncio.to_thread(
-                    self._store_held, dataset, key, size, digest, held, stated, commit
-                )
+                if admitted.critical and self.replication is not None:
+                    # Pushed while it commits here (`overlapped`): the ack still waits
+                    # for this commit to be durable, and counts this region only then.
+                    version, local = await self._overlapped(small)
+                else:
+                    version = await asyncio.to_thread(small)
             else:
-                version = await asyncio.to_thread(commit, staged)
+                version = await asyncio.to_thread(
+                    functools.partial(self.store.commit_put, staged, **how)
+                )
         finally:
             # After a commit this removes nothing; on an error or a cancel it drops the
             # temporary file (waiting for a chunk a thread may still be writing).
@@ -354,9 +354,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return agent_pb2.PutResponse(version=version_to_wire(version), regions=regions)
 
     async def _overlapped(
-        self,
-        store_held: Callable[[Callable[[StagedWrite], Version]], Version],
-        commit: Callable[..., Version],
+        self, commit: Callable[..., Version]
     ) -> tuple[Version, asyncio.Future[Version]]:
         """Run a small Put's commit in a thread and return as soon as its version has its
         HLC (the store tells `on_stamped` under the object's lock, before the commit is
@@ -373,7 +371,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             loop.call_soon_threadsafe(tell, version)
 
         local = asyncio.ensure_future(
-            asyncio.to_thread(store_held, functools.partial(commit, on_stamped=on_stamped))
+            asyncio.to_thread(functools.partial(commit, on_stamped=on_stamped))
         )
         # Its outcome is awaited by the ack, or by nobody when the call is cancelled.
         local.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -402,25 +400,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             raise
         return staged
 
-    def _commit(
-        self,
-        staged: StagedWrite,
-        *,
-        set_id: str | None,
-        outbox: bool,
-        epoch: int,
-        policy_revision: int,
-        on_stamped: Callable[[Version], None] | None = None,
-    ) -> Version:
-        return self.store.commit_put(
-            staged,
-            set_id=set_id,
-            outbox=outbox,
-            epoch=epoch,
-            policy_revision=policy_revision,
-            on_stamped=on_stamped,
-        )
-
     def _store_held(
         self,
         dataset: str,
@@ -429,17 +408,30 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         digest: Digest | None,
         held: list[bytes],
         stated: Digest | None,
-        commit: Callable[[StagedWrite], Version],
+        **how: Unpack[_Commit],
     ) -> Version:
-        """A small Put whose bytes are all here: staged, checked and committed in one
-        thread hop, as the streamed path does it in several."""
-        staged = self._stage(dataset, key, size, digest, held)
-        try:
-            if stated is not None:
-                _check_digest(staged, stated)
-            return commit(staged)
-        finally:
-            staged.abort()
+        """A small Put whose bytes are all here: checked and committed in one thread hop
+        and kept inline in the store's database (`ObjectStore.put_small`: no file to
+        create, rename and sync; for a critical write, its push starts without one)."""
+        data = b"".join(held)
+        if stated is not None:
+            # The end's digest is checked before anything is stored, as a staged
+            # write's is: the header's, when stated too, must then be the same.
+            found = Digest.of(data)
+            if found != stated:
+                raise DigestMismatchError(
+                    f"object {dataset}/{key} hashed to {found}, not the stated {stated}; "
+                    "nothing was stored"
+                )
+        return self.store.put_small(
+            dataset,
+            key,
+            data,
+            expected_size=size,
+            max_size=self.max_object_bytes,
+            expected_digest=digest,
+            **how,
+        )
 
     async def Delete(  # noqa: N802
         self, request: agent_pb2.DeleteRequest, context: Context
@@ -773,6 +765,15 @@ def _info(stored: StoredVersion) -> agent_pb2.ObjectInfo:
     if stored.set_id is not None:
         info.set = stored.set_id
     return info
+
+
+class _Commit(TypedDict):
+    """How a Put commits (`ObjectStore.commit_put` / `put_small`), as admitted."""
+
+    set_id: str | None
+    outbox: bool
+    epoch: int
+    policy_revision: int
 
 
 def _check_digest(staged: StagedWrite, stated: Digest) -> None:

@@ -24,7 +24,12 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Literal, Self
 
 from agents.store import files, repair, rows
-from agents.store.errors import MissingContentError, StorageError, StoreLockedError
+from agents.store.errors import (
+    MissingContentError,
+    StorageError,
+    StoreLockedError,
+    TooLargeError,
+)
 from agents.store.group import GroupCommitter, GroupStats, InterruptedCommitError
 from agents.store.model import (
     ApplyResult,
@@ -328,6 +333,65 @@ class ObjectStore:
                 policy_revision=policy_revision,
                 transfer=transfer,
             )
+
+    def put_small(
+        self,
+        dataset: str,
+        key: str,
+        data: bytes,
+        *,
+        expected_size: int | None = None,
+        max_size: int | None = None,
+        expected_digest: Digest | None = None,
+        set_id: str | None = None,
+        outbox: bool = False,
+        epoch: int = 0,
+        policy_revision: int | None = None,
+        on_stamped: Callable[[Version], None] | None = None,
+    ) -> Version:
+        """`put` of an object whose bytes are all at hand, at most `INLINE_MAX_BYTES`
+        (an agent's small Put): checked as a staged write checks them, then kept in the
+        metadata database with its version row (`inline_bytes`), no file of its own,
+        committed with its group. `on_stamped` as in `commit_put`: told the version
+        before the commit is durable, so a critical owner's push starts with no file
+        to create first."""
+        dataset, key = check_name("dataset", dataset), check_name("key", key)
+        set_id = None if set_id is None else check_name("set", set_id)
+        if len(data) > INLINE_MAX_BYTES:
+            raise InvalidInputError(
+                f"put_small of {dataset}/{key}: {len(data)} bytes is more than the "
+                f"{INLINE_MAX_BYTES} kept inline; stage it"
+            )
+        if max_size is not None and len(data) > max_size:
+            raise TooLargeError(
+                f"object {dataset}/{key} passed the cap of {max_size} bytes; nothing was stored"
+            )
+        digest = checked_bytes(
+            dataset,
+            key,
+            memoryview(data).cast("B"),
+            expected_size=len(data) if expected_size is None else expected_size,
+            expected_digest=expected_digest,
+        )
+        self._require_open()
+        with self._object_lock(dataset, key):
+            version = Version.put(self.clock.now(), len(data), digest)
+            if on_stamped is not None:
+                on_stamped(version)
+            completed = self._install(
+                dataset,
+                key,
+                version,
+                None,
+                set_id=set_id,
+                outbox=outbox,
+                epoch=epoch,
+                policy_revision=policy_revision,
+                transfer=None,
+                inline=bytes(data),
+            )
+        self._settle(completed)
+        return version
 
     def commit_put(
         self,
@@ -768,10 +832,20 @@ class ObjectStore:
         epoch: int,
         policy_revision: int | None,
         transfer: Mapping[str, JsonValue] | None,
+        inline: bytes | None = None,
     ) -> list[tuple[str, str]]:
         """Commit one version (its object's lock held): with its group, or alone."""
         entry = _Entry(
-            dataset, key, version, staged, set_id, outbox, epoch, policy_revision, transfer
+            dataset,
+            key,
+            version,
+            staged,
+            set_id,
+            outbox,
+            epoch,
+            policy_revision,
+            transfer,
+            inline=inline,
         )
         if not self.group_commit:
             return self._install_many([entry])

@@ -129,3 +129,26 @@ async def test_a_failed_local_commit_fails_the_overlapped_write(
     assert "the disk is gone" in (caught.value.details() or "")
     assert hook.pending_when_handed is True
     assert agent.store.list_objects(CRITICAL, include_deleted=True).items == []
+
+
+async def test_a_small_put_is_kept_in_the_store_s_database_and_a_larger_one_in_a_file(
+    agent: Agent,
+) -> None:
+    """A Put whose bytes are all held (at most INLINE_BYTES) is kept inline in the
+    store's database (`ObjectStore.put_small`): no file of its own to create, rename
+    and sync; its change event and a read serve the same bytes as a file's would."""
+    small, large = os.urandom(KiB), os.urandom(INLINE_BYTES + 1)
+    resp = await put_chunks(agent, STANDARD, "small", [small[:10], small[10:]])
+    assert resp.version.digest == "blake3:" + blake3(small).hexdigest()
+    assert agent.files() == []
+    await put_chunks(agent, STANDARD, "large", [large])
+    (stored,) = agent.files()
+    assert os.path.getsize(stored) == len(large)
+    _, body = await get(agent, STANDARD, "small")
+    assert body == small
+    assert agent.store.read_bytes(STANDARD, "small") == small
+    events = agent.store.outbox_pending(limit=10)
+    assert [e.key for e in events] == ["small", "large"]
+    await put_chunks(agent, STANDARD, "small", [large[:KiB]])  # a second version
+    assert agent.store.read_bytes(STANDARD, "small") == large[:KiB]
+    assert len(agent.files()) == 1

@@ -21,6 +21,7 @@ from agents.replication.replica_pushes import ReplicaPushes
 from agents.store import ObjectStore
 from agents.store.model import ApplyResult
 from agents.store.staging import TMP
+from agents.store.store import INLINE_MAX_BYTES
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HybridClock, offset_ms
 from controlplane.domain.version import Digest, Version
@@ -30,6 +31,9 @@ from meridian.v1 import agent_pb2
 
 HERE, OWNER, EPOCH = "eu-central", "eu-west", 7
 WAIT_S = 10.0
+# Over the store's inline limit, so that the bytes are staged in a file the test can
+# see (a smaller copy is checked in memory and kept in the database).
+SHARD = b"one shard of a checkpoint " * (INLINE_MAX_BYTES // 26 + 1)
 
 
 class GatedRead:
@@ -94,7 +98,7 @@ async def test_the_bytes_are_staged_during_the_owner_read_and_committed_after_it
     read = GatedRead(OwnerRecord(CRITICAL, OWNER, EPOCH))
     pushes, store, _ = replica(tmp_path / "store", read)
     try:
-        req, version = request(b"one shard of a checkpoint", ahead_ms=500)
+        req, version = request(SHARD, ahead_ms=500)
         call = asyncio.create_task(pushes.receive(req))
         await asyncio.wait_for(read.started.wait(), WAIT_S)
         # The read is still running: the bytes are staged meanwhile, not committed.
@@ -107,7 +111,7 @@ async def test_the_bytes_are_staged_during_the_owner_read_and_committed_after_it
         assert not result.error_class, result
         assert result.held.hlc == version_to_wire(version).hlc
         assert store.head(CRITICAL, "shard-0") == version
-        assert store.read_bytes(CRITICAL, "shard-0") == b"one shard of a checkpoint"
+        assert store.read_bytes(CRITICAL, "shard-0") == SHARD
         assert staged_files(store) == []
         assert store.clock.now() > version.hlc  # an admitted copy is observed
     finally:
@@ -121,7 +125,7 @@ async def test_an_owner_read_naming_a_newer_owner_refuses_and_stores_nothing(
     read = GatedRead(OwnerRecord(CRITICAL, "eu-north", EPOCH + 1))
     pushes, store, metrics = replica(tmp_path / "store", read)
     try:
-        req, _ = request(b"pushed by a deposed owner")
+        req, _ = request(SHARD)
         call = asyncio.create_task(pushes.receive(req))
         await asyncio.wait_for(read.started.wait(), WAIT_S)
         await until(lambda: staged_files(store), WAIT_S, "a staged temporary file", step_s=0.002)

@@ -175,8 +175,13 @@ def test_a_small_bundle_s_fsyncs_run_on_the_store_s_threads_and_one_failure_fail
 ) -> None:
     """A bundle under SYNCFS_MIN_FILES fsyncs its files in parallel on the store's own
     fsync threads (not a pool, and a thread per file, started for each bundle); a file
-    whose fsync fails fails the whole bundle, with nothing stored and no file left."""
+    whose fsync fails fails the whole bundle, with nothing stored and no file left.
+    (Objects over INLINE_MAX_BYTES: smaller ones are kept in the database, no file.)"""
     count = 6
+
+    def big(n: int) -> bytes:
+        return bytes([n]) * (INLINE_MAX_BYTES + 1)
+
     assert count < SYNCFS_MIN_FILES
     synced_on: list[str] = []
     real = files.fsync_file
@@ -188,9 +193,7 @@ def test_a_small_bundle_s_fsyncs_run_on_the_store_s_threads_and_one_failure_fail
     monkeypatch.setattr(files, "fsync_file", noted)
     pools = []
     for round_ in range(3):
-        store.apply_many(
-            [("ds", f"r{round_}/{n}", remote(b"x%d" % n), [b"x%d" % n]) for n in range(count)]
-        )
+        store.apply_many([("ds", f"r{round_}/{n}", remote(big(n)), [big(n)]) for n in range(count)])
         pools.append(store._pool)
     me = threading.current_thread().name
     assert len(synced_on) == 3 * count
@@ -200,14 +203,15 @@ def test_a_small_bundle_s_fsyncs_run_on_the_store_s_threads_and_one_failure_fail
     assert pools[0] is not None and all(p is pools[0] for p in pools)  # one pool, kept
 
     def failing(fd: int) -> None:
-        if os.fstat(fd).st_size == 4:  # the bundle's one 4-byte object
+        if os.fstat(fd).st_size == INLINE_MAX_BYTES + 2:  # the bundle's one such object
             raise OSError(errno.EIO, "Input/output error")
         real(fd)
 
     monkeypatch.setattr(files, "fsync_file", failing)
     before = object_files(store.root)
-    items = [("ds", f"f/{n}", remote(b"%d" % n), [b"%d" % n]) for n in range(count - 1)]
-    items.append(("ds", "f/bad", remote(b"four"), [b"four"]))
+    items = [("ds", f"f/{n}", remote(big(n)), [big(n)]) for n in range(count - 1)]
+    bad = b"b" * (INLINE_MAX_BYTES + 2)
+    items.append(("ds", "f/bad", remote(bad), [bad]))
     with pytest.raises(StorageError, match="Input/output error"):
         store.apply_many(items)
     assert [store.head("ds", k) for _, k, _, _ in items] == [None] * count
