@@ -17,6 +17,7 @@ def test_stored_files_are_attributed_and_strays_are_not(tmp_path: Path) -> None:
     with ObjectStore(root, clock=HybridClock("us-east")) as store:
         store.put("corpus/web", "shard-0", io.BytesIO(b"allowed in the US"))
         store.put("ckpt/llama", "step-1", io.BytesIO(b"EU only"))
+        store.put_small("ckpt/llama", "step-0", b"EU only, kept in meta.db")  # no file
         staged = store.stage("ckpt/llama", "step-2")  # a write in progress
         staged.write(b"partial")
         inv = inventory_root(root, "us-east")
@@ -30,6 +31,9 @@ def test_stored_files_are_attributed_and_strays_are_not(tmp_path: Path) -> None:
     )
     assert not verdict.held
     assert any("ckpt/llama/step-1 in us-east" in o for o in verdict.offending)
+    assert any("ckpt/llama/step-0 in us-east" in o for o in verdict.offending)
+    (inline,) = [c for c in inv if c.key == "step-0"]
+    assert (inline.kind, inline.where.split("#")[0]) == ("object", "meta.db")
     assert any("unattributed tmp" in o for o in verdict.offending)
 
 
