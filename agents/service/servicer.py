@@ -11,8 +11,9 @@ write touches nothing; a Put is admitted again once its bytes have arrived, just
 before its commit, so a handover that committed during a long upload refuses it.
 A Put's bytes stream into the store's staged write, one thread hop per chunk
 (hashing and disk writes never run on the event loop), and commit atomically; one
-of at most `INLINE_BYTES` is held until its end and then staged and committed in
-a single thread hop (three or more cost a small write more CPU than its commit); a
+of at most `INLINE_BYTES` is held until its end and then checked and committed in
+a single thread hop (three or more cost a small write more CPU than its commit),
+its bytes kept inline in the store's database (`ObjectStore.put_small`, no file); a
 standard write's change event is committed with it (the store's outbox), a
 critical write's epoch is recorded with it. After the local commit a critical
 write is handed to the `Replication` hook (synchronous replication, issue 13:
@@ -53,6 +54,7 @@ from agents.store import (
     StoredVersion,
     TooLargeError,
 )
+from agents.store.store import INLINE_MAX_BYTES
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
 from controlplane.errors import (
@@ -68,7 +70,7 @@ log = get_logger("meridian.agent.api")
 
 # A Put of at most this many bytes is held in memory until its end and then stored in
 # one thread hop (and its bytes pushed from memory, for a critical dataset).
-INLINE_BYTES = 64 * 1024
+INLINE_BYTES = INLINE_MAX_BYTES  # what the store keeps inline (`put_small`)
 
 
 class Transfers(Protocol):
@@ -242,6 +244,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         # A larger one is staged then and streams on, one thread hop per chunk.
         held: list[bytes] = []
         held_bytes = 0
+        whole = b""  # the held bytes joined, once the Put has ended within them
         staged: StagedWrite | None = None
         try:
             end: agent_pb2.PutEnd | None = None
@@ -302,8 +305,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
             local: asyncio.Future[Version] | None = None
             if staged is None:
+                whole = b"".join(held)
                 small = functools.partial(
-                    self._store_held, dataset, key, size, digest, held, stated, **how
+                    self._store_held, dataset, key, size, digest, whole, stated, **how
                 )
                 if admitted.critical and self.replication is not None:
                     # Pushed while it commits here (`overlapped`): the ack still waits
@@ -340,7 +344,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             stored(version)
         else:  # logged as it commits, as the others are
             local.add_done_callback(committed)
-        data = b"".join(held) if staged is None else None
+        data = whole if staged is None else None
         regions = await self._after_write(
             CommittedWrite(
                 admitted, dataset, key=key, version=version, set_id=set_id, data=data, local=local
@@ -406,23 +410,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         key: str,
         size: int | None,
         digest: Digest | None,
-        held: list[bytes],
+        data: bytes,
         stated: Digest | None,
         **how: Unpack[_Commit],
     ) -> Version:
         """A small Put whose bytes are all here: checked and committed in one thread hop
         and kept inline in the store's database (`ObjectStore.put_small`: no file to
         create, rename and sync; for a critical write, its push starts without one)."""
-        data = b"".join(held)
-        if stated is not None:
-            # The end's digest is checked before anything is stored, as a staged
-            # write's is: the header's, when stated too, must then be the same.
-            found = Digest.of(data)
-            if found != stated:
-                raise DigestMismatchError(
-                    f"object {dataset}/{key} hashed to {found}, not the stated {stated}; "
-                    "nothing was stored"
-                )
         return self.store.put_small(
             dataset,
             key,
@@ -430,6 +424,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             expected_size=size,
             max_size=self.max_object_bytes,
             expected_digest=digest,
+            end_digest=stated,
             **how,
         )
 

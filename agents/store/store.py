@@ -25,6 +25,7 @@ from typing import BinaryIO, Literal, Self
 
 from agents.store import files, repair, rows
 from agents.store.errors import (
+    DigestMismatchError,
     MissingContentError,
     StorageError,
     StoreLockedError,
@@ -343,6 +344,7 @@ class ObjectStore:
         expected_size: int | None = None,
         max_size: int | None = None,
         expected_digest: Digest | None = None,
+        end_digest: Digest | None = None,
         set_id: str | None = None,
         outbox: bool = False,
         epoch: int = 0,
@@ -350,11 +352,13 @@ class ObjectStore:
         on_stamped: Callable[[Version], None] | None = None,
     ) -> Version:
         """`put` of an object whose bytes are all at hand, at most `INLINE_MAX_BYTES`
-        (an agent's small Put): checked as a staged write checks them, then kept in the
-        metadata database with its version row (`inline_bytes`), no file of its own,
-        committed with its group. `on_stamped` as in `commit_put`: told the version
-        before the commit is durable, so a critical owner's push starts with no file
-        to create first."""
+        (an agent's small Put): checked as a staged write checks them, in the same
+        order and with the same errors (past its stated size, past `max_size`, short,
+        `expected_digest`, then `end_digest`: a digest stated after the bytes), then
+        kept in the metadata database with its version row (`inline_bytes`), no file
+        of its own, committed with its group. `on_stamped` as in `commit_put`: told
+        the version before the commit is durable, so a critical owner's push starts
+        with no file to create first."""
         dataset, key = check_name("dataset", dataset), check_name("key", key)
         set_id = None if set_id is None else check_name("set", set_id)
         if len(data) > INLINE_MAX_BYTES:
@@ -362,7 +366,8 @@ class ObjectStore:
                 f"put_small of {dataset}/{key}: {len(data)} bytes is more than the "
                 f"{INLINE_MAX_BYTES} kept inline; stage it"
             )
-        if max_size is not None and len(data) > max_size:
+        stated = len(data) if expected_size is None else expected_size
+        if max_size is not None and stated >= len(data) > max_size:
             raise TooLargeError(
                 f"object {dataset}/{key} passed the cap of {max_size} bytes; nothing was stored"
             )
@@ -370,9 +375,14 @@ class ObjectStore:
             dataset,
             key,
             memoryview(data).cast("B"),
-            expected_size=len(data) if expected_size is None else expected_size,
+            expected_size=stated,
             expected_digest=expected_digest,
         )
+        if end_digest is not None and digest != end_digest:
+            raise DigestMismatchError(
+                f"object {dataset}/{key} hashed to {digest}, not the stated {end_digest}; "
+                "nothing was stored"
+            )
         self._require_open()
         with self._object_lock(dataset, key):
             version = Version.put(self.clock.now(), len(data), digest)

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
-from agent_api_helpers import CRITICAL, REGION, STANDARD, TIMEOUT_S, Agent, frames, get
+from agent_api_helpers import (
+    CRITICAL,
+    REGION,
+    STANDARD,
+    TIMEOUT_S,
+    Agent,
+    frames,
+    get,
+    header,
+)
 from blake3 import blake3
 
 from agents.service.servicer import INLINE_BYTES, CommittedWrite
@@ -131,6 +141,10 @@ async def test_a_failed_local_commit_fails_the_overlapped_write(
     assert agent.store.list_objects(CRITICAL, include_deleted=True).items == []
 
 
+def size_of(path: str) -> int:
+    return os.stat(path).st_size
+
+
 async def test_a_small_put_is_kept_in_the_store_s_database_and_a_larger_one_in_a_file(
     agent: Agent,
 ) -> None:
@@ -143,7 +157,7 @@ async def test_a_small_put_is_kept_in_the_store_s_database_and_a_larger_one_in_a
     assert agent.files() == []
     await put_chunks(agent, STANDARD, "large", [large])
     (stored,) = agent.files()
-    assert os.path.getsize(stored) == len(large)
+    assert size_of(stored) == len(large)
     _, body = await get(agent, STANDARD, "small")
     assert body == small
     assert agent.store.read_bytes(STANDARD, "small") == small
@@ -152,3 +166,37 @@ async def test_a_small_put_is_kept_in_the_store_s_database_and_a_larger_one_in_a
     await put_chunks(agent, STANDARD, "small", [large[:KiB]])  # a second version
     assert agent.store.read_bytes(STANDARD, "small") == large[:KiB]
     assert len(agent.files()) == 1
+
+
+async def ended_with(
+    dataset: str, key: str, data: bytes, end_digest: str, **fields: object
+) -> AsyncIterator[agent_pb2.PutRequest]:
+    yield header(dataset, key, **fields)
+    yield agent_pb2.PutRequest(chunk=data)
+    yield agent_pb2.PutRequest(end=agent_pb2.PutEnd(digest=end_digest))
+
+
+@pytest.mark.parametrize(
+    ("stated", "code"),
+    [
+        (-1, grpc.StatusCode.RESOURCE_EXHAUSTED),  # longer than its stated size
+        (+1, grpc.StatusCode.INVALID_ARGUMENT),  # shorter than its stated size
+        (0, grpc.StatusCode.DATA_LOSS),  # the right size: the end's digest is wrong
+    ],
+)
+async def test_a_small_put_is_refused_as_a_large_one_is(
+    agent: Agent, stated: int, code: grpc.StatusCode
+) -> None:
+    """A Put kept inline checks its bytes in the order a staged one does (its stated
+    size, then the digest stated at its end): the same code whatever its size."""
+    wrong = "blake3:" + blake3(b"other bytes").hexdigest()
+    for n, size in enumerate((KiB, INLINE_BYTES + KiB)):
+        data = os.urandom(size)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await agent.stub.Put(
+                ended_with(STANDARD, f"k{n}", data, wrong, size=size + stated),
+                timeout=TIMEOUT_S,
+            )
+        assert caught.value.code() == code, (size, caught.value.details())
+    assert agent.files() == []
+    assert agent.store.list_objects(STANDARD, include_deleted=True).items == []
