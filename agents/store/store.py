@@ -384,24 +384,20 @@ class ObjectStore:
                 "nothing was stored"
             )
         self._require_open()
-        with self._object_lock(dataset, key):
-            version = Version.put(self.clock.now(), len(data), digest)
-            if on_stamped is not None:
-                on_stamped(version)
-            completed = self._install(
-                dataset,
-                key,
-                version,
-                None,
-                set_id=set_id,
-                outbox=outbox,
-                epoch=epoch,
-                policy_revision=policy_revision,
-                transfer=None,
-                inline=bytes(data),
-            )
-        self._settle(completed)
-        return version
+        return self._commit_local(
+            dataset,
+            key,
+            len(data),
+            digest,
+            None,
+            set_id=set_id,
+            outbox=outbox,
+            epoch=epoch,
+            policy_revision=policy_revision,
+            transfer=None,
+            on_stamped=on_stamped,
+            inline=bytes(data),
+        )
 
     def commit_put(
         self,
@@ -421,21 +417,55 @@ class ObjectStore:
         set_id = None if set_id is None else check_name("set", set_id)
         with staged:
             digest = self._finish(staged)
-            with self._object_lock(staged.dataset, staged.key):
-                version = Version.put(self.clock.now(), staged.size, digest)
-                if on_stamped is not None:
-                    on_stamped(version)
-                completed = self._install(
-                    staged.dataset,
-                    staged.key,
-                    version,
-                    staged,
-                    set_id=set_id,
-                    outbox=outbox,
-                    epoch=epoch,
-                    policy_revision=policy_revision,
-                    transfer=transfer,
-                )
+            return self._commit_local(
+                staged.dataset,
+                staged.key,
+                staged.size,
+                digest,
+                staged,
+                set_id=set_id,
+                outbox=outbox,
+                epoch=epoch,
+                policy_revision=policy_revision,
+                transfer=transfer,
+                on_stamped=on_stamped,
+            )
+
+    def _commit_local(
+        self,
+        dataset: str,
+        key: str,
+        size: int,
+        digest: Digest,
+        staged: StagedWrite | None,
+        *,
+        set_id: str | None,
+        outbox: bool,
+        epoch: int,
+        policy_revision: int | None,
+        transfer: Mapping[str, JsonValue] | None,
+        on_stamped: Callable[[Version], None] | None,
+        inline: bytes | None = None,
+    ) -> Version:
+        """A put written here, its bytes checked (in `staged`, or `inline`): its HLC
+        assigned under the object's lock, told to `on_stamped`, then committed with its
+        group (`commit_put`, `put_small`)."""
+        with self._object_lock(dataset, key):
+            version = Version.put(self.clock.now(), size, digest)
+            if on_stamped is not None:
+                on_stamped(version)
+            completed = self._install(
+                dataset,
+                key,
+                version,
+                staged,
+                set_id=set_id,
+                outbox=outbox,
+                epoch=epoch,
+                policy_revision=policy_revision,
+                transfer=transfer,
+                inline=inline,
+            )
         self._settle(completed)
         return version
 

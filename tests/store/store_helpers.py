@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,3 +28,16 @@ def tree(root: Path) -> list[str]:
 
 def object_files(root: Path) -> list[str]:
     return [p for p in tree(root) if p.startswith("objects/")]
+
+
+def refuse_journal_rows_of(root: Path, key: str) -> None:
+    """Make the store's database refuse any journal row of `key` (a trigger beside the
+    open store): a bundle naming it then fails at its commit."""
+    conn = sqlite3.connect(root / "meta.db")
+    # A trigger takes no parameters: the key (a test's own, no quote in it) goes in the text.
+    conn.execute(
+        f"CREATE TRIGGER refuse BEFORE INSERT ON journal WHEN NEW.key = '{key}'"
+        " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    conn.commit()
+    conn.close()

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
-import sqlite3
 import threading
 from pathlib import Path
 
 import pytest
-from store_helpers import object_files, remote
+from store_helpers import object_files, refuse_journal_rows_of, remote
 
 from agents.store import DigestMismatchError, ObjectStore, StorageError, files
 from agents.store.names import version_path
@@ -47,13 +46,7 @@ def test_a_bad_bundle_stores_nothing(store: ObjectStore) -> None:
 
 
 def test_a_failed_bundle_commit_leaves_no_file(store: ObjectStore) -> None:
-    conn = sqlite3.connect(store.root / "meta.db")
-    conn.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON journal WHEN NEW.key = 'c'"
-        " BEGIN SELECT RAISE(ABORT, 'refused'); END"
-    )
-    conn.commit()
-    conn.close()
+    refuse_journal_rows_of(store.root, "c")
     with pytest.raises(StorageError, match="refused"):
         store.put_many([("ds", k, [k.encode()]) for k in "abcd"])
     assert object_files(store.root) == []

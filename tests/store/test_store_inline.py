@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from store_helpers import StoreFactory, object_files, remote
+from store_helpers import StoreFactory, object_files, refuse_journal_rows_of, remote
 
 from agents.store import MissingContentError, ObjectStore, StorageError
 from agents.store.schema import FORMAT
@@ -76,13 +76,7 @@ def test_inline_bytes_go_with_their_version_rows(store: ObjectStore) -> None:
 
 
 def test_a_failed_commit_leaves_no_inline_bytes(store: ObjectStore) -> None:
-    conn = sqlite3.connect(store.root / "meta.db")
-    conn.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON journal WHEN NEW.key = 'c'"
-        " BEGIN SELECT RAISE(ABORT, 'refused'); END"
-    )
-    conn.commit()
-    conn.close()
+    refuse_journal_rows_of(store.root, "c")
     items = [("ds", k, remote(k.encode()), [k.encode()]) for k in "abcd"]
     with pytest.raises(StorageError, match="refused"):
         store.apply_many(items)
