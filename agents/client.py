@@ -43,6 +43,7 @@ from meridian import convert
 from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 CHUNK_BYTES = 1024 * 1024
+SMALL_BYTES = 64 * 1024  # the most a PutSmall carries (the agent's INLINE_BYTES)
 # A message is one chunk plus its framing; allow headroom for the header messages.
 MAX_MESSAGE_BYTES = 4 * CHUNK_BYTES
 DEFAULT_TIMEOUT_S = 30.0
@@ -147,6 +148,7 @@ class AgentClient:
         self.min_rate_bytes_per_s = min_rate_bytes_per_s
         self._channel: grpc.aio.Channel | None = None
         self._stub: agent_pb2_grpc.AgentAsyncStub | None = None
+        self._small = True  # the agent serves PutSmall (until it says it does not)
 
     # -- lifecycle -------------------------------------------------------------------
     @property
@@ -190,28 +192,44 @@ class AgentClient:
         self,
         dataset: str,
         key: str,
-        source: Path | str | AsyncIterable[bytes],
+        source: Path | str | bytes | AsyncIterable[bytes],
         *,
         epoch: int | None = None,
         set_id: str | None = None,
         size: int | None = None,
         progress: Progress | None = None,
     ) -> Version:
-        """Store `source` (a file path, or an async iterable of chunks of at most 1 MiB)
-        as a new version of `dataset/key`; returns the version the agent assigned.
-        `size`, when known, sizes the deadline (a file's size is read from it)."""
+        """Store `source` (a file path, bytes, or an async iterable of chunks of at most
+        1 MiB) as a new version of `dataset/key`; returns the version the agent
+        assigned. `size`, when known, sizes the deadline (a file's size is read from
+        it). An object of at most `SMALL_BYTES` whose bytes are at hand goes in one
+        PutSmall call, a larger one (or one to an agent without PutSmall) in a Put
+        stream."""
         header = agent_pb2.PutHeader(dataset=dataset, key=key)
         if epoch is not None:
             header.epoch = epoch
         if set_id is not None:
             header.set = set_id
+        chunks: AsyncIterable[bytes]
         if isinstance(source, str | Path):
             path = Path(source)
             try:
                 size = (await asyncio.to_thread(path.stat)).st_size
+                if size <= SMALL_BYTES and self._small:
+                    source = await asyncio.to_thread(path.read_bytes)
             except OSError as err:
                 raise InvalidInputError(f"cannot read {path}: {err.strerror or err}") from None
-            chunks: AsyncIterable[bytes] = _file_chunks(path)
+        if isinstance(source, bytes) and len(source) <= SMALL_BYTES and self._small:
+            version = await self._put_small(header, source)
+            if version is not None:
+                if progress is not None:
+                    progress(len(source), len(source))
+                return version
+        if isinstance(source, bytes):
+            size = len(source)
+            chunks = _chunks_of(source)
+        elif isinstance(source, str | Path):
+            chunks = _file_chunks(Path(source))
         else:
             chunks = source
 
@@ -236,6 +254,20 @@ class AgentClient:
             if not _core_internal(err):
                 raise self._error(err) from None
             raise await self._put_verdict(header, size) from None
+        return _version(resp.version, "PutResponse.version")
+
+    async def _put_small(self, header: agent_pb2.PutHeader, data: bytes) -> Version | None:
+        """The object in one PutSmall call; None when the agent serves no PutSmall (an
+        older agent: it is sent as a Put, and so is every later one)."""
+        try:
+            resp = await self.stub.PutSmall(
+                agent_pb2.PutSmallRequest(header=header, data=data), timeout=self.timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:  # no agent answers it otherwise
+                self._small = False
+                return None
+            raise self._error(err) from None
         return _version(resp.version, "PutResponse.version")
 
     async def _put_verdict(self, header: agent_pb2.PutHeader, size: int | None) -> Exception:
@@ -664,6 +696,11 @@ def _check(
             f"the bytes of {name} at {header.hlc} read from {address} have digest {digest}, "
             f"not {header.digest}; nothing was written"
         )
+
+
+async def _chunks_of(data: bytes) -> AsyncIterator[bytes]:
+    for at in range(0, len(data), CHUNK_BYTES):
+        yield data[at : at + CHUNK_BYTES]
 
 
 # -- files (run in threads) -------------------------------------------------------------------

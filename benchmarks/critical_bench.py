@@ -43,6 +43,7 @@ from critical_helpers import prepare_critical_world  # noqa: E402
 from harness.agent_fixtures import clear_keyspace  # noqa: E402
 from harness.agent_process import AgentProcess  # noqa: E402
 
+from agents.client import SMALL_BYTES  # noqa: E402
 from controlplane.adapters.etcd import EtcdCoordination  # noqa: E402
 from controlplane.adapters.toxiproxy import ToxiproxyClient  # noqa: E402
 from controlplane.coordination.protocols.ownership import Ownership  # noqa: E402
@@ -68,6 +69,12 @@ async def claim_all(etcd: str, datasets: list[str]) -> None:
 async def put(
     stub: agent_pb2_grpc.AgentAsyncStub, dataset: str, key: str, data: bytes
 ) -> agent_pb2.PutResponse:
+    """As `AgentClient.put` sends it: a small object in one PutSmall call, a large one
+    in a Put stream of 1 MiB chunks."""
+    if len(data) <= SMALL_BYTES:
+        header = agent_pb2.PutHeader(dataset=dataset, key=key)
+        return await stub.PutSmall(agent_pb2.PutSmallRequest(header=header, data=data), timeout=120)
+
     async def frames() -> AsyncIterator[agent_pb2.PutRequest]:
         yield agent_pb2.PutRequest(header=agent_pb2.PutHeader(dataset=dataset, key=key))
         for at in range(0, len(data), CHUNK):
@@ -165,6 +172,17 @@ def cpu_seconds(procs: dict[str, AgentProcess]) -> dict[str, tuple[float, float]
     return out
 
 
+# Keys of `throughput_cpu`'s figures beside the agents' regions.
+WRITERS, MACHINE = "(writers)", "(machine)"
+
+
+def machine_busy_seconds() -> float:
+    """CPU time every process of the machine has used, all cores (/proc/stat's first
+    line: everything but idle and iowait)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 async def throughput_cpu(
     stub: agent_pb2_grpc.AgentAsyncStub,
     dataset: str,
@@ -175,10 +193,15 @@ async def throughput_cpu(
     and the system part of it): what bounds the rate when the agents share the
     machine's cores."""
     before = cpu_seconds(procs)
+    busy, own = machine_busy_seconds(), time.process_time()
     rate, acked, refused = await throughput(stub, dataset, args.writers, args.seconds)
     after = cpu_seconds(procs)
     per_write = {r: (sum(after[r]) - sum(before[r])) * 1e3 / max(acked, 1) for r in procs}
     system = {r: (after[r][1] - before[r][1]) * 1e3 / max(acked, 1) for r in procs}
+    # What the agents' ceiling leaves out: the writers (this process) and everything else
+    # on the machine (Toxiproxy, etcd, the catalog's database, the other services).
+    per_write[WRITERS] = (time.process_time() - own) * 1e3 / max(acked, 1)
+    per_write[MACHINE] = (machine_busy_seconds() - busy) * 1e3 / max(acked, 1)
     return rate, acked, refused, per_write, system
 
 
@@ -291,6 +314,8 @@ def report(figures: dict[str, object], rtt_ms: float, args: argparse.Namespace) 
         # Every agent here shares this machine's cores: the rate cannot pass cores / CPU
         # per write, however the writes are scheduled.
         cores = os.cpu_count() or 1
+        writers, machine = cpu.pop(WRITERS), cpu.pop(MACHINE)
+        local_writers, local_machine = local_cpu.pop(WRITERS), local_cpu.pop(MACHINE)
         total, local_total = sum(cpu.values()), sum(local_cpu.values())
         print(
             f"agent CPU per acked write: {total:.1f} ms ("
@@ -298,6 +323,13 @@ def report(figures: dict[str, object], rtt_ms: float, args: argparse.Namespace) 
             + f"); unreplicated {local_total:.1f} ms; ceiling on {cores} cores: "
             f"{cores * 1e3 / total:.0f} /s replicated, {cores * 1e3 / local_total:.0f} /s "
             "unreplicated (the agents alone, nothing else running)"
+        )
+        print(
+            f"machine CPU per acked write: {machine:.1f} ms (agents {total:.1f}, the writers' "
+            f"process {writers:.1f}, everything else {machine - total - writers:.1f}); "
+            f"unreplicated {local_machine:.1f} ms (writers {local_writers:.1f}); ceiling on "
+            f"{cores} cores: {cores * 1e3 / machine:.0f} /s replicated, "
+            f"{cores * 1e3 / local_machine:.0f} /s unreplicated"
         )
         system = figures.get("system") or {}
         assert isinstance(system, dict)

@@ -233,8 +233,9 @@ class SyncReplication:
         self.min_rate_bps = min_rate_bps
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._background: set[asyncio.Task[str]] = set()
-        # (dataset, replica) -> its pushes of new writes still running (`_ordered`).
-        self._inflight: dict[tuple[str, str], set[asyncio.Future[str]]] = {}
+        # (dataset, replica) -> the newest of its pushes of new writes, while it runs
+        # (`_ordered`).
+        self._last_push: dict[tuple[str, str], asyncio.Task[str]] = {}
         # dataset -> this region's own commits still running while their pushes go out
         # (`CommittedWrite.local`): a takeover pass waits for them (`_commits_ended`).
         self._committing: dict[str, set[asyncio.Future[Version]]] = {}
@@ -1233,30 +1234,43 @@ class SyncReplication:
         order). An earlier push that fails fails this one.
 
         A push that fails (not fenced) marks its region behind the moment it fails,
-        before the region leaves the running set: a push begun after it then finds the
+        before its task ends: a push begun after it then finds the
         region behind and is not counted. (Marked when its write's wait ended, a later
         write's push that succeeded meanwhile counted a region lacking this one.)"""
         dataset = write.dataset
-        running = self._inflight.setdefault((dataset, region), set())
-        earlier = [f for f in running if not f.done()]
+        lane = (dataset, region)
+        # The push begun just before this one, while it runs: it succeeds only once every
+        # push begun before IT has, so waiting for it alone waits for them all (each
+        # write waiting for every running push cost the owner O(writers) per write).
+        earlier = self._last_push.get(lane)
+        if earlier is not None and earlier.done():
+            earlier = None  # ended (its callback not yet run): nothing to wait for
         raw = asyncio.ensure_future(push)
-        running.add(raw)
         raw.add_done_callback(functools.partial(self._push_ended, write, region))
-        raw.add_done_callback(running.discard)
 
         async def in_order() -> str:
             done = await raw
-            for before in earlier:
-                try:
-                    await asyncio.shield(before)  # this one's end must not cancel it
-                except MeridianError as exc:
-                    raise UnavailableError(
-                        f"an earlier push to {region} of {dataset} failed ({exc}): it may "
-                        "lack that version"
-                    ) from exc
+            if earlier is None:
+                return done
+            try:
+                await asyncio.shield(earlier)  # this one's end must not cancel it
+            except EarlierPushError as exc:
+                raise EarlierPushError(str(exc)) from exc
+            except MeridianError as exc:
+                raise EarlierPushError(
+                    f"an earlier push to {region} of {dataset} failed ({exc}): it may "
+                    "lack that version"
+                ) from exc
             return done
 
-        return asyncio.create_task(in_order(), name=region)
+        task = asyncio.create_task(in_order(), name=region)
+        self._last_push[lane] = task
+        task.add_done_callback(functools.partial(self._push_settled, lane))
+        return task
+
+    def _push_settled(self, lane: tuple[str, str], task: asyncio.Task[str]) -> None:
+        if self._last_push.get(lane) is task:
+            del self._last_push[lane]
 
     def _push_ended(self, write: CommittedWrite, region: str, raw: asyncio.Future[str]) -> None:
         if raw.cancelled():
@@ -1727,6 +1741,11 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+class EarlierPushError(UnavailableError):
+    """A push committed, but one begun before it to the same region failed: that region
+    may lack the earlier version, so it does not count toward this write's ack."""
 
 
 class _UnresolvedError(UnavailableError):

@@ -53,6 +53,7 @@ from agents.service.servicer import (
     Replication,
     SetReceiver,
     Transfers,
+    check_small,
 )
 from agents.store import ObjectStore
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
@@ -178,6 +179,21 @@ class RoutedAgentService(AgentService):
             self.metrics,
             lambda: self._routed_put(members, request_iterator, context),
         )
+
+    async def PutSmall(  # noqa: N802 - the generated name
+        self, request: agent_pb2.PutSmallRequest, context: Context
+    ) -> agent_pb2.PutResponse:
+        members = self._region_view()
+        if members is None:
+            return await super().PutSmall(request, context)
+
+        # In a region of several agents it goes where a Put goes (forwarded as a Put to
+        # the key's primary, placed on the key's other owners), its frames made here.
+        async def routed() -> agent_pb2.PutResponse:
+            check_small(request)
+            return await self._routed_put(members, _small_frames(request), context)
+
+        return await unary("PutSmall", context, self.metrics, routed)
 
     async def _routed_put(
         self,
@@ -717,3 +733,11 @@ async def _chain_many(
         yield frame
     async for frame in rest:
         yield frame
+
+
+async def _small_frames(request: agent_pb2.PutSmallRequest) -> AsyncIterator[agent_pb2.PutRequest]:
+    """A PutSmall as the frames of a Put of the same object."""
+    yield agent_pb2.PutRequest(header=request.header)
+    if request.data:
+        yield agent_pb2.PutRequest(chunk=request.data)
+    yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())

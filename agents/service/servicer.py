@@ -218,33 +218,42 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             "Put", context, self.metrics, lambda: self._put(request_iterator, context)
         )
 
+    async def PutSmall(  # noqa: N802 - the generated name
+        self, request: agent_pb2.PutSmallRequest, context: Context
+    ) -> agent_pb2.PutResponse:
+        return await unary(
+            "PutSmall", context, self.metrics, lambda: self._put_small(request, context)
+        )
+
+    async def _put_small(
+        self, request: agent_pb2.PutSmallRequest, context: Context
+    ) -> agent_pb2.PutResponse:
+        """A whole small object in one message: what `_put` does with a Put that ends
+        within its first INLINE_BYTES, without a stream to read (a streamed Put of 1 KiB
+        costs both ends about twice the CPU of a unary call)."""
+        header = _Header.of(request.header, self.max_object_bytes)
+        check_small(request)
+        admitted = await self.admission.admit_write(header.dataset, header.epoch)
+        if header.set_id is not None and self.holding_sets is not None:
+            await self.holding_sets()
+        return await self._commit_write(context, header, admitted, None, request.data, None)
+
     async def _put(
         self, frames: AsyncIterator[agent_pb2.PutRequest], context: Context
     ) -> agent_pb2.PutResponse:
         first = await anext(frames, None)
         if first is None or first.WhichOneof("frame") != "header":
             raise InvalidInputError("PutRequest.header: a Put's first message must be its header")
-        header = first.header
-        dataset = requests.name("PutHeader.dataset", header.dataset)
-        key = requests.name("PutHeader.key", header.key)
-        set_id = requests.set_id("PutHeader.set", header.HasField("set"), header.set)
-        epoch = requests.epoch(header.HasField("epoch"), header.epoch)
-        size = header.size if header.HasField("size") else None
-        digest = requests.digest("PutHeader.digest", header.HasField("digest"), header.digest)
-        if size is not None and self.max_object_bytes is not None and size > self.max_object_bytes:
-            raise TooLargeError(
-                f"PutHeader.size: {dataset}/{key} would be {size} bytes, more than this agent's "
-                f"cap of {self.max_object_bytes}; nothing was stored"
-            )
-        admitted = await self.admission.admit_write(dataset, epoch)
-        if set_id is not None and self.holding_sets is not None:
+        header = _Header.of(first.header, self.max_object_bytes)
+        dataset, key, size = header.dataset, header.key, header.size
+        admitted = await self.admission.admit_write(dataset, header.epoch)
+        if header.set_id is not None and self.holding_sets is not None:
             await self.holding_sets()
         # The first INLINE_BYTES are held here, not staged: an object that ends within
         # them (the common small write) is stored in ONE thread hop, after its end.
         # A larger one is staged then and streams on, one thread hop per chunk.
         held: list[bytes] = []
         held_bytes = 0
-        whole = b""  # the held bytes joined, once the Put has ended within them
         staged: StagedWrite | None = None
         try:
             end: agent_pb2.PutEnd | None = None
@@ -270,7 +279,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     held_bytes += len(chunk)
                     continue
                 if staged is None:
-                    staged = await asyncio.to_thread(self._stage, dataset, key, size, digest, held)
+                    staged = await asyncio.to_thread(
+                        self._stage, dataset, key, size, header.digest, held
+                    )
                     held = []
                 await asyncio.to_thread(staged.write, chunk)
             _before_commit(context, "Put")  # a stream cut by its deadline ends like this too
@@ -293,37 +304,51 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             admitted = await self.admission.admit_write(
                 dataset, admitted.epoch if admitted.critical else None
             )
-            # The decision's time, beside the commit's (structlog's timestamp): the
-            # split-brain checker needs when the epoch was judged current.
-            admitted_at = time.time()
-            _before_commit(context, "Put")
-            how = _Commit(
-                set_id=set_id,
-                outbox=not admitted.critical,
-                epoch=admitted.epoch,
-                policy_revision=admitted.policy_revision,
-            )
-            local: asyncio.Future[Version] | None = None
-            if staged is None:
-                whole = b"".join(held)
-                small = functools.partial(
-                    self._store_held, dataset, key, size, digest, whole, stated, **how
-                )
-                if admitted.critical and self.replication is not None:
-                    # Pushed while it commits here (`overlapped`): the ack still waits
-                    # for this commit to be durable, and counts this region only then.
-                    version, local = await self._overlapped(small)
-                else:
-                    version = await asyncio.to_thread(small)
-            else:
-                version = await asyncio.to_thread(
-                    functools.partial(self.store.commit_put, staged, **how)
-                )
+            whole = b"".join(held) if staged is None else b""
+            return await self._commit_write(context, header, admitted, staged, whole, stated)
         finally:
             # After a commit this removes nothing; on an error or a cancel it drops the
             # temporary file (waiting for a chunk a thread may still be writing).
             if staged is not None:
                 staged.abort()
+
+    async def _commit_write(
+        self,
+        context: Context,
+        header: _Header,
+        admitted: Admitted,
+        staged: StagedWrite | None,
+        whole: bytes,
+        stated: Digest | None,
+    ) -> agent_pb2.PutResponse:
+        """Commit an admitted Put (`staged`, or the bytes `whole` when small), replicate
+        it per its class and answer with its version once it may be acked."""
+        dataset, key, set_id = header.dataset, header.key, header.set_id
+        # The decision's time, beside the commit's (structlog's timestamp): the
+        # split-brain checker needs when the epoch was judged current.
+        admitted_at = time.time()
+        _before_commit(context, "Put")
+        how = _Commit(
+            set_id=set_id,
+            outbox=not admitted.critical,
+            epoch=admitted.epoch,
+            policy_revision=admitted.policy_revision,
+        )
+        local: asyncio.Future[Version] | None = None
+        if staged is None:
+            small = functools.partial(
+                self._store_held, dataset, key, header.size, header.digest, whole, stated, **how
+            )
+            if admitted.critical and self.replication is not None:
+                # Pushed while it commits here (`overlapped`): the ack still waits
+                # for this commit to be durable, and counts this region only then.
+                version, local = await self._overlapped(small)
+            else:
+                version = await asyncio.to_thread(small)
+        else:
+            version = await asyncio.to_thread(
+                functools.partial(self.store.commit_put, staged, **how)
+            )
 
         def stored(version: Version) -> None:
             log.info(
@@ -762,6 +787,33 @@ def _info(stored: StoredVersion) -> agent_pb2.ObjectInfo:
     return info
 
 
+@dataclass(frozen=True, slots=True)
+class _Header:
+    """A Put's header, checked (the same for Put and PutSmall)."""
+
+    dataset: str
+    key: str
+    set_id: str | None
+    epoch: int | None
+    size: int | None
+    digest: Digest | None
+
+    @classmethod
+    def of(cls, header: agent_pb2.PutHeader, max_object_bytes: int | None) -> _Header:
+        dataset = requests.name("PutHeader.dataset", header.dataset)
+        key = requests.name("PutHeader.key", header.key)
+        set_id = requests.set_id("PutHeader.set", header.HasField("set"), header.set)
+        epoch = requests.epoch(header.HasField("epoch"), header.epoch)
+        size = header.size if header.HasField("size") else None
+        digest = requests.digest("PutHeader.digest", header.HasField("digest"), header.digest)
+        if size is not None and max_object_bytes is not None and size > max_object_bytes:
+            raise TooLargeError(
+                f"PutHeader.size: {dataset}/{key} would be {size} bytes, more than this "
+                f"agent's cap of {max_object_bytes}; nothing was stored"
+            )
+        return cls(dataset, key, set_id, epoch, size, digest)
+
+
 class _Commit(TypedDict):
     """How a Put commits (`ObjectStore.commit_put` / `put_small`), as admitted."""
 
@@ -777,6 +829,16 @@ def _check_digest(staged: StagedWrite, stated: Digest) -> None:
         raise DigestMismatchError(
             f"object {staged.dataset}/{staged.key} hashed to {found}, not the stated {stated}; "
             "nothing was stored"
+        )
+
+
+def check_small(request: agent_pb2.PutSmallRequest) -> None:
+    """Refuse a PutSmall that carries more than one holds (TooLargeError)."""
+    if len(request.data) > INLINE_BYTES:
+        raise TooLargeError(
+            f"PutSmallRequest.data: {request.header.dataset}/{request.header.key} is "
+            f"{len(request.data)} bytes, more than the {INLINE_BYTES} a PutSmall carries "
+            "(send it with Put); nothing was stored"
         )
 
 
