@@ -180,14 +180,14 @@ _CHANNEL_OPTIONS = [
 
 def copy_regions(placement: Placement) -> tuple[str, ...]:
     """Every region that keeps a copy of the dataset: home and replicas, each once."""
-    return tuple(dict.fromkeys(r for r in (placement.home, *placement.replicas) if r))
+    return _copy_regions(placement.home, placement.replicas)
 
 
 def push_targets(placement: Placement, owner: str) -> tuple[str, ...]:
     """Where the owner pushes a write: every other copy region. After a failover the
     owner is a replica region and the home is one of them (the chaos suite found the
     owner pushing to `replicas`, itself included, and never to the home)."""
-    return tuple(r for r in copy_regions(placement) if r != owner)
+    return _push_targets(placement.home, placement.replicas, owner)
 
 
 def copies_needed(placement: Placement) -> int:
@@ -196,6 +196,18 @@ def copies_needed(placement: Placement) -> int:
     if (placement.ack or DEFAULT_ACK) == "all":
         return copies
     return copies // 2 + 1
+
+
+# Asked several times for every critical write, of a handful of placements: cached by
+# the fields they depend on (a Placement's own hash covers all of its fields).
+@functools.lru_cache(maxsize=1024)
+def _copy_regions(home: str, replicas: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(r for r in (home, *replicas) if r))
+
+
+@functools.lru_cache(maxsize=1024)
+def _push_targets(home: str, replicas: tuple[str, ...], owner: str) -> tuple[str, ...]:
+    return tuple(r for r in _copy_regions(home, replicas) if r != owner)
 
 
 # The header alone, asked again while grpc/grpc#36066 still hides its status (the

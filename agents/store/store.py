@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Literal, Self
+from typing import BinaryIO, Literal, Self, cast
 
 from agents.store import files, repair, rows
 from agents.store.errors import (
@@ -1578,7 +1578,9 @@ class ObjectStore:
                 " GROUP BY key ORDER BY key LIMIT ?",
                 (dataset, after, limit),
             ).fetchall()
-        return [(str(k), str(h), None if d is None else str(d)) for k, h, d in found]
+        # The columns are TEXT NOT NULL but for digest: sqlite3 gives them as str and
+        # None already (the rows are what is returned: no copy of a list this long).
+        return cast("list[tuple[str, str, str | None]]", found)
 
     def held(self, after: tuple[str, str] | None = None, limit: int = 1000) -> list[StoredVersion]:
         """The newest version (puts and tombstones) of each object held, in (dataset,
