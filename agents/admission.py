@@ -290,7 +290,13 @@ class Admission:
         return Admitted(placement, owner.epoch, policy.revision)
 
     def admit_replica(
-        self, dataset: str, epoch: int, origin_region: str, *, rewind: bool = False
+        self,
+        dataset: str,
+        epoch: int,
+        origin_region: str,
+        *,
+        rewind: bool = False,
+        fresh_read_next: bool = False,
     ) -> Placement:
         """A copy pushed to this region (Replicate, a fetched version): residency, and for
         a critical dataset the fence (an epoch older than the newest seen, or a marked
@@ -298,7 +304,11 @@ class Admission:
         owner record of that epoch is known here.
 
         A handover's target takes the owner's copies at the owner's epoch through the
-        freeze (`_through_handover`); a `rewind` (a drop, not a copy) never does."""
+        freeze (`_through_handover`); a `rewind` (a drop, not a copy) never does.
+        `fresh_read_next`: the caller reads etcd's owner record at once
+        (`admit_replica_current`), which decides the handover: a mark known here only
+        from the watch may already be gone (a switchover just ended or aborted, its
+        event not yet delivered), and refusing on it refused copies etcd allows."""
         placement = self.admit_store(dataset)
         if placement.dataset_class != "critical":
             return placement
@@ -314,7 +324,9 @@ class Admission:
                 f"a copy of {dataset} at epoch {epoch} came from {origin_region}, but the "
                 f"owner at that epoch is {known.region}; refused"
             )
-        through = not rewind and self._through_handover(known, epoch, origin_region)
+        through = fresh_read_next or (
+            not rewind and self._through_handover(known, epoch, origin_region)
+        )
         self._fenced(dataset, epoch, through_handover=through)
         return placement
 
@@ -329,7 +341,9 @@ class Admission:
         whose own reads lag (paused, partitioned, its read reused) cannot get a copy
         acked once etcd names another owner: the watch feeding the fence may lag, etcd
         does not."""
-        placement = self.admit_replica(dataset, epoch, origin_region, rewind=rewind)
+        placement = self.admit_replica(
+            dataset, epoch, origin_region, rewind=rewind, fresh_read_next=True
+        )
         if placement.dataset_class != "critical":
             return placement
         read = self._fresh_owner or self._owners.owner

@@ -150,7 +150,9 @@ class ReplicaPushes:
                         f"{where}: {header.dataset} is a standard dataset; its copies go "
                         "with ReplicateMany"
                     )
-                self.admission.admit_replica(header.dataset, header.epoch, origin)
+                self.admission.admit_replica(
+                    header.dataset, header.epoch, origin, fresh_read_next=True
+                )
             except InvalidInputError:
                 raise
             except MeridianError as exc:

@@ -59,7 +59,7 @@ async def receive_sets(
     origin = request.origin_region
     if not origin:
         raise InvalidInputError("ReplicateSetRequest.origin_region: the pusher must name it")
-    placement = admission.admit_replica(dataset, request.epoch, origin)
+    placement = admission.admit_replica(dataset, request.epoch, origin, fresh_read_next=True)
     if placement.dataset_class == "critical":
         await admission.admit_replica_current(dataset, request.epoch, origin)
     elif request.epoch:

@@ -74,6 +74,24 @@ async def test_a_copy_from_a_region_etcd_does_not_name_or_during_a_handover_is_r
         await admission.admit_replica_current("crit/a", 5, "eu-west")
 
 
+async def test_a_handover_that_ended_in_etcd_no_longer_refuses_though_the_watch_lags() -> None:
+    """The fence still holds the freeze (its watch has not delivered the abort), etcd
+    read at the push has none: the copy is taken and the fence learns the freeze is
+    over. A pre-check that a fresh read follows leaves the freeze to that read."""
+    owners = MemoryOwners()
+    admission, fence, metrics = replica(owners)
+    owners.set("crit/a", "eu-west", 5)
+    fence.observe("crit/a", 5, handing_over=True)
+    with pytest.raises(DatasetHandingOverError):  # the watch alone still refuses
+        admission.admit_replica("crit/a", 5, "eu-west")
+    admission.admit_replica("crit/a", 5, "eu-west", fresh_read_next=True)
+    with pytest.raises(StaleEpochError):  # but never an older epoch
+        admission.admit_replica("crit/a", 4, "eu-west", fresh_read_next=True)
+    await admission.admit_replica_current("crit/a", 5, "eu-west")
+    fence.admit("crit/a", 5)  # the freeze is lifted for every write
+    assert metrics.handover_refused.labels(dataset="crit/a")._value.get() == 1
+
+
 async def test_the_handover_s_target_takes_the_owner_s_copies_through_the_freeze() -> None:
     """This replica (eu-north) is the handover's target: the owner's copies at its epoch
     pass (its catch-up must reach the target before the move), nothing else does."""
