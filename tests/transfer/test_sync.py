@@ -12,6 +12,7 @@ from agents_inproc import AgentFactory
 from xfer_helpers import content, fetch, rewrite, transfers
 
 import native
+from agents.store import ObjectStore
 from meridian.v1 import agent_pb2
 
 SIZE = 8 << 20
@@ -181,3 +182,37 @@ async def test_concurrent_fetches_of_one_version_pull_it_once_and_leave_no_entry
     assert outcomes.count(agent_pb2.APPLY_OUTCOME_APPLIED) == 1
     assert central.store.read_bytes("ckpt", "twice.bin") == data
     assert central.service._pulling == {}
+
+
+def inline_count(store: ObjectStore) -> int:
+    """Versions kept in the store's database (`inline_bytes`), not in files."""
+    with store._lock:
+        return int(store._db.execute("SELECT count(*) FROM inline_bytes").fetchone()[0])
+
+
+async def test_a_basis_kept_inline_serves_both_delta_methods(agents: AgentFactory) -> None:
+    """A version of at most 64 KiB lives in the store's database (format 2), not in a
+    file: the delta engine reads it through the reader's memfd, as the sender's basis
+    and as the receiver's, so the larger next version still travels as a delta."""
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    old = content(60 << 10)
+    new = old[: 30 << 10] + content(1 << 10, seed=5) + old[30 << 10 :] + content(4 << 10, seed=6)
+    v1 = west.store.put_small("ckpt", "opt.bin", old)
+    central.store.apply_many([("ckpt", "opt.bin", v1, [old])])  # the same version, inline
+    # A basis only the receiver holds (its own write, older than v2): the signature way.
+    east = await agents("eu-central", name="eu-central-2")
+    east.store.put_small("ckpt", "opt.bin", old)
+    assert inline_count(west.store) == inline_count(central.store) == inline_count(east.store)
+    assert inline_count(east.store) == 1
+    v2 = west.store.put("ckpt", "opt.bin", [new])
+
+    got = await fetch(central.address, "ckpt", "opt.bin", v2, [("eu-west", west.address)])
+    assert central.store.read_bytes("ckpt", "opt.bin") == new
+    assert transfers(central.store)[-1]["method"] == "basis"
+    assert got.wire_bytes < len(new) / 4
+
+    got = await fetch(east.address, "ckpt", "opt.bin", v2, [("eu-west", west.address)])
+    assert east.store.read_bytes("ckpt", "opt.bin") == new
+    assert transfers(east.store)[-1]["method"] == "signature"
+    assert got.wire_bytes < len(new) / 4
