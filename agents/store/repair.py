@@ -7,7 +7,9 @@ held). In order:
    protocol: nothing refers to them);
 2. every file under `objects/` that no row names is removed (a crash
    after the rename but before the commit, or after a pruning commit but before
-   its files went), and so is anything there that is not a version file;
+   its files went), and so is anything there that is not a version file; so is
+   every inline blob (`inline_bytes`) no inline version row names (its row gone
+   some way the cleanup trigger did not see, or its version refilled as a file);
 3. every `present` row whose file is gone, or whose size differs (or, with
    `verify="digest"`, whose content does not hash to its digest), is marked
    `missing` and its damaged file removed;
@@ -97,7 +99,12 @@ def _remove_orphans(root: Path, conn: sqlite3.Connection) -> int:
             files.remove_file(path)
             removed += 1
     # Folders stay: the fan-out folders are reused, and the store knows them.
-    return removed
+    blobs = conn.execute(
+        "DELETE FROM inline_bytes WHERE NOT EXISTS (SELECT 1 FROM versions v"
+        " WHERE v.dataset = inline_bytes.dataset AND v.key = inline_bytes.key"
+        " AND v.hlc = inline_bytes.hlc AND v.op = 'put' AND v.path IS NULL)"
+    ).rowcount
+    return removed + max(blobs, 0)
 
 
 def _check_rows(root: Path, conn: sqlite3.Connection, verify: Verify) -> tuple[int, int]:

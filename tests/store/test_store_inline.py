@@ -116,6 +116,31 @@ def test_startup_repair_keeps_inline_versions_and_marks_damaged_ones_missing(
     assert open_store(verify="digest").repair_report.marked_missing == 0
 
 
+def test_startup_repair_removes_inline_bytes_no_inline_version_names(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store()
+    kept = remote(b"kept")
+    store.apply_many([("ds", "kept", kept, [b"kept"])])
+    as_file = store.put("ds", "file", [b"a file's bytes"])
+    store.close()
+    conn = sqlite3.connect(store.root / "meta.db")
+    orphans = [
+        ("ds", "gone", kept.hlc.text, b"its row is gone"),  # no version row at all
+        ("ds", "file", as_file.hlc.text, b"a file's bytes"),  # its version is a file
+    ]
+    conn.executemany("INSERT INTO inline_bytes VALUES (?, ?, ?, ?)", orphans)
+    conn.commit()
+    conn.close()
+    store = open_store()
+    assert store.repair_report.orphans_removed == 2
+    assert inline_rows(store.root) == [("ds", "kept", kept.hlc.text)]
+    assert store.read_bytes("ds", "kept") == b"kept"
+    assert store.read_bytes("ds", "file") == b"a file's bytes"
+    store.close()
+    assert open_store().repair_report.orphans_removed == 0
+
+
 def test_a_format_1_store_is_upgraded_in_place(open_store: StoreFactory) -> None:
     store = open_store()
     old = store.put("ds", "file", [b"from format 1"])
