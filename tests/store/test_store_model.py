@@ -1,5 +1,7 @@
 """A stateful property test: random puts, deletes, remote applies, bundles and reopens
-against a model of what LWW and keep_versions say the store holds."""
+against a model of what LWW and keep_versions say the store holds; small puts
+(`put_small`) and applied bundles (`apply_many`) are kept inline, in the database,
+and their bytes go with their rows."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.store = self._open()
         self.seen: dict[str, list[Version]] = {}  # every version that reached each key
         self.data: dict[Version, bytes] = {}
+        self.inline: set[Version] = set()  # kept in `inline_bytes`, not in a file
         self.base = system_ms() - 200_000  # remote stamps: in the past, never skewed
 
     def _open(self) -> ObjectStore:
@@ -62,6 +65,36 @@ class StoreMachine(RuleBasedStateMachine):
         if result.verdict.applies:
             self._saw(key, version, data)
 
+    @rule(key=KEYS, data=st.binary(max_size=64))
+    def put_small(self, key: str, data: bytes) -> None:
+        version = self.store.put_small("ds", key, data)
+        self._saw(key, version, data)
+        self.inline.add(version)
+
+    @rule(
+        items=st.dictionaries(
+            KEYS, st.tuples(st.integers(0, 150_000), st.binary(max_size=64) | st.none()), min_size=1
+        )
+    )
+    def apply_many(self, items: dict[str, tuple[int, bytes | None]]) -> None:
+        batch = []
+        for key, (offset, data) in items.items():
+            hlc = HLC(self.base + offset, 1, "us-east")
+            if any(v.hlc == hlc for v in self.seen.get(key, [])):
+                return
+            version = (
+                Version.delete(hlc)
+                if data is None
+                else Version.put(hlc, len(data), Digest.of(data))
+            )
+            batch.append(("ds", key, version, None if data is None else [data]))
+        results = self.store.apply_many(batch)
+        for (_, key, version, source), result in zip(batch, results, strict=True):
+            if result.verdict.applies:
+                self._saw(key, version, None if source is None else source[0])
+                if source is not None:
+                    self.inline.add(version)
+
     @rule(data=st.binary(max_size=32))
     def put_bundle(self, data: bytes) -> None:
         made = self.store.put_many([("ds", "a", [data]), ("ds", "bundle", [data + b"!"])])
@@ -82,7 +115,8 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def holds_what_lww_and_keep_versions_say(self) -> None:
-        expected_files = set()
+        expected_files: set[str] = set()
+        expected_blobs: set[tuple[str, str]] = set()
         for key, versions in self.seen.items():
             held = [s.version for s in self.store.versions("ds", key)]
             want = sorted(versions, key=lambda v: v.hlc, reverse=True)[:KEEP]
@@ -92,9 +126,16 @@ class StoreMachine(RuleBasedStateMachine):
             if not top.is_tombstone:
                 assert self.store.read_bytes("ds", key) == self.data[top]
             expected_files |= {
-                str(version_path("ds", key, v.hlc)) for v in want if not v.is_tombstone
+                str(version_path("ds", key, v.hlc))
+                for v in want
+                if not v.is_tombstone and v not in self.inline
+            }
+            expected_blobs |= {
+                (key, v.hlc.text) for v in want if not v.is_tombstone and v in self.inline
             }
         assert set(object_files(self.store.root)) == expected_files
+        blobs = self.store._db.execute("SELECT key, hlc FROM inline_bytes").fetchall()
+        assert set(blobs) == expected_blobs and len(blobs) == len(expected_blobs)
         usage = self.store.usage()
         counted = self.store._db.execute(USAGE_BY_SCAN).fetchone()
         assert (usage.objects, usage.versions, usage.bytes) == counted
