@@ -399,16 +399,27 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         def on_stamped(version: Version) -> None:  # in the store's thread
             loop.call_soon_threadsafe(tell, version)
 
-        local = asyncio.ensure_future(
-            asyncio.to_thread(functools.partial(commit, on_stamped=on_stamped))
-        )
-        # Its outcome is awaited by the ack, or by nobody when the call is cancelled.
-        local.add_done_callback(lambda done: done.cancelled() or done.exception())
-        await asyncio.wait((stamped, local), return_when=asyncio.FIRST_COMPLETED)
-        if stamped.done():
-            return stamped.result(), local
-        stamped.cancel()
-        return await asyncio.shield(local), local
+        # A plain executor future, not to_thread's task (no context is bound here): this
+        # runs for every small critical write.
+        local = loop.run_in_executor(None, functools.partial(commit, on_stamped=on_stamped))
+
+        def ended(done: asyncio.Future[Version]) -> None:
+            # Its outcome is awaited by the ack, or by nobody when the call is cancelled
+            # (read here either way). Ended before its stamp: this call gets its outcome.
+            error = None if done.cancelled() else done.exception()
+            if stamped.done():
+                return
+            if done.cancelled():
+                stamped.cancel()
+            elif error is not None:
+                stamped.set_exception(error)
+            else:
+                stamped.set_result(done.result())
+
+        local.add_done_callback(ended)
+        # A cancelled call cancels `stamped` alone: the commit runs on (`tell` and
+        # `ended` look before they set it).
+        return await stamped, local
 
     def _stage(
         self, dataset: str, key: str, size: int | None, digest: Digest | None, held: list[bytes]
