@@ -5,6 +5,7 @@ waits for the owner's own commit, and a failed commit fails the write."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from agents.store import ObjectStore, StorageError
 from controlplane.domain.hlc import HybridClock
 from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
+from controlplane.errors import UnavailableError
 
 PLACEMENT = Placement(
     dataset="ckpt/overlap",
@@ -87,4 +89,54 @@ async def test_a_failed_own_commit_fails_the_write_whatever_the_replicas_hold(
         local.set_exception(StorageError("the disk is gone (test)"))
         with pytest.raises(StorageError, match="the disk is gone"):
             await asyncio.wait_for(sync.replicate(write(local)), timeout=5)
+        await sync.close()
+
+
+async def test_a_replica_counts_toward_an_ack_only_once_every_earlier_push_to_it_succeeded(
+    tmp_path: Path,
+) -> None:
+    """Two writes pushed at once (ack: all, so every replica must count): the second's
+    pushes end first, but it is not acked while the first's still run, and when the
+    first's push to eu-central fails, eu-central does not count for the second either
+    (it may lack the first), while the first's failure marks eu-central behind."""
+    every = dataclasses.replace(PLACEMENT, ack="all")
+    loop = asyncio.get_running_loop()
+    gates: dict[tuple[str, str], asyncio.Future[str]] = {}
+    behind: list[str] = []
+    with ObjectStore(tmp_path / "s", clock=HybridClock("eu-west")) as store:
+        sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
+
+        async def push(region: str, w: CommittedWrite, _v: Version, _deadline: float) -> str:
+            return await gates.setdefault((w.key or "", region), loop.create_future())
+
+        sync._push = push  # type: ignore[method-assign]
+        sync._mark_behind = lambda _w, region: behind.append(region)  # type: ignore[method-assign]
+        sync._reconciled[PLACEMENT.dataset] = 5
+        clock = HybridClock("eu-west")
+
+        def write_of(key: str) -> CommittedWrite:
+            version = Version(clock.now(), "delete", 0, None)
+            return CommittedWrite(Admitted(every, 5, 1), every.dataset, key=key, version=version)
+
+        first = asyncio.create_task(sync.replicate(write_of("k1")))
+        second = asyncio.create_task(sync.replicate(write_of("k2")))
+        await until(lambda: len(gates) == 4, 5, "four pushes")
+        for region in ("eu-central", "eu-north"):
+            gates[("k2", region)].set_result(region)
+        done, _ = await asyncio.wait({second}, timeout=0.2)  # bounded: nothing may end
+        assert not done, "acked while an earlier push to the same replicas still ran"
+        gates[("k1", "eu-north")].set_result("eu-north")
+        gates[("k1", "eu-central")].set_exception(UnavailableError("link cut (test)"))
+        with pytest.raises(UnavailableError, match="link cut"):
+            await asyncio.wait_for(first, timeout=5)
+        with pytest.raises(UnavailableError, match="an earlier push to eu-central"):
+            await asyncio.wait_for(second, timeout=5)
+        assert behind == ["eu-central"]
+        # A third write, pushed after both ended, waits for nothing that failed before.
+        third = asyncio.create_task(sync.replicate(write_of("k3")))
+        await until(lambda: len(gates) == 6, 5, "the third's pushes")
+        for region in ("eu-central", "eu-north"):
+            gates[("k3", region)].set_result(region)
+        regions = await asyncio.wait_for(third, timeout=5)
+        assert sorted(regions) == ["eu-central", "eu-north", "eu-west"]
         await sync.close()
