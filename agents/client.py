@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -214,8 +215,10 @@ class AgentClient:
         if isinstance(source, str | Path):
             path = Path(source)
             try:
-                size = (await asyncio.to_thread(path.stat)).st_size
-                if size <= SMALL_BYTES and self._small:
+                info = await asyncio.to_thread(path.stat)
+                size = info.st_size
+                # A regular file only: a pipe or a device says 0 bytes and may be endless.
+                if stat.S_ISREG(info.st_mode) and size <= SMALL_BYTES and self._small:
                     source = await asyncio.to_thread(path.read_bytes)
             except OSError as err:
                 raise InvalidInputError(f"cannot read {path}: {err.strerror or err}") from None

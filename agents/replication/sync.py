@@ -245,9 +245,9 @@ class SyncReplication:
         self.min_rate_bps = min_rate_bps
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._background: set[asyncio.Task[str]] = set()
-        # (dataset, replica) -> the newest of its pushes of new writes, while it runs
-        # (`_ordered`).
-        self._last_push: dict[tuple[str, str], asyncio.Task[str]] = {}
+        # (dataset, replica) -> settled once every push of new writes to it so far has
+        # ended, with the first failure among them (`_ordered`); dropped once settled.
+        self._settled: dict[tuple[str, str], asyncio.Future[BaseException | None]] = {}
         # dataset -> this region's own commits still running while their pushes go out
         # (`CommittedWrite.local`): a takeover pass waits for them (`_commits_ended`).
         self._committing: dict[str, set[asyncio.Future[Version]]] = {}
@@ -1251,38 +1251,40 @@ class SyncReplication:
         write's push that succeeded meanwhile counted a region lacking this one.)"""
         dataset = write.dataset
         lane = (dataset, region)
-        # The push begun just before this one, while it runs: it succeeds only once every
-        # push begun before IT has, so waiting for it alone waits for them all (each
+        # Settled once every push begun before this one has ended (its result: the first
+        # failure among them, or None): waiting for it alone waits for them all (each
         # write waiting for every running push cost the owner O(writers) per write).
-        earlier = self._last_push.get(lane)
+        earlier = self._settled.get(lane)
         if earlier is not None and earlier.done():
-            earlier = None  # ended (its callback not yet run): nothing to wait for
+            # All ended (its callback not yet run): nothing to wait for; one that failed
+            # marked the region behind as it failed (`_push_ended`).
+            earlier = None
         raw = asyncio.ensure_future(push)
         raw.add_done_callback(functools.partial(self._push_ended, write, region))
+        settled = _settled_after(raw, earlier)
+        self._settled[lane] = settled
+        settled.add_done_callback(functools.partial(self._lane_settled, lane))
 
         async def in_order() -> str:
-            done = await raw
+            done = await raw  # its own failure fails it at once
             if earlier is None:
                 return done
-            try:
-                await asyncio.shield(earlier)  # this one's end must not cancel it
-            except EarlierPushError as exc:
-                raise EarlierPushError(str(exc)) from exc
-            except MeridianError as exc:
+            # Shielded: this one's end must not cancel what later pushes wait on.
+            failed = await asyncio.shield(earlier)
+            if failed is not None:
                 raise EarlierPushError(
-                    f"an earlier push to {region} of {dataset} failed ({exc}): it may "
+                    f"an earlier push to {region} of {dataset} failed ({failed}): it may "
                     "lack that version"
-                ) from exc
+                )
             return done
 
-        task = asyncio.create_task(in_order(), name=region)
-        self._last_push[lane] = task
-        task.add_done_callback(functools.partial(self._push_settled, lane))
-        return task
+        return asyncio.create_task(in_order(), name=region)
 
-    def _push_settled(self, lane: tuple[str, str], task: asyncio.Task[str]) -> None:
-        if self._last_push.get(lane) is task:
-            del self._last_push[lane]
+    def _lane_settled(
+        self, lane: tuple[str, str], settled: asyncio.Future[BaseException | None]
+    ) -> None:
+        if self._settled.get(lane) is settled:
+            del self._settled[lane]
 
     def _push_ended(self, write: CommittedWrite, region: str, raw: asyncio.Future[str]) -> None:
         if raw.cancelled():
@@ -1753,6 +1755,34 @@ class SyncReplication:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _settled_after(
+    raw: asyncio.Future[str], earlier: asyncio.Future[BaseException | None] | None
+) -> asyncio.Future[BaseException | None]:
+    """A future settled once `raw` and `earlier` (the pushes before it) have both ended,
+    whichever ends first: the first failure of the lane (earlier's, then raw's), or
+    None. Callbacks, not a task: one of these is made per push of every write."""
+    settled: asyncio.Future[BaseException | None] = raw.get_loop().create_future()
+    left = [1 if earlier is None else 2]
+
+    def ended(_: object) -> None:
+        left[0] -= 1
+        if left[0] or settled.done():
+            return
+        failed = earlier.result() if earlier is not None else None
+        if failed is None:
+            failed = CancelledPushError("cancelled") if raw.cancelled() else raw.exception()
+        settled.set_result(failed)
+
+    raw.add_done_callback(ended)
+    if earlier is not None:
+        earlier.add_done_callback(ended)
+    return settled
+
+
+class CancelledPushError(UnavailableError):
+    """A push cancelled before it ended (the agent closing): its version may be missing."""
 
 
 class EarlierPushError(UnavailableError):

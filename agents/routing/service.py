@@ -190,7 +190,7 @@ class RoutedAgentService(AgentService):
         # In a region of several agents it goes where a Put goes (forwarded as a Put to
         # the key's primary, placed on the key's other owners), its frames made here.
         async def routed() -> agent_pb2.PutResponse:
-            check_small(request)
+            check_small(request, self.max_object_bytes)
             return await self._routed_put(members, _small_frames(request), context)
 
         return await unary("PutSmall", context, self.metrics, routed)

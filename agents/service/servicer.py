@@ -231,12 +231,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         """A whole small object in one message: what `_put` does with a Put that ends
         within its first INLINE_BYTES, without a stream to read (a streamed Put of 1 KiB
         costs both ends about twice the CPU of a unary call)."""
+        check_small(request, self.max_object_bytes)
         header = _Header.of(request.header, self.max_object_bytes)
-        check_small(request)
         admitted = await self.admission.admit_write(header.dataset, header.epoch)
         if header.set_id is not None and self.holding_sets is not None:
             await self.holding_sets()
-        return await self._commit_write(context, header, admitted, None, request.data, None)
+        return await self._commit_write(
+            context, header, admitted, None, request.data, None, call="PutSmall"
+        )
 
     async def _put(
         self, frames: AsyncIterator[agent_pb2.PutRequest], context: Context
@@ -305,7 +307,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 dataset, admitted.epoch if admitted.critical else None
             )
             whole = b"".join(held) if staged is None else b""
-            return await self._commit_write(context, header, admitted, staged, whole, stated)
+            return await self._commit_write(
+                context, header, admitted, staged, whole, stated, call="Put"
+            )
         finally:
             # After a commit this removes nothing; on an error or a cancel it drops the
             # temporary file (waiting for a chunk a thread may still be writing).
@@ -320,6 +324,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         staged: StagedWrite | None,
         whole: bytes,
         stated: Digest | None,
+        *,
+        call: str,
     ) -> agent_pb2.PutResponse:
         """Commit an admitted Put (`staged`, or the bytes `whole` when small), replicate
         it per its class and answer with its version once it may be acked."""
@@ -327,7 +333,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         # The decision's time, beside the commit's (structlog's timestamp): the
         # split-brain checker needs when the epoch was judged current.
         admitted_at = time.time()
-        _before_commit(context, "Put")
+        _before_commit(context, call)
         how = _Commit(
             set_id=set_id,
             outbox=not admitted.critical,
@@ -843,8 +849,10 @@ def _check_digest(staged: StagedWrite, stated: Digest) -> None:
         )
 
 
-def check_small(request: agent_pb2.PutSmallRequest) -> None:
-    """Refuse a PutSmall that carries more than one holds (TooLargeError)."""
+def check_small(request: agent_pb2.PutSmallRequest, max_object_bytes: int | None) -> None:
+    """Refuse a PutSmall whose header is bad (as a Put's would be), then one that carries
+    more than a PutSmall holds (TooLargeError): the lone agent's order and the routed one's."""
+    _Header.of(request.header, max_object_bytes)
     if len(request.data) > INLINE_BYTES:
         raise TooLargeError(
             f"PutSmallRequest.data: {request.header.dataset}/{request.header.key} is "

@@ -23,7 +23,13 @@ class AdmissionPort(Protocol):
     def admit_send(self, dataset: str, to_region: str) -> Placement: ...
 
     def admit_replica(
-        self, dataset: str, epoch: int, origin_region: str, *, rewind: bool = False
+        self,
+        dataset: str,
+        epoch: int,
+        origin_region: str,
+        *,
+        rewind: bool = False,
+        fresh_read_next: bool = False,
     ) -> Placement: ...
 
     async def admit_replica_current(

@@ -179,12 +179,17 @@ class TransferService:
         )
         set_id = header.set if header.HasField("set") else None
 
-        def admit() -> Placement:
+        def admit(fresh_read_next: bool = False) -> Placement:
             placement = self.admission.admit_store(header.dataset)
             if placement.dataset_class == "critical":
                 # Fence (the watched newest epoch) now, and etcd's owner record again just
                 # before the commit (below): a deposed owner's copy is never acked here.
-                self.admission.admit_replica(header.dataset, header.epoch, tally.from_region)
+                self.admission.admit_replica(
+                    header.dataset,
+                    header.epoch,
+                    tally.from_region,
+                    fresh_read_next=fresh_read_next,
+                )
             elif header.epoch:
                 raise InvalidInputError(
                     f"ReplicateHeader.epoch: {header.dataset} is a standard dataset, which "
@@ -381,7 +386,7 @@ class TransferService:
         set_id: str | None,
         requests: AsyncIterator[agent_pb2.ReplicateRequest],
         tally: TransferTally,
-        admit: Callable[[], object],
+        admit: Callable[[bool], object],
         *,
         critical: bool,
     ) -> ApplyResult:
@@ -406,8 +411,9 @@ class TransferService:
                 await asyncio.to_thread(staged.write, request.chunk)
             # Admitted again at the commit: a failover (a newer epoch) or a narrowed
             # residency during a long stream refuses what the header let in; for a
-            # critical dataset etcd's owner record is read again too.
-            admit()
+            # critical dataset etcd's owner record is read again too (it, not the
+            # watch, decides a handover then: one just ended may linger in the watch).
+            admit(critical)
             if critical:
                 await self._admit_current(header, tally.from_region)
             return await asyncio.to_thread(

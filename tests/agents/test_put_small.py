@@ -5,6 +5,7 @@ Put stream to an agent that serves no PutSmall."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,7 +13,16 @@ from typing import Any
 
 import grpc
 import pytest
-from agent_api_helpers import CRITICAL, STANDARD, TIMEOUT_S, US_ONLY, Agent, get
+from agent_api_helpers import (
+    CRITICAL,
+    STANDARD,
+    TIMEOUT_S,
+    US_ONLY,
+    Agent,
+    get,
+    start_agent,
+    stop_agent,
+)
 from blake3 import blake3
 
 from agents.client import SMALL_BYTES, AgentClient
@@ -158,3 +168,40 @@ async def test_the_client_sends_a_put_stream_to_an_agent_without_put_small(
     assert (first.size, second.size) == (5, 6)
     assert agent.requests("Put", "OK") == 2
     assert (await get(agent, STANDARD, "b"))[1] == b"second"
+
+
+async def test_the_client_streams_a_pipe_whatever_size_it_states(
+    agent: Agent, tmp_path: Path
+) -> None:
+    """A FIFO says 0 bytes, whatever comes through it: it is streamed, never read whole
+    first (an endless one would fill the memory), small or not."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    data = os.urandom(KiB)
+
+    def feed() -> None:
+        with open(fifo, "wb") as out:
+            out.write(data)
+
+    async with AgentClient(f"127.0.0.1:{agent.port}") as client:
+        version, _ = await asyncio.gather(
+            client.put(STANDARD, "piped", fifo), asyncio.to_thread(feed)
+        )
+    assert version.size == len(data)
+    assert (await get(agent, STANDARD, "piped"))[1] == data
+    assert agent.requests("PutSmall", "OK") == 0
+
+
+async def test_a_put_small_over_the_agent_s_cap_is_refused_as_a_put_is(tmp_path: Path) -> None:
+    capped = await start_agent(tmp_path / "capped", max_object_bytes=100)
+    try:
+        for fields in ({"size": 101}, {}):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await capped.stub.PutSmall(
+                    small(STANDARD, "k", bytes(101), **fields), timeout=TIMEOUT_S
+                )
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, fields
+        assert capped.files() == []
+        assert capped.store.list_objects(STANDARD, include_deleted=True).items == []
+    finally:
+        await stop_agent(capped)

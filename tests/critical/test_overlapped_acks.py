@@ -140,3 +140,53 @@ async def test_a_replica_counts_toward_an_ack_only_once_every_earlier_push_to_it
         regions = await asyncio.wait_for(third, timeout=5)
         assert sorted(regions) == ["eu-central", "eu-north", "eu-west"]
         await sync.close()
+
+
+async def test_a_push_failing_fast_does_not_let_a_later_one_skip_an_earlier_one_still_running(
+    tmp_path: Path,
+) -> None:
+    """k1's push to eu-central runs on; k2's fails at once; k3's, begun after that
+    failure, succeeds: k3 still waits for k1's push to end (were it to count now,
+    eu-central might lack k1), and fails as one after a failed push."""
+    every = dataclasses.replace(PLACEMENT, ack="all")
+    loop = asyncio.get_running_loop()
+    gates: dict[tuple[str, str], asyncio.Future[str]] = {}
+    with ObjectStore(tmp_path / "s", clock=HybridClock("eu-west")) as store:
+        sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
+
+        async def push(region: str, w: CommittedWrite, _v: Version, _deadline: float) -> str:
+            return await gates.setdefault((w.key or "", region), loop.create_future())
+
+        sync._push = push  # type: ignore[method-assign]
+        sync._mark_behind = lambda _w, _region: None  # type: ignore[method-assign]
+        sync._reconciled[PLACEMENT.dataset] = 5
+        clock = HybridClock("eu-west")
+
+        def write_of(key: str) -> CommittedWrite:
+            version = Version(clock.now(), "delete", 0, None)
+            return CommittedWrite(Admitted(every, 5, 1), every.dataset, key=key, version=version)
+
+        first = asyncio.create_task(sync.replicate(write_of("k1")))
+        second = asyncio.create_task(sync.replicate(write_of("k2")))
+        await until(lambda: len(gates) == 4, 5, "k1's and k2's pushes")
+        gates[("k2", "eu-north")].set_result("eu-north")
+        gates[("k2", "eu-central")].set_exception(UnavailableError("k2 refused (test)"))
+        with pytest.raises(UnavailableError, match="k2 refused"):
+            await asyncio.wait_for(second, timeout=5)
+        third = asyncio.create_task(sync.replicate(write_of("k3")))
+        await until(lambda: len(gates) == 6, 5, "k3's pushes")
+        for region in ("eu-central", "eu-north"):
+            gates[("k3", region)].set_result(region)
+        done, _ = await asyncio.wait({third}, timeout=0.2)  # bounded: nothing may end
+        assert not done, "k3 ended while k1's push to eu-central still ran"
+        for region in ("eu-central", "eu-north"):
+            gates[("k1", region)].set_result(region)
+        assert sorted(await asyncio.wait_for(first, timeout=5)) == [
+            "eu-central",
+            "eu-north",
+            "eu-west",
+        ]
+        with pytest.raises(UnavailableError, match=r"an earlier push to eu-central .*k2 refused"):
+            await asyncio.wait_for(third, timeout=5)
+        assert sync._settled == {}  # every push ended: nothing kept
+        await sync.close()
