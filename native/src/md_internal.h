@@ -85,6 +85,7 @@ typedef struct md_writer {
     int sparse;       /* regular output file: all-zero runs become holes */
     int ends_in_hole; /* the last bytes were skipped: md_writer_finish sets the length */
     int durable;      /* start writeback as we go (MD_DURABLE): the caller's fsync is shorter */
+    int prealloc;     /* sparse: allocate each run (fallocate) just before writing it; off once it fails */
     uint64_t emitted, kicked; /* bytes handed to the file; bytes whose writeback was started */
 } md_writer;
 int md_writer_init(md_writer *w, int fd, size_t cap);

@@ -8,7 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -921,6 +926,80 @@ static void durable(void) {
     free(delta.p);
 }
 
+/* Whether any extent of fd is still waiting for delayed allocation; -1 when the file
+ * system has no FIEMAP. */
+static int has_delalloc(int fd) {
+    struct {
+        struct fiemap fm;
+        struct fiemap_extent ext[64];
+    } q;
+    memset(&q, 0, sizeof q);
+    q.fm.fm_length = FIEMAP_MAX_OFFSET;
+    q.fm.fm_extent_count = 64;
+    if (ioctl(fd, FS_IOC_FIEMAP, &q.fm) != 0) return -1;
+    for (uint32_t i = 0; i < q.fm.fm_mapped_extents; i++)
+        if (q.ext[i].fe_flags & FIEMAP_EXTENT_DELALLOC) return 1;
+    return 0;
+}
+
+/* A patch into a fresh file allocates the blocks of each write before it (fallocate,
+ * where the file system has it): none waits for delayed allocation afterwards; zero
+ * runs are still holes and nothing is allocated past the end; a wrong basis leaves
+ * no block behind. */
+static void patch_prealloc(void) {
+    const size_t mib = (size_t)1 << 20;
+    buf old = random_buf(4 * mib), nw = random_buf(3 * mib + 384 * 1024), sig, delta, out;
+    md_error e;
+    memcpy(nw.p + 100, old.p, 2 * mib);       /* copies shifted off page boundaries */
+    memset(nw.p + 2 * mib + 100, 0, 256 * 1024); /* a hole inside */
+    memset(nw.p + nw.n - 192 * 1024, 0, 192 * 1024); /* and at the end */
+    CHECK(make_sig(&old, 1, 0, &sig) == MD_OK, "prealloc: signature");
+    CHECK(make_delta(&sig, &nw, 1, &delta, &e) == MD_OK, "prealloc: delta: %s", e.message);
+    char path[] = "/tmp/md_test_prealloc_XXXXXX";
+    for (int wrong = 0; wrong < 2; wrong++) {
+        int w = mkstemp(path);
+        CHECK(w >= 0, "prealloc: mkstemp");
+        unlink(path);
+        memcpy(path + strlen(path) - 6, "XXXXXX", 6);
+        if (fallocate(w, FALLOC_FL_KEEP_SIZE, 0, 4096) != 0 || ftruncate(w, 0) != 0) {
+            fprintf(stderr, "md_test: prealloc: no fallocate on /tmp, skipped\n");
+            close(w);
+            break;
+        }
+        old.p[5] ^= (uint8_t)wrong;
+        int a = mem_fd(&old), d = mem_fd(&delta);
+        old.p[5] ^= (uint8_t)wrong;
+        md_options o = {.threads = 1};
+        md_status rc = md_patch(a, d, w, &o, NULL, &e);
+        struct stat st;
+        CHECK(fstat(w, &st) == 0, "prealloc: fstat");
+        if (wrong) {
+            CHECK(rc == MD_E_WRONG_BASIS && st.st_size == 0 && st.st_blocks == 0,
+                  "prealloc: wrong basis gave %d, %lld bytes, %lld blocks", rc, (long long)st.st_size,
+                  (long long)st.st_blocks);
+        } else {
+            CHECK(rc == MD_OK, "prealloc: patch: %s", e.message);
+            out = fd_contents(w);
+            CHECK(out.n == nw.n && memcmp(out.p, nw.p, nw.n) == 0, "prealloc: round trip");
+            free(out.p);
+            /* 3 MiB of data (the holes are whole 64 KiB grains of zeros, less the edges) */
+            CHECK((uint64_t)st.st_blocks * 512 <= 3 * mib + 64 * 1024, "prealloc: %lld bytes allocated for %zu",
+                  (long long)st.st_blocks * 512, nw.n);
+            off_t hole = lseek(w, 0, SEEK_HOLE);
+            CHECK(hole > (off_t)(2 * mib) && hole < (off_t)(2 * mib + 256 * 1024), "prealloc: the first hole is at %lld",
+                  (long long)hole);
+            CHECK(has_delalloc(w) != 1, "prealloc: the output waits for delayed allocation");
+        }
+        close(a);
+        close(d);
+        close(w);
+    }
+    free(old.p);
+    free(nw.p);
+    free(sig.p);
+    free(delta.p);
+}
+
 static double now_s(clockid_t clock) {
     struct timespec t;
     clock_gettime(clock, &t);
@@ -944,6 +1023,7 @@ static const struct {
     {"hostile_headers", hostile_headers}, {"rans", rans}, {"rans16_32", rans16_32}, {"rans16_64", rans16_64},
     {"threads_refused", threads_refused}, {"num_kernels", num_kernels}, {"patch_pipelined", patch_pipelined},
     {"hash_kernels", hash_kernels}, {"writer_pieces", writer_pieces},
+    {"patch_prealloc", patch_prealloc},
 };
 
 int main(int argc, char **argv) {
