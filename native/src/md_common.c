@@ -106,7 +106,12 @@ int md_writer_init(md_writer *w, int fd, size_t cap) {
     w->cap = cap;
     w->total = 0;
     w->failed_errno = 0;
-    w->buf = malloc(cap);
+    /* On its own pages (huge where the kernel allows): from malloc the buffer began
+     * 16 bytes into a page, so every write's source sat 16 bytes off the page-cache
+     * page it filled, and it lay on 4 KiB pages; which of the two mattered more was
+     * not measured (mdtool patch, best of 9 and 7 rotating with dd: corpus 136 -> 129 ms, checkpoint
+     * 212 -> 203 ms). */
+    w->buf = md_scratch_alloc(cap);
     return w->buf ? 0 : -1;
 }
 
@@ -243,7 +248,7 @@ int md_writer_put(md_writer *w, const void *data, size_t len) {
 }
 
 void md_writer_free(md_writer *w) {
-    free(w->buf);
+    md_scratch_free(w->buf, w->cap);
     w->buf = NULL;
 }
 
