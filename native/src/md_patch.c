@@ -604,7 +604,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
     }
     /* A regular output that we write from its start may get holes for zeros. */
     P.w.sparse = rewindable;
-    P.w.prealloc = rewindable;
+    P.w.prealloc = rewindable && md_prealloc_pays(out_fd);
     P.w.durable = opt && (opt->flags & MD_DURABLE);
     for (uint64_t seq = 0;; seq++) {
         if (md_cancelled(opt)) {
