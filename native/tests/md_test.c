@@ -455,6 +455,62 @@ static void patch_pipelined(void) {
     free(a);
 }
 
+/* A delta from a signature, threads >= 2: each DATA frame's zstd literals decode on
+ * the second thread while the frame before it is written. Every outcome is one
+ * thread's: damage in and around each frame's header and inside it, a cut at each
+ * frame's edges and middle, the wrong basis under each frame, the output cap. */
+static void patch_pipelined_data(void) {
+    const size_t n = (size_t)3 << 20, step = 64 * 1024, copied = 16 * 1024;
+    buf old = random_buf(n), nw = {malloc(n), n}, sig, d;
+    md_error e;
+    for (size_t at = 0; at < n; at += step) { /* 16 KiB of OLD from elsewhere, then 48 KiB of text */
+        memcpy(nw.p + at, old.p + (n - at - step), copied);
+        for (size_t i = at + copied; i < at + step; i++) nw.p[i] = (uint8_t)('a' + rnd() % 11);
+    }
+    CHECK(make_sig(&old, 1, 0, &sig) == MD_OK, "pipelined data: signature");
+    CHECK(make_delta(&sig, &nw, 1, &d, &e) == MD_OK, "pipelined data: delta: %s", e.message);
+    size_t starts[16], frames = 0, zstd_frames = 0;
+    for (size_t pos = MD_HEADER_LEN; pos + MD_FRAME_HDR_LEN <= d.n && frames < 16;) {
+        starts[frames++] = pos;
+        zstd_frames += d.p[pos] == MD_FRAME_DATA && d.p[pos + 1] == MD_CODEC_ZSTD;
+        pos += MD_FRAME_HDR_LEN + md_get_u32(d.p + pos + 4) + md_get_u32(d.p + pos + 12) + 8;
+    }
+    CHECK(zstd_frames >= 3, "pipelined data: %zu zstd DATA frames", zstd_frames);
+    md_options o = {.threads = 2};
+    md_stats st;
+    int a = mem_fd(&old), df = mem_fd(&d), w = mem_fd(NULL);
+    CHECK(md_patch(a, df, w, &o, &st, &e) == MD_OK && st.threads == 2,
+          "pipelined data: the literals were not decoded on a second thread");
+    close(a);
+    close(df);
+    close(w);
+    check_patch("pipelined data", &old, &d, &nw);
+    same_as_one_thread("pipelined data: intact", 0, &old, &d, 0);
+    for (size_t f = 0; f < frames; f++) {
+        size_t end = f + 1 < frames ? starts[f + 1] : d.n;
+        size_t at[] = {starts[f], starts[f] + 1, starts[f] + 4, starts[f] + 12, starts[f] + 24, starts[f] + 39,
+                       starts[f] + 40, starts[f] + 41, (starts[f] + end) / 2, end - 9, end - 1};
+        for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+            if (at[k] >= end) continue;
+            d.p[at[k]] ^= 0x21;
+            same_as_one_thread("pipelined data: corrupt byte", at[k], &old, &d, 0);
+            d.p[at[k]] ^= 0x21;
+            buf t = {d.p, at[k]};
+            same_as_one_thread("pipelined data: truncated at", at[k], &old, &t, 0);
+        }
+    }
+    for (size_t at = 100; at < n; at += n / 9) {
+        old.p[at] ^= 1;
+        same_as_one_thread("pipelined data: wrong basis at", at, &old, &d, 0);
+        old.p[at] ^= 1;
+    }
+    for (uint64_t cap = 1; cap < n; cap += n / 5) same_as_one_thread("pipelined data: cap", (size_t)cap, &old, &d, cap);
+    free(d.p);
+    free(sig.p);
+    free(old.p);
+    free(nw.p);
+}
+
 /* A version 1 delta (made by hand here: header, one DATA frame, END) still patches. */
 static void version1(void) {
     buf old = random_buf(10000), delta = {malloc(4096), 0}, out;
@@ -1023,7 +1079,7 @@ static const struct {
     {"hostile_headers", hostile_headers}, {"rans", rans}, {"rans16_32", rans16_32}, {"rans16_64", rans16_64},
     {"threads_refused", threads_refused}, {"num_kernels", num_kernels}, {"patch_pipelined", patch_pipelined},
     {"hash_kernels", hash_kernels}, {"writer_pieces", writer_pieces},
-    {"patch_prealloc", patch_prealloc},
+    {"patch_prealloc", patch_prealloc}, {"patch_pipelined_data", patch_pipelined_data},
 };
 
 int main(int argc, char **argv) {
