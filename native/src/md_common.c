@@ -111,8 +111,8 @@ int md_writer_init(md_writer *w, int fd, size_t cap) {
     /* On its own pages (huge where the kernel allows): from malloc the buffer began
      * 16 bytes into a page, so every write's source sat 16 bytes off the page-cache
      * page it filled, and it lay on 4 KiB pages; which of the two mattered more was
-     * not measured (mdtool patch, best of 9 and 7 rotating with dd: corpus 136 -> 129 ms, checkpoint
-     * 212 -> 203 ms). */
+     * not measured (mdtool patch, best of 9 and 7 rotating with dd: corpus 136 -> 129
+     * ms, checkpoint 212 -> 203 ms). */
     w->buf = md_scratch_alloc(cap);
     return w->buf ? 0 : -1;
 }
