@@ -2,6 +2,7 @@
 
     python benchmarks/delta_bench.py [--scale 1.0] [--json FILE] [--workdir DIR]
                                      [--only checkpoint,corpus,unrelated,scattered,series]
+                                     [--skip xdelta3,zstd,zstd-plain]
 
 Generates three workloads in a temporary folder (checkpoint: 1 GiB of fp16-like
 data with 2% of its 64 KiB regions rewritten and a small insertion near the start;
@@ -34,12 +35,13 @@ and a plain reference coder in numpy (integer difference, zigzag, byte planes,
 Our engine runs through its CPython binding on plain descriptors (as rdiff does:
 no fsync); the atomic front in native/delta.py adds an fsync of each output.
 On the series, a process of ours is `python -S` loading the extension by path
-(~20 ms before the engine starts, against ~1 ms for `cp` or `dd`), which on files
-of 7-41 MB is most of what the "patch / plain copy (processes)" row measures; the
-row "patch / plain copy (in-process, fresh file + fsync)" beside it times the
-engine's patch and the faster plain copy of NEW (read/write in 1 MiB, or
-copy_file_range) in one process, each into a fresh file fsynced before the clock
-stops.
+(7-20 ms before the engine starts, against ~1 ms for `cp` or `dd`; the run prints
+it), which on files of 7-41 MB is most of what the "patch / plain copy (processes)"
+row measures: the "(info) its ceiling" row says what that row would be if our
+patch took no longer than the copy itself. The row "patch / plain copy (in-process,
+fresh file + fsync)" beside it times the engine's patch and the faster plain copy
+of NEW (read/write in 1 MiB, or copy_file_range) in one process, each into a fresh
+file fsynced before the clock stops.
 `--scale` shrinks every workload for a quick try.
 """
 
@@ -562,7 +564,7 @@ def series_targets(results: list[Result], extra: dict[str, float]) -> list[dict[
         add(r.workload, "(info) --basis patch GB/s (a process)", patch.mb_s / 1000, "-", None)
         copies = [run for tool in COPIES if (run := r.get(tool, "patch"))]
         if copies:
-            # A process of ours (python -S, the extension loaded by path: ~20 ms before
+            # A process of ours (python -S, the extension loaded by path: 7-20 ms before
             # the engine runs) against `cp`/`dd` (~1 ms): on files of 7-41 MB this
             # mostly measures the interpreter's start. Kept, and beside it the engine
             # against the copy floor in one process, both ending in an fsync.
@@ -574,6 +576,16 @@ def series_targets(results: list[Result], extra: dict[str, float]) -> list[dict[
                 v,
                 ">= 0.8",
                 v >= 0.8,
+            )
+            # What that row could reach at best: a patch that took no longer than the
+            # copy itself, plus our process's extra start.
+            ceiling = floor.seconds / (floor.seconds + extra["extra start s"])
+            add(
+                r.workload,
+                "(info) its ceiling: copy / (copy + our extra start)",
+                ceiling,
+                "-",
+                None,
             )
         if f"{r.workload}/patch s in-process+fsync" in extra:
             v = (
@@ -677,17 +689,22 @@ def digest(path: Path) -> str:
 # runner imports nothing the interpreter has not loaded already: json and
 # importlib.util (through re, enum and contextlib) cost ~8 ms a process, 4-8% of a
 # plain copy of the 0.5-1 GiB workloads, and the stats it printed went nowhere.
-_RUNNER = """
+_LOAD = """
 import os, sys
 from importlib.machinery import ExtensionFileLoader, ModuleSpec
 loader = ExtensionFileLoader("native._delta", sys.argv[1])
 mod = loader.create_module(ModuleSpec("native._delta", loader, origin=sys.argv[1]))
 loader.exec_module(mod)
+"""
+_RUNNER = (
+    _LOAD
+    + """
 op, threads, paths = sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 fds = [os.open(p, os.O_RDONLY) for p in paths[:-1]]
 fds.append(os.open(paths[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
 getattr(mod, op)(*fds, threads=threads)
 """
+)
 
 
 def _extension() -> str:
@@ -698,6 +715,19 @@ def _extension() -> str:
 
 def ours(op: str, threads: int) -> list[str]:
     return [sys.executable, "-S", "-c", _RUNNER, _extension(), op, str(threads)]
+
+
+def extra_start_seconds(repeat: int) -> float:
+    """How much longer a process of ours takes than `true` before any work: the
+    interpreter's start and the extension's load (best of each, under /usr/bin/time
+    as every timed process is). A patch process, however fast its engine, adds this
+    to a plain copy's time."""
+    runs = max(15, repeat)
+    load = min(
+        _timed_once([sys.executable, "-S", "-c", _LOAD, _extension()])[0] for _ in range(runs)
+    )
+    bare = min(_timed_once(["true"])[0] for _ in range(runs))
+    return max(0.0, load - bare)
 
 
 def tools(threads: int, series: bool = False) -> dict[str, dict[str, Callable[..., list[str]]]]:
@@ -764,7 +794,14 @@ def tools(threads: int, series: bool = False) -> dict[str, dict[str, Callable[..
 
 
 def run_workload(
-    name: str, old: Path, new: Path, folder: Path, threads: int, repeat: int, series: bool = False
+    name: str,
+    old: Path,
+    new: Path,
+    folder: Path,
+    threads: int,
+    repeat: int,
+    series: bool = False,
+    skip: frozenset[str] = frozenset(),
 ) -> Result:
     """Every tool's signature, delta and patch. Every patch and the plain copies of
     NEW (the floor) are best of `repeat`, in the same rounds, in an order that
@@ -777,7 +814,7 @@ def run_workload(
     patches: dict[str, list[str]] = {}
     outs: dict[str, Path] = {}
     for tool, ops in tools(threads, series).items():
-        if tool == "zstd" and max(res.old_bytes, res.new_bytes) > ZSTD_MAX:
+        if tool in skip or (tool == "zstd" and max(res.old_bytes, res.new_bytes) > ZSTD_MAX):
             continue
         sig, dlt = folder / f"{tool}.sig", folder / f"{tool}.delta"
         # The signatures and deltas whose speed a target compares (ours, rdiff's):
@@ -858,7 +895,7 @@ def targets(results: list[Result]) -> list[dict[str, object]]:
         ms, rs = r.get(m, "signature"), r.get(rd, "signature")
         md, rdd, xdd = r.get(m, "delta"), r.get(rd, "delta"), r.get(xd, "delta")
         mp, rp = r.get(m, "patch"), r.get(rd, "patch")
-        assert ms and rs and md and rdd and mp and rp and xdd
+        assert ms and rs and md and rdd and mp and rp
         add(
             r.workload,
             "signature throughput / rdiff",
@@ -925,7 +962,7 @@ def targets(results: list[Result]) -> list[dict[str, object]]:
             "<= 1",
             md.output_bytes <= rdd.output_bytes,
         )
-        if r.workload == "checkpoint":
+        if r.workload == "checkpoint" and xdd:
             add(
                 r.workload,
                 "delta size / xdelta3",
@@ -1005,12 +1042,22 @@ def main() -> int:
     )
     ap.add_argument("--only", default=None, help="comma-separated workloads to run")
     ap.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated reference tools to leave out (xdelta3, zstd, zstd-plain: "
+        "xdelta3's diff of the full unrelated pair takes ~13 minutes); rows that need "
+        "them are left out",
+    )
+    ap.add_argument(
         "--baseline",
         type=Path,
         default=Path(__file__).with_name("delta_bench_results.json"),
         help="an earlier run whose delta sizes ours must stay within 1%% of",
     )
     args = ap.parse_args()
+    skip = frozenset(t for t in args.skip.split(",") if t)
+    if not skip <= {"xdelta3", "zstd", "zstd-plain"}:
+        ap.error(f"--skip takes xdelta3, zstd or zstd-plain, not {args.skip}")
     for exe in ("rdiff", "xdelta3", "zstd", "cp", "dd", "/usr/bin/time"):
         if not shutil.which(exe):
             print(f"error: {exe} is not installed.", file=sys.stderr)
@@ -1028,17 +1075,27 @@ def main() -> int:
             t0 = time.perf_counter()
             old, new = make(folder)
             print(f"{name}: generated in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-            results.append(run_workload(name, old, new, folder, args.threads, args.repeat))
+            results.append(
+                run_workload(name, old, new, folder, args.threads, args.repeat, skip=skip)
+            )
             for p in folder.iterdir():
                 p.unlink()
         if not only or "series" in only:
             t0 = time.perf_counter()
             pairs, extra["gradient SNR"] = train_series(folder, args.scale)
+            extra["extra start s"] = extra_start_seconds(args.repeat)
+            print(
+                f"series: a process of ours starts {extra['extra start s'] * 1e3:.1f} ms "
+                "later than `true`",
+                file=sys.stderr,
+            )
             print(f"series: trained in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
             work = folder / "work"
             work.mkdir()
             for name, (old, new) in pairs.items():
-                series.append(run_workload(name, old, new, work, 1, args.repeat, series=True))
+                series.append(
+                    run_workload(name, old, new, work, 1, args.repeat, series=True, skip=skip)
+                )
                 size, secs = reference_coder(old, new)
                 extra[f"{name}/reference"] = size
                 # best of 15 at least: small files, and a shared machine whose load swings

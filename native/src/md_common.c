@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <xxhash.h>
@@ -106,7 +108,12 @@ int md_writer_init(md_writer *w, int fd, size_t cap) {
     w->cap = cap;
     w->total = 0;
     w->failed_errno = 0;
-    w->buf = malloc(cap);
+    /* On its own pages (huge where the kernel allows): from malloc the buffer began
+     * 16 bytes into a page, so every write's source sat 16 bytes off the page-cache
+     * page it filled, and it lay on 4 KiB pages; which of the two mattered more was
+     * not measured (mdtool patch, best of 9 and 7 rotating with dd: corpus 136 -> 129
+     * ms, checkpoint 212 -> 203 ms). */
+    w->buf = md_scratch_alloc(cap);
     return w->buf ? 0 : -1;
 }
 
@@ -130,6 +137,26 @@ static void kick(md_writer *w) {
     w->kicked = upto;
 }
 
+/* A sparse output on ext4 has its blocks allocated (fallocate) just before the write
+ * that fills them. Otherwise a buffered write into a fresh ext4 file reserves every
+ * 4 KiB block for delayed allocation as it goes (the extent status tree, quota and
+ * free-cluster counters: about a third of `dd`'s own system time), where a write into
+ * allocated blocks only looks them up: 512 MiB in 1 MiB writes took 80 -> 50 ms, and
+ * 206 -> 181 ms counting an fsync. Only the run about to be written is allocated
+ * (KEEP_SIZE), so zero grains stay holes and nothing lies past the end (a failed
+ * patch truncates its output to empty anyway). Any error (ENOSPC, say) turns it off
+ * and leaves the verdict to the write. Only ext4, where it was measured: elsewhere
+ * the trade is another one (btrfs copies on write; on NFS each call would be a round
+ * trip to the server) and was not measured. */
+int md_prealloc_pays(int fd) {
+    struct statfs fs;
+    return fstatfs(fd, &fs) == 0 && fs.f_type == EXT4_SUPER_MAGIC;
+}
+
+static void prealloc(md_writer *w, uint64_t at, size_t len) {
+    if (w->prealloc && fallocate(w->fd, FALLOC_FL_KEEP_SIZE, (off_t)at, (off_t)len) != 0) w->prealloc = 0;
+}
+
 static int emit_raw(md_writer *w, const uint8_t *p, size_t len);
 /* Writes out, turning whole all-zero grains into holes when the output is sparse. */
 static int emit(md_writer *w, const uint8_t *p, size_t len) {
@@ -146,6 +173,7 @@ static int emit(md_writer *w, const uint8_t *p, size_t len) {
  * ~40% more system time than the same bytes written in 1 MiB calls. */
 static int emit_raw(md_writer *w, const uint8_t *p, size_t len) {
     if (!w->sparse) return md_write_full(w->fd, p, len);
+    uint64_t at = w->emitted; /* a sparse output is written from offset 0 */
     while (len) {
         size_t run = 0;
         while (run < len) {
@@ -154,14 +182,17 @@ static int emit_raw(md_writer *w, const uint8_t *p, size_t len) {
             run += take;
         }
         if (run) {
+            prealloc(w, at, run);
             if (md_write_full(w->fd, p, run) != 0) return -1;
             w->ends_in_hole = 0;
             p += run;
             len -= run;
+            at += run;
         }
         if (len) { /* a whole grain of zeros */
             if (lseek(w->fd, (off_t)HOLE_GRAIN, SEEK_CUR) < 0) return -1;
             w->ends_in_hole = 1;
+            at += HOLE_GRAIN;
             p += HOLE_GRAIN;
             len -= HOLE_GRAIN;
         }
@@ -226,7 +257,7 @@ int md_writer_put(md_writer *w, const void *data, size_t len) {
 }
 
 void md_writer_free(md_writer *w) {
-    free(w->buf);
+    md_scratch_free(w->buf, w->cap);
     w->buf = NULL;
 }
 

@@ -85,9 +85,12 @@ typedef struct md_writer {
     int sparse;       /* regular output file: all-zero runs become holes */
     int ends_in_hole; /* the last bytes were skipped: md_writer_finish sets the length */
     int durable;      /* start writeback as we go (MD_DURABLE): the caller's fsync is shorter */
+    int prealloc;     /* sparse: allocate each run (fallocate) just before writing it; off once it fails */
     uint64_t emitted, kicked; /* bytes handed to the file; bytes whose writeback was started */
 } md_writer;
 int md_writer_init(md_writer *w, int fd, size_t cap);
+/* Whether fd's file system gains from prealloc (ext4; md_common.c says why). */
+int md_prealloc_pays(int fd);
 int md_writer_put(md_writer *w, const void *data, size_t len);
 int md_writer_flush(md_writer *w);
 /* Flushes and, for a sparse output, sets the file length; call once at the end. */

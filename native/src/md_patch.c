@@ -238,14 +238,15 @@ static md_status copy_range(patcher *P, uint64_t off, uint64_t len, md_error *er
     return MD_OK;
 }
 
-/* Hashes OLD[off, off + len) into ph (reading it), for a check before writing. */
-static md_status hash_old(patcher *P, uint64_t off, uint64_t len, md_error *err) {
+/* Hashes OLD[off, off + len) into ph (reading it into `buf`, OLD_BUF bytes), for a
+ * check before writing. */
+static md_status hash_old(patcher *P, uint8_t *buf, uint64_t off, uint64_t len, md_error *err) {
     md_ph_range(&P->ph, off, len);
     while (len) {
         size_t take = (size_t)(len < OLD_BUF ? len : OLD_BUF);
-        md_status rc = read_old(P->old_fd, P->scratch, take, off, err);
+        md_status rc = read_old(P->old_fd, buf, take, off, err);
         if (rc != MD_OK) return rc;
-        md_ph_feed(&P->ph, P->scratch, take);
+        md_ph_feed(&P->ph, buf, take);
         off += take;
         len -= take;
     }
@@ -259,10 +260,12 @@ static md_status basis_mismatch(md_error *err, uint64_t lo, uint64_t hi) {
                    (unsigned long long)lo, (unsigned long long)hi);
 }
 
-/* Runs (or, with `check_only`, only validates and hashes the copies of) a DATA
- * frame's commands. *lo and *hi get the span of OLD the copies touch. */
+/* Runs (or, with `check_only`, only validates and hashes the copies of, reading OLD
+ * into check_buf) a DATA frame's commands. *lo and *hi get the span of OLD the copies
+ * touch. */
 static md_status run_commands(patcher *P, const uint8_t *cp, size_t cmd_len, const uint8_t *lp,
-                              size_t lit_raw, int check_only, uint64_t *lo, uint64_t *hi, md_error *err) {
+                              size_t lit_raw, uint8_t *check_buf, uint64_t *lo, uint64_t *hi, md_error *err) {
+    int check_only = check_buf != NULL;
     size_t ci = 0, lit_used = 0;
     uint64_t prev_copy_end = 0;
     md_status rc;
@@ -295,11 +298,32 @@ static md_status run_commands(patcher *P, const uint8_t *cp, size_t cmd_len, con
             return corrupt(err, "a copy reaches outside OLD");
         if (off < *lo) *lo = off;
         if (off + len > *hi) *hi = off + len;
-        rc = check_only ? hash_old(P, off, len, err) : copy_range(P, off, len, err);
+        rc = check_only ? hash_old(P, check_buf, off, len, err) : copy_range(P, off, len, err);
         if (rc != MD_OK) return rc;
         prev_copy_end = off + len;
     }
     if (lit_used != lit_raw) return corrupt(err, "a frame carries literal bytes no command uses");
+    return MD_OK;
+}
+
+/* A DATA frame whose literals are at lp: into a pipe only after its basis check
+ * (reading OLD into check_buf), into a rewindable output checked as it is written. */
+static md_status run_data(patcher *P, const uint8_t *cp, size_t cmd_len, const uint8_t *lp, uint32_t lit_raw,
+                          uint64_t seq, uint64_t check, uint8_t *check_buf, md_error *err) {
+    uint64_t lo, hi;
+    md_status rc;
+    if (P->version == 2 && !P->rewindable) {
+        /* Nothing of this frame may reach a pipe before its basis check. */
+        md_ph_frame(&P->ph, seq);
+        rc = run_commands(P, cp, cmd_len, lp, lit_raw, check_buf, &lo, &hi, err);
+        if (rc != MD_OK) return rc;
+        if (MD_VERIFY_CHECKSUMS && P->ph.chain != check) return basis_mismatch(err, lo, hi);
+    }
+    P->ph_on = P->version == 2 && P->rewindable;
+    md_ph_frame(&P->ph, seq);
+    rc = run_commands(P, cp, cmd_len, lp, lit_raw, NULL, &lo, &hi, err);
+    if (rc != MD_OK) return rc;
+    if (P->ph_on && MD_VERIFY_CHECKSUMS && P->ph.chain != check) return basis_mismatch(err, lo, hi);
     return MD_OK;
 }
 
@@ -389,16 +413,18 @@ static md_status run_numeric(patcher *P, ZSTD_DCtx *dctx, const uint8_t *cp, con
     return numeric_out(P, P->scratch, P->planes, lit_raw, width, err);
 }
 
-/* ---------------- threads >= 2: numeric planes decoded on a second thread ----------------
+/* ---------------- threads >= 2: frames decoded on a second thread ----------------
  *
- * The decoding of a NUMERIC frame's planes (the rANS gathers: half of a bf16 patch)
- * runs on the decoder thread while this thread writes the frame before it (the
- * inverse transform, the output digest, the write) and reads and checks the next
+ * The decoding of a NUMERIC frame's planes (the rANS gathers: half of a bf16 patch),
+ * or of a DATA frame's zstd literals (a quarter of a patch of the corpus), runs on
+ * the decoder thread while this thread writes the frame before it (the inverse
+ * transform or the copies, the hashes, the write) and reads and checks the next
  * one. Frames still reach the output in order and every check runs as before: a
- * frame's OLD and basis check before its planes go to the decoder, a frame's output
- * only once its planes decoded, and on any later error the frame still pending is
- * finished first (so its error, or its bytes, come first, as one thread gives). Two
- * sets of buffers (frame, OLD, planes) alternate between the frames. */
+ * NUMERIC frame's OLD and basis check before its planes go to the decoder, a DATA
+ * frame's commands and basis check once its literals decoded, a frame's output only
+ * once it decoded, and on any later error the frame still pending is finished first
+ * (so its error, or its bytes, come first, as one thread gives). Two sets of buffers
+ * (frame, OLD, planes, literals) alternate between the frames. */
 typedef struct decoder {
     pthread_t tid;
     pthread_mutex_t mu;
@@ -406,11 +432,17 @@ typedef struct decoder {
     int started, busy, quit, portable, ok;
     int used; /* given a frame: DeltaStats.threads counts the thread only then */
     ZSTD_DCtx *dctx;
-    const uint8_t *cp, *sp;
-    unsigned width;
-    size_t plane;
-    uint8_t *planes;
+    const uint8_t *cp, *sp; /* a numeric frame's commands and planes, or the literals' zstd frame */
+    unsigned width;         /* 0: a DATA frame's literals, `plane` bytes of them */
+    size_t plane, stored;
+    uint8_t *planes; /* the decoded planes or literals */
 } decoder;
+
+/* A DATA frame's zstd literals into exactly `len` bytes at dst; 0 if they do not. */
+static int decode_literals(ZSTD_DCtx *dctx, const uint8_t *src, size_t stored, uint8_t *dst, size_t len) {
+    size_t z = ZSTD_decompressDCtx(dctx, dst, len, src, stored);
+    return !ZSTD_isError(z) && z == len;
+}
 
 static void *decoder_main(void *arg) {
     decoder *D = arg;
@@ -420,7 +452,8 @@ static void *decoder_main(void *arg) {
         while (!D->busy && !D->quit) pthread_cond_wait(&D->cv, &D->mu);
         if (D->quit) break;
         pthread_mutex_unlock(&D->mu);
-        int ok = decode_planes(D->dctx, D->cp, D->sp, D->width, D->plane, D->planes);
+        int ok = D->width ? decode_planes(D->dctx, D->cp, D->sp, D->width, D->plane, D->planes)
+                          : decode_literals(D->dctx, D->sp, D->stored, D->planes, D->plane);
         pthread_mutex_lock(&D->mu);
         D->ok = ok;
         D->busy = 0;
@@ -450,11 +483,13 @@ no_mutex:
     return -1;
 }
 
-static void decoder_submit(decoder *D, const uint8_t *cp, const uint8_t *sp, unsigned width, size_t plane,
-                           uint8_t *planes) {
+/* width 0: sp holds `stored` bytes of zstd literals that decode to `plane` bytes */
+static void decoder_submit(decoder *D, const uint8_t *cp, const uint8_t *sp, size_t stored, unsigned width,
+                           size_t plane, uint8_t *planes) {
     pthread_mutex_lock(&D->mu);
     D->cp = cp;
     D->sp = sp;
+    D->stored = stored;
     D->width = width;
     D->plane = plane;
     D->planes = planes;
@@ -487,19 +522,60 @@ static void decoder_stop(decoder *D) {
     D->started = 0;
 }
 
-/* The frame the decoder has (if any): wait for its planes, then write it. */
+/* The frame the decoder has (if any): a NUMERIC frame (its OLD and planes), or a
+ * DATA frame (its commands, literals, seq and check; `old` is then the buffer its
+ * check before a pipe reads OLD into: that set's, which a DATA frame leaves free). */
 typedef struct pending_frame {
-    int on;
-    const uint8_t *old, *planes;
-    uint32_t len;
+    int on, data;
+    uint8_t *old;
+    const uint8_t *planes; /* the planes, or the literals */
+    uint32_t len;          /* bytes of output, or of literals */
     unsigned width;
+    const uint8_t *cp;
+    uint32_t cmd_len;
+    uint64_t seq, check;
 } pending_frame;
 
+static md_status undecodable(const pending_frame *pf, md_error *err) {
+    return corrupt(err, pf->data ? "a literal block does not decompress" : "a numeric plane does not decode");
+}
+
+static md_status write_pending(patcher *P, const pending_frame *pf, md_error *err) {
+    if (pf->data) return run_data(P, pf->cp, pf->cmd_len, pf->planes, pf->len, pf->seq, pf->check, pf->old, err);
+    return numeric_out(P, pf->old, pf->planes, pf->len, pf->width, err);
+}
+
+/* Waits for the pending frame and writes it. */
 static md_status finish_pending(patcher *P, decoder *D, pending_frame *pf, md_error *err) {
     if (!pf->on) return MD_OK;
     pf->on = 0;
-    if (!decoder_wait(D)) return corrupt(err, "a numeric plane does not decode");
-    return numeric_out(P, pf->old, pf->planes, pf->len, pf->width, err);
+    if (!decoder_wait(D)) return undecodable(pf, err);
+    return write_pending(P, pf, err);
+}
+
+/* The pipeline's step: waits for the pending frame, hands the decoder `next` (sp:
+ * its planes, or its `stored` bytes of zstd literals), then writes the frame waited
+ * for; `next` is pending after. On an error `next` is dropped, once the decoder is
+ * done with it: it comes after the error. */
+static md_status pipeline_step(patcher *P, decoder *D, pending_frame *pf, const pending_frame *next,
+                               const uint8_t *sp, size_t stored, md_error *err) {
+    pending_frame prev = *pf;
+    pf->on = 0;
+    if (prev.on && !decoder_wait(D)) return undecodable(&prev, err);
+    if (next->data)
+        decoder_submit(D, next->cp, sp, stored, 0, next->len, (uint8_t *)next->planes);
+    else
+        decoder_submit(D, next->cp, sp, 0, next->width, next->len / next->width, (uint8_t *)next->planes);
+    *pf = *next;
+    if (prev.on) {
+        md_status rc = write_pending(P, &prev, err);
+        if (rc != MD_OK) {
+            pf->on = 0;
+            (void)decoder_wait(D);
+            return rc;
+        }
+    }
+    return MD_OK;
 }
 
 md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, md_stats *stats, md_error *err) {
@@ -556,10 +632,11 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
      * ~900 4 KiB faults a call were a tenth of a patch of a few MiB): OLD's window,
      * the planes and numbers of numeric frames, the frame, its literals. */
     size_t frame_room = (frame_cap + 63) & ~(size_t)63;
-    /* With threads >= 2 a second OLD window, planes and frame follow (the decoder). */
+    /* With threads >= 2 a second OLD window, planes, frame and literals follow (the
+     * decoder). */
     int pipelined = version == 2 && threads >= 2;
     size_t one_set = OLD_BUF + 2 * (size_t)MD_FRAME_MAX_LIT + frame_room + MD_FRAME_MAX_LIT;
-    size_t scratch_len = one_set + (pipelined ? OLD_BUF + (size_t)MD_FRAME_MAX_LIT + frame_room : 0);
+    size_t scratch_len = one_set + (pipelined ? OLD_BUF + 2 * (size_t)MD_FRAME_MAX_LIT + frame_room : 0);
     uint8_t *scratch = md_scratch_alloc(scratch_len);
     uint8_t *fbuf = scratch ? scratch + OLD_BUF + 2 * (size_t)MD_FRAME_MAX_LIT : NULL;
     uint8_t *lit = scratch ? fbuf + frame_room : NULL;
@@ -567,6 +644,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
     uint8_t *set_old[2] = {scratch, scratch ? scratch + one_set : NULL};
     uint8_t *set_planes[2] = {scratch ? scratch + OLD_BUF : NULL, set_old[1] ? set_old[1] + OLD_BUF : NULL};
     uint8_t *set_frame[2] = {fbuf, set_planes[1] ? set_planes[1] + MD_FRAME_MAX_LIT : NULL};
+    uint8_t *set_lit[2] = {lit, set_frame[1] ? set_frame[1] + frame_room : NULL};
     unsigned set = 0;
     decoder D = {0};
     pending_frame pf = {0};
@@ -604,6 +682,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
     }
     /* A regular output that we write from its start may get holes for zeros. */
     P.w.sparse = rewindable;
+    P.w.prealloc = rewindable && md_prealloc_pays(out_fd);
     P.w.durable = opt && (opt->flags & MD_DURABLE);
     for (uint64_t seq = 0;; seq++) {
         if (md_cancelled(opt)) {
@@ -671,7 +750,8 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
             goto done;
         }
         const uint8_t *cp = fbuf + hdr_len;
-        if (type != MD_FRAME_NUMERIC) {
+        int data_pipelined = pipelined && type == MD_FRAME_DATA && codec == MD_CODEC_ZSTD;
+        if (type != MD_FRAME_NUMERIC && !data_pipelined) {
             /* frames reach the output in order */
             rc = finish_pending(&P, &D, &pf, err);
             if (rc != MD_OK) goto done;
@@ -734,55 +814,32 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
                  * is done with the previous frame's, which this thread then writes */
                 rc = numeric_old(&P, cp, param & MD_NUMERIC_NO_BASIS, lit_raw, seq, check, set_old[set], err);
                 if (rc != MD_OK) goto done;
-                pending_frame prev = pf;
-                pf.on = 0;
-                if (prev.on && !decoder_wait(&D)) {
-                    rc = corrupt(err, "a numeric plane does not decode");
-                    goto done;
-                }
-                decoder_submit(&D, cp, cp + cmd_len, width, lit_raw / width, set_planes[set]);
-                pf = (pending_frame){1, set_old[set], set_planes[set], lit_raw, width};
+                pending_frame next = {.on = 1, .old = set_old[set], .planes = set_planes[set], .len = lit_raw,
+                                      .width = width, .cp = cp};
+                rc = pipeline_step(&P, &D, &pf, &next, cp + cmd_len, 0, err);
+                if (rc != MD_OK) goto done;
                 set ^= 1;
                 fbuf = set_frame[set];
-                if (prev.on) {
-                    rc = numeric_out(&P, prev.old, prev.planes, prev.len, prev.width, err);
-                    if (rc != MD_OK) {
-                        /* the frame just submitted comes after this error: discard it */
-                        pf.on = 0;
-                        (void)decoder_wait(&D);
-                        goto done;
-                    }
-                }
             }
+        } else if (data_pipelined) {
+            /* its literals decode while the frame before it is written */
+            pending_frame next = {.on = 1, .data = 1, .old = set_old[set], .planes = set_lit[set], .len = lit_raw,
+                                  .cp = cp, .cmd_len = cmd_len, .seq = seq, .check = check};
+            rc = pipeline_step(&P, &D, &pf, &next, cp + cmd_len, stored, err);
+            if (rc != MD_OK) goto done;
+            set ^= 1;
+            fbuf = set_frame[set];
         } else {
             const uint8_t *lp = cp + cmd_len;
             if (codec == MD_CODEC_ZSTD) {
-                size_t z = ZSTD_decompressDCtx(dctx, lit, lit_raw, lp, stored);
-                if (ZSTD_isError(z) || z != lit_raw) {
+                if (!decode_literals(dctx, lp, stored, lit, lit_raw)) {
                     rc = corrupt(err, "a literal block does not decompress");
                     goto done;
                 }
                 lp = lit;
             }
-            uint64_t lo, hi;
-            if (version == 2 && !rewindable) {
-                /* Nothing of this frame may reach a pipe before its basis check. */
-                md_ph_frame(&P.ph, seq);
-                rc = run_commands(&P, cp, cmd_len, lp, lit_raw, 1, &lo, &hi, err);
-                if (rc != MD_OK) goto done;
-                if (MD_VERIFY_CHECKSUMS && P.ph.chain != check) {
-                    rc = basis_mismatch(err, lo, hi);
-                    goto done;
-                }
-            }
-            P.ph_on = version == 2 && rewindable;
-            md_ph_frame(&P.ph, seq);
-            rc = run_commands(&P, cp, cmd_len, lp, lit_raw, 0, &lo, &hi, err);
+            rc = run_data(&P, cp, cmd_len, lp, lit_raw, seq, check, P.scratch, err);
             if (rc != MD_OK) goto done;
-            if (P.ph_on && MD_VERIFY_CHECKSUMS && P.ph.chain != check) {
-                rc = basis_mismatch(err, lo, hi);
-                goto done;
-            }
         }
         if (opt && opt->progress) __atomic_store_n(opt->progress, in_bytes, __ATOMIC_RELAXED);
     }

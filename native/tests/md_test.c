@@ -8,7 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -448,6 +453,62 @@ static void patch_pipelined(void) {
     free(so.p);
     free(sn.p);
     free(a);
+}
+
+/* A delta from a signature, threads >= 2: each DATA frame's zstd literals decode on
+ * the second thread while the frame before it is written. Every outcome is one
+ * thread's: damage in and around each frame's header and inside it, a cut at each
+ * frame's edges and middle, the wrong basis under each frame, the output cap. */
+static void patch_pipelined_data(void) {
+    const size_t n = (size_t)3 << 20, step = 64 * 1024, copied = 16 * 1024;
+    buf old = random_buf(n), nw = {malloc(n), n}, sig, d;
+    md_error e;
+    for (size_t at = 0; at < n; at += step) { /* 16 KiB of OLD from elsewhere, then 48 KiB of text */
+        memcpy(nw.p + at, old.p + (n - at - step), copied);
+        for (size_t i = at + copied; i < at + step; i++) nw.p[i] = (uint8_t)('a' + rnd() % 11);
+    }
+    CHECK(make_sig(&old, 1, 0, &sig) == MD_OK, "pipelined data: signature");
+    CHECK(make_delta(&sig, &nw, 1, &d, &e) == MD_OK, "pipelined data: delta: %s", e.message);
+    size_t starts[16], frames = 0, zstd_frames = 0;
+    for (size_t pos = MD_HEADER_LEN; pos + MD_FRAME_HDR_LEN <= d.n && frames < 16;) {
+        starts[frames++] = pos;
+        zstd_frames += d.p[pos] == MD_FRAME_DATA && d.p[pos + 1] == MD_CODEC_ZSTD;
+        pos += MD_FRAME_HDR_LEN + md_get_u32(d.p + pos + 4) + md_get_u32(d.p + pos + 12) + 8;
+    }
+    CHECK(zstd_frames >= 3, "pipelined data: %zu zstd DATA frames", zstd_frames);
+    md_options o = {.threads = 2};
+    md_stats st;
+    int a = mem_fd(&old), df = mem_fd(&d), w = mem_fd(NULL);
+    CHECK(md_patch(a, df, w, &o, &st, &e) == MD_OK && st.threads == 2,
+          "pipelined data: the literals were not decoded on a second thread");
+    close(a);
+    close(df);
+    close(w);
+    check_patch("pipelined data", &old, &d, &nw);
+    same_as_one_thread("pipelined data: intact", 0, &old, &d, 0);
+    for (size_t f = 0; f < frames; f++) {
+        size_t end = f + 1 < frames ? starts[f + 1] : d.n;
+        size_t at[] = {starts[f], starts[f] + 1, starts[f] + 4, starts[f] + 12, starts[f] + 24, starts[f] + 39,
+                       starts[f] + 40, starts[f] + 41, (starts[f] + end) / 2, end - 9, end - 1};
+        for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+            if (at[k] >= end) continue;
+            d.p[at[k]] ^= 0x21;
+            same_as_one_thread("pipelined data: corrupt byte", at[k], &old, &d, 0);
+            d.p[at[k]] ^= 0x21;
+            buf t = {d.p, at[k]};
+            same_as_one_thread("pipelined data: truncated at", at[k], &old, &t, 0);
+        }
+    }
+    for (size_t at = 100; at < n; at += n / 9) {
+        old.p[at] ^= 1;
+        same_as_one_thread("pipelined data: wrong basis at", at, &old, &d, 0);
+        old.p[at] ^= 1;
+    }
+    for (uint64_t cap = 1; cap < n; cap += n / 5) same_as_one_thread("pipelined data: cap", (size_t)cap, &old, &d, cap);
+    free(d.p);
+    free(sig.p);
+    free(old.p);
+    free(nw.p);
 }
 
 /* A version 1 delta (made by hand here: header, one DATA frame, END) still patches. */
@@ -921,6 +982,80 @@ static void durable(void) {
     free(delta.p);
 }
 
+/* Whether any extent of fd is still waiting for delayed allocation; -1 when the file
+ * system has no FIEMAP. */
+static int has_delalloc(int fd) {
+    struct {
+        struct fiemap fm;
+        struct fiemap_extent ext[64];
+    } q;
+    memset(&q, 0, sizeof q);
+    q.fm.fm_length = FIEMAP_MAX_OFFSET;
+    q.fm.fm_extent_count = 64;
+    if (ioctl(fd, FS_IOC_FIEMAP, &q.fm) != 0) return -1;
+    for (uint32_t i = 0; i < q.fm.fm_mapped_extents; i++)
+        if (q.ext[i].fe_flags & FIEMAP_EXTENT_DELALLOC) return 1;
+    return 0;
+}
+
+/* A patch into a fresh file on ext4 allocates the blocks of each write before it
+ * (fallocate): none waits for delayed allocation afterwards; zero
+ * runs are still holes and nothing is allocated past the end; a wrong basis leaves
+ * no block behind. */
+static void patch_prealloc(void) {
+    const size_t mib = (size_t)1 << 20;
+    buf old = random_buf(4 * mib), nw = random_buf(3 * mib + 384 * 1024), sig, delta, out;
+    md_error e;
+    memcpy(nw.p + 100, old.p, 2 * mib);       /* copies shifted off page boundaries */
+    memset(nw.p + 2 * mib + 100, 0, 256 * 1024); /* a hole inside */
+    memset(nw.p + nw.n - 192 * 1024, 0, 192 * 1024); /* and at the end */
+    CHECK(make_sig(&old, 1, 0, &sig) == MD_OK, "prealloc: signature");
+    CHECK(make_delta(&sig, &nw, 1, &delta, &e) == MD_OK, "prealloc: delta: %s", e.message);
+    char path[] = "/tmp/md_test_prealloc_XXXXXX";
+    for (int wrong = 0; wrong < 2; wrong++) {
+        int w = mkstemp(path);
+        CHECK(w >= 0, "prealloc: mkstemp");
+        unlink(path);
+        memcpy(path + strlen(path) - 6, "XXXXXX", 6);
+        if (!md_prealloc_pays(w)) {
+            fprintf(stderr, "md_test: prealloc: /tmp is not ext4, skipped\n");
+            close(w);
+            break;
+        }
+        old.p[5] ^= (uint8_t)wrong;
+        int a = mem_fd(&old), d = mem_fd(&delta);
+        old.p[5] ^= (uint8_t)wrong;
+        md_options o = {.threads = 1};
+        md_status rc = md_patch(a, d, w, &o, NULL, &e);
+        struct stat st;
+        CHECK(fstat(w, &st) == 0, "prealloc: fstat");
+        if (wrong) {
+            CHECK(rc == MD_E_WRONG_BASIS && st.st_size == 0 && st.st_blocks == 0,
+                  "prealloc: wrong basis gave %d, %lld bytes, %lld blocks", rc, (long long)st.st_size,
+                  (long long)st.st_blocks);
+        } else {
+            CHECK(rc == MD_OK, "prealloc: patch: %s", e.message);
+            out = fd_contents(w);
+            CHECK(out.n == nw.n && memcmp(out.p, nw.p, nw.n) == 0, "prealloc: round trip");
+            free(out.p);
+            /* 3 MiB of data (the holes are whole 64 KiB grains of zeros, less the edges) */
+            CHECK((uint64_t)st.st_blocks * 512 <= 3 * mib + 64 * 1024, "prealloc: %lld bytes allocated for %zu",
+                  (long long)st.st_blocks * 512, nw.n);
+            off_t hole = lseek(w, 0, SEEK_HOLE);
+            CHECK(hole > (off_t)(2 * mib) && hole < (off_t)(2 * mib + 256 * 1024), "prealloc: the first hole is at %lld",
+                  (long long)hole);
+            CHECK(has_delalloc(w) != 1, "prealloc: the output waits for delayed allocation");
+        }
+        close(a);
+        close(d);
+        close(w);
+    }
+    free(old.p);
+    free(nw.p);
+    free(sig.p);
+    free(delta.p);
+}
+
 static double now_s(clockid_t clock) {
     struct timespec t;
     clock_gettime(clock, &t);
@@ -944,6 +1079,7 @@ static const struct {
     {"hostile_headers", hostile_headers}, {"rans", rans}, {"rans16_32", rans16_32}, {"rans16_64", rans16_64},
     {"threads_refused", threads_refused}, {"num_kernels", num_kernels}, {"patch_pipelined", patch_pipelined},
     {"hash_kernels", hash_kernels}, {"writer_pieces", writer_pieces},
+    {"patch_prealloc", patch_prealloc}, {"patch_pipelined_data", patch_pipelined_data},
 };
 
 int main(int argc, char **argv) {

@@ -549,20 +549,22 @@ def test_cli_module_imports_no_engine_and_agrees_on_threads() -> None:
     assert cli_delta._MAX_THREADS == native.MAX_THREADS
 
 
-def test_a_patch_counts_its_second_thread_only_when_it_decoded_planes(tmp_path: Path) -> None:
-    """`DeltaStats.threads` says what was used: a v2 delta without numeric frames is
-    patched by one thread whatever `threads` asks, one with them by two."""
+def test_a_patch_counts_its_second_thread_only_when_it_decoded_frames(tmp_path: Path) -> None:
+    """`DeltaStats.threads` says what was used: a v2 delta with nothing to decode (its
+    frames copy OLD) is patched by one thread whatever `threads` asks; one with zstd
+    literals or numeric frames by two."""
     rng = random.Random(11)
     old = rng.randbytes(3_000_000)
     new = old[:1_000_000] + b"x" * 100 + old[1_000_100:]
     (tmp_path / "old").write_bytes(old)
     (tmp_path / "new").write_bytes(new)
-    plain = native.delta_basis(tmp_path / "old", tmp_path / "new", tmp_path / "plain")
+    copies = native.delta_basis(tmp_path / "old", tmp_path / "old", tmp_path / "copies")
+    literals = native.delta_basis(tmp_path / "old", tmp_path / "new", tmp_path / "literals")
     numeric = native.delta_basis(
         tmp_path / "old", tmp_path / "new", tmp_path / "numeric", dtype="fp32"
     )
-    assert (plain.numeric_bytes, numeric.numeric_bytes > 0) == (0, True)
-    for name, used in (("plain", 1), ("numeric", 2)):
+    assert (copies.literal_bytes, literals.numeric_bytes, numeric.numeric_bytes > 0) == (0, 0, True)
+    for name, used, want in (("copies", 1, old), ("literals", 2, new), ("numeric", 2, new)):
         stats = native.patch(tmp_path / "old", tmp_path / name, tmp_path / f"{name}.out", threads=2)
         assert stats.threads == used, name
-        assert (tmp_path / f"{name}.out").read_bytes() == new
+        assert (tmp_path / f"{name}.out").read_bytes() == want
