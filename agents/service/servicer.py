@@ -231,8 +231,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         """A whole small object in one message: what `_put` does with a Put that ends
         within its first INLINE_BYTES, without a stream to read (a streamed Put of 1 KiB
         costs both ends about twice the CPU of a unary call)."""
-        check_small(request, self.max_object_bytes)
-        header = _Header.of(request.header, self.max_object_bytes)
+        header = check_small(request, self.max_object_bytes)
         admitted = await self.admission.admit_write(header.dataset, header.epoch)
         if header.set_id is not None and self.holding_sets is not None:
             await self.holding_sets()
@@ -849,16 +848,17 @@ def _check_digest(staged: StagedWrite, stated: Digest) -> None:
         )
 
 
-def check_small(request: agent_pb2.PutSmallRequest, max_object_bytes: int | None) -> None:
-    """Refuse a PutSmall whose header is bad (as a Put's would be), then one that carries
-    more than a PutSmall holds (TooLargeError): the lone agent's order and the routed one's."""
-    _Header.of(request.header, max_object_bytes)
+def check_small(request: agent_pb2.PutSmallRequest, max_object_bytes: int | None) -> _Header:
+    """A PutSmall's header, checked (as a Put's would be), then its size: more than a
+    PutSmall holds is a TooLargeError. The lone agent's order and the routed one's."""
+    header = _Header.of(request.header, max_object_bytes)
     if len(request.data) > INLINE_BYTES:
         raise TooLargeError(
             f"PutSmallRequest.data: {request.header.dataset}/{request.header.key} is "
             f"{len(request.data)} bytes, more than the {INLINE_BYTES} a PutSmall carries "
             "(send it with Put); nothing was stored"
         )
+    return header
 
 
 def _before_commit(context: Context, call: str) -> None:

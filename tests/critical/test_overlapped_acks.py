@@ -92,6 +92,30 @@ async def test_a_failed_own_commit_fails_the_write_whatever_the_replicas_hold(
         await sync.close()
 
 
+class Gated:
+    """A SyncReplication whose pushes (ack: all) each wait for a future of the test's,
+    `gates[(key, region)]`, and whose regions marked behind are only recorded."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.every = dataclasses.replace(PLACEMENT, ack="all")
+        self.gates: dict[tuple[str, str], asyncio.Future[str]] = {}
+        self.behind: list[str] = []
+        self.clock = HybridClock("eu-west")
+        self.sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
+        self.sync._push = self._push  # type: ignore[method-assign]
+        self.sync._mark_behind = lambda _w, region: self.behind.append(region)  # type: ignore[method-assign]
+        self.sync._reconciled[PLACEMENT.dataset] = 5
+
+    async def _push(self, region: str, w: CommittedWrite, _v: Version, _deadline: float) -> str:
+        loop = asyncio.get_running_loop()
+        return await self.gates.setdefault((w.key or "", region), loop.create_future())
+
+    def write_of(self, key: str) -> CommittedWrite:
+        version = Version(self.clock.now(), "delete", 0, None)
+        every = self.every
+        return CommittedWrite(Admitted(every, 5, 1), every.dataset, key=key, version=version)
+
+
 async def test_a_replica_counts_toward_an_ack_only_once_every_earlier_push_to_it_succeeded(
     tmp_path: Path,
 ) -> None:
@@ -99,25 +123,9 @@ async def test_a_replica_counts_toward_an_ack_only_once_every_earlier_push_to_it
     pushes end first, but it is not acked while the first's still run, and when the
     first's push to eu-central fails, eu-central does not count for the second either
     (it may lack the first), while the first's failure marks eu-central behind."""
-    every = dataclasses.replace(PLACEMENT, ack="all")
-    loop = asyncio.get_running_loop()
-    gates: dict[tuple[str, str], asyncio.Future[str]] = {}
-    behind: list[str] = []
     with ObjectStore(tmp_path / "s", clock=HybridClock("eu-west")) as store:
-        sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
-
-        async def push(region: str, w: CommittedWrite, _v: Version, _deadline: float) -> str:
-            return await gates.setdefault((w.key or "", region), loop.create_future())
-
-        sync._push = push  # type: ignore[method-assign]
-        sync._mark_behind = lambda _w, region: behind.append(region)  # type: ignore[method-assign]
-        sync._reconciled[PLACEMENT.dataset] = 5
-        clock = HybridClock("eu-west")
-
-        def write_of(key: str) -> CommittedWrite:
-            version = Version(clock.now(), "delete", 0, None)
-            return CommittedWrite(Admitted(every, 5, 1), every.dataset, key=key, version=version)
-
+        gated = Gated(store)
+        sync, gates, behind, write_of = gated.sync, gated.gates, gated.behind, gated.write_of
         first = asyncio.create_task(sync.replicate(write_of("k1")))
         second = asyncio.create_task(sync.replicate(write_of("k2")))
         await until(lambda: len(gates) == 4, 5, "four pushes")
@@ -148,24 +156,9 @@ async def test_a_push_failing_fast_does_not_let_a_later_one_skip_an_earlier_one_
     """k1's push to eu-central runs on; k2's fails at once; k3's, begun after that
     failure, succeeds: k3 still waits for k1's push to end (were it to count now,
     eu-central might lack k1), and fails as one after a failed push."""
-    every = dataclasses.replace(PLACEMENT, ack="all")
-    loop = asyncio.get_running_loop()
-    gates: dict[tuple[str, str], asyncio.Future[str]] = {}
     with ObjectStore(tmp_path / "s", clock=HybridClock("eu-west")) as store:
-        sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
-
-        async def push(region: str, w: CommittedWrite, _v: Version, _deadline: float) -> str:
-            return await gates.setdefault((w.key or "", region), loop.create_future())
-
-        sync._push = push  # type: ignore[method-assign]
-        sync._mark_behind = lambda _w, _region: None  # type: ignore[method-assign]
-        sync._reconciled[PLACEMENT.dataset] = 5
-        clock = HybridClock("eu-west")
-
-        def write_of(key: str) -> CommittedWrite:
-            version = Version(clock.now(), "delete", 0, None)
-            return CommittedWrite(Admitted(every, 5, 1), every.dataset, key=key, version=version)
-
+        gated = Gated(store)
+        sync, gates, write_of = gated.sync, gated.gates, gated.write_of
         first = asyncio.create_task(sync.replicate(write_of("k1")))
         second = asyncio.create_task(sync.replicate(write_of("k2")))
         await until(lambda: len(gates) == 4, 5, "k1's and k2's pushes")
