@@ -10,7 +10,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agent_api_helpers import CRITICAL, REGION, REGIONS, put, start_agent, stop_agent, world
+from agent_api_helpers import (
+    CRITICAL,
+    REGION,
+    REGIONS,
+    put,
+    refusal,
+    start_agent,
+    stop_agent,
+    world,
+)
 from fakes.admission import StaticPolicy, compiled
 from fakes.coordination import MemoryCoordination
 
@@ -201,27 +210,24 @@ async def test_a_switchover_in_real_etcd_fences_the_old_owners_writes(
             # The thing tested: the read's age passes max_age_s (0.5 s), whatever the
             # watch delivered meanwhile; only time passing makes that so.
             await asyncio.sleep(0.6)
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await put(agent, CRITICAL, "shard-1", b"frozen", epoch=old)
-            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert isinstance(from_rpc_error(caught.value), DatasetHandingOverError)
+            frozen, _ = await refusal(lambda: put(agent, CRITICAL, "shard-1", b"frozen", epoch=old))
+            assert frozen.code() == grpc.StatusCode.UNAVAILABLE
+            assert isinstance(from_rpc_error(frozen), DatasetHandingOverError)
 
             await etcd.put("/meridian/regions/eu-central/alive", b"x")
             new = await ownership.complete_handover(mark, reason="switchover", actor="t")
             # At once, before waiting for the watch: never accepted at the old epoch
             # (the read, or the watch, still holds the freeze, or already the move).
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await put(agent, CRITICAL, "shard-1", b"late", epoch=old)
-            assert caught.value.code() in (
+            late, _ = await refusal(lambda: put(agent, CRITICAL, "shard-1", b"late", epoch=old))
+            assert late.code() in (
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.FAILED_PRECONDITION,
             )
             await watch.wait_for_revision(new, timeout_s=10)
             assert owners.known(CRITICAL) == OwnerRecord(CRITICAL, "eu-central", new)
             assert fence.highest_epoch(CRITICAL) == new
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await put(agent, CRITICAL, "shard-1", b"not the owner")
-            assert isinstance(from_rpc_error(caught.value), NotOwnerError)
+            moved, _ = await refusal(lambda: put(agent, CRITICAL, "shard-1", b"not the owner"))
+            assert isinstance(from_rpc_error(moved), NotOwnerError)
             assert [s.key for s in agent.store.list_objects(CRITICAL).items] == ["shard-0"]
         finally:
             await stop_agent(agent)
