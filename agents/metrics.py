@@ -9,6 +9,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Transfer sizes span 4 KiB objects to multi-GiB checkpoints over WAN links.
 TRANSFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# API calls and critical pushes: a small write answers in a millisecond, an acked one
+# takes a WAN round trip or more, a whole checkpoint shard seconds to minutes.
+CALL_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5,
+    10, 30, 60, 300,
+)  # fmt: skip
+PUSH_ITEMS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 class AgentMetrics:
@@ -26,6 +33,29 @@ class AgentMetrics:
             "meridian_agent_requests_total",
             "agent API calls answered, by call and gRPC status code",
             ["call", "code"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "meridian_agent_request_seconds",
+            "time the agent took over an API call, from its first message to its status",
+            ["call"],
+            buckets=CALL_BUCKETS,
+            registry=self.registry,
+        )
+        self.push_seconds = Histogram(
+            "meridian_critical_push_seconds",
+            "an owner's synchronous pushes of small critical versions to a replica region: "
+            "the time one waited for a call to that region (stage=queued), and each call's "
+            "round trip (stage=call)",
+            ["region", "stage"],
+            buckets=CALL_BUCKETS,
+            registry=self.registry,
+        )
+        self.push_items = Histogram(
+            "meridian_critical_push_items",
+            "versions carried by one push call to a replica region (1: pushed alone)",
+            ["region"],
+            buckets=PUSH_ITEMS_BUCKETS,
             registry=self.registry,
         )
         self.transfer_bytes = Counter(

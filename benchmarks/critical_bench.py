@@ -31,10 +31,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests" / "critical"), str(HERE.parent / "tests")]
@@ -123,27 +125,78 @@ async def big_versions(stub: agent_pb2_grpc.AgentAsyncStub, dataset: str, runs: 
 
 async def throughput(
     stub: agent_pb2_grpc.AgentAsyncStub, dataset: str, writers: int, seconds: float
-) -> tuple[float, int, int]:
+) -> tuple[float, int, int, float]:
     """Acked writes/s of `writers` concurrent writers of 1 KiB for `seconds`; also the
-    acked and refused counts."""
+    acked and refused counts, and the mean time a writer waited for an ack."""
     data = os.urandom(KiB)
     acked = refused = 0
+    waited = 0.0
     until = time.monotonic() + seconds
 
     async def writer(w: int) -> None:
-        nonlocal acked, refused
+        nonlocal acked, refused, waited
         for n in range(1_000_000):  # bounded by the clock below
             if time.monotonic() >= until:
                 return
+            started = time.perf_counter()
             try:
                 await put(stub, dataset, f"w{w}-{n % 100}", data)
                 acked += 1
+                waited += time.perf_counter() - started
             except grpc.aio.AioRpcError:
                 refused += 1
 
     started = time.monotonic()
     await asyncio.gather(*(writer(w) for w in range(writers)))
-    return acked / (time.monotonic() - started), acked, refused
+    return acked / (time.monotonic() - started), acked, refused, waited / max(acked, 1)
+
+
+# The agents' own timings (their metrics' histograms, sums and counts): where an acked
+# write's time goes under load, as means.
+TIMINGS = {
+    "owner": ("meridian_agent_request_seconds", {"call": "PutSmall"}),
+    "queued": ("meridian_critical_push_seconds", {"stage": "queued"}),
+    "call": ("meridian_critical_push_seconds", {"stage": "call"}),
+    "items": ("meridian_critical_push_items", {}),
+    "replica": ("meridian_agent_request_seconds", {"call": "ReplicatePushes"}),
+}
+
+
+def scrape_timings(procs: dict[str, AgentProcess]) -> dict[str, tuple[float, float]]:
+    """Each of TIMINGS' (sum, count), added over every agent and label set."""
+    out = dict.fromkeys(TIMINGS, (0.0, 0.0))
+    for proc in procs.values():
+        if not proc.metrics_address:
+            continue
+        url = f"http://{proc.metrics_address}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            text = answer.read().decode()
+        for family in text_string_to_metric_families(text):
+            for what, (name, labels) in TIMINGS.items():
+                if family.name != name:
+                    continue
+                total, count = out[what]
+                for sample in family.samples:
+                    if any(sample.labels.get(k) != v for k, v in labels.items()):
+                        continue
+                    if sample.name == f"{name}_sum":
+                        total += sample.value
+                    elif sample.name == f"{name}_count":
+                        count += sample.value
+                out[what] = (total, count)
+    return out
+
+
+def mean_timings(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """The mean of each timing over the run (NaN when nothing was timed)."""
+    out = {}
+    for what in TIMINGS:
+        total = after[what][0] - before[what][0]
+        count = after[what][1] - before[what][1]
+        out[what] = total / count if count else float("nan")
+    return out
 
 
 def start_profiles(procs: dict[str, AgentProcess], folder: Path, seconds: float) -> list[object]:
@@ -188,21 +241,24 @@ async def throughput_cpu(
     dataset: str,
     args: argparse.Namespace,
     procs: dict[str, AgentProcess],
-) -> tuple[float, int, int, dict[str, float], dict[str, float]]:
-    """`throughput`, and the agents' CPU milliseconds per acked write during it (all,
-    and the system part of it): what bounds the rate when the agents share the
-    machine's cores."""
+) -> tuple[float, int, int, dict[str, float], dict[str, float], dict[str, float]]:
+    """`throughput`, the agents' CPU milliseconds per acked write during it (all, and
+    the system part of it): what bounds the rate when the agents share the machine's
+    cores; and the mean timings: the writers' wait (`writers`) and the agents' own."""
+    timed = await asyncio.to_thread(scrape_timings, procs)
     before = cpu_seconds(procs)
     busy, own = machine_busy_seconds(), time.process_time()
-    rate, acked, refused = await throughput(stub, dataset, args.writers, args.seconds)
+    rate, acked, refused, waited = await throughput(stub, dataset, args.writers, args.seconds)
     after = cpu_seconds(procs)
+    timings = mean_timings(timed, await asyncio.to_thread(scrape_timings, procs))
+    timings["writers"] = waited
     per_write = {r: (sum(after[r]) - sum(before[r])) * 1e3 / max(acked, 1) for r in procs}
     system = {r: (after[r][1] - before[r][1]) * 1e3 / max(acked, 1) for r in procs}
     # What the agents' ceiling leaves out: the writers (this process) and everything else
     # on the machine (Toxiproxy, etcd, the catalog's database, the other services).
     per_write[WRITERS] = (time.process_time() - own) * 1e3 / max(acked, 1)
     per_write[MACHINE] = (machine_busy_seconds() - busy) * 1e3 / max(acked, 1)
-    return rate, acked, refused, per_write, system
+    return rate, acked, refused, per_write, system, timings
 
 
 async def measure(
@@ -230,13 +286,14 @@ async def measure(
         local_cpu: dict[str, float] = {}
         cpu: dict[str, float] = {}
         system: dict[str, float] = {}
+        timings: dict[str, float] = {}
         if args.only in ("all", "throughput"):
             # The same load on a standard dataset: the owner's local commits alone.
-            local_rate, _, _, local_cpu, _ = await throughput_cpu(
+            local_rate, _, _, local_cpu, _, _ = await throughput_cpu(
                 stub, "plain/tput", args, procs or {}
             )
             spies = start_profiles(procs or {}, args.profile, args.seconds) if args.profile else []
-            rate, acked, refused, cpu, system = await throughput_cpu(
+            rate, acked, refused, cpu, system, timings = await throughput_cpu(
                 stub, "tri/tput", args, procs or {}
             )
             for spy in spies:
@@ -253,6 +310,7 @@ async def measure(
         "local_cpu": local_cpu,
         "cpu": cpu,
         "system": system,
+        "timings": timings,
     }
 
 
@@ -337,6 +395,21 @@ def report(figures: dict[str, object], rtt_ms: float, args: argparse.Namespace) 
             "agent CPU per acked write, of it in the kernel (system time): "
             + ", ".join(f"{r} {ms:.1f}" for r, ms in system.items())
         )
+    timings = figures.get("timings") or {}
+    assert isinstance(timings, dict)
+    if timings:
+        # Little's law: writers that each wait for their ack before the next write reach
+        # at most writers / mean wait; the target asks that wait to be at most this.
+        need = args.writers / 1000
+        ms = {what: value * 1e3 for what, value in timings.items() if what != "items"}
+        print(
+            f"under load, means: a writer waits {ms['writers']:.1f} ms per ack ({args.writers} "
+            f"writers / {ms['writers']:.1f} ms = {args.writers * 1e3 / ms['writers']:.0f} /s; "
+            f"1000 /s needs <= {need * 1e3:.0f} ms); the owner's PutSmall {ms['owner']:.1f} ms, "
+            f"in it a push waits {ms['queued']:.1f} ms for a call to its replica, the call "
+            f"{ms['call']:.1f} ms ({rtt_ms:.0f} ms RTT, the replica's handler "
+            f"{ms['replica']:.1f} ms, {timings['items']:.1f} versions a call)"
+        )
     print(
         f"throughput: {figures['acked']} acked, {figures['refused']} refused in "
         f"{args.seconds:.0f} s; runs: 1 KiB x{args.small_runs}, 16 MiB x{args.big_runs}"
@@ -365,7 +438,7 @@ def main() -> None:
         env = prepare_critical_world(root / "world", etcd)
         asyncio.run(claim_all(etcd, ["tri/lat", "tri/big", "tri/tput"]))
         procs = {
-            r: AgentProcess(r, root / r, dict(env), root / f"{r}.log", lease_ttl_s=10)
+            r: AgentProcess(r, root / r, dict(env), root / f"{r}.log", lease_ttl_s=10, metrics=True)
             for r in ("eu-west", "eu-central", "eu-north")
         }
         toxi = ToxiproxyClient(f"http://127.0.0.1:{settings.stack_toxiproxy_port}", timeout_s=5)

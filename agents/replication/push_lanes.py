@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from agents.metrics import AgentMetrics
 from agents.replication.delta_push import DELTA_MIN_BYTES
 from agents.service.servicer import CommittedWrite
 from controlplane.domain.version import Version
@@ -57,6 +58,24 @@ class _Queued:
     version: Version
     deadline_s: float
     answer: asyncio.Future[str]
+    since: float  # time.monotonic() when it queued
+
+
+class _Timed:
+    """A lane's histograms (`meridian_critical_push_seconds`, `..._items`), their
+    children looked up once: every acked write observes them."""
+
+    def __init__(self, metrics: AgentMetrics, region: str) -> None:
+        self._queued = metrics.push_seconds.labels(region=region, stage="queued")
+        self._call = metrics.push_seconds.labels(region=region, stage="call")
+        self._items = metrics.push_items.labels(region=region)
+
+    def queued(self, seconds: float) -> None:
+        self._queued.observe(seconds)
+
+    def called(self, seconds: float, items: int) -> None:
+        self._call.observe(seconds)
+        self._items.observe(items)
 
 
 class PushLane:
@@ -71,6 +90,7 @@ class PushLane:
         most: int = BATCH_MAX,
         in_flight: int = IN_FLIGHT,
         clock: Callable[[], float] = time.monotonic,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.region = region
         self._alone = alone
@@ -83,6 +103,7 @@ class PushLane:
         self._calls: set[asyncio.Task[None]] = set()
         self._refused_until = 0.0
         self.batches = 0  # calls that carried more than one item (for tests, metrics)
+        self._timed = _Timed(metrics, region) if metrics is not None else None
 
     @property
     def queued(self) -> int:
@@ -93,13 +114,18 @@ class PushLane:
         """Push one small version to this lane's region; its region once committed there."""
         if self._running < self.in_flight and not self._queue:
             self._running += 1
+            started = time.monotonic()
+            if self._timed is not None:
+                self._timed.queued(0.0)
             try:
                 return await self._one(write, version, deadline_s)
             finally:
+                if self._timed is not None:
+                    self._timed.called(time.monotonic() - started, 1)
                 self._running -= 1
                 self._drain()
         answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(write, version, deadline_s, answer))
+        self._queue.append(_Queued(write, version, deadline_s, answer, time.monotonic()))
         self._drain()
         return await answer
 
@@ -152,6 +178,10 @@ class PushLane:
         return batch
 
     async def _send(self, batch: list[_Queued]) -> None:
+        started = time.monotonic()
+        if self._timed is not None:
+            for queued in batch:
+                self._timed.queued(started - queued.since)
         try:
             if self._clock() < self._refused_until:
                 await self._each_alone(batch)
@@ -172,6 +202,8 @@ class PushLane:
             for queued, error in zip(batch, answers, strict=True):
                 self._settle(queued.answer, error)
         finally:
+            if self._timed is not None:
+                self._timed.called(time.monotonic() - started, len(batch))
             self._running -= 1
             for queued in batch:  # cancelled (closing): nobody waits in vain
                 if not queued.answer.done():

@@ -119,6 +119,7 @@ from typing import TypeVar
 import grpc
 
 from agents.admission import Admitted, OwnerRecord
+from agents.metrics import AgentMetrics
 from agents.replication.delta_push import (
     DELTA_MIN_BYTES,
     ReplicaBases,
@@ -237,6 +238,7 @@ class SyncReplication:
         takeover_passes: int = TAKEOVER_PASSES,
         owner_now: OwnerNow | None = None,
         batch_max: int = BATCH_MAX,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.store = store
         self.region = region
@@ -279,6 +281,7 @@ class SyncReplication:
         # running to that region go together in one ReplicatePushes; 1: never batched.
         self.batch_max = batch_max
         self._lanes: dict[str, PushLane] = {}
+        self.metrics = metrics  # the lanes' push times, when the daemon counts them
 
     def behind(self, dataset: str) -> list[str]:
         """The replicas of `dataset` catching up (not counted toward acks)."""
@@ -409,6 +412,7 @@ class SyncReplication:
                 alone=functools.partial(self._push, region),
                 together=functools.partial(self._push_many, region),
                 most=self.batch_max,
+                metrics=self.metrics,
             )
         return lane
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -61,8 +62,9 @@ async def _refuse(call: str, context: Context, exc: BaseException) -> grpc.Statu
 async def unary(
     call: str, context: Context, metrics: AgentMetrics, fn: Callable[[], Awaitable[T]]
 ) -> T:
-    """Run a unary (or client-stream) handler body and count how it ended."""
+    """Run a unary (or client-stream) handler body, count how it ended and time it."""
     code: grpc.StatusCode | None = grpc.StatusCode.OK
+    started = time.monotonic()
     try:
         return await fn()
     except grpc.aio.AbortError:
@@ -81,13 +83,15 @@ async def unary(
     finally:
         if code is not None:
             metrics.requests.labels(call=call, code=code.name).inc()
+        metrics.request_seconds.labels(call=call).observe(time.monotonic() - started)
 
 
 async def stream(
     call: str, context: Context, metrics: AgentMetrics, gen: AsyncIterator[T]
 ) -> AsyncIterator[T]:
-    """Relay a server-stream handler's messages and count how the call ended."""
+    """Relay a server-stream handler's messages, count how the call ended and time it."""
     code: grpc.StatusCode | None = grpc.StatusCode.OK
+    started = time.monotonic()
     try:
         async with contextlib.aclosing(gen):  # type: ignore[type-var]
             async for item in gen:
@@ -105,3 +109,4 @@ async def stream(
     finally:
         if code is not None:
             metrics.requests.labels(call=call, code=code.name).inc()
+        metrics.request_seconds.labels(call=call).observe(time.monotonic() - started)

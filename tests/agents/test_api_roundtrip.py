@@ -233,3 +233,20 @@ async def test_a_put_whose_first_message_is_a_chunk_is_invalid(agent: Agent) -> 
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "PutRequest.header" in (caught.value.details() or "")
     assert agent.files() == []
+
+
+async def test_every_call_is_timed_by_call_answered_or_refused(agent: Agent) -> None:
+    def timed(call: str) -> float:
+        return agent.sample("meridian_agent_request_seconds_count", {"call": call})
+
+    await put(agent, STANDARD, "timed", b"x" * 100)
+    await get(agent, STANDARD, "timed")
+    with pytest.raises(grpc.aio.AioRpcError):
+        await agent.stub.Stat(
+            agent_pb2.StatRequest(dataset=STANDARD, key="never/written"), timeout=TIMEOUT_S
+        )
+    assert (timed("Put"), timed("Get"), timed("Stat")) == (1, 1, 1)
+    # Each took some time, and less than the test's own deadline.
+    for call in ("Put", "Get", "Stat"):
+        took = agent.sample("meridian_agent_request_seconds_sum", {"call": call})
+        assert 0 < took < TIMEOUT_S, call

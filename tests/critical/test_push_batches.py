@@ -48,6 +48,17 @@ def batch_calls(agent: AgentProcess) -> float:
     return total
 
 
+def metric_sum(agent: AgentProcess, name: str, label: str = "") -> float:
+    """The sum of `name`'s samples on this agent's metrics endpoint (those with `label`)."""
+    with urlopen(f"http://{agent.metrics_address}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and label in line
+    )
+
+
 async def pushes(
     address: str, items: list[agent_pb2.PushedItem]
 ) -> agent_pb2.ReplicatePushesResponse:
@@ -86,6 +97,12 @@ async def test_concurrent_writes_are_batched_and_each_acked_by_its_quorum(
             )
     calls = batch_calls(eu_agents["eu-central"]) + batch_calls(eu_agents["eu-north"])
     assert calls >= 1, "48 concurrent writes and not one batched push"
+    # The owner timed each push: every version it pushed waited once for a call, and
+    # each write reached at least the one replica its quorum needed.
+    pushed = metric_sum(west, "meridian_critical_push_items_sum")
+    assert pushed >= len(datas)
+    assert metric_sum(west, "meridian_critical_push_seconds_count", 'stage="queued"') == pushed
+    assert 0 < metric_sum(west, "meridian_critical_push_seconds_count", 'stage="call"') <= pushed
 
 
 async def test_a_batch_refuses_a_stale_epoch_per_item(

@@ -11,6 +11,7 @@ import pytest
 from waiting import until
 
 from agents.admission import Admitted
+from agents.metrics import AgentMetrics
 from agents.replication.push_lanes import BatchRefusedError, PushLane
 from agents.service.servicer import CommittedWrite
 from controlplane.coordination.protocols.fencing import StaleEpochError
@@ -133,3 +134,37 @@ async def test_an_agent_taking_no_batch_gets_each_item_alone() -> None:
     assert await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5) == [REGION] * 3
     assert sorted(calls.alone) == ["a", "b", "c"] and calls.together == []
     assert lane.batches == 0
+
+
+async def test_the_lane_times_each_wait_and_each_call_in_its_metrics() -> None:
+    calls = Calls()
+    metrics = AgentMetrics("eu-west")
+    lane = PushLane(
+        REGION,
+        alone=calls.push_alone,
+        together=calls.push_together,
+        in_flight=1,
+        metrics=metrics,
+    )
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, {"region": REGION, **labels}) or 0.0
+
+    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
+    queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c")]
+    await until(lambda: lane.queued == 2, timeout_s=5, what="two pushes queued")
+    held_s = 0.05
+    await asyncio.sleep(held_s)  # the thing timed: the queued pushes wait this long at least
+    calls.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5)
+
+    # Three pushes waited: "a" not at all, "b" and "c" for the first call to end.
+    queued_name = "meridian_critical_push_seconds_count"
+    assert sample(queued_name, stage="queued") == 3
+    assert sample("meridian_critical_push_seconds_sum", stage="queued") >= 2 * held_s
+    # Two calls: "a" alone, then "b" and "c" together; the first took the held time.
+    assert sample(queued_name, stage="call") == 2
+    assert sample("meridian_critical_push_seconds_sum", stage="call") >= held_s
+    assert sample("meridian_critical_push_items_sum") == 3
+    assert sample("meridian_critical_push_items_count") == 2
