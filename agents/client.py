@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,10 @@ from meridian.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 CHUNK_BYTES = 1024 * 1024
 SMALL_BYTES = 64 * 1024  # the most a PutSmall carries (the agent's INLINE_BYTES)
+# After an agent answers PutSmall with UNIMPLEMENTED (an older agent), small objects
+# go as Put streams for this long, then PutSmall is tried again: behind one address a
+# rolling upgrade replaces old agents with new ones, and a client lives through it.
+SMALL_RETRY_S = 60.0
 # A message is one chunk plus its framing; allow headroom for the header messages.
 MAX_MESSAGE_BYTES = 4 * CHUNK_BYTES
 DEFAULT_TIMEOUT_S = 30.0
@@ -149,7 +154,8 @@ class AgentClient:
         self.min_rate_bytes_per_s = min_rate_bytes_per_s
         self._channel: grpc.aio.Channel | None = None
         self._stub: agent_pb2_grpc.AgentAsyncStub | None = None
-        self._small = True  # the agent serves PutSmall (until it says it does not)
+        # PutSmall is not tried before this time (time.monotonic(); see SMALL_RETRY_S).
+        self._small_after = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
     @property
@@ -218,11 +224,11 @@ class AgentClient:
                 info = await asyncio.to_thread(path.stat)
                 size = info.st_size
                 # A regular file only: a pipe or a device says 0 bytes and may be endless.
-                if stat.S_ISREG(info.st_mode) and size <= SMALL_BYTES and self._small:
+                if stat.S_ISREG(info.st_mode) and size <= SMALL_BYTES and self._small():
                     source = await asyncio.to_thread(path.read_bytes)
             except OSError as err:
                 raise InvalidInputError(f"cannot read {path}: {err.strerror or err}") from None
-        if isinstance(source, bytes) and len(source) <= SMALL_BYTES and self._small:
+        if isinstance(source, bytes) and len(source) <= SMALL_BYTES and self._small():
             version = await self._put_small(header, source)
             if version is not None:
                 if progress is not None:
@@ -259,16 +265,20 @@ class AgentClient:
             raise await self._put_verdict(header, size) from None
         return _version(resp.version, "PutResponse.version")
 
+    def _small(self) -> bool:
+        """Whether to send a small object as PutSmall now (see SMALL_RETRY_S)."""
+        return time.monotonic() >= self._small_after
+
     async def _put_small(self, header: agent_pb2.PutHeader, data: bytes) -> Version | None:
         """The object in one PutSmall call; None when the agent serves no PutSmall (an
-        older agent: it is sent as a Put, and so is every later one)."""
+        older agent: it is sent as a Put, and so is every small one for SMALL_RETRY_S)."""
         try:
             resp = await self.stub.PutSmall(
                 agent_pb2.PutSmallRequest(header=header, data=data), timeout=self.timeout_s
             )
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:  # no agent answers it otherwise
-                self._small = False
+                self._small_after = time.monotonic() + SMALL_RETRY_S
                 return None
             raise self._error(err) from None
         return _version(resp.version, "PutResponse.version")

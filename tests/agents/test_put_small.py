@@ -26,7 +26,8 @@ from agent_api_helpers import (
 )
 from blake3 import blake3
 
-from agents.client import SMALL_BYTES, AgentClient
+from agents import client as client_module
+from agents.client import SMALL_BYTES, SMALL_RETRY_S, AgentClient
 from agents.errors import ResidencyError
 from agents.service.servicer import INLINE_BYTES
 from controlplane.coordination.protocols.fencing import StaleEpochError
@@ -139,11 +140,20 @@ async def test_the_client_puts_small_objects_in_one_call_and_large_ones_as_a_str
 
 
 class _StreamOnly(agent_pb2_grpc.AgentServicer):
-    """An agent from before PutSmall: the real servicer's Put, no PutSmall (the
-    generated base answers UNIMPLEMENTED)."""
+    """An agent from before PutSmall: the real servicer's Put, no PutSmall (UNIMPLEMENTED,
+    as the generated base answers) until `upgraded`."""
 
     def __init__(self, real: agent_pb2_grpc.AgentServicer) -> None:
         self.real = real
+        self.upgraded = False
+
+    async def PutSmall(  # noqa: N802 - the generated name
+        self, request: agent_pb2.PutSmallRequest, context: Any
+    ) -> agent_pb2.PutResponse:
+        if not self.upgraded:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        response: agent_pb2.PutResponse = await self.real.PutSmall(request, context)
+        return response
 
     async def Put(  # noqa: N802 - the generated name
         self, request_iterator: AsyncIterator[agent_pb2.PutRequest], context: Any
@@ -153,20 +163,32 @@ class _StreamOnly(agent_pb2_grpc.AgentServicer):
 
 
 async def test_the_client_sends_a_put_stream_to_an_agent_without_put_small(
-    agent: Agent,
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = grpc.aio.server()
-    agent_pb2_grpc.add_AgentServicer_to_server(_StreamOnly(agent.service), server)
+    old = _StreamOnly(agent.service)
+    agent_pb2_grpc.add_AgentServicer_to_server(old, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    now = [1000.0]
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: now[0])
     try:
         async with AgentClient(f"127.0.0.1:{port}") as client:
             first = await client.put(STANDARD, "a", b"first")
             second = await client.put(STANDARD, "b", b"second")
+            assert agent.requests("Put", "OK") == 2
+            # The agent behind the address may be upgraded: PutSmall is asked again
+            # once SMALL_RETRY_S has passed.
+            old.upgraded = True
+            now[0] += SMALL_RETRY_S - 1
+            await client.put(STANDARD, "c", b"third")
+            assert agent.requests("PutSmall", "OK") == 0
+            now[0] += 1
+            await client.put(STANDARD, "d", b"fourth")
+            assert agent.requests("PutSmall", "OK") == 1
     finally:
         await server.stop(None)
     assert (first.size, second.size) == (5, 6)
-    assert agent.requests("Put", "OK") == 2
     assert (await get(agent, STANDARD, "b"))[1] == b"second"
 
 
