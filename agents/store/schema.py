@@ -148,6 +148,9 @@ SELECT
 """
 
 
+WAL_KEPT_BYTES = 64 * 1024 * 1024  # the WAL's size kept after a checkpoint (above)
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) the metadata database. The connection is shared by
     the store's threads under the store's own lock, hence check_same_thread=False;
@@ -158,6 +161,11 @@ def connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise sqlite3.OperationalError(f"could not put {path} in WAL mode (got {mode})")
     conn.execute("PRAGMA synchronous=FULL")
+    # Small versions live inline (up to 64 KiB each), so a burst of them grows the WAL
+    # by hundreds of MiB before a checkpoint catches up, and SQLite keeps a WAL file at
+    # its largest size for ever unless told: after each checkpoint that empties it, it
+    # is cut back to this.
+    conn.execute(f"PRAGMA journal_size_limit={WAL_KEPT_BYTES}")
     # A group's savepoints spilled their statement journal to a temporary file, made and
     # removed under /var/tmp about once per group commit: an inode allocated and freed
     # each time, which on a no-journal ext4 (this machine's and CI's) costs 0.1-1 ms of
