@@ -142,6 +142,7 @@ class AgentClient:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         min_rate_bytes_per_s: float = DEFAULT_MIN_RATE_BYTES_PER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not address or ":" not in address:
             raise InvalidInputError(
@@ -154,7 +155,8 @@ class AgentClient:
         self.min_rate_bytes_per_s = min_rate_bytes_per_s
         self._channel: grpc.aio.Channel | None = None
         self._stub: agent_pb2_grpc.AgentAsyncStub | None = None
-        # PutSmall is not tried before this time (time.monotonic(); see SMALL_RETRY_S).
+        self._clock = clock
+        # PutSmall is not tried before this time (of `clock`; see SMALL_RETRY_S).
         self._small_after = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -267,7 +269,7 @@ class AgentClient:
 
     def _small(self) -> bool:
         """Whether to send a small object as PutSmall now (see SMALL_RETRY_S)."""
-        return time.monotonic() >= self._small_after
+        return self._clock() >= self._small_after
 
     async def _put_small(self, header: agent_pb2.PutHeader, data: bytes) -> Version | None:
         """The object in one PutSmall call; None when the agent serves no PutSmall (an
@@ -278,7 +280,7 @@ class AgentClient:
             )
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:  # no agent answers it otherwise
-                self._small_after = time.monotonic() + SMALL_RETRY_S
+                self._small_after = self._clock() + SMALL_RETRY_S
                 return None
             raise self._error(err) from None
         return _version(resp.version, "PutResponse.version")

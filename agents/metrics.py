@@ -37,23 +37,25 @@ class AgentMetrics:
         )
         self.request_seconds = Histogram(
             "meridian_agent_request_seconds",
-            "time the agent took over an API call, from its first message to its status",
+            "wall time of an API call in the agent, from its handler's start to its status "
+            "(a server stream's includes its client's reading)",
             ["call"],
             buckets=CALL_BUCKETS,
             registry=self.registry,
         )
+        self._call_timers: dict[str, Histogram] = {}
         self.push_seconds = Histogram(
             "meridian_critical_push_seconds",
             "an owner's synchronous pushes of small critical versions to a replica region: "
-            "the time one waited for a call to that region (stage=queued), and each call's "
-            "round trip (stage=call)",
+            "the time one waited for a call to that region (stage=queued), and each call "
+            "to it, a ReplicatePushes or a Replicate, from its start to its answer (stage=call)",
             ["region", "stage"],
             buckets=CALL_BUCKETS,
             registry=self.registry,
         )
         self.push_items = Histogram(
             "meridian_critical_push_items",
-            "versions carried by one push call to a replica region (1: pushed alone)",
+            "versions carried by one push call to a replica region (counted as it starts)",
             ["region"],
             buckets=PUSH_ITEMS_BUCKETS,
             registry=self.registry,
@@ -131,3 +133,10 @@ class AgentMetrics:
             "meridian_agent_info", "static labels", ["region", "agent_id"], registry=self.registry
         )
         self.info.labels(region=region, agent_id=agent_id).set(1)
+
+    def call_timer(self, call: str) -> Histogram:
+        """`request_seconds` of one call, its child looked up once (every call uses it)."""
+        timer = self._call_timers.get(call)
+        if timer is None:
+            timer = self._call_timers[call] = self.request_seconds.labels(call=call)
+        return timer

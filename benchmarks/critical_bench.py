@@ -397,7 +397,7 @@ def report(figures: dict[str, object], rtt_ms: float, args: argparse.Namespace) 
         )
     timings = figures.get("timings") or {}
     assert isinstance(timings, dict)
-    if timings:
+    if timings and timings.get("writers", 0) > 0:
         # Little's law: writers that each wait for their ack before the next write reach
         # at most writers / mean wait; the target asks that wait to be at most this.
         need = args.writers / 1000
@@ -405,10 +405,11 @@ def report(figures: dict[str, object], rtt_ms: float, args: argparse.Namespace) 
         print(
             f"under load, means: a writer waits {ms['writers']:.1f} ms per ack ({args.writers} "
             f"writers / {ms['writers']:.1f} ms = {args.writers * 1e3 / ms['writers']:.0f} /s; "
-            f"1000 /s needs <= {need * 1e3:.0f} ms); the owner's PutSmall {ms['owner']:.1f} ms, "
-            f"in it a push waits {ms['queued']:.1f} ms for a call to its replica, the call "
-            f"{ms['call']:.1f} ms ({rtt_ms:.0f} ms RTT, the replica's handler "
-            f"{ms['replica']:.1f} ms, {timings['items']:.1f} versions a call)"
+            f"1000 /s needs <= {need * 1e3:.0f} ms); the owner's PutSmall {ms['owner']:.1f} ms. "
+            f"Over every push to either replica (an ack waits for the first of the two): "
+            f"a push waits {ms['queued']:.1f} ms for a call, a call takes {ms['call']:.1f} ms "
+            f"({rtt_ms:.0f} ms RTT, the replica's handler {ms['replica']:.1f} ms) and carries "
+            f"{timings['items']:.1f} versions"
         )
     print(
         f"throughput: {figures['acked']} acked, {figures['refused']} refused in "

@@ -66,16 +66,9 @@ class _Timed:
     children looked up once: every acked write observes them."""
 
     def __init__(self, metrics: AgentMetrics, region: str) -> None:
-        self._queued = metrics.push_seconds.labels(region=region, stage="queued")
-        self._call = metrics.push_seconds.labels(region=region, stage="call")
-        self._items = metrics.push_items.labels(region=region)
-
-    def queued(self, seconds: float) -> None:
-        self._queued.observe(seconds)
-
-    def called(self, seconds: float, items: int) -> None:
-        self._call.observe(seconds)
-        self._items.observe(items)
+        self.queued = metrics.push_seconds.labels(region=region, stage="queued").observe
+        self.called = metrics.push_seconds.labels(region=region, stage="call").observe
+        self.carried = metrics.push_items.labels(region=region).observe
 
 
 class PushLane:
@@ -114,14 +107,11 @@ class PushLane:
         """Push one small version to this lane's region; its region once committed there."""
         if self._running < self.in_flight and not self._queue:
             self._running += 1
-            started = time.monotonic()
             if self._timed is not None:
                 self._timed.queued(0.0)
             try:
                 return await self._one(write, version, deadline_s)
             finally:
-                if self._timed is not None:
-                    self._timed.called(time.monotonic() - started, 1)
                 self._running -= 1
                 self._drain()
         answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -134,14 +124,40 @@ class PushLane:
         region takes no batch."""
         if self._clock() >= self._refused_until:
             try:
-                answers = await self._together([(write, version)], deadline_s)
+                answers = await self._call_together([(write, version)], deadline_s)
             except BatchRefusedError:
                 self._refused_until = self._clock() + REFUSED_FOR_S
             else:
                 if answers[0] is not None:
                     raise answers[0]
                 return self.region
-        return await self._alone(write, version, deadline_s)
+        return await self._call_alone(write, version, deadline_s)
+
+    # Each call to the region, timed from its start to its answer, with the versions it
+    # carries counted as it starts: every push has waited once (stage="queued") and been
+    # carried once by then, and twice when the region refused its batch (a refused
+    # ReplicatePushes went out too).
+    async def _call_together(
+        self, items: list[tuple[CommittedWrite, Version]], deadline_s: float
+    ) -> list[MeridianError | None]:
+        if self._timed is None:
+            return await self._together(items, deadline_s)
+        started = time.monotonic()
+        self._timed.carried(len(items))
+        try:
+            return await self._together(items, deadline_s)
+        finally:
+            self._timed.called(time.monotonic() - started)
+
+    async def _call_alone(self, write: CommittedWrite, version: Version, deadline_s: float) -> str:
+        if self._timed is None:
+            return await self._alone(write, version, deadline_s)
+        started = time.monotonic()
+        self._timed.carried(1)
+        try:
+            return await self._alone(write, version, deadline_s)
+        finally:
+            self._timed.called(time.monotonic() - started)
 
     def _drain(self) -> None:
         while self._running < self.in_flight and self._queue:
@@ -178,17 +194,17 @@ class PushLane:
         return batch
 
     async def _send(self, batch: list[_Queued]) -> None:
-        started = time.monotonic()
         if self._timed is not None:
+            now = time.monotonic()
             for queued in batch:
-                self._timed.queued(started - queued.since)
+                self._timed.queued(now - queued.since)
         try:
             if self._clock() < self._refused_until:
                 await self._each_alone(batch)
                 return
             items = [(q.write, q.version) for q in batch]
             try:
-                answers = await self._together(items, max(q.deadline_s for q in batch))
+                answers = await self._call_together(items, max(q.deadline_s for q in batch))
             except BatchRefusedError:
                 self._refused_until = self._clock() + REFUSED_FOR_S
                 await self._each_alone(batch)
@@ -202,8 +218,6 @@ class PushLane:
             for queued, error in zip(batch, answers, strict=True):
                 self._settle(queued.answer, error)
         finally:
-            if self._timed is not None:
-                self._timed.called(time.monotonic() - started, len(batch))
             self._running -= 1
             for queued in batch:  # cancelled (closing): nobody waits in vain
                 if not queued.answer.done():

@@ -74,16 +74,17 @@ async def unary(
         code = _ended(context)
         raise
     except Exception as exc:
-        # Counted before the status leaves: a client that reads the metric right after
-        # its refusal must find it (counting in `finally` raced the client).
+        # Counted and timed before the status leaves: a client that reads the metrics
+        # right after its refusal must find it (counting in `finally` raced the client).
         metrics.requests.labels(call=call, code=_code(exc).name).inc()
+        metrics.call_timer(call).observe(time.monotonic() - started)
         code = None
         await _refuse(call, context, exc)
         raise  # pragma: no cover - _refuse always raises
     finally:
         if code is not None:
             metrics.requests.labels(call=call, code=code.name).inc()
-        metrics.request_seconds.labels(call=call).observe(time.monotonic() - started)
+            metrics.call_timer(call).observe(time.monotonic() - started)
 
 
 async def stream(
@@ -99,14 +100,17 @@ async def stream(
     except grpc.aio.AbortError:
         code = _aborted(context)
         raise
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, GeneratorExit):
+        # GeneratorExit: the client left mid-stream and grpc dropped this generator
+        # unfinished (it is closed later); the call did not end well.
         code = _ended(context)
         raise
     except Exception as exc:  # noqa: BLE001 - every error ends the call with a code
         metrics.requests.labels(call=call, code=_code(exc).name).inc()  # before it leaves
+        metrics.call_timer(call).observe(time.monotonic() - started)
         code = None
         await _refuse(call, context, exc)
     finally:
         if code is not None:
             metrics.requests.labels(call=call, code=code.name).inc()
-        metrics.request_seconds.labels(call=call).observe(time.monotonic() - started)
+            metrics.call_timer(call).observe(time.monotonic() - started)

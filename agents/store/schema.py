@@ -163,8 +163,8 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=FULL")
     # Small versions live inline (up to 64 KiB each), so a burst of them grows the WAL
     # by hundreds of MiB before a checkpoint catches up, and SQLite keeps a WAL file at
-    # its largest size for ever unless told: after each checkpoint that empties it, it
-    # is cut back to this.
+    # its largest size for ever unless told: once a checkpoint has emptied it, the next
+    # commit (which starts it again from its head) cuts it back to this.
     conn.execute(f"PRAGMA journal_size_limit={WAL_KEPT_BYTES}")
     # A group's savepoints spilled their statement journal to a temporary file, made and
     # removed under /var/tmp about once per group commit: an inode allocated and freed

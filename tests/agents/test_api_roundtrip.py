@@ -18,6 +18,7 @@ from agent_api_helpers import (
     put,
 )
 from blake3 import blake3
+from waiting import until
 
 from meridian.v1 import agent_pb2, types_pb2
 
@@ -250,3 +251,18 @@ async def test_every_call_is_timed_by_call_answered_or_refused(agent: Agent) -> 
     for call in ("Put", "Get", "Stat"):
         took = agent.sample("meridian_agent_request_seconds_sum", {"call": call})
         assert 0 < took < TIMEOUT_S, call
+
+
+async def test_a_get_its_client_leaves_midway_is_counted_cancelled_not_ok(agent: Agent) -> None:
+    await put(agent, STANDARD, "big", os.urandom(8 * MiB))
+    call = agent.stub.Get(agent_pb2.GetRequest(dataset=STANDARD, key="big"), timeout=TIMEOUT_S)
+    first = await call.read()
+    assert first.WhichOneof("frame") == "header"
+    assert (await call.read()).WhichOneof("frame") == "chunk"
+    call.cancel()
+    # The agent's side ends once grpc drops the handler's stream (its generator closed).
+    await until(
+        lambda: agent.requests("Get", "CANCELLED") == 1, timeout_s=10, what="Get counted cancelled"
+    )
+    assert agent.requests("Get", "OK") == 0
+    assert agent.sample("meridian_agent_request_seconds_count", {"call": "Get"}) == 1

@@ -26,7 +26,6 @@ from agent_api_helpers import (
 )
 from blake3 import blake3
 
-from agents import client as client_module
 from agents.client import SMALL_BYTES, SMALL_RETRY_S, AgentClient
 from agents.errors import ResidencyError
 from agents.service.servicer import INLINE_BYTES
@@ -163,7 +162,7 @@ class _StreamOnly(agent_pb2_grpc.AgentServicer):
 
 
 async def test_the_client_sends_a_put_stream_to_an_agent_without_put_small(
-    agent: Agent, monkeypatch: pytest.MonkeyPatch
+    agent: Agent,
 ) -> None:
     server = grpc.aio.server()
     old = _StreamOnly(agent.service)
@@ -171,9 +170,8 @@ async def test_the_client_sends_a_put_stream_to_an_agent_without_put_small(
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     now = [1000.0]
-    monkeypatch.setattr(client_module.time, "monotonic", lambda: now[0])
     try:
-        async with AgentClient(f"127.0.0.1:{port}") as client:
+        async with AgentClient(f"127.0.0.1:{port}", clock=lambda: now[0]) as client:
             first = await client.put(STANDARD, "a", b"first")
             second = await client.put(STANDARD, "b", b"second")
             assert agent.requests("Put", "OK") == 2

@@ -6,6 +6,7 @@ answer; an agent that takes no batch gets its items pushed alone."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from waiting import until
@@ -136,8 +137,7 @@ async def test_an_agent_taking_no_batch_gets_each_item_alone() -> None:
     assert lane.batches == 0
 
 
-async def test_the_lane_times_each_wait_and_each_call_in_its_metrics() -> None:
-    calls = Calls()
+def timed_lane(calls: Calls) -> tuple[PushLane, Callable[..., float]]:
     metrics = AgentMetrics("eu-west")
     lane = PushLane(
         REGION,
@@ -150,6 +150,12 @@ async def test_the_lane_times_each_wait_and_each_call_in_its_metrics() -> None:
     def sample(name: str, **labels: str) -> float:
         return metrics.registry.get_sample_value(name, {"region": REGION, **labels}) or 0.0
 
+    return lane, sample
+
+
+async def test_the_lane_times_each_wait_and_each_call_in_its_metrics() -> None:
+    calls = Calls()
+    lane, sample = timed_lane(calls)
     first = asyncio.create_task(lane.push(*write("a"), 5.0))
     await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
     queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c")]
@@ -160,11 +166,30 @@ async def test_the_lane_times_each_wait_and_each_call_in_its_metrics() -> None:
     await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5)
 
     # Three pushes waited: "a" not at all, "b" and "c" for the first call to end.
-    queued_name = "meridian_critical_push_seconds_count"
-    assert sample(queued_name, stage="queued") == 3
-    assert sample("meridian_critical_push_seconds_sum", stage="queued") >= 2 * held_s
+    count, total = "meridian_critical_push_seconds_count", "meridian_critical_push_seconds_sum"
+    assert sample(count, stage="queued") == 3
+    assert sample(total, stage="queued") >= 2 * held_s
     # Two calls: "a" alone, then "b" and "c" together; the first took the held time.
-    assert sample(queued_name, stage="call") == 2
-    assert sample("meridian_critical_push_seconds_sum", stage="call") >= held_s
+    assert sample(count, stage="call") == 2
+    assert sample(total, stage="call") >= held_s
     assert sample("meridian_critical_push_items_sum") == 3
     assert sample("meridian_critical_push_items_count") == 2
+
+
+async def test_a_region_that_takes_no_batch_is_timed_call_by_call() -> None:
+    calls = Calls()
+    calls.refuse = True
+    lane, sample = timed_lane(calls)
+    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    await until(lambda: calls.alone == ["a"], timeout_s=5, what="the first push under way")
+    queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c")]
+    await until(lambda: lane.queued == 2, timeout_s=5, what="two pushes queued")
+    calls.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5)
+
+    assert calls.alone == ["a", "b", "c"]
+    # Four calls of one version each: the refused batch of "a", then a Replicate each.
+    assert sample("meridian_critical_push_seconds_count", stage="call") == 4
+    assert sample("meridian_critical_push_items_count") == 4
+    assert sample("meridian_critical_push_items_sum") == 4
+    assert sample("meridian_critical_push_seconds_count", stage="queued") == 3
