@@ -100,10 +100,21 @@ def build() -> dashboard.Dashboard:
         "s",
         query("max by (region) (meridian_records_behind_seconds)", "{{region}}"),
     )
+    calls = series(
+        "Agent API calls: p95 latency by region and call",
+        "s",
+        query(
+            "histogram_quantile(0.95, sum by (region, call, le) "
+            "(rate(meridian_agent_request_seconds_bucket[5m])))",
+            "{{call}} in {{region}}",
+        ),
+    )
     return (
         dashboard.Dashboard("Meridian")
         .uid("meridian-overview")
-        .description("Regions and owners, replication lag against rpo, transfers, refusals")
+        .description(
+            "Regions and owners, replication lag against rpo, transfers, refusals, call latency"
+        )
         .tags(["meridian"])
         .tooltip(DashboardCursorSync.CROSSHAIR)
         .time("now-30m", "now")
@@ -122,6 +133,7 @@ def build() -> dashboard.Dashboard:
         .with_panel(transfer.id(8))
         .with_panel(refusals.id(9))
         .with_panel(records.id(10))
+        .with_panel(calls.id(11))
         .build()
     )
 

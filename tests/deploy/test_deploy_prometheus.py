@@ -39,6 +39,8 @@ def known_metrics() -> set[str]:
         for family in registry.collect():
             names.add(family.name)
             names.update(sample.name for sample in family.samples)
+            if family.type == "histogram":  # a labelled one has no samples until observed
+                names.update(family.name + part for part in ("_bucket", "_sum", "_count"))
     return names
 
 
@@ -154,5 +156,8 @@ def demo_like_series() -> list[dict[str, str]]:
             (f'meridian_dataset_rpo_seconds{{dataset="corpus/demo", {r}}}', "30x60"),
             (f'meridian_replication_lag_seconds{{dataset="corpus/demo", {r}}}', "2x60"),
             (f'meridian_replication_pending{{dataset="corpus/demo", {r}}}', "3x60"),
+            (f'meridian_agent_request_seconds_bucket{{call="Put", le="0.01", {a}}}', "0+8x60"),
+            (f'meridian_agent_request_seconds_bucket{{call="Put", le="0.1", {a}}}', "0+10x60"),
+            (f'meridian_agent_request_seconds_bucket{{call="Put", le="+Inf", {a}}}', "0+10x60"),
         ]  # fmt: skip
     return [{"series": series, "values": values} for series, values in rows]
