@@ -97,6 +97,17 @@ class EtcdOwners:
         found = self._reads.get(dataset)
         if found is None or self._clock() - found.at > self.max_age_s:
             found = await self.read(dataset)
+        return self._newest(dataset, found)
+
+    async def owner_now(self, dataset: str) -> OwnerRecord | None:
+        """The owner as etcd holds it now: a read begun after this call (`read_fresh`),
+        or what the watch delivered past it meanwhile. A handover marked while the read
+        was under way is in the answer: a caller that tells the fence what it got (the
+        replica's admission does) must not lift a freeze the watch set after the read."""
+        return self._newest(dataset, await self.read_fresh(dataset))
+
+    def _newest(self, dataset: str, found: _Read) -> OwnerRecord | None:
+        """`found`, or the watched record when the watch is past it."""
         watched = self._watched
         if watched is not None and watched.revision > found.revision:
             return _record(watched.owner(dataset))

@@ -394,7 +394,7 @@ class NodeAgent(Lifecycle):
         return all(a == self.identity.agent_id for a in self.members.current.all)
 
     async def _fresh_owner(self, dataset: str) -> OwnerRecord | None:
-        return (await self.owners.read_fresh(dataset)).record
+        return await self.owners.owner_now(dataset)
 
     def _check_region(self) -> None:
         policy = self.view.current

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -128,6 +129,59 @@ async def test_known_answers_from_a_read_newer_than_the_watch() -> None:
         fence.admit(CRITICAL, epoch)
     central = admission_in("eu-central", fence, owners)
     central.admit_replica(CRITICAL, epoch, REGION)  # the target takes it through the freeze
+
+
+class MovingWatch:
+    """A watched map the test moves by hand, as a watch delivering events would."""
+
+    def __init__(self, owner: Owner, revision: int) -> None:
+        self.found, self.revision = owner, revision
+
+    def owner(self, dataset: str) -> Owner | None:
+        return self.found if dataset == self.found.dataset else None
+
+
+async def test_a_fresh_read_does_not_lift_a_freeze_the_watch_set_during_it() -> None:
+    """A replica's fresh owner read answers from before a handover mark that the watch
+    delivers (freezing the fence) while the read is under way: the copy is refused as
+    handing over, and the fence stays frozen (the read's older answer used to lift it)."""
+    coord = MemoryCoordination()
+    ownership = Ownership(coord)
+    epoch = await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
+    owner = await ownership.get(CRITICAL)
+    assert owner is not None
+    fence = FencedResource()
+    fence.observe(CRITICAL, epoch, handing_over=False)
+    watch = MovingWatch(owner, epoch)  # the owner key's revision is its epoch
+    read = coord.txn
+    marking: list[bool] = []
+
+    async def read_then_marked(*args: Any, **kwargs: Any) -> Any:
+        answer = await read(*args, **kwargs)  # etcd's state before the mark
+        if marking:  # the mark's own transaction
+            return answer
+        marking.append(True)
+        mark = await ownership.begin_handover(CRITICAL, owner, "us-east", "t")
+        marked = await ownership.get(CRITICAL)
+        assert marked is not None
+        watch.found, watch.revision = marked, mark.create_revision
+        fence.observe(CRITICAL, epoch, handing_over=True)  # as the watch does
+        return answer
+
+    coord.txn = read_then_marked  # type: ignore[method-assign]
+    owners = EtcdOwners(coord, fence, watched=watch)
+    replica = Admission(
+        "eu-central",
+        StaticPolicy(compiled(REGIONS, world())),
+        fence,
+        owners,
+        AgentMetrics("eu-central"),
+        fresh_owner=owners.owner_now,
+    )
+    with pytest.raises(DatasetHandingOverError):
+        await replica.admit_replica_current(CRITICAL, epoch, REGION)
+    with pytest.raises(DatasetHandingOverError):  # still frozen
+        fence.admit(CRITICAL, epoch)
 
 
 async def test_after_a_committed_handover_the_old_epoch_is_never_accepted() -> None:
