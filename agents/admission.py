@@ -58,8 +58,9 @@ Direction = Literal["receive", "send"]
 # `announce(dataset)`: record in etcd that a dataset the publish did not list exists
 # (the daemon binds controlplane.coordination.protocols.datasets.announce to it).
 Announcer = Callable[[str], Awaitable[object]]
-# `fresh_owner(dataset)`: the owner record read from etcd now, not reused (the daemon
-# binds `EtcdOwners.read`); a replica decides on it before acking a pushed copy.
+# `fresh_owner(dataset)`: the owner record as etcd holds it now, from a read begun after
+# the call or anything newer known by then (the daemon binds `EtcdOwners.owner_now`); a
+# replica decides on it before acking a pushed copy.
 FreshOwner = Callable[[str], Awaitable["OwnerRecord | None"]]
 _PLACED_MAX = 65_536
 

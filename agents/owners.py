@@ -25,6 +25,9 @@ of etcd that *began after the call*, so it says what etcd held at some moment af
 the copy arrived. Concurrent callers share one such read (each joins the next read to
 begin, never one already under way): under load a replica took one etcd transaction
 per pushed copy, now one per etcd round trip and dataset, with the same freshness.
+`owner_now()` answers with that read, or with anything newer known by then (the
+watch, or another read that ended first): a caller that tells the fence what it got
+(admission does) never lifts a freeze with an answer older than the freeze.
 """
 
 from __future__ import annotations
@@ -107,7 +110,11 @@ class EtcdOwners:
         return self._newest(dataset, await self.read_fresh(dataset))
 
     def _newest(self, dataset: str, found: _Read) -> OwnerRecord | None:
-        """`found`, or the watched record when the watch is past it."""
+        """`found`, or what is newer: the last read kept (another read, begun and ended
+        meanwhile), or the watched record when the watch is past both."""
+        kept = self._reads.get(dataset)
+        if kept is not None and kept.revision > found.revision:
+            found = kept
         watched = self._watched
         if watched is not None and watched.revision > found.revision:
             return _record(watched.owner(dataset))
@@ -188,6 +195,9 @@ class EtcdOwners:
                 f"etcd is unreadable ({exc})"
             ) from exc
         found = _Read(record, res.revision, started)
+        kept = self._reads.get(dataset)
+        if kept is not None and kept.revision > res.revision:
+            return found  # an older read ending late: a newer one already told the fence more
         self._reads[dataset] = found
         watched = self._watched
         if record is not None and (watched is None or watched.revision <= res.revision):

@@ -32,7 +32,7 @@ import socket
 
 import grpc.aio
 
-from agents.admission import Admission, OwnerRecord
+from agents.admission import Admission
 from agents.cache import Invalidator, Prefetcher, ReadCache
 from agents.daemon.config import AgentConfig, parse_listen
 from agents.daemon.holdings import HoldingsPublisher, UnackedWrites
@@ -158,7 +158,7 @@ class NodeAgent(Lifecycle):
             self.owners,
             self.metrics,
             announce=self._announce,
-            fresh_owner=self._fresh_owner,
+            fresh_owner=self.owners.owner_now,
         )
         # The policy as of each transfer (RTTs for source order, per-link caps).
         transfers = TransferService(
@@ -392,9 +392,6 @@ class NodeAgent(Lifecycle):
 
     def _alone_in_region(self) -> bool:
         return all(a == self.identity.agent_id for a in self.members.current.all)
-
-    async def _fresh_owner(self, dataset: str) -> OwnerRecord | None:
-        return await self.owners.owner_now(dataset)
 
     def _check_region(self) -> None:
         policy = self.view.current

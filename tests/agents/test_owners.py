@@ -184,6 +184,42 @@ async def test_a_fresh_read_does_not_lift_a_freeze_the_watch_set_during_it() -> 
         fence.admit(CRITICAL, epoch)
 
 
+async def test_an_older_read_ending_late_answers_with_the_newer_one() -> None:
+    """A fresh read served by etcd before a handover mark ends after a bounded-age read
+    that saw the mark (and froze the fence): it neither replaces that read nor answers
+    without the mark, so admission never lifts the freeze with it."""
+    coord = MemoryCoordination()
+    ownership = Ownership(coord)
+    epoch = await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
+    owner = await ownership.get(CRITICAL)
+    assert owner is not None
+    fence = FencedResource()
+    clock = Clock()
+    owners = EtcdOwners(coord, fence, max_age_s=0.5, clock=clock)
+    read = coord.txn
+    served, release = asyncio.Event(), asyncio.Event()
+
+    async def held_after_reading(*args: Any, **kwargs: Any) -> Any:
+        answer = await read(*args, **kwargs)
+        if not served.is_set():  # the first read: answered now, returned late
+            served.set()
+            await asyncio.wait_for(release.wait(), timeout=5)
+        return answer
+
+    coord.txn = held_after_reading  # type: ignore[method-assign]
+    late = asyncio.create_task(owners.owner_now(CRITICAL))
+    await asyncio.wait_for(served.wait(), timeout=5)
+    await ownership.begin_handover(CRITICAL, owner, "us-east", "t")
+    clock.now += 1  # past the bound: the next owner() reads etcd again, and sees the mark
+    marked = OwnerRecord(CRITICAL, REGION, epoch, True, "us-east")
+    assert await owners.owner(CRITICAL) == marked
+    release.set()
+    assert await asyncio.wait_for(late, timeout=5) == marked
+    assert owners.known(CRITICAL) == marked
+    with pytest.raises(DatasetHandingOverError):
+        fence.admit(CRITICAL, epoch)
+
+
 async def test_after_a_committed_handover_the_old_epoch_is_never_accepted() -> None:
     # No watch at all and no reuse (max_age 0): every write reads etcd.
     coord = MemoryCoordination()
