@@ -58,7 +58,7 @@ class _Queued:
     version: Version
     deadline_s: float
     answer: asyncio.Future[str]
-    since: float  # time.monotonic() when it queued
+    since: float  # the lane's clock when it queued
 
 
 class _Timed:
@@ -115,7 +115,7 @@ class PushLane:
                 self._running -= 1
                 self._drain()
         answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(write, version, deadline_s, answer, time.monotonic()))
+        self._queue.append(_Queued(write, version, deadline_s, answer, self._clock()))
         self._drain()
         return await answer
 
@@ -142,22 +142,22 @@ class PushLane:
     ) -> list[MeridianError | None]:
         if self._timed is None:
             return await self._together(items, deadline_s)
-        started = time.monotonic()
+        started = self._clock()
         self._timed.carried(len(items))
         try:
             return await self._together(items, deadline_s)
         finally:
-            self._timed.called(time.monotonic() - started)
+            self._timed.called(self._clock() - started)
 
     async def _call_alone(self, write: CommittedWrite, version: Version, deadline_s: float) -> str:
         if self._timed is None:
             return await self._alone(write, version, deadline_s)
-        started = time.monotonic()
+        started = self._clock()
         self._timed.carried(1)
         try:
             return await self._alone(write, version, deadline_s)
         finally:
-            self._timed.called(time.monotonic() - started)
+            self._timed.called(self._clock() - started)
 
     def _drain(self) -> None:
         while self._running < self.in_flight and self._queue:
@@ -195,7 +195,7 @@ class PushLane:
 
     async def _send(self, batch: list[_Queued]) -> None:
         if self._timed is not None:
-            now = time.monotonic()
+            now = self._clock()
             for queued in batch:
                 self._timed.queued(now - queued.since)
         try:

@@ -100,14 +100,15 @@ async def test_a_mark_the_watch_delivered_after_the_read_is_used_at_once() -> No
         assert owners.known(CRITICAL) == marked
 
 
-class LateWatch:
-    """A watched map stuck before the handover mark (it has not delivered it yet)."""
+class HandWatch:
+    """A watched map the test sets by hand: stuck before a handover mark (it has not
+    delivered it yet), or moved on as a watch delivering events would."""
 
     def __init__(self, owner: Owner, revision: int) -> None:
-        self._owner, self.revision = owner, revision
+        self.found, self.revision = owner, revision
 
     def owner(self, dataset: str) -> Owner | None:
-        return self._owner if dataset == self._owner.dataset else None
+        return self.found if dataset == self.found.dataset else None
 
 
 async def test_known_answers_from_a_read_newer_than_the_watch() -> None:
@@ -121,7 +122,7 @@ async def test_known_answers_from_a_read_newer_than_the_watch() -> None:
     assert owner is not None
     mark = await ownership.begin_handover(CRITICAL, owner, "eu-central", "t")
     fence = FencedResource()
-    owners = EtcdOwners(coord, fence, watched=LateWatch(owner, mark.create_revision - 1))
+    owners = EtcdOwners(coord, fence, watched=HandWatch(owner, mark.create_revision - 1))
     assert owners.known(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, False)  # watch only
     await owners.read_fresh(CRITICAL)
     assert owners.known(CRITICAL) == OwnerRecord(CRITICAL, REGION, epoch, True, "eu-central")
@@ -129,16 +130,6 @@ async def test_known_answers_from_a_read_newer_than_the_watch() -> None:
         fence.admit(CRITICAL, epoch)
     central = admission_in("eu-central", fence, owners)
     central.admit_replica(CRITICAL, epoch, REGION)  # the target takes it through the freeze
-
-
-class MovingWatch:
-    """A watched map the test moves by hand, as a watch delivering events would."""
-
-    def __init__(self, owner: Owner, revision: int) -> None:
-        self.found, self.revision = owner, revision
-
-    def owner(self, dataset: str) -> Owner | None:
-        return self.found if dataset == self.found.dataset else None
 
 
 async def test_a_fresh_read_does_not_lift_a_freeze_the_watch_set_during_it() -> None:
@@ -152,7 +143,7 @@ async def test_a_fresh_read_does_not_lift_a_freeze_the_watch_set_during_it() -> 
     assert owner is not None
     fence = FencedResource()
     fence.observe(CRITICAL, epoch, handing_over=False)
-    watch = MovingWatch(owner, epoch)  # the owner key's revision is its epoch
+    watch = HandWatch(owner, epoch)  # the owner key's revision is its epoch
     read = coord.txn
     marking: list[bool] = []
 

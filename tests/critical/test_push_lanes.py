@@ -137,13 +137,24 @@ async def test_an_agent_taking_no_batch_gets_each_item_alone() -> None:
     assert lane.batches == 0
 
 
-def timed_lane(calls: Calls) -> tuple[PushLane, Callable[..., float]]:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed_lane(
+    calls: Calls, clock: Callable[[], float] | None = None
+) -> tuple[PushLane, Callable[..., float]]:
     metrics = AgentMetrics("eu-west")
     lane = PushLane(
         REGION,
         alone=calls.push_alone,
         together=calls.push_together,
         in_flight=1,
+        clock=clock or Clock(),
         metrics=metrics,
     )
 
@@ -154,24 +165,24 @@ def timed_lane(calls: Calls) -> tuple[PushLane, Callable[..., float]]:
 
 
 async def test_the_lane_times_each_wait_and_each_call_in_its_metrics() -> None:
-    calls = Calls()
-    lane, sample = timed_lane(calls)
+    calls, clock = Calls(), Clock()
+    lane, sample = timed_lane(calls, clock)
     first = asyncio.create_task(lane.push(*write("a"), 5.0))
     await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
     queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c")]
     await until(lambda: lane.queued == 2, timeout_s=5, what="two pushes queued")
     held_s = 0.05
-    await asyncio.sleep(held_s)  # the thing timed: the queued pushes wait this long at least
+    clock.now += held_s  # the lane's clock: the queued pushes wait this long
     calls.gate.set()
     await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5)
 
     # Three pushes waited: "a" not at all, "b" and "c" for the first call to end.
     count, total = "meridian_critical_push_seconds_count", "meridian_critical_push_seconds_sum"
     assert sample(count, stage="queued") == 3
-    assert sample(total, stage="queued") >= 2 * held_s
+    assert sample(total, stage="queued") == pytest.approx(2 * held_s)
     # Two calls: "a" alone, then "b" and "c" together; the first took the held time.
     assert sample(count, stage="call") == 2
-    assert sample(total, stage="call") >= held_s
+    assert sample(total, stage="call") == pytest.approx(held_s)
     assert sample("meridian_critical_push_items_sum") == 3
     assert sample("meridian_critical_push_items_count") == 2
 
