@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -123,6 +124,12 @@ class Settings(BaseSettings):
     # link through a Toxiproxy proxy of its own this way (a WAN in miniature).
     agent_routes: str = Field(
         "", description="region=host:port,... overriding other regions' agent endpoints"
+    )
+
+    # The agent's event loop (agents/daemon/runtime.py): uvloop, measured faster, or
+    # asyncio's own, for a platform without uvloop or to rule the loop out.
+    agent_loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop", description="the agent's event loop: uvloop or asyncio"
     )
 
     # Copies of each object inside a region of several agents (issue 16):

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from agents.daemon.agent import NodeAgent
 from agents.daemon.config import AgentConfig
 from agents.daemon.identity import check_writable, load_or_create
+from agents.daemon.runtime import settle_gc
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.logs import get_logger
 from controlplane.settings import Settings
@@ -44,6 +45,7 @@ async def run_agent(settings: Settings, config: AgentConfig) -> None:
     try:
         await coord.connect()
         async with NodeAgent(config, settings, coord, identity):
+            settle_gc()
             await stop.wait()
             log.info("agent_signal", region=config.region, action="stopping")
     finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -55,6 +54,7 @@ def serve(
     """Store, agent API, registration, policy and ownership watch, metrics; stops on SIGTERM."""
     from agents.daemon.config import AgentConfig
     from agents.daemon.run import run_agent
+    from agents.daemon.runtime import run
 
     settings = settings_from(ctx, lease_ttl_s=lease_ttl_s, etcd=etcd, catalog=catalog, kafka=kafka)
     config = AgentConfig(
@@ -68,4 +68,4 @@ def serve(
         lease_ttl_s=settings.lease_ttl_s,
         stop_grace_s=grace_s,
     )
-    asyncio.run(run_agent(settings, config))
+    run(run_agent(settings, config), settings.agent_loop)
