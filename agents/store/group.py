@@ -47,6 +47,11 @@ class _Slot(Generic[T, R]):
     done: bool = False
     result: R | None = None
     error: BaseException | None = field(default=None)
+    # Held from the start; released once, to wake its writer: its group is committed,
+    # or it is to lead the next one. One wake per writer: a shared condition woke every
+    # waiting writer at each group's end, and each took the GIL only to wait again
+    # (under load most of an agent's futex calls and context switches).
+    wake: threading.Lock = field(default_factory=threading.Lock)
 
 
 class GroupCommitter(Generic[T, R]):
@@ -62,49 +67,70 @@ class GroupCommitter(Generic[T, R]):
             raise ValueError(f"max_group must be at least 1, got {max_group}")
         self._commit = commit
         self._max = max_group
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._queue: list[_Slot[T, R]] = []
         self._leading = False
         self._groups = 0
         self._items = 0
 
     def stats(self) -> GroupStats:
-        with self._cond:
+        with self._lock:
             return GroupStats(self._groups, self._items)
 
     def queued(self) -> int:
         """Writes waiting for the next group (not counting those being committed)."""
-        with self._cond:
+        with self._lock:
             return len(self._queue)
 
     def submit(self, item: T) -> R:
         """Commit `item` with whatever else is queued; returns its result or raises its
         error once its group is committed."""
         slot: _Slot[T, R] = _Slot(item)
-        with self._cond:
+        slot.wake.acquire()
+        with self._lock:
             self._queue.append(slot)
-        while True:
-            with self._cond:
-                while not slot.done and self._leading:
-                    self._cond.wait()
+            lead = not self._leading
+            self._leading = True
+        while not slot.done:
+            if not lead:
+                slot.wake.acquire()  # woken once: committed, or to lead the next group
                 if slot.done:
                     break
-                # No commit in flight and ours not done: lead the next group (ours is in
-                # it unless more than max_group were queued before it; then loop).
-                self._leading = True
+            # No commit in flight and ours not done: lead the next group (ours is in
+            # it unless more than max_group were queued before it; then lead again).
+            with self._lock:
                 group = self._queue[: self._max]
                 del self._queue[: self._max]
                 self._groups += 1
                 self._items += len(group)
             try:
                 self._run(group)
-            finally:
-                with self._cond:
-                    self._leading = False
-                    self._cond.notify_all()
+            except BaseException:
+                self._hand_on(group, slot, stepping_down=True)  # interrupted: it raises
+                raise
+            self._hand_on(group, slot, stepping_down=slot.done)
+            lead = True
         if slot.error is not None:
             raise slot.error
         return slot.result  # type: ignore[return-value]
+
+    def _hand_on(
+        self, group: list[_Slot[T, R]], leader: _Slot[T, R], *, stepping_down: bool
+    ) -> None:
+        """After a group: wake its writers; when the leader steps down, wake the first
+        queued writer to lead the next group (else the leader leads it itself)."""
+        following = None
+        with self._lock:
+            if stepping_down:
+                if self._queue:
+                    following = self._queue[0]
+                else:
+                    self._leading = False
+        for s in group:
+            if s is not leader:
+                s.wake.release()
+        if following is not None:
+            following.wake.release()
 
     def _run(self, group: list[_Slot[T, R]]) -> None:
         try:

@@ -333,6 +333,67 @@ def test_committer_caps_the_group_size() -> None:
     assert sorted(i for g in groups for i in g) == list(range(6))
 
 
+def test_an_interrupted_leader_hands_the_next_group_on() -> None:
+    """A leader interrupted in its commit raises; a writer queued meanwhile still leads
+    the next group (woken writers are handed the lead one by one, so a lead dropped
+    would leave them waiting: daemon threads here, so that fails instead of hanging)."""
+    gate, entered = threading.Event(), threading.Event()
+    groups: list[list[int]] = []
+
+    def commit(items: object) -> list[int | BaseException]:
+        groups.append(list(items))  # type: ignore[call-overload]
+        if len(groups) == 1:
+            entered.set()
+            assert gate.wait(DEADLINE_S)
+            raise KeyboardInterrupt
+        return list(items)  # type: ignore[call-overload]
+
+    committer: GroupCommitter[int, int] = GroupCommitter(commit, max_group=2)
+    outcomes: dict[int, object] = {}
+
+    def writer(i: int) -> None:
+        try:
+            outcomes[i] = committer.submit(i)
+        except BaseException as exc:  # noqa: BLE001 - the interrupt is the outcome here
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=writer, args=(0,), daemon=True)]
+    threads[0].start()
+    assert entered.wait(DEADLINE_S)
+    threads += [threading.Thread(target=writer, args=(i,), daemon=True) for i in (1, 2, 3)]
+    for t in threads[1:]:
+        t.start()
+    _wait_for("three queued", lambda: committer.queued() == 3)
+    gate.set()
+    _wait_for("every writer answered", lambda: len(outcomes) == 4)
+    assert isinstance(outcomes.pop(0), KeyboardInterrupt)
+    assert outcomes == {1: 1, 2: 2, 3: 3}
+    assert groups[0] == [0] and sorted(i for g in groups[1:] for i in g) == [1, 2, 3]
+
+
+def test_many_writers_each_return_once_their_group_is_committed() -> None:
+    """64 threads, 20 writes each, a group at most 4: every write returns its own result
+    and none waits for ever (each writer is woken once, by its group's leader)."""
+    committed: set[int] = set()
+
+    def commit(items: object) -> list[int | BaseException]:
+        batch = list(items)  # type: ignore[call-overload]
+        assert len(batch) <= 4
+        committed.update(batch)
+        return [i * 2 for i in batch]
+
+    committer: GroupCommitter[int, int] = GroupCommitter(commit, max_group=4)
+
+    def writer(n: int) -> list[int]:
+        return [committer.submit(n * 20 + i) for i in range(20)]
+
+    with ThreadPoolExecutor(64) as pool:
+        results = [f.result(DEADLINE_S) for f in [pool.submit(writer, n) for n in range(64)]]
+    assert results == [[2 * (n * 20 + i) for i in range(20)] for n in range(64)]
+    assert committed == set(range(64 * 20))
+    assert committer.stats().items == 64 * 20 and committer.queued() == 0
+
+
 def test_journal_rows_of_a_group_are_valid_json(open_store: StoreFactory) -> None:
     store = open_store()
     with ThreadPoolExecutor(8) as pool:
