@@ -41,17 +41,18 @@ class GroupStats:
     items: int
 
 
-@dataclass
+@dataclass(eq=False)  # slots are told apart by identity: two may hold equal items
 class _Slot(Generic[T, R]):
     item: T
     done: bool = False
     result: R | None = None
     error: BaseException | None = field(default=None)
     # Held from the start; released once, to wake its writer: its group is committed,
-    # or it is to lead the next one. One wake per writer: a shared condition woke every
-    # waiting writer at each group's end, and each took the GIL only to wait again
-    # (under load most of an agent's futex calls and context switches).
+    # or it is to lead the next one (`leads`, set under the committer's lock). One wake
+    # per writer: a shared condition woke every waiting writer at each group's end, and
+    # each took the GIL only to wait again (most of an agent's futex calls under load).
     wake: threading.Lock = field(default_factory=threading.Lock)
+    leads: bool = False
 
 
 class GroupCommitter(Generic[T, R]):
@@ -89,30 +90,41 @@ class GroupCommitter(Generic[T, R]):
         slot.wake.acquire()
         with self._lock:
             self._queue.append(slot)
-            lead = not self._leading
+            slot.leads = not self._leading
             self._leading = True
-        while not slot.done:
-            if not lead:
-                slot.wake.acquire()  # woken once: committed, or to lead the next group
-                if slot.done:
-                    break
-            # No commit in flight and ours not done: lead the next group (ours is in
-            # it unless more than max_group were queued before it; then lead again).
-            with self._lock:
-                group = self._queue[: self._max]
-                del self._queue[: self._max]
-                self._groups += 1
-                self._items += len(group)
+        if not slot.leads:
             try:
-                self._run(group)
+                slot.wake.acquire()  # woken once: committed, or to lead the next group
             except BaseException:
-                self._hand_on(group, slot, stepping_down=True)  # interrupted: it raises
+                self._abandon(slot)  # a signal in the main thread, while it waited
                 raise
-            self._hand_on(group, slot, stepping_down=slot.done)
-            lead = True
-        if slot.error is not None:
-            raise slot.error
+        while not slot.done:
+            self._lead(slot)
+        error, slot.error = slot.error, None
+        if error is not None:
+            # Raised from a frame that keeps no reference to it: its traceback holds
+            # this frame (see `_run`).
+            try:
+                raise error
+            finally:
+                del error
         return slot.result  # type: ignore[return-value]
+
+    def _lead(self, leader: _Slot[T, R]) -> None:
+        """Commit the next group, then hand on. A leader is first in the queue (it found
+        none, or was handed the lead as its head), so its own item is in the group."""
+        with self._lock:
+            group = self._queue[: self._max]
+            del self._queue[: self._max]
+            self._groups += 1
+            self._items += len(group)
+        ended = False
+        try:
+            self._run(group)
+            ended = True
+        finally:
+            # Interrupted, it steps down too: the lead must not leave with it.
+            self._hand_on(group, leader, stepping_down=leader.done or not ended)
 
     def _hand_on(
         self, group: list[_Slot[T, R]], leader: _Slot[T, R], *, stepping_down: bool
@@ -122,25 +134,38 @@ class GroupCommitter(Generic[T, R]):
         following = None
         with self._lock:
             if stepping_down:
-                if self._queue:
-                    following = self._queue[0]
-                else:
-                    self._leading = False
+                following = self._pass_lead()
         for s in group:
             if s is not leader:
                 s.wake.release()
         if following is not None:
             following.wake.release()
 
+    def _pass_lead(self) -> _Slot[T, R] | None:
+        """The queue's head, marked to lead (its writer to be woken), or None and no
+        leader while nothing is queued. Called under the lock."""
+        if not self._queue:
+            self._leading = False
+            return None
+        following = self._queue[0]
+        following.leads = True
+        return following
+
+    def _abandon(self, slot: _Slot[T, R]) -> None:
+        """A writer that stopped waiting: its item leaves the queue if still there (not
+        committed), and a lead handed to it passes on to the next queued writer."""
+        with self._lock:
+            self._queue = [s for s in self._queue if s is not slot]
+            following = self._pass_lead() if slot.leads else None
+        if following is not None:
+            following.wake.release()
+
     def _run(self, group: list[_Slot[T, R]]) -> None:
         try:
-            outcomes = self._commit([s.item for s in group])
-            if len(outcomes) != len(group):
-                raise StorageError(
-                    f"group commit gave {len(outcomes)} outcomes for {len(group)} writes"
-                )
-        except Exception as err:  # noqa: BLE001 - each writer of the group gets it
-            outcomes = [err] * len(group)
+            # No local names the outcomes: a commit error's traceback holds this frame
+            # (through `_outcomes`'s), and a frame holding it back makes a cycle that
+            # keeps the group's items (inline bytes) until the collector runs.
+            self._settle(group, self._outcomes([s.item for s in group]))
         except BaseException:
             # Interrupted (KeyboardInterrupt, SystemExit) in the leader: it re-raises;
             # the other writers are told their write did not commit.
@@ -150,9 +175,25 @@ class GroupCommitter(Generic[T, R]):
                     "the group commit of this write was interrupted; it may or may not be stored"
                 )
             raise
+
+    @staticmethod
+    def _settle(group: list[_Slot[T, R]], outcomes: Sequence[R | BaseException]) -> None:
         for s, outcome in zip(group, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 s.error = outcome
             else:
                 s.result = outcome
             s.done = True
+
+    def _outcomes(self, items: list[T]) -> Sequence[R | BaseException]:
+        """The commit's outcome per item, or its error for each (`_run`: no frame on
+        the error's traceback keeps it)."""
+        try:
+            outcomes = self._commit(items)
+            if len(outcomes) != len(items):
+                raise StorageError(
+                    f"group commit gave {len(outcomes)} outcomes for {len(items)} writes"
+                )
+        except Exception as err:  # noqa: BLE001 - each writer of the group gets it
+            return [err] * len(items)
+        return outcomes

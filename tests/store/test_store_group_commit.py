@@ -5,12 +5,14 @@ write fails alone, and one object's writes keep their order."""
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -369,6 +371,83 @@ def test_an_interrupted_leader_hands_the_next_group_on() -> None:
     assert isinstance(outcomes.pop(0), KeyboardInterrupt)
     assert outcomes == {1: 1, 2: 2, 3: 3}
     assert groups[0] == [0] and sorted(i for g in groups[1:] for i in g) == [1, 2, 3]
+
+
+class _StopError(Exception):
+    """Raised by a signal handler in the main thread, as a Ctrl-C would."""
+
+
+def test_a_writer_that_stops_waiting_leaves_the_queue_and_the_rest_go_on() -> None:
+    """A writer interrupted while it waits for its group (a signal in the main thread)
+    leaves the queue, not committed; the lead is not left with it, so later writers
+    still commit (daemon threads: a lead dropped fails the test instead of hanging)."""
+    gate, entered = threading.Event(), threading.Event()
+    groups: list[list[int]] = []
+
+    def commit(items: object) -> list[int | BaseException]:
+        groups.append(list(items))  # type: ignore[call-overload]
+        if len(groups) == 1:
+            entered.set()
+            assert gate.wait(DEADLINE_S)
+        return list(items)  # type: ignore[call-overload]
+
+    def stop(signum: int, frame: object) -> None:
+        raise _StopError
+
+    committer: GroupCommitter[int, int] = GroupCommitter(commit)
+    outcomes: dict[int, object] = {}
+
+    def writer(i: int) -> None:
+        outcomes[i] = committer.submit(i)
+
+    main = threading.main_thread().ident
+    assert main == threading.get_ident()
+
+    def interrupt_main() -> None:
+        _wait_for("the main thread queued", lambda: committer.queued() == 1)
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    try:
+        threading.Thread(target=writer, args=(0,), daemon=True).start()
+        assert entered.wait(DEADLINE_S)
+        threading.Thread(target=interrupt_main, daemon=True).start()
+        with pytest.raises(_StopError):
+            committer.submit(1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert committer.queued() == 0
+    gate.set()
+    _wait_for("the first writer answered", lambda: 0 in outcomes)
+    threading.Thread(target=writer, args=(2,), daemon=True).start()
+    _wait_for("a later writer answered", lambda: 2 in outcomes)
+    assert outcomes == {0: 0, 2: 2} and groups == [[0], [2]]
+
+
+def test_a_failed_groups_items_are_freed_without_the_collector() -> None:
+    """A commit error reaches each writer with no reference cycle back to the group:
+    the items (inline bytes in the store) are freed as soon as the writers drop the
+    error, not at the collector's next pass (agents run it rarely, daemon/runtime.py)."""
+
+    class Item:
+        pass
+
+    def commit(items: object) -> list[int | BaseException]:
+        raise OSError("disk full")
+
+    committer: GroupCommitter[Item, int] = GroupCommitter(commit)
+    refs = []
+    gc.disable()
+    try:
+        for _ in range(3):
+            item = Item()
+            refs.append(weakref.ref(item))
+            with pytest.raises(OSError, match="disk full"):
+                committer.submit(item)
+            del item
+        assert [r() for r in refs] == [None, None, None]
+    finally:
+        gc.enable()
 
 
 def test_many_writers_each_return_once_their_group_is_committed() -> None:
