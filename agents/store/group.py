@@ -14,6 +14,7 @@ item alone raises), so one bad item fails only its own writer.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -92,14 +93,19 @@ class GroupCommitter(Generic[T, R]):
             self._queue.append(slot)
             slot.leads = not self._leading
             self._leading = True
-        if not slot.leads:
-            try:
+        try:
+            if not slot.leads:
                 slot.wake.acquire()  # woken once: committed, or to lead the next group
-            except BaseException:
-                self._abandon(slot)  # a signal in the main thread, while it waited
-                raise
-        while not slot.done:
-            self._lead(slot)
+            if not slot.done:
+                self._lead(slot)
+        except BaseException:
+            # A signal in the main thread (Ctrl-C) while it waited or was about to
+            # lead: its item leaves the queue, and a lead it holds passes on. (Only a
+            # thread's own code can be interrupted so; the agent's writers are
+            # executor threads. A signal inside the hand-over's wakes is not covered.)
+            if not slot.done:
+                self._abandon(slot)
+            raise
         error, slot.error = slot.error, None
         if error is not None:
             # Raised from a frame that keeps no reference to it: its traceback holds
@@ -111,30 +117,42 @@ class GroupCommitter(Generic[T, R]):
         return slot.result  # type: ignore[return-value]
 
     def _lead(self, leader: _Slot[T, R]) -> None:
-        """Commit the next group, then hand on. A leader is first in the queue (it found
-        none, or was handed the lead as its head), so its own item is in the group."""
-        with self._lock:
-            group = self._queue[: self._max]
-            del self._queue[: self._max]
-            self._groups += 1
-            self._items += len(group)
+        """Commit the next group, then hand on. A leader is the queue's head (it found
+        none queued, or was handed the lead as the head), so its own item is in the
+        group, and done after it however the group ended."""
+        group: list[_Slot[T, R]] = []
         ended = False
         try:
+            with self._lock:
+                group = self._queue[: self._max]
+                del self._queue[: self._max]
+                self._groups += 1
+                self._items += len(group)
             self._run(group)
             ended = True
         finally:
-            # Interrupted, it steps down too: the lead must not leave with it.
-            self._hand_on(group, leader, stepping_down=leader.done or not ended)
+            if not ended:
+                self._interrupted(group)
+            self._hand_on(group, leader)
 
-    def _hand_on(
-        self, group: list[_Slot[T, R]], leader: _Slot[T, R], *, stepping_down: bool
-    ) -> None:
-        """After a group: wake its writers; when the leader steps down, wake the first
-        queued writer to lead the next group (else the leader leads it itself)."""
-        following = None
+    def _interrupted(self, group: list[_Slot[T, R]]) -> None:
+        """A group whose leader was interrupted (a signal, anywhere in `_lead`): its
+        writers are told their write may or may not be stored, and none of it is left
+        queued, for another leader to hand the lead to a writer that has left."""
         with self._lock:
-            if stepping_down:
-                following = self._pass_lead()
+            self._queue = [q for q in self._queue if all(q is not s for s in group)]
+        for s in group:
+            if not s.done:
+                s.error = InterruptedCommitError(
+                    "the group commit of this write was interrupted; it may or may not be stored"
+                )
+                s.done = True
+
+    def _hand_on(self, group: list[_Slot[T, R]], leader: _Slot[T, R]) -> None:
+        """After a group: wake its writers, and the first queued writer to lead the
+        next group."""
+        with self._lock:
+            following = self._pass_lead()
         for s in group:
             if s is not leader:
                 s.wake.release()
@@ -161,20 +179,11 @@ class GroupCommitter(Generic[T, R]):
             following.wake.release()
 
     def _run(self, group: list[_Slot[T, R]]) -> None:
-        try:
-            # No local names the outcomes: a commit error's traceback holds this frame
-            # (through `_outcomes`'s), and a frame holding it back makes a cycle that
-            # keeps the group's items (inline bytes) until the collector runs.
-            self._settle(group, self._outcomes([s.item for s in group]))
-        except BaseException:
-            # Interrupted (KeyboardInterrupt, SystemExit) in the leader: it re-raises;
-            # the other writers are told their write did not commit.
-            for s in group:
-                s.done = True
-                s.error = InterruptedCommitError(
-                    "the group commit of this write was interrupted; it may or may not be stored"
-                )
-            raise
+        # No local names the outcomes: a commit error's traceback holds this frame
+        # (through `_outcomes`'s), and a frame holding it back makes a cycle that keeps
+        # the group's items (inline bytes) until the collector runs. Interrupted
+        # (KeyboardInterrupt, SystemExit), it raises and `_lead` tells the group.
+        self._settle(group, self._outcomes([s.item for s in group]))
 
     @staticmethod
     def _settle(group: list[_Slot[T, R]], outcomes: Sequence[R | BaseException]) -> None:
@@ -195,5 +204,21 @@ class GroupCommitter(Generic[T, R]):
                     f"group commit gave {len(outcomes)} outcomes for {len(items)} writes"
                 )
         except Exception as err:  # noqa: BLE001 - each writer of the group gets it
-            return [err] * len(items)
+            return [err] + [_own_copy(err) for _ in items[1:]]
         return outcomes
+
+
+def _own_copy(err: Exception) -> Exception:
+    """`err` again for another writer of its group, as its own object: each writer
+    raising the one object would add its frames to one traceback, and every writer's
+    frames (its item) would live as long as any writer kept the error. The copy has
+    the same type, message, cause and traceback; an error that cannot be copied is
+    shared, as before."""
+    try:
+        mine = copy.copy(err)
+    except Exception:  # noqa: BLE001 - an exception type whose arguments do not rebuild it
+        return err
+    mine.__traceback__ = err.__traceback__
+    mine.__cause__, mine.__context__ = err.__cause__, err.__context__
+    mine.__suppress_context__ = err.__suppress_context__
+    return mine

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from store_helpers import StoreFactory, object_files, remote
@@ -448,6 +449,87 @@ def test_a_failed_groups_items_are_freed_without_the_collector() -> None:
         assert [r() for r in refs] == [None, None, None]
     finally:
         gc.enable()
+
+
+def test_a_leader_interrupted_before_its_commit_tells_its_group_and_hands_on() -> None:
+    """A signal landing in a leader after it took its group but before the commit
+    (here: as `_run` begins): its group's other writers are told their write may not
+    be stored (not left undone, to lead again with nothing queued), and a later writer
+    still commits."""
+    gate, entered = threading.Event(), threading.Event()
+    commits: list[list[int]] = []
+
+    class Interrupted(GroupCommitter[int, int]):
+        runs = 0
+
+        def _run(self, group: list[Any]) -> None:
+            Interrupted.runs += 1
+            if Interrupted.runs == 1:
+                entered.set()
+                assert gate.wait(DEADLINE_S)
+            elif Interrupted.runs == 2:
+                raise KeyboardInterrupt
+            super()._run(group)
+
+    def commit(items: object) -> list[int | BaseException]:
+        commits.append(list(items))  # type: ignore[call-overload]
+        return list(items)  # type: ignore[call-overload]
+
+    committer = Interrupted(commit)
+    outcomes: dict[int, object] = {}
+
+    def writer(i: int) -> None:
+        try:
+            outcomes[i] = committer.submit(i)
+        except BaseException as exc:  # noqa: BLE001 - the interrupt is an outcome here
+            outcomes[i] = exc
+
+    threading.Thread(target=writer, args=(0,), daemon=True).start()
+    assert entered.wait(DEADLINE_S)
+    for i in (1, 2, 3):
+        threading.Thread(target=writer, args=(i,), daemon=True).start()
+    _wait_for("three queued", lambda: committer.queued() == 3)
+    gate.set()
+    _wait_for("every writer answered", lambda: len(outcomes) == 4)
+    kinds = sorted(type(outcomes[i]).__name__ for i in (1, 2, 3))
+    assert outcomes[0] == 0
+    assert kinds == ["InterruptedCommitError", "InterruptedCommitError", "KeyboardInterrupt"]
+    threading.Thread(target=writer, args=(4,), daemon=True).start()
+    _wait_for("a later writer answered", lambda: 4 in outcomes)
+    assert outcomes[4] == 4 and commits == [[0], [4]]
+
+
+def test_the_writers_of_a_failed_group_each_get_their_own_error() -> None:
+    """One error object raised by every writer of its group would gather all their
+    frames in one traceback; each gets its own, of the same type and message."""
+    gate, entered = threading.Event(), threading.Event()
+
+    def commit(items: object) -> list[int | BaseException]:
+        if not entered.is_set():
+            entered.set()
+            assert gate.wait(DEADLINE_S)
+            return list(items)  # type: ignore[call-overload]
+        raise OSError(28, "disk full")
+
+    committer: GroupCommitter[int, int] = GroupCommitter(commit)
+    outcomes: dict[int, BaseException | int] = {}
+
+    def writer(i: int) -> None:
+        try:
+            outcomes[i] = committer.submit(i)
+        except OSError as exc:
+            outcomes[i] = exc
+
+    threading.Thread(target=writer, args=(0,), daemon=True).start()
+    assert entered.wait(DEADLINE_S)
+    for i in (1, 2, 3):
+        threading.Thread(target=writer, args=(i,), daemon=True).start()
+    _wait_for("three queued", lambda: committer.queued() == 3)
+    gate.set()
+    _wait_for("every writer answered", lambda: len(outcomes) == 4)
+    errors = [outcomes[i] for i in (1, 2, 3)]
+    assert len({id(e) for e in errors}) == 3
+    assert all(isinstance(e, OSError) and e.errno == 28 and "disk full" in str(e) for e in errors)
 
 
 def test_many_writers_each_return_once_their_group_is_committed() -> None:
