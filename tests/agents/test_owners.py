@@ -100,6 +100,16 @@ async def test_a_mark_the_watch_delivered_after_the_read_is_used_at_once() -> No
         assert owners.known(CRITICAL) == marked
 
 
+async def claimed() -> tuple[MemoryCoordination, Ownership, Owner]:
+    """An in-memory etcd where REGION has claimed CRITICAL: it, its ownership and owner."""
+    coord = MemoryCoordination()
+    ownership = Ownership(coord)
+    await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
+    owner = await ownership.get(CRITICAL)
+    assert owner is not None
+    return coord, ownership, owner
+
+
 class HandWatch:
     """A watched map the test sets by hand: stuck before a handover mark (it has not
     delivered it yet), or moved on as a watch delivering events would."""
@@ -115,11 +125,8 @@ async def test_known_answers_from_a_read_newer_than_the_watch() -> None:
     """A read that saw the mark froze the fence before the watch delivered it: `known`
     (the replica's check without I/O) must say so too, target included, or the
     handover's target refuses the owner's catch-up that its fresh check admits."""
-    coord = MemoryCoordination()
-    ownership = Ownership(coord)
-    epoch = await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
-    owner = await ownership.get(CRITICAL)
-    assert owner is not None
+    coord, ownership, owner = await claimed()
+    epoch = owner.epoch
     mark = await ownership.begin_handover(CRITICAL, owner, "eu-central", "t")
     fence = FencedResource()
     owners = EtcdOwners(coord, fence, watched=HandWatch(owner, mark.create_revision - 1))
@@ -136,11 +143,8 @@ async def test_a_fresh_read_does_not_lift_a_freeze_the_watch_set_during_it() -> 
     """A replica's fresh owner read answers from before a handover mark that the watch
     delivers (freezing the fence) while the read is under way: the copy is refused as
     handing over, and the fence stays frozen (the read's older answer used to lift it)."""
-    coord = MemoryCoordination()
-    ownership = Ownership(coord)
-    epoch = await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
-    owner = await ownership.get(CRITICAL)
-    assert owner is not None
+    coord, ownership, owner = await claimed()
+    epoch = owner.epoch
     fence = FencedResource()
     fence.observe(CRITICAL, epoch, handing_over=False)
     watch = HandWatch(owner, epoch)  # the owner key's revision is its epoch
@@ -179,11 +183,8 @@ async def test_an_older_read_ending_late_answers_with_the_newer_one() -> None:
     """A fresh read served by etcd before a handover mark ends after a bounded-age read
     that saw the mark (and froze the fence): it neither replaces that read nor answers
     without the mark, so admission never lifts the freeze with it."""
-    coord = MemoryCoordination()
-    ownership = Ownership(coord)
-    epoch = await ownership.claim(CRITICAL, REGION, expect_epoch=0, reason="home", actor="t")
-    owner = await ownership.get(CRITICAL)
-    assert owner is not None
+    coord, ownership, owner = await claimed()
+    epoch = owner.epoch
     fence = FencedResource()
     clock = Clock()
     owners = EtcdOwners(coord, fence, max_age_s=0.5, clock=clock)

@@ -336,41 +336,75 @@ def test_committer_caps_the_group_size() -> None:
     assert sorted(i for g in groups for i in g) == list(range(6))
 
 
+class _HeldFirst:
+    """A commit function that records its groups and holds the first until `gate` is
+    set; the first then raises `first_raises` if given, later groups `later_raises`,
+    else each item is its own result."""
+
+    def __init__(
+        self,
+        *,
+        first_raises: BaseException | None = None,
+        later_raises: BaseException | None = None,
+    ) -> None:
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.groups: list[list[int]] = []
+        self.first_raises, self.later_raises = first_raises, later_raises
+
+    def __call__(self, items: object) -> list[int | BaseException]:
+        self.groups.append(list(items))  # type: ignore[call-overload]
+        if len(self.groups) == 1:
+            self.entered.set()
+            assert self.gate.wait(DEADLINE_S)
+            if self.first_raises is not None:
+                raise self.first_raises
+        elif self.later_raises is not None:
+            raise self.later_raises
+        return list(self.groups[-1])
+
+
+class _Writers:
+    """Writers of `committer` on daemon threads, each outcome recorded (its result, or
+    what it raised): a writer left waiting fails the test instead of hanging it."""
+
+    def __init__(self, committer: GroupCommitter[int, int]) -> None:
+        self.committer = committer
+        self.outcomes: dict[int, object] = {}
+
+    def start(self, *items: int) -> None:
+        for i in items:
+            threading.Thread(target=self._write, args=(i,), daemon=True).start()
+
+    def _write(self, i: int) -> None:
+        try:
+            self.outcomes[i] = self.committer.submit(i)
+        except BaseException as exc:  # noqa: BLE001 - what it raised is its outcome
+            self.outcomes[i] = exc
+
+    def queue_behind_first(self, commit: _HeldFirst, *items: int) -> None:
+        """Writer 0 leads and is held in its commit while `items` queue behind it."""
+        self.start(0)
+        assert commit.entered.wait(DEADLINE_S)
+        self.start(*items)
+        _wait_for(f"{len(items)} queued", lambda: self.committer.queued() == len(items))
+
+    def answered(self, *items: int) -> None:
+        _wait_for(f"writers {items} answered", lambda: all(i in self.outcomes for i in items))
+
+
 def test_an_interrupted_leader_hands_the_next_group_on() -> None:
     """A leader interrupted in its commit raises; a writer queued meanwhile still leads
     the next group (woken writers are handed the lead one by one, so a lead dropped
-    would leave them waiting: daemon threads here, so that fails instead of hanging)."""
-    gate, entered = threading.Event(), threading.Event()
-    groups: list[list[int]] = []
-
-    def commit(items: object) -> list[int | BaseException]:
-        groups.append(list(items))  # type: ignore[call-overload]
-        if len(groups) == 1:
-            entered.set()
-            assert gate.wait(DEADLINE_S)
-            raise KeyboardInterrupt
-        return list(items)  # type: ignore[call-overload]
-
-    committer: GroupCommitter[int, int] = GroupCommitter(commit, max_group=2)
-    outcomes: dict[int, object] = {}
-
-    def writer(i: int) -> None:
-        try:
-            outcomes[i] = committer.submit(i)
-        except BaseException as exc:  # noqa: BLE001 - the interrupt is the outcome here
-            outcomes[i] = exc
-
-    threads = [threading.Thread(target=writer, args=(0,), daemon=True)]
-    threads[0].start()
-    assert entered.wait(DEADLINE_S)
-    threads += [threading.Thread(target=writer, args=(i,), daemon=True) for i in (1, 2, 3)]
-    for t in threads[1:]:
-        t.start()
-    _wait_for("three queued", lambda: committer.queued() == 3)
-    gate.set()
-    _wait_for("every writer answered", lambda: len(outcomes) == 4)
+    would leave them waiting)."""
+    commit = _HeldFirst(first_raises=KeyboardInterrupt())
+    writers = _Writers(GroupCommitter(commit, max_group=2))
+    writers.queue_behind_first(commit, 1, 2, 3)
+    commit.gate.set()
+    writers.answered(0, 1, 2, 3)
+    outcomes = writers.outcomes
     assert isinstance(outcomes.pop(0), KeyboardInterrupt)
     assert outcomes == {1: 1, 2: 2, 3: 3}
+    groups = commit.groups
     assert groups[0] == [0] and sorted(i for g in groups[1:] for i in g) == [1, 2, 3]
 
 
@@ -381,25 +415,13 @@ class _StopError(Exception):
 def test_a_writer_that_stops_waiting_leaves_the_queue_and_the_rest_go_on() -> None:
     """A writer interrupted while it waits for its group (a signal in the main thread)
     leaves the queue, not committed; the lead is not left with it, so later writers
-    still commit (daemon threads: a lead dropped fails the test instead of hanging)."""
-    gate, entered = threading.Event(), threading.Event()
-    groups: list[list[int]] = []
-
-    def commit(items: object) -> list[int | BaseException]:
-        groups.append(list(items))  # type: ignore[call-overload]
-        if len(groups) == 1:
-            entered.set()
-            assert gate.wait(DEADLINE_S)
-        return list(items)  # type: ignore[call-overload]
+    still commit."""
+    commit = _HeldFirst()
+    committer: GroupCommitter[int, int] = GroupCommitter(commit)
+    writers = _Writers(committer)
 
     def stop(signum: int, frame: object) -> None:
         raise _StopError
-
-    committer: GroupCommitter[int, int] = GroupCommitter(commit)
-    outcomes: dict[int, object] = {}
-
-    def writer(i: int) -> None:
-        outcomes[i] = committer.submit(i)
 
     main = threading.main_thread().ident
     assert main == threading.get_ident()
@@ -410,19 +432,19 @@ def test_a_writer_that_stops_waiting_leaves_the_queue_and_the_rest_go_on() -> No
 
     previous = signal.signal(signal.SIGUSR1, stop)
     try:
-        threading.Thread(target=writer, args=(0,), daemon=True).start()
-        assert entered.wait(DEADLINE_S)
+        writers.start(0)
+        assert commit.entered.wait(DEADLINE_S)
         threading.Thread(target=interrupt_main, daemon=True).start()
         with pytest.raises(_StopError):
             committer.submit(1)
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert committer.queued() == 0
-    gate.set()
-    _wait_for("the first writer answered", lambda: 0 in outcomes)
-    threading.Thread(target=writer, args=(2,), daemon=True).start()
-    _wait_for("a later writer answered", lambda: 2 in outcomes)
-    assert outcomes == {0: 0, 2: 2} and groups == [[0], [2]]
+    commit.gate.set()
+    writers.answered(0)
+    writers.start(2)
+    writers.answered(2)
+    assert writers.outcomes == {0: 0, 2: 2} and commit.groups == [[0], [2]]
 
 
 def test_a_failed_groups_items_are_freed_without_the_collector() -> None:
@@ -456,78 +478,39 @@ def test_a_leader_interrupted_before_its_commit_tells_its_group_and_hands_on() -
     (here: as `_run` begins): its group's other writers are told their write may not
     be stored (not left undone, to lead again with nothing queued), and a later writer
     still commits."""
-    gate, entered = threading.Event(), threading.Event()
-    commits: list[list[int]] = []
 
     class Interrupted(GroupCommitter[int, int]):
         runs = 0
 
         def _run(self, group: list[Any]) -> None:
             Interrupted.runs += 1
-            if Interrupted.runs == 1:
-                entered.set()
-                assert gate.wait(DEADLINE_S)
-            elif Interrupted.runs == 2:
+            if Interrupted.runs == 2:
                 raise KeyboardInterrupt
             super()._run(group)
 
-    def commit(items: object) -> list[int | BaseException]:
-        commits.append(list(items))  # type: ignore[call-overload]
-        return list(items)  # type: ignore[call-overload]
-
-    committer = Interrupted(commit)
-    outcomes: dict[int, object] = {}
-
-    def writer(i: int) -> None:
-        try:
-            outcomes[i] = committer.submit(i)
-        except BaseException as exc:  # noqa: BLE001 - the interrupt is an outcome here
-            outcomes[i] = exc
-
-    threading.Thread(target=writer, args=(0,), daemon=True).start()
-    assert entered.wait(DEADLINE_S)
-    for i in (1, 2, 3):
-        threading.Thread(target=writer, args=(i,), daemon=True).start()
-    _wait_for("three queued", lambda: committer.queued() == 3)
-    gate.set()
-    _wait_for("every writer answered", lambda: len(outcomes) == 4)
+    commit = _HeldFirst()
+    writers = _Writers(Interrupted(commit))
+    writers.queue_behind_first(commit, 1, 2, 3)
+    commit.gate.set()
+    writers.answered(0, 1, 2, 3)
+    outcomes = writers.outcomes
     kinds = sorted(type(outcomes[i]).__name__ for i in (1, 2, 3))
     assert outcomes[0] == 0
     assert kinds == ["InterruptedCommitError", "InterruptedCommitError", "KeyboardInterrupt"]
-    threading.Thread(target=writer, args=(4,), daemon=True).start()
-    _wait_for("a later writer answered", lambda: 4 in outcomes)
-    assert outcomes[4] == 4 and commits == [[0], [4]]
+    writers.start(4)
+    writers.answered(4)
+    assert outcomes[4] == 4 and commit.groups == [[0], [4]]
 
 
 def test_the_writers_of_a_failed_group_each_get_their_own_error() -> None:
     """One error object raised by every writer of its group would gather all their
     frames in one traceback; each gets its own, of the same type and message."""
-    gate, entered = threading.Event(), threading.Event()
-
-    def commit(items: object) -> list[int | BaseException]:
-        if not entered.is_set():
-            entered.set()
-            assert gate.wait(DEADLINE_S)
-            return list(items)  # type: ignore[call-overload]
-        raise OSError(28, "disk full")
-
-    committer: GroupCommitter[int, int] = GroupCommitter(commit)
-    outcomes: dict[int, BaseException | int] = {}
-
-    def writer(i: int) -> None:
-        try:
-            outcomes[i] = committer.submit(i)
-        except OSError as exc:
-            outcomes[i] = exc
-
-    threading.Thread(target=writer, args=(0,), daemon=True).start()
-    assert entered.wait(DEADLINE_S)
-    for i in (1, 2, 3):
-        threading.Thread(target=writer, args=(i,), daemon=True).start()
-    _wait_for("three queued", lambda: committer.queued() == 3)
-    gate.set()
-    _wait_for("every writer answered", lambda: len(outcomes) == 4)
-    errors = [outcomes[i] for i in (1, 2, 3)]
+    commit = _HeldFirst(later_raises=OSError(28, "disk full"))
+    writers = _Writers(GroupCommitter(commit))
+    writers.queue_behind_first(commit, 1, 2, 3)
+    commit.gate.set()
+    writers.answered(0, 1, 2, 3)
+    errors = [writers.outcomes[i] for i in (1, 2, 3)]
     assert len({id(e) for e in errors}) == 3
     assert all(isinstance(e, OSError) and e.errno == 28 and "disk full" in str(e) for e in errors)
 
