@@ -34,7 +34,7 @@ import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Never, Protocol, TypedDict, Unpack
+from typing import Never, Protocol, TypedDict
 
 import grpc
 
@@ -43,6 +43,7 @@ from agents.daemon.metrics_http import bind_store_gauges
 from agents.metrics import AgentMetrics
 from agents.service import requests
 from agents.service.outcome import Context, stream, unary
+from agents.service.small_puts import SmallPuts
 from agents.store import (
     CHUNK_BYTES,
     DigestMismatchError,
@@ -50,6 +51,7 @@ from agents.store import (
     ObjectStore,
     SetRecord,
     ShortStreamError,
+    SmallPut,
     StagedWrite,
     StoredVersion,
     TooLargeError,
@@ -190,6 +192,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         cache: ReadThrough | None = None,
     ) -> None:
         self.store = store
+        self.small_puts = SmallPuts(store)
         self.admission = admission
         self.region = region
         self.agent_id = agent_id
@@ -341,15 +344,26 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
         local: asyncio.Future[Version] | None = None
         if staged is None:
-            small = functools.partial(
-                self._store_held, dataset, key, header.size, header.digest, whole, stated, **how
+            # Kept inline in the store's database (no file to create, rename and sync):
+            # stamped here, committed by one thread with the other small Puts queued
+            # meanwhile (small_puts.py). A cancelled call stops waiting; its write goes on.
+            version, local = await self.small_puts.put(
+                SmallPut(
+                    dataset,
+                    key,
+                    whole,
+                    header.size,
+                    self.max_object_bytes,
+                    header.digest,
+                    stated,
+                    **how,
+                )
             )
-            if admitted.critical and self.replication is not None:
-                # Pushed while it commits here (`overlapped`): the ack still waits
-                # for this commit to be durable, and counts this region only then.
-                version, local = await self._overlapped(small)
-            else:
-                version = await asyncio.to_thread(small)
+            if not (admitted.critical and self.replication is not None):
+                version = await local
+                local = None
+            # Else pushed while it commits here, from its stamp: the ack still waits
+            # for this commit to be durable, and counts this region only then.
         else:
             version = await asyncio.to_thread(
                 functools.partial(self.store.commit_put, staged, **how)
@@ -387,45 +401,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await asyncio.shield(local)
         return agent_pb2.PutResponse(version=version_to_wire(version), regions=regions)
 
-    async def _overlapped(
-        self, commit: Callable[..., Version]
-    ) -> tuple[Version, asyncio.Future[Version]]:
-        """Run a small Put's commit in a thread and return as soon as its version has its
-        HLC (the store tells `on_stamped` under the object's lock, before the commit is
-        durable), with the commit still under way; a commit that fails before that
-        raises here, as a plain commit does."""
-        loop = asyncio.get_running_loop()
-        stamped: asyncio.Future[Version] = loop.create_future()
-
-        def tell(version: Version) -> None:
-            if not stamped.done():
-                stamped.set_result(version)
-
-        def on_stamped(version: Version) -> None:  # in the store's thread
-            loop.call_soon_threadsafe(tell, version)
-
-        # A plain executor future, not to_thread's task (no context is bound here): this
-        # runs for every small critical write.
-        local = loop.run_in_executor(None, functools.partial(commit, on_stamped=on_stamped))
-
-        def ended(done: asyncio.Future[Version]) -> None:
-            # Its outcome is awaited by the ack, or by nobody when the call is cancelled
-            # (read here either way). Ended before its stamp: this call gets its outcome.
-            error = None if done.cancelled() else done.exception()
-            if stamped.done():
-                return
-            if done.cancelled():
-                stamped.cancel()
-            elif error is not None:
-                stamped.set_exception(error)
-            else:
-                stamped.set_result(done.result())
-
-        local.add_done_callback(ended)
-        # A cancelled call cancels `stamped` alone: the commit runs on (`tell` and
-        # `ended` look before they set it).
-        return await stamped, local
-
     def _stage(
         self, dataset: str, key: str, size: int | None, digest: Digest | None, held: list[bytes]
     ) -> StagedWrite:
@@ -444,30 +419,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             staged.abort()
             raise
         return staged
-
-    def _store_held(
-        self,
-        dataset: str,
-        key: str,
-        size: int | None,
-        digest: Digest | None,
-        data: bytes,
-        stated: Digest | None,
-        **how: Unpack[_Commit],
-    ) -> Version:
-        """A small Put whose bytes are all here: checked and committed in one thread hop
-        and kept inline in the store's database (`ObjectStore.put_small`: no file to
-        create, rename and sync; for a critical write, its push starts without one)."""
-        return self.store.put_small(
-            dataset,
-            key,
-            data,
-            expected_size=size,
-            max_size=self.max_object_bytes,
-            expected_digest=digest,
-            end_digest=stated,
-            **how,
-        )
 
     async def Delete(  # noqa: N802
         self, request: agent_pb2.DeleteRequest, context: Context

@@ -21,18 +21,20 @@ from agents.store.model import (
     Page,
     RepairReport,
     SetRecord,
+    SmallPut,
     StoredVersion,
     Usage,
 )
 from agents.store.names import check_name
 from agents.store.reader import CHUNK_BYTES, ObjectReader
 from agents.store.staging import StagedWrite
-from agents.store.store import ObjectStore
+from agents.store.store import HeldPut, ObjectStore
 
 __all__ = [
     "CHUNK_BYTES",
     "ApplyResult",
     "DigestMismatchError",
+    "HeldPut",
     "JournalEntry",
     "MissingContentError",
     "ObjectReader",
@@ -42,6 +44,7 @@ __all__ = [
     "RepairReport",
     "SetRecord",
     "ShortStreamError",
+    "SmallPut",
     "StagedWrite",
     "StorageError",
     "StoreLockedError",

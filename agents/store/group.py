@@ -9,7 +9,9 @@ no waiting window), and under load each group holds whatever arrived during the
 previous commit: the classic leader/follower group commit of databases' logs.
 
 The commit function returns one outcome per item (its result, or the exception that
-item alone raises), so one bad item fails only its own writer.
+item alone raises), so one bad item fails only its own writer. A writer may hand
+several items at once (`submit_many`: an agent's small Puts of one event-loop turn,
+from one thread): they go in one group and it gets each item's outcome.
 """
 
 from __future__ import annotations
@@ -44,10 +46,9 @@ class GroupStats:
 
 @dataclass(eq=False)  # slots are told apart by identity: two may hold equal items
 class _Slot(Generic[T, R]):
-    item: T
+    items: Sequence[T]
     done: bool = False
-    result: R | None = None
-    error: BaseException | None = field(default=None)
+    outcomes: Sequence[R | BaseException] = ()
     # Held from the start; released once, to wake its writer: its group is committed,
     # or it is to lead the next one (`leads`, set under the committer's lock). One wake
     # per writer: a shared condition woke every waiting writer at each group's end, and
@@ -80,14 +81,39 @@ class GroupCommitter(Generic[T, R]):
             return GroupStats(self._groups, self._items)
 
     def queued(self) -> int:
-        """Writes waiting for the next group (not counting those being committed)."""
+        """Items waiting for the next group (not counting those being committed)."""
         with self._lock:
-            return len(self._queue)
+            return sum(len(s.items) for s in self._queue)
 
     def submit(self, item: T) -> R:
         """Commit `item` with whatever else is queued; returns its result or raises its
         error once its group is committed."""
-        slot: _Slot[T, R] = _Slot(item)
+        slot: _Slot[T, R] = _Slot((item,))
+        self._wait(slot)
+        outcome, slot.outcomes = slot.outcomes[0], ()
+        if isinstance(outcome, BaseException):
+            # Raised from a frame that keeps no reference to it: its traceback holds
+            # this frame (see `_run`).
+            try:
+                raise outcome
+            finally:
+                del outcome
+        return outcome
+
+    def submit_many(self, items: Sequence[T]) -> list[R | BaseException]:
+        """Commit `items` in one group, with whatever else is queued; returns each
+        item's outcome (its result, or its error) once the group is committed. More
+        than `max_group` items, or none, is a ValueError: a caller's batch is bounded."""
+        if not 0 < len(items) <= self._max:
+            raise ValueError(f"submit_many takes 1 to {self._max} items, got {len(items)}")
+        slot: _Slot[T, R] = _Slot(items)
+        self._wait(slot)
+        outcomes, slot.outcomes = list(slot.outcomes), ()
+        return outcomes
+
+    def _wait(self, slot: _Slot[T, R]) -> None:
+        """Queue `slot` and return once its items are committed (leading a group when
+        it is its turn)."""
         slot.wake.acquire()
         with self._lock:
             self._queue.append(slot)
@@ -106,15 +132,6 @@ class GroupCommitter(Generic[T, R]):
             if not slot.done:
                 self._abandon(slot)
             raise
-        error, slot.error = slot.error, None
-        if error is not None:
-            # Raised from a frame that keeps no reference to it: its traceback holds
-            # this frame (see `_run`).
-            try:
-                raise error
-            finally:
-                del error
-        return slot.result  # type: ignore[return-value]
 
     def _lead(self, leader: _Slot[T, R]) -> None:
         """Commit the next group, then hand on. A leader is the queue's head (it found
@@ -124,10 +141,15 @@ class GroupCommitter(Generic[T, R]):
         ended = False
         try:
             with self._lock:
-                group = self._queue[: self._max]
-                del self._queue[: self._max]
+                taken = items = 0
+                for s in self._queue:  # whole slots, at least one, up to max_group items
+                    if taken and items + len(s.items) > self._max:
+                        break
+                    taken, items = taken + 1, items + len(s.items)
+                group = self._queue[:taken]
+                del self._queue[:taken]
                 self._groups += 1
-                self._items += len(group)
+                self._items += items
             self._run(group)
             ended = True
         finally:
@@ -143,9 +165,13 @@ class GroupCommitter(Generic[T, R]):
             self._queue = [q for q in self._queue if all(q is not s for s in group)]
         for s in group:
             if not s.done:
-                s.error = InterruptedCommitError(
-                    "the group commit of this write was interrupted; it may or may not be stored"
-                )
+                s.outcomes = [
+                    InterruptedCommitError(
+                        "the group commit of this write was interrupted; it may or may not "
+                        "be stored"
+                    )
+                    for _ in s.items
+                ]
                 s.done = True
 
     def _hand_on(self, group: list[_Slot[T, R]], leader: _Slot[T, R]) -> None:
@@ -183,15 +209,14 @@ class GroupCommitter(Generic[T, R]):
         # (through `_outcomes`'s), and a frame holding it back makes a cycle that keeps
         # the group's items (inline bytes) until the collector runs. Interrupted
         # (KeyboardInterrupt, SystemExit), it raises and `_lead` tells the group.
-        self._settle(group, self._outcomes([s.item for s in group]))
+        self._settle(group, self._outcomes([item for s in group for item in s.items]))
 
     @staticmethod
     def _settle(group: list[_Slot[T, R]], outcomes: Sequence[R | BaseException]) -> None:
-        for s, outcome in zip(group, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                s.error = outcome
-            else:
-                s.result = outcome
+        at = 0
+        for s in group:
+            s.outcomes = outcomes[at : at + len(s.items)]
+            at += len(s.items)
             s.done = True
 
     def _outcomes(self, items: list[T]) -> Sequence[R | BaseException]:

@@ -8,7 +8,7 @@ from typing import Literal
 from controlplane.domain.errors import VersionError
 from controlplane.domain.events import ChangeEvent
 from controlplane.domain.hlc import HLC
-from controlplane.domain.version import Verdict, Version
+from controlplane.domain.version import Digest, Verdict, Version
 from controlplane.domain.version_set import SetMember, VersionSet
 
 State = Literal["present", "missing"]
@@ -135,3 +135,20 @@ class RepairReport:
     orphans_removed: int = 0
     marked_missing: int = 0
     restored: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SmallPut:
+    """One small Put of `ObjectStore.put_small_many`: `put_small`'s arguments."""
+
+    dataset: str
+    key: str
+    data: bytes
+    expected_size: int | None = None
+    max_size: int | None = None
+    expected_digest: Digest | None = None
+    end_digest: Digest | None = None
+    set_id: str | None = None
+    outbox: bool = False
+    epoch: int = 0
+    policy_revision: int | None = None

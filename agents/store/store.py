@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Literal, Self, cast
+from typing import BinaryIO, Literal, NamedTuple, Self, cast
 
 from agents.store import files, repair, rows
 from agents.store.errors import (
@@ -31,7 +31,7 @@ from agents.store.errors import (
     StoreLockedError,
     TooLargeError,
 )
-from agents.store.group import GroupCommitter, GroupStats, InterruptedCommitError
+from agents.store.group import MAX_GROUP, GroupCommitter, GroupStats, InterruptedCommitError
 from agents.store.model import (
     ApplyResult,
     JournalEntry,
@@ -40,6 +40,7 @@ from agents.store.model import (
     Page,
     RepairReport,
     SetRecord,
+    SmallPut,
     StoredVersion,
     Usage,
 )
@@ -99,6 +100,44 @@ class _Entry:
     @property
     def rel(self) -> PurePosixPath:
         return PurePosixPath(self.where[1])
+
+
+class _Checked(NamedTuple):
+    """A small put checked (`_checked_small`), not yet stamped."""
+
+    dataset: str
+    key: str
+    set_id: str | None
+    digest: Digest
+    data: bytes
+    put: SmallPut
+
+
+class HeldPut:
+    """A small put stamped by `ObjectStore.stamp_small`: its version, and its object's
+    lock held until `commit_held` lets go of it (`release`, once)."""
+
+    __slots__ = ("_lock", "entry", "version")
+
+    def __init__(self, version: Version, entry: _Entry, lock: threading.Lock) -> None:
+        self.version = version
+        self.entry = entry
+        self._lock: threading.Lock | None = lock
+
+    def release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+
+def _own_error(err: Exception) -> Exception:
+    """`err` as an object of its own (one per write: no traceback gathers every
+    waiting writer's frames); `err` itself when its type does not rebuild from its
+    arguments."""
+    try:
+        return type(err)(*err.args)
+    except Exception:  # noqa: BLE001 - an exception type with other arguments
+        return err
 
 
 Source = Iterable[bytes | bytearray | memoryview] | BinaryIO
@@ -359,45 +398,140 @@ class ObjectStore:
         of its own, committed with its group. `on_stamped` as in `commit_put`: told
         the version before the commit is durable, so a critical owner's push starts
         with no file to create first."""
-        dataset, key = check_name("dataset", dataset), check_name("key", key)
-        set_id = None if set_id is None else check_name("set", set_id)
+        put = SmallPut(
+            dataset,
+            key,
+            data,
+            expected_size,
+            max_size,
+            expected_digest,
+            end_digest,
+            set_id,
+            outbox,
+            epoch,
+            policy_revision,
+        )
+        checked = self._checked_small(put)
+        self._require_open()
+        return self._commit_local(
+            checked.dataset,
+            checked.key,
+            len(checked.data),
+            checked.digest,
+            None,
+            set_id=checked.set_id,
+            outbox=outbox,
+            epoch=epoch,
+            policy_revision=policy_revision,
+            transfer=None,
+            on_stamped=on_stamped,
+            inline=checked.data,
+        )
+
+    def stamp_small(self, put: SmallPut) -> HeldPut | None:
+        """`put_small`'s checks and stamp, without blocking (on an agent's event loop:
+        no thread hop before a critical write's push can start): the put checked, its
+        object's lock taken and its version stamped, to be committed by `commit_held`
+        (in any thread) with the other puts held meanwhile. None, with nothing taken,
+        when its object's lock is held (another write of that object, or of its lock
+        stripe, is committing): the caller then uses `put_small` in a thread, which
+        waits for it. Raises the put's own error as `put_small` does."""
+        checked = self._checked_small(put)
+        self._require_open()
+        lock = self._stripes[stripe_of(checked.dataset, checked.key)]
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            version = Version.put(self.clock.now(), len(checked.data), checked.digest)
+        except BaseException:
+            lock.release()
+            raise
+        entry = _Entry(
+            checked.dataset,
+            checked.key,
+            version,
+            None,
+            checked.set_id,
+            put.outbox,
+            put.epoch,
+            put.policy_revision,
+            None,
+            inline=checked.data,
+        )
+        return HeldPut(version, entry, lock)
+
+    def commit_held(self, held: Sequence[HeldPut]) -> list[Version | Exception]:
+        """Commit puts stamped by `stamp_small` in one group (merged with whatever the
+        store's other threads commit), then let go of their objects' locks, whatever
+        happened. Returns per put its version, or the error of its write alone."""
+        outcomes: list[Version | Exception] = []
+        completed: list[tuple[str, str]] = []
+        try:
+            for at in range(0, len(held), MAX_GROUP):
+                part = held[at : at + MAX_GROUP]
+                try:
+                    self._require_open()
+                    results = self._install_entries([h.entry for h in part])
+                except Exception as err:  # noqa: BLE001 - closed: each write is refused
+                    results = [_own_error(err) for _ in part]
+                for h, result in zip(part, results, strict=True):
+                    if isinstance(result, list):
+                        completed += result
+                        outcomes.append(h.version)
+                    elif isinstance(result, Exception):
+                        outcomes.append(result)
+                    else:
+                        raise result  # an interrupt of this thread, not a write's outcome
+        finally:
+            for h in held:
+                h.release()
+        self._settle(completed)
+        return outcomes
+
+    def _install_entries(
+        self, entries: Sequence[_Entry]
+    ) -> Sequence[list[tuple[str, str]] | BaseException]:
+        """Commit versions of distinct objects (their locks held) in one group: per
+        entry the (dataset, set) pairs it completed, or its error."""
+        if self.group_commit:
+            return self._group.submit_many(entries)
+        out: list[list[tuple[str, str]] | BaseException] = []
+        for entry in entries:
+            try:
+                out.append(self._install_many([entry]))
+            except Exception as err:  # noqa: BLE001 - this write alone failed
+                out.append(err)
+        return out
+
+    def _checked_small(self, put: SmallPut) -> _Checked:
+        """A small put's names, sizes and digests checked (`put_small`'s order and
+        errors), before its object's lock is taken."""
+        dataset, key = check_name("dataset", put.dataset), check_name("key", put.key)
+        set_id = None if put.set_id is None else check_name("set", put.set_id)
+        data = put.data
         if len(data) > INLINE_MAX_BYTES:
             raise InvalidInputError(
                 f"put_small of {dataset}/{key}: {len(data)} bytes is more than the "
                 f"{INLINE_MAX_BYTES} kept inline; stage it"
             )
-        stated = len(data) if expected_size is None else expected_size
-        if max_size is not None and stated >= len(data) > max_size:
+        stated = len(data) if put.expected_size is None else put.expected_size
+        if put.max_size is not None and stated >= len(data) > put.max_size:
             raise TooLargeError(
-                f"object {dataset}/{key} passed the cap of {max_size} bytes; nothing was stored"
+                f"object {dataset}/{key} passed the cap of {put.max_size} bytes; nothing was stored"
             )
         digest = checked_bytes(
             dataset,
             key,
             memoryview(data).cast("B"),
             expected_size=stated,
-            expected_digest=expected_digest,
+            expected_digest=put.expected_digest,
         )
-        if end_digest is not None and digest != end_digest:
+        if put.end_digest is not None and digest != put.end_digest:
             raise DigestMismatchError(
-                f"object {dataset}/{key} hashed to {digest}, not the stated {end_digest}; "
+                f"object {dataset}/{key} hashed to {digest}, not the stated {put.end_digest}; "
                 "nothing was stored"
             )
-        self._require_open()
-        return self._commit_local(
-            dataset,
-            key,
-            len(data),
-            digest,
-            None,
-            set_id=set_id,
-            outbox=outbox,
-            epoch=epoch,
-            policy_revision=policy_revision,
-            transfer=None,
-            on_stamped=on_stamped,
-            inline=bytes(data),
-        )
+        return _Checked(dataset, key, set_id, digest, bytes(data), put)
 
     def commit_put(
         self,

@@ -105,7 +105,7 @@ async def test_a_small_critical_put_is_pushed_while_it_commits_and_acked_after(
 ) -> None:
     hook = Overlapping()
     agent.service.replication = hook
-    install = agent.store._install
+    install = agent.store._install_entries
 
     def held_commit(*args: Any, **kwargs: Any) -> Any:
         # The commit waits for the hand-on (bounded: without the overlap it never comes,
@@ -113,7 +113,7 @@ async def test_a_small_critical_put_is_pushed_while_it_commits_and_acked_after(
         hook.release.wait(timeout=5)
         return install(*args, **kwargs)
 
-    monkeypatch.setattr(agent.store, "_install", held_commit)
+    monkeypatch.setattr(agent.store, "_install_entries", held_commit)
     data = os.urandom(KiB)
     resp = await put_chunks(agent, CRITICAL, "overlap", [data])
     assert hook.pending_when_handed is True
@@ -132,7 +132,7 @@ async def test_a_failed_local_commit_fails_the_overlapped_write(
         hook.release.wait(timeout=5)
         raise StorageError("the disk is gone (test)")
 
-    monkeypatch.setattr(agent.store, "_install", failing)
+    monkeypatch.setattr(agent.store, "_install_entries", failing)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await put_chunks(agent, CRITICAL, "lost", [b"never stored"])
     assert caught.value.code() != grpc.StatusCode.OK

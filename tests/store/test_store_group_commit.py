@@ -593,3 +593,38 @@ def test_agents_take_group_commit_from_the_settings(monkeypatch: pytest.MonkeyPa
     assert load_settings(check_endpoints=False).store_group_commit is True
     monkeypatch.setenv("MERIDIAN_STORE_GROUP_COMMIT", "0")
     assert load_settings(check_endpoints=False).store_group_commit is False
+
+
+def test_a_writer_s_several_items_go_in_one_group_each_with_its_outcome() -> None:
+    """`submit_many`: a slot of several items is committed in one group with the items
+    queued beside it, and its writer gets each item's outcome (an error among them is
+    returned, not raised); groups are cut between slots, never inside one."""
+    gate, entered = threading.Event(), threading.Event()
+    groups: list[list[int]] = []
+
+    def commit(items: object) -> list[int | BaseException]:
+        groups.append(list(items))  # type: ignore[call-overload]
+        if len(groups) == 1:
+            entered.set()
+            assert gate.wait(DEADLINE_S)
+        return [ValueError(f"bad {i}") if i < 0 else i * 10 for i in groups[-1]]
+
+    committer: GroupCommitter[int, int] = GroupCommitter(commit, max_group=5)
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(committer.submit, 1)
+        assert entered.wait(DEADLINE_S)
+        many = pool.submit(committer.submit_many, [2, -3, 4])
+        _wait_for("three queued", lambda: committer.queued() == 3)
+        more = pool.submit(committer.submit_many, [5, 6, 7])
+        _wait_for("six queued", lambda: committer.queued() == 6)
+        gate.set()
+        assert first.result(DEADLINE_S) == 10
+        outcomes = many.result(DEADLINE_S)
+        assert [outcomes[0], outcomes[2]] == [20, 40] and str(outcomes[1]) == "bad -3"
+        assert more.result(DEADLINE_S) == [50, 60, 70]
+    # 3 + 3 items pass the cap of 5: the second slot leads a group of its own.
+    assert groups == [[1], [2, -3, 4], [5, 6, 7]]
+    with pytest.raises(ValueError, match="1 to 5 items"):
+        committer.submit_many(list(range(6)))
+    with pytest.raises(ValueError, match="1 to 5 items"):
+        committer.submit_many([])

@@ -8,12 +8,18 @@ import os
 import sqlite3
 
 import pytest
-from store_helpers import object_files
+from store_helpers import StoreFactory, object_files
 
-from agents.store import DigestMismatchError, ObjectStore, ShortStreamError, TooLargeError
+from agents.store import (
+    DigestMismatchError,
+    ObjectStore,
+    ShortStreamError,
+    SmallPut,
+    TooLargeError,
+)
 from agents.store.store import INLINE_MAX_BYTES
 from controlplane.domain.version import Digest, Version
-from controlplane.errors import InvalidInputError
+from controlplane.errors import InvalidInputError, UnavailableError
 
 
 def blobs(store: ObjectStore) -> int:
@@ -78,3 +84,58 @@ def test_bytes_past_the_inline_limit_are_refused_as_a_caller_s_bug(store: Object
     with pytest.raises(InvalidInputError, match="stage it"):
         store.put_small("ds", "k", b"x" * (INLINE_MAX_BYTES + 1))
     assert store.head("ds", "k") is None
+
+
+def test_small_puts_stamped_without_waiting_commit_together(store: ObjectStore) -> None:
+    """`stamp_small` checks and stamps a put without blocking, holding its object's lock;
+    `commit_held` commits the held puts in one group and lets go of the locks: until
+    then a second write of that object is not stamped (None: its caller waits in a
+    thread), so an object's versions commit in the order they were stamped."""
+    groups = store.group_stats().groups
+    a = store.stamp_small(SmallPut("ds", "a", b"first a", outbox=True))
+    c = store.stamp_small(SmallPut("ds", "c", b"c" * 100, expected_size=100))
+    assert a is not None and c is not None and c.version.hlc > a.version.hlc
+    assert store.head("ds", "a") is None  # stamped, not yet committed
+    assert store.stamp_small(SmallPut("ds", "a", b"second a")) is None  # a's lock is held
+    assert store.commit_held([a, c]) == [a.version, c.version]
+    assert store.group_stats().groups == groups + 1  # one group for both
+    assert store.read_bytes("ds", "a") == b"first a"
+    assert store.read_bytes("ds", "c") == b"c" * 100
+    again = store.stamp_small(SmallPut("ds", "a", b"second a"))  # its lock is free again
+    assert again is not None and again.version.hlc > c.version.hlc
+    assert store.commit_held([again]) == [again.version]
+    assert [v.version for v in store.versions("ds", "a")] == [again.version, a.version]
+    assert [e.key for e in store.outbox_pending(limit=10)] == ["a"]  # only it asked
+    assert object_files(store.root) == []
+
+
+@pytest.mark.parametrize(
+    ("put", "error"),
+    [
+        (SmallPut("ds", "b", b"data", expected_digest=Digest.of(b"else")), DigestMismatchError),
+        (SmallPut("ds", "../b", b"data"), InvalidInputError),
+        (SmallPut("ds", "b", b"data", max_size=3), TooLargeError),
+    ],
+)
+def test_a_small_put_refused_at_its_stamp_takes_nothing(
+    store: ObjectStore, put: SmallPut, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        store.stamp_small(put)
+    assert store.head("ds", "b") is None
+    ok = store.stamp_small(SmallPut("ds", "b", b"data"))  # its lock was not kept
+    assert ok is not None and store.commit_held([ok]) == [ok.version]
+
+
+def test_held_puts_of_a_store_closed_meanwhile_are_refused_and_let_go(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store()
+    held = [store.stamp_small(SmallPut("ds", k, k.encode())) for k in ("a", "b")]
+    assert all(h is not None for h in held)
+    store.close()
+    outcomes = store.commit_held([h for h in held if h is not None])
+    assert [type(o) for o in outcomes] == [UnavailableError, UnavailableError]
+    assert outcomes[0] is not outcomes[1]  # each its own error object
+    reopened = open_store()
+    assert reopened.head("ds", "a") is None and reopened.head("ds", "b") is None

@@ -1,0 +1,151 @@
+"""Small Puts stamped on the event loop and committed by one thread in groups
+(agents/service/small_puts.py): a put's version is known at once, before its commit
+is durable; the puts queued while the thread commits go in its next group, each
+with its own outcome; a put of an object being written waits for it in a thread,
+so an object's versions keep their order; a bad put is refused with nothing kept."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agents.service.small_puts import SmallPuts
+from agents.store import DigestMismatchError, ObjectStore, SmallPut
+from controlplane.domain.hlc import HybridClock
+from controlplane.domain.version import Digest, Version
+
+TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ObjectStore]:
+    opened = ObjectStore(tmp_path / "root", clock=HybridClock("eu-west"))
+    yield opened
+    opened.close()
+
+
+class _HeldCommits:
+    """The store's group commits, the first held until `go` is set."""
+
+    def __init__(self, store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered, self.go = threading.Event(), threading.Event()
+        self.groups: list[list[str]] = []
+        install = store._install_entries
+
+        def held(entries: list[object]) -> object:
+            self.groups.append([e.key for e in entries])  # type: ignore[attr-defined]
+            if len(self.groups) == 1:
+                self.entered.set()
+                assert self.go.wait(TIMEOUT_S)
+            return install(entries)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store, "_install_entries", held)
+
+
+async def _until(what: str, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
+async def test_puts_queued_while_a_group_commits_form_the_next_group(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits = _HeldCommits(store, monkeypatch)
+    puts = SmallPuts(store)
+    first, first_local = await puts.put(SmallPut("ds", "k0", b"bytes 0"))
+    await _until("the first commit", commits.entered.is_set)
+    assert not first_local.done() and store.head("ds", "k0") is None  # stamped, not durable
+    queued = [await puts.put(SmallPut("ds", f"k{n}", b"bytes %d" % n)) for n in range(1, 8)]
+    commits.go.set()
+    assert await asyncio.wait_for(first_local, TIMEOUT_S) == first
+    for version, local in queued:
+        assert await asyncio.wait_for(local, TIMEOUT_S) == version
+    assert commits.groups == [["k0"], [f"k{n}" for n in range(1, 8)]]
+    assert puts.groups == 2 and puts.waited == 0
+    assert [store.read_bytes("ds", f"k{n}") for n in range(8)] == [
+        b"bytes %d" % n for n in range(8)
+    ]
+
+
+async def test_a_put_of_an_object_being_written_waits_for_it_and_comes_after(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits = _HeldCommits(store, monkeypatch)
+    puts = SmallPuts(store)
+    first, first_local = await puts.put(SmallPut("ds", "k", b"first"))
+    await _until("the first commit", commits.entered.is_set)
+    second = asyncio.ensure_future(puts.put(SmallPut("ds", "k", b"second")))
+    await _until("the second put to wait", lambda: puts.waited == 1)
+    await asyncio.sleep(0.05)  # given the chance, it would stamp now: it must not
+    assert not second.done()  # its object's lock is held by the first
+    commits.go.set()
+    version, local = await asyncio.wait_for(second, TIMEOUT_S)
+    assert version.hlc > first.hlc
+    assert await asyncio.wait_for(local, TIMEOUT_S) == version
+    assert await first_local == first
+    assert [v.version for v in store.versions("ds", "k")] == [version, first]
+    assert store.read_bytes("ds", "k") == b"second"
+
+
+async def test_a_bad_put_is_refused_with_nothing_kept(store: ObjectStore) -> None:
+    puts = SmallPuts(store)
+    with pytest.raises(DigestMismatchError, match="not the stated"):
+        await puts.put(SmallPut("ds", "k", b"data", expected_digest=Digest.of(b"else")))
+    assert store.head("ds", "k") is None
+    version, local = await puts.put(SmallPut("ds", "k", b"data"))  # its lock was let go
+    assert await asyncio.wait_for(local, TIMEOUT_S) == version
+
+
+async def test_a_caller_that_stops_waiting_leaves_its_write_to_commit(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits = _HeldCommits(store, monkeypatch)
+    puts = SmallPuts(store)
+    version, local = await puts.put(SmallPut("ds", "k", b"data"))
+    waiter = asyncio.ensure_future(local)
+    await _until("the commit", commits.entered.is_set)
+    waiter.cancel()
+    commits.go.set()
+    _, other = await puts.put(SmallPut("ds", "other", b"more"))
+    await asyncio.wait_for(other, TIMEOUT_S)  # the group after k's: k's has ended
+    assert store.head("ds", "k") == version and store.read_bytes("ds", "k") == b"data"
+
+
+async def test_the_committer_thread_stops_when_idle_and_starts_again(store: ObjectStore) -> None:
+    puts = SmallPuts(store, idle_s=0.01)
+
+    def committers() -> int:
+        return sum(t.name == f"small puts of {store.root}" for t in threading.enumerate())
+
+    for key in ("a", "b"):
+        assert committers() == 0
+        version, local = await puts.put(SmallPut("ds", key, key.encode()))
+        assert await asyncio.wait_for(local, TIMEOUT_S) == version
+        await _until("the idle committer to stop", lambda: committers() == 0)
+    assert store.read_bytes("ds", "a") == b"a" and store.read_bytes("ds", "b") == b"b"
+
+
+async def test_puts_held_when_the_store_closes_are_each_refused(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits = _HeldCommits(store, monkeypatch)
+    puts = SmallPuts(store)
+    first = await puts.put(SmallPut("ds", "k0", b"x"))
+    await _until("the first commit", commits.entered.is_set)
+    queued = [await puts.put(SmallPut("ds", f"k{n}", b"x")) for n in (1, 2)]
+    await asyncio.to_thread(store.close)
+    commits.go.set()
+    errors = []
+    for _, local in [first, *queued]:
+        with pytest.raises(Exception, match="closed") as caught:
+            await asyncio.wait_for(local, TIMEOUT_S)
+        errors.append(caught.value)
+    assert len({id(e) for e in errors}) == 3  # each write its own error object
+    assert isinstance(first[0], Version)
