@@ -33,12 +33,16 @@ import threading
 
 from agents.store import HeldPut, ObjectStore, SmallPut
 from controlplane.domain.version import Version
+from controlplane.errors import UnavailableError
 from controlplane.logs import get_logger
 
 log = get_logger("meridian.agent.store")
 
 # A stamped put, the future of its commit, and the loop that waits for it.
 _Queued = tuple[HeldPut, "asyncio.Future[Version]", asyncio.AbstractEventLoop]
+_Outcome = Version | Exception
+# The future of a commit, its loop, and the commit's outcome.
+_Told = tuple["asyncio.Future[Version]", asyncio.AbstractEventLoop, _Outcome]
 
 IDLE_S = 5.0  # the committer thread's idle time before it stops
 
@@ -67,10 +71,21 @@ class SmallPuts:
         local: asyncio.Future[Version] = loop.create_future()
         self._queue.put((held, local, loop))
         with self._state:
-            if not self._running:
-                self._running = True
+            start, self._running = not self._running, True
+        if start:
+            try:
                 name = f"small puts of {self._store.root}"
                 threading.Thread(target=self._commit_queued, name=name, daemon=True).start()
+            except BaseException as err:
+                # No thread (a thread limit, the interpreter stopping): what is queued
+                # is let go and refused, and the next put tries again.
+                with self._state:
+                    self._running = False
+                self._refuse_queued(err)
+                raise UnavailableError(
+                    f"the small put of {put.dataset}/{put.key} could not be committed: no "
+                    f"committer thread ({type(err).__name__}: {err}); nothing was stored"
+                ) from err
         return held.version, local
 
     async def _put_waiting(
@@ -124,46 +139,109 @@ class SmallPuts:
 
     def _commit_queued(self) -> None:
         """The committer thread: commit whatever is queued, as one group, until idle."""
-        while True:
-            try:
-                first = self._queue.get(timeout=self._idle_s)
-            except queue.Empty:
-                with self._state:
-                    if self._queue.empty():
-                        self._running = False
-                        return
-                continue
-            taken = [first]
+        try:
             while True:
                 try:
-                    taken.append(self._queue.get_nowait())
+                    first = self._queue.get(timeout=self._idle_s)
                 except queue.Empty:
-                    break
-            self._commit(taken)
+                    with self._state:
+                        if self._queue.empty():
+                            self._running = False
+                            return
+                    continue
+                taken = [first]
+                while True:
+                    try:
+                        taken.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                self._commit(taken)
+        except BaseException as err:  # a bug: nothing queued may wait for ever
+            log.exception("small_puts_committer_failed")
+            with self._state:
+                self._running = False
+            self._refuse_queued(err)
+            raise
 
     def _commit(self, taken: list[_Queued]) -> None:
         held = [h for h, _, _ in taken]
+        completed: list[tuple[str, str]] = []
+        interrupt: BaseException | None = None
         try:
-            outcomes: list[Version | Exception] = self._store.commit_held(held)
-        except Exception as err:
+            outcomes, completed = self._store.commit_held(held)
+        except BaseException as err:  # a bug (commit_held answers each write)
             log.exception("small_puts_commit_failed", puts=len(held))
-            outcomes = [err for _ in held]
+            outcomes = [_unsure(h, err) for h in held]
+            interrupt = None if isinstance(err, Exception) else err
+        for h in held:
+            h.release()  # commit_held did; once more costs nothing, whatever it raised
         self.groups += 1
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Version], object]]] = {}
-        for (_, local, loop), outcome in zip(taken, outcomes, strict=True):
-            by_loop.setdefault(loop, []).append((local, outcome))
-        for loop, told in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-                loop.call_soon_threadsafe(_settle, told)
+        told = [(local, loop, o) for (_, local, loop), o in zip(taken, outcomes, strict=True)]
+        if completed:
+            # Pruned before the writes are answered (as a lone put_small does), in an
+            # executor: pruning takes object locks, and one may belong to a put queued
+            # behind this group, which only this thread can commit.
+            loop = taken[0][2]
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(self._prune_then_tell, loop, completed, told)
+        else:
+            _tell(told)
+        if interrupt is not None:
+            raise interrupt
+
+    def _prune_then_tell(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        completed: list[tuple[str, str]],
+        told: list[_Told],
+    ) -> None:
+        def pruned(done: asyncio.Future[None]) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                log.error("small_puts_prune_failed", error=str(done.exception()))
+            _tell(told)
+
+        try:
+            loop.run_in_executor(None, self._store.prune_sets, completed).add_done_callback(pruned)
+        except RuntimeError:  # the executor is shut down: the agent is stopping
+            _tell(told)
+
+    def _refuse_queued(self, err: BaseException) -> None:
+        """Every queued put let go of and refused (no thread will commit it)."""
+        refused: list[_Told] = []
+        while True:
+            try:
+                held, local, loop = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            held.release()
+            refused.append((local, loop, _unsure(held, err)))
+        _tell(refused)
 
 
-def _settle(told: list[tuple[asyncio.Future[Version], object]]) -> None:
+def _unsure(held: HeldPut, err: BaseException) -> Exception:
+    return UnavailableError(
+        f"the small put of {held.entry.dataset}/{held.entry.key} at {held.version.hlc} failed "
+        f"to commit ({type(err).__name__}: {err}); it may or may not be stored"
+    )
+
+
+def _tell(told: list[_Told]) -> None:
+    """Each commit's future told its outcome, on its own loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Version], _Outcome]]] = {}
+    for local, loop, outcome in told:
+        by_loop.setdefault(loop, []).append((local, outcome))
+    for loop, outcomes in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+            loop.call_soon_threadsafe(_settle, outcomes)
+
+
+def _settle(outcomes: list[tuple[asyncio.Future[Version], _Outcome]]) -> None:
     """On the loop: each commit's future gets its outcome (unless its caller left)."""
-    for local, outcome in told:
+    for local, outcome in outcomes:
         if local.done():
             continue
-        if isinstance(outcome, BaseException):
+        if isinstance(outcome, Exception):
             local.set_exception(outcome)
             local.exception()  # seen: a caller that stopped waiting would log it unawaited
         else:
-            local.set_result(outcome)  # type: ignore[arg-type]
+            local.set_result(outcome)

@@ -10,8 +10,8 @@ previous commit: the classic leader/follower group commit of databases' logs.
 
 The commit function returns one outcome per item (its result, or the exception that
 item alone raises), so one bad item fails only its own writer. A writer may hand
-several items at once (`submit_many`: an agent's small Puts of one event-loop turn,
-from one thread): they go in one group and it gets each item's outcome.
+several items at once (`submit_many`: the small Puts an agent's committer thread
+took from its queue): they go in one group, and it gets each item's outcome.
 """
 
 from __future__ import annotations
@@ -229,11 +229,11 @@ class GroupCommitter(Generic[T, R]):
                     f"group commit gave {len(outcomes)} outcomes for {len(items)} writes"
                 )
         except Exception as err:  # noqa: BLE001 - each writer of the group gets it
-            return [err] + [_own_copy(err) for _ in items[1:]]
+            return [err] + [own_copy(err) for _ in items[1:]]
         return outcomes
 
 
-def _own_copy(err: Exception) -> Exception:
+def own_copy(err: Exception) -> Exception:
     """`err` again for another writer of its group, as its own object: each writer
     raising the one object would add its frames to one traceback, and every writer's
     frames (its item) would live as long as any writer kept the error. The copy has

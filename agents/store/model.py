@@ -139,7 +139,7 @@ class RepairReport:
 
 @dataclass(frozen=True, slots=True)
 class SmallPut:
-    """One small Put of `ObjectStore.put_small_many`: `put_small`'s arguments."""
+    """One small Put (`ObjectStore.stamp_small`): `put_small`'s arguments."""
 
     dataset: str
     key: str

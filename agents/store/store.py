@@ -31,7 +31,13 @@ from agents.store.errors import (
     StoreLockedError,
     TooLargeError,
 )
-from agents.store.group import MAX_GROUP, GroupCommitter, GroupStats, InterruptedCommitError
+from agents.store.group import (
+    MAX_GROUP,
+    GroupCommitter,
+    GroupStats,
+    InterruptedCommitError,
+    own_copy,
+)
 from agents.store.model import (
     ApplyResult,
     JournalEntry,
@@ -128,16 +134,6 @@ class HeldPut:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
-
-
-def _own_error(err: Exception) -> Exception:
-    """`err` as an object of its own (one per write: no traceback gathers every
-    waiting writer's frames); `err` itself when its type does not rebuild from its
-    arguments."""
-    try:
-        return type(err)(*err.args)
-    except Exception:  # noqa: BLE001 - an exception type with other arguments
-        return err
 
 
 Source = Iterable[bytes | bytearray | memoryview] | BinaryIO
@@ -460,12 +456,19 @@ class ObjectStore:
         )
         return HeldPut(version, entry, lock)
 
-    def commit_held(self, held: Sequence[HeldPut]) -> list[Version | Exception]:
-        """Commit puts stamped by `stamp_small` in one group (merged with whatever the
-        store's other threads commit), then let go of their objects' locks, whatever
-        happened. Returns per put its version, or the error of its write alone."""
+    def commit_held(
+        self, held: Sequence[HeldPut]
+    ) -> tuple[list[Version | Exception], list[tuple[str, str]]]:
+        """Commit puts stamped by `stamp_small` (in groups of at most MAX_GROUP, merged
+        with whatever the store's other threads commit), then let go of their objects'
+        locks, whatever happened. Returns per put its version, or the error of its
+        write alone (an object of its own), and the (dataset, set) pairs these writes
+        completed: the caller hands those to `prune_sets` in a thread that waits for
+        nothing it commits (pruning takes object locks, one of which may belong to a
+        put queued behind this commit)."""
         outcomes: list[Version | Exception] = []
         completed: list[tuple[str, str]] = []
+        told: set[int] = set()
         try:
             for at in range(0, len(held), MAX_GROUP):
                 part = held[at : at + MAX_GROUP]
@@ -473,20 +476,27 @@ class ObjectStore:
                     self._require_open()
                     results = self._install_entries([h.entry for h in part])
                 except Exception as err:  # noqa: BLE001 - closed: each write is refused
-                    results = [_own_error(err) for _ in part]
+                    results = [err] * len(part)
                 for h, result in zip(part, results, strict=True):
                     if isinstance(result, list):
                         completed += result
                         outcomes.append(h.version)
                     elif isinstance(result, Exception):
-                        outcomes.append(result)
-                    else:
-                        raise result  # an interrupt of this thread, not a write's outcome
+                        # A failed COMMIT fails its group with one error: one object
+                        # per write, so no traceback gathers every waiter's frames.
+                        outcomes.append(own_copy(result) if id(result) in told else result)
+                        told.add(id(result))
+                    else:  # not a write's outcome: an interrupt of this thread
+                        raise result
         finally:
             for h in held:
                 h.release()
+        return outcomes, completed
+
+    def prune_sets(self, completed: Iterable[tuple[str, str]]) -> None:
+        """What `commit_held` left to do: prune for each set its writes completed.
+        Takes object locks one at a time: call it with none held."""
         self._settle(completed)
-        return outcomes
 
     def _install_entries(
         self, entries: Sequence[_Entry]

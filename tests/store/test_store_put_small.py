@@ -17,7 +17,7 @@ from agents.store import (
     SmallPut,
     TooLargeError,
 )
-from agents.store.store import INLINE_MAX_BYTES
+from agents.store.store import INLINE_MAX_BYTES, stripe_of
 from controlplane.domain.version import Digest, Version
 from controlplane.errors import InvalidInputError, UnavailableError
 
@@ -97,13 +97,13 @@ def test_small_puts_stamped_without_waiting_commit_together(store: ObjectStore) 
     assert a is not None and c is not None and c.version.hlc > a.version.hlc
     assert store.head("ds", "a") is None  # stamped, not yet committed
     assert store.stamp_small(SmallPut("ds", "a", b"second a")) is None  # a's lock is held
-    assert store.commit_held([a, c]) == [a.version, c.version]
+    assert store.commit_held([a, c]) == ([a.version, c.version], [])
     assert store.group_stats().groups == groups + 1  # one group for both
     assert store.read_bytes("ds", "a") == b"first a"
     assert store.read_bytes("ds", "c") == b"c" * 100
     again = store.stamp_small(SmallPut("ds", "a", b"second a"))  # its lock is free again
     assert again is not None and again.version.hlc > c.version.hlc
-    assert store.commit_held([again]) == [again.version]
+    assert store.commit_held([again]) == ([again.version], [])
     assert [v.version for v in store.versions("ds", "a")] == [again.version, a.version]
     assert [e.key for e in store.outbox_pending(limit=10)] == ["a"]  # only it asked
     assert object_files(store.root) == []
@@ -124,7 +124,7 @@ def test_a_small_put_refused_at_its_stamp_takes_nothing(
         store.stamp_small(put)
     assert store.head("ds", "b") is None
     ok = store.stamp_small(SmallPut("ds", "b", b"data"))  # its lock was not kept
-    assert ok is not None and store.commit_held([ok]) == [ok.version]
+    assert ok is not None and store.commit_held([ok]) == ([ok.version], [])
 
 
 def test_held_puts_of_a_store_closed_meanwhile_are_refused_and_let_go(
@@ -134,8 +134,29 @@ def test_held_puts_of_a_store_closed_meanwhile_are_refused_and_let_go(
     held = [store.stamp_small(SmallPut("ds", k, k.encode())) for k in ("a", "b")]
     assert all(h is not None for h in held)
     store.close()
-    outcomes = store.commit_held([h for h in held if h is not None])
+    outcomes, completed = store.commit_held([h for h in held if h is not None])
     assert [type(o) for o in outcomes] == [UnavailableError, UnavailableError]
     assert outcomes[0] is not outcomes[1]  # each its own error object
+    assert completed == []
+    assert not any(store._stripes[stripe_of("ds", k)].locked() for k in ("a", "b"))
     reopened = open_store()
     assert reopened.head("ds", "a") is None and reopened.head("ds", "b") is None
+
+
+def test_a_set_completed_by_held_puts_is_left_to_prune_sets(store: ObjectStore) -> None:
+    """`commit_held` returns the sets its writes completed instead of pruning for them
+    (pruning takes the other members' object locks, and a put queued behind it may
+    hold one); `prune_sets` does it: the set before no longer pins o's old version."""
+    m0, o0 = store.put_small("ds", "m", b"m0"), store.put_small("ds", "o", b"o0")
+    store.commit_set("ds", "s0", {"m": m0.hlc, "o": o0.hlc})  # pins o0
+    o2 = [store.put_small("ds", "o", b"o%d" % n) for n in (1, 2)][-1]
+    assert o0 in [v.version for v in store.versions("ds", "o")]
+    m3 = store.stamp_small(SmallPut("ds", "m", b"m3", set_id="s1"))
+    assert m3 is not None
+    store.apply_set("ds", "s1", store.clock.now(), {"m": m3.version.hlc, "o": o2.hlc})
+    outcomes, completed = store.commit_held([m3])
+    assert outcomes == [m3.version] and completed == [("ds", "s1")]
+    assert o0 in [v.version for v in store.versions("ds", "o")]  # not pruned yet
+    store.prune_sets(completed)
+    assert o0 not in [v.version for v in store.versions("ds", "o")]
+    assert store.get_set("ds").set_id == "s1"
