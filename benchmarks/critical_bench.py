@@ -215,6 +215,22 @@ def start_profiles(procs: dict[str, AgentProcess], folder: Path, seconds: float)
     return out
 
 
+def start_perf(procs: dict[str, AgentProcess], folder: Path, seconds: float) -> list[object]:
+    """`perf record -g` (when installed) of each agent during the throughput run: every
+    thread and the kernel's share, which py-spy does not see (`perf report -i FILE`)."""
+    perf = shutil.which("perf")
+    if perf is None:
+        print("--perf: perf is not installed; no records")
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for region, proc in procs.items():
+        argv = [perf, "record", "-F", "499", "-g", "-p", str(proc.pid)]
+        argv += ["-o", str(folder / f"{region}.perf"), "--", "sleep", str(int(seconds))]
+        out.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return out
+
+
 def cpu_seconds(procs: dict[str, AgentProcess]) -> dict[str, tuple[float, float]]:
     """User and system CPU time each agent process has used (/proc/PID/stat)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -293,6 +309,8 @@ async def measure(
                 stub, "plain/tput", args, procs or {}
             )
             spies = start_profiles(procs or {}, args.profile, args.seconds) if args.profile else []
+            if args.perf:
+                spies += start_perf(procs or {}, args.perf, args.seconds)
             rate, acked, refused, cpu, system, timings = await throughput_cpu(
                 stub, "tri/tput", args, procs or {}
             )
@@ -426,6 +444,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, help="the throughput run's length")
     parser.add_argument(
         "--profile", type=Path, help="py-spy profiles of the agents during the throughput run"
+    )
+    parser.add_argument(
+        "--perf", type=Path, help="perf records of the agents during the throughput run"
     )
     args = parser.parse_args()
     args.small_runs = 40 if args.quick else 300
