@@ -204,3 +204,62 @@ async def test_a_region_that_takes_no_batch_is_timed_call_by_call() -> None:
     assert sample("meridian_critical_push_items_count") == 4
     assert sample("meridian_critical_push_items_sum") == 4
     assert sample("meridian_critical_push_seconds_count", stage="queued") == 3
+
+
+async def busy_lane(calls: Calls, *, linger_s: float) -> tuple[PushLane, asyncio.Task[str]]:
+    """A lane of 2 call slots with a call of `a` under way, whose recent calls carried
+    8 versions each (set, not driven there: the running mean moves a tenth per call)."""
+    lane = PushLane(
+        REGION,
+        alone=calls.push_alone,
+        together=calls.push_together,
+        in_flight=2,
+        linger_s=linger_s,
+    )
+    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
+    lane._carried = 8.0
+    return lane, first
+
+
+async def test_a_busy_lane_holds_a_short_queue_for_the_rest_of_its_wave() -> None:
+    """While a call runs, a free slot is not spent on one version when the lane's calls
+    carry several: the queue waits until it is worth a call, then goes at once."""
+    calls = Calls()
+    lane, first = await busy_lane(calls, linger_s=30.0)  # longer than the test: the queue sends
+    wave = [asyncio.create_task(lane.push(*write("b"), 5.0))]
+    await until(lambda: lane.queued == 1, timeout_s=5, what="b queued")
+    await asyncio.sleep(0.05)  # given the chance, a greedy lane would send b now
+    assert calls.together == [["a"]]
+    wave += [asyncio.create_task(lane.push(*write(k), 5.0)) for k in "cdefghi"]
+    await until(lambda: len(calls.together) == 2, timeout_s=5, what="the wave's call")
+    assert calls.together[1] == list("bcdefghi")
+    calls.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, *wave), timeout=5) == [REGION] * 9
+
+
+async def test_a_held_queue_goes_once_it_has_waited_the_linger() -> None:
+    calls = Calls()
+    lane, first = await busy_lane(calls, linger_s=0.1)
+    started = asyncio.get_running_loop().time()
+    alone = asyncio.create_task(lane.push(*write("b"), 5.0))
+    await until(lambda: len(calls.together) == 2, timeout_s=5, what="b's own call")
+    assert asyncio.get_running_loop().time() - started >= 0.09  # it waited, then went
+    assert calls.together == [["a"], ["b"]]
+    calls.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, alone), timeout=5) == [REGION] * 2
+
+
+async def test_a_lane_of_lone_writes_never_holds_one() -> None:
+    """Calls of a version or two (few writers): a free slot takes a push at once, and an
+    idle lane always does."""
+    calls = Calls()
+    lane = PushLane(
+        REGION, alone=calls.push_alone, together=calls.push_together, in_flight=2, linger_s=30.0
+    )
+    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    second = asyncio.create_task(lane.push(*write("b"), 5.0))
+    await until(lambda: len(calls.together) == 2, timeout_s=5, what="both pushes under way")
+    assert calls.together == [["a"], ["b"]]
+    calls.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, second), timeout=5) == [REGION] * 2
