@@ -16,7 +16,8 @@ meanwhile, and the replica's owner read and commit are paid once per call rather
 than once per write; and a slot is not spent on a lone write just before the rest
 of its wave arrives (under 32 writers, greedily, a third of the calls carried one
 version, and the wave behind it waited for the next slot: 15 ms of a write's 50).
-A lane with nothing running, or whose calls carry a version or two, never waits.
+A lane with nothing running, whose calls carry under about 1.5 versions, or whose
+region takes no batch, never waits.
 
 Each item keeps its own answer (committed there, or the error that says why not),
 so `SyncReplication._ordered` still counts a region toward a write's ack only once
@@ -47,8 +48,9 @@ BATCH_ITEM_MAX = DELTA_MIN_BYTES  # larger versions go alone (and may go as a de
 IN_FLIGHT = 3  # calls running to one region before pushes queue
 # While a call runs, a queue shorter than min(LINGER_UP_TO, the versions the lane's
 # calls recently carried) waits up to LINGER_S for more before taking a free slot.
-# Tuned with benchmarks/critical_bench.py (32 writers, 20 ms RTT; 2026-12-05): 638
-# acked/s greedily at 2 in flight, 718 with these (a push's wait for a call 15 -> 7 ms).
+# Tuned with benchmarks/critical_bench.py --quick (32 writers, 20 ms RTT; 2026-12-05,
+# benchmarks/critical_bench_results.txt): 638 acked/s greedily at 2 in flight (the mean
+# of 6 runs), 718 with these (of 2); a push's wait for a call 15 -> 7 ms.
 LINGER_S = 0.006
 LINGER_UP_TO = 8
 CARRIED_WEIGHT = 0.1  # of each call in the running mean of the versions a call carries
@@ -186,10 +188,18 @@ class PushLane:
     def _count(self, items: int) -> None:
         self._carried += CARRIED_WEIGHT * (items - self._carried)
 
+    def _holds(self, waited: bool) -> bool:
+        """Whether the queue waits for more before taking a free slot (module docstring):
+        not when nothing runs, when its oldest push has waited the linger, or while the
+        region takes no batch (each item then goes in a call of its own anyway)."""
+        if self._running == 0 or waited or self._clock() < self._refused_until:
+            return False
+        return len(self._queue) < self._worth()
+
     def _drain(self, *, waited: bool = False) -> None:
         while self._running < self.in_flight and self._queue:
-            if self._running > 0 and not waited and len(self._queue) < self._worth():
-                left = self._queue[0].since + self.linger_s - self._clock()
+            if self._holds(waited):
+                left = min(self.linger_s, self._queue[0].since + self.linger_s - self._clock())
                 if left > 0:
                     if self._linger is None:
                         loop = asyncio.get_running_loop()
@@ -198,6 +208,10 @@ class PushLane:
             batch = self._take()
             if not batch:
                 continue
+            if self._linger is not None:
+                # Armed for a push that goes now: the next one waits its own linger.
+                self._linger.cancel()
+                self._linger = None
             self._running += 1
             self._count(len(batch))
             task = asyncio.create_task(self._send(batch), name=f"pushes to {self.region}")

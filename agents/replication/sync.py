@@ -81,9 +81,10 @@ deposed owner also rewinds its own write at once when a replica fences it and no
 region took it (a `StaleEpochError`: the write can never be acked).
 
 **Batches.** A small version (below 64 KiB, not a set member) goes through the
-region's push lane (push_lanes.py): alone at once while fewer than two calls run to
-that region, else queued and sent with whatever else queued meanwhile in one
-`ReplicatePushes`, fenced per item and committed in one transaction by the replica
+region's push lane (push_lanes.py): alone at once while no call runs to that
+region, else queued and sent, once a call slot is free (3 in flight) and the queue
+is worth a call, with whatever else queued meanwhile in one `ReplicatePushes`,
+fenced per item and committed in one transaction by the replica
 (replica_pushes.py). Each item keeps its own answer, so the counting above holds
 per write.
 

@@ -206,7 +206,9 @@ async def test_a_region_that_takes_no_batch_is_timed_call_by_call() -> None:
     assert sample("meridian_critical_push_seconds_count", stage="queued") == 3
 
 
-async def busy_lane(calls: Calls, *, linger_s: float) -> tuple[PushLane, asyncio.Task[str]]:
+async def busy_lane(
+    calls: Calls, *, linger_s: float, clock: Callable[[], float] | None = None
+) -> tuple[PushLane, asyncio.Task[str]]:
     """A lane of 2 call slots with a call of `a` under way, whose recent calls carried
     8 versions each (set, not driven there: the running mean moves a tenth per call)."""
     lane = PushLane(
@@ -215,6 +217,7 @@ async def busy_lane(calls: Calls, *, linger_s: float) -> tuple[PushLane, asyncio
         together=calls.push_together,
         in_flight=2,
         linger_s=linger_s,
+        **({} if clock is None else {"clock": clock}),
     )
     first = asyncio.create_task(lane.push(*write("a"), 5.0))
     await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
@@ -261,5 +264,67 @@ async def test_a_lane_of_lone_writes_never_holds_one() -> None:
     second = asyncio.create_task(lane.push(*write("b"), 5.0))
     await until(lambda: len(calls.together) == 2, timeout_s=5, what="both pushes under way")
     assert calls.together == [["a"], ["b"]]
+    calls.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, second), timeout=5) == [REGION] * 2
+
+
+async def test_a_held_queue_goes_after_the_linger_whatever_the_lane_s_clock_says() -> None:
+    """The linger is ended by the loop's timer: a lane whose clock stands still (a
+    faked one) still sends the held push once the timer fired."""
+    calls = Calls()
+    lane, first = await busy_lane(calls, linger_s=0.05, clock=Clock())
+    alone = asyncio.create_task(lane.push(*write("b"), 5.0))
+    await until(lambda: len(calls.together) == 2, timeout_s=5, what="b's own call")
+    assert calls.together == [["a"], ["b"]]
+    calls.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, alone), timeout=5) == [REGION] * 2
+
+
+async def test_the_next_wave_waits_its_own_linger() -> None:
+    """A timer armed for a push that went with its wave does not cut short the linger
+    of the next wave's first push."""
+    calls = Calls()
+    lane, first = await busy_lane(calls, linger_s=0.3)
+    wave = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in "bcdefghi"]
+    await until(lambda: len(calls.together) == 2, timeout_s=5, what="the wave's call")
+    lane.in_flight = 3  # a slot free for the next wave
+    lane._carried = 8.0
+    started = asyncio.get_running_loop().time()
+    late = asyncio.create_task(lane.push(*write("j"), 5.0))
+    await until(lambda: len(calls.together) == 3, timeout_s=5, what="j's own call")
+    assert asyncio.get_running_loop().time() - started >= 0.27  # its own linger, whole
+    calls.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, late, *wave), timeout=5) == [REGION] * 10
+
+
+async def test_a_lane_learns_what_its_calls_carry() -> None:
+    """The running mean that decides whether a short queue waits rises with batches and
+    falls back with lone calls."""
+    calls = Calls()
+    calls.gate.set()
+    lane = PushLane(REGION, alone=calls.push_alone, together=calls.push_together, in_flight=1)
+    assert lane._worth() == 1
+    for n in range(20):
+        first = asyncio.create_task(lane.push(*write(f"a{n}"), 5.0))
+        rest = [asyncio.create_task(lane.push(*write(f"{k}{n}"), 5.0)) for k in "bcdefghij"]
+        await asyncio.wait_for(asyncio.gather(first, *rest), timeout=5)
+    assert lane._worth() >= 4  # calls of 1 and 9 versions, alternately
+    for n in range(40):
+        await lane.push(*write(f"z{n}"), 5.0)
+    assert lane._worth() == 1
+
+
+async def test_a_region_that_takes_no_batch_is_never_held() -> None:
+    """Each item to such a region goes in a call of its own anyway: nothing to wait for."""
+    calls = Calls()
+    calls.refuse = True
+    lane = PushLane(
+        REGION, alone=calls.push_alone, together=calls.push_together, in_flight=2, linger_s=30.0
+    )
+    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    await until(lambda: calls.alone == ["a"], timeout_s=5, what="a pushed alone")
+    lane._carried = 8.0
+    second = asyncio.create_task(lane.push(*write("b"), 5.0))
+    await until(lambda: calls.alone == ["a", "b"], timeout_s=5, what="b pushed at once")
     calls.gate.set()
     assert await asyncio.wait_for(asyncio.gather(first, second), timeout=5) == [REGION] * 2
