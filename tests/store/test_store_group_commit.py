@@ -339,17 +339,19 @@ def test_committer_caps_the_group_size() -> None:
 class _HeldFirst:
     """A commit function that records its groups and holds the first until `gate` is
     set; the first then raises `first_raises` if given, later groups `later_raises`,
-    else each item is its own result."""
+    else each item's outcome is `outcome(item)` (by default the item itself)."""
 
     def __init__(
         self,
         *,
         first_raises: BaseException | None = None,
         later_raises: BaseException | None = None,
+        outcome: Callable[[int], int | BaseException] = lambda i: i,
     ) -> None:
         self.gate, self.entered = threading.Event(), threading.Event()
         self.groups: list[list[int]] = []
         self.first_raises, self.later_raises = first_raises, later_raises
+        self.outcome = outcome
 
     def __call__(self, items: object) -> list[int | BaseException]:
         self.groups.append(list(items))  # type: ignore[call-overload]
@@ -360,7 +362,7 @@ class _HeldFirst:
                 raise self.first_raises
         elif self.later_raises is not None:
             raise self.later_raises
-        return list(self.groups[-1])
+        return [self.outcome(i) for i in self.groups[-1]]
 
 
 class _Writers:
@@ -599,31 +601,22 @@ def test_a_writer_s_several_items_go_in_one_group_each_with_its_outcome() -> Non
     """`submit_many`: a slot of several items is committed in one group with the items
     queued beside it, and its writer gets each item's outcome (an error among them is
     returned, not raised); groups are cut between slots, never inside one."""
-    gate, entered = threading.Event(), threading.Event()
-    groups: list[list[int]] = []
-
-    def commit(items: object) -> list[int | BaseException]:
-        groups.append(list(items))  # type: ignore[call-overload]
-        if len(groups) == 1:
-            entered.set()
-            assert gate.wait(DEADLINE_S)
-        return [ValueError(f"bad {i}") if i < 0 else i * 10 for i in groups[-1]]
-
-    committer: GroupCommitter[int, int] = GroupCommitter(commit, max_group=5)
+    held = _HeldFirst(outcome=lambda i: ValueError(f"bad {i}") if i < 0 else i * 10)
+    committer: GroupCommitter[int, int] = GroupCommitter(held, max_group=5)
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(committer.submit, 1)
-        assert entered.wait(DEADLINE_S)
+        assert held.entered.wait(DEADLINE_S)
         many = pool.submit(committer.submit_many, [2, -3, 4])
         _wait_for("three queued", lambda: committer.queued() == 3)
         more = pool.submit(committer.submit_many, [5, 6, 7])
         _wait_for("six queued", lambda: committer.queued() == 6)
-        gate.set()
+        held.gate.set()
         assert first.result(DEADLINE_S) == 10
         outcomes = many.result(DEADLINE_S)
         assert [outcomes[0], outcomes[2]] == [20, 40] and str(outcomes[1]) == "bad -3"
         assert more.result(DEADLINE_S) == [50, 60, 70]
     # 3 + 3 items pass the cap of 5: the second slot leads a group of its own.
-    assert groups == [[1], [2, -3, 4], [5, 6, 7]]
+    assert held.groups == [[1], [2, -3, 4], [5, 6, 7]]
     with pytest.raises(ValueError, match="1 to 5 items"):
         committer.submit_many(list(range(6)))
     with pytest.raises(ValueError, match="1 to 5 items"):
