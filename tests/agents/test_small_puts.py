@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import until
 
 from agents.service.small_puts import SmallPuts
 from agents.store import DigestMismatchError, ObjectStore, SmallPut
@@ -49,11 +49,9 @@ class _HeldCommits:
         monkeypatch.setattr(store, "_install_entries", held)
 
 
-async def _until(what: str, done: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
+async def _entered(commits: _HeldCommits) -> None:
+    """Until the first commit is held (its thread sets the event)."""
+    assert await asyncio.to_thread(commits.entered.wait, TIMEOUT_S), "no commit began"
 
 
 async def test_puts_queued_while_a_group_commits_form_the_next_group(
@@ -62,7 +60,7 @@ async def test_puts_queued_while_a_group_commits_form_the_next_group(
     commits = _HeldCommits(store, monkeypatch)
     puts = SmallPuts(store)
     first, first_local = await puts.put(SmallPut("ds", "k0", b"bytes 0"))
-    await _until("the first commit", commits.entered.is_set)
+    await _entered(commits)
     assert not first_local.done() and store.head("ds", "k0") is None  # stamped, not durable
     queued = [await puts.put(SmallPut("ds", f"k{n}", b"bytes %d" % n)) for n in range(1, 8)]
     commits.go.set()
@@ -82,11 +80,11 @@ async def test_a_put_of_an_object_being_written_waits_for_it_and_comes_after(
     commits = _HeldCommits(store, monkeypatch)
     puts = SmallPuts(store)
     first, first_local = await puts.put(SmallPut("ds", "k", b"first"))
-    await _until("the first commit", commits.entered.is_set)
+    await _entered(commits)
     second = asyncio.ensure_future(puts.put(SmallPut("ds", "k", b"second")))
-    await _until("the second put to wait", lambda: puts.waited == 1)
-    await asyncio.sleep(0.05)  # given the chance, it would stamp now: it must not
-    assert not second.done()  # its object's lock is held by the first
+    await until(lambda: puts.waited == 1, TIMEOUT_S, what="the second put to wait")
+    # It waits in a thread for k's lock, which the first holds until its commit ends.
+    assert store._stripes[stripe_of("ds", "k")].locked() and not second.done()
     commits.go.set()
     version, local = await asyncio.wait_for(second, TIMEOUT_S)
     assert await asyncio.wait_for(local, TIMEOUT_S) == version
@@ -112,7 +110,7 @@ async def test_a_caller_that_stops_waiting_leaves_its_write_to_commit(
     asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
     puts = SmallPuts(store)
     version, local = await puts.put(SmallPut("ds", "k", b"data"))
-    await _until("the commit", commits.entered.is_set)
+    await _entered(commits)
     local.cancel()  # as a cancelled caller's shield would leave it: nobody waits
     commits.go.set()
     _, other = await puts.put(SmallPut("ds", "other", b"more"))
@@ -131,7 +129,7 @@ async def test_the_committer_thread_stops_when_idle_and_starts_again(store: Obje
         assert committers() == 0
         version, local = await puts.put(SmallPut("ds", key, key.encode()))
         assert await asyncio.wait_for(local, TIMEOUT_S) == version
-        await _until("the idle committer to stop", lambda: committers() == 0)
+        await until(lambda: committers() == 0, TIMEOUT_S, what="the idle committer to stop")
     assert store.read_bytes("ds", "a") == b"a" and store.read_bytes("ds", "b") == b"b"
 
 
@@ -141,7 +139,7 @@ async def test_puts_held_when_the_store_closes_are_each_refused(
     commits = _HeldCommits(store, monkeypatch)
     puts = SmallPuts(store)
     first = await puts.put(SmallPut("ds", "k0", b"x"))
-    await _until("the first commit", commits.entered.is_set)
+    await _entered(commits)
     queued = [await puts.put(SmallPut("ds", f"k{n}", b"x")) for n in (1, 2)]
     await asyncio.to_thread(store.close)
     commits.go.set()
@@ -164,7 +162,7 @@ async def test_a_set_completed_while_a_member_s_put_is_queued_does_not_stall_the
     commits = _HeldCommits(store, monkeypatch)
     puts = SmallPuts(store)
     a, a_local = await puts.put(SmallPut("ds", "a", b"a1", set_id="s"))
-    await _until("a's commit", commits.entered.is_set)
+    await _entered(commits)
     await asyncio.to_thread(
         store.apply_set, "ds", "s", store.clock.now(), {"a": a.hlc, "c": c0.hlc}
     )

@@ -231,8 +231,8 @@ async def test_a_busy_lane_holds_a_short_queue_for_the_rest_of_its_wave() -> Non
     calls = Calls()
     lane, first = await busy_lane(calls, linger_s=30.0)  # longer than the test: the queue sends
     wave = [asyncio.create_task(lane.push(*write("b"), 5.0))]
+    # Queued with a call slot free (a greedy lane sends it at once, never queues it).
     await until(lambda: lane.queued == 1, timeout_s=5, what="b queued")
-    await asyncio.sleep(0.05)  # given the chance, a greedy lane would send b now
     assert calls.together == [["a"]]
     wave += [asyncio.create_task(lane.push(*write(k), 5.0)) for k in "cdefghi"]
     await until(lambda: len(calls.together) == 2, timeout_s=5, what="the wave's call")
