@@ -153,13 +153,12 @@ class RegionController(Lifecycle):
     async def _serve(self, term: Term) -> None:
         tracker = OwnershipTracker(self.ctx)
         claims = Claims(self.ctx, term, tracker)
-        # A term that begins soon after the last one ended (lease lost, or etcd out of
-        # reach while campaigning) most likely follows an etcd outage that ended the
-        # other regions' terms too: see FailoverWatch.recovering.
-        recent = self._stepped_down_at is not None and (
-            term.began_at - self._stepped_down_at < self.config.lease_ttl_s + 1
-        )
-        failover = FailoverWatch(self.ctx, term, recovering=recent)
+        # A term that follows an earlier one most likely follows an etcd outage that
+        # ended the other regions' terms too, however long this campaign took: see
+        # FailoverWatch.recovering. (A bound on the time since the step-down missed
+        # terms whose lease grant hung through the outage for longer than a TTL.)
+        recovering = self._stepped_down_at is not None
+        failover = FailoverWatch(self.ctx, term, recovering=recovering)
         self.ctx.term = term
         self._tracker, self._failover = tracker, failover
         self.active.set()

@@ -6,8 +6,10 @@ transaction per dataset of that region to its successor (exactly one racer wins
 each; see `coordination.orchestration.failover`). The `sweep` loop catches deletions the watch
 could not see (before this term, or while etcd was unreachable), once the term
 is a whole TTL old so that a cold start does not grab everything. In a term that
-follows an etcd outage of this controller's own, the watch leaves deletions to the
-sweep as well (see `recovering`).
+follows an earlier one of this controller (an etcd outage, most often), the watch
+leaves deletions seen while the term settles to the sweep, and the sweep moves only
+a region it has seen dead for a TTL and a second in a row (one that can reach etcd
+writes its key again within a TTL); see `recovering`.
 
 Placements and jurisdictions come from the policy in etcd (`PolicyView`) and the
 datasets announced there after the apply (`protocols.datasets`); with no
@@ -47,13 +49,17 @@ class FailoverWatch(Duty):
         super().__init__(ctx.config.region, **ctx.retry())
         self.ctx = ctx
         self.term = term
-        # This term began just after this controller's last one ended for lack of etcd.
-        # A quorum loss ends every region's term at once; each then writes its liveness
-        # key again, in some order. A deletion seen early in such a term is most likely
-        # that outage, not a dead region, so the watch leaves it to the sweep, which
-        # judges once the term is a TTL old (by then a live region is back). Found by
-        # chaos scenario 6: eu-west, back 0.1 s before eu-central, failed it over.
+        # This term follows an earlier one of this controller (most often one ended
+        # for lack of etcd). A quorum loss ends every region's term at once; each then
+        # writes its liveness key again, in some order, and the old keys vanish as
+        # etcd expires their leases (a TTL and an election timeout after its new
+        # leader). A deletion seen while such a term settles is most likely that
+        # outage, not a dead region, so the watch leaves it to the sweep, which moves
+        # a region only once it has stayed dead for a TTL and a second. Found by chaos
+        # scenario 6: eu-west, back 0.1 s before eu-central, failed it over; later
+        # eu-north did, in a term whose campaign alone had outlasted a TTL.
         self.recovering = recovering
+        self._dead_since: dict[str, float] = {}  # region -> when the sweep first saw it dead
 
     def loops(self) -> dict[str, Loop]:
         return {"regions": self._watch_regions, "sweep": self._sweep_loop}
@@ -67,7 +73,7 @@ class FailoverWatch(Duty):
             region = parsed[0]
             if region == self.region:
                 continue
-            if self.recovering and self._young():
+            if self.recovering and self._settling():
                 log.info(
                     "failover_deferred",
                     region=region,
@@ -88,13 +94,30 @@ class FailoverWatch(Duty):
                 continue
             view = await read_view(self.ctx.coord)
             dead = {o.region for o in view.owners.values() if not view.is_alive(o.region)}
-            for region in sorted(dead - {self.region}):
+            for region in self.confirmed_dead(dead, time.monotonic()):
                 await self.fail_over(region, detected_at_monotonic=time.monotonic(), quiet=True)
+
+    def confirmed_dead(self, dead: set[str], now: float) -> list[str]:
+        """Of the regions a sweep at `now` found dead, those to move now. In a term that
+        follows an etcd outage, only those every sweep since at least a TTL and a second
+        ago found dead too (a region seen alive starts over); otherwise all of them
+        (their lease expired: an operator's resume after a pause moves them at once)."""
+        self._dead_since = {r: self._dead_since.get(r, now) for r in dead - {self.region}}
+        wait = self.ctx.config.lease_ttl_s + 1 if self.recovering else 0
+        return sorted(r for r, since in self._dead_since.items() if now - since >= wait)
 
     def _young(self) -> bool:
         """Less than a TTL (and a second) into the term: no region can be judged dead
         from the liveness keys yet (a cold start, or one after an etcd outage)."""
         return time.monotonic() - self.term.began_at < self.ctx.config.lease_ttl_s + 1
+
+    def _settling(self) -> bool:
+        """Early enough in a term that follows an etcd outage for the outage's own lease
+        expiries to still arrive: two TTLs and two seconds (the leases etcd's new leader
+        extended last a TTL and an election timeout after it, and this term may have
+        begun as soon as that leader did)."""
+        ttl = self.ctx.config.lease_ttl_s
+        return time.monotonic() - self.term.began_at < 2 * ttl + 2
 
     async def fail_over(
         self, region: str, *, detected_at_monotonic: float, quiet: bool = False

@@ -1,6 +1,8 @@
-"""A failover watch whose term just followed an etcd outage leaves a region's liveness
-deletion to the sweep (chaos scenario 6: after a quorum loss every region writes its
-liveness key again, and the first back must not fail the others over)."""
+"""A failover watch whose term followed an earlier one (an etcd outage) leaves a region's
+liveness deletion to the sweep while the term settles, and the sweep moves only a region
+it has seen dead for a TTL and a second (chaos scenario 6: after a quorum loss every
+region writes its liveness key again, and the first back must not fail the others
+over)."""
 
 from __future__ import annotations
 
@@ -55,8 +57,13 @@ def watch(*, recovering: bool, age_s: float) -> Recorder:
 
 @pytest.mark.parametrize(
     ("recovering", "age_s", "moved"),
-    [(True, 0.1, []), (False, 0.1, ["eu-central"]), (True, 5.0, ["eu-central"])],
-    ids=["just-after-an-outage", "first-term", "an-old-term"],
+    [
+        (True, 0.1, []),
+        (True, 5.0, []),  # past a TTL and a second: expiries of the outage still come
+        (False, 0.1, ["eu-central"]),
+        (True, 6.5, ["eu-central"]),
+    ],
+    ids=["just-after-an-outage", "still-settling", "first-term", "a-settled-term"],
 )
 async def test_a_deletion_early_in_a_term_after_an_outage_waits_for_the_sweep(
     recovering: bool, age_s: float, moved: list[str]
@@ -64,3 +71,18 @@ async def test_a_deletion_early_in_a_term_after_an_outage_waits_for_the_sweep(
     w = watch(recovering=recovering, age_s=age_s)
     await w._watch_regions()
     assert w.failed_over == moved
+
+
+def test_after_an_outage_the_sweep_moves_only_a_region_dead_for_a_ttl_and_a_second() -> None:
+    w = watch(recovering=True, age_s=10.0)  # TTL 2: dead for 3 s in a row
+    assert w.confirmed_dead({"eu-central", "eu-west"}, now=100.0) == []  # eu-west is us
+    assert w.confirmed_dead({"eu-central", "us-east"}, now=102.9) == []
+    assert w.confirmed_dead({"eu-central", "us-east"}, now=103.0) == ["eu-central"]
+    assert w.confirmed_dead({"us-east"}, now=104.0) == []  # eu-central came back
+    assert w.confirmed_dead({"eu-central", "us-east"}, now=105.0) == []  # so it starts over
+    assert w.confirmed_dead({"eu-central", "us-east"}, now=106.0) == ["us-east"]
+
+
+def test_in_a_first_term_the_sweep_moves_a_dead_region_at_once() -> None:
+    w = watch(recovering=False, age_s=10.0)
+    assert w.confirmed_dead({"eu-central", "eu-west"}, now=100.0) == ["eu-central"]
