@@ -115,5 +115,6 @@ class Election(Lifecycle):
             id=cfg.controller_id,
             lease=f"{held.lease.id:x}",
             revision=res.revision,
+            resumed=held.resumed,
         )
         return term

@@ -21,9 +21,9 @@ from controlplane.coordination.protocols.fencing import (
     StaleEpochError,
 )
 from controlplane.coordination.protocols.follow import follow_ownership
-from controlplane.coordination.protocols.locks import GlobalLock
+from controlplane.coordination.protocols.locks import GlobalLock, HeldLock, LockLostError
 from controlplane.coordination.protocols.ownership import Ownership
-from controlplane.errors import ConflictError, OperationTimeoutError
+from controlplane.errors import ConflictError, OperationTimeoutError, UnavailableError
 from controlplane.ports.coordination import WatchEvent
 
 from .helpers import wait_until
@@ -150,3 +150,64 @@ async def test_a_broken_watch_on_a_held_lock_is_not_a_lost_lock() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _lose_in_an_outage(
+    coord: MemoryCoordination, clock: ManualClock, lock: GlobalLock, *, etcd_keeps_it: bool
+) -> HeldLock:
+    """Hold `lock`, then cut etcd off until the keepalive gives up (after a TTL); with
+    `etcd_keeps_it`, etcd expires nothing meanwhile, as in a quorum loss."""
+    holding: asyncio.Future[HeldLock] = asyncio.get_running_loop().create_future()
+    ended: list[BaseException] = []
+
+    async def hold() -> None:
+        try:
+            async with lock.hold() as held:
+                holding.set_result(held)
+                await asyncio.Event().wait()
+        except LockLostError as exc:
+            ended.append(exc)
+
+    task = asyncio.create_task(hold())
+    held = await asyncio.wait_for(holding, 5)
+    coord.set_unavailable(True)
+    if etcd_keeps_it:
+        coord.extend_leases(60)
+    clock.advance(lock.ttl_s)  # the keepalive's next try fails a TTL after its last answer
+    await asyncio.wait_for(task, 5)
+    assert ended and held.lost.is_set()
+    return held
+
+
+async def test_a_lock_lost_in_an_outage_etcd_outlived_is_held_again_under_its_lease() -> None:
+    """A quorum loss outlasts the keepalive, not the lease (etcd expires nothing without
+    quorum): the next hold renews the same lease, so the key and token never change."""
+    clock = ManualClock()
+    coord = MemoryCoordination(clock)
+    lock = GlobalLock(coord, "t", ttl_s=3)
+    first = await _lose_in_an_outage(coord, clock, lock, etcd_keeps_it=True)
+    with pytest.raises(UnavailableError):  # still out: the lease is asked about next time
+        async with lock.hold():
+            pass
+    coord.set_unavailable(False)
+    assert (await coord.get(first.key)) is not None  # nothing vanished meanwhile
+    async with lock.hold(timeout_s=5) as again:  # a new lease would queue behind the old
+        assert again.resumed
+        assert (again.lease.id, again.key, again.token) == (first.lease.id, first.key, first.token)
+    assert await coord.lease_ttl(first.lease.id) == -1  # a clean release revokes it
+    async with lock.hold() as third:
+        assert not third.resumed and third.token > first.token
+    await coord.close()
+
+
+async def test_a_lock_whose_lease_expired_in_the_outage_is_taken_anew() -> None:
+    clock = ManualClock()
+    coord = MemoryCoordination(clock)
+    lock = GlobalLock(coord, "t", ttl_s=3)
+    first = await _lose_in_an_outage(coord, clock, lock, etcd_keeps_it=False)
+    coord.set_unavailable(False)
+    assert (await coord.get(first.key)) is None  # the lease expired with its key
+    async with lock.hold() as again:
+        assert not again.resumed
+        assert again.lease.id != first.lease.id and again.token > first.token
+    await coord.close()

@@ -19,7 +19,8 @@ same assertions against both):
 
 Beyond the port: `set_unavailable(True)` makes every call fail with the
 retriable `UnavailableError` until it is set back, and ends every open watch with
-it, as an etcd outage would; `refused` counts the calls and watches it failed, so a
+it, as an etcd outage would; `extend_leases` renews every lease as etcd's next
+leader does after one; `refused` counts the calls and watches it failed, so a
 test can await the code under test meeting the outage; `compact(revision)` forgets
 history like etcd's compaction.
 """
@@ -155,6 +156,13 @@ class MemoryCoordination:
         self._unavailable = down
         if down:
             self._notify()
+
+    def extend_leases(self, seconds: float) -> None:
+        """Give every lease a TTL and `seconds` from now, as etcd's next leader does after
+        an outage (it expires nothing while it has no quorum)."""
+        for lease in self._leases.values():
+            lease.expires_at = self.clock() + lease.ttl_s + seconds
+            self._schedule(lease)
 
     def compact(self, revision: int) -> None:
         """Forget the history before `revision`, like etcd's compaction (a watch may still

@@ -23,6 +23,19 @@ lease that had already expired while the waiter was blocked.
 While held, a monitor watches the keepalive and the holder's key; when the lease
 is lost or the key deleted (revoked by an operator), `HeldLock.lost` is set and
 the task inside `async with` is cancelled; it sees `LockLostError`.
+
+Resuming after an etcd outage
+-----------------------------
+A keepalive gives up after a TTL without an answer, but etcd itself expires
+nothing while it has no quorum, and its next leader gives every lease a fresh TTL.
+So after an outage the lease may well be alive: revoking it on the way out (it
+cannot be revoked while etcd is out anyway) or granting a new one would make the
+holder's keys vanish and come back under a new lease, which others read as its
+death. Instead, a hold that ended with its keepalive lost leaves the lease alone,
+and the next `hold()` on the same `GlobalLock` first asks etcd whether that lease
+still lives: if so it renews it and holds again under it (same key, same token:
+the lease never lapsed, so nobody else can have held the lock meanwhile);
+otherwise it grants a new one as usual.
 """
 
 from __future__ import annotations
@@ -64,6 +77,7 @@ class HeldLock:
     token: int
     lease: Lease
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    resumed: bool = False  # held again under the lease of a hold whose keepalive was lost
 
 
 class GlobalLock:
@@ -76,6 +90,20 @@ class GlobalLock:
         self.name = name
         self.ttl_s = ttl_s
         self.prefix = prefix if prefix is not None else keys.lock(name)
+        self._resumable: Lease | None = None  # the lease of a hold whose keepalive was lost
+
+    async def _lease(self) -> tuple[Lease, bool]:
+        """The lease to hold under, and whether it is the last hold's (still alive)."""
+        old, self._resumable = self._resumable, None
+        if old is not None:
+            try:
+                alive = await self.coord.lease_ttl(old.id) > 0
+            except MeridianError:
+                self._resumable = old  # etcd still out of reach: ask again next time
+                raise
+            if alive:
+                return old, True
+        return await self.coord.grant(self.ttl_s), False
 
     async def _wait_first(self, my_key: str) -> int:
         """Block until `my_key` is the oldest under the prefix; returns its create revision."""
@@ -98,8 +126,9 @@ class GlobalLock:
     async def hold(
         self, *, timeout_s: float | None = None, value: bytes = b""
     ) -> AsyncIterator[HeldLock]:
-        """Acquire (waiting at most `timeout_s`), yield the grant, release on exit."""
-        lease = await self.coord.grant(self.ttl_s)
+        """Acquire (waiting at most `timeout_s`), yield the grant, release on exit (or,
+        when the keepalive was lost, leave the lease for the next hold to resume)."""
+        lease, resumed = await self._lease()
         ka: KeepAlive = self.coord.keep_alive(lease)
         my_key = f"{self.prefix}{lease.id:016x}"
         monitor: asyncio.Task[None] | None = None
@@ -117,7 +146,7 @@ class GlobalLock:
             # etcd issue 11456: the grant may have come on a lease that expired meanwhile.
             if await self.coord.lease_ttl(lease.id) <= 0 or ka.lost.is_set():
                 raise LockLostError(f"lock {self.name} was granted on an expired lease")
-            held = HeldLock(self.name, my_key, token, lease)
+            held = HeldLock(self.name, my_key, token, lease, resumed=resumed)
             holder = asyncio.current_task()
             if holder is None:
                 raise RuntimeError("GlobalLock.hold must run inside a task")
@@ -136,8 +165,13 @@ class GlobalLock:
                 with contextlib.suppress(asyncio.CancelledError):
                     await monitor
             await ka.stop()
-            with contextlib.suppress(Exception):
-                await self.coord.revoke(lease.id)
+            if ka.lost.is_set():
+                # Gone in etcd, or unanswered for a TTL (an outage etcd may outlive
+                # without expiring it): the next hold asks, and resumes it if alive.
+                self._resumable = lease
+            else:
+                with contextlib.suppress(Exception):
+                    await self.coord.revoke(lease.id)
 
     async def _monitor(self, held: HeldLock, ka: KeepAlive, holder: asyncio.Task[object]) -> None:
         async def key_deleted() -> None:
