@@ -7,7 +7,10 @@ the lease is lost. Only that ends a term: the keepalive reporting the lease gone
 (or not renewed for a whole TTL), or the lock key deleted by an operator. etcd
 errors while campaigning or while writing the liveness key are retried with
 backoff, and errors inside the term are the duties' own, so a transient etcd
-error never gives the lease up (leaving `hold()` would revoke it).
+error never ends a term. A term ended by an etcd outage leaves its lease to the
+next campaign, which takes it up while etcd still has it (`GlobalLock`: the
+liveness key then never vanishes, and no region reads the outage as a death);
+stopping the controller revokes it.
 """
 
 from __future__ import annotations
@@ -65,6 +68,12 @@ class Election(Lifecycle):
         )
         value = json.dumps({"id": cfg.controller_id}).encode()
         backoff = Backoff(cfg.retry_initial_s, min(1.0, cfg.lease_ttl_s / 5))
+        try:
+            await self._terms(lock, value, backoff)
+        finally:
+            await lock.abandon()  # stopping: a standby (or a failover) need not wait a TTL
+
+    async def _terms(self, lock: GlobalLock, value: bytes, backoff: Backoff) -> None:
         while True:
             try:
                 async with lock.hold(value=value) as held:
@@ -80,7 +89,7 @@ class Election(Lifecycle):
                 delay = backoff.next(retriable=is_retriable(exc))
                 log.warning(
                     "campaign_retry",
-                    region=cfg.region,
+                    region=self.ctx.config.region,
                     error=describe(exc),
                     retriable=is_retriable(exc),
                     retry_in_s=round(delay, 3),

@@ -211,3 +211,37 @@ async def test_a_lock_whose_lease_expired_in_the_outage_is_taken_anew() -> None:
         assert not again.resumed
         assert again.lease.id != first.lease.id and again.token > first.token
     await coord.close()
+
+
+class TxnFailsOnce(MemoryCoordination):
+    """Fails the next transaction, as an etcd that just came back may."""
+
+    fail_next = False
+
+    async def txn(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        if self.fail_next:
+            self.fail_next = False
+            raise UnavailableError("etcd did not answer the transaction (test)")
+        return await super().txn(*args, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_kept_lease_survives_a_failed_call_and_is_revoked_when_abandoned() -> None:
+    clock = ManualClock()
+    coord = TxnFailsOnce(clock)
+    lock = GlobalLock(coord, "t", ttl_s=3)
+    first = await _lose_in_an_outage(coord, clock, lock, etcd_keeps_it=True)
+    coord.set_unavailable(False)
+    coord.fail_next = True
+    with pytest.raises(UnavailableError):  # taken up, then an etcd call failed
+        async with lock.hold():
+            pass
+    assert (await coord.get(first.key)) is not None  # not revoked: kept for the next hold
+    async with lock.hold(timeout_s=5) as again:
+        assert again.resumed and again.token == first.token
+    # Kept again after a second outage, then abandoned: revoked, its key gone at once.
+    second = await _lose_in_an_outage(coord, clock, lock, etcd_keeps_it=True)
+    coord.set_unavailable(False)
+    await lock.abandon()
+    assert await coord.lease_ttl(second.lease.id) == -1
+    assert (await coord.get(second.key)) is None
+    await coord.close()

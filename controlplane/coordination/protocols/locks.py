@@ -31,11 +31,12 @@ nothing while it has no quorum, and its next leader gives every lease a fresh TT
 So after an outage the lease may well be alive: revoking it on the way out (it
 cannot be revoked while etcd is out anyway) or granting a new one would make the
 holder's keys vanish and come back under a new lease, which others read as its
-death. Instead, a hold that ended with its keepalive lost leaves the lease alone,
-and the next `hold()` on the same `GlobalLock` first asks etcd whether that lease
-still lives: if so it renews it and holds again under it (same key, same token:
-the lease never lapsed, so nobody else can have held the lock meanwhile);
-otherwise it grants a new one as usual.
+death. Instead, a hold that ended with its keepalive lost, or on a failed etcd
+call, leaves the lease alone, and the next `hold()` on the same `GlobalLock` (one
+holder at a time per instance) first renews it: if etcd still has it, the hold
+goes on under it (same key, same token: the lease never lapsed, so nobody else can
+have held the lock meanwhile); otherwise it grants a new one as usual. A holder
+that stops for good calls `abandon()` to revoke a lease so kept.
 """
 
 from __future__ import annotations
@@ -46,7 +47,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from controlplane.coordination.protocols import keys
-from controlplane.errors import FencedError, MeridianError, OperationTimeoutError
+from controlplane.errors import (
+    FencedError,
+    MeridianError,
+    OperationTimeoutError,
+    UnavailableError,
+)
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import (
     Cmp,
@@ -77,7 +83,7 @@ class HeldLock:
     token: int
     lease: Lease
     lost: asyncio.Event = field(default_factory=asyncio.Event)
-    resumed: bool = False  # held again under the lease of a hold whose keepalive was lost
+    resumed: bool = False  # held under the lease kept from the last hold, not a new one
 
 
 class GlobalLock:
@@ -93,17 +99,26 @@ class GlobalLock:
         self._resumable: Lease | None = None  # the lease of a hold whose keepalive was lost
 
     async def _lease(self) -> tuple[Lease, bool]:
-        """The lease to hold under, and whether it is the last hold's (still alive)."""
-        old, self._resumable = self._resumable, None
+        """The lease to hold under, and whether it is the last hold's (still alive).
+
+        The kept lease is renewed, not just looked at, so that etcd's expiry is a whole
+        TTL away as the keepalive starts counting; until etcd answered (an error, a
+        cancel) it stays kept for the next try."""
+        old = self._resumable
         if old is not None:
-            try:
-                alive = await self.coord.lease_ttl(old.id) > 0
-            except MeridianError:
-                self._resumable = old  # etcd still out of reach: ask again next time
-                raise
-            if alive:
+            ttl = await self.coord.refresh(old.id)
+            self._resumable = None
+            if ttl > 0:
                 return old, True
         return await self.coord.grant(self.ttl_s), False
+
+    async def abandon(self) -> None:
+        """Revoke the lease kept for the next hold, if any (the holder stops for good, so
+        a standby need not wait for it to expire). Best effort: etcd may be out."""
+        lease, self._resumable = self._resumable, None
+        if lease is not None:
+            with contextlib.suppress(Exception):
+                await self.coord.revoke(lease.id)
 
     async def _wait_first(self, my_key: str) -> int:
         """Block until `my_key` is the oldest under the prefix; returns its create revision."""
@@ -127,11 +142,14 @@ class GlobalLock:
         self, *, timeout_s: float | None = None, value: bytes = b""
     ) -> AsyncIterator[HeldLock]:
         """Acquire (waiting at most `timeout_s`), yield the grant, release on exit (or,
-        when the keepalive was lost, leave the lease for the next hold to resume)."""
+        when the keepalive was lost or an etcd call failed, leave the lease for the next
+        hold to take up)."""
         lease, resumed = await self._lease()
         ka: KeepAlive = self.coord.keep_alive(lease)
         my_key = f"{self.prefix}{lease.id:016x}"
         monitor: asyncio.Task[None] | None = None
+        keep = False  # leave the lease to the next hold rather than revoke it
+        waited_out = False  # gave up waiting for another holder: a hold given up for good
         try:
             await self.coord.txn(
                 [Compare(my_key, Target.CREATE, Cmp.EQUAL, 0)], [Put(my_key, value, lease.id)]
@@ -140,6 +158,7 @@ class GlobalLock:
                 async with asyncio.timeout(timeout_s):
                     token = await self._wait_first(my_key)
             except TimeoutError as exc:
+                waited_out = True
                 raise OperationTimeoutError(
                     f"lock {self.name} not granted within {timeout_s:g} s: another holder has it"
                 ) from exc
@@ -159,15 +178,21 @@ class GlobalLock:
                         f"lock {self.name} (token {token}) lost: its lease expired or was revoked"
                     ) from None
                 raise
+        except UnavailableError:
+            # An etcd call failed (not the wait for another holder, which gives up for
+            # good): whether etcd still has the lease is asked by the next hold.
+            keep = not waited_out
+            raise
         finally:
             if monitor is not None:
                 monitor.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await monitor
             await ka.stop()
-            if ka.lost.is_set():
-                # Gone in etcd, or unanswered for a TTL (an outage etcd may outlive
-                # without expiring it): the next hold asks, and resumes it if alive.
+            if ka.lost.is_set() or keep:
+                # Gone in etcd, or unanswered for a TTL, or an etcd call failed (an
+                # outage etcd may outlive without expiring it): the next hold renews
+                # it if etcd still has it.
                 self._resumable = lease
             else:
                 with contextlib.suppress(Exception):
