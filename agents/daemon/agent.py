@@ -370,7 +370,7 @@ class NodeAgent(Lifecycle):
         copy from now on, since a SIGKILL before the next settled pass would otherwise
         leave an entry a survivor may clear (fewer departed than its count)."""
         if self.roster is not None:
-            await self.roster.see_copies(1)
+            await self.roster.holding_sets()
 
     async def _rebalance_settled(self, current: Members) -> None:
         """Settled under `current`: everything this agent holds is at its `r` owners, so

@@ -38,6 +38,10 @@ class Roster:
         self.key = departures.roster_key(region, agent_id)
         self._entry: RosterEntry | None = None
         self._writing = asyncio.Lock()
+        # This agent took a version set while running: its entry stays at 1 copy. A
+        # settled pass that looked at the store just before the set landed must not
+        # raise it again (CI saw one do so, queued behind the lowering).
+        self._holds_sets = False
         self._gauge = (
             Gauge(
                 "meridian_agent_departed_agents",
@@ -90,6 +94,13 @@ class Roster:
             self._entry = new
         log.info("roster_copies_lowered", key=self.key, copies=new.copies)
 
+    async def holding_sets(self) -> None:
+        """Before a set (or a member) is stored here: the entry vouches for 1 copy, and
+        no settled pass raises it again while this agent runs (a set's members stay on
+        the agent that took it)."""
+        self._holds_sets = True
+        await self.see_copies(1)
+
     async def settled_at(self, r: int, now_r: Callable[[], int]) -> None:
         """After this agent's rebalance settled under `r` copies: everything it holds is
         at its `r` owners, so its entry vouches for `r` (raised from a count it saw
@@ -98,7 +109,7 @@ class Roster:
         lowering seen since must stand."""
         async with self._writing:
             entry = self._entry
-            r = min(r, now_r())
+            r = 1 if self._holds_sets else min(r, now_r())
             if entry is None or entry.copies == r or r < 1:
                 return
             new = RosterEntry(entry.agent_id, r, entry.endpoint, entry.written_at)

@@ -112,3 +112,16 @@ async def test_a_hook_that_hangs_fails_the_registration_within_half_the_ttl(
         with pytest.raises(UnavailableError, match=r"within 1\.0 s"):
             await reg.start()
     assert await coord.get(keys.agent(REGION, AGENT)) is None  # its lease was revoked
+
+
+async def test_a_settled_raise_never_undoes_the_lowering_for_a_set(
+    coord: EtcdCoordination,
+) -> None:
+    """A pass that read the store just before a set landed settles after the lowering
+    (queued behind it, as CI saw): the entry stays at 1 copy."""
+    roster = Roster(coord, REGION, AGENT)
+    await roster.write(2, "127.0.0.1:1234")
+    await roster.holding_sets()
+    assert await copies(coord) == 1
+    await roster.settled_at(2, lambda: 2)
+    assert await copies(coord) == 1
