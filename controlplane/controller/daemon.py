@@ -25,7 +25,6 @@ Every decision is one structured log event.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from controlplane.controller.claims import Claims
 from controlplane.controller.config import ControllerConfig, ControllerContext, Term
@@ -88,7 +87,7 @@ class RegionController(Lifecycle):
         self.election = Election(self.ctx, self._serve, self._step_down)
         self._tracker: OwnershipTracker | None = None
         self._failover: FailoverWatch | None = None
-        self._stepped_down_at: float | None = None  # time.monotonic() of the last step-down
+        self._stepped_down = False  # whether a term of this controller has ended
         self._done = asyncio.Event()
 
     @property
@@ -157,7 +156,7 @@ class RegionController(Lifecycle):
         # ended the other regions' terms too, however long this campaign took: see
         # FailoverWatch.recovering. (A bound on the time since the step-down missed
         # terms whose lease grant hung through the outage for longer than a TTL.)
-        recovering = self._stepped_down_at is not None
+        recovering = self._stepped_down
         failover = FailoverWatch(self.ctx, term, recovering=recovering)
         self.ctx.term = term
         self._tracker, self._failover = tracker, failover
@@ -173,7 +172,7 @@ class RegionController(Lifecycle):
         if self.active.is_set():
             self.metrics.step_downs.inc()
         log.warning("step_down", region=self.config.region, id=self.config.controller_id, why=why)
-        self._stepped_down_at = time.monotonic()
+        self._stepped_down = True
         self.active.clear()
         self._tracker = self._failover = None
         self.metrics.active.set(0)

@@ -78,9 +78,12 @@ class FailoverWatch(Duty):
                     "failover_deferred",
                     region=region,
                     observer=self.region,
-                    reason="this controller's own term just followed an etcd outage",
+                    reason=(
+                        "this term follows an earlier one of this controller (most likely "
+                        "an etcd outage): the sweep decides once the region stays gone"
+                    ),
                 )
-                continue  # the sweep decides once the term is a TTL old
+                continue  # the sweep fails it over if it stays gone (confirmed_dead)
             log.info("region_lease_expired", region=region, observer=self.region)
             try:
                 await self.fail_over(region, detected_at_monotonic=time.monotonic())

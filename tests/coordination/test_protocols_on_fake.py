@@ -200,12 +200,20 @@ async def test_a_lock_lost_in_an_outage_etcd_outlived_is_held_again_under_its_le
     await coord.close()
 
 
-async def test_a_lock_whose_lease_expired_in_the_outage_is_taken_anew() -> None:
-    clock = ManualClock()
-    coord = MemoryCoordination(clock)
+async def _outage_over(
+    coord: MemoryCoordination, *, etcd_keeps_it: bool
+) -> tuple[GlobalLock, HeldLock]:
+    """A lock held on `coord` (a ManualClock's), lost in an outage that is now over."""
+    assert isinstance(coord.clock, ManualClock)
     lock = GlobalLock(coord, "t", ttl_s=3)
-    first = await _lose_in_an_outage(coord, clock, lock, etcd_keeps_it=False)
+    first = await _lose_in_an_outage(coord, coord.clock, lock, etcd_keeps_it=etcd_keeps_it)
     coord.set_unavailable(False)
+    return lock, first
+
+
+async def test_a_lock_whose_lease_expired_in_the_outage_is_taken_anew() -> None:
+    coord = MemoryCoordination(ManualClock())
+    lock, first = await _outage_over(coord, etcd_keeps_it=False)
     assert (await coord.get(first.key)) is None  # the lease expired with its key
     async with lock.hold() as again:
         assert not again.resumed
@@ -228,9 +236,7 @@ class TxnFailsOnce(MemoryCoordination):
 async def test_a_kept_lease_survives_a_failed_call_and_is_revoked_when_abandoned() -> None:
     clock = ManualClock()
     coord = TxnFailsOnce(clock)
-    lock = GlobalLock(coord, "t", ttl_s=3)
-    first = await _lose_in_an_outage(coord, clock, lock, etcd_keeps_it=True)
-    coord.set_unavailable(False)
+    lock, first = await _outage_over(coord, etcd_keeps_it=True)
     coord.fail_next = True
     with pytest.raises(UnavailableError):  # taken up, then an etcd call failed
         async with lock.hold():

@@ -96,7 +96,9 @@ class GlobalLock:
         self.name = name
         self.ttl_s = ttl_s
         self.prefix = prefix if prefix is not None else keys.lock(name)
-        self._resumable: Lease | None = None  # the lease of a hold whose keepalive was lost
+        # The lease of a hold that ended with its keepalive lost or an etcd call failed
+        # (etcd may still have it: the next hold renews it), else None.
+        self._resumable: Lease | None = None
 
     async def _lease(self) -> tuple[Lease, bool]:
         """The lease to hold under, and whether it is the last hold's (still alive).
