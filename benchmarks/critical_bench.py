@@ -17,6 +17,12 @@ Measures, against the issue's targets:
   acked after its local commit) plus one round trip: ratio <= 1.5;
 * throughput of 1 KiB Puts from 32 concurrent writers: >= 1,000 acked writes/s.
 
+The throughput row is also compared, in the same run, with its floor on this machine:
+`relay_floor_bench.py --duties` (the same writers, RTT, ack rule and calls in flight,
+fsynced commits and a fresh etcd read per replica call, but nothing of Meridian), run
+after the agents stopped (`--no-floor` skips it; --quick does unless `--floor`). The
+floor's rate moves with the machine; our share of it is what a change moves.
+
 Needs the stack (`meridian stack up`): etcd and Toxiproxy on the MERIDIAN_STACK_* ports.
 """
 
@@ -46,6 +52,7 @@ from harness.agent_fixtures import clear_keyspace  # noqa: E402
 from harness.agent_process import AgentProcess  # noqa: E402
 
 from agents.client import SMALL_BYTES  # noqa: E402
+from agents.replication.push_lanes import IN_FLIGHT  # noqa: E402
 from controlplane.adapters.etcd import EtcdCoordination  # noqa: E402
 from controlplane.adapters.toxiproxy import ToxiproxyClient  # noqa: E402
 from controlplane.coordination.protocols.ownership import Ownership  # noqa: E402
@@ -332,6 +339,19 @@ async def measure(
     }
 
 
+def floor_rate(args: argparse.Namespace) -> float | None:
+    """The relay floor's acked writes/s with this bench's shape, or None if it failed."""
+    argv = [sys.executable, str(HERE / "relay_floor_bench.py"), "--duties"]
+    argv += ["--in-flight", str(IN_FLIGHT), "--rtt-ms", str(args.rtt_ms)]
+    argv += ["--writers", str(args.writers), "--seconds", str(args.seconds)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("acked writes/s: "):
+            return float(line.split()[2])
+    print(f"the relay floor failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+    return None
+
+
 def report(figures: dict[str, object], rtt_ms: float, args: argparse.Namespace) -> None:
     small = figures["small"] or [float("nan")]
     local = figures["local"] or [float("nan")]
@@ -429,6 +449,13 @@ def report(figures: dict[str, object], rtt_ms: float, args: argparse.Namespace) 
             f"({rtt_ms:.0f} ms RTT, the replica's handler {ms['replica']:.1f} ms) and carries "
             f"{timings['items']:.1f} versions"
         )
+    floor = figures.get("floor")
+    if isinstance(floor, float) and floor > 0:
+        print(
+            f"floor on this machine (relay_floor_bench.py --duties, {IN_FLIGHT} calls in flight, "
+            f"nothing of Meridian): {floor:.0f} acked/s; we reach {100 * rate / floor:.0f} % of "
+            f"it; 1000 /s is {100 * 1000 / floor:.0f} % of it"
+        )
     print(
         f"throughput: {figures['acked']} acked, {figures['refused']} refused in "
         f"{args.seconds:.0f} s; runs: 1 KiB x{args.small_runs}, 16 MiB x{args.big_runs}"
@@ -448,7 +475,14 @@ def main() -> None:
     parser.add_argument(
         "--perf", type=Path, help="perf records of the agents during the throughput run"
     )
+    parser.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        help="also run the relay floor after the throughput run (default: not with --quick)",
+    )
     args = parser.parse_args()
+    if args.floor is None:
+        args.floor = not args.quick and args.only in ("all", "throughput")
     args.small_runs = 40 if args.quick else 300
     args.big_runs = 3 if args.quick else 12
     args.seconds = args.seconds or (3.0 if args.quick else 15.0)
@@ -484,6 +518,8 @@ def main() -> None:
             for proc in procs.values():
                 if proc.running:
                     proc.stop()
+    if args.floor:
+        figures["floor"] = floor_rate(args)
     report(figures, args.rtt_ms, args)
 
 
