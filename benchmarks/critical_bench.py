@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -344,11 +345,26 @@ def floor_rate(args: argparse.Namespace) -> float | None:
     argv = [sys.executable, str(HERE / "relay_floor_bench.py"), "--duties"]
     argv += ["--in-flight", str(IN_FLIGHT), "--rtt-ms", str(args.rtt_ms)]
     argv += ["--writers", str(args.writers), "--seconds", str(args.seconds)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    for line in done.stdout.splitlines():
+    # Its own session, so that a timeout stops its owner and replicas too: SIGINT first
+    # (its `finally` deletes its Toxiproxy proxies), then SIGKILL.
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=args.seconds + 120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        print(f"the relay floor did not end within {args.seconds + 120:.0f} s: no floor")
+        return None
+    for line in out.splitlines():
         if line.startswith("acked writes/s: "):
             return float(line.split()[2])
-    print(f"the relay floor failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+    print(f"the relay floor failed (exit {proc.returncode}): {err.strip()[-500:]}")
     return None
 
 
@@ -481,8 +497,9 @@ def main() -> None:
         help="also run the relay floor after the throughput run (default: not with --quick)",
     )
     args = parser.parse_args()
-    if args.floor is None:
-        args.floor = not args.quick and args.only in ("all", "throughput")
+    # Only beside a throughput run (there is nothing to compare it with otherwise).
+    wanted = not args.quick if args.floor is None else args.floor
+    args.floor = wanted and args.only in ("all", "throughput")
     args.small_runs = 40 if args.quick else 300
     args.big_runs = 3 if args.quick else 12
     args.seconds = args.seconds or (3.0 if args.quick else 15.0)
