@@ -72,6 +72,19 @@ class Probe:
         except MeridianError:
             return []
 
+    def put(self, agent: str, dataset: str, key: str, data: bytes) -> tuple[str | None, str]:
+        """Store `data` as `dataset/key` at `agent`: (the acked version's HLC, "") or
+        (None, why not)."""
+
+        async def one() -> str:
+            async with AgentClient(agent, timeout_s=60) as client:
+                return str((await client.put(dataset, key, data)).hlc)
+
+        try:
+            return asyncio.run(one()), ""
+        except MeridianError as exc:
+            return None, str(exc)
+
     def put_many(self, items: Sequence[PutItem], *, concurrency: int = 8) -> list[str]:
         """Store every item, `concurrency` at a time across agents; the errors (empty
         when all were acked)."""

@@ -22,6 +22,7 @@ from controlplane.errors import StackError
 
 CKPT, CORPUS = "ckpt/demo-run", "corpus/web"
 HOME, TAKEOVER = "eu-west", "eu-central"
+LATEST = "latest"  # the marker a training job writes after each checkpoint
 # The checkpoints' copies (examples/policies/training.yaml): home and replicas.
 CKPT_REGIONS = ("eu-west", "eu-central", "eu-north")
 CORPUS_REGIONS = ("eu-west", "eu-central", "us-east")
@@ -122,7 +123,16 @@ class Story:
             self.acked[str(row["key"])] = str(row["version"])
         size = sum(f.stat().st_size for f in files)
         committed = rows[0].get("set", set_id) if rows else set_id
-        return len(rows) == len(files), f"set {committed}: {len(files)} files, {size:,} bytes"
+        if len(rows) != len(files):
+            return False, f"set {committed}: {len(rows)} of {len(files)} files acked"
+        # Then a `latest` marker naming the step, as training frameworks write one: a
+        # small object of its own, acked like any critical write (its pushes are what
+        # the dashboard's critical push panel shows; a set's members go another way).
+        marker, why = self.probe.put(self.agent(region), CKPT, LATEST, f"{step}\n".encode())
+        if marker is None:
+            return False, f"set {committed} acked, but not the {LATEST} marker: {why}"
+        self.acked[LATEST] = marker
+        return True, f"set {committed}: {len(files)} files, {size:,} bytes, then {LATEST}"
 
     def sent_bytes(self, versions: set[str], timeout_s: float = 30) -> tuple[int, int]:
         """(wire bytes, transfers) of the completed pushes of `versions`, once the

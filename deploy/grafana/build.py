@@ -95,6 +95,22 @@ def build() -> dashboard.Dashboard:
             "B",
         ),
     )
+    pushes = series(
+        "Critical pushes to each replica region: wait for a call and the call, p50 and p95",
+        "s",
+        query(
+            "histogram_quantile(0.5, sum by (region, stage, le) "
+            "(rate(meridian_critical_push_seconds_bucket[5m])))",
+            "p50 {{stage}} to {{region}}",
+            "A",
+        ),
+        query(
+            "histogram_quantile(0.95, sum by (region, stage, le) "
+            "(rate(meridian_critical_push_seconds_bucket[5m])))",
+            "p95 {{stage}} to {{region}}",
+            "B",
+        ),
+    )
     records = series(
         "Records behind the catalog",
         "s",
@@ -129,6 +145,7 @@ def build() -> dashboard.Dashboard:
         .with_row(dashboard.Row("Replication").id(4))
         .with_panel(lag.id(5))
         .with_panel(pending.id(6))
+        .with_panel(pushes.id(12))
         .with_row(dashboard.Row("Transfers and refusals").id(7))
         .with_panel(transfer.id(8))
         .with_panel(refusals.id(9))
