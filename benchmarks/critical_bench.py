@@ -208,7 +208,9 @@ def mean_timings(
 
 
 def start_profiles(procs: dict[str, AgentProcess], folder: Path, seconds: float) -> list[object]:
-    """py-spy (when installed) samples each agent during the throughput run."""
+    """py-spy (when installed) samples each agent during the throughput run, 100 times a
+    second, only threads holding the GIL (where the agent's Python CPU goes), as collapsed
+    stacks in FOLDER/REGION.txt: `python benchmarks/stack_summary.py FILE` sums them."""
     spy = shutil.which("py-spy")
     if spy is None:
         print("--profile: py-spy is not installed (pip install py-spy); no profiles")
@@ -216,8 +218,8 @@ def start_profiles(procs: dict[str, AgentProcess], folder: Path, seconds: float)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for region, proc in procs.items():
-        argv = [spy, "record", "-p", str(proc.pid), "-d", str(int(seconds)), "-f", "speedscope"]
-        argv += ["-o", str(folder / f"{region}.speedscope.json"), "--nonblocking"]
+        argv = [spy, "record", "-p", str(proc.pid), "-d", str(int(seconds)), "-f", "raw"]
+        argv += ["-r", "100", "--gil", "-o", str(folder / f"{region}.txt"), "--nonblocking"]
         argv += os.environ.get("MERIDIAN_BENCH_PYSPY_ARGS", "").split()
         out.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return out
