@@ -48,15 +48,16 @@ class AgentMetrics:
             "meridian_critical_push_seconds",
             "an owner's synchronous pushes of small critical versions to a replica region: "
             "the time one waited for a call to that region (stage=queued), and each call "
-            "to it, a ReplicatePushes or a Replicate, from its start to its answer (stage=call)",
-            ["region", "stage"],
+            "to it, a ReplicatePushes or a Replicate, from its start to its answer (stage=call); "
+            "to_region names the replica region (the scrape adds the agent's own as region)",
+            ["to_region", "stage"],
             buckets=CALL_BUCKETS,
             registry=self.registry,
         )
         self.push_items = Histogram(
             "meridian_critical_push_items",
             "versions carried by one push call to a replica region (counted as it starts)",
-            ["region"],
+            ["to_region"],
             buckets=PUSH_ITEMS_BUCKETS,
             registry=self.registry,
         )

@@ -221,7 +221,9 @@ def start_profiles(procs: dict[str, AgentProcess], folder: Path, seconds: float)
         argv = [spy, "record", "-p", str(proc.pid), "-d", str(int(seconds)), "-f", "raw"]
         argv += ["-r", "100", "--gil", "-o", str(folder / f"{region}.txt"), "--nonblocking"]
         argv += os.environ.get("MERIDIAN_BENCH_PYSPY_ARGS", "").split()
-        out.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # What py-spy says (a refused option, a process it cannot read) is kept beside.
+        with (folder / f"{region}.err").open("w") as err:
+            out.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err))
     return out
 
 
@@ -325,7 +327,9 @@ async def measure(
                 stub, "tri/tput", args, procs or {}
             )
             for spy in spies:
-                await asyncio.to_thread(spy.wait)  # type: ignore[attr-defined]
+                code = await asyncio.to_thread(spy.wait)  # type: ignore[attr-defined]
+                if code != 0:
+                    print(f"a profiler ended with exit {code}: {' '.join(spy.args)}")  # type: ignore[attr-defined]
     return {
         "small_local": small_local,
         "local_rate": local_rate,

@@ -80,9 +80,9 @@ class _Timed:
     children looked up once: every acked write observes them."""
 
     def __init__(self, metrics: AgentMetrics, region: str) -> None:
-        self.queued = metrics.push_seconds.labels(region=region, stage="queued").observe
-        self.called = metrics.push_seconds.labels(region=region, stage="call").observe
-        self.carried = metrics.push_items.labels(region=region).observe
+        self.queued = metrics.push_seconds.labels(to_region=region, stage="queued").observe
+        self.called = metrics.push_seconds.labels(to_region=region, stage="call").observe
+        self.carried = metrics.push_items.labels(to_region=region).observe
 
 
 class PushLane:

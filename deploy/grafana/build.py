@@ -99,15 +99,15 @@ def build() -> dashboard.Dashboard:
         "Critical pushes to each replica region: wait for a call and the call, p50 and p95",
         "s",
         query(
-            "histogram_quantile(0.5, sum by (region, stage, le) "
+            "histogram_quantile(0.5, sum by (region, to_region, stage, le) "
             "(rate(meridian_critical_push_seconds_bucket[5m])))",
-            "p50 {{stage}} to {{region}}",
+            "p50 {{stage}}, {{region}} to {{to_region}}",
             "A",
         ),
         query(
-            "histogram_quantile(0.95, sum by (region, stage, le) "
+            "histogram_quantile(0.95, sum by (region, to_region, stage, le) "
             "(rate(meridian_critical_push_seconds_bucket[5m])))",
-            "p95 {{stage}} to {{region}}",
+            "p95 {{stage}}, {{region}} to {{to_region}}",
             "B",
         ),
     )

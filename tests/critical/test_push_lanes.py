@@ -159,7 +159,7 @@ def timed_lane(
     )
 
     def sample(name: str, **labels: str) -> float:
-        return metrics.registry.get_sample_value(name, {"region": REGION, **labels}) or 0.0
+        return metrics.registry.get_sample_value(name, {"to_region": REGION, **labels}) or 0.0
 
     return lane, sample
 

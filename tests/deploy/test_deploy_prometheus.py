@@ -160,4 +160,9 @@ def demo_like_series() -> list[dict[str, str]]:
             (f'meridian_agent_request_seconds_bucket{{call="Put", le="0.1", {a}}}', "0+10x60"),
             (f'meridian_agent_request_seconds_bucket{{call="Put", le="+Inf", {a}}}', "0+10x60"),
         ]  # fmt: skip
+        push = "meridian_critical_push_seconds_bucket"
+        for stage in ("queued", "call"):
+            for le, values in (("0.025", "0+6x60"), ("0.05", "0+9x60"), ("+Inf", "0+10x60")):
+                where = f'to_region="eu-north", stage="{stage}", le="{le}", {a}'
+                rows.append((f"{push}{{{where}}}", values))
     return [{"series": series, "values": values} for series, values in rows]
