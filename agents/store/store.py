@@ -1200,13 +1200,22 @@ class ObjectStore:
         # only datasets with version sets can complete one: ask once for all.
         names = [(e.dataset, e.key) for e in entries]
         with_sets = rows.datasets_with_sets(conn, {d for d, _ in names})
-        crowded = rows.crowded(conn, names, self.keep_versions)
-        for n, e in enumerate(entries):
-            if e.dataset in with_sets:
+        # Without sets nothing is pinned: the whole group's bases go in a few statements.
+        plain = [(d, k) for d, k in names if d not in with_sets]
+        if plain:
+            old = rows.past_keep(conn, plain, self.keep_versions)
+            victims += self._delete_rows(conn, old, "pruned", in_sets=False)
+        if len(plain) < len(names):
+            crowded = rows.crowded(
+                conn, [(d, k) for d, k in names if d in with_sets], self.keep_versions
+            )
+            for n, e in enumerate(entries):
+                if e.dataset not in with_sets:
+                    continue
                 done = rows.refresh_sets_of(conn, e.dataset, e.key, e.version.hlc.text)
                 completed[n] += [(e.dataset, set_id) for set_id in done]
-            if (e.dataset, e.key) in crowded:
-                victims += self._prune_rows(conn, e.dataset, e.key)
+                if (e.dataset, e.key) in crowded:
+                    victims += self._prune_rows(conn, e.dataset, e.key)
         return completed, victims
 
     def _commit_group(
@@ -1459,22 +1468,38 @@ class ObjectStore:
         return self._delete_rows(conn, [row for row in old if row[2] not in pinned], "pruned")
 
     def _delete_rows(
-        self, conn: sqlite3.Connection, victims: list[tuple[object, ...]], why: str
+        self,
+        conn: sqlite3.Connection,
+        victims: list[tuple[object, ...]],
+        why: str,
+        *,
+        in_sets: bool = True,
     ) -> list[Path]:
+        """Delete these `versions` rows (SELECT_VERSIONS columns), journal each removal
+        and, unless `in_sets` is False (their dataset has no version set), recompute
+        the sets naming them; return their files, to remove after commit."""
+        if not victims:
+            return []
         paths: list[Path] = []
+        gone: list[tuple[str, str, str]] = []
+        journal: list[rows.JournalRow] = []
+        at_ms = rows.now_ms()
         for row in victims:
             stored = rows.to_stored(row[:-1])
             hlc = stored.version.hlc.text
-            conn.execute(
-                "DELETE FROM versions WHERE dataset = ? AND key = ? AND hlc = ?",
-                (stored.dataset, stored.key, hlc),
-            )
+            gone.append((stored.dataset, stored.key, hlc))
             data = rows.version_data(stored.version)
             data["reason"] = why
-            rows.journal(conn, "removed", stored.dataset, stored.key, hlc, data)
-            rows.refresh_sets_of(conn, stored.dataset, stored.key, hlc)
+            journal.append(
+                rows.journal_row("removed", stored.dataset, stored.key, hlc, data, at_ms)
+            )
             if row[-1] is not None:
                 paths.append(self.root / str(row[-1]))
+        conn.executemany("DELETE FROM versions WHERE dataset = ? AND key = ? AND hlc = ?", gone)
+        rows.journal_many(conn, journal)
+        if in_sets:
+            for dataset, key, hlc in gone:
+                rows.refresh_sets_of(conn, dataset, key, hlc)
         return paths
 
     def _remove_files(self, paths: list[Path]) -> None:

@@ -5,7 +5,7 @@ the write protocol of a new version of `ds/k` (test scaffolding, run as a script
 
 Steps: `stream` (half-way through the bytes), `before-rename` (temporary file
 fsynced), `after-rename`, `after-dir-fsync`, `in-commit` (inside the SQLite
-transaction, before COMMIT), `after-commit` (before the pruned files go),
+transaction, its old version pruned, before COMMIT), `after-commit` (before the pruned files go),
 `restore-after-rename` (refilling a missing version, before its commit),
 `bundle-after-rename` (a put_many of three, after the second rename),
 `apply-bundle-after-rename` / `apply-bundle-after-syncfs` (an apply_many of
@@ -39,7 +39,7 @@ def die() -> None:
 
 def main(root: str, step: str) -> None:
     store = ObjectStore(root, clock=HybridClock("eu-west"), keep_versions=1)
-    real_replace, real_fsync_dir, real_journal = files.replace, files.fsync_dir, rows.journal
+    real_replace, real_fsync_dir = files.replace, files.fsync_dir
     real_journal_many = rows.journal_many
     real_syncfs = files.syncfs
     renamed = False
@@ -67,14 +67,11 @@ def main(root: str, step: str) -> None:
         if step == "after-dir-fsync" and renamed:
             die()
 
-    def journal(*args: object, **kwargs: object) -> None:
-        real_journal(*args, **kwargs)  # type: ignore[arg-type]
-        if step == "in-commit":
-            die()
-
-    def journal_many(*args: object, **kwargs: object) -> None:
-        real_journal_many(*args, **kwargs)  # type: ignore[arg-type]
-        if step == "apply-inline-in-commit":
+    def journal_many(conn: object, entries: list[rows.JournalRow]) -> None:
+        real_journal_many(conn, entries)  # type: ignore[arg-type]
+        # `in-commit`: once the old version's removal is journalled (the pruning).
+        pruning = any(kind == "removed" for kind, *_ in entries)
+        if step == "apply-inline-in-commit" or (step == "in-commit" and pruning):
             die()
 
     def remove_file(path: Path) -> None:
@@ -82,7 +79,7 @@ def main(root: str, step: str) -> None:
             die()
         os.unlink(path)
 
-    files.replace, files.fsync_dir, rows.journal = replace, fsync_dir, journal
+    files.replace, files.fsync_dir = replace, fsync_dir
     rows.journal_many = journal_many
     files.syncfs = syncfs
     files.remove_file = remove_file

@@ -96,6 +96,30 @@ def test_bundles_prune_old_bases_and_complete_sets(store: ObjectStore) -> None:
     assert store.get_set("sets", "latest").set_id == "s1"
 
 
+def test_a_group_prunes_each_object_past_keep_versions_and_journals_each_removal(
+    store: ObjectStore,
+) -> None:
+    # The bases of a whole group are found and removed in a few statements (no sets in
+    # the dataset): each object keeps its newest 2, and only the bases past them go,
+    # each journalled once, whatever the other objects of the group hold.
+    olds = {
+        k: [store.put("ds", k, [f"{k}{n}".encode()]) for n in range(n_old)]
+        for k, n_old in (("a", 2), ("b", 2), ("c", 1), ("d", 0))
+    }
+    cursor = max(e.seq for e in store.journal_pending(limit=100))
+    store.journal_shipped(cursor)
+    new = dict(
+        zip("abcd", store.put_many([("ds", k, [k.encode() * 3]) for k in "abcd"]), strict=True)
+    )
+    for k in "abcd":
+        held = [s.version for s in store.versions("ds", k)]
+        assert held == ([new[k]] + olds[k][::-1])[:2], k
+    removed = [(e.key, e.hlc) for e in store.journal_pending(limit=100) if e.kind == "removed"]
+    assert sorted(removed) == [("a", olds["a"][0].hlc.text), ("b", olds["b"][0].hlc.text)]
+    assert len(object_files(store.root)) == 7  # a, b, c: two each; d: one
+    assert store.usage().versions == 7
+
+
 def test_open_many_and_heads_answer_each_object_as_one_at_a_time_would(
     store: ObjectStore,
 ) -> None:
