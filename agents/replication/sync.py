@@ -115,7 +115,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -250,7 +250,7 @@ class SyncReplication:
         # A stub per address, as its channel: making one builds a callable for every
         # method of the API (about 1 % of an owner's CPU when made per push).
         self._stubs: dict[str, agent_pb2_grpc.AgentAsyncStub] = {}
-        self._background: set[asyncio.Task[str]] = set()
+        self._background: set[asyncio.Future[str]] = set()
         # (dataset, replica) -> settled once every push of new writes to it so far has
         # ended, with the first failure among them (`_ordered`); dropped once settled.
         self._settled: dict[tuple[str, str], asyncio.Future[BaseException | None]] = {}
@@ -321,7 +321,7 @@ class SyncReplication:
 
             def push(region: str) -> Awaitable[str]:
                 if batched:
-                    return self._lane(region).push(write, version, deadline)
+                    return self._lane(region).submit(write, version, deadline)
                 return self._push(region, write, version, deadline)
 
         else:
@@ -371,7 +371,7 @@ class SyncReplication:
             # was marked behind at once: under load nearly every write's straggler was,
             # so one replica never counted and catch-up rounds ran back to back.)
             self._background.add(task)
-            task.add_done_callback(self._finished)
+            task.add_done_callback(functools.partial(self._finished, tasks[task]))
         if write.local is not None:
             # Whatever the replicas answered: the write is this region's only once its
             # own commit is (a failed one fails the write, acked nowhere), and what
@@ -1253,14 +1253,15 @@ class SyncReplication:
 
     def _ordered(
         self, write: CommittedWrite, region: str, push: Awaitable[str]
-    ) -> asyncio.Task[str]:
-        """`push` to `region` as a task that succeeds only once every push to `region`
+    ) -> asyncio.Future[str]:
+        """`push` to `region` as a future that succeeds only once every push to `region`
         begun before it has succeeded too: a region counts toward an ack only when it
         holds every earlier write pushed to it (pushes run at once and may end out of
-        order). An earlier push that fails fails this one.
+        order). An earlier push that fails fails this one. Callbacks, not a task: two
+        of these are made for every acked write.
 
         A push that fails (not fenced) marks its region behind the moment it fails,
-        before its task ends: a push begun after it then finds the
+        before its future ends: a push begun after it then finds the
         region behind and is not counted. (Marked when its write's wait ended, a later
         write's push that succeeded meanwhile counted a region lacking this one.)"""
         dataset = write.dataset
@@ -1278,21 +1279,49 @@ class SyncReplication:
         settled = _settled_after(raw, earlier)
         self._settled[lane] = settled
         settled.add_done_callback(functools.partial(self._lane_settled, lane))
+        if earlier is None:
+            return raw
+        before = earlier
+        ordered: asyncio.Future[str] = raw.get_loop().create_future()
 
-        async def in_order() -> str:
-            done = await raw  # its own failure fails it at once
-            if earlier is None:
-                return done
-            # Shielded: this one's end must not cancel what later pushes wait on.
-            failed = await asyncio.shield(earlier)
+        def after_earlier(_: object) -> None:
+            if ordered.done():
+                return
+            if before.cancelled():
+                ordered.cancel()
+                return
+            failed = before.result()
             if failed is not None:
-                raise EarlierPushError(
-                    f"an earlier push to {region} of {dataset} failed ({failed}): it may "
-                    "lack that version"
+                ordered.set_exception(
+                    EarlierPushError(
+                        f"an earlier push to {region} of {dataset} failed ({failed}): it may "
+                        "lack that version"
+                    )
                 )
-            return done
+            else:
+                ordered.set_result(raw.result())
 
-        return asyncio.create_task(in_order(), name=region)
+        def after_raw(_: object) -> None:
+            if ordered.done():
+                return
+            if raw.cancelled():
+                ordered.cancel()
+            elif (exc := raw.exception()) is not None:
+                ordered.set_exception(exc)  # its own failure fails it at once
+            elif before.done():
+                after_earlier(before)
+            else:
+                # Never cancelled by this one's end: later pushes wait on it too.
+                before.add_done_callback(after_earlier)
+
+        def abandoned(_: object) -> None:
+            # Cancelled itself (the agent closing): its push is cancelled as the task's was.
+            if ordered.cancelled() and not raw.done():
+                raw.cancel()
+
+        raw.add_done_callback(after_raw)
+        ordered.add_done_callback(abandoned)
+        return ordered
 
     def _lane_settled(
         self, lane: tuple[str, str], settled: asyncio.Future[BaseException | None]
@@ -1307,15 +1336,15 @@ class SyncReplication:
         if exc is not None and not isinstance(exc, FencedError):
             self._mark_behind(write, region)
 
-    def _finished(self, task: asyncio.Task[str]) -> None:
+    def _finished(self, region: str, push: asyncio.Future[str]) -> None:
         """A push still running when its write was answered has ended (a failed one
         marked its region behind as it failed: `_ordered`)."""
-        self._background.discard(task)
-        if task.cancelled():
+        self._background.discard(push)
+        if push.cancelled():
             return
-        exc = task.exception()
+        exc = push.exception()
         if exc is not None:
-            log.warning("replica_push_failed_after_ack", region=task.get_name(), error=str(exc))
+            log.warning("replica_push_failed_after_ack", region=region, error=str(exc))
 
     async def _fenced_answer(
         self, write: CommittedWrite, what: str, fenced: FencedError
@@ -1754,7 +1783,7 @@ class SyncReplication:
 
     async def close(self) -> None:
         """Cancel pushes and catch-ups still running and close the channels."""
-        tasks: list[asyncio.Task[object]] = [
+        tasks: list[asyncio.Future[Any]] = [
             *self._background,
             *self._behind.values(),
             *self._reconciles,
