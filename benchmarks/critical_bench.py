@@ -132,18 +132,31 @@ async def big_versions(stub: agent_pb2_grpc.AgentAsyncStub, dataset: str, runs: 
 
 
 async def throughput(
-    stub: agent_pb2_grpc.AgentAsyncStub, dataset: str, writers: int, seconds: float
+    stub: agent_pb2_grpc.AgentAsyncStub,
+    dataset: str,
+    writers: int,
+    seconds: float,
+    rate: float | None = None,
 ) -> tuple[float, int, int, float]:
     """Acked writes/s of `writers` concurrent writers of 1 KiB for `seconds`; also the
-    acked and refused counts, and the mean time a writer waited for an ack."""
+    acked and refused counts, and the mean time a writer waited for an ack. With
+    `rate`, the writers together start at most `rate` writes a second (each on its own
+    schedule; one behind it goes at once): an offered load below saturation, at which
+    the CPU per acked write of two builds compares without the noise of a saturated
+    machine."""
     data = os.urandom(KiB)
     acked = refused = 0
     waited = 0.0
-    until = time.monotonic() + seconds
+    begun = time.monotonic()
+    until = begun + seconds
 
     async def writer(w: int) -> None:
         nonlocal acked, refused, waited
         for n in range(1_000_000):  # bounded by the clock below
+            if rate is not None:
+                due = begun + (n * writers + w) / rate
+                if due > time.monotonic():
+                    await asyncio.sleep(due - time.monotonic())
             if time.monotonic() >= until:
                 return
             started = time.perf_counter()
@@ -276,7 +289,9 @@ async def throughput_cpu(
     timed = await asyncio.to_thread(scrape_timings, procs)
     before = cpu_seconds(procs)
     busy, own = machine_busy_seconds(), time.process_time()
-    rate, acked, refused, waited = await throughput(stub, dataset, args.writers, args.seconds)
+    rate, acked, refused, waited = await throughput(
+        stub, dataset, args.writers, args.seconds, args.rate
+    )
     after = cpu_seconds(procs)
     timings = mean_timings(timed, await asyncio.to_thread(scrape_timings, procs))
     timings["writers"] = waited
@@ -491,6 +506,12 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=32)
     parser.add_argument("--only", choices=["all", "small", "big", "throughput"], default="all")
     parser.add_argument("--seconds", type=float, help="the throughput run's length")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="the throughput run's writers start at most this many writes a second "
+        "(CPU per acked write at a fixed load, for before/after comparisons)",
+    )
     parser.add_argument(
         "--profile", type=Path, help="py-spy profiles of the agents during the throughput run"
     )
