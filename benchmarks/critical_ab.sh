@@ -15,7 +15,7 @@
 # than their saturated rates do. Needs the stack
 # (MERIDIAN_STACK_* ports exported) and this tree's .venv.
 set -euo pipefail
-base=${1:?usage: critical_ab.sh BASE_COMMIT [ROUNDS]}
+base=${1:?usage: critical_ab.sh BASE_COMMIT [ROUNDS] [SECONDS] [RATE]}
 rounds=${2:-2}
 seconds=${3:-5}
 rate=${4:-}

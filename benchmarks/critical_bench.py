@@ -524,6 +524,8 @@ def main() -> None:
         help="also run the relay floor after the throughput run (default: not with --quick)",
     )
     args = parser.parse_args()
+    if args.rate is not None and args.rate <= 0:
+        parser.error(f"--rate must be a positive number of writes a second, got {args.rate}")
     # Only beside a throughput run (there is nothing to compare it with otherwise).
     wanted = not args.quick if args.floor is None else args.floor
     args.floor = wanted and args.only in ("all", "throughput")

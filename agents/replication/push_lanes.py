@@ -35,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from agents.metrics import AgentMetrics
 from agents.replication.delta_push import DELTA_MIN_BYTES
@@ -109,7 +110,7 @@ class PushLane:
         self._clock = clock
         self._running = 0
         self._queue: deque[_Queued] = deque()
-        self._calls: set[asyncio.Task[None]] = set()
+        self._calls: set[asyncio.Future[Any]] = set()
         self._refused_until = 0.0
         self.batches = 0  # calls that carried more than one item (for tests, metrics)
         self._carried = 1.0  # running mean of the versions a call carried
@@ -138,18 +139,21 @@ class PushLane:
             self._count(1)
             if self._timed is not None:
                 self._timed.queued(0.0)
-            return asyncio.ensure_future(self._at_once(write, version, deadline_s))
+            task = asyncio.ensure_future(self._one(write, version, deadline_s))
+            # Its slot is given back when it ends, however (even cancelled before its
+            # first step, when a `finally` inside it would never run); close() ends it.
+            self._calls.add(task)
+            task.add_done_callback(self._ended_alone)
+            return task
         answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(write, version, deadline_s, answer, self._clock()))
         self._drain()
         return answer
 
-    async def _at_once(self, write: CommittedWrite, version: Version, deadline_s: float) -> str:
-        try:
-            return await self._one(write, version, deadline_s)
-        finally:
-            self._running -= 1
-            self._drain()
+    def _ended_alone(self, task: asyncio.Future[str]) -> None:
+        self._calls.discard(task)
+        self._running -= 1
+        self._drain()
 
     async def _one(self, write: CommittedWrite, version: Version, deadline_s: float) -> str:
         """One push in a call of its own: a batch of one, or `Replicate` while the

@@ -251,6 +251,7 @@ class SyncReplication:
         # method of the API (about 1 % of an owner's CPU when made per push).
         self._stubs: dict[str, agent_pb2_grpc.AgentAsyncStub] = {}
         self._background: set[asyncio.Future[str]] = set()
+        self._pushes: set[asyncio.Future[str]] = set()
         # (dataset, replica) -> settled once every push of new writes to it so far has
         # ended, with the first failure among them (`_ordered`); dropped once settled.
         self._settled: dict[tuple[str, str], asyncio.Future[BaseException | None]] = {}
@@ -347,31 +348,37 @@ class SyncReplication:
         errors: dict[str, MeridianError] = {}
         pending = set(tasks)
         until = time.monotonic() + deadline
-        while pending and len(held) < need and len(held) + len(pending) >= need:
-            done, pending = await asyncio.wait(
-                pending, timeout=max(0.0, until - time.monotonic()), return_when="FIRST_COMPLETED"
-            )
-            if not done:
-                break
-            for task in done:
-                region = tasks[task]
-                exc = task.exception()
-                if exc is None and (write.dataset, region) in self._behind:
-                    pass  # committed, but it may lack earlier versions: not counted yet
-                elif exc is None:
-                    held.append(region)
-                elif isinstance(exc, MeridianError):
-                    errors[region] = exc
-                else:
-                    errors[region] = UnavailableError(f"{type(exc).__name__}: {exc}")
-        for task in pending:
-            # Still pushing: goes on to its own deadline; reached or not, never awaited.
-            # Should it fail, the region is caught up then (`_push_ended`); while it runs,
-            # the region's later commits count only once it is done (`_ordered`). (It
-            # was marked behind at once: under load nearly every write's straggler was,
-            # so one replica never counted and catch-up rounds ran back to back.)
-            self._background.add(task)
-            task.add_done_callback(functools.partial(self._finished, tasks[task]))
+        try:
+            while pending and len(held) < need and len(held) + len(pending) >= need:
+                done, pending = await asyncio.wait(
+                    pending,
+                    timeout=max(0.0, until - time.monotonic()),
+                    return_when="FIRST_COMPLETED",
+                )
+                if not done:
+                    break
+                for task in done:
+                    region = tasks[task]
+                    exc = task.exception()
+                    if exc is None and (write.dataset, region) in self._behind:
+                        pass  # committed, but it may lack earlier versions: not counted yet
+                    elif exc is None:
+                        held.append(region)
+                    elif isinstance(exc, MeridianError):
+                        errors[region] = exc
+                    else:
+                        errors[region] = UnavailableError(f"{type(exc).__name__}: {exc}")
+        finally:
+            # However the wait ended (answered, or the call cancelled meanwhile): those
+            # still pushing go on to their own deadline, never awaited, their outcome
+            # read. Should one fail, the region is caught up then (`_push_ended`);
+            # while it runs, the region's later commits count only once it is done
+            # (`_ordered`). (It was marked behind at once: under load nearly every
+            # write's straggler was, so one replica never counted and catch-up rounds
+            # ran back to back.)
+            for task in pending:
+                self._background.add(task)
+                task.add_done_callback(functools.partial(self._finished, tasks[task]))
         if write.local is not None:
             # Whatever the replicas answered: the write is this region's only once its
             # own commit is (a failed one fails the write, acked nowhere), and what
@@ -1276,6 +1283,10 @@ class SyncReplication:
             earlier = None
         raw = asyncio.ensure_future(push)
         raw.add_done_callback(functools.partial(self._push_ended, write, region))
+        # Held until it ends, and ended by close() (a write's `ordered` future may end
+        # before its push does: cancelled, or failed by an earlier push).
+        self._pushes.add(raw)
+        raw.add_done_callback(self._pushes.discard)
         settled = _settled_after(raw, earlier)
         self._settled[lane] = settled
         settled.add_done_callback(functools.partial(self._lane_settled, lane))
@@ -1785,6 +1796,7 @@ class SyncReplication:
         """Cancel pushes and catch-ups still running and close the channels."""
         tasks: list[asyncio.Future[Any]] = [
             *self._background,
+            *self._pushes,
             *self._behind.values(),
             *self._reconciles,
         ]

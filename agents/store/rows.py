@@ -153,11 +153,12 @@ def past_keep(
     versions of each, in one query per dataset and LOOKUP_KEYS keys: pruning a group's
     objects one query each was a fifth of a small overwrite's store CPU. Set pins are
     not considered: for datasets without version sets only."""
-    by_dataset: dict[str, list[str]] = {}
+    by_dataset: dict[str, dict[str, None]] = {}  # each key once, in order
     for dataset, key in names:
-        by_dataset.setdefault(dataset, []).append(key)
+        by_dataset.setdefault(dataset, {})[key] = None
     found: list[tuple[object, ...]] = []
-    for dataset, keys in by_dataset.items():
+    for dataset, unique in by_dataset.items():
+        keys = list(unique)
         for at in range(0, len(keys), LOOKUP_KEYS):
             part = keys[at : at + LOOKUP_KEYS]
             marks = ",".join("?" * len(part))

@@ -183,3 +183,33 @@ async def test_a_push_failing_fast_does_not_let_a_later_one_skip_an_earlier_one_
             await asyncio.wait_for(third, timeout=5)
         assert sync._settled == {}  # every push ended: nothing kept
         await sync.close()
+
+
+async def test_close_ends_every_push_still_running(tmp_path: Path) -> None:
+    # Pushes that never answer, two writes deep (the second's pushes wait behind the
+    # first's): close() must cancel and wait for every one of them, not only for what
+    # an answered write left behind, so no push outlives the channels it uses.
+    started: list[str] = []
+    ended: list[str] = []
+    with ObjectStore(tmp_path / "s", clock=HybridClock("eu-west")) as store:
+        sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
+
+        async def push(region: str, _w: CommittedWrite, _v: Version, _deadline: float) -> str:
+            started.append(region)
+            try:
+                await asyncio.Event().wait()  # no answer, ever
+            finally:
+                ended.append(region)
+            return region
+
+        sync._push = push  # type: ignore[method-assign]
+        sync._reconciled[PLACEMENT.dataset] = 5
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        writes = [asyncio.create_task(sync.replicate(write(done))) for _ in range(2)]
+        await until(lambda: len(started) == 4, 5, "four pushes under way")
+        await asyncio.wait_for(sync.close(), timeout=5)
+        assert sorted(ended) == sorted(started)
+        for task in writes:
+            with pytest.raises((asyncio.CancelledError, UnavailableError)):
+                await asyncio.wait_for(task, timeout=5)

@@ -328,3 +328,17 @@ async def test_a_region_that_takes_no_batch_is_never_held() -> None:
     await until(lambda: calls.alone == ["a", "b"], timeout_s=5, what="b pushed at once")
     calls.gate.set()
     assert await asyncio.wait_for(asyncio.gather(first, second), timeout=5) == [REGION] * 2
+
+
+async def test_a_push_cancelled_before_it_starts_gives_its_call_slot_back() -> None:
+    # The slot is taken as the push is submitted; cancelled before its first step (its
+    # write's call ended in the same turn), it must still be given back, or after
+    # `in_flight` of these the lane would send nothing again.
+    calls = Calls()
+    calls.gate.set()
+    lane = calls.lane()
+    for _ in range(3):
+        lane.submit(*write("a"), 5.0).cancel()
+        await until(lambda: lane._running == 0, 5.0, "the slot given back")
+    assert await lane.push(*write("b"), 5.0) == REGION
+    assert lane._running == 0

@@ -113,7 +113,7 @@ def test_a_group_prunes_each_object_past_keep_versions_and_journals_each_removal
     )
     for k in "abcd":
         held = [s.version for s in store.versions("ds", k)]
-        assert held == ([new[k]] + olds[k][::-1])[:2], k
+        assert held == [new[k], *olds[k][::-1]][:2], k
     removed = [(e.key, e.hlc) for e in store.journal_pending(limit=100) if e.kind == "removed"]
     assert sorted(removed) == [("a", olds["a"][0].hlc.text), ("b", olds["b"][0].hlc.text)]
     assert len(object_files(store.root)) == 7  # a, b, c: two each; d: one
