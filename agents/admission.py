@@ -37,7 +37,7 @@ in-memory policy and owners (tests/fakes/owners.py).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, NoReturn, Protocol
 
 from agents.errors import NotGovernedError, NotOwnerError, ResidencyError
@@ -83,6 +83,9 @@ class OwnerRecord:
     epoch: int
     handing_over: bool = False
     handover_to: str | None = None
+    # The etcd revision it is as of, when known (for the fence's ordering; two records
+    # saying the same are equal whenever they were read).
+    revision: int | None = field(default=None, compare=False)
 
 
 class OwnerSource(Protocol):
@@ -279,7 +282,9 @@ class Admission:
             )
         # What etcd said is at least as new as what the watch told the fence; the fence
         # then refuses a marked handover, or an epoch it has seen superseded.
-        self._fence.observe(dataset, owner.epoch, handing_over=owner.handing_over)
+        self._fence.observe(
+            dataset, owner.epoch, handing_over=owner.handing_over, revision=owner.revision
+        )
         if epoch is not None and epoch != owner.epoch:
             if epoch < owner.epoch:
                 self._refused_stale(dataset, epoch, owner.epoch)
@@ -354,7 +359,9 @@ class Admission:
                 f"a copy of critical dataset {dataset} at epoch {epoch} came from "
                 f"{origin_region}, but etcd holds no owner for it; refused"
             )
-        self._fence.observe(dataset, owner.epoch, handing_over=owner.handing_over)
+        self._fence.observe(
+            dataset, owner.epoch, handing_over=owner.handing_over, revision=owner.revision
+        )
         if owner.epoch > epoch:
             self._refused_stale(dataset, epoch, owner.epoch)
         if owner.epoch != epoch or owner.region != origin_region:
@@ -396,7 +403,9 @@ class Admission:
         read = self._fresh_owner or self._owners.owner
         owner = await read(dataset)
         if owner is not None:
-            self._fence.observe(dataset, owner.epoch, handing_over=owner.handing_over)
+            self._fence.observe(
+                dataset, owner.epoch, handing_over=owner.handing_over, revision=owner.revision
+            )
         return owner
 
     def _fenced(self, dataset: str, epoch: int, *, through_handover: bool = False) -> None:

@@ -117,7 +117,7 @@ class EtcdOwners:
             found = kept
         watched = self._watched
         if watched is not None and watched.revision > found.revision:
-            return _record(watched.owner(dataset))
+            return _record(watched.owner(dataset), watched.revision)
         return found.record
 
     def known(self, dataset: str) -> OwnerRecord | None:
@@ -126,7 +126,7 @@ class EtcdOwners:
         found = self._reads.get(dataset)
         watched = self._watched
         if watched is not None and (found is None or watched.revision > found.revision):
-            return _record(watched.owner(dataset))
+            return _record(watched.owner(dataset), watched.revision)
         return None if found is None else found.record
 
     async def read_fresh(self, dataset: str) -> _Read:
@@ -186,7 +186,9 @@ class EtcdOwners:
                 owner = decode_owner(dataset, kv.value, kv.mod_revision, None)
                 mark = decode_handover(mark_kvs[0]) if mark_kvs else None
                 to = mark.to_region if mark is not None and mark.epoch >= owner.epoch else None
-                record = OwnerRecord(dataset, owner.region, owner.epoch, to is not None, to)
+                record = OwnerRecord(
+                    dataset, owner.region, owner.epoch, to is not None, to, res.revision
+                )
         except (CorruptRecordError, ValueError, KeyError, TypeError) as exc:
             log.error("owner_record_unreadable", dataset=dataset, error=str(exc))
             self._reads.pop(dataset, None)
@@ -202,12 +204,14 @@ class EtcdOwners:
         watched = self._watched
         if record is not None and (watched is None or watched.revision <= res.revision):
             # Only news for the fence: a watch already past this read told it more.
-            self._fence.observe(dataset, record.epoch, handing_over=record.handing_over)
+            self._fence.observe(
+                dataset, record.epoch, handing_over=record.handing_over, revision=res.revision
+            )
         return found
 
 
-def _record(owner: Owner | None) -> OwnerRecord | None:
+def _record(owner: Owner | None, revision: int | None = None) -> OwnerRecord | None:
     if owner is None:
         return None
     to = owner.handing_over_to
-    return OwnerRecord(owner.dataset, owner.region, owner.epoch, to is not None, to)
+    return OwnerRecord(owner.dataset, owner.region, owner.epoch, to is not None, to, revision)

@@ -131,7 +131,7 @@ class OwnershipWatch(Lifecycle):
         # Replace both maps at once: a reader sees one read, never half of it.
         self._owners, self._marks = owners, marks
         for ds, found in owners.items():
-            self.fence.observe(ds, found.epoch, handing_over=ds in marks)
+            self.fence.observe(ds, found.epoch, handing_over=ds in marks, revision=res.revision)
             self._tell(found)
         self._advance(res.revision)
 
@@ -164,7 +164,7 @@ class OwnershipWatch(Lifecycle):
             if key.startswith(keys.OWNERS):
                 self._on_owner(ev.type, key.removeprefix(keys.OWNERS), ev.kv)
             elif key.startswith(keys.HANDOVER):
-                self._on_mark(ev.type, key.removeprefix(keys.HANDOVER), ev.kv)
+                self._on_mark(ev.type, key.removeprefix(keys.HANDOVER), ev.kv, ev.revision)
             self._advance(ev.revision)
 
     def _on_owner(self, kind: EventType, ds: str, kv: KeyValue) -> None:
@@ -184,12 +184,15 @@ class OwnershipWatch(Lifecycle):
             except Exception as exc:  # noqa: BLE001 - a listener's bug must not stop the watch
                 log.warning("owner_listener_failed", dataset=found.dataset, error=str(exc))
 
-    def _on_mark(self, kind: EventType, ds: str, kv: KeyValue) -> None:
+    def _on_mark(self, kind: EventType, ds: str, kv: KeyValue, revision: int) -> None:
         if kind is EventType.PUT:
             _ds, to, epoch = self._decode_mark(kv)
             self._marks[ds] = to
             self.fence.observe(
-                ds, epoch if epoch is not None else self.epoch(ds) or 0, handing_over=True
+                ds,
+                epoch if epoch is not None else self.epoch(ds) or 0,
+                handing_over=True,
+                revision=revision,
             )
             return
         self._marks.pop(ds, None)
@@ -198,7 +201,7 @@ class OwnershipWatch(Lifecycle):
             # After a completed move the owner event (same revision) came first and
             # the fence already holds the new epoch, unfrozen; after an abort this
             # unfreezes the epoch the mark froze.
-            self.fence.observe(ds, found.epoch, handing_over=False)
+            self.fence.observe(ds, found.epoch, handing_over=False, revision=revision)
 
     def _advance(self, revision: int) -> None:
         self._revision = max(self._revision, revision)

@@ -46,7 +46,8 @@ class DatasetHandingOverError(HandingOverError):
 
 
 class EpochMemory(Protocol):
-    """Per-dataset record `{"epoch": int, "handing_over": bool}` with atomic update."""
+    """Per-dataset record `{"epoch": int, "handing_over": bool, "revision": int}` (the
+    etcd revision the handover state is as of) with atomic update."""
 
     def update(
         self, dataset: str, fn: Callable[[dict[str, object]], dict[str, object]]
@@ -128,6 +129,12 @@ def _epoch_of(rec: dict[str, object]) -> int:
     return value if isinstance(value, int) else 0
 
 
+def _revision_of(rec: dict[str, object]) -> int:
+    """The etcd revision the record's handover state was last learnt at (0: unknown)."""
+    value = rec.get("revision", 0)
+    return value if isinstance(value, int) else 0
+
+
 class FencedResource:
     """Guards writes to datasets by epoch (see the module docstring for the rules)."""
 
@@ -137,20 +144,35 @@ class FencedResource:
     def highest_epoch(self, dataset: str) -> int:
         return _epoch_of(self.memory.update(dataset, lambda r: r))
 
-    def observe(self, dataset: str, epoch: int, *, handing_over: bool | None = None) -> int:
+    def observe(
+        self,
+        dataset: str,
+        epoch: int,
+        *,
+        handing_over: bool | None = None,
+        revision: int | None = None,
+    ) -> int:
         """Learn of an epoch (from an ownership watch); never lowers it. Returns the highest.
 
         `handing_over` is what the caller knows of a handover mark at that epoch;
         None (an owner event, which says nothing about marks) keeps what is known at
         an equal epoch, so a late owner event cannot lift a freeze that a mark set.
+        `revision`: the etcd revision that knowledge is as of. At an equal epoch, news
+        older than what the fence already learnt is ignored, whichever order the
+        watch and the reads that tell it deliver theirs in (a read begun before a
+        handover was marked, ending after the watch froze the fence, must not lift
+        the freeze; nor a lagging watch's older event undo a newer read's).
         """
 
         def fn(rec: dict[str, object]) -> dict[str, object]:
-            current = _epoch_of(rec)
+            current, seen = _epoch_of(rec), _revision_of(rec)
+            learnt = seen if revision is None or handing_over is None else max(seen, revision)
             if epoch > current:
-                return {"epoch": epoch, "handing_over": bool(handing_over)}
+                return {"epoch": epoch, "handing_over": bool(handing_over), "revision": learnt}
             if epoch == current and handing_over is not None:
-                return {"epoch": epoch, "handing_over": handing_over}
+                if revision is not None and revision < seen:
+                    return rec  # older than what is known: not news
+                return {"epoch": epoch, "handing_over": handing_over, "revision": learnt}
             return rec
 
         return _epoch_of(self.memory.update(dataset, fn))
@@ -182,7 +204,9 @@ class FencedResource:
                     verdict["handing_over"] = True
                 out = rec
             else:
-                out = {"epoch": epoch, "handing_over": False}
+                # A newer epoch learnt from a write: no handover known at it, and what
+                # etcd told at the older one is still older than anything at this one.
+                out = {"epoch": epoch, "handing_over": False, "revision": _revision_of(rec)}
             if on_verdict is not None:
                 on_verdict(not verdict)
             return out

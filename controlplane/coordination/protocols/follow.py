@@ -27,7 +27,7 @@ async def sync_once(coord: Coordination, resource: FencedResource) -> int:
     frozen = {kv.key.removeprefix(keys.HANDOVER) for kv in marks}
     for kv in owners:
         ds = kv.key.removeprefix(keys.OWNERS)
-        resource.observe(ds, kv.mod_revision, handing_over=ds in frozen)
+        resource.observe(ds, kv.mod_revision, handing_over=ds in frozen, revision=res.revision)
     return res.revision
 
 
@@ -49,12 +49,18 @@ async def follow_ownership(
         async for ev in coord.watch(keys.HANDOVER, prefix=True, start_revision=start):
             ds = ev.kv.key.removeprefix(keys.HANDOVER)
             if ev.type is EventType.PUT:
-                resource.observe(ds, decode_handover(ev.kv).epoch, handing_over=True)
+                resource.observe(
+                    ds, decode_handover(ev.kv).epoch, handing_over=True, revision=ev.revision
+                )
             else:
                 owner = await own.get(ds)
                 if owner is not None:
+                    # Read after the deletion: as of its revision at least.
                     resource.observe(
-                        ds, owner.epoch, handing_over=owner.handing_over_to is not None
+                        ds,
+                        owner.epoch,
+                        handing_over=owner.handing_over_to is not None,
+                        revision=ev.revision,
                     )
 
     async with asyncio.TaskGroup() as tg:
