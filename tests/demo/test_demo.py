@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -132,6 +133,16 @@ def _wait_kept(proc: subprocess.Popen[bytes], err: Path) -> dict[str, Any]:
     pytest.fail(f"the demo did not reach --keep (exit {proc.poll()}):\n{tail}")
 
 
+def _a_number(sample: dict[str, Any]) -> bool:
+    """Whether a sample of an instant vector holds a finite value: a quantile of no
+    observations, or a ratio of two zero rates, is NaN, which a panel draws as nothing."""
+    value = sample.get("value")
+    try:
+        return isinstance(value, list) and math.isfinite(float(value[1]))
+    except (IndexError, TypeError, ValueError):
+        return False
+
+
 def _panels_with_data(prometheus: PrometheusClient) -> list[str]:
     """Wait until every panel query returns data; the ones that never did."""
     queries = panel_queries()
@@ -140,7 +151,7 @@ def _panels_with_data(prometheus: PrometheusClient) -> list[str]:
 
     def all_have_data() -> bool:
         for expr in list(empty):
-            if prometheus.query(expr):
+            if any(_a_number(sample) for sample in prometheus.query(expr)):
                 del empty[expr]
         return not empty
 
