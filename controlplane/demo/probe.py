@@ -16,7 +16,7 @@ from typing import Any
 from agents.client import AgentClient
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
-from controlplane.errors import MeridianError
+from controlplane.errors import MeridianError, NotFoundError
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,21 @@ class Probe:
 
         try:
             return asyncio.run(read())
+        except MeridianError:
+            return None
+
+    def shows_set(self, agent: str, dataset: str, set_id: str) -> bool | None:
+        """Whether the agent's newest complete set of `dataset` is `set_id` (what
+        `object get --set latest` reads there); None when the agent does not answer."""
+
+        async def read() -> str:
+            async with AgentClient(agent, timeout_s=self.timeout_s) as client:
+                return (await client.get_set(dataset)).id
+
+        try:
+            return asyncio.run(read()) == set_id
+        except NotFoundError:
+            return False  # no complete set there yet
         except MeridianError:
             return None
 

@@ -128,11 +128,22 @@ class Story:
         # Then a `latest` marker naming the step, as training frameworks write one: a
         # small object of its own, acked like any critical write (its pushes are what
         # the dashboard's critical push panel shows; a set's members go another way).
+        # Written once every other region that answers shows the set: its ack is a
+        # quorum's, the third region may still be taking the members, and a marker
+        # pushed meanwhile, small, would land there first and name a set a reader
+        # there cannot read yet. (One that does not answer catches up, both at once.)
+        for other in CKPT_REGIONS:
+            if other != region and not self.wait(partial(self._shows, other, set_id), 60):
+                return False, f"set {committed} acked, but {other} does not show it"
         marker, why = self.probe.put(self.agent(region), CKPT, LATEST, f"{step}\n".encode())
         if marker is None:
             return False, f"set {committed} acked, but not the {LATEST} marker: {why}"
         self.acked[LATEST] = marker
         return True, f"set {committed}: {len(files)} files, {size:,} bytes, then {LATEST}"
+
+    def _shows(self, region: str, set_id: str) -> bool:
+        """The region shows `set_id` as its latest set, or its agent does not answer."""
+        return self.probe.shows_set(self.agent(region), CKPT, set_id) is not False
 
     def sent_bytes(self, versions: set[str], timeout_s: float = 30) -> tuple[int, int]:
         """(wire bytes, transfers) of the completed pushes of `versions`, once the

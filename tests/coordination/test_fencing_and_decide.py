@@ -88,30 +88,36 @@ def test_a_late_owner_event_does_not_lift_a_handover_freeze() -> None:
 @pytest.mark.parametrize("memory", ["memory", "directory"])
 def test_news_older_than_what_the_fence_knows_is_ignored(tmp_path: Path, memory: str) -> None:
     """A read and the watch tell the fence in whichever order they end: the state it
-    holds is that of the newest etcd revision it was told, never a late older one."""
+    holds is that of the newest etcd revision it was told, never a late older one.
+    (An epoch is the revision of its owner write: news at it is as of that at least.)"""
     res = FencedResource(DirectoryEpochs(tmp_path) if memory == "directory" else None)
-    res.observe("ds", 7, handing_over=False, revision=100)
-    res.observe("ds", 7, handing_over=True, revision=110)  # the watch: a mark at 110
-    res.observe("ds", 7, handing_over=False, revision=105)  # a read begun before it, late
+    res.observe("ds", 90, handing_over=False, revision=100)
+    res.observe("ds", 90, handing_over=True, revision=110)  # the watch: a mark at 110
+    res.observe("ds", 90, handing_over=False, revision=105)  # a read begun before it, late
     with pytest.raises(DatasetHandingOverError):
-        res.admit("ds", 7)
-    res.observe("ds", 7, handing_over=True, revision=109)  # (older again: no change)
-    res.observe("ds", 7, handing_over=False, revision=120)  # the mark's removal
-    assert res.admit("ds", 7) == 7
-    res.observe("ds", 7, handing_over=True, revision=115)  # a lagging read of the mark
-    assert res.admit("ds", 7) == 7
-    res.observe("ds", 7, revision=130)  # an owner event says nothing of marks
-    res.observe("ds", 7, handing_over=True, revision=125)  # so this is still news
+        res.admit("ds", 90)
+    res.observe("ds", 90, handing_over=True, revision=109)  # (older again: no change)
+    res.observe("ds", 90, handing_over=False, revision=120)  # the mark's removal
+    assert res.admit("ds", 90) == 90
+    res.observe("ds", 90, handing_over=True, revision=115)  # a lagging read of the mark
+    assert res.admit("ds", 90) == 90
+    res.observe("ds", 90, revision=130)  # an owner event says nothing of marks
+    res.observe("ds", 90, handing_over=True, revision=125)  # so this is still news
     with pytest.raises(DatasetHandingOverError):
-        res.admit("ds", 7)
-    # A newer epoch is news whatever its revision says; a write's epoch keeps the
-    # revision learnt, so a stale mark of the old epoch cannot freeze the new one.
-    res.admit("ds", 8)
-    res.observe("ds", 8, handing_over=True, revision=124)
-    assert res.admit("ds", 8) == 8
-    res.observe("ds", 8, handing_over=True, revision=140)
+        res.admit("ds", 90)
+    # A write brings epoch 140 (its owner write's revision): a mark at it is news
+    # whatever the fence learnt at 90, and an older read at 140 does not lift it.
+    res.admit("ds", 140)
+    res.observe("ds", 140, handing_over=True, revision=150)
     with pytest.raises(DatasetHandingOverError):
-        res.admit("ds", 8)
+        res.admit("ds", 140)
+    res.observe("ds", 140, handing_over=False, revision=145)
+    with pytest.raises(DatasetHandingOverError):
+        res.admit("ds", 140)
+    # A newer epoch first seen by the watch (no revision told: as of its own).
+    res.observe("ds", 160)
+    res.observe("ds", 160, handing_over=True, revision=155)  # older than the epoch itself
+    assert res.admit("ds", 160) == 160
 
 
 def test_directory_epochs_are_atomic_across_processes(tmp_path: Path) -> None:

@@ -166,13 +166,20 @@ class FencedResource:
 
         def fn(rec: dict[str, object]) -> dict[str, object]:
             current, seen = _epoch_of(rec), _revision_of(rec)
-            learnt = seen if revision is None or handing_over is None else max(seen, revision)
+            told = revision if revision is not None and handing_over is not None else 0
             if epoch > current:
-                return {"epoch": epoch, "handing_over": bool(handing_over), "revision": learnt}
+                # An epoch is the revision of its owner write: whatever is learnt at it
+                # is as of that revision at least, and anything known of older epochs
+                # is older still.
+                return {
+                    "epoch": epoch,
+                    "handing_over": bool(handing_over),
+                    "revision": max(epoch, told),
+                }
             if epoch == current and handing_over is not None:
                 if revision is not None and revision < seen:
                     return rec  # older than what is known: not news
-                return {"epoch": epoch, "handing_over": handing_over, "revision": learnt}
+                return {"epoch": epoch, "handing_over": handing_over, "revision": max(seen, told)}
             return rec
 
         return _epoch_of(self.memory.update(dataset, fn))
@@ -204,9 +211,10 @@ class FencedResource:
                     verdict["handing_over"] = True
                 out = rec
             else:
-                # A newer epoch learnt from a write: no handover known at it, and what
-                # etcd told at the older one is still older than anything at this one.
-                out = {"epoch": epoch, "handing_over": False, "revision": _revision_of(rec)}
+                # A newer epoch learnt from a write: no handover known at it, as of
+                # its own owner write (an epoch is that write's revision).
+                revision = epoch if epoch > current else _revision_of(rec)
+                out = {"epoch": epoch, "handing_over": False, "revision": revision}
             if on_verdict is not None:
                 on_verdict(not verdict)
             return out
