@@ -41,6 +41,8 @@ CREATE TABLE IF NOT EXISTS sets (
     PRIMARY KEY (dataset, set_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sets_by_hlc ON sets (dataset, complete, hlc);
+-- Members stored with their set id (holds_sets): partial, so other rows cost nothing.
+CREATE INDEX IF NOT EXISTS versions_in_sets ON versions (set_id) WHERE set_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS set_members (
     dataset TEXT NOT NULL,
     set_id TEXT NOT NULL,

@@ -1961,12 +1961,18 @@ class ObjectStore:
             return [k for k, h in members.items() if not self._present(dataset, k, h)]
 
     def holds_sets(self) -> bool:
-        """Whether any version set is recorded here (complete or not): its members stay
-        on this agent alone (a rebalance does not move them), so this agent holds the
-        region's only copy of them."""
+        """Whether any version set is recorded here (complete or not), or any member of
+        one whose set is not yet: its members stay on this agent alone (a rebalance does
+        not move them), so this agent holds the region's only copy of them."""
         with self._lock:
             self._require_open()
-            return self._db.execute("SELECT 1 FROM sets LIMIT 1").fetchone() is not None
+            for sql in (
+                "SELECT 1 FROM sets LIMIT 1",
+                "SELECT 1 FROM versions WHERE set_id IS NOT NULL LIMIT 1",
+            ):
+                if self._db.execute(sql).fetchone() is not None:
+                    return True
+            return False
 
     def list_sets(self, dataset: str) -> list[SetRecord]:
         """Every set recorded for a dataset, complete or not, newest first."""

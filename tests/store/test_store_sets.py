@@ -109,3 +109,15 @@ def test_read_a_member_through_its_set(store: ObjectStore) -> None:
     assert domain.members[0].version == a1.hlc
     gone = store.delete("ckpt", "a", set_id="step-2")
     assert store.stat("ckpt", "a", include_deleted=True).set_id == "step-2" and gone.is_tombstone
+
+
+def test_a_store_holds_sets_from_its_first_member_on(store: ObjectStore) -> None:
+    # A member is stored before its set is committed: the agent already holds the
+    # region's only copy of it (the roster entry must not vouch for more).
+    assert not store.holds_sets()
+    store.put("plain", "k", [b"no set"])
+    assert not store.holds_sets()
+    a = store.put("ckpt", "a", [b"A"], set_id="s1")
+    assert store.holds_sets()
+    store.commit_set("ckpt", "s1", {"a": a.hlc})
+    assert store.holds_sets()
