@@ -28,9 +28,7 @@ records duties, the watches and the store stop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import AsyncIterator
 
 import grpc.aio
 
@@ -367,17 +365,12 @@ class NodeAgent(Lifecycle):
         except MeridianError as exc:
             log.warning("roster_copies_not_lowered", error=str(exc), copies=r)
 
-    @contextlib.asynccontextmanager
-    async def _holding_sets(self) -> AsyncIterator[None]:
-        """Around storing a set (or a member) here: this agent's entry vouches for 1
-        copy from the start, since a SIGKILL before the next settled pass would
-        otherwise leave an entry a survivor may clear (fewer departed than its count);
-        and no settled pass raises it while the set is being stored."""
-        if self.roster is None:
-            yield
-            return
-        async with self.roster.holding_sets():
-            yield
+    async def _holding_sets(self) -> None:
+        """Before a set (or a member) is stored here: this agent's entry vouches for 1
+        copy from now on, since a SIGKILL before the next settled pass would otherwise
+        leave an entry a survivor may clear (fewer departed than its count)."""
+        if self.roster is not None:
+            await self.roster.holding_sets()
 
     async def _rebalance_settled(self, current: Members) -> None:
         """Settled under `current`: everything this agent holds is at its `r` owners, so
@@ -386,13 +379,8 @@ class NodeAgent(Lifecycle):
         a set's members are on the agent that took it alone (the rebalance leaves them)."""
         if self.roster is None or self.store is None:
             return
-        # Counted before the store is looked at: a set taken after that keeps the entry
-        # at 1 (the look may have missed it).
-        taken = self.roster.sets_taken
         sets = await asyncio.to_thread(self.store.holds_sets)
-        await self.roster.settled_at(
-            1 if sets else current.r, lambda: self.members.current.r, sets_taken=taken
-        )
+        await self.roster.settled_at(1 if sets else current.r, lambda: self.members.current.r)
         await self.roster.clear_settled(current)
 
     async def _publish_registration(self) -> None:

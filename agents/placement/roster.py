@@ -4,8 +4,7 @@ entry, and the region's entries read fresh for a `complete` listing or a settled
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -39,12 +38,10 @@ class Roster:
         self.key = departures.roster_key(region, agent_id)
         self._entry: RosterEntry | None = None
         self._writing = asyncio.Lock()
-        # Sets (or members) being stored here now, and how many ever were: a settled
-        # pass that looked at the store just before a set landed must not raise the
-        # entry again (CI saw one do so, queued behind the lowering). Once none is
-        # being stored and the store holds none (deleted, pruned), a pass raises it.
-        self._taking = 0
-        self.sets_taken = 0
+        # This agent took a version set while running: its entry stays at 1 copy. A
+        # settled pass that looked at the store just before the set landed must not
+        # raise it again (CI saw one do so, queued behind the lowering).
+        self._holds_sets = False
         self._gauge = (
             Gauge(
                 "meridian_agent_departed_agents",
@@ -97,34 +94,22 @@ class Roster:
             self._entry = new
         log.info("roster_copies_lowered", key=self.key, copies=new.copies)
 
-    @contextlib.asynccontextmanager
-    async def holding_sets(self) -> AsyncIterator[None]:
-        """Around storing a set (or a member) here: the entry vouches for 1 copy first
-        (a set's members stay on the agent that takes it), and no settled pass raises
-        it while the set is being stored, nor one that looked at the store before."""
-        self._taking += 1
-        self.sets_taken += 1
-        try:
-            await self.see_copies(1)
-            yield
-        finally:
-            self._taking -= 1
+    async def holding_sets(self) -> None:
+        """Before a set (or a member) is stored here: the entry vouches for 1 copy, and
+        no settled pass raises it again while this agent runs (a set's members stay on
+        the agent that took it)."""
+        self._holds_sets = True
+        await self.see_copies(1)
 
-    async def settled_at(
-        self, r: int, now_r: Callable[[], int], *, sets_taken: int | None = None
-    ) -> None:
+    async def settled_at(self, r: int, now_r: Callable[[], int]) -> None:
         """After this agent's rebalance settled under `r` copies: everything it holds is
         at its `r` owners, so its entry vouches for `r` (raised from a count it saw
         while the region was smaller, or lowered). Never above `now_r()`, the count the
         region has as this writes: the pass ran on a snapshot that may be gone, and a
-        lowering seen since must stand. `sets_taken`: `self.sets_taken` as read before
-        the pass looked at the store for sets (None: it did not look); a set being
-        stored now, or taken since, keeps the entry at 1."""
+        lowering seen since must stand."""
         async with self._writing:
             entry = self._entry
-            since = self.sets_taken if sets_taken is None else sets_taken
-            taking = self._taking > 0 or since != self.sets_taken
-            r = 1 if taking else min(r, now_r())
+            r = 1 if self._holds_sets else min(r, now_r())
             if entry is None or entry.copies == r or r < 1:
                 return
             new = RosterEntry(entry.agent_id, r, entry.endpoint, entry.written_at)

@@ -14,8 +14,7 @@ region toward the set's ack.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from agents.admission import Admission
 from agents.replication.answers import OUTCOMES
@@ -39,18 +38,15 @@ class ReplicaSets:
         self.store = store
         self.admission = admission
         self.region = region
-        # Entered around applying the sets (the servicer's `holding_sets`).
-        self.holding_sets: Callable[[], contextlib.AbstractAsyncContextManager[object]] | None = (
-            None
-        )
+        # Awaited before the sets are applied (the servicer's `holding_sets`).
+        self.holding_sets: Callable[[], Awaitable[None]] | None = None
 
     async def receive_sets(
         self, request: agent_pb2.ReplicateSetRequest
     ) -> agent_pb2.ReplicateSetResponse:
-        if self.holding_sets is None:
-            return await receive_sets(self.store, self.admission, self.region, request)
-        async with self.holding_sets():
-            return await receive_sets(self.store, self.admission, self.region, request)
+        if self.holding_sets is not None:
+            await self.holding_sets()
+        return await receive_sets(self.store, self.admission, self.region, request)
 
 
 async def receive_sets(

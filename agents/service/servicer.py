@@ -30,10 +30,9 @@ Every call is counted by call and code and ends with the code of its error
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Never, Protocol, TypedDict
 
@@ -202,13 +201,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.replication = replication
         self.max_object_bytes = max_object_bytes
         self.sets = sets
-        # Entered before a set member or a set is stored here, left once it is (the
-        # daemon's roster entry vouches for 1 copy from then on while the agent holds a
-        # set, agents/placement/roster.py: a set stays on the agent that takes it, so
-        # this agent then holds the region's only copy of it).
-        self.holding_sets: Callable[[], contextlib.AbstractAsyncContextManager[object]] | None = (
-            None
-        )
+        # Awaited before a set member or a set is stored here (the daemon lowers its
+        # roster entry to 1 copy, agents/placement/roster.py: a set stays on the agent
+        # that takes it, so this agent then holds the region's only copy of it).
+        self.holding_sets: Callable[[], Awaitable[None]] | None = None
         self.cache = cache
         # The store gauges read the store's usage row when scraped, not after every write
         # (a thread hop, a query and a statvfs per write, for gauges read far less often).
@@ -240,16 +236,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         costs both ends about twice the CPU of a unary call)."""
         header = check_small(request, self.max_object_bytes)
         admitted = await self.admission.admit_write(header.dataset, header.epoch)
-        async with self._holding(header):
-            return await self._commit_write(
-                context, header, admitted, None, request.data, None, call="PutSmall"
-            )
-
-    def _holding(self, header: _Header) -> contextlib.AbstractAsyncContextManager[object]:
-        """Around storing a set's member: this agent takes a version set meanwhile."""
         if header.set_id is not None and self.holding_sets is not None:
-            return self.holding_sets()
-        return contextlib.nullcontext()
+            await self.holding_sets()
+        return await self._commit_write(
+            context, header, admitted, None, request.data, None, call="PutSmall"
+        )
 
     async def _put(
         self, frames: AsyncIterator[agent_pb2.PutRequest], context: Context
@@ -258,19 +249,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if first is None or first.WhichOneof("frame") != "header":
             raise InvalidInputError("PutRequest.header: a Put's first message must be its header")
         header = _Header.of(first.header, self.max_object_bytes)
-        admitted = await self.admission.admit_write(header.dataset, header.epoch)
-        async with self._holding(header):
-            return await self._put_stream(frames, context, header, admitted)
-
-    async def _put_stream(
-        self,
-        frames: AsyncIterator[agent_pb2.PutRequest],
-        context: Context,
-        header: _Header,
-        admitted: Admitted,
-    ) -> agent_pb2.PutResponse:
-        """The rest of a Put after its header: its chunks, its end, its commit."""
         dataset, key, size = header.dataset, header.key, header.size
+        admitted = await self.admission.admit_write(dataset, header.epoch)
+        if header.set_id is not None and self.holding_sets is not None:
+            await self.holding_sets()
         # The first INLINE_BYTES are held here, not staged: an object that ends within
         # them (the common small write) is stored in ONE thread hop, after its end.
         # A larger one is staged then and streams on, one thread hop per chunk.
@@ -487,18 +469,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         requests.set_id("CommitSetRequest.set.id", True, wanted.id)
         epoch = requests.epoch(request.HasField("epoch"), request.epoch)
         admitted = await self.admission.admit_write(wanted.dataset, epoch)
-        holding = self.holding_sets() if self.holding_sets is not None else None
-        async with holding or contextlib.nullcontext():
-            _before_commit(context, "CommitSet")
-            record = await asyncio.to_thread(
-                self.store.commit_set,
-                wanted.dataset,
-                wanted.id,
-                {m.key: m.version for m in wanted.members},
-                outbox=not admitted.critical,
-                epoch=admitted.epoch,
-                policy_revision=admitted.policy_revision,
-            )
+        if self.holding_sets is not None:
+            await self.holding_sets()
+        _before_commit(context, "CommitSet")
+        record = await asyncio.to_thread(
+            self.store.commit_set,
+            wanted.dataset,
+            wanted.id,
+            {m.key: m.version for m in wanted.members},
+            outbox=not admitted.critical,
+            epoch=admitted.epoch,
+            policy_revision=admitted.policy_revision,
+        )
         log.info(
             "set_committed",
             dataset=record.dataset,
