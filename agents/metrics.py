@@ -5,6 +5,8 @@ of the agent (API, admission, transfers, recorder, outbox drain) counts into the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Transfer sizes span 4 KiB objects to multi-GiB checkpoints over WAN links.
@@ -141,3 +143,12 @@ class AgentMetrics:
         if timer is None:
             timer = self._call_timers[call] = self.request_seconds.labels(call=call)
         return timer
+
+    def expect_peers(self, regions: Iterable[str]) -> None:
+        """Start the push series to each of `regions` at zero, before any push: a rate
+        sees only what a counter gained after its first scrape, so pushes made before a
+        lazily created series was first scraped would never show on a panel."""
+        for region in regions:
+            for stage in ("queued", "call"):
+                self.push_seconds.labels(to_region=region, stage=stage)
+            self.push_items.labels(to_region=region)

@@ -136,6 +136,7 @@ class NodeAgent(Lifecycle):
     async def _do_start(self) -> None:
         await self.view.start()
         self._check_region()
+        self.metrics.expect_peers(r for r in self.view.require().regions if r != self.region)
         await self.watch.start()
         await self.members.start()
         clock = HybridClock(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harness.agent_process import AgentProcess
+from harness.agent_process import WORLD_REGIONS, AgentProcess
 from harness.controllers import run_cli
 from harness.ports import free_port
 from waiting import WaitTimeoutError, until
@@ -153,6 +153,14 @@ async def test_metrics_serve_the_spec_names_and_follow_the_store(agent: AgentPro
         ):
             assert f"# TYPE {name} " in text, name
         assert "meridian_agent_objects 0.0" in text
+        # The push series to every other region are there at zero before any push: a
+        # rate sees only what a series gained after it was first scraped.
+        for region, _ in WORLD_REGIONS:
+            if region != agent.region:
+                series = f'stage="queued",to_region="{region}"'
+                assert f"meridian_critical_push_seconds_count{{{series}}} 0.0" in text, region
+                count = f'meridian_critical_push_items_count{{to_region="{region}"}} 0.0'
+                assert count in text, region
         async with AgentClient(agent.address) as client:
 
             async def data() -> AsyncIterator[bytes]:
