@@ -122,10 +122,6 @@ class PushLane:
         """Pushes waiting for a call slot (for tests)."""
         return len(self._queue)
 
-    async def push(self, write: CommittedWrite, version: Version, deadline_s: float) -> str:
-        """Push one small version to this lane's region; its region once committed there."""
-        return await self.submit(write, version, deadline_s)
-
     def submit(
         self, write: CommittedWrite, version: Version, deadline_s: float
     ) -> asyncio.Future[str]:

@@ -1325,13 +1325,8 @@ class SyncReplication:
                 # Never cancelled by this one's end: later pushes wait on it too.
                 before.add_done_callback(after_earlier)
 
-        def abandoned(_: object) -> None:
-            # Cancelled itself (the agent closing): its push is cancelled as the task's was.
-            if ordered.cancelled() and not raw.done():
-                raw.cancel()
-
+        # Nothing cancels `ordered` but close(), which cancels `raw` itself (`_pushes`).
         raw.add_done_callback(after_raw)
-        ordered.add_done_callback(abandoned)
         return ordered
 
     def _lane_settled(

@@ -76,7 +76,7 @@ async def test_a_lone_push_goes_at_once_in_a_call_of_its_own() -> None:
     calls = Calls()
     calls.gate.set()
     lane = calls.lane()
-    assert await lane.push(*write("a"), 5.0) == REGION
+    assert await lane.submit(*write("a"), 5.0) == REGION
     # One item of ReplicatePushes (cheaper than a streamed Replicate), not a batch.
     assert calls.together == [["a"]] and calls.alone == [] and lane.batches == 0
 
@@ -84,9 +84,9 @@ async def test_a_lone_push_goes_at_once_in_a_call_of_its_own() -> None:
 async def test_pushes_queued_behind_a_call_go_together_one_version_of_a_key_each() -> None:
     calls = Calls()
     lane = calls.lane()
-    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    first = lane.submit(*write("a"), 5.0)
     await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
-    queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c", "b")]
+    queued = [lane.submit(*write(k), 5.0) for k in ("b", "c", "b")]
     # They queue: the only call slot is taken.
     await until(lambda: lane.queued == 3, timeout_s=5, what="three pushes queued")
     calls.gate.set()
@@ -100,10 +100,10 @@ async def test_each_item_of_a_call_keeps_its_own_answer() -> None:
     calls = Calls()
     calls.answer["c"] = StaleEpochError("epoch 5 is older than 9")
     lane = calls.lane()
-    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    first = lane.submit(*write("a"), 5.0)
     await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
-    b = asyncio.create_task(lane.push(*write("b"), 5.0))
-    c = asyncio.create_task(lane.push(*write("c"), 5.0))
+    b = lane.submit(*write("b"), 5.0)
+    c = lane.submit(*write("c"), 5.0)
     await until(lambda: lane.queued == 2, timeout_s=5, what="two pushes queued")
     calls.gate.set()
     assert await asyncio.wait_for(first, 5) == REGION
@@ -118,17 +118,17 @@ async def test_a_lone_push_refused_as_a_batch_keeps_its_own_error() -> None:
     calls.answer["a"] = StaleEpochError("epoch 5 is older than 9")
     calls.gate.set()
     with pytest.raises(StaleEpochError):
-        await calls.lane().push(*write("a"), 5.0)
+        await calls.lane().submit(*write("a"), 5.0)
 
 
 async def test_an_agent_taking_no_batch_gets_each_item_alone() -> None:
     calls = Calls()
     calls.refuse = True
     lane = calls.lane()
-    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    first = lane.submit(*write("a"), 5.0)
     # Refused as a batch of one: pushed alone, and no batch is tried again meanwhile.
     await until(lambda: calls.alone == ["a"], timeout_s=5, what="the first push under way")
-    queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c")]
+    queued = [lane.submit(*write(k), 5.0) for k in ("b", "c")]
     await until(lambda: lane.queued == 2, timeout_s=5, what="two pushes queued")
     calls.refuse = False  # within REFUSED_FOR_S: still pushed alone
     calls.gate.set()
@@ -167,9 +167,9 @@ def timed_lane(
 async def test_the_lane_times_each_wait_and_each_call_in_its_metrics() -> None:
     calls, clock = Calls(), Clock()
     lane, sample = timed_lane(calls, clock)
-    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    first = lane.submit(*write("a"), 5.0)
     await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
-    queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c")]
+    queued = [lane.submit(*write(k), 5.0) for k in ("b", "c")]
     await until(lambda: lane.queued == 2, timeout_s=5, what="two pushes queued")
     held_s = 0.05
     clock.now += held_s  # the lane's clock: the queued pushes wait this long
@@ -191,9 +191,9 @@ async def test_a_region_that_takes_no_batch_is_timed_call_by_call() -> None:
     calls = Calls()
     calls.refuse = True
     lane, sample = timed_lane(calls)
-    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    first = lane.submit(*write("a"), 5.0)
     await until(lambda: calls.alone == ["a"], timeout_s=5, what="the first push under way")
-    queued = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in ("b", "c")]
+    queued = [lane.submit(*write(k), 5.0) for k in ("b", "c")]
     await until(lambda: lane.queued == 2, timeout_s=5, what="two pushes queued")
     calls.gate.set()
     await asyncio.wait_for(asyncio.gather(first, *queued), timeout=5)
@@ -219,7 +219,7 @@ async def busy_lane(
         linger_s=linger_s,
         **({} if clock is None else {"clock": clock}),
     )
-    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    first = lane.submit(*write("a"), 5.0)
     await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
     lane._carried = 8.0
     return lane, first
@@ -230,11 +230,11 @@ async def test_a_busy_lane_holds_a_short_queue_for_the_rest_of_its_wave() -> Non
     carry several: the queue waits until it is worth a call, then goes at once."""
     calls = Calls()
     lane, first = await busy_lane(calls, linger_s=30.0)  # longer than the test: the queue sends
-    wave = [asyncio.create_task(lane.push(*write("b"), 5.0))]
+    wave = [lane.submit(*write("b"), 5.0)]
     # Queued with a call slot free (a greedy lane sends it at once, never queues it).
     await until(lambda: lane.queued == 1, timeout_s=5, what="b queued")
     assert calls.together == [["a"]]
-    wave += [asyncio.create_task(lane.push(*write(k), 5.0)) for k in "cdefghi"]
+    wave += [lane.submit(*write(k), 5.0) for k in "cdefghi"]
     await until(lambda: len(calls.together) == 2, timeout_s=5, what="the wave's call")
     assert calls.together[1] == list("bcdefghi")
     calls.gate.set()
@@ -245,7 +245,7 @@ async def test_a_held_queue_goes_once_it_has_waited_the_linger() -> None:
     calls = Calls()
     lane, first = await busy_lane(calls, linger_s=0.1)
     started = asyncio.get_running_loop().time()
-    alone = asyncio.create_task(lane.push(*write("b"), 5.0))
+    alone = lane.submit(*write("b"), 5.0)
     await until(lambda: len(calls.together) == 2, timeout_s=5, what="b's own call")
     assert asyncio.get_running_loop().time() - started >= 0.09  # it waited, then went
     assert calls.together == [["a"], ["b"]]
@@ -260,8 +260,8 @@ async def test_a_lane_of_lone_writes_never_holds_one() -> None:
     lane = PushLane(
         REGION, alone=calls.push_alone, together=calls.push_together, in_flight=2, linger_s=30.0
     )
-    first = asyncio.create_task(lane.push(*write("a"), 5.0))
-    second = asyncio.create_task(lane.push(*write("b"), 5.0))
+    first = lane.submit(*write("a"), 5.0)
+    second = lane.submit(*write("b"), 5.0)
     await until(lambda: len(calls.together) == 2, timeout_s=5, what="both pushes under way")
     assert calls.together == [["a"], ["b"]]
     calls.gate.set()
@@ -273,7 +273,7 @@ async def test_a_held_queue_goes_after_the_linger_whatever_the_lane_s_clock_says
     faked one) still sends the held push once the timer fired."""
     calls = Calls()
     lane, first = await busy_lane(calls, linger_s=0.05, clock=Clock())
-    alone = asyncio.create_task(lane.push(*write("b"), 5.0))
+    alone = lane.submit(*write("b"), 5.0)
     await until(lambda: len(calls.together) == 2, timeout_s=5, what="b's own call")
     assert calls.together == [["a"], ["b"]]
     calls.gate.set()
@@ -285,12 +285,12 @@ async def test_the_next_wave_waits_its_own_linger() -> None:
     of the next wave's first push."""
     calls = Calls()
     lane, first = await busy_lane(calls, linger_s=0.3)
-    wave = [asyncio.create_task(lane.push(*write(k), 5.0)) for k in "bcdefghi"]
+    wave = [lane.submit(*write(k), 5.0) for k in "bcdefghi"]
     await until(lambda: len(calls.together) == 2, timeout_s=5, what="the wave's call")
     lane.in_flight = 3  # a slot free for the next wave
     lane._carried = 8.0
     started = asyncio.get_running_loop().time()
-    late = asyncio.create_task(lane.push(*write("j"), 5.0))
+    late = lane.submit(*write("j"), 5.0)
     await until(lambda: len(calls.together) == 3, timeout_s=5, what="j's own call")
     assert asyncio.get_running_loop().time() - started >= 0.27  # its own linger, whole
     calls.gate.set()
@@ -305,12 +305,12 @@ async def test_a_lane_learns_what_its_calls_carry() -> None:
     lane = PushLane(REGION, alone=calls.push_alone, together=calls.push_together, in_flight=1)
     assert lane._worth() == 1
     for n in range(20):
-        first = asyncio.create_task(lane.push(*write(f"a{n}"), 5.0))
-        rest = [asyncio.create_task(lane.push(*write(f"{k}{n}"), 5.0)) for k in "bcdefghij"]
+        first = lane.submit(*write(f"a{n}"), 5.0)
+        rest = [lane.submit(*write(f"{k}{n}"), 5.0) for k in "bcdefghij"]
         await asyncio.wait_for(asyncio.gather(first, *rest), timeout=5)
     assert lane._worth() >= 4  # calls of 1 and 9 versions, alternately
     for n in range(40):
-        await lane.push(*write(f"z{n}"), 5.0)
+        await lane.submit(*write(f"z{n}"), 5.0)
     assert lane._worth() == 1
 
 
@@ -321,10 +321,10 @@ async def test_a_region_that_takes_no_batch_is_never_held() -> None:
     lane = PushLane(
         REGION, alone=calls.push_alone, together=calls.push_together, in_flight=2, linger_s=30.0
     )
-    first = asyncio.create_task(lane.push(*write("a"), 5.0))
+    first = lane.submit(*write("a"), 5.0)
     await until(lambda: calls.alone == ["a"], timeout_s=5, what="a pushed alone")
     lane._carried = 8.0
-    second = asyncio.create_task(lane.push(*write("b"), 5.0))
+    second = lane.submit(*write("b"), 5.0)
     await until(lambda: calls.alone == ["a", "b"], timeout_s=5, what="b pushed at once")
     calls.gate.set()
     assert await asyncio.wait_for(asyncio.gather(first, second), timeout=5) == [REGION] * 2
@@ -340,5 +340,5 @@ async def test_a_push_cancelled_before_it_starts_gives_its_call_slot_back() -> N
     for _ in range(3):
         lane.submit(*write("a"), 5.0).cancel()
         await until(lambda: lane._running == 0, 5.0, "the slot given back")
-    assert await lane.push(*write("b"), 5.0) == REGION
+    assert await lane.submit(*write("b"), 5.0) == REGION
     assert lane._running == 0
