@@ -179,6 +179,7 @@ _KINDS: dict[str, Callable[[str, JournalEntry, Lookup], Plan]] = {
     "missing": _missing,
     "restored": _restored,
     "set": _set,
+    "set_removed": _set,
     "transfer": _transfer,
 }
 

@@ -1528,6 +1528,32 @@ class ObjectStore:
                 with self._tx() as conn:
                     victims = self._prune_rows(conn, dataset, key)
                 self._remove_files(victims)
+        with self._tx() as conn:
+            self._drop_superseded_sets(conn, dataset)
+
+    def _drop_superseded_sets(self, conn: sqlite3.Connection, dataset: str) -> list[str]:
+        """Forget the sets of `dataset` older than its newest complete one that are not
+        complete (a member pruned, or one that can no longer be stored since a newer
+        version of its key is): none can be shown again, by name or as the latest, and
+        kept they would pile up one per checkpoint. Those still complete stay, readable
+        by name, until pruning takes one of their members. Returns the ids dropped."""
+        floor = conn.execute(
+            "SELECT max(hlc) FROM sets WHERE dataset = ? AND complete = 1", (dataset,)
+        ).fetchone()[0]
+        if floor is None:
+            return []
+        gone = conn.execute(
+            "SELECT set_id, hlc FROM sets WHERE dataset = ? AND complete = 0 AND hlc < ?",
+            (dataset, floor),
+        ).fetchall()
+        for set_id, hlc in gone:
+            conn.execute(
+                "DELETE FROM set_members WHERE dataset = ? AND set_id = ?", (dataset, set_id)
+            )
+            conn.execute("DELETE FROM sets WHERE dataset = ? AND set_id = ?", (dataset, set_id))
+            data: dict[str, JsonValue] = {"set": set_id, "reason": "superseded"}
+            rows.journal(conn, "set_removed", dataset, None, hlc, data)
+        return [str(set_id) for set_id, _ in gone]
 
     def expire_tombstones(self, now_ms: int | None = None) -> int:
         """Forget objects whose newest version is a tombstone older than the retention
@@ -1907,6 +1933,11 @@ class ObjectStore:
                 same = self._members(conn, dataset, set_id) == parsed
                 return Verdict.SAME if same else Verdict.COLLISION
             complete = self._write_set(conn, dataset, set_id, hlc, parsed)
+            # Older than the newest complete set and not complete: superseded, never to
+            # be shown (a replay of a set forgotten here, or one that came after its
+            # successor, whose members a newer version of each key keeps out).
+            if not complete and set_id in self._drop_superseded_sets(conn, dataset):
+                return Verdict.OLDER
         if complete:
             self._prune_set_keys(dataset, set_id)
         return Verdict.APPLY

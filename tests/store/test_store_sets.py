@@ -67,10 +67,15 @@ def test_remote_set_waits_for_its_members_readers_see_the_previous(
     # step-1 no longer pins its members: they went with the set that replaced it
     assert [s.version for s in store.versions("ckpt", "a")] == [a2]
     assert [s.version for s in store.versions("ckpt", "b")] == [b2]
-    assert [(s.set_id, s.complete) for s in store.list_sets("ckpt")] == [
-        ("step-2", True),
-        ("step-1", False),
-    ]
+    # and step-1 itself, incomplete for good behind a complete newer set, is forgotten
+    assert [(s.set_id, s.complete) for s in store.list_sets("ckpt")] == [("step-2", True)]
+    with pytest.raises(NotFoundError, match="step-1 of ckpt is not known"):
+        store.get_set("ckpt", "step-1")
+    removed = [j for j in store.journal_pending() if j.kind == "set_removed"]
+    assert [(j.data["set"], j.hlc) for j in removed] == [("step-1", first.text)]
+    # A replay of it is superseded, not recorded again: nothing would ever show it
+    assert store.apply_set("ckpt", "step-1", first, {"a": a1.hlc, "b": b1.hlc}) is Verdict.OLDER
+    assert [s.set_id for s in store.list_sets("ckpt")] == ["step-2"]
 
 
 def test_apply_set_is_last_writer_wins_per_set_id(store: ObjectStore) -> None:
@@ -121,3 +126,34 @@ def test_a_store_holds_sets_from_its_first_member_on(store: ObjectStore) -> None
     assert store.holds_sets()
     store.commit_set("ckpt", "s1", {"a": a.hlc})
     assert store.holds_sets()
+
+
+def test_sets_do_not_pile_up_one_per_checkpoint(open_store: StoreFactory) -> None:
+    # Each step writes a new version of every shard and commits them as a set. With
+    # two versions kept, the newest set and the one before are whole (readable by
+    # name); an older one lost a member to pruning and is gone, not left behind.
+    store = open_store(keep_versions=2)
+    for step in range(1, 9):
+        members = {k: store.put("ckpt", k, [f"{k}{step}".encode()]).hlc for k in "abc"}
+        store.commit_set("ckpt", f"step-{step}", members)
+        kept = [s.set_id for s in store.list_sets("ckpt")]
+        assert kept == [f"step-{n}" for n in range(step, max(0, step - 2), -1)]
+    assert store.get_set("ckpt", "step-7").complete
+    with store.open("ckpt", "b", set_id="step-7") as reader:
+        assert reader.read_all() == b"b7"
+    with pytest.raises(NotFoundError, match="step-6 of ckpt is not known"):
+        store.get_set("ckpt", "step-6")
+    assert store.holds_sets()
+
+
+def test_an_older_set_whose_members_are_all_here_is_recorded(store: ObjectStore) -> None:
+    # Late, but whole: readable by name, while `latest` stays the newer set.
+    a1, b1 = remote(b"a1", ago_ms=900), remote(b"b1", ago_ms=900, logical=1)
+    store.apply("ckpt", "a", a1, [b"a1"])
+    store.apply("ckpt", "b", b1, [b"b1"])
+    newer = HLC(system_ms() - 500, 0, "us-east")
+    assert store.apply_set("ckpt", "new", newer, {"b": b1.hlc}) is Verdict.APPLY
+    older = HLC(system_ms() - 800, 0, "us-east")
+    assert store.apply_set("ckpt", "old", older, {"a": a1.hlc}) is Verdict.APPLY
+    assert store.get_set("ckpt", "old").members == {"a": a1.hlc}
+    assert store.get_set("ckpt").set_id == "new"
