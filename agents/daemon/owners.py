@@ -130,10 +130,12 @@ class OwnershipWatch(Lifecycle):
                 owners[found.dataset] = found
         # Replace both maps at once: a reader sees one read, never half of it.
         self._owners, self._marks = owners, marks
+        # Advanced with the maps, before any listener is told: one that reads the
+        # revision sees the one the maps are as of (waiters run after, at an await).
+        self._advance(res.revision)
         for ds, found in owners.items():
             self.fence.observe(ds, found.epoch, handing_over=ds in marks, revision=res.revision)
             self._tell(found)
-        self._advance(res.revision)
 
     async def _follow(self) -> None:
         delay = self._retry[0]
@@ -161,11 +163,11 @@ class OwnershipWatch(Lifecycle):
         # them, so no reader sees the new owner still marked as handing over.
         async for ev in self.coord.watch(keys.ROOT, prefix=True, start_revision=start):
             key = ev.kv.key
+            self._advance(ev.revision)  # before the listeners, as in _read
             if key.startswith(keys.OWNERS):
                 self._on_owner(ev.type, key.removeprefix(keys.OWNERS), ev.kv)
             elif key.startswith(keys.HANDOVER):
                 self._on_mark(ev.type, key.removeprefix(keys.HANDOVER), ev.kv, ev.revision)
-            self._advance(ev.revision)
 
     def _on_owner(self, kind: EventType, ds: str, kv: KeyValue) -> None:
         if kind is EventType.DELETE:

@@ -21,7 +21,7 @@ from agents.replication.answers import OUTCOMES
 from agents.store import ObjectStore
 from controlplane.domain.version import Verdict
 from controlplane.domain.version_set import VersionSet
-from controlplane.errors import InvalidInputError
+from controlplane.errors import InvalidInputError, NotFoundError
 from controlplane.logs import get_logger
 from meridian.convert import version_set_from_wire
 from meridian.v1 import agent_pb2
@@ -106,7 +106,13 @@ def _apply_all(store: ObjectStore, sets: list[VersionSet]) -> list[agent_pb2.Rep
         members = {m.key: m.version for m in vs.members}
         verdict = store.apply_set(vs.dataset, vs.id, vs.hlc, members)
         if verdict in (Verdict.APPLY, Verdict.SAME):
-            missing = store.missing_members(vs.dataset, vs.id)
+            try:
+                missing = store.missing_members(vs.dataset, vs.id)
+            except NotFoundError:
+                # Forgotten since (a newer set completed meanwhile and this one can
+                # never be): superseded, as if it had come after that one.
+                out.append(agent_pb2.ReplicatedSet(id=vs.id, outcome=OUTCOMES[Verdict.OLDER]))
+                continue
             out.append(
                 agent_pb2.ReplicatedSet(
                     id=vs.id, outcome=OUTCOMES[verdict], complete=not missing, missing=missing

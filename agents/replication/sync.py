@@ -144,7 +144,13 @@ from controlplane.coordination.protocols.fencing import StaleEpochError
 from controlplane.domain.hlc import HLC
 from controlplane.domain.placement import DEFAULT_ACK, Placement
 from controlplane.domain.version import Verdict, Version
-from controlplane.errors import FencedError, InvalidInputError, MeridianError, UnavailableError
+from controlplane.errors import (
+    FencedError,
+    InvalidInputError,
+    MeridianError,
+    NotFoundError,
+    UnavailableError,
+)
 from controlplane.logs import get_logger
 from meridian.convert import (
     version_from_wire,
@@ -1019,7 +1025,12 @@ class SyncReplication:
         verdict = await asyncio.to_thread(
             self.store.apply_set, write.dataset, theirs.set_id, theirs.hlc, theirs.members
         )
-        missing = await asyncio.to_thread(self.store.missing_members, write.dataset, theirs.set_id)
+        try:
+            missing: list[str] | None = await asyncio.to_thread(
+                self.store.missing_members, write.dataset, theirs.set_id
+            )
+        except NotFoundError:
+            missing = None  # forgotten here since: superseded by a newer complete set
         log.info(
             "takeover_set_adopted",
             dataset=write.dataset,

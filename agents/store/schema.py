@@ -51,6 +51,16 @@ CREATE TABLE IF NOT EXISTS set_members (
     PRIMARY KEY (dataset, set_id, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS set_members_by_version ON set_members (dataset, key, hlc);
+-- Sets forgotten here, superseded and never to be complete again (the store's
+-- `_drop_superseded_sets`): their id and HLC alone, so that a late, older definition
+-- of the same id is still refused (last set wins per id), as a tombstone refuses an
+-- older put. One small row for a set's many (a set's members and its row go).
+CREATE TABLE IF NOT EXISTS sets_dropped (
+    dataset TEXT NOT NULL,
+    set_id TEXT NOT NULL,
+    hlc TEXT NOT NULL,
+    PRIMARY KEY (dataset, set_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     event_id TEXT NOT NULL UNIQUE,

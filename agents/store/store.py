@@ -1532,18 +1532,28 @@ class ObjectStore:
             self._drop_superseded_sets(conn, dataset)
 
     def _drop_superseded_sets(self, conn: sqlite3.Connection, dataset: str) -> list[str]:
-        """Forget the sets of `dataset` older than its newest complete one that are not
-        complete (a member pruned, or one that can no longer be stored since a newer
-        version of its key is): none can be shown again, by name or as the latest, and
-        kept they would pile up one per checkpoint. Those still complete stay, readable
-        by name, until pruning takes one of their members. Returns the ids dropped."""
+        """Forget the sets of `dataset` that can never be shown again, by name or as the
+        latest: older than its newest complete set, and lacking a member that cannot
+        arrive any more (no row of it here, and a newer version of its key held: pruned,
+        or kept out by last writer wins). Kept, they would pile up one per checkpoint.
+        A set whose members are still on their way, or marked missing (a repair may
+        restore them), stays; so does one still complete, readable by name, until
+        pruning takes a member. Each leaves its id and HLC in `sets_dropped`. Returns
+        the ids dropped."""
         floor = conn.execute(
             "SELECT max(hlc) FROM sets WHERE dataset = ? AND complete = 1", (dataset,)
         ).fetchone()[0]
         if floor is None:
             return []
         gone = conn.execute(
-            "SELECT set_id, hlc FROM sets WHERE dataset = ? AND complete = 0 AND hlc < ?",
+            "SELECT s.set_id, s.hlc FROM sets AS s"
+            " WHERE s.dataset = ? AND s.complete = 0 AND s.hlc < ? AND EXISTS ("
+            "  SELECT 1 FROM set_members AS m"
+            "  WHERE m.dataset = s.dataset AND m.set_id = s.set_id"
+            "  AND NOT EXISTS (SELECT 1 FROM versions AS v"
+            "   WHERE v.dataset = m.dataset AND v.key = m.key AND v.hlc = m.hlc)"
+            "  AND EXISTS (SELECT 1 FROM versions AS w"
+            "   WHERE w.dataset = m.dataset AND w.key = m.key AND w.hlc > m.hlc))",
             (dataset, floor),
         ).fetchall()
         for set_id, hlc in gone:
@@ -1551,6 +1561,11 @@ class ObjectStore:
                 "DELETE FROM set_members WHERE dataset = ? AND set_id = ?", (dataset, set_id)
             )
             conn.execute("DELETE FROM sets WHERE dataset = ? AND set_id = ?", (dataset, set_id))
+            conn.execute(
+                "INSERT INTO sets_dropped (dataset, set_id, hlc) VALUES (?, ?, ?)"
+                " ON CONFLICT (dataset, set_id) DO UPDATE SET hlc = max(hlc, excluded.hlc)",
+                (dataset, set_id, hlc),
+            )
             data: dict[str, JsonValue] = {"set": set_id, "reason": "superseded"}
             rows.journal(conn, "set_removed", dataset, None, hlc, data)
         return [str(set_id) for set_id, _ in gone]
@@ -1932,6 +1947,13 @@ class ObjectStore:
                     return Verdict.OLDER
                 same = self._members(conn, dataset, set_id) == parsed
                 return Verdict.SAME if same else Verdict.COLLISION
+            if held is None:
+                dropped = conn.execute(
+                    "SELECT hlc FROM sets_dropped WHERE dataset = ? AND set_id = ?",
+                    (dataset, set_id),
+                ).fetchone()
+                if dropped is not None and hlc.text <= dropped[0]:
+                    return Verdict.OLDER  # that definition, or an older one, was forgotten
             complete = self._write_set(conn, dataset, set_id, hlc, parsed)
             # Older than the newest complete set and not complete: superseded, never to
             # be shown (a replay of a set forgotten here, or one that came after its

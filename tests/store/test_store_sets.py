@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 from store_helpers import StoreFactory, remote
 
+from agents.replication.answers import OUTCOMES
+from agents.replication.replica_sets import _apply_all
 from agents.store import ObjectStore
+from agents.store.names import version_path
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Verdict
+from controlplane.domain.version_set import SetMember, VersionSet
 from controlplane.errors import InvalidInputError, NotFoundError, UnavailableError
 
 
@@ -157,3 +161,80 @@ def test_an_older_set_whose_members_are_all_here_is_recorded(store: ObjectStore)
     assert store.apply_set("ckpt", "old", older, {"a": a1.hlc}) is Verdict.APPLY
     assert store.get_set("ckpt", "old").members == {"a": a1.hlc}
     assert store.get_set("ckpt").set_id == "new"
+
+
+def test_an_older_set_whose_members_are_on_their_way_is_kept(store: ObjectStore) -> None:
+    # Its member is a key no newer version keeps out: it can still arrive (a change log
+    # delivers sets and members in any order), so a newer set completing first leaves
+    # it recorded, and it shows by name once the member is here.
+    x1, y2 = remote(b"x1", ago_ms=900), remote(b"y2", ago_ms=600)
+    first, second = HLC(system_ms() - 800, 0, "us-east"), HLC(system_ms() - 500, 0, "us-east")
+    assert store.apply_set("ckpt", "step-1", first, {"x": x1.hlc}) is Verdict.APPLY
+    store.apply("ckpt", "y", y2, [b"y2"])
+    assert store.apply_set("ckpt", "step-2", second, {"y": y2.hlc}) is Verdict.APPLY
+    assert [s.set_id for s in store.list_sets("ckpt")] == ["step-2", "step-1"]
+    store.apply("ckpt", "x", x1, [b"x1"])
+    assert store.get_set("ckpt", "step-1").members == {"x": x1.hlc}
+    assert store.get_set("ckpt").set_id == "step-2"
+
+
+def test_an_older_set_with_a_member_marked_missing_is_kept(open_store: StoreFactory) -> None:
+    # A repair marks lost bytes missing and a re-sync may restore them: the set whose
+    # member they are can be whole again, so a newer set does not make it go.
+    store = open_store(keep_versions=2)
+    a1, b1 = store.put("ckpt", "a", [b"a1"]), store.put("ckpt", "b", [b"b1"])
+    store.commit_set("ckpt", "step-1", {"a": a1.hlc, "b": b1.hlc})
+    a2, b2 = store.put("ckpt", "a", [b"a2"]), store.put("ckpt", "b", [b"b2"])
+    store.commit_set("ckpt", "step-2", {"a": a2.hlc, "b": b2.hlc})
+    root, clock = store.root, store.clock
+    store.close()
+    (root / version_path("ckpt", "a", a1.hlc)).unlink()
+    store = open_store(root, keep_versions=2, clock=clock)  # repair: a1 missing
+    c3 = store.put("ckpt", "c", [b"c3"])
+    store.commit_set("ckpt", "step-3", {"c": c3.hlc})
+    assert [(s.set_id, s.complete) for s in store.list_sets("ckpt")] == [
+        ("step-3", True),
+        ("step-2", True),
+        ("step-1", False),
+    ]
+
+
+def test_a_forgotten_set_still_wins_over_an_older_definition_of_its_id(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store(keep_versions=1)
+    a1, a2 = remote(b"a1", ago_ms=900), remote(b"a2", ago_ms=700)
+    older, x_at = HLC(system_ms() - 850, 0, "us-east"), HLC(system_ms() - 800, 0, "us-east")
+    store.apply("ckpt", "a", a1, [b"a1"])
+    assert store.apply_set("ckpt", "x", x_at, {"a": a1.hlc}) is Verdict.APPLY
+    store.apply("ckpt", "a", a2, [b"a2"])
+    store.apply_set("ckpt", "y", HLC(system_ms() - 600, 0, "us-east"), {"a": a2.hlc})
+    assert [s.set_id for s in store.list_sets("ckpt")] == ["y"]  # x lost a1 to pruning
+    # A late definition of x older than the one forgotten, whose member is here: it
+    # would show as x, stale, were the forgotten one not remembered.
+    assert store.apply_set("ckpt", "x", older, {"a": a2.hlc}) is Verdict.OLDER
+    with pytest.raises(NotFoundError, match="x of ckpt is not known"):
+        store.get_set("ckpt", "x")
+
+
+def test_a_replica_answers_superseded_for_a_set_forgotten_as_it_was_applied(
+    open_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A ReplicateSet applies a set, then asks what it lacks in another transaction; a
+    # newer set completing in between makes it go. The push is answered "superseded",
+    # not failed whole with a non-retriable "not known" (every set of the call lost).
+    store = open_store(keep_versions=1)
+    a1, a2 = remote(b"a1", ago_ms=900), remote(b"a2", ago_ms=700)
+    x_at, y_at = HLC(system_ms() - 800, 0, "us-east"), HLC(system_ms() - 600, 0, "us-east")
+    real = store.missing_members
+
+    def newer_completes_first(dataset: str, set_id: str) -> list[str]:
+        store.apply("ckpt", "a", a2, [b"a2"])
+        store.apply_set("ckpt", "y", y_at, {"a": a2.hlc})
+        return real(dataset, set_id)
+
+    monkeypatch.setattr(store, "missing_members", newer_completes_first)
+    x = VersionSet("ckpt", "x", (SetMember("a", a1.hlc),), x_at)
+    (answer,) = _apply_all(store, [x])
+    assert (answer.id, answer.outcome, answer.complete) == ("x", OUTCOMES[Verdict.OLDER], False)
+    assert [s.set_id for s in store.list_sets("ckpt")] == ["y"]

@@ -53,14 +53,14 @@ async def follow_ownership(
                     ds, decode_handover(ev.kv).epoch, handing_over=True, revision=ev.revision
                 )
             else:
-                owner = await own.get(ds)
+                owner, revision = await own.get_as_of(ds)
                 if owner is not None:
-                    # Read after the deletion: as of its revision at least.
+                    # Read after the deletion, as of a revision at least as new.
                     resource.observe(
                         ds,
                         owner.epoch,
                         handing_over=owner.handing_over_to is not None,
-                        revision=ev.revision,
+                        revision=revision,
                     )
 
     async with asyncio.TaskGroup() as tg:

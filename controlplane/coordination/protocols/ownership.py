@@ -175,14 +175,18 @@ class Ownership:
         self.coord = coord
 
     async def get(self, dataset: str) -> Owner | None:
+        return (await self.get_as_of(dataset))[0]
+
+    async def get_as_of(self, dataset: str) -> tuple[Owner | None, int]:
+        """The owner (None: released) and the etcd revision the read is as of."""
         # One read for both keys: consistent, and one round trip on a WAN.
         res = await self.coord.txn([], [Get(keys.owner(dataset)), Get(keys.handover(dataset))])
         owner_kvs, handover_kvs = res.reads
         if not owner_kvs:
-            return None
+            return None, res.revision
         kv = owner_kvs[0]
         to = decode_handover(handover_kvs[0]).to_region if handover_kvs else None
-        return decode_owner(dataset, kv.value, kv.mod_revision, to)
+        return decode_owner(dataset, kv.value, kv.mod_revision, to), res.revision
 
     async def handover(self, dataset: str) -> Handover | None:
         """The handover mark of `dataset`, or None when no switchover is in progress."""
