@@ -275,6 +275,7 @@ class NodeAgent(Lifecycle):
             self.registration.on_registered = self.roster.restore
             service.roster = self.roster
             service.holding_sets = replica_sets.holding_sets = self._holding_sets
+            transfers.holding_sets = self.replication.holding_sets = self._holding_sets
             self.members.on_change(self._copies_seen)
             self.rebalancer.on_settled = self._rebalance_settled
         await self.registration.start()

@@ -283,6 +283,8 @@ class SyncReplication:
         self._pass_gate = asyncio.Semaphore(takeover_passes)
         # Pulls a version another copy region holds into this store (the takeover pass).
         self.adopt = adopt
+        # Awaited before a set is adopted (the daemon's roster lowering, as for a Put).
+        self.holding_sets: Callable[[], Awaitable[None]] | None = None
         # dataset -> the write at the newest epoch seen here (what catch-ups push at).
         self._latest: dict[str, CommittedWrite] = {}
         # Tells a replica's stale refusal of a re-claim by this region (retriable) from
@@ -1016,6 +1018,8 @@ class SyncReplication:
             return False
         if self.adopt is None:
             return False
+        if self.holding_sets is not None:
+            await self.holding_sets()
         pulled = False
         for key, hlc in sorted(theirs.members.items()):
             if await asyncio.to_thread(self._stored_here, write.dataset, key, hlc):

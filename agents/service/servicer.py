@@ -433,6 +433,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         set_id = requests.set_id("DeleteRequest.set", request.HasField("set"), request.set)
         epoch = requests.epoch(request.HasField("epoch"), request.epoch)
         admitted = await self.admission.admit_write(dataset, epoch)
+        if set_id is not None and self.holding_sets is not None:
+            await self.holding_sets()
         _before_commit(context, "Delete")
         version = await asyncio.to_thread(
             self.store.delete,

@@ -1952,8 +1952,11 @@ class ObjectStore:
                     "SELECT hlc FROM sets_dropped WHERE dataset = ? AND set_id = ?",
                     (dataset, set_id),
                 ).fetchone()
-                if dropped is not None and hlc.text <= dropped[0]:
-                    return Verdict.OLDER  # that definition, or an older one, was forgotten
+                # Strictly older only: the same definition again is judged afresh below
+                # (a rewind, hand-off or tombstone expiry may have removed the newer
+                # version that kept a member out, and it can be whole now).
+                if dropped is not None and hlc.text < dropped[0]:
+                    return Verdict.OLDER
             complete = self._write_set(conn, dataset, set_id, hlc, parsed)
             # Older than the newest complete set and not complete: superseded, never to
             # be shown (a replay of a set forgotten here, or one that came after its

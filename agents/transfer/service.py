@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -102,6 +102,9 @@ class TransferService:
         self.bundler = BundleSender(store, admission, region, metrics, self.limiter, self.policy)
         # One pull per version at a time; an entry lives while someone holds or awaits it.
         self._pulling: dict[tuple[str, str, str], _Pulling] = {}
+        # Awaited before a member of a version set is stored (the daemon's roster
+        # lowering: a set's members stay on this agent alone).
+        self.holding_sets: Callable[[], Awaitable[None]] | None = None
 
     # -- Signature ---------------------------------------------------------------------
 
@@ -202,6 +205,8 @@ class TransferService:
         except (RefusedError, FencedError, HandingOverError) as exc:
             await self._record(tally, "refused", version, str(exc))
             raise
+        if set_id is not None and self.holding_sets is not None:
+            await self.holding_sets()
         critical = placement.dataset_class == "critical"
         delta = header.HasField("basis") and bool(header.basis.version)
         if delta and not await asyncio.to_thread(holds_basis, self.store, header):
@@ -475,6 +480,8 @@ class TransferService:
             await asyncio.to_thread(self.book.drop, dataset, key, version.hlc.text)
             await self._record(tally, "refused", version, str(exc))
             raise
+        if set_id is not None and self.holding_sets is not None:
+            await self.holding_sets()
         held = await asyncio.to_thread(self.store.head, dataset, key)
         verdict = lww(version, held)
         if not verdict.applies and not await asyncio.to_thread(self._lost, dataset, key, version):

@@ -173,6 +173,12 @@ async def test_an_agent_holding_a_set_vouches_for_one_copy_and_keeps_its_entry(
         return found.get(ida, {}).get("copies") == 1 and found.get(idb, {}).get("copies") == 2
 
     await until(a_vouches_one, 30, "the set's holder vouching for 1 copy, the other for 2")
+    # A tombstone in a set is a member too: b's entry is lowered before its ack.
+    async with AgentClient(b.address) as client:
+        await client.put(DATASET, "ckpt/gone", src)
+        assert (await roster(region))[idb]["copies"] == 2
+        await client.delete(DATASET, "ckpt/gone", set_id="s2")
+    assert (await roster(region))[idb]["copies"] == 1
     a.stop()
     await region.wait_members(1, timeout_s=30)
     drained = a.event("drain_complete")

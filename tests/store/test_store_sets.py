@@ -11,7 +11,7 @@ from agents.replication.replica_sets import _apply_all
 from agents.store import ObjectStore
 from agents.store.names import version_path
 from controlplane.domain.hlc import HLC, system_ms
-from controlplane.domain.version import Verdict
+from controlplane.domain.version import Verdict, Version
 from controlplane.domain.version_set import SetMember, VersionSet
 from controlplane.errors import InvalidInputError, NotFoundError, UnavailableError
 
@@ -238,3 +238,22 @@ def test_a_replica_answers_superseded_for_a_set_forgotten_as_it_was_applied(
     (answer,) = _apply_all(store, [x])
     assert (answer.id, answer.outcome, answer.complete) == ("x", OUTCOMES[Verdict.OLDER], False)
     assert [s.set_id for s in store.list_sets("ckpt")] == ["y"]
+
+
+def test_a_forgotten_set_is_taken_again_once_its_member_can_be_stored(
+    store: ObjectStore,
+) -> None:
+    # What kept its member out can go (here a tombstone's expiry; a rewind or hand-off
+    # too): the same definition, pushed again, is judged afresh and recorded whole.
+    a1, b2 = remote(b"a1", ago_ms=9_000), remote(b"b2", ago_ms=8_000)
+    s1, s2 = HLC(system_ms() - 8_500, 0, "us-east"), HLC(system_ms() - 7_500, 0, "us-east")
+    assert store.apply_set("ckpt", "s1", s1, {"a": a1.hlc}) is Verdict.APPLY
+    store.apply("ckpt", "a", Version.delete(HLC(system_ms() - 8_200, 0, "us-east")), None)
+    store.apply("ckpt", "b", b2, [b"b2"])
+    store.apply_set("ckpt", "s2", s2, {"b": b2.hlc})
+    assert [s.set_id for s in store.list_sets("ckpt")] == ["s2"]  # a1 kept out: s1 went
+    assert store.apply_set("ckpt", "s1", s1, {"a": a1.hlc}) is Verdict.OLDER  # still so
+    assert store.expire_tombstones(now_ms=system_ms() + 10**12) == 1
+    assert store.apply("ckpt", "a", a1, [b"a1"]).verdict is Verdict.APPLY
+    assert store.apply_set("ckpt", "s1", s1, {"a": a1.hlc}) is Verdict.APPLY
+    assert store.get_set("ckpt", "s1").members == {"a": a1.hlc}

@@ -133,6 +133,48 @@ def put_version(hlc_ms: int, data: bytes) -> Version:
     return Version.put(HLC(hlc_ms, 0, "eu-west"), len(data), Digest.of(data))
 
 
+MEMBERS = ("pushed", "fetched")
+
+
+async def test_a_set_member_is_stored_only_after_the_roster_is_told(
+    agents: AgentFactory,
+) -> None:
+    """A member of a version set stays on the agent that took it: before a pushed or
+    fetched one is stored, the daemon's roster entry is lowered (`holding_sets`)."""
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    told: list[tuple[bool, ...]] = []
+
+    async def holding_sets() -> None:
+        # What is stored when it is told: the member it is told for, not yet
+        told.append(tuple(central.store.head("ckpt", k) is not None for k in MEMBERS))
+
+    central.service.holding_sets = holding_sets
+    plain = put_version(1_764_579_123_000, b"plain")
+    await replicate(central.address, "ckpt", "plain", plain, b"plain", epoch=0)
+    assert told == []  # not a set's
+    member = put_version(1_764_579_124_000, b"member")
+    header = agent_pb2.ReplicateHeader(
+        dataset="ckpt", key="pushed", version=version_to_wire(member), set="s1"
+    )
+    header.origin_region = "eu-west"
+    await replicate_raw(central.address, header, [b"member"], timeout_s=30)
+    assert told == [(False, False)] and central.store.stat("ckpt", "pushed").set_id == "s1"
+    fetched = west.store.put("ckpt", "fetched", [b"fetched"], set_id="s1")
+    async with grpc.aio.insecure_channel(central.address, options=CHANNEL_OPTIONS) as channel:
+        request = agent_pb2.FetchRequest(
+            dataset="ckpt",
+            key="fetched",
+            version=version_to_wire(fetched),
+            sources=[agent_pb2.FetchSource(region="eu-west", address=west.address)],
+            origin_region="eu-west",
+            set="s1",
+        )
+        await agent_pb2_grpc.AgentStub(channel).Fetch(request, timeout=30)
+    assert told == [(False, False), (True, False)]
+    assert central.store.stat("ckpt", "fetched").set_id == "s1"
+
+
 async def test_replicate_refuses_a_stale_epoch(agents: AgentFactory) -> None:
     central = await agents("eu-central")
     first = put_version(1_764_579_123_456, b"epoch five")
