@@ -122,6 +122,11 @@ class AgentMetrics:
             ["queue"],
             registry=self.registry,
         )
+        self.tombstones_expired = Counter(
+            "meridian_tombstones_expired_total",
+            "objects forgotten with their tombstone once it outlived the retention",
+            registry=self.registry,
+        )
         self.outbox_pending = Gauge(
             "meridian_outbox_pending",
             "change events committed in the outbox and not yet published to Kafka",

@@ -110,6 +110,9 @@ class Settings(BaseSettings):
     tombstone_retention_s: int = Field(
         7 * 24 * 3600, gt=0, description="how long a delete is kept so no older put resurrects"
     )
+    tombstone_expiry_interval_s: float = Field(
+        3600.0, gt=0, description="how often an agent forgets tombstones past the retention"
+    )
     # The agent's store commits concurrent single writes in groups (one folder fsync
     # each and one SQLite transaction for the group); off: one by one (benchmarks).
     store_group_commit: bool = Field(True, description="the agent's store commits in groups")

@@ -35,6 +35,7 @@ import grpc.aio
 from agents.admission import Admission
 from agents.cache import Invalidator, Prefetcher, ReadCache
 from agents.daemon.config import AgentConfig, parse_listen
+from agents.daemon.expiry import TombstoneExpiry
 from agents.daemon.holdings import HoldingsPublisher, UnackedWrites
 from agents.daemon.identity import Identity
 from agents.daemon.metrics_http import MetricsEndpoint, bind_store_gauges
@@ -120,6 +121,7 @@ class NodeAgent(Lifecycle):
         self.rebalancer: Rebalancer | None = None
         self.fast_fail: FastFailDetector | None = None
         self.sweeper: ResumeSweeper | None = None
+        self.expiry: TombstoneExpiry | None = None
         self.cache: ReadCache | None = None
         self.prefetcher: Prefetcher | None = None
         self.invalidator: Invalidator | None = None
@@ -174,6 +176,11 @@ class NodeAgent(Lifecycle):
         # Cut transfers never retried: their resume states expire (at start, then here).
         self.sweeper = ResumeSweeper(transfers.book, interval_s=self.config.resume_sweep_interval_s)
         await self.sweeper.start()
+        # Deletes past the retention are forgotten (the spec's tombstone_retention).
+        self.expiry = TombstoneExpiry(
+            store, self.metrics, interval_s=self.settings.tombstone_expiry_interval_s
+        )
+        await self.expiry.start()
         # Critical writes: pushed to the replica regions' agents, acked at `ack` copies.
         self.replication = SyncReplication(
             store,
@@ -449,6 +456,8 @@ class NodeAgent(Lifecycle):
             await self.fast_fail.stop()
         if self.sweeper is not None:
             await self.sweeper.stop()
+        if self.expiry is not None:
+            await self.expiry.stop()
         if self.rebalancer is not None:
             if self.rebalancer.running and self.registration is not None:
                 # Hand what this agent holds to the region's other agents while it
@@ -495,16 +504,25 @@ def _adopter(transfers: TransferService) -> Adopt:
     """The takeover pass's pull of a version another copy region holds and this owner
     lacks (agents/replication/sync.py): a Fetch from that region's agent, by LWW."""
 
-    async def adopt(dataset: str, key: str, version: Version, region: str, address: str) -> bool:
-        response = await transfers.fetch(
-            agent_pb2.FetchRequest(
-                dataset=dataset,
-                key=key,
-                version=version_to_wire(version),
-                sources=[agent_pb2.FetchSource(region=region, address=address)],
-                origin_region=region,
-            )
+    async def adopt(
+        dataset: str,
+        key: str,
+        version: Version,
+        region: str,
+        address: str,
+        *,
+        set_id: str | None = None,
+    ) -> bool:
+        request = agent_pb2.FetchRequest(
+            dataset=dataset,
+            key=key,
+            version=version_to_wire(version),
+            sources=[agent_pb2.FetchSource(region=region, address=address)],
+            origin_region=region,
         )
+        if set_id is not None:
+            request.set = set_id
+        response = await transfers.fetch(request)
         return response.outcome in (
             agent_pb2.APPLY_OUTCOME_APPLIED,
             agent_pb2.APPLY_OUTCOME_SAME,

@@ -79,6 +79,8 @@ SYNCFS_MIN_FILES = 32
 # replicated object, and SQLite reads and writes blobs of this size faster than the file
 # system does (sqlite.org, "Internal Versus External BLOBs": up to ~100 KB).
 INLINE_MAX_BYTES = 64 * 1024
+# Objects a tombstone expiry reads per look (each under the store's lock).
+EXPIRY_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -1570,34 +1572,57 @@ class ObjectStore:
             rows.journal(conn, "set_removed", dataset, None, hlc, data)
         return [str(set_id) for set_id, _ in gone]
 
-    def expire_tombstones(self, now_ms: int | None = None) -> int:
+    def expire_tombstones(self, now_ms: int | None = None, *, batch: int = EXPIRY_BATCH) -> int:
         """Forget objects whose newest version is a tombstone older than the retention
-        (its HLC wall time), with every version they still hold. Returns how many."""
+        (its HLC wall time), with every version they still hold, and the marks of sets
+        forgotten (`sets_dropped`) as old. Returns how many objects. Reads `batch`
+        objects at a time, in key order, so the store's lock is never held for a scan
+        of all of them (a sweep runs beside writes)."""
+        if batch < 1:
+            raise InvalidInputError(f"batch must be at least 1, got {batch}")
         cutoff = (rows.now_ms() if now_ms is None else now_ms) - 1000 * self.tombstone_retention_s
-        with self._lock:
-            candidates = self._db.execute(
-                "SELECT dataset, key, max(hlc), op FROM versions GROUP BY dataset, key"
-            ).fetchall()
         expired = 0
-        for dataset, key, hlc, op in candidates:
-            if op != "delete" or HLC.parse(hlc).wall_ms >= cutoff:
-                continue
-            with self._object_lock(dataset, key):
-                with self._tx() as conn:
-                    newest = conn.execute(
-                        "SELECT max(hlc) FROM versions WHERE dataset = ? AND key = ?",
-                        (dataset, key),
-                    ).fetchone()[0]
-                    if newest != hlc:
-                        continue  # written since the scan
-                    held = conn.execute(
-                        rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ?",
-                        (dataset, key),
-                    ).fetchall()
-                    victims = self._delete_rows(conn, held, "tombstone expired")
-                self._remove_files(victims)
-                expired += 1
+        after: tuple[str, str] = ("", "")
+        while True:
+            with self._lock:
+                self._require_open()
+                # GROUP BY walks the primary key in order and stops after `batch` objects;
+                # max(hlc) makes `op` that of the newest row (SQLite's bare-column rule).
+                found = self._db.execute(
+                    "SELECT dataset, key, max(hlc), op FROM versions"
+                    " WHERE (dataset, key) > (?, ?) GROUP BY dataset, key"
+                    " ORDER BY dataset, key LIMIT ?",
+                    (*after, batch),
+                ).fetchall()
+            if not found:
+                break
+            after = (found[-1][0], found[-1][1])
+            for dataset, key, hlc, op in found:
+                if op == "delete" and HLC.parse(hlc).wall_ms < cutoff:
+                    expired += self._expire_one(dataset, key, hlc)
+        with self._tx() as conn:
+            # HLC text starts with its 13-digit wall time: every mark made before the
+            # cutoff sorts below these digits.
+            conn.execute("DELETE FROM sets_dropped WHERE hlc < ?", (f"{max(cutoff, 0):013d}",))
         return expired
+
+    def _expire_one(self, dataset: str, key: str, hlc: str) -> int:
+        """Forget one object whose newest version was the tombstone `hlc`; 0 when it was
+        written since the scan."""
+        with self._object_lock(dataset, key):
+            with self._tx() as conn:
+                newest = conn.execute(
+                    "SELECT max(hlc) FROM versions WHERE dataset = ? AND key = ?",
+                    (dataset, key),
+                ).fetchone()[0]
+                if newest != hlc:
+                    return 0
+                held = conn.execute(
+                    rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ?", (dataset, key)
+                ).fetchall()
+                victims = self._delete_rows(conn, held, "tombstone expired")
+            self._remove_files(victims)
+        return 1
 
     # -- reads -----------------------------------------------------------------------
 
@@ -1812,7 +1837,10 @@ class ObjectStore:
         """Forget every version of an object once other agents of the region hold it
         (issue 16: a rebalance moved it), if `newest` is still the newest held; returns
         whether it was forgotten. No journal record: the region still holds the object
-        (on its new owners), so the catalog's view of the region does not change."""
+        (on its new owners), so the catalog's view of the region does not change.
+        Never an object a version set names, or one with a version written in a set,
+        whichever version is the newest: a set's members stay on the agent that shows
+        the set (a plain overwrite of a member's key must not take the member along)."""
         dataset, key = check_name("dataset", dataset), check_name("key", key)
         with self._object_lock(dataset, key):
             with self._tx() as conn:
@@ -1821,6 +1849,12 @@ class ObjectStore:
                     (dataset, key),
                 ).fetchall()
                 if not held or held[0][2] != newest.text:
+                    return False
+                named = conn.execute(
+                    "SELECT 1 FROM set_members WHERE dataset = ? AND key = ? LIMIT 1",
+                    (dataset, key),
+                ).fetchone()
+                if named is not None or any(row[7] is not None for row in held):
                     return False
                 paths: list[Path] = []
                 for row in held:

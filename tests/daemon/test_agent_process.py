@@ -150,6 +150,7 @@ async def test_metrics_serve_the_spec_names_and_follow_the_store(agent: AgentPro
             "meridian_residency_refused_total",
             "meridian_stale_epoch_refused_total",
             "meridian_records_behind_seconds",
+            "meridian_tombstones_expired_total",
         ):
             assert f"# TYPE {name} " in text, name
         assert "meridian_agent_objects 0.0" in text

@@ -215,6 +215,11 @@ def test_a_forgotten_set_still_wins_over_an_older_definition_of_its_id(
     assert store.apply_set("ckpt", "x", older, {"a": a2.hlc}) is Verdict.OLDER
     with pytest.raises(NotFoundError, match="x of ckpt is not known"):
         store.get_set("ckpt", "x")
+    # The mark is kept as long as a tombstone (a late definition past that is taken)
+    store.expire_tombstones(now_ms=x_at.wall_ms + 1000 * store.tombstone_retention_s - 1)
+    assert store.apply_set("ckpt", "x", older, {"a": a2.hlc}) is Verdict.OLDER
+    store.expire_tombstones(now_ms=x_at.wall_ms + 1000 * store.tombstone_retention_s + 1)
+    assert store.apply_set("ckpt", "x", older, {"a": a2.hlc}) is Verdict.APPLY
 
 
 def test_a_replica_answers_superseded_for_a_set_forgotten_as_it_was_applied(
@@ -257,3 +262,22 @@ def test_a_forgotten_set_is_taken_again_once_its_member_can_be_stored(
     assert store.apply("ckpt", "a", a1, [b"a1"]).verdict is Verdict.APPLY
     assert store.apply_set("ckpt", "s1", s1, {"a": a1.hlc}) is Verdict.APPLY
     assert store.get_set("ckpt", "s1").members == {"a": a1.hlc}
+
+
+def test_a_rebalance_never_hands_off_a_set_member_under_a_plain_overwrite(
+    store: ObjectStore,
+) -> None:
+    # The newest version of `a` is a plain put, but the set readers see names the one
+    # before: handing the object to other agents would take that member along.
+    a1 = store.put("ckpt", "a", [b"a1"])  # stored without its set id (an older agent)
+    store.commit_set("ckpt", "step-1", {"a": a1.hlc})
+    plain = store.put("ckpt", "a", [b"a2"])
+    assert not store.hand_off("ckpt", "a", plain.hlc)
+    with store.open("ckpt", "a", set_id="latest") as reader:
+        assert reader.read_all() == b"a1"
+    # A member written in a set not committed yet stays too
+    store.put("ckpt", "b", [b"b1"], set_id="step-2")
+    assert not store.hand_off("ckpt", "b", store.put("ckpt", "b", [b"b2"]).hlc)
+    # Named by no set and written in none: it goes
+    other = store.put("plain", "k", [b"k"])
+    assert store.hand_off("plain", "k", other.hlc)

@@ -23,7 +23,7 @@ from agents.store import (
     TooLargeError,
 )
 from agents.store.names import version_path
-from controlplane.domain.hlc import HybridClock
+from controlplane.domain.hlc import HybridClock, system_ms
 from controlplane.domain.version import Digest
 from controlplane.errors import ConfigError, InvalidInputError, NotFoundError, UnavailableError
 
@@ -293,6 +293,27 @@ def test_tombstones_expire_after_the_retention_with_their_bases(open_store: Stor
     assert (store.usage().objects, store.usage().versions) == (1, 1)
     removed = [j for j in store.journal_pending() if j.kind == "removed" and j.key == "gone"]
     assert {j.data["reason"] for j in removed} == {"tombstone expired"}
+
+
+def test_tombstone_expiry_reads_a_batch_at_a_time_and_misses_none(
+    open_store: StoreFactory,
+) -> None:
+    # Seven objects across two datasets read two at a time: every expired tombstone is
+    # found, whichever batch it falls in, and the objects still live stay.
+    store = open_store(tombstone_retention_s=60)
+    deleted = {("ds", "a"), ("ds", "c"), ("ds", "d"), ("logs", "x"), ("logs", "z")}
+    for dataset, key in [("ds", "a"), ("ds", "b"), ("ds", "c"), ("ds", "d")] + [
+        ("logs", k) for k in "xyz"
+    ]:
+        store.put(dataset, key, [key.encode()])
+        if (dataset, key) in deleted:
+            store.delete(dataset, key)
+    later = system_ms() + 61_000
+    assert store.expire_tombstones(now_ms=later, batch=2) == len(deleted)
+    left = {(d, k) for d in ("ds", "logs") for k in "abcdxyz" if store.versions(d, k)}
+    assert left == {("ds", "b"), ("logs", "y")}
+    with pytest.raises(InvalidInputError, match="batch must be at least 1"):
+        store.expire_tombstones(batch=0)
 
 
 def test_outbox_events_become_domain_change_events(store: ObjectStore) -> None:

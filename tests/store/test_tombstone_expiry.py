@@ -1,0 +1,40 @@
+"""The agent's periodic tombstone expiry (agents/daemon/expiry.py) over a real store:
+a pass forgets what outlived the retention and counts it; a failed pass is survived."""
+
+from __future__ import annotations
+
+import asyncio
+
+from store_helpers import StoreFactory
+
+from agents.daemon.expiry import TombstoneExpiry
+from agents.metrics import AgentMetrics
+from controlplane.domain.hlc import HLC, system_ms
+from controlplane.domain.version import Digest, Version
+
+
+async def test_each_pass_forgets_the_tombstones_past_the_retention(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store(tombstone_retention_s=60)
+    put = Version.put(HLC(system_ms() - 180_000, 0, "us-east"), 7, Digest.of(b"rotated"))
+    store.apply("logs", "old", put, [b"rotated"])
+    store.apply("logs", "old", Version.delete(HLC(system_ms() - 120_000, 0, "us-east")), None)
+    store.put("logs", "recent", [b"rotated"])
+    store.delete("logs", "recent")  # younger than the retention: kept
+    metrics = AgentMetrics("eu-west")
+    expiry = TombstoneExpiry(store, metrics, interval_s=0.01)
+    async with expiry:
+        await asyncio.wait_for(expiry.wait_passes(1), timeout=10)
+    assert store.versions("logs", "old") == []
+    assert store.versions("logs", "recent")[0].version.is_tombstone
+    assert metrics.tombstones_expired._value.get() == 1
+
+
+async def test_a_failed_pass_is_logged_and_the_next_one_runs(open_store: StoreFactory) -> None:
+    store = open_store()
+    store.close()  # every pass fails: the store is closed
+    expiry = TombstoneExpiry(store, AgentMetrics("eu-west"), interval_s=0.01)
+    async with expiry:
+        await asyncio.wait_for(expiry.wait_passes(2), timeout=10)
+        assert expiry.running
