@@ -178,7 +178,10 @@ class NodeAgent(Lifecycle):
         await self.sweeper.start()
         # Deletes past the retention are forgotten (the spec's tombstone_retention).
         self.expiry = TombstoneExpiry(
-            store, self.metrics, interval_s=self.settings.tombstone_expiry_interval_s
+            store,
+            self.metrics,
+            self._standard,
+            interval_s=self.settings.tombstone_expiry_interval_s,
         )
         await self.expiry.start()
         # Critical writes: pushed to the replica regions' agents, acked at `ack` copies.
@@ -402,6 +405,13 @@ class NodeAgent(Lifecycle):
     def _alone_in_region(self) -> bool:
         return all(a == self.identity.agent_id for a in self.members.current.all)
 
+    def _standard(self, dataset: str) -> bool:
+        """Whether the applied policy places `dataset` as a standard one (tombstone
+        expiry: expiry.py says why not a critical one, nor one it does not place)."""
+        policy = self.view.current
+        placement = policy.placement(dataset) if policy is not None else None
+        return placement is not None and placement.dataset_class == "standard"
+
     def _check_region(self) -> None:
         policy = self.view.current
         if policy is None or self.region not in policy.regions:
@@ -504,25 +514,16 @@ def _adopter(transfers: TransferService) -> Adopt:
     """The takeover pass's pull of a version another copy region holds and this owner
     lacks (agents/replication/sync.py): a Fetch from that region's agent, by LWW."""
 
-    async def adopt(
-        dataset: str,
-        key: str,
-        version: Version,
-        region: str,
-        address: str,
-        *,
-        set_id: str | None = None,
-    ) -> bool:
-        request = agent_pb2.FetchRequest(
-            dataset=dataset,
-            key=key,
-            version=version_to_wire(version),
-            sources=[agent_pb2.FetchSource(region=region, address=address)],
-            origin_region=region,
+    async def adopt(dataset: str, key: str, version: Version, region: str, address: str) -> bool:
+        response = await transfers.fetch(
+            agent_pb2.FetchRequest(
+                dataset=dataset,
+                key=key,
+                version=version_to_wire(version),
+                sources=[agent_pb2.FetchSource(region=region, address=address)],
+                origin_region=region,
+            )
         )
-        if set_id is not None:
-            request.set = set_id
-        response = await transfers.fetch(request)
         return response.outcome in (
             agent_pb2.APPLY_OUTCOME_APPLIED,
             agent_pb2.APPLY_OUTCOME_SAME,

@@ -3,6 +3,11 @@ a delete is kept at least that long so that no older put resurrects the object, 
 then forgotten with every version it still holds, so a dataset whose objects come and
 go (rotated logs, replaced shards) does not keep one row per object it ever held.
 
+Only datasets `expirable` says yes to: the daemon passes the standard ones. A
+critical dataset keeps its tombstones: a takeover adopts a put that a region missed
+the delete of unless the owner still holds that delete (agents/replication/sync.py),
+so forgetting it there could bring an acknowledged delete's object back.
+
 A pass runs on a worker thread every `interval_s` (the first one `interval_s` after
 start: a restart loop costs no scans); the store reads its objects a batch at a time,
 so writes go on beside it. A failed pass is logged and the next one tries again."""
@@ -10,10 +15,10 @@ so writes go on beside it. A failed pass is logged and the next one tries again.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from agents.metrics import AgentMetrics
 from agents.store import ObjectStore
-from controlplane.errors import MeridianError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
 
@@ -27,6 +32,7 @@ class TombstoneExpiry(Lifecycle):
         self,
         store: ObjectStore,
         metrics: AgentMetrics,
+        expirable: Callable[[str], bool],
         *,
         interval_s: float = EXPIRY_INTERVAL_S,
     ) -> None:
@@ -34,6 +40,7 @@ class TombstoneExpiry(Lifecycle):
             raise ValueError(f"the tombstone expiry interval must be > 0 s, got {interval_s:g}")
         self.store = store
         self.metrics = metrics
+        self.expirable = expirable
         self.interval_s = interval_s
         self.passes = 0  # passes completed, failed or not (tests and logs)
         self._task: asyncio.Task[None] | None = None
@@ -48,7 +55,7 @@ class TombstoneExpiry(Lifecycle):
 
     async def expire_once(self) -> int:
         """One pass; how many objects it forgot."""
-        expired = await asyncio.to_thread(self.store.expire_tombstones)
+        expired = await asyncio.to_thread(self.store.expire_tombstones, datasets=self.expirable)
         self.metrics.tombstones_expired.inc(expired)
         if expired:
             log.info("tombstones_expired", objects=expired)
@@ -64,8 +71,8 @@ class TombstoneExpiry(Lifecycle):
             await asyncio.sleep(self.interval_s)
             try:
                 await self.expire_once()
-            except (MeridianError, OSError) as err:  # the next pass tries again
-                log.warning("tombstone_expiry_failed", error=str(err))
+            except Exception as err:  # noqa: BLE001 - whatever failed, the next pass tries again
+                log.warning("tombstone_expiry_failed", error=f"{type(err).__name__}: {err}")
             async with self._pass_done:
                 self.passes += 1
                 self._pass_done.notify_all()

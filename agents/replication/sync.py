@@ -115,7 +115,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -166,26 +166,8 @@ _T = TypeVar("_T")
 
 Held = tuple[str, Version, str | None]  # key, version, the set it was written in
 Local = tuple[list[Held], list[SetRecord], list[Held]]  # newest, latest set, its members
-
-
-class Adopt(Protocol):
-    """Pull `version` of `key` from the agent at `address` in `region`; whether it is
-    held here now. A member of a version set is stored with `set_id`, as it was
-    written: the rebalance leaves set members where they are, and a member stored
-    without its set could be moved off the agent that shows the set."""
-
-    async def __call__(
-        self,
-        dataset: str,
-        key: str,
-        version: Version,
-        region: str,
-        address: str,
-        *,
-        set_id: str | None = None,
-    ) -> bool: ...
-
-
+# (dataset, key, version, source region, source address) -> whether it is held here now.
+Adopt = Callable[[str, str, Version, str, str], Awaitable[bool]]
 # dataset -> its owner record read from etcd now (`Admission.owner_now`).
 OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]
 
@@ -1043,10 +1025,7 @@ class SyncReplication:
             if await asyncio.to_thread(self._stored_here, write.dataset, key, hlc):
                 continue
             member = await self._stat_at(address, write.dataset, key, hlc)
-            adopted = await self.adopt(
-                write.dataset, key, member, region, address, set_id=theirs.set_id
-            )
-            pulled = adopted or pulled
+            pulled = await self.adopt(write.dataset, key, member, region, address) or pulled
         verdict = await asyncio.to_thread(
             self.store.apply_set, write.dataset, theirs.set_id, theirs.hlc, theirs.members
         )

@@ -1572,12 +1572,20 @@ class ObjectStore:
             rows.journal(conn, "set_removed", dataset, None, hlc, data)
         return [str(set_id) for set_id, _ in gone]
 
-    def expire_tombstones(self, now_ms: int | None = None, *, batch: int = EXPIRY_BATCH) -> int:
+    def expire_tombstones(
+        self,
+        now_ms: int | None = None,
+        *,
+        batch: int = EXPIRY_BATCH,
+        datasets: Callable[[str], bool] | None = None,
+    ) -> int:
         """Forget objects whose newest version is a tombstone older than the retention
         (its HLC wall time), with every version they still hold, and the marks of sets
-        forgotten (`sets_dropped`) as old. Returns how many objects. Reads `batch`
-        objects at a time, in key order, so the store's lock is never held for a scan
-        of all of them (a sweep runs beside writes)."""
+        forgotten (`sets_dropped`) as old. Only objects of `datasets` (all when None),
+        and never one a version set names (its members stay while the set does).
+        Returns how many objects. Reads `batch` objects at a time, in key order, so the
+        store's lock is never held for a scan of all of them (a sweep runs beside
+        writes)."""
         if batch < 1:
             raise InvalidInputError(f"batch must be at least 1, got {batch}")
         cutoff = (rows.now_ms() if now_ms is None else now_ms) - 1000 * self.tombstone_retention_s
@@ -1598,7 +1606,9 @@ class ObjectStore:
                 break
             after = (found[-1][0], found[-1][1])
             for dataset, key, hlc, op in found:
-                if op == "delete" and HLC.parse(hlc).wall_ms < cutoff:
+                if op != "delete" or HLC.parse(hlc).wall_ms >= cutoff:
+                    continue
+                if datasets is None or datasets(dataset):
                     expired += self._expire_one(dataset, key, hlc)
         with self._tx() as conn:
             # HLC text starts with its 13-digit wall time: every mark made before the
@@ -1615,7 +1625,7 @@ class ObjectStore:
                     "SELECT max(hlc) FROM versions WHERE dataset = ? AND key = ?",
                     (dataset, key),
                 ).fetchone()[0]
-                if newest != hlc:
+                if newest != hlc or _named_by_a_set(conn, dataset, key):
                     return 0
                 held = conn.execute(
                     rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ?", (dataset, key)
@@ -1820,13 +1830,19 @@ class ObjectStore:
     def held(self, after: tuple[str, str] | None = None, limit: int = 1000) -> list[StoredVersion]:
         """The newest version (puts and tombstones) of each object held, in (dataset,
         key) order, at most `limit`, after the object `after` (issue 16: the rebalance
-        walks the store with it)."""
+        walks the store with it). Its `set_id` is that of the newest version or, when
+        that was written in none, of an older version a set names or that was written
+        in one: the rebalance leaves all of those where they are (`hand_off`)."""
         d, k = after if after is not None else ("", "")
         with self._lock:
             self._require_open()
             found = self._db.execute(
                 # With one max(), SQLite takes the bare columns from the row holding it.
-                "SELECT dataset, key, max(hlc), op, size, digest, state, set_id, stored_ms"
+                "SELECT dataset, key, max(hlc), op, size, digest, state, coalesce(set_id,"
+                " (SELECT m.set_id FROM set_members AS m"
+                "  WHERE m.dataset = versions.dataset AND m.key = versions.key LIMIT 1),"
+                " (SELECT o.set_id FROM versions AS o WHERE o.dataset = versions.dataset"
+                "  AND o.key = versions.key AND o.set_id IS NOT NULL LIMIT 1)), stored_ms"
                 " FROM versions WHERE (dataset, key) > (?, ?)"
                 " GROUP BY dataset, key ORDER BY dataset, key LIMIT ?",
                 (d, k, limit),
@@ -1850,11 +1866,7 @@ class ObjectStore:
                 ).fetchall()
                 if not held or held[0][2] != newest.text:
                     return False
-                named = conn.execute(
-                    "SELECT 1 FROM set_members WHERE dataset = ? AND key = ? LIMIT 1",
-                    (dataset, key),
-                ).fetchone()
-                if named is not None or any(row[7] is not None for row in held):
+                if _named_by_a_set(conn, dataset, key) or any(row[7] is not None for row in held):
                     return False
                 paths: list[Path] = []
                 for row in held:
@@ -2255,6 +2267,16 @@ class ObjectStore:
     def _require_open(self) -> None:
         if self._closed:
             raise UnavailableError(f"store {self.root} is closed")
+
+
+def _named_by_a_set(conn: sqlite3.Connection, dataset: str, key: str) -> bool:
+    """Whether a recorded version set names a version of this object."""
+    return (
+        conn.execute(
+            "SELECT 1 FROM set_members WHERE dataset = ? AND key = ? LIMIT 1", (dataset, key)
+        ).fetchone()
+        is not None
+    )
 
 
 def _raise_first(errors: Sequence[BaseException | None]) -> None:

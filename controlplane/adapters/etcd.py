@@ -254,6 +254,13 @@ class EtcdCoordination:
             pb_compares.append(pb)
         ok_ops = [self._op(o) for o in success]
         ko_ops = [self._op(o) for o in failure]
+        # etcd answers a transaction of no operation at all as a serializable read, from
+        # the member asked, which may lag (one restarted and still catching up): its
+        # compares could judge stale values. One linearizable read in each branch has it
+        # go through the leader's read index like any other read; its answer is dropped.
+        probe = not success and not failure
+        if probe:
+            ok_ops = ko_ops = [KVService.txn_op_get(compares[0].key if compares else "\0")]
         keys = ",".join(sorted({c.key for c in compares})) or "keys"
         resp = await self._call(
             f"a transaction on {keys}",
@@ -262,7 +269,7 @@ class EtcdCoordination:
         branch = success if resp.succeeded else failure
         reads = [
             [_kv(k) for k in r.response_range.kvs]
-            for op, r in zip(branch, resp.responses, strict=True)
+            for op, r in zip(branch, resp.responses, strict=not probe)
             if isinstance(op, Get)
         ]
         return TxnResult(bool(resp.succeeded), int(resp.header.revision), reads)

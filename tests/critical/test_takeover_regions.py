@@ -126,14 +126,7 @@ class CountedAdopt:
         self.calls: list[str] = []
 
     async def __call__(
-        self,
-        dataset: str,
-        key: str,
-        version: Version,
-        region: str,
-        address: str,
-        *,
-        set_id: str | None = None,
+        self, dataset: str, key: str, version: Version, region: str, address: str
     ) -> bool:
         self.calls.append(f"{key}@{version.hlc.text} from {region}")
         return True

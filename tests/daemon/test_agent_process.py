@@ -184,6 +184,44 @@ async def test_metrics_serve_the_spec_names_and_follow_the_store(agent: AgentPro
     assert "meridian_outbox_pending 0.0" in text
 
 
+async def test_a_delete_is_forgotten_once_it_outlived_the_tombstone_retention(
+    tmp_path: Path, world: dict[str, str]
+) -> None:
+    env = {
+        **world,
+        "MERIDIAN_TOMBSTONE_RETENTION_S": "3",
+        "MERIDIAN_TOMBSTONE_EXPIRY_INTERVAL_S": "0.2",
+    }
+    proc = AgentProcess("eu-west", tmp_path / "r", env, tmp_path / "r.log", metrics=True)
+    proc.start()
+    try:
+        async with AgentClient(proc.address) as client:
+
+            async def data() -> AsyncIterator[bytes]:
+                yield b"a rotated log"
+
+            await client.put("corpus/logs", "day-1", data())
+            await client.put("corpus/logs", "day-2", data())
+            await client.delete("corpus/logs", "day-1")
+            listed = await client.list("corpus/logs", include_deleted=True)
+            assert [o.key for o in listed] == ["day-1", "day-2"]  # the tombstone, kept
+
+            async def forgotten() -> bool:
+                listed = await client.list("corpus/logs", include_deleted=True)
+                return [o.key for o in listed] == ["day-2"]
+
+            await until(forgotten, 30, what="the tombstone of day-1 to expire")
+        async with httpx.AsyncClient(timeout=10) as http:
+
+            async def counted() -> bool:  # once its pass has ended
+                text = (await http.get(f"http://{proc.metrics_address}/metrics")).text
+                return "meridian_tombstones_expired_total 1.0" in text
+
+            await until(counted, 10, what="the expiry counted")
+    finally:
+        proc.stop()
+
+
 async def test_sigterm_during_a_large_put_leaves_no_partial_object_and_exits_0(
     tmp_path: Path, world: dict[str, str]
 ) -> None:

@@ -281,3 +281,29 @@ def test_a_rebalance_never_hands_off_a_set_member_under_a_plain_overwrite(
     # Named by no set and written in none: it goes
     other = store.put("plain", "k", [b"k"])
     assert store.hand_off("plain", "k", other.hlc)
+
+
+def test_a_deleted_member_of_the_set_readers_see_outlives_its_tombstone(
+    store: ObjectStore,
+) -> None:
+    # The set still shows (a delete after it does not change it): forgetting the key
+    # with its tombstone would take the member the set names, and the set with it.
+    a1 = store.put("ckpt", "a", [b"a1"])
+    store.commit_set("ckpt", "step-1", {"a": a1.hlc})
+    tomb = store.delete("ckpt", "a")
+    later = tomb.hlc.wall_ms + 1000 * store.tombstone_retention_s + 1
+    assert store.expire_tombstones(now_ms=later) == 0
+    with store.open("ckpt", "a", set_id="latest") as reader:
+        assert reader.read_all() == b"a1"
+
+
+def test_the_rebalance_sees_an_object_a_set_holds_whatever_its_newest_version(
+    store: ObjectStore,
+) -> None:
+    a1 = store.put("ckpt", "a", [b"a1"])
+    store.commit_set("ckpt", "step-1", {"a": a1.hlc})
+    store.put("ckpt", "a", [b"a2"])  # plain: the set names the one before
+    store.put("ckpt", "b", [b"b1"], set_id="step-2")
+    store.put("ckpt", "b", [b"b2"])
+    store.put("ckpt", "c", [b"c"])
+    assert {s.key: s.set_id for s in store.held()} == {"a": "step-1", "b": "step-2", "c": None}

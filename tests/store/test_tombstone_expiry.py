@@ -22,11 +22,14 @@ async def test_each_pass_forgets_the_tombstones_past_the_retention(
     store.apply("logs", "old", Version.delete(HLC(system_ms() - 120_000, 0, "us-east")), None)
     store.put("logs", "recent", [b"rotated"])
     store.delete("logs", "recent")  # younger than the retention: kept
+    store.apply("ckpt", "old", put, [b"rotated"])  # a dataset it must not expire
+    store.apply("ckpt", "old", Version.delete(HLC(system_ms() - 120_000, 0, "us-east")), None)
     metrics = AgentMetrics("eu-west")
-    expiry = TombstoneExpiry(store, metrics, interval_s=0.01)
+    expiry = TombstoneExpiry(store, metrics, lambda dataset: dataset == "logs", interval_s=0.01)
     async with expiry:
         await asyncio.wait_for(expiry.wait_passes(1), timeout=10)
     assert store.versions("logs", "old") == []
+    assert len(store.versions("ckpt", "old")) == 2
     assert store.versions("logs", "recent")[0].version.is_tombstone
     assert metrics.tombstones_expired._value.get() == 1
 
@@ -34,7 +37,7 @@ async def test_each_pass_forgets_the_tombstones_past_the_retention(
 async def test_a_failed_pass_is_logged_and_the_next_one_runs(open_store: StoreFactory) -> None:
     store = open_store()
     store.close()  # every pass fails: the store is closed
-    expiry = TombstoneExpiry(store, AgentMetrics("eu-west"), interval_s=0.01)
+    expiry = TombstoneExpiry(store, AgentMetrics("eu-west"), lambda _: True, interval_s=0.01)
     async with expiry:
         await asyncio.wait_for(expiry.wait_passes(2), timeout=10)
         assert expiry.running
