@@ -55,11 +55,31 @@ class TombstoneExpiry(Lifecycle):
 
     async def expire_once(self) -> int:
         """One pass; how many objects it forgot."""
-        expired = await asyncio.to_thread(self.store.expire_tombstones, datasets=self.expirable)
+        expired = await asyncio.to_thread(
+            self.store.expire_tombstones, datasets=self._memo(self.expirable)
+        )
         self.metrics.tombstones_expired.inc(expired)
         if expired:
             log.info("tombstones_expired", objects=expired)
         return expired
+
+    @staticmethod
+    def _memo(expirable: Callable[[str], bool]) -> Callable[[str], bool]:
+        """`expirable` asked once per dataset in a pass (it may plan a policy rule), and
+        False where it fails: a dataset the policy cannot place now keeps its tombstones,
+        the others expire."""
+        known: dict[str, bool] = {}
+
+        def ask(dataset: str) -> bool:
+            if dataset not in known:
+                try:
+                    known[dataset] = expirable(dataset)
+                except Exception as err:  # noqa: BLE001 - one dataset's answer, not the pass
+                    log.warning("tombstone_expiry_skipped", dataset=dataset, error=str(err))
+                    known[dataset] = False
+            return known[dataset]
+
+        return ask
 
     async def wait_passes(self, count: int) -> None:
         """Until `count` passes have completed (for tests: no sleeping)."""

@@ -1558,6 +1558,15 @@ class ObjectStore:
             "   WHERE w.dataset = m.dataset AND w.key = m.key AND w.hlc > m.hlc))",
             (dataset, floor),
         ).fetchall()
+        self._forget_sets(conn, dataset, gone, "superseded")
+        return [str(set_id) for set_id, _ in gone]
+
+    @staticmethod
+    def _forget_sets(
+        conn: sqlite3.Connection, dataset: str, gone: Sequence[tuple[str, str]], reason: str
+    ) -> None:
+        """Delete these sets (id, HLC) with their members, keep each id and HLC in
+        `sets_dropped` and journal `set_removed`."""
         for set_id, hlc in gone:
             conn.execute(
                 "DELETE FROM set_members WHERE dataset = ? AND set_id = ?", (dataset, set_id)
@@ -1568,9 +1577,8 @@ class ObjectStore:
                 " ON CONFLICT (dataset, set_id) DO UPDATE SET hlc = max(hlc, excluded.hlc)",
                 (dataset, set_id, hlc),
             )
-            data: dict[str, JsonValue] = {"set": set_id, "reason": "superseded"}
+            data: dict[str, JsonValue] = {"set": set_id, "reason": reason}
             rows.journal(conn, "set_removed", dataset, None, hlc, data)
-        return [str(set_id) for set_id, _ in gone]
 
     def expire_tombstones(
         self,
@@ -1581,8 +1589,8 @@ class ObjectStore:
     ) -> int:
         """Forget objects whose newest version is a tombstone older than the retention
         (its HLC wall time), with every version they still hold, and the marks of sets
-        forgotten (`sets_dropped`) as old. Only objects of `datasets` (all when None),
-        and never one a version set names (its members stay while the set does).
+        forgotten (`sets_dropped`) as old. Only objects (and marks) of `datasets` (all
+        when None), and never one a set readers may see names (`_expire_one`).
         Returns how many objects. Reads `batch` objects at a time, in key order, so the
         store's lock is never held for a scan of all of them (a sweep runs beside
         writes)."""
@@ -1610,27 +1618,49 @@ class ObjectStore:
                     continue
                 if datasets is None or datasets(dataset):
                     expired += self._expire_one(dataset, key, hlc)
+        # HLC text starts with its 13-digit wall time: every mark made before the cutoff
+        # sorts below these digits.
+        below = f"{max(cutoff, 0):013d}"
+        with self._lock:
+            self._require_open()
+            marked = self._db.execute(
+                "SELECT DISTINCT dataset FROM sets_dropped WHERE hlc < ?", (below,)
+            ).fetchall()
+        aged = [d for (d,) in marked if datasets is None or datasets(d)]
         with self._tx() as conn:
-            # HLC text starts with its 13-digit wall time: every mark made before the
-            # cutoff sorts below these digits.
-            conn.execute("DELETE FROM sets_dropped WHERE hlc < ?", (f"{max(cutoff, 0):013d}",))
+            conn.executemany(
+                "DELETE FROM sets_dropped WHERE dataset = ? AND hlc < ?",
+                [(d, below) for d in aged],
+            )
         return expired
 
     def _expire_one(self, dataset: str, key: str, hlc: str) -> int:
         """Forget one object whose newest version was the tombstone `hlc`; 0 when it was
-        written since the scan."""
+        written since the scan, or when a set readers may see names it (the newest
+        complete set of its dataset, or a newer one: what pruning pins). Older sets
+        naming it can never be whole again once it goes: they go with it."""
         with self._object_lock(dataset, key):
             with self._tx() as conn:
                 newest = conn.execute(
                     "SELECT max(hlc) FROM versions WHERE dataset = ? AND key = ?",
                     (dataset, key),
                 ).fetchone()[0]
-                if newest != hlc or _named_by_a_set(conn, dataset, key):
+                floor = conn.execute(
+                    "SELECT max(hlc) FROM sets WHERE dataset = ? AND complete = 1", (dataset,)
+                ).fetchone()[0]
+                naming: list[tuple[str, str]] = conn.execute(
+                    "SELECT DISTINCT s.set_id, s.hlc FROM set_members AS m JOIN sets AS s"
+                    " ON s.dataset = m.dataset AND s.set_id = m.set_id"
+                    " WHERE m.dataset = ? AND m.key = ?",
+                    (dataset, key),
+                ).fetchall()
+                if newest != hlc or any(h >= (floor or "") for _, h in naming):
                     return 0
                 held = conn.execute(
                     rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ?", (dataset, key)
                 ).fetchall()
                 victims = self._delete_rows(conn, held, "tombstone expired")
+                self._forget_sets(conn, dataset, naming, "member expired")
             self._remove_files(victims)
         return 1
 

@@ -218,7 +218,10 @@ def test_a_forgotten_set_still_wins_over_an_older_definition_of_its_id(
     # The mark is kept as long as a tombstone (a late definition past that is taken)
     store.expire_tombstones(now_ms=x_at.wall_ms + 1000 * store.tombstone_retention_s - 1)
     assert store.apply_set("ckpt", "x", older, {"a": a2.hlc}) is Verdict.OLDER
-    store.expire_tombstones(now_ms=x_at.wall_ms + 1000 * store.tombstone_retention_s + 1)
+    past = x_at.wall_ms + 1000 * store.tombstone_retention_s + 1
+    store.expire_tombstones(now_ms=past, datasets=lambda dataset: dataset != "ckpt")
+    assert store.apply_set("ckpt", "x", older, {"a": a2.hlc}) is Verdict.OLDER  # not its
+    store.expire_tombstones(now_ms=past)
     assert store.apply_set("ckpt", "x", older, {"a": a2.hlc}) is Verdict.APPLY
 
 
@@ -307,3 +310,23 @@ def test_the_rebalance_sees_an_object_a_set_holds_whatever_its_newest_version(
     store.put("ckpt", "b", [b"b2"])
     store.put("ckpt", "c", [b"c"])
     assert {s.key: s.set_id for s in store.held()} == {"a": "step-1", "b": "step-2", "c": None}
+
+
+def test_deleting_an_old_checkpoint_frees_it_once_its_tombstones_expire(
+    store: ObjectStore,
+) -> None:
+    # A key per checkpoint: the old one's set stays whole (readable by name) until its
+    # deleted keys expire; then they go, and the set with them, not its bytes for good.
+    one = store.put("ckpt", "c1/a", [b"one"])
+    store.commit_set("ckpt", "step-1", {"c1/a": one.hlc})
+    two = store.put("ckpt", "c2/a", [b"two"])
+    store.commit_set("ckpt", "step-2", {"c2/a": two.hlc})
+    tomb = store.delete("ckpt", "c1/a")
+    later = tomb.hlc.wall_ms + 1000 * store.tombstone_retention_s + 1
+    assert store.expire_tombstones(now_ms=later) == 1
+    assert store.versions("ckpt", "c1/a") == []
+    assert [s.set_id for s in store.list_sets("ckpt")] == ["step-2"]
+    removed = [j.data for j in store.journal_pending() if j.kind == "set_removed"]
+    assert removed == [{"set": "step-1", "reason": "member expired"}]
+    with store.open("ckpt", "c2/a", set_id="latest") as reader:
+        assert reader.read_all() == b"two"

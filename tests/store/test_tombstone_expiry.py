@@ -41,3 +41,27 @@ async def test_a_failed_pass_is_logged_and_the_next_one_runs(open_store: StoreFa
     async with expiry:
         await asyncio.wait_for(expiry.wait_passes(2), timeout=10)
         assert expiry.running
+
+
+async def test_a_dataset_whose_class_cannot_be_told_keeps_its_tombstones(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store(tombstone_retention_s=60)
+    asked: list[str] = []
+
+    def expirable(dataset: str) -> bool:
+        asked.append(dataset)
+        if dataset == "odd":
+            raise ValueError("its rule cannot be planned")
+        return True
+
+    for dataset in ("odd", "logs"):
+        for key in ("a", "b"):
+            put = Version.put(HLC(system_ms() - 180_000, 0, "us-east"), 1, Digest.of(b"x"))
+            store.apply(dataset, key, put, [b"x"])
+            gone = Version.delete(HLC(system_ms() - 120_000, 0, "us-east"))
+            store.apply(dataset, key, gone, None)
+    expiry = TombstoneExpiry(store, AgentMetrics("eu-west"), expirable, interval_s=3600)
+    assert await expiry.expire_once() == 2
+    assert sorted(asked) == ["logs", "odd"]  # once per dataset, not per object
+    assert [len(store.versions("odd", k)) for k in ("a", "b")] == [2, 2]
