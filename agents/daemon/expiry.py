@@ -18,8 +18,8 @@ import asyncio
 from collections.abc import Callable
 
 from agents.metrics import AgentMetrics
+from agents.periodic import Periodic
 from agents.store import ObjectStore
-from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
 
 log = get_logger(__name__)
@@ -27,7 +27,9 @@ log = get_logger(__name__)
 EXPIRY_INTERVAL_S = 3600.0
 
 
-class TombstoneExpiry(Lifecycle):
+class TombstoneExpiry(Periodic):
+    task_name = "meridian-tombstone-expiry"
+
     def __init__(
         self,
         store: ObjectStore,
@@ -36,22 +38,10 @@ class TombstoneExpiry(Lifecycle):
         *,
         interval_s: float = EXPIRY_INTERVAL_S,
     ) -> None:
-        if interval_s <= 0:
-            raise ValueError(f"the tombstone expiry interval must be > 0 s, got {interval_s:g}")
+        super().__init__(interval_s)
         self.store = store
         self.metrics = metrics
         self.expirable = expirable
-        self.interval_s = interval_s
-        self.passes = 0  # passes completed, failed or not (tests and logs)
-        self._task: asyncio.Task[None] | None = None
-        self._pass_done = asyncio.Condition()
-
-    async def _do_start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="meridian-tombstone-expiry")
-
-    async def _do_stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
 
     async def expire_once(self) -> int:
         """One pass; how many objects it forgot."""
@@ -81,18 +71,5 @@ class TombstoneExpiry(Lifecycle):
 
         return ask
 
-    async def wait_passes(self, count: int) -> None:
-        """Until `count` passes have completed (for tests: no sleeping)."""
-        async with self._pass_done:
-            await self._pass_done.wait_for(lambda: self.passes >= count)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.expire_once()
-            except Exception as err:  # noqa: BLE001 - whatever failed, the next pass tries again
-                log.warning("tombstone_expiry_failed", error=f"{type(err).__name__}: {err}")
-            async with self._pass_done:
-                self.passes += 1
-                self._pass_done.notify_all()
+    async def _pass(self) -> None:
+        await self.expire_once()

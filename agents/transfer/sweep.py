@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+from agents.periodic import Periodic
 from agents.transfer.resume import MAX_AGE_S, ResumeBook
-from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
 
 log = get_logger(__name__)
@@ -19,7 +19,9 @@ SWEEP_INTERVAL_S = 3600.0
 MAX_PER_PASS = 1000
 
 
-class ResumeSweeper(Lifecycle):
+class ResumeSweeper(Periodic):
+    task_name = "meridian-resume-sweep"
+
     def __init__(
         self,
         book: ResumeBook,
@@ -28,20 +30,10 @@ class ResumeSweeper(Lifecycle):
         max_age_s: float = MAX_AGE_S,
         max_per_pass: int = MAX_PER_PASS,
     ) -> None:
+        super().__init__(interval_s)
         self.book = book
-        self.interval_s = interval_s
         self.max_age_s = max_age_s
         self.max_per_pass = max_per_pass
-        self.passes = 0  # passes completed (tests and logs)
-        self._task: asyncio.Task[None] | None = None
-        self._pass_done = asyncio.Condition()
-
-    async def _do_start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="meridian-resume-sweep")
-
-    async def _do_stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
 
     async def sweep_once(self) -> int:
         """One bounded pass; returns how many states it removed."""
@@ -52,18 +44,5 @@ class ResumeSweeper(Lifecycle):
             log.info("resume states expired", removed=removed, folder=str(self.book.folder))
         return removed
 
-    async def wait_passes(self, count: int) -> None:
-        """Until `count` passes have completed (for tests: no sleeping)."""
-        async with self._pass_done:
-            await self._pass_done.wait_for(lambda: self.passes >= count)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.sweep_once()
-            except OSError as err:  # the next pass tries again
-                log.warning("resume sweep failed", folder=str(self.book.folder), error=str(err))
-            async with self._pass_done:
-                self.passes += 1
-                self._pass_done.notify_all()
+    async def _pass(self) -> None:
+        await self.sweep_once()
