@@ -111,6 +111,16 @@ def journal_many(conn: sqlite3.Connection, entries: list[JournalRow]) -> None:
     conn.executemany(_INSERT_JOURNAL, entries)
 
 
+def set_floor(conn: sqlite3.Connection, dataset: str) -> str | None:
+    """The HLC of the newest complete set of `dataset` (None without one): readers may
+    see that set and any newer one, so pruning, set retention and tombstone expiry all
+    judge against it."""
+    found = conn.execute(
+        "SELECT max(hlc) FROM sets WHERE dataset = ? AND complete = 1", (dataset,)
+    ).fetchone()[0]
+    return cast("str | None", found)
+
+
 def datasets_with_sets(conn: sqlite3.Connection, datasets: set[str]) -> set[str]:
     """Those of `datasets` that have any version set member (only their versions can
     complete a set)."""

@@ -1449,10 +1449,7 @@ class ObjectStore:
         """Delete the rows of versions past the newest `keep_versions` of an object, except
         those a version set still needs (members of the newest complete set of the
         dataset and of any newer set); return their files, to remove after commit."""
-        found = conn.execute(
-            "SELECT max(hlc) FROM sets WHERE dataset = ? AND complete = 1", (dataset,)
-        ).fetchone()[0]
-        floor = found or ""
+        floor = rows.set_floor(conn, dataset) or ""
         pinned = {
             row[0]
             for row in conn.execute(
@@ -1542,9 +1539,7 @@ class ObjectStore:
         restore them), stays; so does one still complete, readable by name, until
         pruning takes a member. Each leaves its id and HLC in `sets_dropped`. Returns
         the ids dropped."""
-        floor = conn.execute(
-            "SELECT max(hlc) FROM sets WHERE dataset = ? AND complete = 1", (dataset,)
-        ).fetchone()[0]
+        floor = rows.set_floor(conn, dataset)
         if floor is None:
             return []
         gone = conn.execute(
@@ -1645,9 +1640,7 @@ class ObjectStore:
                     "SELECT max(hlc) FROM versions WHERE dataset = ? AND key = ?",
                     (dataset, key),
                 ).fetchone()[0]
-                floor = conn.execute(
-                    "SELECT max(hlc) FROM sets WHERE dataset = ? AND complete = 1", (dataset,)
-                ).fetchone()[0]
+                floor = rows.set_floor(conn, dataset)
                 naming: list[tuple[str, str]] = conn.execute(
                     "SELECT DISTINCT s.set_id, s.hlc FROM set_members AS m JOIN sets AS s"
                     " ON s.dataset = m.dataset AND s.set_id = m.set_id"
