@@ -180,7 +180,8 @@ class NodeAgent(Lifecycle):
         self.expiry = TombstoneExpiry(
             store,
             self.metrics,
-            self._standard,
+            self._placed,
+            self._forgettable,
             interval_s=self.settings.tombstone_expiry_interval_s,
         )
         await self.expiry.start()
@@ -405,12 +406,25 @@ class NodeAgent(Lifecycle):
     def _alone_in_region(self) -> bool:
         return all(a == self.identity.agent_id for a in self.members.current.all)
 
-    def _standard(self, dataset: str) -> bool:
-        """Whether the applied policy places `dataset` as a standard one (tombstone
-        expiry: expiry.py says why not a critical one, nor one it does not place)."""
+    def _placed(self, dataset: str) -> bool:
+        """Whether the applied policy places `dataset` (tombstone expiry: one it does not
+        place keeps its tombstones, its class unknown)."""
+        policy = self.view.current
+        return policy is not None and policy.placement(dataset) is not None
+
+    async def _forgettable(self, dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
+        """Which of a dataset's expired deletes may be forgotten (expiry.py): all of a
+        standard dataset's; of a critical one's, those every copy region is proven to
+        hold at that delete or newer, or not at all."""
         policy = self.view.current
         placement = policy.placement(dataset) if policy is not None else None
-        return placement is not None and placement.dataset_class == "standard"
+        if placement is None:
+            return set()
+        if placement.dataset_class != "critical":
+            return {key for key, _ in deletes}
+        if self.replication is None:
+            return set()
+        return await self.replication.forgettable_deletes(dataset, placement, deletes)
 
     def _check_region(self) -> None:
         policy = self.view.current

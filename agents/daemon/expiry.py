@@ -1,21 +1,35 @@
 """The periodic tombstone expiry of an agent's store (the spec's `tombstone_retention`):
 a delete is kept at least that long so that no older put resurrects the object, and
 then forgotten with every version it still holds, so a dataset whose objects come and
-go (rotated logs, replaced shards) does not keep one row per object it ever held.
+go (rotated logs, replaced shards, old checkpoints) does not keep one row per object
+it ever held, nor the bytes of the versions before each delete.
 
-Only datasets `expirable` says yes to: the daemon passes the standard ones. A
-critical dataset keeps its tombstones: a takeover adopts a put that a region missed
-the delete of unless the owner still holds that delete (agents/replication/sync.py),
-so forgetting it there could bring an acknowledged delete's object back.
+Only datasets `expirable` says yes to (the daemon: those the applied policy places).
+`confirm` then says, per dataset and batch of candidates, which keys may go. For a
+standard dataset, all of them. For a critical one, only those of which every agent
+of every copy region is proven to show that very delete or nothing at all
+(`SyncReplication.forgettable_deletes`): a takeover adopts a put that a region
+missed the delete of unless the new owner still holds that delete
+(agents/replication/sync.py), so forgetting it while an agent still shows the older
+put could bring an acknowledged delete's object back. A region that cannot be asked
+keeps the tombstone for a later pass. Once one region forgot a delete, the others
+still prove it: that region holds nothing of the key, which is allowed. Not asked:
+a region the placement no longer names (nothing evicts a critical copy from it; see
+the report of issue 13).
 
 A pass runs on a worker thread every `interval_s` (the first one `interval_s` after
 start: a restart loop costs no scans); the store reads its objects a batch at a time,
-so writes go on beside it. A failed pass is logged and the next one tries again."""
+so writes go on beside it, and asks `confirm` (on the event loop, where the agent's
+calls run) without its lock, at most store.CONFIRM_BATCH keys at a time. A failed
+pass is logged and the next one tries again; a failed or slow `confirm` keeps those
+keys' tombstones; a pass still running at stop asks nothing more."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import concurrent.futures
+import threading
+from collections.abc import Awaitable, Callable
 
 from agents.metrics import AgentMetrics
 from agents.periodic import Periodic
@@ -25,6 +39,12 @@ from controlplane.logs import get_logger
 log = get_logger(__name__)
 
 EXPIRY_INTERVAL_S = 3600.0
+# How long a pass waits for `confirm` on one batch of one dataset before keeping it: a
+# critical batch (store.CONFIRM_BATCH keys, 8 at a time, two listings per copy region)
+# whose calls each run into their 5 s deadline takes about 120 s.
+CONFIRM_TIMEOUT_S = 300.0
+
+Confirm = Callable[[str, list[tuple[str, str]]], Awaitable[set[str]]]
 
 
 class TombstoneExpiry(Periodic):
@@ -35,23 +55,66 @@ class TombstoneExpiry(Periodic):
         store: ObjectStore,
         metrics: AgentMetrics,
         expirable: Callable[[str], bool],
+        confirm: Confirm,
         *,
         interval_s: float = EXPIRY_INTERVAL_S,
+        confirm_timeout_s: float = CONFIRM_TIMEOUT_S,
     ) -> None:
         super().__init__(interval_s)
         self.store = store
         self.metrics = metrics
         self.expirable = expirable
+        self.confirm = confirm
+        self.confirm_timeout_s = confirm_timeout_s
+        # Set at stop: a pass still running on its thread asks nothing more (the agent's
+        # replication and channels are closing) and keeps the rest.
+        self._closing = threading.Event()
+
+    async def _do_stop(self) -> None:
+        self._closing.set()
+        await super()._do_stop()
 
     async def expire_once(self) -> int:
         """One pass; how many objects it forgot."""
+        loop = asyncio.get_running_loop()
+
+        def confirmed(dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
+            # On the pass's worker thread: the answer is worked out on the event loop,
+            # within its own timeout (this one only outlives a loop that stopped).
+            if self._closing.is_set():
+                return set()
+            answer = asyncio.run_coroutine_threadsafe(self._confirmed(dataset, deletes), loop)
+            try:
+                return answer.result(timeout=self.confirm_timeout_s + 30)
+            except (TimeoutError, concurrent.futures.CancelledError):
+                answer.cancel()
+                return set()
+
         expired = await asyncio.to_thread(
-            self.store.expire_tombstones, datasets=self._memo(self.expirable)
+            self.store.expire_tombstones, datasets=self._memo(self.expirable), confirm=confirmed
         )
         self.metrics.tombstones_expired.inc(expired)
         if expired:
             log.info("tombstones_expired", objects=expired)
         return expired
+
+    async def _confirmed(self, dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
+        try:
+            async with asyncio.timeout(self.confirm_timeout_s):
+                return await self.confirm(dataset, deletes)
+        except Exception as err:  # noqa: BLE001 - one batch's answer, not the pass
+            error = (
+                f"no answer within {self.confirm_timeout_s:g} s"
+                if isinstance(err, TimeoutError)
+                else f"{err!r}"
+            )
+            log.warning(
+                "tombstone_expiry_unconfirmed",
+                dataset=dataset,
+                tombstones=len(deletes),
+                error=error,
+            )
+            return set()
 
     @staticmethod
     def _memo(expirable: Callable[[str], bool]) -> Callable[[str], bool]:

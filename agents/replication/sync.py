@@ -179,6 +179,9 @@ REWINDS_PER_KEY = 8
 # Tries of one catch-up (each retry waits up to retry_max_s) and of one takeover pass.
 CATCH_UP_ATTEMPTS = 1_000_000
 TAKEOVER_ATTEMPTS = 1_000
+# Keys proven at once when tombstones of a critical dataset may expire (one listing
+# call per copy region each).
+_PROOFS_IN_FLIGHT = 8
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 4 * CHUNK_BYTES),
@@ -949,6 +952,61 @@ class SyncReplication:
                 return False
         return True
 
+    async def forgettable_deletes(
+        self, dataset: str, placement: Placement, deletes: list[tuple[str, str]]
+    ) -> set[str]:
+        """The keys of `deletes` ((key, tombstone HLC text), each past the retention here)
+        whose delete every copy region, this one included, shows and no agent there
+        shows anything else: each agent of each region (the routed listing, `lowest`:
+        the lowest of the agents' newest versions) holds that very delete or nothing
+        of the key. Only then may the tombstone be forgotten (agents/daemon/expiry.py):
+        an agent still showing an older put, one that missed the delete, would hand
+        it to a takeover by a region that forgot the delete, as a write to adopt; and
+        a newer version may be a deposed owner's lone write, which a takeover rewinds,
+        showing the older put again. A region or key that cannot be proven (an agent
+        down or departed, a deadline) keeps its tombstone until a later pass."""
+        regions = copy_regions(placement)
+        gate = asyncio.Semaphore(_PROOFS_IN_FLIGHT)
+
+        async def proven(key: str, hlc: str) -> bool:
+            async with gate:
+                for region in regions:
+                    try:
+                        address = await self.peers.address(region)
+                        # The lowest and the highest of the agents' newest: both that
+                        # delete, every agent holding the key shows it.
+                        low = await self._newest_at(address, dataset, key, lowest=True)
+                        high = await self._newest_at(address, dataset, key)
+                    except MeridianError as exc:
+                        log.info(
+                            "tombstone_kept_unproven",
+                            dataset=dataset,
+                            key=key,
+                            region=region,
+                            error=str(exc),
+                        )
+                        return False
+                    other = next(
+                        (v for v in (low, high) if v is not None and v.hlc.text != hlc), None
+                    )
+                    if other is not None or (low is None) != (high is None):
+                        # Until that region shows the delete alone (a catch-up, or the
+                        # takeover that rewinds a lone newer write).
+                        log.info(
+                            "tombstone_kept_other_shown",
+                            dataset=dataset,
+                            key=key,
+                            region=region,
+                            delete=hlc,
+                            shown=None if other is None else other.hlc.text,
+                            older=other is not None and other.hlc.text < hlc,
+                        )
+                        return False
+            return True
+
+        verdicts = await asyncio.gather(*(proven(key, hlc) for key, hlc in deletes))
+        return {key for (key, _), ok in zip(deletes, verdicts, strict=True) if ok}
+
     async def _proof_address(self, region: str) -> str:
         """An agent of `region` to ask for a proof. This agent's own region is asked too
         (its other agents), and at an agent's start, before its registration is in
@@ -963,21 +1021,33 @@ class SyncReplication:
                 f"this region {region} has no agent to ask yet ({exc}); the pass waits"
             ) from exc
 
-    async def _newest_at(self, address: str, dataset: str, key: str) -> Version | None:
+    async def _newest_at(
+        self, address: str, dataset: str, key: str, *, lowest: bool = False
+    ) -> Version | None:
         """The newest version an agent's region holds of `key`, a tombstone included
         (None: nothing). A listing, not `Stat`: `Stat` answers "not found" for a delete
         (an acked delete held by two regions was once "proven" lone that way and
         rewound in both), and a routed listing asks every agent of the region:
         `complete`, so that one that does not answer fails the call instead of being
-        skipped."""
+        skipped. `lowest`: of the agents' newest versions, the lowest, not the highest."""
         stub = self._stub(address)
         request = agent_pb2.ListRequest(
-            dataset=dataset, prefix=key, page_size=1, include_deleted=True, complete=True
+            dataset=dataset,
+            prefix=key,
+            page_size=1,
+            include_deleted=True,
+            complete=True,
+            lowest=lowest,
         )
         try:
             page = await stub.List(request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err, address) from err
+        if lowest and not page.lowest:
+            raise UnavailableError(
+                f"the agent at {address} does not list by the lowest version (it predates "
+                "that): no proof until it is upgraded"
+            )
         # The key itself sorts first among the keys it prefixes.
         for info in page.objects:
             if info.key == key:

@@ -587,12 +587,19 @@ class RoutedAgentService(AgentService):
             more = more or bool(page.next_page_token)
             for info in page.objects:
                 held = newest.get(info.key)
-                if held is None or info.version.hlc > held.version.hlc:  # HLC text sorts
+                # HLC text sorts as HLCs do.
+                if (
+                    held is None
+                    or (request.lowest and info.version.hlc < held.version.hlc)
+                    or (not request.lowest and info.version.hlc > held.version.hlc)
+                ):
                     newest[info.key] = info
         keys = sorted(newest)
         chosen = keys[:limit]
         token = chosen[-1] if chosen and (more or len(keys) > limit) else ""
-        return agent_pb2.ListResponse(objects=[newest[k] for k in chosen], next_page_token=token)
+        return agent_pb2.ListResponse(
+            objects=[newest[k] for k in chosen], next_page_token=token, lowest=request.lowest
+        )
 
     async def _remote_list(
         self, member: Member, request: agent_pb2.ListRequest, timeout_s: float

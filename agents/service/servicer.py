@@ -574,8 +574,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             limit=limit,
             include_deleted=request.include_deleted,
         )
+        # One agent's own listing: its newest of each key is the lowest and the highest.
         return agent_pb2.ListResponse(
-            objects=[_info(s) for s in page.items], next_page_token=page.cursor or ""
+            objects=[_info(s) for s in page.items],
+            next_page_token=page.cursor or "",
+            lowest=request.lowest,
         )
 
     async def GetSet(  # noqa: N802

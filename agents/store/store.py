@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -81,6 +81,8 @@ SYNCFS_MIN_FILES = 32
 INLINE_MAX_BYTES = 64 * 1024
 # Objects a tombstone expiry reads per look (each under the store's lock).
 EXPIRY_BATCH = 1000
+# Candidates of one dataset an expiry's `confirm` is asked about at once.
+CONFIRM_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -1581,12 +1583,17 @@ class ObjectStore:
         *,
         batch: int = EXPIRY_BATCH,
         datasets: Callable[[str], bool] | None = None,
+        confirm: Callable[[str, list[tuple[str, str]]], Collection[str]] | None = None,
     ) -> int:
         """Forget objects whose newest version is a tombstone older than the retention
         (its HLC wall time), with every version they still hold, and the marks of sets
         forgotten (`sets_dropped`) as old. Only objects (and marks) of `datasets` (all
         when None), and never one a set readers may see names (`_expire_one`).
-        Returns how many objects. Reads `batch` objects at a time, in key order, so the
+        `confirm`, when given, is asked per dataset with at most CONFIRM_BATCH of the
+        candidates' (key, tombstone HLC) at a time, without the store's lock, and
+        answers the keys that may go (a critical dataset's, once every agent of every
+        copy region shows the delete or nothing: agents/daemon/expiry.py). Returns
+        how many objects. Reads `batch` objects at a time, in key order, so the
         store's lock is never held for a scan of all of them (a sweep runs beside
         writes)."""
         if batch < 1:
@@ -1608,11 +1615,20 @@ class ObjectStore:
             if not found:
                 break
             after = (found[-1][0], found[-1][1])
+            due: dict[str, list[tuple[str, str]]] = {}
             for dataset, key, hlc, op in found:
                 if op != "delete" or HLC.parse(hlc).wall_ms >= cutoff:
                     continue
                 if datasets is None or datasets(dataset):
-                    expired += self._expire_one(dataset, key, hlc)
+                    due.setdefault(dataset, []).append((key, hlc))
+            for dataset, candidates in due.items():
+                # `confirm` a share at a time: one that fails or is slow keeps only it.
+                for at in range(0, len(candidates), CONFIRM_BATCH):
+                    share = candidates[at : at + CONFIRM_BATCH]
+                    allowed = None if confirm is None else set(confirm(dataset, share))
+                    for key, hlc in share:
+                        if allowed is None or key in allowed:
+                            expired += self._expire_one(dataset, key, hlc)
         # HLC text starts with its 13-digit wall time: every mark made before the cutoff
         # sorts below these digits.
         below = f"{max(cutoff, 0):013d}"

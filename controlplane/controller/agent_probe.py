@@ -35,13 +35,14 @@ catalog also lists the owner's unacked versions and lags behind the copies.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from agents.client import AgentClient, ObjectInfo
 from agents.replication.peers import EtcdPeers, NoAgentError
 from agents.replication.sync import copies_needed
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.catalog_glue.sources import CatchUpProbe
+from controlplane.coordination.orchestration.prefer import forgotten_deletes, union_newest
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.placement import Placement
@@ -117,7 +118,10 @@ class AgentCatchUpProbe:
             await coord.close()
         if not complete or placement is None:
             return lacking(source, target)
-        return lacking(required([source, target, *others], copies_needed(placement)), target)
+        every = [source, target, *others]
+        shown = [{o.key: o.version for o in listing} for listing in every]
+        forgotten = forgotten_deletes(union_newest(shown), shown)
+        return lacking(required(every, copies_needed(placement)), target, forgotten)
 
 
 async def _listing(address: str, dataset: str) -> list[ObjectInfo]:
@@ -148,13 +152,19 @@ def required(listings: list[list[ObjectInfo]], need: int) -> list[ObjectInfo]:
     return out
 
 
-def lacking(source: list[ObjectInfo], target: list[ObjectInfo]) -> list[str]:
+def lacking(
+    source: list[ObjectInfo], target: list[ObjectInfo], forgotten: Collection[str] = ()
+) -> list[str]:
     """`key@hlc` of each object whose newest version in `source` the target does not
-    hold (its newest is older, or the same HLC with another digest)."""
+    hold (its newest is older, or the same HLC with another digest); a key of
+    `forgotten` (a delete no region shows anything older of: prefer.forgotten_deletes)
+    the target has nothing of is not lacking."""
     held = {o.key: o.version for o in target}
     out: list[str] = []
     for obj in source:
         have = held.get(obj.key)
+        if have is None and obj.key in forgotten:
+            continue
         if (
             have is None
             or have.hlc < obj.version.hlc

@@ -24,6 +24,7 @@ from controlplane.coordination.orchestration.prefer import (
     Assessment,
     Listing,
     Standing,
+    forgotten_deletes,
     missing_from,
     union_newest,
 )
@@ -69,6 +70,10 @@ class HoldingsChooser:
             {k: ver for k, ver in listing.items() if f"{k}@{ver.hlc}" not in unacked}
             for listing in listings.values()
         )
+        # A delete is lacking only where an older version of its key may still show:
+        # unless every holder was listed, anywhere.
+        listed = all(r.digest in listings for recs in records.values() for r in recs)
+        forgotten = forgotten_deletes(union, listings.values()) if listed else set()
         standings: dict[str, Standing] = {}
         for c in candidates:
             best: tuple[str, ...] | None = None
@@ -76,7 +81,7 @@ class HoldingsChooser:
                 listing = listings.get(rec.digest)
                 if listing is None:
                     continue
-                missing = missing_from(union, listing)
+                missing = missing_from(union, listing, forgotten)
                 if best is None or len(missing) < len(best):
                     best = missing
             standings[c] = Standing(c, best)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from critical_helpers import prepare_critical_world
+from critical_helpers import prepare_critical_world, running_agents
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess
 
@@ -24,27 +24,8 @@ def critical_world(tmp_path: Path, etcd_endpoint: str) -> dict[str, str]:
 @pytest.fixture
 def eu_agents(tmp_path: Path, critical_world: dict[str, str]) -> Iterator[dict[str, AgentProcess]]:
     """One started agent per EU region (eu-west, eu-central, eu-north), stopped after."""
-    procs = {
-        r: AgentProcess(r, tmp_path / r, critical_world, tmp_path / f"{r}.log", metrics=True)
-        for r in ("eu-west", "eu-central", "eu-north")
-    }
-    try:
-        for proc in procs.values():
-            proc.start()
+    with running_agents(tmp_path, critical_world) as procs:
         yield procs
-    finally:
-        for proc in procs.values():
-            if proc.running:
-                proc.kill() if proc.proc is not None and _stopped(proc) else proc.stop()
-
-
-def _stopped(proc: AgentProcess) -> bool:
-    """A SIGSTOPped process cannot handle SIGTERM; kill it instead."""
-    try:
-        state = Path(f"/proc/{proc.pid}/stat").read_text().split()[2]
-    except OSError:
-        return False
-    return state == "T"
 
 
 @pytest.fixture

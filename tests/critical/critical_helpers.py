@@ -16,8 +16,9 @@ Stat calls."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -190,3 +191,29 @@ async def wait_stat_digest(
         return await until(holds, timeout_s, what=f"{address} to hold {dataset}/{key}@{digest}")
     except WaitTimeoutError:
         return False
+
+
+@contextlib.contextmanager
+def running_agents(tmp_path: Path, env: dict[str, str]) -> Iterator[dict[str, AgentProcess]]:
+    """One started agent per EU region with `env`, stopped (or killed) after."""
+    procs = {
+        r: AgentProcess(r, tmp_path / r, env, tmp_path / f"{r}.log", metrics=True)
+        for r in ("eu-west", "eu-central", "eu-north")
+    }
+    try:
+        for proc in procs.values():
+            proc.start()
+        yield procs
+    finally:
+        for proc in procs.values():
+            if proc.running:
+                proc.kill() if proc.proc is not None and _stopped(proc) else proc.stop()
+
+
+def _stopped(proc: AgentProcess) -> bool:
+    """A SIGSTOPped process cannot handle SIGTERM; kill it instead."""
+    try:
+        state = Path(f"/proc/{proc.pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state == "T"

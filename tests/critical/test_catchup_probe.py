@@ -116,3 +116,9 @@ def test_lacking_compares_newest_versions_by_hlc_and_digest() -> None:
         f"c@{HLC(30, 0, 'eu-west')}",
     ]
     assert lacking(source, source) == []
+    # A delete: lacking where the target still shows the put; where it has nothing of
+    # the object, only unless it is `forgotten` (no region shows an older version).
+    gone = ObjectInfo("d", "a", Version.delete(HLC(40, 0, "eu-west")))
+    assert lacking([gone], target, {"a"}) == [f"a@{HLC(40, 0, 'eu-west')}"]
+    assert lacking([gone], [], {"a"}) == []
+    assert lacking([gone], []) == [f"a@{HLC(40, 0, 'eu-west')}"]

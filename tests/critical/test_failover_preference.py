@@ -7,6 +7,7 @@ from __future__ import annotations
 from controlplane.coordination.orchestration.prefer import (
     Standing,
     choose,
+    forgotten_deletes,
     missing_from,
     union_newest,
 )
@@ -29,6 +30,25 @@ def test_the_union_keeps_the_newest_of_each_object_and_a_lagging_holder_lacks_it
     # The same HLC with other bytes is lacking too.
     assert missing_from({"a": v(2)}, {"a": v(2, "b")}) == (f"a@{v(2).hlc}",)
     assert missing_from(union, union) == ()
+
+
+def test_a_delete_is_missing_only_where_an_older_version_may_still_show() -> None:
+    gone = Version(HLC(5, 0, "eu-west"), "delete", 0, None)
+    listings: list[dict[str, Version]] = [{"a": gone, "b": gone}, {"b": gone}, {}]
+    union = union_newest(listings)
+    assert union == {"a": gone, "b": gone}
+    # Holding nothing of them reads as the deletes do (a region that forgot an expired
+    # delete): nothing lost.
+    forgotten = forgotten_deletes(union, listings)
+    assert forgotten == {"a", "b"}
+    assert missing_from(union, {}, forgotten) == ()
+    # A live holder still showing the older put of `a` (it missed the delete): a
+    # takeover by a region holding nothing of `a` could adopt that put.
+    listings.append({"a": v(2)})
+    forgotten = forgotten_deletes(union_newest(listings), listings)
+    assert forgotten == {"b"}
+    assert missing_from(union, {}, forgotten) == (f"a@{gone.hlc}",)
+    assert missing_from(union, {"a": v(2)}, forgotten) == (f"a@{gone.hlc}",)
 
 
 def test_the_candidate_lacking_fewest_wins_then_the_order() -> None:

@@ -173,7 +173,8 @@ async def replicate(
 
     async def frames() -> AsyncIterator[agent_pb2.ReplicateRequest]:
         yield agent_pb2.ReplicateRequest(header=header)
-        yield agent_pb2.ReplicateRequest(chunk=data)
+        if not version.is_tombstone:
+            yield agent_pb2.ReplicateRequest(chunk=data)
 
     async with grpc.aio.insecure_channel(proc.address) as channel:
         await agent_pb2_grpc.AgentStub(channel).Replicate(
@@ -318,6 +319,46 @@ async def test_a_rewind_reaches_the_agent_of_the_region_that_holds_the_version(
     assert dropped
     assert after is None
     assert await held_here(first, ds, key) == []
+
+
+async def test_a_delete_is_forgotten_only_once_no_agent_shows_anything_else(
+    world: World, coord: EtcdCoordination, tmp_path: Path
+) -> None:
+    """The proof of a critical tombstone's expiry asks each agent of each copy region
+    (the routed listing's `lowest`): a second agent of eu-west that missed the delete
+    still shows the put, though the region's newest is the delete."""
+    ds = "tri/regions-expiry"
+    epoch = await seeding_owner(coord, ds)
+    first, second = world.agents["eu-west"]
+    central, north = world.one("eu-central"), world.one("eu-north")
+    put = await give(first, world, ds, "k", b"a checkpoint shard", epoch=epoch)
+    for proc in (second, central, north):
+        await replicate(proc, ds, "k", put, b"a checkpoint shard", epoch)
+    gone = world.source.delete(ds, "k")
+    for proc in (first, central, north):
+        await replicate(proc, ds, "k", gone, b"", epoch)
+    # "n": deleted where it is held; eu-north never held it (nothing: allowed).
+    n_put = await give(first, world, ds, "n", b"another shard", epoch=epoch)
+    await replicate(central, ds, "n", n_put, b"another shard", epoch)
+    n_gone = world.source.delete(ds, "n")
+    for proc in (first, central):
+        await replicate(proc, ds, "n", n_gone, b"", epoch)
+    placement = dataclasses.replace(PLACEMENT, dataset=ds)
+    sync = owner(world, CountedAdopt(), tmp_path, region=OWNER)
+    deletes = [("k", gone.hlc.text), ("n", n_gone.hlc.text)]
+    try:
+        assert await sync.forgettable_deletes(ds, placement, deletes) == {"n"}
+        await replicate(second, ds, "k", gone, b"", epoch)  # caught up
+        assert await sync.forgettable_deletes(ds, placement, deletes) == {"k", "n"}
+        # A newer version shown by any agent (a lone write a takeover may rewind, the
+        # put showing again) keeps it, though another agent of its region shows the
+        # delete: the lowest of the two is the delete, the highest is not.
+        newer = world.source.put(ds, "k", [b"a lone write"])
+        await replicate(second, ds, "k", newer, b"a lone write", epoch)
+        assert await sync.forgettable_deletes(ds, placement, deletes) == {"n"}
+    finally:
+        await sync.close()
+        sync.store.close()
 
 
 def _primary_key(world: World, ds: str, proc: AgentProcess) -> str:

@@ -1,5 +1,7 @@
 """The agent's periodic tombstone expiry (agents/daemon/expiry.py) over a real store:
-a pass forgets what outlived the retention and counts it; a failed pass is survived."""
+a pass forgets what outlived the retention and counts it, only what its dataset
+predicate and `confirm` allow; a failed pass, or a failed or slow `confirm`, is
+survived and keeps the tombstones."""
 
 from __future__ import annotations
 
@@ -9,8 +11,20 @@ from store_helpers import StoreFactory
 
 from agents.daemon.expiry import TombstoneExpiry
 from agents.metrics import AgentMetrics
+from agents.store import ObjectStore
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Digest, Version
+
+
+async def every_key(_dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
+    return {key for key, _ in deletes}
+
+
+def expired_deletes(store: ObjectStore, dataset: str, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        put = Version.put(HLC(system_ms() - 180_000, 0, "us-east"), 1, Digest.of(b"x"))
+        store.apply(dataset, key, put, [b"x"])
+        store.apply(dataset, key, Version.delete(HLC(system_ms() - 120_000, 0, "us-east")), None)
 
 
 async def test_each_pass_forgets_the_tombstones_past_the_retention(
@@ -25,7 +39,9 @@ async def test_each_pass_forgets_the_tombstones_past_the_retention(
     store.apply("ckpt", "old", put, [b"rotated"])  # a dataset it must not expire
     store.apply("ckpt", "old", Version.delete(HLC(system_ms() - 120_000, 0, "us-east")), None)
     metrics = AgentMetrics("eu-west")
-    expiry = TombstoneExpiry(store, metrics, lambda dataset: dataset == "logs", interval_s=0.01)
+    expiry = TombstoneExpiry(
+        store, metrics, lambda dataset: dataset == "logs", every_key, interval_s=0.01
+    )
     async with expiry:
         await asyncio.wait_for(expiry.wait_passes(1), timeout=10)
     assert store.versions("logs", "old") == []
@@ -37,7 +53,9 @@ async def test_each_pass_forgets_the_tombstones_past_the_retention(
 async def test_a_failed_pass_is_logged_and_the_next_one_runs(open_store: StoreFactory) -> None:
     store = open_store()
     store.close()  # every pass fails: the store is closed
-    expiry = TombstoneExpiry(store, AgentMetrics("eu-west"), lambda _: True, interval_s=0.01)
+    expiry = TombstoneExpiry(
+        store, AgentMetrics("eu-west"), lambda _: True, every_key, interval_s=0.01
+    )
     async with expiry:
         await asyncio.wait_for(expiry.wait_passes(2), timeout=10)
         assert expiry.running
@@ -61,7 +79,49 @@ async def test_a_dataset_whose_class_cannot_be_told_keeps_its_tombstones(
             store.apply(dataset, key, put, [b"x"])
             gone = Version.delete(HLC(system_ms() - 120_000, 0, "us-east"))
             store.apply(dataset, key, gone, None)
-    expiry = TombstoneExpiry(store, AgentMetrics("eu-west"), expirable, interval_s=3600)
+    expiry = TombstoneExpiry(store, AgentMetrics("eu-west"), expirable, every_key, interval_s=3600)
     assert await expiry.expire_once() == 2
     assert sorted(asked) == ["logs", "odd"]  # once per dataset, not per object
     assert [len(store.versions("odd", k)) for k in ("a", "b")] == [2, 2]
+
+
+async def test_only_the_keys_confirm_allows_go_and_a_failing_confirm_keeps_its_batch(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store(tombstone_retention_s=60)
+    expired_deletes(store, "ckpt", ("a", "b", "c"))
+    expired_deletes(store, "odd", ("a",))
+    asked: list[tuple[str, list[str]]] = []
+
+    async def confirm(dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
+        asked.append((dataset, [key for key, _ in deletes]))
+        if dataset == "odd":
+            raise ConnectionError("a copy region cannot be asked")
+        # the store's lock is not held: confirm may read it (as a proof reads agents)
+        assert store.versions(dataset, "a")
+        return {"a", "c"}
+
+    expiry = TombstoneExpiry(store, AgentMetrics("eu-west"), lambda _: True, confirm)
+    assert await expiry.expire_once() == 2
+    assert asked == [("ckpt", ["a", "b", "c"]), ("odd", ["a"])]
+    assert [len(store.versions("ckpt", k)) for k in ("a", "b", "c")] == [0, 2, 0]
+    assert len(store.versions("odd", "a")) == 2
+
+
+async def test_a_confirm_without_an_answer_in_time_keeps_the_tombstones(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store(tombstone_retention_s=60)
+    expired_deletes(store, "ckpt", ("a",))
+    release = asyncio.Event()
+
+    async def confirm(_dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
+        await release.wait()
+        return {key for key, _ in deletes}
+
+    expiry = TombstoneExpiry(
+        store, AgentMetrics("eu-west"), lambda _: True, confirm, confirm_timeout_s=0.2
+    )
+    assert await expiry.expire_once() == 0
+    assert len(store.versions("ckpt", "a")) == 2
+    release.set()

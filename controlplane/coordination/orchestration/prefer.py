@@ -14,7 +14,7 @@ No I/O here: the listings come from the agents (controller/holdings_choice.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controlplane.domain.version import Version
@@ -76,13 +76,33 @@ def union_newest(listings: Iterable[Listing]) -> dict[str, Version]:
     return out
 
 
-def missing_from(union: Mapping[str, Version], held: Listing) -> tuple[str, ...]:
+def forgotten_deletes(union: Mapping[str, Version], listings: Iterable[Listing]) -> set[str]:
+    """The keys whose newest version in `union` is a delete that no listing shows an
+    older version of: a holder with nothing of such a key reads as the delete does
+    (no object), which is what a region that forgot an expired delete holds
+    (agents/daemon/expiry.py). Where a listing still shows an older put, holding
+    nothing is lacking the delete: a takeover there could adopt that put."""
+    older: set[str] = set()
+    for listing in listings:
+        for key, version in listing.items():
+            want = union.get(key)
+            if want is not None and version.hlc < want.hlc:
+                older.add(key)
+    return {k for k, v in union.items() if v.is_tombstone and k not in older}
+
+
+def missing_from(
+    union: Mapping[str, Version], held: Listing, forgotten: Collection[str] = ()
+) -> tuple[str, ...]:
     """`key@hlc` of each object whose newest version in `union` `held` does not hold
-    (its own newest is older, or the same HLC with other bytes), by key."""
+    (its own newest is older, or the same HLC with other bytes), by key; a key of
+    `forgotten` (forgotten_deletes) `held` has nothing of is not missing."""
     out: list[str] = []
     for key in sorted(union):
         want = union[key]
         have = held.get(key)
+        if have is None and key in forgotten:
+            continue
         if (
             have is None
             or have.hlc < want.hlc
