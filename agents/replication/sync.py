@@ -968,7 +968,8 @@ class SyncReplication:
         regions = copy_regions(placement)
         gate = asyncio.Semaphore(_PROOFS_IN_FLIGHT)
 
-        async def proven(key: str, hlc: str) -> bool:
+        async def why_kept(key: str, hlc: str) -> tuple[str, str, str] | None:
+            """None when proven, else (what, region, detail)."""
             async with gate:
                 for region in regions:
                     try:
@@ -978,34 +979,36 @@ class SyncReplication:
                         low = await self._newest_at(address, dataset, key, lowest=True)
                         high = await self._newest_at(address, dataset, key)
                     except MeridianError as exc:
-                        log.info(
-                            "tombstone_kept_unproven",
-                            dataset=dataset,
-                            key=key,
-                            region=region,
-                            error=str(exc),
-                        )
-                        return False
+                        return "unanswered", region, str(exc)
                     other = next(
                         (v for v in (low, high) if v is not None and v.hlc.text != hlc), None
                     )
+                    if other is not None and other.hlc.text < hlc:
+                        return "missed_delete", region, key  # until a catch-up brings it
                     if other is not None or (low is None) != (high is None):
-                        # Until that region shows the delete alone (a catch-up, or the
-                        # takeover that rewinds a lone newer write).
-                        log.info(
-                            "tombstone_kept_other_shown",
-                            dataset=dataset,
-                            key=key,
-                            region=region,
-                            delete=hlc,
-                            shown=None if other is None else other.hlc.text,
-                            older=other is not None and other.hlc.text < hlc,
-                        )
-                        return False
-            return True
+                        # A newer write (maybe a lone one a takeover rewinds), or the
+                        # region changing between the two listings.
+                        return "other_shown", region, key
+            return None
 
-        verdicts = await asyncio.gather(*(proven(key, hlc) for key, hlc in deletes))
-        return {key for (key, _), ok in zip(deletes, verdicts, strict=True) if ok}
+        reasons = await asyncio.gather(*(why_kept(key, hlc) for key, hlc in deletes))
+        kept = [r for r in reasons if r is not None]
+        if kept:
+            # One line per dataset and batch, not per key: a region away for a day can
+            # keep thousands of tombstones at every pass.
+            counts: dict[str, dict[str, int]] = {}
+            for what, region, _ in kept:
+                counts.setdefault(what, {}).setdefault(region, 0)
+                counts[what][region] += 1
+            log.info(
+                "tombstones_kept",
+                dataset=dataset,
+                kept=len(kept),
+                of=len(deletes),
+                **counts,
+                example=f"{kept[0][0]} in {kept[0][1]}: {kept[0][2]}",
+            )
+        return {key for (key, _), why in zip(deletes, reasons, strict=True) if why is None}
 
     async def _proof_address(self, region: str) -> str:
         """An agent of `region` to ask for a proof. This agent's own region is asked too
