@@ -414,8 +414,8 @@ class NodeAgent(Lifecycle):
 
     async def _forgettable(self, dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
         """Which of a dataset's expired deletes may be forgotten (expiry.py): all of a
-        standard dataset's; of a critical one's, those every copy region is proven to
-        hold at that delete or newer, or not at all."""
+        standard dataset's; of a critical one's, those of which every agent of every copy
+        region is proven to show that very delete or nothing of the object."""
         policy = self.view.current
         placement = policy.placement(dataset) if policy is not None else None
         if placement is None:
