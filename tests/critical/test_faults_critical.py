@@ -127,15 +127,30 @@ def catalog_status(world: FaultsWorld, dataset: str, region: str) -> dict[str, o
 
 
 async def wait_status(
-    world: FaultsWorld, dataset: str, region: str, pending: int, timeout_s: float = 30
+    world: FaultsWorld,
+    dataset: str,
+    region: str,
+    pending: int,
+    objects: set[str] | None = None,
+    timeout_s: float = 30,
 ) -> dict[str, object]:
-    """The catalog's row once it shows `pending` (the records ship in the background)."""
+    """The catalog's row once it shows `pending` (and, if given, those very `objects`).
+
+    The records ship in the background, each agent's on its own, so a count alone can
+    match a moment that mixes an older pending object with a newer one not yet shown.
+    """
     row: dict[str, object] = {}
+
+    def names() -> set[str]:
+        listed = row.get("objects")
+        return {str(o["object"]) for o in listed} if isinstance(listed, list) else set()
 
     async def shown() -> dict[str, object] | None:
         nonlocal row
         row = await asyncio.to_thread(catalog_status, world, dataset, region)
-        return row if row["pending"] == pending else None
+        if row["pending"] != pending or (objects is not None and names() != objects):
+            return None
+        return row
 
     return await until(
         shown,
@@ -144,6 +159,10 @@ async def wait_status(
         step_s=0.1,
         detail=lambda: row,
     )
+
+
+async def _holds(address: str, dataset: str, key: str, digest: str) -> bool:
+    return (await listing(address, dataset)).get(key) == digest
 
 
 async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_up(
@@ -157,6 +176,15 @@ async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_u
     cut = "eu-north"
     first = await raw_put(west, "auto/c", "before", b"before the partition")
     assert cut in first.regions or len(first.regions) >= 2
+    # ack: quorum may answer before the push to eu-north lands: the partition must
+    # not cut that push, or "before" is pending there too.
+    north = world.agents[cut].address
+    await until(
+        lambda: _holds(north, "auto/c", "before", first.version.digest),
+        30,
+        what=f"{cut} to hold the write made before the partition",
+        step_s=0.05,
+    )
     await world.partition(cut, True)
     try:
         quorum: list[Acked] = []
@@ -171,7 +199,9 @@ async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_u
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             assert f"{cut}:" in (refused.value.details() or ""), refused.value.details()
         # The catalog shows what the partitioned replica lacks, and why.
-        row = await wait_status(world, "auto/c", cut, pending=len(quorum))
+        row = await wait_status(
+            world, "auto/c", cut, pending=len(quorum), objects={a.key for a in quorum}
+        )
         objects = row["objects"]
         assert isinstance(objects, list)
         assert {o["object"] for o in objects} == {a.key for a in quorum}
@@ -180,7 +210,6 @@ async def test_a_partitioned_replica_quorum_goes_on_all_refuses_and_it_catches_u
         await world.partition(cut, False)
 
     # Healed: the owner's catch-up pushes what it missed; the catalog then says so.
-    north = world.agents[cut].address
     held: dict[str, str] = {}
 
     async def caught_up() -> bool:
