@@ -42,7 +42,7 @@ from agents.replication.peers import EtcdPeers, NoAgentError
 from agents.replication.sync import copies_needed
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.catalog_glue.sources import CatchUpProbe
-from controlplane.coordination.orchestration.prefer import forgotten_deletes, union_newest
+from controlplane.coordination.orchestration.prefer import forgotten_deletes
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.placement import Placement
@@ -118,10 +118,7 @@ class AgentCatchUpProbe:
             await coord.close()
         if not complete or placement is None:
             return lacking(source, target)
-        every = [source, target, *others]
-        shown = [{o.key: o.version for o in listing} for listing in every]
-        forgotten = forgotten_deletes(union_newest(shown), shown)
-        return lacking(required(every, copies_needed(placement)), target, forgotten)
+        return lacking_required([source, target, *others], target, copies_needed(placement))
 
 
 async def _listing(address: str, dataset: str) -> list[ObjectInfo]:
@@ -150,6 +147,21 @@ def required(listings: list[list[ObjectInfo]], need: int) -> list[ObjectInfo]:
         if len(held) >= need:
             out.append(held[need - 1])
     return out
+
+
+def lacking_required(
+    every: list[list[ObjectInfo]], target: list[ObjectInfo], need: int
+) -> list[str]:
+    """What `target` lacks of the versions an ack at `need` copies may have covered,
+    judged over `every` region's listing (the target's included). A required delete
+    the target has nothing of is not lacking when no listing shows an older version
+    of its key (it forgot the expired delete): judged against the required version,
+    not the newest anywhere, so a lone newer write on one region does not make the
+    target wait for a push that delete does not need."""
+    wanted = required(every, need)
+    shown = [{o.key: o.version for o in listing} for listing in every]
+    forgotten = forgotten_deletes({o.key: o.version for o in wanted}, shown)
+    return lacking(wanted, target, forgotten)
 
 
 def lacking(

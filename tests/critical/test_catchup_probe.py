@@ -15,7 +15,7 @@ from waiting import WaitTimeoutError, until
 from agents.client import ObjectInfo
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
-from controlplane.controller.agent_probe import AgentCatchUpProbe, lacking
+from controlplane.controller.agent_probe import AgentCatchUpProbe, lacking, lacking_required
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.hlc import HLC
@@ -122,3 +122,21 @@ def test_lacking_compares_newest_versions_by_hlc_and_digest() -> None:
     assert lacking([gone], target, {"a"}) == [f"a@{HLC(40, 0, 'eu-west')}"]
     assert lacking([gone], [], {"a"}) == []
     assert lacking([gone], []) == [f"a@{HLC(40, 0, 'eu-west')}"]
+
+
+def test_a_forgotten_delete_is_judged_against_the_required_version() -> None:
+    """The target forgot an expired delete that quorum requires; a lone newer write on
+    the owner does not make it lacking (the delete is still the required version), but
+    a region still showing an older put does (a takeover there could adopt it)."""
+
+    def at(wall: int) -> HLC:
+        return HLC(wall, 0, "eu-west")
+
+    d1 = Digest("blake3", "1" * 64)
+    lone = [ObjectInfo("d", "k", Version.put(at(50), 1, d1))]
+    gone = [ObjectInfo("d", "k", Version.delete(at(40)))]
+    older = [ObjectInfo("d", "k", Version.put(at(30), 1, d1))]
+    assert lacking_required([lone, [], gone], [], 2) == []
+    assert lacking_required([lone, [], gone, older], [], 2) == [f"k@{at(40)}"]
+    # Where the delete is not required (only one region holds it), nothing is lacking.
+    assert lacking_required([gone, []], [], 2) == []
