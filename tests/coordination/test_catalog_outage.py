@@ -45,7 +45,7 @@ from .helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TTL = 3
+TTL = 5  # a keepalive stalled ~2 s by the PostgreSQL restart must not lapse it
 AUTOMATIC = [f"ckpt/d{i:03d}" for i in range(5)]
 PINNED = "pinned/p0"
 REGIONS = ["eu-west", "eu-central", "eu-north", "us-east"]

@@ -217,7 +217,13 @@ async def test_a_transient_etcd_cut_keeps_the_lease_and_the_duties_resume(
             )
             assert not [e for e in logs if e["event"] == "step_down"]
             assert [e for e in logs if e["event"] == "duty_retry"], "the cut was not felt"
-            assert west.owned.get("ckpt/new", 0) > 0
+
+            async def tracked() -> bool:
+                # Tracked once the claim's reply is back (through the proxy), which may
+                # be after etcd shows it to another connection.
+                return west.owned.get("ckpt/new", 0) > 0
+
+            assert await wait_until(tracked, 5)
     finally:
         await west_coord.close()
         await asyncio.to_thread(toxi.delete_proxy, proxy)

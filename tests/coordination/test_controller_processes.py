@@ -152,7 +152,7 @@ async def test_sigkill_moves_datasets_within_ttl_and_pause_holds_them(
         assert await wait_until(lambda: _true(_paused_on(north, "eu-central")), TTL + 5)
         assert await all_owned_by(coord, "eu-central", AUTOMATIC)
         assert run_cli(["resume"], env).returncode == 0
-        assert await wait_until(lambda: all_owned_by(coord, "eu-north", AUTOMATIC), 5)
+        assert await wait_until(lambda: all_owned_by(coord, "eu-north", AUTOMATIC), TTL + 5)
     await sampler.close()
     assert procs[1].stop() == 0  # SIGTERM: a clean exit
     assert len(sampler.samples) > 50

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 
 import pytest
-from critical_helpers import put, stat
+from critical_helpers import put, stat, wait_stat_digest
 from harness.agent_process import AgentProcess
 from harness.controllers import run_cli
 from waiting import WaitTimeoutError, until
@@ -35,7 +35,9 @@ async def test_the_probe_reports_what_the_target_agent_lacks(
     west, central = eu_agents["eu-west"], eu_agents["eu-central"]
     await Ownership(coord).claim("tri/e", "eu-west", expect_epoch=0, reason="home", actor="t")
     probe = AgentCatchUpProbe([etcd_endpoint], _direct)
-    await put(west.address, "tri/e", "k1", b"everywhere")
+    k1 = await put(west.address, "tri/e", "k1", b"everywhere")
+    # ack: quorum may answer before the push to eu-central lands.
+    assert await wait_stat_digest(central.address, "tri/e", "k1", k1.version.digest, 30)
     assert await asyncio.to_thread(probe.incomplete_versions, "tri/e", "eu-central") == []
 
     assert central.stop() == 0

@@ -269,7 +269,7 @@ async def test_a_proof_that_times_out_adopts_nothing_and_the_pass_is_retried(
     # Shorter, as eu-north's proof waits it out; the calls that must succeed (eu-west's
     # listing, eu-central's proof) still have room under load, and the match says that
     # the one not decided is eu-north's.
-    sync = owner(world, adopt, tmp_path, timeout_s=3.0)
+    sync = owner(world, adopt, tmp_path, timeout_s=5.0)
     north.signal(signal.SIGSTOP)  # its kernel still accepts: every call times out
     try:
         with pytest.raises(

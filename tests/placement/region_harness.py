@@ -97,6 +97,20 @@ class RegionOfAgents:
     async def _count_is(self, count: int) -> bool:
         return len(await self.registrations()) == count
 
+    async def wait_settled(self, count: int, timeout_s: float = 30) -> None:
+        """Until `count` agents are registered and each settled a rebalance pass under all
+        of them: every agent's membership view then holds them all, so a write through
+        any lands on its final owners (etcd lists an agent before every watch saw it)."""
+
+        async def settled() -> bool:
+            regs = await self.registrations()
+            return len(regs) == count and all(
+                len(r.get("settled") or ()) == count  # type: ignore[arg-type]
+                for r in regs.values()
+            )
+
+        await until(settled, timeout_s, f"{count} agents settled under one another")
+
     async def holdings(self) -> Holdings:
         """Each live agent's own objects (newest version text), by agent id."""
         found: Holdings = {}

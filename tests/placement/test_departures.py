@@ -121,8 +121,16 @@ async def test_departed_agents_refuse_complete_listings_until_cleared(
         return idc not in await roster(region)
 
     await until(c_cleared, 60, "the settled rebalance clearing the other's entry")
-    assert isinstance(await complete_list(b.address), agent_pb2.ListResponse)
-    assert code_of(await get_set(b.address, "s-none")) == grpc.StatusCode.NOT_FOUND
+
+    # What etcd shows, b's own membership watch shows a moment later.
+    async def b_answers_whole() -> bool:
+        return isinstance(await complete_list(b.address), agent_pb2.ListResponse)
+
+    async def b_says_not_found() -> bool:
+        return code_of(await get_set(b.address, "s-none")) == grpc.StatusCode.NOT_FOUND
+
+    await until(b_answers_whole, 10, "b's complete listing once c is cleared")
+    await until(b_says_not_found, 10, "b's GetSet of an unknown set: not found")
 
     # A SIGTERM drain that handed everything over leaves no entry behind.
     c_root_entry = set(await roster(region))
@@ -131,7 +139,7 @@ async def test_departed_agents_refuse_complete_listings_until_cleared(
     await region.wait_members(1, timeout_s=30)
     assert a.event("drain_complete") is not None, a.log_tail()
     assert set(await roster(region)) == {idb}
-    assert isinstance(await complete_list(b.address), agent_pb2.ListResponse)
+    await until(b_answers_whole, 10, "b's complete listing once a drained")
 
 
 async def test_without_the_setting_no_roster_entry_is_written(region: RegionOfAgents) -> None:

@@ -57,7 +57,7 @@ async def test_sigkill_restores_copies_and_moves_only_what_it_held(
     region: RegionOfAgents, tmp_path: Path
 ) -> None:
     region.add(4)
-    await region.wait_members(4)
+    await region.wait_settled(4)
     keys = [f"k{i:03d}" for i in range(60)]
     entry = region.agents[0]
     async with AgentClient(entry.address) as client:
@@ -123,7 +123,7 @@ async def test_join_takes_its_share_then_sigterm_drains_first(
     region: RegionOfAgents, tmp_path: Path
 ) -> None:
     region.add(3)
-    await region.wait_members(3)
+    await region.wait_settled(3)
     keys = [f"j{i:03d}" for i in range(60)]
     async with AgentClient(region.agents[0].address) as client:
         await write(client, tmp_path / "v1", keys)
@@ -180,7 +180,7 @@ async def test_twice_the_weight_holds_twice_the_data(
     region.env = {**region.env, "MERIDIAN_REGION_COPIES": "eu-west=1"}
     region.add(1, weight=2)
     region.add(3)
-    await region.wait_members(4)
+    await region.wait_settled(4)
     heavy = region.agent_id(region.agents[0])
     keys = [f"w{i:03d}" for i in range(200)]
     async with AgentClient(region.agents[1].address) as client:

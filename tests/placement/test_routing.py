@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 async def test_any_agent_takes_writes_and_reads(region: RegionOfAgents, tmp_path: Path) -> None:
     region.add(3)
-    await region.wait_members(3)
+    await region.wait_settled(3)
     regs = await region.registrations()
     members = [Member(i, str(doc["endpoint"]), int(str(doc["weight"]))) for i, doc in regs.items()]
     a, b, _c = region.agents
@@ -55,6 +55,9 @@ async def test_a_set_taken_by_one_agent_is_read_through_any(
     newest complete one of the region for "latest"), and the CLI writes its members.
     An agent that does not answer, when no other shows the set, leaves it undecided."""
     region.lease_ttl_s = 30  # b's registration outlives its SIGKILL for the last step
+    # ...and only its lease decides: a's fast-fail would otherwise unregister b a moment
+    # after its port refuses, and a would then answer "not found".
+    region.env = {**region.env, "MERIDIAN_FAST_FAIL_ON_REFUSED": "0"}
     region.add(2)
     await region.wait_members(2)
     a, b = region.agents
