@@ -337,6 +337,18 @@ class AgentClient:
             raise self._error(err) from None
         return _version(resp.version, "DeleteResponse.version")
 
+    async def evict(self, dataset: str, keys: Sequence[tuple[str, HLC]]) -> agent_pb2.EvictResponse:
+        """Have this agent alone forget its copies of `keys` (key, the HLC proven held
+        elsewhere) of a dataset its region no longer places (`meridian dataset evict`)."""
+        req = agent_pb2.EvictRequest(
+            dataset=dataset, keys=[agent_pb2.EvictKey(key=k, version=str(v)) for k, v in keys]
+        )
+        try:
+            resp: agent_pb2.EvictResponse = await self.stub.Evict(req, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        return resp
+
     async def commit_set(
         self,
         dataset: str,

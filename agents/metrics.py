@@ -122,6 +122,13 @@ class AgentMetrics:
             ["queue"],
             registry=self.registry,
         )
+        self.evicted_objects = Counter(
+            "meridian_evicted_objects_total",
+            "objects forgotten by `meridian dataset evict` (their region no longer places "
+            "their dataset)",
+            ["dataset"],
+            registry=self.registry,
+        )
         self.tombstones_expired = Counter(
             "meridian_tombstones_expired_total",
             "objects forgotten with their tombstone once it outlived the retention",

@@ -13,7 +13,9 @@ commit and `journal_shipped`) harmless:
 * `removed`: a base pruned past `keep_versions` → this region no longer holds it.
   A tombstone expired after its retention → nothing: the catalog keeps the delete
   and the fact that this region applied it (forgetting it would make the region
-  look behind on a deleted object for ever).
+  look behind on a deleted object for ever). An evicted one (reason `evicted`:
+  `meridian dataset evict`, the region no longer placed) goes like any version:
+  the region holds no copy of the dataset any more, and nothing expects one there.
 * `missing` (startup repair found the bytes gone or damaged) → held `failed`, with
   the reason, so `replication status --state failed` shows it and a resync
   re-drives it; `restored` → `completed` again.
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from agents.records.transfer import read_transfer
-from agents.store.model import JournalEntry
+from agents.store.model import EVICTED, JournalEntry
 from controlplane.catalog.records import HeldVersion, Holding, HoldingState, TransferRecord
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
@@ -115,7 +117,7 @@ def _version(region: str, entry: JournalEntry, _: Lookup) -> Plan:
 def _removed(region: str, entry: JournalEntry, _: Lookup) -> Plan:
     key, hlc = _object(entry)
     version = _version_of(entry, hlc)
-    if version.is_tombstone:
+    if version.is_tombstone and entry.data.get("reason") != EVICTED:
         return Plan()  # an expired tombstone: the catalog keeps the delete
     return Plan(holdings=[_holding(region, entry, key, version, "removed")])
 

@@ -1,6 +1,6 @@
 """`AgentService`: the agent API's calls on this agent's store (spec/dataplane.md).
 
-It answers Put, Get, GetSet, Stat, List, Delete, CommitSet and Health itself and hands
+It answers Put, Get, GetSet, Stat, List, Delete, CommitSet, Evict and Health itself and hands
 Signature, Sync, Replicate and Fetch to a `Transfers` object (agents/transfer), and
 ReplicateSet to a `SetReceiver` and ReplicatePushes to a `PushReceiver`
 (agents/replication), answering UNIMPLEMENTED while there is none.
@@ -63,9 +63,15 @@ from controlplane.errors import (
     InvalidInputError,
     NotFoundError,
     OperationTimeoutError,
+    RefusedError,
 )
 from controlplane.logs import get_logger
-from meridian.convert import version_set_from_wire, version_set_to_wire, version_to_wire
+from meridian.convert import (
+    hlc_from_wire,
+    version_set_from_wire,
+    version_set_to_wire,
+    version_to_wire,
+)
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 log = get_logger("meridian.agent.api")
@@ -73,6 +79,9 @@ log = get_logger("meridian.agent.api")
 # A Put of at most this many bytes is held in memory until its end and then stored in
 # one thread hop (and its bytes pushed from memory, for a critical dataset).
 INLINE_BYTES = INLINE_MAX_BYTES  # what the store keeps inline (`put_small`)
+# Keys one Evict call may name: a call of that many commits one transaction per object,
+# a few seconds on a loaded disk, well inside a client's deadline.
+MAX_EVICT_KEYS = 1000
 
 
 class Transfers(Protocol):
@@ -450,6 +459,47 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             CommittedWrite(admitted, dataset, key=key, version=version, set_id=set_id)
         )
         return agent_pb2.DeleteResponse(version=version_to_wire(version), regions=regions)
+
+    async def Evict(  # noqa: N802
+        self, request: agent_pb2.EvictRequest, context: Context
+    ) -> agent_pb2.EvictResponse:
+        return await unary("Evict", context, self.metrics, lambda: self._evict(request))
+
+    async def _evict(self, request: agent_pb2.EvictRequest) -> agent_pb2.EvictResponse:
+        dataset = requests.name("EvictRequest.dataset", request.dataset)
+        if len(request.keys) > MAX_EVICT_KEYS:
+            raise InvalidInputError(
+                f"EvictRequest.keys: at most {MAX_EVICT_KEYS} per call, got {len(request.keys)}"
+            )
+        keys = [
+            (
+                requests.name(f"EvictRequest.keys[{i}].key", k.key),
+                hlc_from_wire(k.version, f"EvictRequest.keys[{i}].version"),
+            )
+            for i, k in enumerate(request.keys)
+        ]
+        # The applied policy, as this agent sees it now: a region that still places the
+        # dataset (a copy region or a failover candidate) keeps its copies, whatever
+        # the caller believed when it proved them held elsewhere.
+        placement = self.admission.placement(dataset)
+        if self.region in (*placement.regions, *placement.failover_order):
+            raise RefusedError(
+                f"dataset {dataset}: the applied policy (policy {placement.policy}) still "
+                f"places it in {self.region}; apply a policy without this region first"
+            )
+        done = await asyncio.to_thread(self.store.evict, dataset, keys)
+        self.metrics.evicted_objects.labels(dataset=dataset).inc(done.objects)
+        log.info(
+            "dataset_evicted",
+            dataset=dataset,
+            objects=done.objects,
+            versions=done.versions,
+            bytes=done.bytes,
+            kept=len(done.kept),
+        )
+        return agent_pb2.EvictResponse(
+            objects=done.objects, versions=done.versions, bytes=done.bytes, kept=done.kept
+        )
 
     async def CommitSet(  # noqa: N802
         self, request: agent_pb2.CommitSetRequest, context: Context

@@ -16,6 +16,7 @@ from agents.store.errors import (
 )
 from agents.store.model import (
     ApplyResult,
+    Evicted,
     JournalEntry,
     OutboxEvent,
     Page,
@@ -34,6 +35,7 @@ __all__ = [
     "CHUNK_BYTES",
     "ApplyResult",
     "DigestMismatchError",
+    "Evicted",
     "HeldPut",
     "JournalEntry",
     "MissingContentError",

@@ -127,6 +127,22 @@ class JournalEntry:
     data: dict[str, JsonValue]
 
 
+# The `reason` of the `removed` journal records of `ObjectStore.evict`.
+EVICTED = "evicted"
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """What `ObjectStore.evict` forgot: objects, their versions and the bytes of their
+    puts; `kept`, the keys written here since the version the caller proved held
+    elsewhere (newer: left as they are)."""
+
+    objects: int = 0
+    versions: int = 0
+    bytes: int = 0
+    kept: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class RepairReport:
     """What startup repair found and did."""

@@ -208,3 +208,14 @@ def refresh_sets_of(conn: sqlite3.Connection, dataset: str, key: str, hlc: str) 
         )
     ]
     return [set_id for set_id in ids if refresh_set(conn, dataset, set_id)]
+
+
+def sets_naming(conn: sqlite3.Connection, dataset: str, key: str) -> list[tuple[str, str]]:
+    """(set id, HLC) of every set of `dataset` with a member `key`."""
+    found: list[tuple[str, str]] = conn.execute(
+        "SELECT DISTINCT s.set_id, s.hlc FROM set_members AS m JOIN sets AS s"
+        " ON s.dataset = m.dataset AND s.set_id = m.set_id"
+        " WHERE m.dataset = ? AND m.key = ?",
+        (dataset, key),
+    ).fetchall()
+    return found

@@ -39,7 +39,9 @@ from agents.store.group import (
     own_copy,
 )
 from agents.store.model import (
+    EVICTED,
     ApplyResult,
+    Evicted,
     JournalEntry,
     JsonValue,
     OutboxEvent,
@@ -1657,12 +1659,7 @@ class ObjectStore:
                     (dataset, key),
                 ).fetchone()[0]
                 floor = rows.set_floor(conn, dataset)
-                naming: list[tuple[str, str]] = conn.execute(
-                    "SELECT DISTINCT s.set_id, s.hlc FROM set_members AS m JOIN sets AS s"
-                    " ON s.dataset = m.dataset AND s.set_id = m.set_id"
-                    " WHERE m.dataset = ? AND m.key = ?",
-                    (dataset, key),
-                ).fetchall()
+                naming = rows.sets_naming(conn, dataset, key)
                 if newest != hlc or any(h >= (floor or "") for _, h in naming):
                     return 0
                 held = conn.execute(
@@ -1672,6 +1669,39 @@ class ObjectStore:
                 self._forget_sets(conn, dataset, naming, "member expired")
             self._remove_files(victims)
         return 1
+
+    def evict(self, dataset: str, keys: Sequence[tuple[str, HLC]]) -> Evicted:
+        """Forget every version of each of `keys` (key, HLC) whose newest version here is
+        that HLC or older, with the sets naming it: the copies of a dataset this region
+        no longer places, each of which the caller proved held elsewhere at that version
+        or newer (`meridian dataset evict`). A key written here since (newer) is kept
+        and named in the answer; a key not held is skipped. Each version is journalled
+        `removed` (reason `evicted`), so the catalog forgets this region's copies, and
+        each object goes in a transaction of its own, under its lock: an eviction cut
+        short leaves every object whole or gone."""
+        dataset = check_name("dataset", dataset)
+        checked = [(check_name("key", key), at) for key, at in keys]  # all before any goes
+        objects = versions = size = 0
+        kept: list[str] = []
+        for key, at in checked:
+            with self._object_lock(dataset, key):
+                with self._tx() as conn:
+                    held = conn.execute(
+                        rows.SELECT_VERSIONS + " WHERE dataset = ? AND key = ?", (dataset, key)
+                    ).fetchall()
+                    if not held:
+                        continue
+                    if max(str(row[2]) for row in held) > at.text:
+                        kept.append(key)
+                        continue
+                    naming = rows.sets_naming(conn, dataset, key)
+                    paths = self._delete_rows(conn, held, EVICTED)
+                    self._forget_sets(conn, dataset, naming, "member evicted")
+                self._remove_files(paths)
+            objects += 1
+            versions += len(held)
+            size += sum(int(row[4] or 0) for row in held if row[3] == "put")
+        return Evicted(objects, versions, size, tuple(kept))
 
     # -- reads -----------------------------------------------------------------------
 

@@ -90,7 +90,9 @@ def refuse_stranding(s: Session, state: CatalogState, draft: RevisionDraft) -> N
         more = " and more" if len(found) > MAX_NAMED else ""
         raise StrandedReplicasError(
             "apply refused: it would leave existing replicas outside their "
-            f"dataset's residency: {shown}{more}; remove those replicas first"
+            f"dataset's residency: {shown}{more}; remove those replicas first (apply a "
+            "policy that drops their regions from the placement, keeping the residency, "
+            "then `meridian dataset evict DATASET --region REGION`)"
         )
 
 

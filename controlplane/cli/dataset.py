@@ -1,4 +1,6 @@
-"""`meridian dataset list | show`: the catalog's datasets joined with live owners and epochs.
+"""`meridian dataset list | show`: the catalog's datasets joined with live owners and epochs;
+`meridian dataset evict`: a region's copies of a dataset no longer placed there
+(controlplane/coordination/orchestration/evict.py).
 
 Every dataset in the catalog is listed, also one no applied policy places (registered
 on first write, or its policy was removed): its class, policy and home are then
@@ -14,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
+from controlplane.cli.runbook import DryRunOpt, YesOpt, confirm
 from controlplane.errors import NotFoundError
 
 app = typer.Typer(help="Datasets: class, policy, home, owner and epoch.", no_args_is_help=True)
@@ -85,6 +88,82 @@ def show(
         emit([{**head, **o} for o in objects] or [head], output, columns=COLUMNS + OBJECT_COLUMNS)
     else:
         _print_show(rows[0], objects)
+
+
+# `dataset evict`: some copies remain in the region (each named, with why).
+REMAINING_EXIT = 3
+KEPT_COLUMNS = ["object", "version", "why"]
+AGENT_COLUMNS = ["endpoint", "objects", "versions", "bytes", "kept"]
+
+
+@app.command()
+def evict(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="the exact dataset name")],
+    region: Annotated[str, typer.Option("--region", help="the region to drop its copies from")],
+    dry_run: DryRunOpt = False,
+    yes: YesOpt = False,
+    output: OutputOpt = None,
+) -> None:
+    """Drop a region's copies of a dataset its applied policy no longer places there,
+    each only once a region of the placement is shown to hold it (exit 3 if any stay)."""
+    from controlplane.adapters.etcd import EtcdCoordination
+    from controlplane.coordination.orchestration.evict import Eviction, evict_dataset
+
+    settings = settings_from(ctx)
+
+    async def asked(plan: Eviction) -> bool:
+        _print_eviction(plan, output, planned=True)
+        confirm(
+            f"Drop {len(plan.evictable)} object(s) of {name} from {region}"
+            f" ({len(plan.kept)} stay)?",
+            yes,
+        )
+        return True
+
+    def progress(line: str) -> None:
+        typer.echo(f"evict {name} from {region}: {line}", err=True)
+
+    async def go() -> Eviction:
+        endpoints = [f"{h}:{p}" for h, p in settings.etcd_endpoints]
+        async with EtcdCoordination(endpoints, timeout_s=settings.etcd_timeout_s) as coord:
+            return await evict_dataset(
+                coord,
+                settings.agent_address,
+                name,
+                region,
+                dry_run=dry_run,
+                confirm=None if dry_run else asked,
+                progress=progress,
+            )
+
+    done = asyncio.run(go())
+    _print_eviction(done, output, planned=dry_run)
+    if done.remaining:
+        raise typer.Exit(REMAINING_EXIT)
+
+
+def _print_eviction(done: object, output: Output | None, *, planned: bool) -> None:
+    from controlplane.coordination.orchestration.evict import Eviction
+
+    assert isinstance(done, Eviction)  # noqa: S101 - imported lazily, typed here
+    fmt = resolve_output(output)
+    if fmt is not Output.table:
+        if not planned or done.dry_run:
+            emit(done.as_json(), Output.json)
+        return
+    if planned:
+        typer.echo(
+            f"{done.dataset} in {done.region}: {len(done.evictable)} object(s) may go, "
+            f"{len(done.kept)} stay" + (" (dry run: nothing changed)" if done.dry_run else "")
+        )
+    else:
+        emit(done.agent_rows(), output, columns=AGENT_COLUMNS, title="agents")
+    for region, why in sorted(done.unlisted.items()):
+        typer.echo(f"not listed: {region}: {why}", err=True)
+    if done.remaining:
+        rows = [{"object": k.key, "version": k.version, "why": k.why} for k in done.remaining]
+        emit(rows, output, columns=KEPT_COLUMNS, title="staying in the region")
 
 
 def _print_show(row: dict[str, object], objects: list[dict[str, Any]]) -> None:

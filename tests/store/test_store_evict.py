@@ -1,0 +1,66 @@
+"""`ObjectStore.evict`: the copies of a dataset a region no longer places go, each object
+whole (every version, its files, the sets naming it), journalled `removed` so the
+catalog forgets them; an object written here since the version proven elsewhere stays."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.store import ObjectStore
+from controlplane.domain.hlc import HLC
+from controlplane.errors import InvalidInputError, NotFoundError
+
+
+def test_evict_forgets_whole_objects_and_keeps_newer_writes(store: ObjectStore) -> None:
+    a1 = store.put("ckpt", "a", [b"a, first"])
+    a2 = store.put("ckpt", "a", [b"a, second"])
+    b = store.put("ckpt", "b", [b"b"])
+    store.put("ckpt", "gone", [b"deleted"])
+    gone = store.delete("ckpt", "gone")  # a tombstone is a copy too
+    c1 = store.put("ckpt", "c", [b"c, proven elsewhere"])
+    store.put("ckpt", "c", [b"c, written here since"])
+    other = store.put("logs", "a", [b"another dataset"])
+    store.commit_set("ckpt", "step-1", {"a": a2.hlc, "b": b.hlc})
+    held = {k: store.versions("ckpt", k) for k in ("a", "b", "gone")}
+    files = {p for p in (store.root / "objects").rglob("*") if p.is_file()}
+    start = store.journal_position()
+
+    done = store.evict(
+        "ckpt",
+        [
+            ("a", a2.hlc),  # the newest: goes with the older version
+            ("b", HLC(b.hlc.wall_ms + 5, 0, "eu-west")),  # proven newer elsewhere: goes
+            ("gone", gone.hlc),
+            ("c", c1.hlc),  # written here since: kept
+            ("never", a1.hlc),  # not held: skipped
+        ],
+    )
+
+    assert (done.objects, done.kept) == (3, ("c",))
+    assert done.versions == sum(map(len, held.values()))
+    assert done.bytes == sum(s.version.size for v in held.values() for s in v)
+    for key in ("a", "b", "gone"):
+        assert store.versions("ckpt", key) == []
+    assert len(store.versions("ckpt", "c")) == 2
+    assert store.versions("logs", "a")[0].version == other
+    puts = sum(not s.version.is_tombstone for v in held.values() for s in v)
+    left = {p for p in (store.root / "objects").rglob("*") if p.is_file()}
+    assert left < files and len(files - left) == puts  # their files went with them
+    with pytest.raises(NotFoundError):
+        store.get_set("ckpt", "step-1")
+    removed = [e for e in store.journal_pending(10_000) if e.seq > start and e.kind == "removed"]
+    assert sorted((e.key, e.hlc, e.data["reason"]) for e in removed) == sorted(
+        (k, s.version.hlc.text, "evicted") for k, v in held.items() for s in v
+    )
+    assert [e.data["set"] for e in store.journal_pending(10_000) if e.kind == "set_removed"] == [
+        "step-1"
+    ]
+
+
+def test_evict_refuses_a_bad_name_before_touching_anything(store: ObjectStore) -> None:
+    v = store.put("ckpt", "a", [b"a"])
+    with pytest.raises(InvalidInputError):
+        store.evict("ckpt", [("a", v.hlc), ("../escape", v.hlc)])
+    with pytest.raises(InvalidInputError):
+        store.evict("../ckpt", [("a", v.hlc)])
+    assert [s.version for s in store.versions("ckpt", "a")] == [v]
