@@ -153,8 +153,12 @@ async def test_a_rebalance_redelivers_without_a_second_effect(
     ]
     newest = {e.key: e for e in events}
 
+    joined = asyncio.Event()
+
     async def paced() -> None:  # a stream long enough for the second member to join mid-way
         for start in range(0, len(events), 20):
+            if start == 160:
+                await joined.wait()  # the rest once the second member holds partitions
             await publish(kafka_bootstrap, events[start : start + 20])
             await asyncio.sleep(0.2)
 
@@ -167,12 +171,15 @@ async def test_a_rebalance_redelivers_without_a_second_effect(
             second_one = InProcessReplicator("b", kafka_bootstrap, coord, address, tmp_path)
             async with second_one as second:
                 await asyncio.wait_for(second.got_partitions.wait(), 60)
+                joined.set()
                 await writer
                 await until(
                     stand_in,
                     lambda: all(stand_in.store.head(ds, k) == e.version for k, e in newest.items()),
                 )
-            assert first.assigned[-1] != first.assigned[0], "no rebalance moved partitions"
+            # Its history: the second's leave may already have given it everything back.
+            moved = any(a != first.assigned[0] for a in first.assigned[1:])
+            assert moved, "no rebalance moved partitions"
     finally:
         writer.cancel()
         await coord.close()
