@@ -81,6 +81,8 @@ class ObjectInfo:
     key: str
     version: Version
     set_id: str | None = None
+    # Its bytes were found gone or damaged here (startup repair): not a readable copy.
+    missing: bool = False
 
 
 @dataclass(frozen=True)
@@ -337,11 +339,17 @@ class AgentClient:
             raise self._error(err) from None
         return _version(resp.version, "DeleteResponse.version")
 
-    async def evict(self, dataset: str, keys: Sequence[tuple[str, HLC]]) -> agent_pb2.EvictResponse:
-        """Have this agent alone forget its copies of `keys` (key, the HLC proven held
-        elsewhere) of a dataset its region no longer places (`meridian dataset evict`)."""
+    async def evict(
+        self, dataset: str, keys: Sequence[tuple[str, HLC]], sets: Sequence[str] = ()
+    ) -> agent_pb2.EvictResponse:
+        """Have this agent alone forget its copies of `keys` (key, the newest HLC listed in
+        its region and proven held elsewhere) of a dataset its region no longer places,
+        `sets` being the version sets proven complete elsewhere (`meridian dataset
+        evict`)."""
         req = agent_pb2.EvictRequest(
-            dataset=dataset, keys=[agent_pb2.EvictKey(key=k, version=str(v)) for k, v in keys]
+            dataset=dataset,
+            keys=[agent_pb2.EvictKey(key=k, version=str(v)) for k, v in keys],
+            sets=list(sets),
         )
         try:
             resp: agent_pb2.EvictResponse = await self.stub.Evict(req, timeout=self.timeout_s)
@@ -516,9 +524,17 @@ class AgentClient:
         return _info(resp.object, "StatResponse.object")
 
     async def list(
-        self, dataset: str, *, prefix: str = "", include_deleted: bool = False
+        self,
+        dataset: str,
+        *,
+        prefix: str = "",
+        include_deleted: bool = False,
+        complete: bool = False,
+        lowest: bool = False,
     ) -> list[ObjectInfo]:
-        """Every object under `prefix` (all pages), by key."""
+        """Every object under `prefix` (all pages), by key. In a region of several
+        agents: `complete` fails rather than skip one that does not answer; `lowest`
+        gives of each object the lowest of the agents' newest versions (ListRequest)."""
         out: list[ObjectInfo] = []
         token = ""
         for _page in range(1_000_000):  # bounded: a token that never ends is a bug
@@ -528,11 +544,18 @@ class AgentClient:
                 page_size=LIST_PAGE,
                 page_token=token,
                 include_deleted=include_deleted,
+                complete=complete,
+                lowest=lowest,
             )
             try:
                 resp = await self.stub.List(req, timeout=self.timeout_s)
             except grpc.aio.AioRpcError as err:
                 raise self._error(err) from None
+            if lowest and not resp.lowest:
+                raise UnavailableError(
+                    f"the agent at {self.address} did not list the lowest versions (it "
+                    "predates ListRequest.lowest)"
+                )
             out.extend(_info(o, "ListResponse.objects") for o in resp.objects)
             if not resp.next_page_token:
                 return out
@@ -702,6 +725,7 @@ def _info(msg: agent_pb2.ObjectInfo, path: str) -> ObjectInfo:
         key=msg.key,
         version=_version(msg.version, f"{path}.version"),
         set_id=msg.set if msg.HasField("set") else None,
+        missing=msg.missing,
     )
 
 

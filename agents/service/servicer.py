@@ -478,16 +478,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
             for i, k in enumerate(request.keys)
         ]
-        # The applied policy, as this agent sees it now: a region that still places the
-        # dataset (a copy region or a failover candidate) keeps its copies, whatever
-        # the caller believed when it proved them held elsewhere.
-        placement = self.admission.placement(dataset)
-        if self.region in (*placement.regions, *placement.failover_order):
-            raise RefusedError(
-                f"dataset {dataset}: the applied policy (policy {placement.policy}) still "
-                f"places it in {self.region}; apply a policy without this region first"
-            )
-        done = await asyncio.to_thread(self.store.evict, dataset, keys)
+        proven = [
+            str(requests.set_id(f"EvictRequest.sets[{i}]", True, set_id))
+            for i, set_id in enumerate(request.sets)
+        ]
+        await self._refuse_evict(dataset)
+        done = await asyncio.to_thread(self.store.evict, dataset, keys, proven)
         self.metrics.evicted_objects.labels(dataset=dataset).inc(done.objects)
         log.info(
             "dataset_evicted",
@@ -498,8 +494,33 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             kept=len(done.kept),
         )
         return agent_pb2.EvictResponse(
-            objects=done.objects, versions=done.versions, bytes=done.bytes, kept=done.kept
+            objects=done.objects,
+            versions=done.versions,
+            bytes=done.bytes,
+            kept=[agent_pb2.EvictKept(key=k, why=why) for k, why in done.kept],
         )
+
+    async def _refuse_evict(self, dataset: str) -> None:
+        """Refuse an eviction here while the applied policy, as this agent sees it now,
+        places the dataset in this region (a copy region or a failover candidate), or
+        while etcd names this region its owner or a handover's target: whatever the
+        caller believed when it proved the copies held elsewhere. An owner outside its
+        placement (a policy applied after a failover) still takes writes, and its
+        store is what a replica's catch-up copies from."""
+        placement = self.admission.placement(dataset)
+        if self.region in (*placement.regions, *placement.failover_order):
+            raise RefusedError(
+                f"dataset {dataset}: the applied policy (policy {placement.policy}, as this "
+                f"agent sees it) still places it in {self.region}; apply a policy without "
+                "this region first"
+            )
+        owner = await self.admission.owner_now(dataset)
+        if owner is not None and self.region in (owner.region, owner.handover_to):
+            raise RefusedError(
+                f"dataset {dataset}: etcd names {self.region} its owner (epoch "
+                f"{owner.epoch}) or a handover's target; `meridian switchover` it to a "
+                "region of its placement first"
+            )
 
     async def CommitSet(  # noqa: N802
         self, request: agent_pb2.CommitSetRequest, context: Context
@@ -806,6 +827,8 @@ def _info(stored: StoredVersion) -> agent_pb2.ObjectInfo:
     )
     if stored.set_id is not None:
         info.set = stored.set_id
+    if stored.state == "missing":
+        info.missing = True
     return info
 
 

@@ -134,13 +134,12 @@ EVICTED = "evicted"
 @dataclass(frozen=True)
 class Evicted:
     """What `ObjectStore.evict` forgot: objects, their versions and the bytes of their
-    puts; `kept`, the keys written here since the version the caller proved held
-    elsewhere (newer: left as they are)."""
+    puts; `kept`, (key, why) of the objects it left as they are."""
 
     objects: int = 0
     versions: int = 0
     bytes: int = 0
-    kept: tuple[str, ...] = ()
+    kept: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1670,19 +1670,29 @@ class ObjectStore:
             self._remove_files(victims)
         return 1
 
-    def evict(self, dataset: str, keys: Sequence[tuple[str, HLC]]) -> Evicted:
+    def evict(
+        self,
+        dataset: str,
+        keys: Sequence[tuple[str, HLC]],
+        proven_sets: Collection[str] = (),
+    ) -> Evicted:
         """Forget every version of each of `keys` (key, HLC) whose newest version here is
         that HLC or older, with the sets naming it: the copies of a dataset this region
         no longer places, each of which the caller proved held elsewhere at that version
-        or newer (`meridian dataset evict`). A key written here since (newer) is kept
-        and named in the answer; a key not held is skipped. Each version is journalled
-        `removed` (reason `evicted`), so the catalog forgets this region's copies, and
-        each object goes in a transaction of its own, under its lock: an eviction cut
-        short leaves every object whole or gone."""
+        or newer (`meridian dataset evict`). Kept, each named with why: an object
+        written here since (newer); one whose change event this store has not yet
+        published (the event would name a version nobody could then send); one that a
+        set readers may see here names (the newest complete set, or a newer one: what
+        pruning pins), unless every such set is in `proven_sets` (shown complete
+        elsewhere). A key not held is skipped. Each version is journalled `removed`
+        (reason `evicted`), so the catalog forgets this region's copies, and each object
+        goes in a transaction of its own, under its lock: an eviction cut short leaves
+        every object whole or gone."""
         dataset = check_name("dataset", dataset)
         checked = [(check_name("key", key), at) for key, at in keys]  # all before any goes
+        proven = set(proven_sets)
         objects = versions = size = 0
-        kept: list[str] = []
+        kept: list[tuple[str, str]] = []
         for key, at in checked:
             with self._object_lock(dataset, key):
                 with self._tx() as conn:
@@ -1691,8 +1701,9 @@ class ObjectStore:
                     ).fetchall()
                     if not held:
                         continue
-                    if max(str(row[2]) for row in held) > at.text:
-                        kept.append(key)
+                    why = self._evict_refusal(conn, dataset, key, held, at, proven)
+                    if why is not None:
+                        kept.append((key, why))
                         continue
                     naming = rows.sets_naming(conn, dataset, key)
                     paths = self._delete_rows(conn, held, EVICTED)
@@ -1702,6 +1713,33 @@ class ObjectStore:
             versions += len(held)
             size += sum(int(row[4] or 0) for row in held if row[3] == "put")
         return Evicted(objects, versions, size, tuple(kept))
+
+    @staticmethod
+    def _evict_refusal(
+        conn: sqlite3.Connection,
+        dataset: str,
+        key: str,
+        held: list[tuple[object, ...]],
+        at: HLC,
+        proven: set[str],
+    ) -> str | None:
+        """Why `evict` keeps this object (None: it may go); see there."""
+        newest = max(str(row[2]) for row in held)
+        if newest > at.text:
+            return f"written here since ({newest}, newer than {at.text})"
+        if conn.execute(
+            "SELECT 1 FROM outbox WHERE dataset = ? AND key = ? LIMIT 1", (dataset, key)
+        ).fetchone():
+            return "its change event is not yet published from here"
+        floor = rows.set_floor(conn, dataset)
+        visible = sorted(
+            set_id
+            for set_id, hlc in rows.sets_naming(conn, dataset, key)
+            if hlc >= (floor or "") and set_id not in proven
+        )
+        if visible:
+            return f"named by version set {visible[0]}, not shown complete elsewhere"
+        return None
 
     # -- reads -----------------------------------------------------------------------
 

@@ -11,13 +11,17 @@ of replication lag (see `CatalogBridge.lag_seconds`); null for an unplaced datas
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
 from controlplane.cli.runbook import DryRunOpt, YesOpt, confirm
 from controlplane.errors import NotFoundError
+
+if TYPE_CHECKING:  # the command imports it when run: `meridian --help` stays light
+    from controlplane.coordination.orchestration.evict import Eviction, Kept
 
 app = typer.Typer(help="Datasets: class, policy, home, owner and epoch.", no_args_is_help=True)
 COLUMNS = ["name", "class", "policy", "home", "owner", "epoch", "replicas", "lag_s"]
@@ -93,7 +97,7 @@ def show(
 # `dataset evict`: some copies remain in the region (each named, with why).
 REMAINING_EXIT = 3
 KEPT_COLUMNS = ["object", "version", "why"]
-AGENT_COLUMNS = ["endpoint", "objects", "versions", "bytes", "kept"]
+AGENT_COLUMNS = ["endpoint", "objects", "versions", "bytes", "kept", "error"]
 
 
 @app.command()
@@ -105,15 +109,17 @@ def evict(
     yes: YesOpt = False,
     output: OutputOpt = None,
 ) -> None:
-    """Drop a region's copies of a dataset its applied policy no longer places there,
-    each only once a region of the placement is shown to hold it (exit 3 if any stay)."""
+    """Drop a region's copies of a dataset its applied policy no longer places there, each
+    only once the placement's regions are shown to hold it (exit 3 while any stay; 1 when
+    an agent failed)."""
     from controlplane.adapters.etcd import EtcdCoordination
-    from controlplane.coordination.orchestration.evict import Eviction, evict_dataset
+    from controlplane.coordination.orchestration.evict import evict_dataset
 
     settings = settings_from(ctx)
 
     async def asked(plan: Eviction) -> bool:
-        _print_eviction(plan, output, planned=True)
+        if resolve_output(output) is Output.table:
+            _print_plan(plan)
         confirm(
             f"Drop {len(plan.evictable)} object(s) of {name} from {region}"
             f" ({len(plan.kept)} stay)?",
@@ -133,37 +139,38 @@ def evict(
                 name,
                 region,
                 dry_run=dry_run,
+                retention_s=settings.tombstone_retention_s,
                 confirm=None if dry_run else asked,
                 progress=progress,
             )
 
     done = asyncio.run(go())
-    _print_eviction(done, output, planned=dry_run)
-    if done.remaining:
+    if resolve_output(output) is not Output.table:
+        emit(done.as_json(), Output.json)
+    elif done.dry_run:
+        _print_plan(done)
+    else:
+        emit(done.agent_rows(), output, columns=AGENT_COLUMNS, title="agents asked")
+        _print_kept(done.remaining, "still in the region")
+    if done.failed:
+        raise typer.Exit(1)
+    if done.kept if done.dry_run else done.remaining:
         raise typer.Exit(REMAINING_EXIT)
 
 
-def _print_eviction(done: object, output: Output | None, *, planned: bool) -> None:
-    from controlplane.coordination.orchestration.evict import Eviction
+def _print_plan(plan: Eviction) -> None:
+    typer.echo(
+        f"{plan.dataset} in {plan.region}: {len(plan.evictable)} object(s) may go, "
+        f"{len(plan.kept)} stay; version sets proven: {', '.join(plan.sets) or 'none'}"
+        + (" (dry run: nothing changed)" if plan.dry_run else "")
+    )
+    _print_kept(plan.kept, "staying in the region")
 
-    assert isinstance(done, Eviction)  # noqa: S101 - imported lazily, typed here
-    fmt = resolve_output(output)
-    if fmt is not Output.table:
-        if not planned or done.dry_run:
-            emit(done.as_json(), Output.json)
-        return
-    if planned:
-        typer.echo(
-            f"{done.dataset} in {done.region}: {len(done.evictable)} object(s) may go, "
-            f"{len(done.kept)} stay" + (" (dry run: nothing changed)" if done.dry_run else "")
-        )
-    else:
-        emit(done.agent_rows(), output, columns=AGENT_COLUMNS, title="agents")
-    for region, why in sorted(done.unlisted.items()):
-        typer.echo(f"not listed: {region}: {why}", err=True)
-    if done.remaining:
-        rows = [{"object": k.key, "version": k.version, "why": k.why} for k in done.remaining]
-        emit(rows, output, columns=KEPT_COLUMNS, title="staying in the region")
+
+def _print_kept(kept: Sequence[Kept], title: str) -> None:
+    if kept:
+        rows = [{"object": k.key, "version": k.version, "why": k.why} for k in kept]
+        emit(rows, Output.table, columns=KEPT_COLUMNS, title=title)
 
 
 def _print_show(row: dict[str, object], objects: list[dict[str, Any]]) -> None:

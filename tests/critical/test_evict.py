@@ -92,8 +92,30 @@ async def test_a_dropped_region_loses_what_the_placement_holds_and_keeps_its_onl
         assert code == 3, err
         assert shown["dry_run"] is True and shown["evictable"] == len(plan), shown
         (stays,) = shown["kept"]  # type: ignore[misc]
-        assert stays["object"] == "lone" and "newer here" in stays["why"], stays
+        assert stays["object"] == "lone" and "not replicated yet" in stays["why"], stays
         assert set(await newest(north)) == {"kept", "gone", "lone"}  # a dry run changes nothing
+
+        # A handover to eu-north (it would own the dataset): refused by both.
+        own = Ownership(coord)
+        owner = await own.get(DS)
+        assert owner is not None
+        mark = await own.begin_handover(DS, owner, "eu-north", "t")
+        try:
+            code, _, err = await asyncio.to_thread(evict, critical_world, "--yes")
+            assert code == 1 and "handover's target" in err, err
+
+            async def agent_refuses_the_target() -> bool:
+                async with AgentClient(north.address) as client:
+                    try:
+                        await client.evict(DS, [(k, v.hlc) for k, v in expected.items()])
+                    except RefusedError as exc:
+                        return "handover's target" in str(exc)
+                raise AssertionError("eu-north's agent took an eviction as a handover's target")
+
+            await until(agent_refuses_the_target, 30, what="the agent to refuse the target")
+        finally:
+            assert await own.abort_handover(mark)
+        assert set(await newest(north)) == {"kept", "gone", "lone"}
 
         # The agent decides by the policy it sees, which follows etcd a moment later.
         result: tuple[int, dict[str, object], str] = (0, {}, "")
@@ -101,7 +123,9 @@ async def test_a_dropped_region_loses_what_the_placement_holds_and_keeps_its_onl
         async def evicted() -> bool:
             nonlocal result
             result = await asyncio.to_thread(evict, critical_world, "--yes")
-            return result[0] != 1 or "still places" not in result[2]
+            agents = result[1].get("agents")
+            assert isinstance(agents, list), result
+            return not any("as this agent sees it" in str(a["error"]) for a in agents)
 
         await until(evicted, 30, what="eu-north's agent to see the new policy", step_s=0.5)
         code, done, err = result

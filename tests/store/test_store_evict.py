@@ -22,35 +22,41 @@ def test_evict_forgets_whole_objects_and_keeps_newer_writes(store: ObjectStore) 
     other = store.put("logs", "a", [b"another dataset"])
     store.commit_set("ckpt", "step-1", {"a": a2.hlc, "b": b.hlc})
     held = {k: store.versions("ckpt", k) for k in ("a", "b", "gone")}
+    every = {k: list(v) for k, v in held.items()}
     files = {p for p in (store.root / "objects").rglob("*") if p.is_file()}
     start = store.journal_position()
 
-    done = store.evict(
-        "ckpt",
-        [
-            ("a", a2.hlc),  # the newest: goes with the older version
-            ("b", HLC(b.hlc.wall_ms + 5, 0, "eu-west")),  # proven newer elsewhere: goes
-            ("gone", gone.hlc),
-            ("c", c1.hlc),  # written here since: kept
-            ("never", a1.hlc),  # not held: skipped
-        ],
-    )
+    asked = [
+        ("a", a2.hlc),  # the newest: goes with the older version
+        ("b", HLC(b.hlc.wall_ms + 5, 0, "eu-west")),  # proven newer elsewhere: goes
+        ("gone", gone.hlc),
+        ("c", c1.hlc),  # written here since: kept
+        ("never", a1.hlc),  # not held: skipped
+    ]
+    # A set readers may see here names a and b: they stay unless it was proven elsewhere.
+    first = store.evict("ckpt", asked)
+    assert first.objects == 1 and dict(first.kept).keys() == {"a", "b", "c"}
+    assert "version set step-1" in dict(first.kept)["a"]
+    assert "written here since" in dict(first.kept)["c"]
+    assert store.versions("ckpt", "gone") == []
+    held["gone"] = []
+    done = store.evict("ckpt", asked, proven_sets={"step-1"})
 
-    assert (done.objects, done.kept) == (3, ("c",))
+    assert (done.objects, [k for k, _ in done.kept]) == (2, ["c"])
     assert done.versions == sum(map(len, held.values()))
     assert done.bytes == sum(s.version.size for v in held.values() for s in v)
     for key in ("a", "b", "gone"):
         assert store.versions("ckpt", key) == []
     assert len(store.versions("ckpt", "c")) == 2
     assert store.versions("logs", "a")[0].version == other
-    puts = sum(not s.version.is_tombstone for v in held.values() for s in v)
+    puts = sum(not s.version.is_tombstone for v in every.values() for s in v)
     left = {p for p in (store.root / "objects").rglob("*") if p.is_file()}
     assert left < files and len(files - left) == puts  # their files went with them
     with pytest.raises(NotFoundError):
         store.get_set("ckpt", "step-1")
     removed = [e for e in store.journal_pending(10_000) if e.seq > start and e.kind == "removed"]
     assert sorted((e.key, e.hlc, e.data["reason"]) for e in removed) == sorted(
-        (k, s.version.hlc.text, "evicted") for k, v in held.items() for s in v
+        (k, s.version.hlc.text, "evicted") for k, v in every.items() for s in v
     )
     assert [e.data["set"] for e in store.journal_pending(10_000) if e.kind == "set_removed"] == [
         "step-1"
@@ -64,3 +70,13 @@ def test_evict_refuses_a_bad_name_before_touching_anything(store: ObjectStore) -
     with pytest.raises(InvalidInputError):
         store.evict("../ckpt", [("a", v.hlc)])
     assert [s.version for s in store.versions("ckpt", "a")] == [v]
+
+
+def test_evict_keeps_an_object_whose_change_event_is_not_yet_published(
+    store: ObjectStore,
+) -> None:
+    """The outbox would publish an event naming a version nobody could send."""
+    v = store.put("logs", "a", [b"written here"], outbox=True, policy_revision=1)
+    done = store.evict("logs", [("a", v.hlc)])
+    assert done.objects == 0 and "not yet published" in dict(done.kept)["a"]
+    assert [s.version for s in store.versions("logs", "a")] == [v]

@@ -7,36 +7,57 @@ they are (nothing pushes to it any more, nothing removes what it holds). A criti
 copy left behind is also a hazard: once the placement's regions forget an expired
 delete, a region later added back could hand a takeover the older put it still holds.
 
-The proof is made from the agents, not the catalog (whose records ship behind them):
-1. The region's listing (every agent, merged: the newest version of each object) and
-   the listings of the placement's regions (their newest of each, merged).
-2. An object goes when a placement region holds its newest version here or a newer
-   one, or when that version is a delete no placement region shows anything of (what
-   a delete leaves). It stays when it is newer here than anywhere in the placement
-   (written here, or not replicated yet: its only copy) or collides at the same HLC
-   with other bytes; each kept object is named with why.
-3. Every agent of the region is asked to forget those objects (`Evict`, in pages).
-   Each agent checks again, under the object's lock, that it holds nothing newer than
-   the version proven, and refuses the whole call while the applied policy still
-   places the dataset in its region: a policy applied meanwhile wins.
+Refused while the region is in the placement (a copy region or a failover candidate)
+or etcd names it the dataset's owner or a handover's target. The proof is made from
+the agents, not the catalog (whose records ship behind them):
+
+1. The region's complete listing (every agent, merged: its newest version of each
+   object), and each placement region's complete listing of the LOWEST of its
+   agents' newest versions; a placement region that cannot be listed whole stops
+   the eviction.
+2. An object goes when enough placement regions (the ack's count for a critical
+   dataset, one for a standard one) hold its newest version here, or a newer one,
+   readable (a copy whose bytes startup repair found gone does not count). A delete
+   also counts as held by a region showing nothing of the object once it is older
+   than the tombstone retention and no placement region shows an older version
+   (what an expired delete leaves), unless the placement retains deletes.
+3. The region's newest complete version set is proven the same way (the same id,
+   HLC and members, complete there); an object a set readers may see names goes
+   only with its set proven (the agent checks).
+4. Everything else stays, named with why. After confirmation the proof is made
+   again, and every agent of the region is asked to forget what it proves
+   (`Evict`, in pages). Each agent refuses the whole call on the same rules as
+   above, as it sees them, and keeps, under the object's lock, an object written
+   there since, one whose change event it has not yet published, and one a set it
+   shows names unless that set was proven.
+5. The region is listed again: whatever it still holds is reported (exit 3).
 
 The agents journal each version `removed`, so the catalog (and `audit residency`)
-forget the copies once their records ship.
+forget the copies once their records ship. The read-through cache is not a copy and
+is not touched.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agents.client import AgentClient, ObjectInfo
-from controlplane.coordination.orchestration.prefer import union_newest
+from agents.replication.sync import copies_needed
 from controlplane.coordination.protocols import keys
+from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.hlc import HLC
 from controlplane.domain.placement import Placement
-from controlplane.domain.version import Version
-from controlplane.errors import InvalidInputError, MeridianError, RefusedError, UnavailableError
+from controlplane.domain.version_set import VersionSet
+from controlplane.errors import (
+    InvalidInputError,
+    MeridianError,
+    NotFoundError,
+    RefusedError,
+    UnavailableError,
+)
 from controlplane.logs import get_logger
 from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.coordination import Coordination
@@ -48,6 +69,7 @@ EVICT_PAGE = 500
 
 Route = Callable[[str, str], str]
 Progress = Callable[[str], None]
+Listing = Mapping[str, ObjectInfo]
 
 
 @dataclass(frozen=True)
@@ -63,42 +85,45 @@ class AgentEviction:
     objects: int = 0
     versions: int = 0
     bytes: int = 0
-    kept: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # key -> why
+    error: str | None = None
 
 
 @dataclass
 class Eviction:
-    """What an eviction found (`evictable`, `kept`) and, unless a dry run, did."""
+    """What an eviction proved (`evictable`, `sets`), kept, and unless a dry run, did;
+    `remaining`: what the region still held after it (listed again)."""
 
     dataset: str
     region: str
     evictable: list[tuple[str, HLC]]
+    sets: list[str]
     kept: list[Kept]
-    agents: list[AgentEviction]
-    unlisted: dict[str, str]  # placement region -> why its listing was not read
     dry_run: bool
+    agents: list[AgentEviction] = field(default_factory=list)
+    remaining: list[Kept] = field(default_factory=list)
 
     @property
-    def remaining(self) -> list[Kept]:
-        """What the region still holds after it: kept by the plan or by an agent."""
-        planned = {k.key for k in self.kept}
-        late = sorted({key for a in self.agents for key in a.kept} - planned)
-        newer = "written in this region after its listing (newer than the version proven)"
-        return [*self.kept, *(Kept(key, "", newer) for key in late)]
+    def failed(self) -> bool:
+        return any(a.error is not None for a in self.agents)
 
     def as_json(self) -> dict[str, object]:
+        shown = self.kept if self.dry_run else self.remaining
         return {
             "dataset": self.dataset,
             "region": self.region,
             "dry_run": self.dry_run,
             "evictable": len(self.evictable),
-            "evicted": sum(a.objects for a in self.agents),
-            "versions": sum(a.versions for a in self.agents),
-            "bytes": sum(a.bytes for a in self.agents),
-            "kept": [{"object": k.key, "version": k.version, "why": k.why} for k in self.remaining],
+            "sets": self.sets,
+            "evicted": 0 if self.dry_run else len(self.evictable) - len(self.remaining_asked),
+            "kept": [{"object": k.key, "version": k.version, "why": k.why} for k in shown],
             "agents": self.agent_rows(),
-            "unlisted": self.unlisted,
         }
+
+    @property
+    def remaining_asked(self) -> list[Kept]:
+        asked = {key for key, _ in self.evictable}
+        return [k for k in self.remaining if k.key in asked]
 
     def agent_rows(self) -> list[dict[str, object]]:
         return [
@@ -108,39 +133,78 @@ class Eviction:
                 "versions": a.versions,
                 "bytes": a.bytes,
                 "kept": len(a.kept),
+                "error": a.error,
             }
             for a in self.agents
         ]
 
 
-def plan_eviction(
-    here: Mapping[str, Version], elsewhere: Mapping[str, Version]
-) -> tuple[list[tuple[str, HLC]], list[Kept]]:
-    """Of what the region holds (`here`: its newest version of each object), what may go
-    (key, the HLC to state) and what must stay, given the placement's regions' newest
-    (`elsewhere`). See the module docstring."""
+@dataclass(frozen=True)
+class Proof:
+    """What step 1's listings show: the region's own, and one per placement region."""
+
+    here: Listing
+    placement: list[Listing]
+    need: int
+    retention_ms: int
+    retains_deletes: bool
+    now_ms: int
+
+
+def plan_eviction(proof: Proof) -> tuple[list[tuple[str, HLC]], list[Kept]]:
+    """Of what the region holds, what may go (key, its newest HLC here) and what must
+    stay, each with why (steps 1-2 of the module docstring)."""
     evictable: list[tuple[str, HLC]] = []
     kept: list[Kept] = []
-    for key in sorted(here):
-        mine, theirs = here[key], elsewhere.get(key)
-        if theirs is None:
-            if mine.is_tombstone:
-                evictable.append((key, mine.hlc))
+    for key in sorted(proof.here):
+        mine = proof.here[key].version
+        held = 0
+        collides = missing = False
+        newest_there: list[str] = []
+        older_shown = False
+        for listing in proof.placement:
+            theirs = listing.get(key)
+            if theirs is None:
+                continue
+            newest_there.append(theirs.version.hlc.text)
+            if theirs.version.hlc < mine.hlc:
+                older_shown = True
+            elif theirs.missing:
+                missing = True
+            elif theirs.version == mine:
+                held += 1
+            elif theirs.version.hlc > mine.hlc:
+                # Where deletes are retained, a newer delete there is that region's own:
+                # it never was, nor will be, sent this put.
+                retained = proof.retains_deletes and theirs.version.is_tombstone
+                held += 0 if retained and not mine.is_tombstone else 1
             else:
-                why = "no region of the placement holds it: this is its only copy"
-                kept.append(Kept(key, mine.hlc.text, why))
-        elif theirs.hlc > mine.hlc or theirs == mine:
+                collides = True
+        if mine.is_tombstone and not older_shown and not proof.retains_deletes:
+            expired = proof.now_ms - mine.hlc.wall_ms >= proof.retention_ms
+            if expired:
+                held += sum(1 for listing in proof.placement if key not in listing)
+        if held >= proof.need:
             evictable.append((key, mine.hlc))
-        elif theirs.hlc == mine.hlc:
-            why = f"the placement holds other bytes at the same HLC ({theirs.digest})"
-            kept.append(Kept(key, mine.hlc.text, why))
-        else:
-            why = (
-                f"newer here than in any region of the placement (their newest is "
-                f"{theirs.hlc.text}): written here, or not replicated yet"
-            )
-            kept.append(Kept(key, mine.hlc.text, why))
+            continue
+        why = _why(mine.is_tombstone, collides, missing, held, proof, newest_there)
+        kept.append(Kept(key, mine.hlc.text, why))
     return evictable, kept
+
+
+def _why(
+    tombstone: bool, collides: bool, missing: bool, held: int, proof: Proof, there: list[str]
+) -> str:
+    shown = f"{held} of the {proof.need} placement region(s) needed hold it"
+    if collides:
+        return f"{shown}; one holds other bytes at the same HLC"
+    if missing:
+        return f"{shown}; one holds it with its bytes lost (a resync restores them)"
+    if not there:
+        if tombstone:
+            return f"{shown}: a delete younger than the tombstone retention, or retained"
+        return f"{shown}: no region of the placement holds it (its only copy)"
+    return f"{shown} (their newest: {', '.join(sorted(set(there)))}): not replicated yet"
 
 
 async def evict_dataset(
@@ -150,77 +214,132 @@ async def evict_dataset(
     region: str,
     *,
     dry_run: bool,
+    retention_s: float,
     confirm: Callable[[Eviction], Awaitable[bool]] | None = None,
     progress: Progress | None = None,
     timeout_s: float = 60.0,
 ) -> Eviction:
-    """Plan (and unless `dry_run`, after `confirm`, carry out) the eviction of `dataset`'s
-    copies from `region`. Refused when the applied policy still places the dataset
-    there; UnavailableError when the region has no agent registered."""
+    """Prove (and unless `dry_run`, after `confirm`, carry out) the eviction of
+    `dataset`'s copies from `region`; see the module docstring."""
     placement = await _placement(coord, dataset)
-    if region in (*placement.regions, *placement.failover_order):
-        raise RefusedError(
-            f"dataset {dataset}: the applied policy (policy {placement.policy}) still places "
-            f"it in {region}; apply a policy without {region} first, then evict"
-        )
-    agents = await _endpoints(coord, route, region)
-    if not agents:
-        raise UnavailableError(f"region {region} has no agent registered in etcd")
-    here = await _newest(agents[0], dataset, timeout_s)
-    listings: list[dict[str, Version]] = []
-    unlisted: dict[str, str] = {}
-    for other in placement.regions:
-        try:
-            found = await _endpoints(coord, route, other)
-            if not found:
-                raise UnavailableError(f"region {other} has no agent registered in etcd")
-            listings.append(await _newest(found[0], dataset, timeout_s))
-        except MeridianError as exc:
-            unlisted[other] = str(exc)
-            log.warning("evict_region_unlisted", dataset=dataset, region=other, error=str(exc))
-    if not listings:
-        raise UnavailableError(
-            f"no region of {dataset}'s placement could be listed, so nothing {region} holds "
-            "can be shown held elsewhere: "
-            + "; ".join(f"{r}: {why}" for r, why in sorted(unlisted.items()))
-        )
-    evictable, kept = plan_eviction(here, union_newest(listings))
-    done = Eviction(dataset, region, evictable, kept, [], unlisted, dry_run)
-    if dry_run or not evictable or (confirm is not None and not await confirm(done)):
-        return done
+    await _refuse(coord, placement, region)
+    agents = await _agents(coord, route, region)
+    plan = await _prove(coord, route, placement, region, agents, retention_s, timeout_s)
+    plan.dry_run = dry_run
+    if dry_run or not plan.evictable:
+        return plan
+    if confirm is not None and not await confirm(plan):
+        return plan
+    # The operator may have taken a while: prove again, and act on that.
+    await _refuse(coord, placement, region)
+    plan = await _prove(coord, route, placement, region, agents, retention_s, timeout_s)
     for endpoint in agents:
-        done.agents.append(await _evict_at(endpoint, dataset, evictable, timeout_s, progress))
+        plan.agents.append(await _evict_at(endpoint, plan, timeout_s, progress))
+    after = await _listing(agents[0], dataset, timeout_s, lowest=False)
+    why = {k.key: k.why for k in plan.kept}
+    for a in plan.agents:
+        why.update(a.kept)
+    late = "still held after the eviction: re-copied meanwhile, or on an agent that failed"
+    plan.remaining = [
+        Kept(key, info.version.hlc.text, why.get(key, late)) for key, info in sorted(after.items())
+    ]
     log.info(
         "dataset_evicted",
         dataset=dataset,
         region=region,
-        objects=sum(a.objects for a in done.agents),
-        kept=len(done.remaining),
+        evictable=len(plan.evictable),
+        remaining=len(plan.remaining),
+        failed=plan.failed,
     )
-    return done
+    return plan
+
+
+async def _prove(
+    coord: Coordination,
+    route: Route,
+    placement: Placement,
+    region: str,
+    agents: list[str],
+    retention_s: float,
+    timeout_s: float,
+) -> Eviction:
+    dataset = placement.dataset
+    here = await _listing(agents[0], dataset, timeout_s, lowest=False)
+    theirs: dict[str, str] = {}
+    listings: list[Listing] = []
+    for other in placement.regions:
+        address = await _one_agent(coord, route, other)
+        theirs[other] = address
+        try:
+            listings.append(await _listing(address, dataset, timeout_s, lowest=True))
+        except MeridianError as exc:
+            raise UnavailableError(
+                f"region {other} of {dataset}'s placement cannot be listed whole ({exc}): "
+                f"nothing {region} holds can be shown held there; try again once it answers"
+            ) from exc
+    need = copies_needed(placement) if placement.dataset_class == "critical" else 1
+    proof = Proof(
+        here,
+        listings,
+        need,
+        int(retention_s * 1000),
+        placement.deletes == "retain",
+        int(time.time() * 1000),
+    )
+    evictable, kept = plan_eviction(proof)
+    sets = await _proven_sets(agents[0], list(theirs.values()), dataset, need, timeout_s)
+    return Eviction(dataset, region, evictable, sets, kept, dry_run=False)
+
+
+async def _proven_sets(
+    here: str, there: Sequence[str], dataset: str, need: int, timeout_s: float
+) -> list[str]:
+    """The region's newest complete version set, when `need` placement regions show it
+    complete with the same HLC and members (else nothing: its members stay)."""
+    mine = await _set_at(here, dataset, "latest", timeout_s)
+    if mine is None:
+        return []
+    shown = 0
+    for address in there:
+        theirs = await _set_at(address, dataset, mine.id, timeout_s)
+        if theirs is not None and theirs.hlc == mine.hlc and theirs.members == mine.members:
+            shown += 1
+    return [mine.id] if shown >= need else []
+
+
+async def _set_at(address: str, dataset: str, set_id: str, timeout_s: float) -> VersionSet | None:
+    async with AgentClient(address, timeout_s=timeout_s) as client:
+        try:
+            return await client.get_set(dataset, set_id)
+        except NotFoundError:
+            return None
+        except MeridianError:
+            return None  # not shown complete there (members missing, an agent away)
 
 
 async def _evict_at(
-    endpoint: str,
-    dataset: str,
-    evictable: list[tuple[str, HLC]],
-    timeout_s: float,
-    progress: Progress | None,
+    endpoint: str, plan: Eviction, timeout_s: float, progress: Progress | None
 ) -> AgentEviction:
     out = AgentEviction(endpoint)
-    async with AgentClient(endpoint, timeout_s=timeout_s) as client:
-        for at in range(0, len(evictable), EVICT_PAGE):
-            page = evictable[at : at + EVICT_PAGE]
-            answer = await client.evict(dataset, page)
-            out.objects += answer.objects
-            out.versions += answer.versions
-            out.bytes += answer.bytes
-            out.kept.extend(answer.kept)
-            if progress is not None:
-                progress(
-                    f"{endpoint}: {min(at + EVICT_PAGE, len(evictable))}/{len(evictable)} "
-                    f"objects asked, {out.objects} forgotten"
-                )
+    try:
+        async with AgentClient(endpoint, timeout_s=timeout_s) as client:
+            for at in range(0, len(plan.evictable), EVICT_PAGE):
+                page = plan.evictable[at : at + EVICT_PAGE]
+                answer = await client.evict(plan.dataset, page, plan.sets)
+                out.objects += answer.objects
+                out.versions += answer.versions
+                out.bytes += answer.bytes
+                out.kept.update((k.key, k.why) for k in answer.kept)
+                if progress is not None:
+                    asked = min(at + EVICT_PAGE, len(plan.evictable))
+                    progress(
+                        f"{endpoint}: {asked}/{len(plan.evictable)} objects asked, "
+                        f"{out.objects} forgotten"
+                    )
+    except MeridianError as exc:
+        # The other agents are still asked; the listing after says what stays.
+        out.error = str(exc)
+        log.warning("evict_agent_failed", endpoint=endpoint, error=str(exc))
     return out
 
 
@@ -237,7 +356,48 @@ async def _placement(coord: Coordination, dataset: str) -> Placement:
     return placement
 
 
-async def _endpoints(coord: Coordination, route: Route, region: str) -> list[str]:
+async def _refuse(coord: Coordination, placement: Placement, region: str) -> None:
+    dataset = placement.dataset
+    if region in (*placement.regions, *placement.failover_order):
+        raise RefusedError(
+            f"dataset {dataset}: the applied policy (policy {placement.policy}) still places "
+            f"it in {region}; apply a policy without {region} first, then evict"
+        )
+    owner = await Ownership(coord).get(dataset)
+    if owner is not None and region in (owner.region, owner.handing_over_to):
+        raise RefusedError(
+            f"dataset {dataset}: etcd names {region} its owner (epoch {owner.epoch}) or a "
+            "handover's target; `meridian switchover` it to a region of its placement first"
+        )
+
+
+async def _agents(coord: Coordination, route: Route, region: str) -> list[str]:
+    """Where to call each agent of `region`. A route map that names one address for
+    several agents (a proxy) would send every call to one of them: refused."""
+    registered = await _registered(coord, region)
+    if not registered:
+        raise UnavailableError(f"region {region} has no agent registered in etcd")
+    routed = sorted({route(region, endpoint) for endpoint in registered})
+    if len(routed) < len(registered):
+        raise RefusedError(
+            f"region {region}: the agent route map names one address for its "
+            f"{len(registered)} agents, and each must be asked; call them directly "
+            "(unset MERIDIAN_AGENT_ROUTES for this region)"
+        )
+    return routed
+
+
+async def _one_agent(coord: Coordination, route: Route, region: str) -> str:
+    registered = await _registered(coord, region)
+    if not registered:
+        raise UnavailableError(
+            f"region {region} of the placement has no agent registered in etcd: nothing "
+            "can be shown held there"
+        )
+    return route(region, registered[0])
+
+
+async def _registered(coord: Coordination, region: str) -> list[str]:
     kvs, _ = await coord.get_prefix(keys.agents_of(region))
     out: list[str] = []
     for kv in kvs:
@@ -247,13 +407,13 @@ async def _endpoints(coord: Coordination, route: Route, region: str) -> list[str
             continue
         endpoint = doc.get("endpoint") if isinstance(doc, dict) else None
         if isinstance(endpoint, str) and endpoint:
-            out.append(route(region, endpoint))
+            out.append(endpoint)
     return sorted(out)
 
 
-async def _newest(address: str, dataset: str, timeout_s: float) -> dict[str, Version]:
-    """The region's newest version of each object, tombstones included (a routed
-    listing: every agent of the region, merged)."""
+async def _listing(address: str, dataset: str, timeout_s: float, *, lowest: bool) -> Listing:
+    """A region's complete listing, tombstones included: every agent's newest version
+    of each object merged by the highest, or with `lowest` the lowest."""
     async with AgentClient(address, timeout_s=timeout_s) as client:
-        found: list[ObjectInfo] = await client.list(dataset, include_deleted=True)
-    return {o.key: o.version for o in found}
+        found = await client.list(dataset, include_deleted=True, complete=True, lowest=lowest)
+    return {o.key: o for o in found}
