@@ -479,8 +479,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             for i, k in enumerate(request.keys)
         ]
         proven = [
-            str(requests.set_id(f"EvictRequest.sets[{i}]", True, set_id))
-            for i, set_id in enumerate(request.sets)
+            (
+                str(requests.set_id(f"EvictRequest.sets[{i}].id", True, s.id)),
+                hlc_from_wire(s.hlc, f"EvictRequest.sets[{i}].hlc").text,
+            )
+            for i, s in enumerate(request.sets)
         ]
         await self._refuse_evict(dataset)
         done = await asyncio.to_thread(self.store.evict, dataset, keys, proven)

@@ -1674,7 +1674,7 @@ class ObjectStore:
         self,
         dataset: str,
         keys: Sequence[tuple[str, HLC]],
-        proven_sets: Collection[str] = (),
+        proven_sets: Collection[tuple[str, str]] = (),
     ) -> Evicted:
         """Forget every version of each of `keys` (key, HLC) whose newest version here is
         that HLC or older, with the sets naming it: the copies of a dataset this region
@@ -1683,11 +1683,11 @@ class ObjectStore:
         written here since (newer); one whose change event this store has not yet
         published (the event would name a version nobody could then send); one that a
         set readers may see here names (the newest complete set, or a newer one: what
-        pruning pins), unless every such set is in `proven_sets` (shown complete
-        elsewhere). A key not held is skipped. Each version is journalled `removed`
-        (reason `evicted`), so the catalog forgets this region's copies, and each object
-        goes in a transaction of its own, under its lock: an eviction cut short leaves
-        every object whole or gone."""
+        pruning pins), unless every such set is in `proven_sets` (id, HLC text: shown
+        complete elsewhere, that very record). A key not held is skipped. Each version
+        is journalled `removed` (reason `evicted`), so the catalog forgets this region's
+        copies, and each object goes in a transaction of its own, under its lock: an
+        eviction cut short leaves every object whole or gone."""
         dataset = check_name("dataset", dataset)
         checked = [(check_name("key", key), at) for key, at in keys]  # all before any goes
         proven = set(proven_sets)
@@ -1721,7 +1721,7 @@ class ObjectStore:
         key: str,
         held: list[tuple[object, ...]],
         at: HLC,
-        proven: set[str],
+        proven: set[tuple[str, str]],
     ) -> str | None:
         """Why `evict` keeps this object (None: it may go); see there."""
         newest = max(str(row[2]) for row in held)
@@ -1735,7 +1735,7 @@ class ObjectStore:
         visible = sorted(
             set_id
             for set_id, hlc in rows.sets_naming(conn, dataset, key)
-            if hlc >= (floor or "") and set_id not in proven
+            if hlc >= (floor or "") and (set_id, hlc) not in proven
         )
         if visible:
             return f"named by version set {visible[0]}, not shown complete elsewhere"

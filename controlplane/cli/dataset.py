@@ -159,9 +159,10 @@ def evict(
 
 
 def _print_plan(plan: Eviction) -> None:
+    sets = ", ".join(f"{set_id}@{hlc}" for set_id, hlc in plan.sets) or "none"
     typer.echo(
         f"{plan.dataset} in {plan.region}: {len(plan.evictable)} object(s) may go, "
-        f"{len(plan.kept)} stay; version sets proven: {', '.join(plan.sets) or 'none'}"
+        f"{len(plan.kept)} stay; version sets proven: {sets}"
         + (" (dry run: nothing changed)" if plan.dry_run else "")
     )
     _print_kept(plan.kept, "staying in the region")

@@ -135,6 +135,11 @@ async def test_a_dropped_region_loses_what_the_placement_holds_and_keeps_its_onl
         assert {o: v.hlc for o, v in (await newest(north)).items()} == {"lone": lone}
         for proc in (west, central):  # the placement's copies are untouched
             assert await newest(proc) == expected
+        # Again: nothing left to drop, yet not done (the lone write stays): exit 3.
+        code, again, err = await asyncio.to_thread(evict, critical_world, "--yes")
+        assert code == 3, err
+        assert again["evicted"] == 0 and again["agents"] == [], again
+        assert [k["object"] for k in again["kept"]] == ["lone"]  # type: ignore[attr-defined]
 
         # The agents' records reach the catalog: it forgets eu-north's copies of both.
         where: dict[str, set[str]] = {}

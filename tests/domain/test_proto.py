@@ -96,6 +96,8 @@ CALLS = [
     ("Rewind", False, False),
     # Critical pushes batched by their owner (crit, issue 13).
     ("ReplicatePushes", False, False),
+    # A region's copies of a dataset no longer placed there (`meridian dataset evict`).
+    ("Evict", False, False),
 ]
 
 

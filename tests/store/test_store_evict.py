@@ -20,7 +20,7 @@ def test_evict_forgets_whole_objects_and_keeps_newer_writes(store: ObjectStore) 
     c1 = store.put("ckpt", "c", [b"c, proven elsewhere"])
     store.put("ckpt", "c", [b"c, written here since"])
     other = store.put("logs", "a", [b"another dataset"])
-    store.commit_set("ckpt", "step-1", {"a": a2.hlc, "b": b.hlc})
+    record = store.commit_set("ckpt", "step-1", {"a": a2.hlc, "b": b.hlc})
     held = {k: store.versions("ckpt", k) for k in ("a", "b", "gone")}
     every = {k: list(v) for k, v in held.items()}
     files = {p for p in (store.root / "objects").rglob("*") if p.is_file()}
@@ -40,7 +40,10 @@ def test_evict_forgets_whole_objects_and_keeps_newer_writes(store: ObjectStore) 
     assert "written here since" in dict(first.kept)["c"]
     assert store.versions("ckpt", "gone") == []
     held["gone"] = []
-    done = store.evict("ckpt", asked, proven_sets={"step-1"})
+    # Proven by id alone, or another record of the id: not this one.
+    wrong = store.evict("ckpt", asked, proven_sets={("step-1", str(HLC(1, 0, "eu-west")))})
+    assert wrong.objects == 0 and dict(wrong.kept).keys() == {"a", "b", "c"}
+    done = store.evict("ckpt", asked, proven_sets={("step-1", str(record.hlc))})
 
     assert (done.objects, [k for k, _ in done.kept]) == (2, ["c"])
     assert done.versions == sum(map(len, held.values()))

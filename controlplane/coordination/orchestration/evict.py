@@ -66,6 +66,7 @@ log = get_logger("meridian.evict")
 
 # Keys per Evict call (the agent takes at most 1,000).
 EVICT_PAGE = 500
+NOT_SHOWN = "proven only after confirmation, so not shown before: run it again"
 
 Route = Callable[[str, str], str]
 Progress = Callable[[str], None]
@@ -97,15 +98,17 @@ class Eviction:
     dataset: str
     region: str
     evictable: list[tuple[str, HLC]]
-    sets: list[str]
+    sets: list[tuple[str, str]]  # (id, HLC) of the version sets proven
     kept: list[Kept]
     dry_run: bool
     agents: list[AgentEviction] = field(default_factory=list)
     remaining: list[Kept] = field(default_factory=list)
+    # Why the region could not be listed after the eviction (what stays is unknown).
+    unlisted: str | None = None
 
     @property
     def failed(self) -> bool:
-        return any(a.error is not None for a in self.agents)
+        return self.unlisted is not None or any(a.error is not None for a in self.agents)
 
     def as_json(self) -> dict[str, object]:
         shown = self.kept if self.dry_run else self.remaining
@@ -114,10 +117,11 @@ class Eviction:
             "region": self.region,
             "dry_run": self.dry_run,
             "evictable": len(self.evictable),
-            "sets": self.sets,
+            "sets": [f"{set_id}@{hlc}" for set_id, hlc in self.sets],
             "evicted": 0 if self.dry_run else len(self.evictable) - len(self.remaining_asked),
             "kept": [{"object": k.key, "version": k.version, "why": k.why} for k in shown],
             "agents": self.agent_rows(),
+            "unlisted": self.unlisted,
         }
 
     @property
@@ -226,16 +230,31 @@ async def evict_dataset(
     agents = await _agents(coord, route, region)
     plan = await _prove(coord, route, placement, region, agents, retention_s, timeout_s)
     plan.dry_run = dry_run
-    if dry_run or not plan.evictable:
+    if dry_run:
         return plan
-    if confirm is not None and not await confirm(plan):
+    if not plan.evictable or (confirm is not None and not await confirm(plan)):
+        plan.remaining = list(plan.kept)  # nothing asked: all of it stays
         return plan
-    # The operator may have taken a while: prove again, and act on that.
+    # The operator may have taken a while: the policy must be the one shown, and the
+    # proof is made again; only what both proofs (and the operator) allowed is asked.
+    if await _placement(coord, dataset) != placement:
+        raise RefusedError(
+            f"dataset {dataset}: the applied policy changed while the eviction was "
+            "confirmed; nothing was dropped: run it again"
+        )
     await _refuse(coord, placement, region)
+    shown = {key for key, _ in plan.evictable}
     plan = await _prove(coord, route, placement, region, agents, retention_s, timeout_s)
+    plan.kept += [Kept(k, at.text, NOT_SHOWN) for k, at in plan.evictable if k not in shown]
+    plan.evictable = [(k, at) for k, at in plan.evictable if k in shown]
     for endpoint in agents:
         plan.agents.append(await _evict_at(endpoint, plan, timeout_s, progress))
-    after = await _listing(agents[0], dataset, timeout_s, lowest=False)
+    try:
+        after = await _listing(agents[0], dataset, timeout_s, lowest=False)
+    except MeridianError as exc:
+        # The agents acted already: say so, and what is known, rather than only this.
+        plan.unlisted = f"the region could not be listed after the eviction: {exc}"
+        after = {}
     why = {k.key: k.why for k in plan.kept}
     for a in plan.agents:
         why.update(a.kept)
@@ -293,7 +312,7 @@ async def _prove(
 
 async def _proven_sets(
     here: str, there: Sequence[str], dataset: str, need: int, timeout_s: float
-) -> list[str]:
+) -> list[tuple[str, str]]:
     """The region's newest complete version set, when `need` placement regions show it
     complete with the same HLC and members (else nothing: its members stay)."""
     mine = await _set_at(here, dataset, "latest", timeout_s)
@@ -304,7 +323,7 @@ async def _proven_sets(
         theirs = await _set_at(address, dataset, mine.id, timeout_s)
         if theirs is not None and theirs.hlc == mine.hlc and theirs.members == mine.members:
             shown += 1
-    return [mine.id] if shown >= need else []
+    return [(mine.id, str(mine.hlc))] if shown >= need else []
 
 
 async def _set_at(address: str, dataset: str, set_id: str, timeout_s: float) -> VersionSet | None:
