@@ -35,9 +35,11 @@ async def newest(proc: AgentProcess) -> dict[str, Version]:
         return {o.key: o.version for o in await client.list(DS, include_deleted=True)}
 
 
-def evict(env: dict[str, str], *flags: str) -> tuple[int, dict[str, object], str]:
+def evict(
+    env: dict[str, str], *flags: str, dataset: str = DS
+) -> tuple[int, dict[str, object], str]:
     done = run_cli(
-        ["dataset", "evict", DS, "--region", "eu-north", "--output", "json", *flags], env
+        ["dataset", "evict", dataset, "--region", "eu-north", "--output", "json", *flags], env
     )
     return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}, done.stderr
 
@@ -157,3 +159,13 @@ async def test_a_dropped_region_loses_what_the_placement_holds_and_keeps_its_onl
             detail=lambda: where,
         )
         assert "eu-north" in (await asyncio.to_thread(catalog_regions, critical_world))["lone"]
+
+        # An owner outside its placement (a policy applied after a failover, say) still
+        # takes writes, and replicas catch up from its store: refused by both.
+        owned = "tri/owned-outside"
+        await Ownership(coord).claim(owned, "eu-north", expect_epoch=0, reason="t", actor="t")
+        code, _, err = await asyncio.to_thread(evict, critical_world, "--yes", dataset=owned)
+        assert code == 1 and "names eu-north its owner" in err, err
+        async with AgentClient(north.address) as client:
+            with pytest.raises(RefusedError, match="names eu-north its owner"):
+                await client.evict(owned, [])
