@@ -74,7 +74,7 @@ class EtcdPeers:
                 f"the agents of region {region} cannot be read from etcd ({exc})"
             ) from exc
         for kv in kvs:
-            endpoint = _endpoint(kv.value)
+            endpoint = registered_endpoint(kv.value)
             if endpoint is not None:
                 address = self._route(region, endpoint)
                 if self.max_age_s > 0:
@@ -87,7 +87,9 @@ class EtcdPeers:
         self._known.pop(region, None)
 
 
-def _endpoint(value: bytes) -> str | None:
+def registered_endpoint(value: bytes) -> str | None:
+    """The address an agent's registration (its etcd value) names; None when it is
+    unreadable or names none."""
     try:
         doc = json.loads(value)
     except ValueError:

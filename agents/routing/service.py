@@ -587,11 +587,18 @@ class RoutedAgentService(AgentService):
             more = more or bool(page.next_page_token)
             for info in page.objects:
                 held = newest.get(info.key)
-                # HLC text sorts as HLCs do.
+                # HLC text sorts as HLCs do. Of equal versions, `lowest` (a proof that
+                # every agent holds it) takes one whose bytes were lost.
                 if (
                     held is None
                     or (request.lowest and info.version.hlc < held.version.hlc)
                     or (not request.lowest and info.version.hlc > held.version.hlc)
+                    or (
+                        request.lowest
+                        and info.version.hlc == held.version.hlc
+                        and info.missing
+                        and not held.missing
+                    )
                 ):
                     newest[info.key] = info
         keys = sorted(newest)

@@ -57,6 +57,7 @@ from agents.store import (
     TooLargeError,
 )
 from agents.store.store import INLINE_MAX_BYTES
+from controlplane.domain.eviction import OwnerSeen, eviction_refused
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
 from controlplane.errors import (
@@ -504,26 +505,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
 
     async def _refuse_evict(self, dataset: str) -> None:
-        """Refuse an eviction here while the applied policy, as this agent sees it now,
-        places the dataset in this region (a copy region or a failover candidate), or
-        while etcd names this region its owner or a handover's target: whatever the
-        caller believed when it proved the copies held elsewhere. An owner outside its
-        placement (a policy applied after a failover) still takes writes, and its
-        store is what a replica's catch-up copies from."""
+        """Refuse an eviction here on the rule of `controlplane.domain.eviction`, judged
+        on the policy and the owner as this agent sees them now: whatever the caller
+        believed when it proved the copies held elsewhere."""
         placement = self.admission.placement(dataset)
-        if self.region in (*placement.regions, *placement.failover_order):
-            raise RefusedError(
-                f"dataset {dataset}: the applied policy (policy {placement.policy}, as this "
-                f"agent sees it) still places it in {self.region}; apply a policy without "
-                "this region first"
-            )
-        owner = await self.admission.owner_now(dataset)
-        if owner is not None and self.region in (owner.region, owner.handover_to):
-            raise RefusedError(
-                f"dataset {dataset}: etcd names {self.region} its owner (epoch "
-                f"{owner.epoch}) or a handover's target; `meridian switchover` it to a "
-                "region of its placement first"
-            )
+        owner = None
+        if self.region not in (*placement.regions, *placement.failover_order):
+            found = await self.admission.owner_now(dataset)
+            if found is not None:
+                owner = OwnerSeen(found.region, found.epoch, found.handover_to)
+        why = eviction_refused(placement, self.region, owner, seen_by="this agent")
+        if why is not None:
+            raise RefusedError(why)
 
     async def CommitSet(  # noqa: N802
         self, request: agent_pb2.CommitSetRequest, context: Context

@@ -210,12 +210,15 @@ def refresh_sets_of(conn: sqlite3.Connection, dataset: str, key: str, hlc: str) 
     return [set_id for set_id in ids if refresh_set(conn, dataset, set_id)]
 
 
-def sets_naming(conn: sqlite3.Connection, dataset: str, key: str) -> list[tuple[str, str]]:
-    """(set id, HLC) of every set of `dataset` with a member `key`."""
+def sets_naming(
+    conn: sqlite3.Connection, dataset: str, key: str, *, complete_only: bool = False
+) -> list[tuple[str, str]]:
+    """(set id, HLC) of every set of `dataset` with a member `key` (only the complete
+    ones with `complete_only`)."""
     found: list[tuple[str, str]] = conn.execute(
         "SELECT DISTINCT s.set_id, s.hlc FROM set_members AS m JOIN sets AS s"
         " ON s.dataset = m.dataset AND s.set_id = m.set_id"
-        " WHERE m.dataset = ? AND m.key = ?",
-        (dataset, key),
+        " WHERE m.dataset = ? AND m.key = ? AND (s.complete = 1 OR NOT ?)",
+        (dataset, key, complete_only),
     ).fetchall()
     return found

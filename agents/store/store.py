@@ -1682,12 +1682,13 @@ class ObjectStore:
         or newer (`meridian dataset evict`). Kept, each named with why: an object
         written here since (newer); one whose change event this store has not yet
         published (the event would name a version nobody could then send); one that a
-        set readers may see here names (the newest complete set, or a newer one: what
-        pruning pins), unless every such set is in `proven_sets` (id, HLC text: shown
-        complete elsewhere, that very record). A key not held is skipped. Each version
-        is journalled `removed` (reason `evicted`), so the catalog forgets this region's
-        copies, and each object goes in a transaction of its own, under its lock: an
-        eviction cut short leaves every object whole or gone."""
+        complete set readers may see names (this agent's newest complete set or a newer
+        one, none older than the newest of `proven_sets`), unless every such set is in
+        `proven_sets` (id, HLC text: shown complete elsewhere, that very record). A key
+        not held is skipped. Each version is journalled `removed` (reason `evicted`), so
+        the catalog forgets this region's copies, and each object goes in a transaction
+        of its own, under its lock: an eviction cut short leaves every object whole or
+        gone."""
         dataset = check_name("dataset", dataset)
         checked = [(check_name("key", key), at) for key, at in keys]  # all before any goes
         proven = set(proven_sets)
@@ -1731,11 +1732,16 @@ class ObjectStore:
             "SELECT 1 FROM outbox WHERE dataset = ? AND key = ? LIMIT 1", (dataset, key)
         ).fetchone():
             return "its change event is not yet published from here"
-        floor = rows.set_floor(conn, dataset)
+        # In a region of several agents, sets stay on the agent that took them and
+        # readers see the newest complete one of all: a proven set at least as new as
+        # this agent's own newest is the floor (else an agent whose newest is older
+        # would keep those members at every run). A set this agent holds incomplete is
+        # shown to nobody, and cannot complete once a member goes: it pins nothing.
+        floor = max([rows.set_floor(conn, dataset) or "", *(hlc for _, hlc in proven)])
         visible = sorted(
             set_id
-            for set_id, hlc in rows.sets_naming(conn, dataset, key)
-            if hlc >= (floor or "") and (set_id, hlc) not in proven
+            for set_id, hlc in rows.sets_naming(conn, dataset, key, complete_only=True)
+            if hlc >= floor and (set_id, hlc) not in proven
         )
         if visible:
             return f"named by version set {visible[0]}, not shown complete elsewhere"

@@ -8,7 +8,7 @@ import pytest
 
 from agents.store import ObjectStore
 from controlplane.domain.hlc import HLC
-from controlplane.errors import InvalidInputError, NotFoundError
+from controlplane.errors import InvalidInputError, MeridianError, NotFoundError
 
 
 def test_evict_forgets_whole_objects_and_keeps_newer_writes(store: ObjectStore) -> None:
@@ -83,3 +83,31 @@ def test_evict_keeps_an_object_whose_change_event_is_not_yet_published(
     done = store.evict("logs", [("a", v.hlc)])
     assert done.objects == 0 and "not yet published" in dict(done.kept)["a"]
     assert [s.version for s in store.versions("logs", "a")] == [v]
+
+
+def test_evict_judges_sets_against_the_regions_newest_proven_set(store: ObjectStore) -> None:
+    """In a region of several agents a set stays on the agent that took it: this agent's
+    own newest complete set is older than the region's, which readers see. Proven, that
+    newer set is the floor; and a set held incomplete here is shown to nobody."""
+    a = store.put("ckpt", "a", [b"a"])
+    b = store.put("ckpt", "b", [b"b"])
+    own = store.commit_set("ckpt", "step-1", {"a": a.hlc, "b": b.hlc})
+    asked = [("a", a.hlc), ("b", b.hlc)]
+    # Nothing proven: step-1 is the newest complete set here and readers may see it.
+    assert dict(store.evict("ckpt", asked).kept).keys() == {"a", "b"}
+    # A newer set, taken by another agent, proven elsewhere: step-1 pins nothing now...
+    region_newest = HLC(own.hlc.wall_ms + 10, 0, "eu-west")
+    # ...nor does a newer set that names b and is incomplete here (c never came).
+    pending = HLC(own.hlc.wall_ms + 20, 0, "eu-central")
+    store.apply_set("ckpt", "step-3", pending, {"b": b.hlc, "c": pending})
+    with pytest.raises(MeridianError):
+        store.get_set("ckpt", "step-3")  # incomplete: readers are not shown it
+    done = store.evict("ckpt", asked, proven_sets={("step-2", str(region_newest))})
+    assert (done.objects, done.kept) == (2, ())
+    for key in ("a", "b"):
+        assert store.versions("ckpt", key) == []
+    # A complete set of this agent newer than the proven one still pins what it names.
+    c = store.put("ckpt", "c", [b"c"])
+    store.commit_set("ckpt", "step-4", {"c": c.hlc})
+    kept = store.evict("ckpt", [("c", c.hlc)], proven_sets={("step-2", str(region_newest))})
+    assert kept.objects == 0 and "version set step-4" in dict(kept.kept)["c"]

@@ -28,8 +28,9 @@ the agents, not the catalog (whose records ship behind them):
    again, and every agent of the region is asked to forget what it proves
    (`Evict`, in pages). Each agent refuses the whole call on the same rules as
    above, as it sees them, and keeps, under the object's lock, an object written
-   there since, one whose change event it has not yet published, and one a set it
-   shows names unless that set was proven.
+   there since, one whose change event it has not yet published, and one a complete
+   set readers may see names (none older than the proven set: in a region of several
+   agents each keeps its own sets) unless that set was proven.
 5. The region is listed again: whatever it still holds is reported (exit 3).
 
 The agents journal each version `removed`, so the catalog (and `audit residency`)
@@ -39,15 +40,16 @@ is not touched.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agents.client import AgentClient, ObjectInfo
+from agents.replication.peers import registered_endpoint
 from agents.replication.sync import copies_needed
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.domain.eviction import OwnerSeen, eviction_refused
 from controlplane.domain.hlc import HLC
 from controlplane.domain.placement import Placement
 from controlplane.domain.version_set import VersionSet
@@ -376,18 +378,11 @@ async def _placement(coord: Coordination, dataset: str) -> Placement:
 
 
 async def _refuse(coord: Coordination, placement: Placement, region: str) -> None:
-    dataset = placement.dataset
-    if region in (*placement.regions, *placement.failover_order):
-        raise RefusedError(
-            f"dataset {dataset}: the applied policy (policy {placement.policy}) still places "
-            f"it in {region}; apply a policy without {region} first, then evict"
-        )
-    owner = await Ownership(coord).get(dataset)
-    if owner is not None and region in (owner.region, owner.handing_over_to):
-        raise RefusedError(
-            f"dataset {dataset}: etcd names {region} its owner (epoch {owner.epoch}) or a "
-            "handover's target; `meridian switchover` it to a region of its placement first"
-        )
+    found = await Ownership(coord).get(placement.dataset)
+    owner = None if found is None else OwnerSeen(found.region, found.epoch, found.handing_over_to)
+    why = eviction_refused(placement, region, owner)
+    if why is not None:
+        raise RefusedError(why)
 
 
 async def _agents(coord: Coordination, route: Route, region: str) -> list[str]:
@@ -418,16 +413,7 @@ async def _one_agent(coord: Coordination, route: Route, region: str) -> str:
 
 async def _registered(coord: Coordination, region: str) -> list[str]:
     kvs, _ = await coord.get_prefix(keys.agents_of(region))
-    out: list[str] = []
-    for kv in kvs:
-        try:
-            doc = json.loads(kv.value)
-        except ValueError:
-            continue
-        endpoint = doc.get("endpoint") if isinstance(doc, dict) else None
-        if isinstance(endpoint, str) and endpoint:
-            out.append(endpoint)
-    return sorted(out)
+    return sorted(e for e in map(registered_endpoint, (kv.value for kv in kvs)) if e is not None)
 
 
 async def _listing(address: str, dataset: str, timeout_s: float, *, lowest: bool) -> Listing:

@@ -1,0 +1,42 @@
+"""`eviction_refused`: the one rule by which the CLI and each agent refuse to evict a
+region's copies (controlplane/domain/eviction.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.domain.eviction import OwnerSeen, eviction_refused
+from controlplane.domain.placement import Placement
+
+PLACED = Placement(
+    dataset="ckpt/a",
+    policy="checkpoints",
+    dataset_class="critical",
+    home="eu-west",
+    replicas=("eu-central",),
+    residency=("EU",),
+    rpo_s=0,
+    failover_mode="automatic",
+    failover_order=("eu-central", "eu-south"),
+)
+
+
+@pytest.mark.parametrize("region", ["eu-west", "eu-central", "eu-south"])
+def test_a_region_the_policy_places_it_in_is_refused(region: str) -> None:
+    why = eviction_refused(PLACED, region, None, seen_by="this agent")
+    assert why is not None and f"still places it in {region}" in why
+    assert "as this agent sees it" in why
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [OwnerSeen("eu-north", 4), OwnerSeen("eu-west", 5, handover_to="eu-north")],
+)
+def test_the_owner_or_a_handovers_target_is_refused(owner: OwnerSeen) -> None:
+    why = eviction_refused(PLACED, "eu-north", owner)
+    assert why is not None and "names eu-north its owner" in why
+
+
+def test_a_region_neither_placed_nor_owning_may_evict() -> None:
+    assert eviction_refused(PLACED, "eu-north", OwnerSeen("eu-west", 4)) is None
+    assert eviction_refused(PLACED, "eu-north", None) is None
