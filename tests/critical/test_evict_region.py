@@ -1,0 +1,113 @@
+"""`meridian dataset evict` of a region of two agents: each agent is asked, a version set
+taken by one of them goes with its members once the placement shows it complete, and a
+run that leaves the region holding nothing exits 0. Real agent processes (one in
+eu-west, one in eu-central, two in eu-north), etcd, the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+from critical_helpers import critical_policy_doc, topology_doc
+from harness.agent_process import AgentProcess
+from harness.controllers import apply_world, run_cli
+from placement.region_harness import RegionOfAgents
+from waiting import until
+
+from agents.client import AgentClient
+from agents.routing.peers import ROUTED_KEY
+from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.domain.version import Version
+from meridian.v1 import agent_pb2, agent_pb2_grpc
+
+DS = "tri/ev-region"
+KEYS = [f"shard-{i}" for i in range(8)]
+
+
+def policy(tri_replicas: list[str]) -> str:
+    return topology_doc("critical") + critical_policy_doc("tri", "tri/*", tri_replicas, "quorum")
+
+
+async def newest(address: str) -> dict[str, Version]:
+    async with AgentClient(address) as client:
+        return {o.key: o.version for o in await client.list(DS, include_deleted=True)}
+
+
+async def own(address: str) -> set[str]:
+    """The keys this one agent holds, deletes included (a routed call stays local)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        page = await agent_pb2_grpc.AgentStub(channel).List(
+            agent_pb2.ListRequest(dataset=DS, include_deleted=True, page_size=1000),
+            metadata=((ROUTED_KEY, "test"),),
+            timeout=30,
+        )
+    return {o.key for o in page.objects}
+
+
+def evict(env: dict[str, str]) -> tuple[int, dict[str, object], str]:
+    argv = ["dataset", "evict", DS, "--region", "eu-north", "--yes", "--output", "json"]
+    done = run_cli(argv, env)
+    return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}, done.stderr
+
+
+async def test_every_agent_of_the_region_is_asked_and_a_clean_region_exits_0(
+    tmp_path: Path, critical_world: dict[str, str], coord: EtcdCoordination
+) -> None:
+    world = tmp_path / "world"
+    apply_world(world, critical_world, policy(["eu-central", "eu-north"]))
+    placed = {
+        r: AgentProcess(r, tmp_path / r, critical_world, tmp_path / f"{r}.log")
+        for r in ("eu-west", "eu-central")
+    }
+    north = RegionOfAgents(tmp_path / "north", critical_world, "eu-north", lease_ttl_s=10)
+    try:
+        for proc in placed.values():
+            proc.start()
+        north.add(2)
+        await north.wait_settled(2)
+        west = placed["eu-west"]
+        await Ownership(coord).claim(DS, "eu-west", expect_epoch=0, reason="home", actor="t")
+        async with AgentClient(west.address) as client:
+            written = {k: await client.put(DS, k, f"{k} of step 1".encode()) for k in KEYS}
+            await client.delete(DS, KEYS[-1])
+            await client.commit_set(DS, "step-1", {k: written[k].hlc for k in KEYS[:4]})
+        expected = await newest(west.address)
+
+        async def north_holds_it() -> bool:
+            return await newest(north.agents[0].address) == expected
+
+        await until(north_holds_it, 30, what="eu-north holding what the owner holds")
+        held = {a.address: await own(a.address) for a in north.agents}
+        assert all(held.values()), held  # both agents hold copies: both must be asked
+
+        apply_world(world, critical_world, policy(["eu-central"]))
+        result: tuple[int, dict[str, object], str] = (0, {}, "")
+
+        async def evicted() -> bool:
+            nonlocal result
+            result = await asyncio.to_thread(evict, critical_world)
+            agents = result[1].get("agents")
+            assert isinstance(agents, list), result
+            return not any("as this agent sees it" in str(a["error"]) for a in agents)
+
+        await until(evicted, 30, what="eu-north's agents to see the new policy", step_s=0.5)
+        code, done, err = result
+        assert code == 0, (err, done)
+        assert done["evicted"] == len(KEYS) and done["kept"] == [], done
+        assert done["sets"] and str(done["sets"][0]).startswith("step-1@"), done  # type: ignore[index]
+        asked = done["agents"]
+        assert isinstance(asked, list)
+        assert sorted(a["endpoint"] for a in asked) == sorted(held)
+        assert sum(int(a["objects"]) for a in asked) == sum(map(len, held.values()))
+        for proc in north.agents:
+            assert await own(proc.address) == set()
+        for proc in placed.values():  # the placement's copies are untouched
+            assert await newest(proc.address) == expected
+    finally:
+        north.stop_all()
+        for proc in placed.values():
+            if proc.running:
+                proc.stop()
