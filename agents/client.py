@@ -93,6 +93,9 @@ class Health:
     objects: int
     bytes_stored: int
     bytes_free: int
+    # None from an agent that predates them (HealthResponse).
+    tombstone_retention_ms: int | None = None
+    now_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -698,6 +701,7 @@ class AgentClient:
             )
         except grpc.aio.AioRpcError as err:
             raise self._error(err) from None
+        retention = resp.tombstone_retention_ms if resp.HasField("tombstone_retention_ms") else None
         return Health(
             live=resp.live,
             region=resp.region,
@@ -705,6 +709,8 @@ class AgentClient:
             objects=int(resp.store.objects),
             bytes_stored=int(resp.store.bytes_stored),
             bytes_free=int(resp.store.bytes_free),
+            tombstone_retention_ms=None if retention is None else int(retention),
+            now_ms=int(resp.now_ms) if resp.HasField("now_ms") else None,
         )
 
 

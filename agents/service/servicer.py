@@ -674,6 +674,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             store=agent_pb2.StoreUsage(
                 objects=usage.objects, bytes_stored=usage.bytes, bytes_free=usage.bytes_free
             ),
+            tombstone_retention_ms=1000 * self.store.tombstone_retention_s,
+            now_ms=int(time.time() * 1000),
         )
 
     # -- transfers (delegated) -------------------------------------------------------------

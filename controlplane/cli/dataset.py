@@ -139,7 +139,6 @@ def evict(
                 name,
                 region,
                 dry_run=dry_run,
-                retention_s=settings.tombstone_retention_s,
                 confirm=None if dry_run else asked,
                 progress=progress,
             )

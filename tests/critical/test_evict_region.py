@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import grpc
@@ -18,6 +19,7 @@ from waiting import until
 
 from agents.client import AgentClient
 from agents.routing.peers import ROUTED_KEY
+from agents.store.store import DEFAULT_TOMBSTONE_RETENTION_S
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.version import Version
@@ -82,6 +84,12 @@ async def test_every_agent_of_the_region_is_asked_and_a_clean_region_exits_0(
         await until(north_holds_it, 30, what="eu-north holding what the owner holds")
         held = {a.address: await own(a.address) for a in north.agents}
         assert all(held.values()), held  # both agents hold copies: both must be asked
+
+        # The retention and clock an expired delete is judged by come from these agents.
+        async with AgentClient(placed["eu-central"].address) as client:
+            health = await client.health()
+        assert health.tombstone_retention_ms == 1000 * DEFAULT_TOMBSTONE_RETENTION_S
+        assert health.now_ms is not None and abs(health.now_ms - time.time() * 1000) < 60_000
 
         apply_world(world, critical_world, policy(["eu-central"]))
         result: tuple[int, dict[str, object], str] = (0, {}, "")

@@ -67,3 +67,12 @@ def test_a_delete_held_nowhere_goes_only_once_expired_and_not_retained() -> None
     # Retained deletes: a newer delete there is its own, never sent this put.
     assert plan(listing(k=put(10)), listing(k=Version.delete(at(20))), retain=True)[0] == []
     assert plan(listing(k=put(10)), listing(k=Version.delete(at(20))))[0] == ["k"]
+
+
+def test_a_delete_held_nowhere_stays_while_the_placements_retention_is_unknown() -> None:
+    """An agent of the placement that predates saying its retention: nothing expired."""
+    here = listing(old_delete=Version.delete(at(10)))
+    evictable, kept = plan_eviction(Proof(here, [{}], 1, None, False, NOW))
+    assert evictable == [] and "does not say it" in kept[0].why
+    evictable, _ = plan_eviction(Proof(here, [{}], 1, RETENTION, False, NOW))
+    assert [k for k, _ in evictable] == ["old-delete"]

@@ -20,7 +20,9 @@ the agents, not the catalog (whose records ship behind them):
    readable (a copy whose bytes startup repair found gone does not count). A delete
    also counts as held by a region showing nothing of the object once it is older
    than the tombstone retention and no placement region shows an older version
-   (what an expired delete leaves), unless the placement retains deletes.
+   (what an expired delete leaves), unless the placement retains deletes. The
+   retention and the clock are the placement's agents' (the longest and the earliest
+   of their `Health` answers): they are the ones that forget deletes.
 3. The region's newest complete version set is proven the same way (the same id,
    HLC and members, complete there); an object a set readers may see names goes
    only with its set proven (the agent checks).
@@ -152,7 +154,7 @@ class Proof:
     here: Listing
     placement: list[Listing]
     need: int
-    retention_ms: int
+    retention_ms: int | None  # the placement's agents' (None: unknown, nothing expired)
     retains_deletes: bool
     now_ms: int
 
@@ -187,8 +189,8 @@ def plan_eviction(proof: Proof) -> tuple[list[tuple[str, HLC]], list[Kept]]:
             else:
                 collides = True
         if mine.is_tombstone and not older_shown and not proof.retains_deletes:
-            expired = proof.now_ms - mine.hlc.wall_ms >= proof.retention_ms
-            if expired:
+            retention = proof.retention_ms
+            if retention is not None and proof.now_ms - mine.hlc.wall_ms >= retention:
                 held += sum(1 for listing in proof.placement if key not in listing)
         if held >= proof.need:
             evictable.append((key, mine.hlc))
@@ -208,7 +210,10 @@ def _why(
         return f"{shown}; one holds it with its bytes lost (a resync restores them)"
     if not there:
         if tombstone:
-            return f"{shown}: a delete younger than the tombstone retention, or retained"
+            return (
+                f"{shown}: a delete younger than the placement's tombstone retention "
+                "(or one of its agents does not say it), or retained"
+            )
         return f"{shown}: no region of the placement holds it (its only copy)"
     return f"{shown} (their newest: {', '.join(sorted(set(there)))}): not replicated yet"
 
@@ -220,7 +225,6 @@ async def evict_dataset(
     region: str,
     *,
     dry_run: bool,
-    retention_s: float,
     confirm: Callable[[Eviction], Awaitable[bool]] | None = None,
     progress: Progress | None = None,
     timeout_s: float = 60.0,
@@ -230,7 +234,7 @@ async def evict_dataset(
     placement = await _placement(coord, dataset)
     await _refuse(coord, placement, region)
     agents = await _agents(coord, route, region)
-    plan = await _prove(coord, route, placement, region, agents, retention_s, timeout_s)
+    plan = await _prove(coord, route, placement, region, agents, timeout_s)
     plan.dry_run = dry_run
     if dry_run:
         return plan
@@ -246,7 +250,7 @@ async def evict_dataset(
         )
     await _refuse(coord, placement, region)
     shown = {key for key, _ in plan.evictable}
-    plan = await _prove(coord, route, placement, region, agents, retention_s, timeout_s)
+    plan = await _prove(coord, route, placement, region, agents, timeout_s)
     plan.kept += [Kept(k, at.text, NOT_SHOWN) for k, at in plan.evictable if k not in shown]
     plan.evictable = [(k, at) for k, at in plan.evictable if k in shown]
     for endpoint in agents:
@@ -281,7 +285,6 @@ async def _prove(
     placement: Placement,
     region: str,
     agents: list[str],
-    retention_s: float,
     timeout_s: float,
 ) -> Eviction:
     dataset = placement.dataset
@@ -299,17 +302,40 @@ async def _prove(
                 f"nothing {region} holds can be shown held there; try again once it answers"
             ) from exc
     need = copies_needed(placement) if placement.dataset_class == "critical" else 1
-    proof = Proof(
-        here,
-        listings,
-        need,
-        int(retention_s * 1000),
-        placement.deletes == "retain",
-        int(time.time() * 1000),
-    )
+    retention_ms, now_ms = await _expiry_clock(coord, route, placement, timeout_s)
+    proof = Proof(here, listings, need, retention_ms, placement.deletes == "retain", now_ms)
     evictable, kept = plan_eviction(proof)
     sets = await _proven_sets(agents[0], list(theirs.values()), dataset, need, timeout_s)
     return Eviction(dataset, region, evictable, sets, kept, dry_run=False)
+
+
+async def _expiry_clock(
+    coord: Coordination, route: Route, placement: Placement, timeout_s: float
+) -> tuple[int | None, int]:
+    """The tombstone retention and the time an expired delete is judged by, as the
+    placement's agents (the ones that forget deletes) keep them: the longest retention
+    of all and the earliest clock of all, this host's included. The retention is None
+    (no delete counts as expired) when an agent predates saying it."""
+    longest: int | None = 0
+    earliest = int(time.time() * 1000)
+    for other in placement.regions:
+        for endpoint in await _registered(coord, other):
+            address = route(other, endpoint)
+            try:
+                async with AgentClient(address, timeout_s=timeout_s) as client:
+                    health = await client.health()
+            except MeridianError as exc:
+                raise UnavailableError(
+                    f"an agent of region {other} ({address}) of {placement.dataset}'s "
+                    f"placement cannot say how long it keeps deletes ({exc}); try again "
+                    "once it answers"
+                ) from exc
+            if health.tombstone_retention_ms is None or health.now_ms is None:
+                longest = None
+            elif longest is not None:
+                longest = max(longest, health.tombstone_retention_ms)
+                earliest = min(earliest, health.now_ms)
+    return longest, earliest
 
 
 async def _proven_sets(
