@@ -6,21 +6,15 @@ region, the home included."""
 
 from __future__ import annotations
 
+from placements import critical as placed
+
 from agents.replication.sync import copies_needed, copy_regions, push_targets
 from controlplane.domain.placement import Placement
 
 
 def critical(home: str, replicas: tuple[str, ...]) -> Placement:
-    return Placement(
-        dataset="ckpt/a",
-        policy="checkpoints",
-        dataset_class="critical",
-        home=home,
-        replicas=replicas,
-        residency=("EU",),
-        rpo_s=0,
-        failover_mode="automatic",
-        failover_order=replicas,
+    return placed(
+        "ckpt/a", home=home, replicas=replicas, policy="checkpoints", failover_mode="automatic"
     )
 
 

@@ -24,6 +24,7 @@ from harness.agent_process import AgentProcess
 from harness.cli_schema import check_output
 from harness.controllers import run_cli
 from harness.fake_peers import StaticPeers, serving
+from placements import critical
 from waiting import until
 
 from agents.admission import Admitted
@@ -34,7 +35,6 @@ from agents.store import ObjectStore
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.hlc import HybridClock
-from controlplane.domain.placement import Placement
 from controlplane.errors import UnavailableError
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
@@ -150,18 +150,7 @@ async def test_a_replica_answers_basis_missing_before_reading_a_frame(
     assert resp.region == "eu-central"
 
 
-PAIR = Placement(
-    dataset="pair/late",
-    policy="pair",
-    dataset_class="critical",
-    home="eu-west",
-    replicas=("eu-central",),
-    residency=("EU",),
-    rpo_s=0,
-    ack="quorum",
-    failover_mode="manual",
-    failover_order=("eu-central",),
-)
+PAIR = critical("pair/late", replicas=("eu-central",), policy="pair")
 
 
 class LateBasisMissing(agent_pb2_grpc.AgentServicer):

@@ -28,6 +28,7 @@ from typing import NamedTuple, Protocol
 import grpc
 import pytest
 from harness.fake_peers import serving
+from placements import critical
 from waiting import until
 
 from agents.admission import Admitted, OwnerRecord
@@ -38,23 +39,11 @@ from agents.service import CommittedWrite
 from agents.store import CHUNK_BYTES, ObjectStore, ShortStreamError
 from controlplane.coordination.protocols.fencing import StaleEpochError
 from controlplane.domain.hlc import HybridClock
-from controlplane.domain.placement import Placement
 from controlplane.errors import FencedError, MeridianError, UnavailableError
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 DS = "tri/early"
-PLACEMENT = Placement(
-    dataset=DS,
-    policy="crit",
-    dataset_class="critical",
-    home="eu-central",
-    replicas=("eu-west", "eu-north"),
-    residency=("EU",),
-    rpo_s=0,
-    ack="quorum",
-    failover_mode="manual",
-    failover_order=("eu-west", "eu-north"),
-)
+PLACEMENT = critical(DS, home="eu-central", replicas=("eu-west", "eu-north"))
 STALE = "epoch 3 is older than 4"  # the replicas' fence of the write (admitted at 3)
 
 OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]

@@ -14,28 +14,17 @@ from pathlib import Path
 
 import grpc
 from harness.fake_peers import serving
+from placements import critical
 
 from agents.replication.sync import SyncReplication
 from agents.store import ObjectStore
 from controlplane.domain.hlc import HLC, HybridClock
-from controlplane.domain.placement import Placement
 from controlplane.domain.version import Digest, Version
 from meridian.convert import version_to_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 DS = "tri/proofs"
-PLACEMENT = Placement(
-    dataset=DS,
-    policy="crit",
-    dataset_class="critical",
-    home="eu-central",
-    replicas=("eu-west", "eu-north"),
-    residency=("EU",),
-    rpo_s=0,
-    ack="quorum",
-    failover_mode="manual",
-    failover_order=("eu-west", "eu-north"),
-)
+PLACEMENT = critical(DS, home="eu-central", replicas=("eu-west", "eu-north"))
 PUT = Version.put(HLC(1_000, 0, "eu-central"), 1, Digest.of(b"x"))
 GONE = Version.delete(HLC(2_000, 0, "eu-central"))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fakes.admission import compiled
 from fakes.coordination import MemoryCoordination
+from placements import critical
 from waiting import until
 
 from agents.daemon import holdings
@@ -20,7 +21,6 @@ from agents.store import ObjectStore
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.coordination.protocols.holdings import listing_digest
 from controlplane.domain.hlc import HybridClock
-from controlplane.domain.placement import Placement
 from controlplane.errors import UnavailableError
 
 
@@ -88,16 +88,8 @@ async def test_the_publisher_paces_its_summaries_by_their_cost(
 ) -> None:
     readings = iter([10.0, 10.005, 20.0, 25.0])  # CPU clock: a summary of 5 ms, then 5 s
     monkeypatch.setattr(holdings.time, "thread_time", lambda: next(readings))
-    placement = Placement(
-        dataset="ckpt/x",
-        policy="checkpoints",
-        dataset_class="critical",
-        home="eu-west",
-        replicas=("eu-central",),
-        residency=("EU",),
-        rpo_s=0,
-        failover_mode="automatic",
-        failover_order=("eu-central",),
+    placement = critical(
+        "ckpt/x", replicas=("eu-central",), policy="checkpoints", failover_mode="automatic"
     )
     policy = compiled({"eu-west": "EU", "eu-central": "EU"}, [placement])
     with ObjectStore(tmp_path / "a", clock=HybridClock("eu-west")) as a:

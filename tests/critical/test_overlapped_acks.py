@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from placements import critical
 from waiting import until
 
 from agents.admission import Admitted
@@ -16,21 +17,10 @@ from agents.replication import SyncReplication
 from agents.service.servicer import CommittedWrite
 from agents.store import ObjectStore, StorageError
 from controlplane.domain.hlc import HybridClock
-from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
 from controlplane.errors import UnavailableError
 
-PLACEMENT = Placement(
-    dataset="ckpt/overlap",
-    policy="checkpoints",
-    dataset_class="critical",
-    home="eu-west",
-    replicas=("eu-central", "eu-north"),
-    residency=("EU",),
-    rpo_s=0,
-    failover_mode="automatic",
-    failover_order=("eu-central", "eu-north"),
-)
+PLACEMENT = critical("ckpt/overlap", policy="checkpoints", failover_mode="automatic")
 
 
 class NoPeers:

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from placements import critical
 from waiting import until
 
 from agents.admission import Admitted
@@ -17,22 +18,13 @@ from agents.replication.push_lanes import BatchRefusedError, PushLane
 from agents.service.servicer import CommittedWrite
 from controlplane.coordination.protocols.fencing import StaleEpochError
 from controlplane.domain.hlc import HybridClock
-from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
 from controlplane.errors import MeridianError
 
 REGION = "eu-north"
 CLOCK = HybridClock("eu-west")
-PLACEMENT = Placement(
-    dataset="ckpt/lanes",
-    policy="checkpoints",
-    dataset_class="critical",
-    home="eu-west",
-    replicas=("eu-central", REGION),
-    residency=("EU",),
-    rpo_s=0,
-    failover_mode="automatic",
-    failover_order=("eu-central", REGION),
+PLACEMENT = critical(
+    "ckpt/lanes", replicas=("eu-central", REGION), policy="checkpoints", failover_mode="automatic"
 )
 
 

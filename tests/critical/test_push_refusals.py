@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from placements import critical
 from waiting import until
 
 from agents.admission import Admitted, OwnerRecord
@@ -80,16 +81,8 @@ class Addresses:
 
 
 def placement() -> Placement:
-    return Placement(
-        dataset=DATASET,
-        policy="checkpoints",
-        dataset_class="critical",
-        home=OWNER,
-        replicas=REPLICAS,
-        residency=("EU",),
-        rpo_s=0,
-        failover_mode="automatic",
-        failover_order=REPLICAS,
+    return critical(
+        DATASET, home=OWNER, replicas=REPLICAS, policy="checkpoints", failover_mode="automatic"
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from fakes.admission import MemoryOwners, StaticPolicy, compiled
+from placements import critical as placed
 
 from agents.admission import Admission
 from agents.metrics import AgentMetrics
@@ -20,18 +21,7 @@ from controlplane.errors import FencedError
 
 
 def critical(replicas: tuple[str, ...], ack: str = "quorum") -> Placement:
-    return Placement(
-        dataset="crit/a",
-        policy="crit",
-        dataset_class="critical",
-        home="eu-west",
-        replicas=replicas,
-        residency=("EU",),
-        rpo_s=0,
-        ack=ack,  # type: ignore[arg-type]
-        failover_mode="manual",
-        failover_order=replicas,
-    )
+    return placed("crit/a", replicas=replicas, ack=ack)
 
 
 def replica(owners: MemoryOwners) -> tuple[Admission, FencedResource, AgentMetrics]:

@@ -13,6 +13,7 @@ import contextlib
 import threading
 from pathlib import Path
 
+from placements import critical
 from waiting import until
 
 from agents.admission import Admitted
@@ -28,18 +29,7 @@ REPLICAS = ("eu-central", "eu-north")
 
 
 def placement(dataset: str) -> Placement:
-    return Placement(
-        dataset=dataset,
-        policy="crit",
-        dataset_class="critical",
-        home="eu-west",
-        replicas=REPLICAS,
-        residency=("EU",),
-        rpo_s=0,
-        ack="quorum",
-        failover_mode="manual",
-        failover_order=REPLICAS,
-    )
+    return critical(dataset, replicas=REPLICAS)
 
 
 class NoPeers:

@@ -25,6 +25,7 @@ import grpc
 import pytest
 from fakes.admission import MemoryOwners, StaticPolicy, compiled
 from harness.fake_peers import StaticPeers
+from placements import critical
 from waiting import until
 
 from agents.admission import Admission, Admitted
@@ -35,7 +36,6 @@ from agents.service.outcome import Context, unary
 from agents.store import ObjectStore
 from controlplane.coordination.protocols.fencing import FencedResource
 from controlplane.domain.hlc import HLC, HybridClock
-from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
 from controlplane.errors import InvalidInputError, UnavailableError
 from meridian.convert import version_from_wire, version_to_wire
@@ -43,18 +43,7 @@ from meridian.v1 import agent_pb2
 
 DS = "tri/proofs"
 REGIONS = ("eu-west", "eu-central", "eu-north")
-PLACEMENT = Placement(
-    dataset=DS,
-    policy="crit",
-    dataset_class="critical",
-    home="eu-west",
-    replicas=("eu-central", "eu-north"),
-    residency=("EU",),
-    rpo_s=0,
-    ack="quorum",
-    failover_mode="manual",
-    failover_order=("eu-central", "eu-north"),
-)
+PLACEMENT = critical(DS)
 
 
 class StoreRewinds:

@@ -32,6 +32,7 @@ from critical_helpers import kill_all, prepare_critical_world, wait_ready
 from harness.agent_fixtures import clear_keyspace
 from harness.agent_process import AgentProcess
 from harness.fake_peers import StaticPeers
+from placements import critical
 from waiting import until
 
 from agents.admission import Admitted
@@ -45,7 +46,6 @@ from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.hlc import HybridClock
-from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
 from controlplane.errors import UnavailableError
 from controlplane.loopback import free_port
@@ -54,18 +54,7 @@ from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
-PLACEMENT = Placement(
-    dataset="tri/regions",
-    policy="tri",
-    dataset_class="critical",
-    home="eu-west",
-    replicas=("eu-central", "eu-north"),
-    residency=("EU",),
-    rpo_s=0,
-    ack="quorum",
-    failover_mode="manual",
-    failover_order=(),
-)
+PLACEMENT = critical("tri/regions", policy="tri", failover_order=())
 # The owner the versions are pushed from and rewound for: no agent runs in us-east, so
 # none makes a takeover pass of its own.
 OWNER = "us-east"

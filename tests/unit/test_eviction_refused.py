@@ -4,18 +4,14 @@ region's copies (controlplane/domain/eviction.py)."""
 from __future__ import annotations
 
 import pytest
+from placements import critical
 
 from controlplane.domain.eviction import OwnerSeen, eviction_refused
-from controlplane.domain.placement import Placement
 
-PLACED = Placement(
-    dataset="ckpt/a",
-    policy="checkpoints",
-    dataset_class="critical",
-    home="eu-west",
+PLACED = critical(
+    "ckpt/a",
     replicas=("eu-central",),
-    residency=("EU",),
-    rpo_s=0,
+    policy="checkpoints",
     failover_mode="automatic",
     failover_order=("eu-central", "eu-south"),
 )
