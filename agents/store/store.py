@@ -1692,6 +1692,10 @@ class ObjectStore:
         dataset = check_name("dataset", dataset)
         checked = [(check_name("key", key), at) for key, at in keys]  # all before any goes
         proven = set(proven_sets)
+        for _, hlc in proven:
+            # A proven set raises the floor below which no set pins (`_evict_refusal`):
+            # one stamped past this clock's skew bound is no set anyone made.
+            self.clock.check_skew(HLC.parse(hlc))
         objects = versions = size = 0
         kept: list[tuple[str, str]] = []
         for key, at in checked:
@@ -1733,10 +1737,13 @@ class ObjectStore:
         ).fetchone():
             return "its change event is not yet published from here"
         # In a region of several agents, sets stay on the agent that took them and
-        # readers see the newest complete one of all: a proven set at least as new as
-        # this agent's own newest is the floor (else an agent whose newest is older
-        # would keep those members at every run). A set this agent holds incomplete is
-        # shown to nobody, and cannot complete once a member goes: it pins nothing.
+        # readers see the newest complete one of all: a proven set newer than this
+        # agent's own newest is the floor (else an agent whose newest is older would
+        # keep those members at every run). A set this agent holds incomplete is shown
+        # to nobody and cannot complete once a member goes: it pins nothing. (Nothing
+        # sends this region copies once it is out of the placement, so a set waiting
+        # for a member, or for a lost member's bytes to be restored, would wait for
+        # good; the placement holds the versions it names, each proven.)
         floor = max([rows.set_floor(conn, dataset) or "", *(hlc for _, hlc in proven)])
         visible = sorted(
             set_id

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from agents.store import ObjectStore
+from controlplane.domain.errors import ClockSkewError
 from controlplane.domain.hlc import HLC
 from controlplane.errors import InvalidInputError, MeridianError, NotFoundError
 
@@ -111,3 +112,13 @@ def test_evict_judges_sets_against_the_regions_newest_proven_set(store: ObjectSt
     store.commit_set("ckpt", "step-4", {"c": c.hlc})
     kept = store.evict("ckpt", [("c", c.hlc)], proven_sets={("step-2", str(region_newest))})
     assert kept.objects == 0 and "version set step-4" in dict(kept.kept)["c"]
+
+
+def test_a_proven_set_stamped_past_the_clocks_skew_bound_is_refused(store: ObjectStore) -> None:
+    """It would raise the floor above every set readers may see: no set anyone made."""
+    a = store.put("ckpt", "a", [b"a"])
+    store.commit_set("ckpt", "step-1", {"a": a.hlc})
+    ahead = HLC(a.hlc.wall_ms + 3_600_000, 0, "eu-west")
+    with pytest.raises(ClockSkewError):
+        store.evict("ckpt", [("a", a.hlc)], proven_sets={("x", str(ahead))})
+    assert [s.version for s in store.versions("ckpt", "a")] == [a]

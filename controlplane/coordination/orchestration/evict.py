@@ -31,8 +31,8 @@ the agents, not the catalog (whose records ship behind them):
    (`Evict`, in pages). Each agent refuses the whole call on the same rules as
    above, as it sees them, and keeps, under the object's lock, an object written
    there since, one whose change event it has not yet published, and one a complete
-   set readers may see names (none older than the proven set: in a region of several
-   agents each keeps its own sets) unless that set was proven.
+   set names that is at least as new as both the agent's own newest complete set and
+   the proven set (readers may see it), unless that set was proven.
 5. The region is listed again: whatever it still holds is reported (exit 3).
 
 The agents journal each version `removed`, so the catalog (and `audit residency`)
@@ -190,7 +190,8 @@ def plan_eviction(proof: Proof) -> tuple[list[tuple[str, HLC]], list[Kept]]:
                 collides = True
         if mine.is_tombstone and not older_shown and not proof.retains_deletes:
             retention = proof.retention_ms
-            if retention is not None and proof.now_ms - mine.hlc.wall_ms >= retention:
+            # Strictly older, as the agents' own expiry (ObjectStore.expire_tombstones).
+            if retention is not None and proof.now_ms - mine.hlc.wall_ms > retention:
                 held += sum(1 for listing in proof.placement if key not in listing)
         if held >= proof.need:
             evictable.append((key, mine.hlc))
@@ -212,7 +213,7 @@ def _why(
         if tombstone:
             return (
                 f"{shown}: a delete younger than the placement's tombstone retention "
-                "(or one of its agents does not say it), or retained"
+                "(or one of its agents does not say it: upgrade them), or retained"
             )
         return f"{shown}: no region of the placement holds it (its only copy)"
     return f"{shown} (their newest: {', '.join(sorted(set(there)))}): not replicated yet"
@@ -289,6 +290,12 @@ async def _prove(
 ) -> Eviction:
     dataset = placement.dataset
     here = await _listing(agents[0], dataset, timeout_s, lowest=False)
+    retention_ms: int | None = None
+    # Before the placement's listings: a "now" no later than them (an absence they
+    # show is judged by a clock read before it was seen).
+    now_ms = int(time.time() * 1000)
+    if placement.deletes != "retain" and any(o.version.is_tombstone for o in here.values()):
+        retention_ms, now_ms = await _expiry_clock(coord, route, placement, timeout_s)
     theirs: dict[str, str] = {}
     listings: list[Listing] = []
     for other in placement.regions:
@@ -302,7 +309,6 @@ async def _prove(
                 f"nothing {region} holds can be shown held there; try again once it answers"
             ) from exc
     need = copies_needed(placement) if placement.dataset_class == "critical" else 1
-    retention_ms, now_ms = await _expiry_clock(coord, route, placement, timeout_s)
     proof = Proof(here, listings, need, retention_ms, placement.deletes == "retain", now_ms)
     evictable, kept = plan_eviction(proof)
     sets = await _proven_sets(agents[0], list(theirs.values()), dataset, need, timeout_s)
@@ -315,11 +321,13 @@ async def _expiry_clock(
     """The tombstone retention and the time an expired delete is judged by, as the
     placement's agents (the ones that forget deletes) keep them: the longest retention
     of all and the earliest clock of all, this host's included. The retention is None
-    (no delete counts as expired) when an agent predates saying it."""
-    longest: int | None = 0
+    (no delete counts as expired) when an agent predates saying it, or when the route
+    map sends the calls meant for one agent to another (a proxy): not every agent
+    could be asked."""
+    longest = 0
     earliest = int(time.time() * 1000)
     for other in placement.regions:
-        for endpoint in await _registered(coord, other):
+        for agent_id, endpoint in await _registrations(coord, other):
             address = route(other, endpoint)
             try:
                 async with AgentClient(address, timeout_s=timeout_s) as client:
@@ -330,11 +338,14 @@ async def _expiry_clock(
                     f"placement cannot say how long it keeps deletes ({exc}); try again "
                     "once it answers"
                 ) from exc
+            if health.agent_id != agent_id:
+                log.warning("evict_expiry_unknown", region=other, agent=agent_id, asked=address)
+                return None, earliest
             if health.tombstone_retention_ms is None or health.now_ms is None:
-                longest = None
-            elif longest is not None:
-                longest = max(longest, health.tombstone_retention_ms)
-                earliest = min(earliest, health.now_ms)
+                log.warning("evict_expiry_unknown", region=other, agent=agent_id, old=True)
+                return None, earliest
+            longest = max(longest, health.tombstone_retention_ms)
+            earliest = min(earliest, health.now_ms)
     return longest, earliest
 
 
@@ -438,8 +449,19 @@ async def _one_agent(coord: Coordination, route: Route, region: str) -> str:
 
 
 async def _registered(coord: Coordination, region: str) -> list[str]:
-    kvs, _ = await coord.get_prefix(keys.agents_of(region))
-    return sorted(e for e in map(registered_endpoint, (kv.value for kv in kvs)) if e is not None)
+    return sorted(endpoint for _, endpoint in await _registrations(coord, region))
+
+
+async def _registrations(coord: Coordination, region: str) -> list[tuple[str, str]]:
+    """(agent id, endpoint) of each agent registered in `region`."""
+    prefix = keys.agents_of(region)
+    kvs, _ = await coord.get_prefix(prefix)
+    out = []
+    for kv in kvs:
+        endpoint = registered_endpoint(kv.value)
+        if endpoint is not None:
+            out.append((kv.key.removeprefix(prefix), endpoint))
+    return sorted(out)
 
 
 async def _listing(address: str, dataset: str, timeout_s: float, *, lowest: bool) -> Listing:
