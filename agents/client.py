@@ -347,15 +347,18 @@ class AgentClient:
         dataset: str,
         keys: Sequence[tuple[str, HLC]],
         sets: Sequence[tuple[str, str]] = (),
+        *,
+        policy_revision: int = 0,
     ) -> agent_pb2.EvictResponse:
         """Have this agent alone forget its copies of `keys` (key, the newest HLC listed in
         its region and proven held elsewhere) of a dataset its region no longer places,
-        `sets` being the version sets (id, HLC) proven complete elsewhere (`meridian
-        dataset evict`)."""
+        `sets` being the version sets (id, HLC) proven complete elsewhere, under the
+        applied policy's `policy_revision` (`meridian dataset evict`)."""
         req = agent_pb2.EvictRequest(
             dataset=dataset,
             keys=[agent_pb2.EvictKey(key=k, version=str(v)) for k, v in keys],
             sets=[agent_pb2.EvictSet(id=i, hlc=h) for i, h in sets],
+            policy_revision=policy_revision,
         )
         try:
             resp: agent_pb2.EvictResponse = await self.stub.Evict(req, timeout=self.timeout_s)

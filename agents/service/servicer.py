@@ -65,6 +65,7 @@ from controlplane.errors import (
     NotFoundError,
     OperationTimeoutError,
     RefusedError,
+    UnavailableError,
 )
 from controlplane.logs import get_logger
 from meridian.convert import (
@@ -486,7 +487,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
             for i, s in enumerate(request.sets)
         ]
-        await self._refuse_evict(dataset)
+        await self._refuse_evict(dataset, request.policy_revision)
         done = await asyncio.to_thread(self.store.evict, dataset, keys, proven)
         self.metrics.evicted_objects.labels(dataset=dataset).inc(done.objects)
         log.info(
@@ -504,11 +505,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             kept=[agent_pb2.EvictKept(key=k, why=why) for k, why in done.kept],
         )
 
-    async def _refuse_evict(self, dataset: str) -> None:
+    async def _refuse_evict(self, dataset: str, proven_under: int) -> None:
         """Refuse an eviction here on the rule of `controlplane.domain.eviction`, judged
         on the policy and the owner as this agent sees them now: whatever the caller
-        believed when it proved the copies held elsewhere."""
-        placement = self.admission.placement(dataset)
+        believed when it proved the copies held elsewhere. A proof made under another
+        policy revision than this agent's (`proven_under`, 0: not said) is refused as
+        retriable: this agent lags etcd, or the policy changed since the proof."""
+        revision, placement = self.admission.placement_at(dataset)
+        if proven_under and revision != proven_under:
+            raise UnavailableError(
+                f"dataset {dataset}: the eviction was proven under policy revision "
+                f"{proven_under}, and the applied policy, as this agent sees it, is revision "
+                f"{revision}; run it again once both agree"
+            )
         owner = None
         if self.region not in (*placement.regions, *placement.failover_order):
             found = await self.admission.owner_now(dataset)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from critical_helpers import critical_policy_doc, topology_doc
 from harness.agent_process import AgentProcess
 from harness.controllers import apply_world, run_cli
@@ -23,6 +24,7 @@ from agents.store.store import DEFAULT_TOMBSTONE_RETENTION_S
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.version import Version
+from controlplane.errors import UnavailableError
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 DS = "tri/ev-region"
@@ -112,6 +114,10 @@ async def test_every_agent_of_the_region_is_asked_and_a_clean_region_exits_0(
         assert sum(int(a["objects"]) for a in asked) == sum(map(len, held.values()))
         for proc in north.agents:
             assert await own(proc.address) == set()
+        # An agent refuses a proof made under another policy revision (retriable).
+        async with AgentClient(north.agents[1].address) as client:
+            with pytest.raises(UnavailableError, match="proven under policy revision 999999"):
+                await client.evict(DS, [], policy_revision=999_999)
         for proc in placed.values():  # the placement's copies are untouched
             assert await newest(proc.address) == expected
     finally:

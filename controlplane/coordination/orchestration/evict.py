@@ -28,11 +28,13 @@ the agents, not the catalog (whose records ship behind them):
    only with its set proven (the agent checks).
 4. Everything else stays, named with why. After confirmation the proof is made
    again, and every agent of the region is asked to forget what it proves
-   (`Evict`, in pages). Each agent refuses the whole call on the same rules as
-   above, as it sees them, and keeps, under the object's lock, an object written
-   there since, one whose change event it has not yet published, and one a complete
-   set names that is at least as new as both the agent's own newest complete set and
-   the proven set (readers may see it), unless that set was proven.
+   (`Evict`, in pages, with the applied policy's revision). Each agent refuses the
+   whole call on the same rules as above, as it sees them, and under another policy
+   revision than the proof's (retriable: asked again a few times), and keeps, under
+   the object's lock, an object written there since, one whose change event it has
+   not yet published, and one a complete set names that is at least as new as both
+   the agent's own newest complete set and the proven set (readers may see it),
+   unless that set was proven.
 5. The region is listed again: whatever it still holds is reported (exit 3).
 
 The agents journal each version `removed`, so the catalog (and `audit residency`)
@@ -42,6 +44,7 @@ is not touched.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,11 +68,15 @@ from controlplane.errors import (
 from controlplane.logs import get_logger
 from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.coordination import Coordination
+from meridian.v1 import agent_pb2
 
 log = get_logger("meridian.evict")
 
 # Keys per Evict call (the agent takes at most 1,000).
 EVICT_PAGE = 500
+# A page refused as retriable (an agent's policy lagging etcd) is asked again.
+EVICT_ATTEMPTS = 5
+EVICT_RETRY_S = 0.5
 NOT_SHOWN = "proven only after confirmation, so not shown before: run it again"
 
 Route = Callable[[str, str], str]
@@ -109,6 +116,7 @@ class Eviction:
     remaining: list[Kept] = field(default_factory=list)
     # Why the region could not be listed after the eviction (what stays is unknown).
     unlisted: str | None = None
+    policy_revision: int = 0  # the applied policy's, when the agents were asked
 
     @property
     def failed(self) -> bool:
@@ -232,7 +240,7 @@ async def evict_dataset(
 ) -> Eviction:
     """Prove (and unless `dry_run`, after `confirm`, carry out) the eviction of
     `dataset`'s copies from `region`; see the module docstring."""
-    placement = await _placement(coord, dataset)
+    _, placement = await _placement(coord, dataset)
     await _refuse(coord, placement, region)
     agents = await _agents(coord, route, region)
     plan = await _prove(coord, route, placement, region, agents, timeout_s)
@@ -244,7 +252,8 @@ async def evict_dataset(
         return plan
     # The operator may have taken a while: the policy must be the one shown, and the
     # proof is made again; only what both proofs (and the operator) allowed is asked.
-    if await _placement(coord, dataset) != placement:
+    revision, now_placed = await _placement(coord, dataset)
+    if now_placed != placement:
         raise RefusedError(
             f"dataset {dataset}: the applied policy changed while the eviction was "
             "confirmed; nothing was dropped: run it again"
@@ -254,6 +263,7 @@ async def evict_dataset(
     plan = await _prove(coord, route, placement, region, agents, timeout_s)
     plan.kept += [Kept(k, at.text, NOT_SHOWN) for k, at in plan.evictable if k not in shown]
     plan.evictable = [(k, at) for k, at in plan.evictable if k in shown]
+    plan.policy_revision = revision  # each agent refuses a proof made under another
     for endpoint in agents:
         plan.agents.append(await _evict_at(endpoint, plan, timeout_s, progress))
     try:
@@ -383,7 +393,7 @@ async def _evict_at(
         async with AgentClient(endpoint, timeout_s=timeout_s) as client:
             for at in range(0, len(plan.evictable), EVICT_PAGE):
                 page = plan.evictable[at : at + EVICT_PAGE]
-                answer = await client.evict(plan.dataset, page, plan.sets)
+                answer = await _evict_page(client, plan, page)
                 out.objects += answer.objects
                 out.versions += answer.versions
                 out.bytes += answer.bytes
@@ -401,17 +411,38 @@ async def _evict_at(
     return out
 
 
-async def _placement(coord: Coordination, dataset: str) -> Placement:
+async def _evict_page(
+    client: AgentClient, plan: Eviction, page: list[tuple[str, HLC]]
+) -> agent_pb2.EvictResponse:
+    """One page asked of one agent, again (at most EVICT_ATTEMPTS times, bounded in
+    time) while it refuses as retriable: an agent whose policy watch lags etcd by a
+    moment refuses a proof made under the revision it has not seen yet. Asking again
+    is safe: what went is skipped, what stays is judged afresh."""
+    for attempt in range(1, EVICT_ATTEMPTS + 1):
+        try:
+            return await client.evict(
+                plan.dataset, page, plan.sets, policy_revision=plan.policy_revision
+            )
+        except MeridianError as exc:
+            if not exc.retriable or attempt == EVICT_ATTEMPTS:
+                raise
+            await asyncio.sleep(EVICT_RETRY_S * attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def _placement(coord: Coordination, dataset: str) -> tuple[int, Placement]:
+    """The applied policy's revision and the dataset's placement under it."""
     kv = await coord.get(keys.POLICY_CURRENT)
     if kv is None:
         raise InvalidInputError("no policy is applied: `meridian policy apply` first")
-    placement = CompiledPolicy.from_json(kv.value, etcd_revision=kv.mod_revision).placement(dataset)
+    policy = CompiledPolicy.from_json(kv.value, etcd_revision=kv.mod_revision)
+    placement = policy.placement(dataset)
     if placement is None:
         raise InvalidInputError(
             f"dataset {dataset}: no rule of the applied policy places it, so no region can "
             "be shown to hold its copies"
         )
-    return placement
+    return policy.revision, placement
 
 
 async def _refuse(coord: Coordination, placement: Placement, region: str) -> None:
