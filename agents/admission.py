@@ -148,11 +148,6 @@ class Admission:
         """The dataset's placement under the applied policy; `NotGovernedError` when none."""
         return self._decide(dataset)[1]
 
-    def placement_at(self, dataset: str) -> tuple[int, Placement]:
-        """The applied policy's revision and the dataset's placement under it."""
-        policy, placement = self._decide(dataset)
-        return policy.revision, placement
-
     def admit_store(self, dataset: str) -> Placement:
         """This region may hold a copy of `dataset`, else `ResidencyError` (counted)."""
         policy, placement = self._decide(dataset)

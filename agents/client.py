@@ -348,17 +348,17 @@ class AgentClient:
         keys: Sequence[tuple[str, HLC]],
         sets: Sequence[tuple[str, str]] = (),
         *,
-        policy_revision: int = 0,
+        placement_digest: str = "",
     ) -> agent_pb2.EvictResponse:
         """Have this agent alone forget its copies of `keys` (key, the newest HLC listed in
         its region and proven held elsewhere) of a dataset its region no longer places,
         `sets` being the version sets (id, HLC) proven complete elsewhere, under the
-        applied policy's `policy_revision` (`meridian dataset evict`)."""
+        placement of `placement_digest` (`meridian dataset evict`)."""
         req = agent_pb2.EvictRequest(
             dataset=dataset,
             keys=[agent_pb2.EvictKey(key=k, version=str(v)) for k, v in keys],
             sets=[agent_pb2.EvictSet(id=i, hlc=h) for i, h in sets],
-            policy_revision=policy_revision,
+            placement_digest=placement_digest,
         )
         try:
             resp: agent_pb2.EvictResponse = await self.stub.Evict(req, timeout=self.timeout_s)

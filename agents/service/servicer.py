@@ -57,7 +57,7 @@ from agents.store import (
     TooLargeError,
 )
 from agents.store.store import INLINE_MAX_BYTES
-from controlplane.domain.eviction import OwnerSeen, eviction_refused
+from controlplane.domain.eviction import OwnerSeen, eviction_refused, placement_digest
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
 from controlplane.errors import (
@@ -487,7 +487,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
             for i, s in enumerate(request.sets)
         ]
-        await self._refuse_evict(dataset, request.policy_revision)
+        await self._refuse_evict(dataset, request.placement_digest)
         done = await asyncio.to_thread(self.store.evict, dataset, keys, proven)
         self.metrics.evicted_objects.labels(dataset=dataset).inc(done.objects)
         log.info(
@@ -505,18 +505,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             kept=[agent_pb2.EvictKept(key=k, why=why) for k, why in done.kept],
         )
 
-    async def _refuse_evict(self, dataset: str, proven_under: int) -> None:
+    async def _refuse_evict(self, dataset: str, proven_under: str) -> None:
         """Refuse an eviction here on the rule of `controlplane.domain.eviction`, judged
         on the policy and the owner as this agent sees them now: whatever the caller
         believed when it proved the copies held elsewhere. A proof made under another
-        policy revision than this agent's (`proven_under`, 0: not said) is refused as
-        retriable: this agent lags etcd, or the policy changed since the proof."""
-        revision, placement = self.admission.placement_at(dataset)
-        if proven_under and revision != proven_under:
+        placement than this agent's (`proven_under`, its digest; empty: not said) is
+        refused as retriable: this agent lags etcd, or the policy changed since."""
+        placement = self.admission.placement(dataset)
+        if proven_under and placement_digest(placement) != proven_under:
             raise UnavailableError(
-                f"dataset {dataset}: the eviction was proven under policy revision "
-                f"{proven_under}, and the applied policy, as this agent sees it, is revision "
-                f"{revision}; run it again once both agree"
+                f"dataset {dataset}: the eviction was proven under another placement than "
+                "the applied policy, as this agent sees it, gives; run it again once this "
+                "agent has seen the policy the CLI read (or re-apply the policy)"
             )
         owner = None
         if self.region not in (*placement.regions, *placement.failover_order):

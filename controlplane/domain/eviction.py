@@ -11,6 +11,8 @@ catch-up copies from.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 from controlplane.domain.placement import Placement
@@ -43,3 +45,12 @@ def eviction_refused(
             "handover's target; `meridian switchover` it to a region of its placement first"
         )
     return None
+
+
+def placement_digest(placement: Placement) -> str:
+    """A fingerprint of the placement a proof was made under (SHA-256 of its canonical
+    JSON): the agent compares its own with it. Not the policy's revision, whose number
+    another catalog lineage (or a restored catalog) can give to another policy, and
+    which an unrelated apply moves."""
+    text = json.dumps(placement.as_json(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()

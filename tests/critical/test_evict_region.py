@@ -114,10 +114,10 @@ async def test_every_agent_of_the_region_is_asked_and_a_clean_region_exits_0(
         assert sum(int(a["objects"]) for a in asked) == sum(map(len, held.values()))
         for proc in north.agents:
             assert await own(proc.address) == set()
-        # An agent refuses a proof made under another policy revision (retriable).
+        # An agent refuses a proof made under another placement (retriable).
         async with AgentClient(north.agents[1].address) as client:
-            with pytest.raises(UnavailableError, match="proven under policy revision 999999"):
-                await client.evict(DS, [], policy_revision=999_999)
+            with pytest.raises(UnavailableError, match="proven under another placement"):
+                await client.evict(DS, [], placement_digest="0" * 64)
         for proc in placed.values():  # the placement's copies are untouched
             assert await newest(proc.address) == expected
     finally:

@@ -85,3 +85,11 @@ async def test_a_proxy_that_answers_for_another_agent_makes_it_unknown() -> None
     ANSWERS.update({"proxy:9": health("w1", 1_000, 9_000)})
     retention, _ = await evict._expiry_clock(coord, lambda _r, _a: "proxy:9", PLACEMENT, 1.0)
     assert retention is None  # w2's call reached w1: w2's retention is not known
+
+
+async def test_a_region_with_no_agent_registered_makes_it_unknown() -> None:
+    """A retention of 0 (nobody asked) would count every delete expired."""
+    coord = await registered({"w1": ("eu-west", "w:1")})  # eu-central: nobody
+    ANSWERS.update({"w:1": health("w1", 1_000, 9_000)})
+    retention, _ = await evict._expiry_clock(coord, direct, PLACEMENT, 1.0)
+    assert retention is None

@@ -1,7 +1,7 @@
 """`_evict_page` (controlplane/coordination/orchestration/evict.py): a page an agent
-refuses as retriable (its policy watch lagging the revision the proof was made under)
-is asked again, a bounded number of times; a lasting refusal is not. Unit test: the
-agent client is faked."""
+refuses as unavailable (its policy watch lagging the placement the proof was made
+under) is asked again, a bounded number of times; a refusal, or a timeout, is not.
+Unit test: the agent client is faked."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import pytest
 from controlplane.coordination.orchestration import evict
 from controlplane.coordination.orchestration.evict import EVICT_ATTEMPTS, Eviction
 from controlplane.domain.hlc import HLC
-from controlplane.errors import MeridianError, RefusedError, UnavailableError
+from controlplane.errors import (
+    MeridianError,
+    OperationTimeoutError,
+    RefusedError,
+    UnavailableError,
+)
 from meridian.v1 import agent_pb2
 
 PAGE = [("k", HLC(1_000, 0, "eu-west"))]
@@ -21,8 +26,8 @@ class Agent:
 
     def __init__(self, lagging: int, error: MeridianError | None = None) -> None:
         self.lagging = lagging
-        self.error = error or UnavailableError("policy revision 6, as this agent sees it")
-        self.revisions: list[int] = []
+        self.error = error or UnavailableError("another placement, as this agent sees it")
+        self.digests: list[str] = []
 
     async def evict(
         self,
@@ -30,17 +35,17 @@ class Agent:
         keys: list[tuple[str, HLC]],
         sets: list[tuple[str, str]],
         *,
-        policy_revision: int = 0,
+        placement_digest: str = "",
     ) -> agent_pb2.EvictResponse:
-        self.revisions.append(policy_revision)
-        if len(self.revisions) <= self.lagging:
+        self.digests.append(placement_digest)
+        if len(self.digests) <= self.lagging:
             raise self.error
         return agent_pb2.EvictResponse(objects=1)
 
 
 def plan() -> Eviction:
     out = Eviction("ckpt/a", "eu-north", list(PAGE), [], [], dry_run=False)
-    out.policy_revision = 7
+    out.placement_digest = "d1"
     return out
 
 
@@ -49,21 +54,26 @@ def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(evict, "EVICT_RETRY_S", 0.0)
 
 
-async def test_a_lagging_agent_is_asked_again_with_the_proofs_revision() -> None:
+async def test_a_lagging_agent_is_asked_again_with_the_proofs_placement() -> None:
     agent = Agent(lagging=2)
     answer = await evict._evict_page(agent, plan(), PAGE)  # type: ignore[arg-type]
-    assert answer.objects == 1 and agent.revisions == [7, 7, 7]
+    assert answer.objects == 1 and agent.digests == ["d1", "d1", "d1"]
 
 
 async def test_a_refusal_that_lasts_is_raised_after_the_last_attempt() -> None:
     agent = Agent(lagging=EVICT_ATTEMPTS)
     with pytest.raises(UnavailableError):
         await evict._evict_page(agent, plan(), PAGE)  # type: ignore[arg-type]
-    assert len(agent.revisions) == EVICT_ATTEMPTS
+    assert len(agent.digests) == EVICT_ATTEMPTS
 
 
-async def test_a_refusal_that_is_not_retriable_is_raised_at_once() -> None:
-    agent = Agent(lagging=1, error=RefusedError("still places it in eu-north"))
-    with pytest.raises(RefusedError):
+@pytest.mark.parametrize(
+    "error",
+    [RefusedError("still places it in eu-north"), OperationTimeoutError("no answer in 60 s")],
+)
+async def test_a_refusal_or_a_timeout_is_raised_at_once(error: MeridianError) -> None:
+    """A timed-out call may still run there: not asked again on top of it."""
+    agent = Agent(lagging=1, error=error)
+    with pytest.raises(type(error)):
         await evict._evict_page(agent, plan(), PAGE)  # type: ignore[arg-type]
-    assert len(agent.revisions) == 1
+    assert len(agent.digests) == 1

@@ -3,10 +3,13 @@ region's copies (controlplane/domain/eviction.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from placements import critical
 
-from controlplane.domain.eviction import OwnerSeen, eviction_refused
+from controlplane.domain.eviction import OwnerSeen, eviction_refused, placement_digest
+from controlplane.domain.placement import Placement
 
 PLACED = critical(
     "ckpt/a",
@@ -36,3 +39,12 @@ def test_the_owner_or_a_handovers_target_is_refused(owner: OwnerSeen) -> None:
 def test_a_region_neither_placed_nor_owning_may_evict() -> None:
     assert eviction_refused(PLACED, "eu-north", OwnerSeen("eu-west", 4)) is None
     assert eviction_refused(PLACED, "eu-north", None) is None
+
+
+def test_the_placement_digest_names_the_placement_and_nothing_else() -> None:
+    """What a proof was made under: equal placements give equal digests, however they
+    were built; any change (here a failover candidate) gives another."""
+    again = Placement.from_json(PLACED.as_json())
+    assert placement_digest(again) == placement_digest(PLACED)
+    moved = dataclasses.replace(PLACED, failover_order=("eu-central",))
+    assert placement_digest(moved) != placement_digest(PLACED)

@@ -28,9 +28,9 @@ the agents, not the catalog (whose records ship behind them):
    only with its set proven (the agent checks).
 4. Everything else stays, named with why. After confirmation the proof is made
    again, and every agent of the region is asked to forget what it proves
-   (`Evict`, in pages, with the applied policy's revision). Each agent refuses the
-   whole call on the same rules as above, as it sees them, and under another policy
-   revision than the proof's (retriable: asked again a few times), and keeps, under
+   (`Evict`, in pages, with the placement's digest). Each agent refuses the whole
+   call on the same rules as above, as it sees them, and when its applied policy
+   places the dataset otherwise (retriable: asked again a few times), and keeps, under
    the object's lock, an object written there since, one whose change event it has
    not yet published, and one a complete set names that is at least as new as both
    the agent's own newest complete set and the proven set (readers may see it),
@@ -54,7 +54,7 @@ from agents.replication.peers import registered_endpoint
 from agents.replication.sync import copies_needed
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Ownership
-from controlplane.domain.eviction import OwnerSeen, eviction_refused
+from controlplane.domain.eviction import OwnerSeen, eviction_refused, placement_digest
 from controlplane.domain.hlc import HLC
 from controlplane.domain.placement import Placement
 from controlplane.domain.version_set import VersionSet
@@ -62,6 +62,7 @@ from controlplane.errors import (
     InvalidInputError,
     MeridianError,
     NotFoundError,
+    OperationTimeoutError,
     RefusedError,
     UnavailableError,
 )
@@ -116,7 +117,7 @@ class Eviction:
     remaining: list[Kept] = field(default_factory=list)
     # Why the region could not be listed after the eviction (what stays is unknown).
     unlisted: str | None = None
-    policy_revision: int = 0  # the applied policy's, when the agents were asked
+    placement_digest: str = ""  # of the placement the agents were asked under
 
     @property
     def failed(self) -> bool:
@@ -221,7 +222,8 @@ def _why(
         if tombstone:
             return (
                 f"{shown}: a delete younger than the placement's tombstone retention "
-                "(or one of its agents does not say it: upgrade them), or retained"
+                "(or not every agent of it could say it: an old agent, upgrade it; a "
+                "proxy route or a stale registration), or retained"
             )
         return f"{shown}: no region of the placement holds it (its only copy)"
     return f"{shown} (their newest: {', '.join(sorted(set(there)))}): not replicated yet"
@@ -240,7 +242,7 @@ async def evict_dataset(
 ) -> Eviction:
     """Prove (and unless `dry_run`, after `confirm`, carry out) the eviction of
     `dataset`'s copies from `region`; see the module docstring."""
-    _, placement = await _placement(coord, dataset)
+    placement = await _placement(coord, dataset)
     await _refuse(coord, placement, region)
     agents = await _agents(coord, route, region)
     plan = await _prove(coord, route, placement, region, agents, timeout_s)
@@ -252,8 +254,7 @@ async def evict_dataset(
         return plan
     # The operator may have taken a while: the policy must be the one shown, and the
     # proof is made again; only what both proofs (and the operator) allowed is asked.
-    revision, now_placed = await _placement(coord, dataset)
-    if now_placed != placement:
+    if await _placement(coord, dataset) != placement:
         raise RefusedError(
             f"dataset {dataset}: the applied policy changed while the eviction was "
             "confirmed; nothing was dropped: run it again"
@@ -263,7 +264,14 @@ async def evict_dataset(
     plan = await _prove(coord, route, placement, region, agents, timeout_s)
     plan.kept += [Kept(k, at.text, NOT_SHOWN) for k, at in plan.evictable if k not in shown]
     plan.evictable = [(k, at) for k, at in plan.evictable if k in shown]
-    plan.policy_revision = revision  # each agent refuses a proof made under another
+    # Read again after the proof: a policy applied during it refuses the run (the
+    # agents compare what they apply with this digest).
+    if await _placement(coord, dataset) != placement:
+        raise RefusedError(
+            f"dataset {dataset}: the applied policy changed during the proof; nothing "
+            "was dropped: run it again"
+        )
+    plan.placement_digest = placement_digest(placement)
     for endpoint in agents:
         plan.agents.append(await _evict_at(endpoint, plan, timeout_s, progress))
     try:
@@ -337,7 +345,10 @@ async def _expiry_clock(
     longest = 0
     earliest = int(time.time() * 1000)
     for other in placement.regions:
-        for agent_id, endpoint in await _registrations(coord, other):
+        registered = await _registrations(coord, other)
+        if not registered:  # nobody to say it (a retention of 0 would expire all)
+            return None, earliest
+        for agent_id, endpoint in registered:
             address = route(other, endpoint)
             try:
                 async with AgentClient(address, timeout_s=timeout_s) as client:
@@ -416,22 +427,27 @@ async def _evict_page(
 ) -> agent_pb2.EvictResponse:
     """One page asked of one agent, again (at most EVICT_ATTEMPTS times, bounded in
     time) while it refuses as retriable: an agent whose policy watch lags etcd by a
-    moment refuses a proof made under the revision it has not seen yet. Asking again
+    moment refuses a proof made under the placement it has not seen yet. Only
+    `UnavailableError` is asked again, not a timeout (whose call may still run there,
+    and would run up to EVICT_ATTEMPTS times the timeout). Asking again
     is safe: what went is skipped, what stays is judged afresh."""
     for attempt in range(1, EVICT_ATTEMPTS + 1):
         try:
             return await client.evict(
-                plan.dataset, page, plan.sets, policy_revision=plan.policy_revision
+                plan.dataset, page, plan.sets, placement_digest=plan.placement_digest
             )
         except MeridianError as exc:
-            if not exc.retriable or attempt == EVICT_ATTEMPTS:
+            lagging = isinstance(exc, UnavailableError) and not isinstance(
+                exc, OperationTimeoutError
+            )
+            if not lagging or attempt == EVICT_ATTEMPTS:
                 raise
             await asyncio.sleep(EVICT_RETRY_S * attempt)
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-async def _placement(coord: Coordination, dataset: str) -> tuple[int, Placement]:
-    """The applied policy's revision and the dataset's placement under it."""
+async def _placement(coord: Coordination, dataset: str) -> Placement:
+    """The dataset's placement under the applied policy."""
     kv = await coord.get(keys.POLICY_CURRENT)
     if kv is None:
         raise InvalidInputError("no policy is applied: `meridian policy apply` first")
@@ -442,7 +458,7 @@ async def _placement(coord: Coordination, dataset: str) -> tuple[int, Placement]
             f"dataset {dataset}: no rule of the applied policy places it, so no region can "
             "be shown to hold its copies"
         )
-    return policy.revision, placement
+    return placement
 
 
 async def _refuse(coord: Coordination, placement: Placement, region: str) -> None:
