@@ -154,12 +154,17 @@ class ManagedProcess:
         return proc.pid
 
     def stop(self, timeout_s: float = 15.0) -> bool:
-        """SIGTERM, then SIGKILL after the timeout. Idempotent; True if something was stopped."""
+        """SIGTERM, then SIGKILL after the timeout; then SIGKILL to whatever its process
+        group still holds (children it left behind: they would keep its ports or files).
+        Idempotent; True if something was stopped."""
         pid = self.pid() or self.adopt_orphan()
         if pid is None:
             self._forget_stale()
             _reap_exited()
             return False
+        # Started in a session of its own, it leads its process group; read while it
+        # runs, so that a group is only ever one this process led.
+        group = pid if _group_of(pid) == pid else None
         _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.pid() is not None:
@@ -170,6 +175,9 @@ class ManagedProcess:
             while time.monotonic() < kill_deadline and self.pid() is not None:
                 time.sleep(0.05)
         _reap(pid)
+        if group is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
         return True
 
@@ -194,6 +202,13 @@ class ManagedProcess:
             if child is not None and child.poll() is not None:
                 del _CHILDREN[stale]
         self.pid_file.unlink(missing_ok=True)
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

@@ -63,6 +63,8 @@ def test_the_root_of_the_marked_processes_is_adopted(tmp_path: Path) -> None:
         assert proc.adopt_orphan() is None  # the pid file names it now
     finally:
         proc.stop(timeout_s=10)
+    # The child the root left behind went with it (its process group).
+    until_sync(lambda: not _marked(proc.marker), 10, what="the marked child to stop")
 
 
 def _marked(marker: str) -> list[int]:
