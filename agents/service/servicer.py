@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Never, Protocol, TypedDict
 
@@ -121,6 +121,10 @@ class Transfers(Protocol):
     async def Rewind(  # noqa: N802
         self, request: agent_pb2.RewindRequest, context: Context
     ) -> agent_pb2.RewindResponse: ...
+
+    def drop_evicted(self, dataset: str, evicted: Mapping[str, str]) -> int:
+        """Forget the partial pulls of what an eviction forgot (ResumeBook.drop_evicted)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,6 +494,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         await self._refuse_evict(dataset, request.placement_digest)
         done = await asyncio.to_thread(self.store.evict, dataset, keys, proven)
         self.metrics.evicted_objects.labels(dataset=dataset).inc(done.objects)
+        partials = 0
+        if self.transfers is not None:
+            # A cut pull's partial bytes of a forgotten version are a copy here too.
+            kept = {key for key, _ in done.kept}
+            gone = {key: at.text for key, at in keys if key not in kept}
+            try:
+                partials = await asyncio.to_thread(self.transfers.drop_evicted, dataset, gone)
+            except OSError as exc:  # the copies went: their partials expire in time
+                log.warning("evict_partials_left", dataset=dataset, error=str(exc))
         log.info(
             "dataset_evicted",
             dataset=dataset,
@@ -497,6 +510,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             versions=done.versions,
             bytes=done.bytes,
             kept=len(done.kept),
+            partial_pulls=partials,
         )
         return agent_pb2.EvictResponse(
             objects=done.objects,

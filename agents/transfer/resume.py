@@ -26,7 +26,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -125,6 +125,31 @@ class ResumeBook:
             self.output_path(dataset, key, hlc),
         ):
             files.remove_file(path)
+
+    def drop_evicted(self, dataset: str, evicted: Mapping[str, str]) -> int:
+        """Remove the states (and their files) of `dataset`'s pulls of a key in `evicted`
+        (key -> HLC text) at that version or older, except pulls in flight: the partial
+        bytes of copies `meridian dataset evict` made this region forget, which would
+        otherwise stay on its disk until they expire. Returns how many states went."""
+        doomed: list[str] = []
+        for entry in os.scandir(self.folder):
+            if not entry.name.endswith(".json"):
+                continue
+            try:
+                state = ResumeState(**json.loads(Path(entry.path).read_text()))
+            except (ValueError, TypeError, OSError):
+                continue  # unreadable: `load` and `expire` deal with it
+            at = evicted.get(state.key)
+            if state.dataset == dataset and at is not None and state.hlc <= at:
+                doomed.append(entry.name[: -len(".json")])
+        # Under the lock: a pull of one of them that begins meanwhile waits for its files
+        # to be gone, then starts afresh.
+        with self._lock:
+            doomed = [stem for stem in doomed if stem not in self._busy]
+            for stem in doomed:
+                for suffix in (".json", ".part", ".out"):
+                    files.remove_file(self.folder / f"{stem}{suffix}")
+        return len(doomed)
 
     def expire(
         self, now_s: float | None = None, *, max_age_s: float = MAX_AGE_S, limit: int | None = None

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -105,6 +105,10 @@ class TransferService:
         # Awaited before a member of a version set is stored (the daemon's roster
         # lowering: a set's members stay on this agent alone).
         self.holding_sets: Callable[[], Awaitable[None]] | None = None
+
+    def drop_evicted(self, dataset: str, evicted: Mapping[str, str]) -> int:
+        """Forget the partial pulls of what an eviction forgot (ResumeBook.drop_evicted)."""
+        return self.book.drop_evicted(dataset, evicted)
 
     # -- Signature ---------------------------------------------------------------------
 

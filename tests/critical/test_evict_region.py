@@ -1,7 +1,8 @@
 """`meridian dataset evict` of a region of two agents: each agent is asked, a version set
 taken by one of them goes with its members once the placement shows it complete, and a
-run that leaves the region holding nothing exits 0. Real agent processes (one in
-eu-west, one in eu-central, two in eu-north), etcd, the CLI as a user runs it."""
+run that leaves the region holding nothing exits 0, its partial pulls gone too. Real
+agent processes (one in eu-west, one in eu-central, two in eu-north), etcd, the CLI as a
+user runs it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from waiting import until
 from agents.client import AgentClient
 from agents.routing.peers import ROUTED_KEY
 from agents.store.store import DEFAULT_TOMBSTONE_RETENTION_S
+from agents.transfer.resume import ResumeBook, ResumeState
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.domain.version import Version
@@ -93,6 +95,12 @@ async def test_every_agent_of_the_region_is_asked_and_a_clean_region_exits_0(
 
         await until(both_hold_all, 30, what="both agents of eu-north holding every key")
         held = {a.address: await own(a.address) for a in north.agents}
+        # A pull of shard-0 cut midway left its partial bytes on each agent's disk.
+        at = expected["shard-0"].hlc.text
+        books = [ResumeBook(proc.root) for proc in north.agents]
+        for book in books:
+            book.partial_path(DS, "shard-0", at).write_bytes(b"shard-0 of st")
+            book.save(ResumeState("t-cut", DS, "shard-0", at, "raw", "", 13, 13, time.time()))
 
         # The retention and clock an expired delete is judged by come from these agents.
         async with AgentClient(placed["eu-central"].address) as client:
@@ -121,6 +129,9 @@ async def test_every_agent_of_the_region_is_asked_and_a_clean_region_exits_0(
         assert sum(int(a["objects"]) for a in asked) == sum(map(len, held.values()))
         for proc in north.agents:
             assert await own(proc.address) == set()
+        for book in books:  # the partial bytes went with the copies
+            assert book.load(DS, "shard-0", at) is None
+            assert not book.partial_path(DS, "shard-0", at).exists()
         # An agent refuses a proof made under another placement (retriable).
         async with AgentClient(north.agents[1].address) as client:
             with pytest.raises(UnavailableError, match="proven under another placement"):

@@ -65,3 +65,25 @@ async def test_the_sweeper_expires_states_while_the_agent_runs(tmp_path: Path) -
         assert held(book) == ["d"]  # two passes of at most two each
     passes = sweeper.passes
     assert not sweeper.running and sweeper.passes == passes
+
+
+def test_an_eviction_drops_the_partial_pulls_of_what_it_forgot(tmp_path: Path) -> None:
+    """`dataset evict` forgot ds/a..c at 1.00000@eu-west: their partial bytes go too, except
+    a pull in flight, a newer version's pull, another key's and another dataset's."""
+    book = ResumeBook(tmp_path)
+    for key in "abcd":
+        cut(book, key, age_s=10)
+    newer = "2.00000@eu-west"
+    book.partial_path("ds", "a", newer).write_bytes(b"newer")
+    book.save(ResumeState("t-new", "ds", "a", newer, "raw", "", 5, 5, time.time()))
+    book.partial_path("other", "a", "1.00000@eu-west").write_bytes(b"other")
+    book.save(ResumeState("t-oth", "other", "a", "1.00000@eu-west", "raw", "", 5, 5, time.time()))
+    forgot = {k: "1.00000@eu-west" for k in "abc"}
+    with book.in_flight("ds", "c", "1.00000@eu-west"):
+        assert book.drop_evicted("ds", forgot) == 2
+    assert held(book) == ["c", "d"]
+    assert not book.partial_path("ds", "a", "1.00000@eu-west").exists()
+    assert book.load("ds", "a", newer) is not None and book.partial_path("ds", "a", newer).exists()
+    assert book.load("other", "a", "1.00000@eu-west") is not None
+    assert book.drop_evicted("ds", forgot) == 1  # c, no longer in flight
+    assert held(book) == ["d"]

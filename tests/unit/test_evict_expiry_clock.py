@@ -41,12 +41,13 @@ class FakeClient:
         return ANSWERS[self.address]
 
 
-async def registered(agents: dict[str, tuple[str, str]]) -> MemoryCoordination:
-    """agent id -> (region, endpoint), registered as agents register."""
+async def registered(agents: dict[str, tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """agent id -> (region, endpoint), registered as agents register, then read back as
+    the proof reads them: (agent id, endpoint) by placement region."""
     coord = MemoryCoordination()
     for agent_id, (region, endpoint) in agents.items():
         await coord.put(keys.agent(region, agent_id), json.dumps({"endpoint": endpoint}).encode())
-    return coord
+    return {r: await evict._registrations(coord, r) for r in PLACEMENT.regions}
 
 
 def direct(_region: str, address: str) -> str:
@@ -60,7 +61,7 @@ def fake_agents(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_the_longest_retention_and_the_earliest_clock_of_every_agent() -> None:
-    coord = await registered(
+    agents = await registered(
         {"w1": ("eu-west", "w:1"), "w2": ("eu-west", "w:2"), "c1": ("eu-central", "c:1")}
     )
     ANSWERS.update(
@@ -70,26 +71,26 @@ async def test_the_longest_retention_and_the_earliest_clock_of_every_agent() -> 
             "c:1": health("c1", 2_000, 7_000),
         }
     )
-    assert await evict._expiry_clock(coord, direct, PLACEMENT, 1.0) == (5_000, 7_000)
+    assert await evict._expiry_clock(direct, PLACEMENT, agents, 1.0) == (5_000, 7_000)
 
 
 async def test_an_agent_that_predates_saying_it_makes_it_unknown() -> None:
-    coord = await registered({"w1": ("eu-west", "w:1"), "c1": ("eu-central", "c:1")})
+    agents = await registered({"w1": ("eu-west", "w:1"), "c1": ("eu-central", "c:1")})
     ANSWERS.update({"w:1": health("w1", 1_000, 9_000), "c:1": health("c1", None, None)})
-    retention, _ = await evict._expiry_clock(coord, direct, PLACEMENT, 1.0)
+    retention, _ = await evict._expiry_clock(direct, PLACEMENT, agents, 1.0)
     assert retention is None
 
 
 async def test_a_proxy_that_answers_for_another_agent_makes_it_unknown() -> None:
-    coord = await registered({"w1": ("eu-west", "w:1"), "w2": ("eu-west", "w:2")})
+    agents = await registered({"w1": ("eu-west", "w:1"), "w2": ("eu-west", "w:2")})
     ANSWERS.update({"proxy:9": health("w1", 1_000, 9_000)})
-    retention, _ = await evict._expiry_clock(coord, lambda _r, _a: "proxy:9", PLACEMENT, 1.0)
+    retention, _ = await evict._expiry_clock(lambda _r, _a: "proxy:9", PLACEMENT, agents, 1.0)
     assert retention is None  # w2's call reached w1: w2's retention is not known
 
 
 async def test_a_region_with_no_agent_registered_makes_it_unknown() -> None:
     """A retention of 0 (nobody asked) would count every delete expired."""
-    coord = await registered({"w1": ("eu-west", "w:1")})  # eu-central: nobody
+    agents = await registered({"w1": ("eu-west", "w:1")})  # eu-central: nobody
     ANSWERS.update({"w:1": health("w1", 1_000, 9_000)})
-    retention, _ = await evict._expiry_clock(coord, direct, PLACEMENT, 1.0)
+    retention, _ = await evict._expiry_clock(direct, PLACEMENT, agents, 1.0)
     assert retention is None

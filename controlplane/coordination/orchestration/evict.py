@@ -34,7 +34,8 @@ the agents, not the catalog (whose records ship behind them):
    the object's lock, an object written there since, one whose change event it has
    not yet published, and one a complete set names that is at least as new as both
    the agent's own newest complete set and the proven set (readers may see it),
-   unless that set was proven.
+   unless that set was proven. The partial bytes of its cut pulls of what it
+   forgot go too (not a pull still running).
 5. The region is listed again: whatever it still holds is reported (exit 3).
 
 The agents journal each version `removed`, so the catalog (and `audit residency`)
@@ -243,6 +244,8 @@ async def evict_dataset(
     """Prove (and unless `dry_run`, after `confirm`, carry out) the eviction of
     `dataset`'s copies from `region`; see the module docstring."""
     placement = await _placement(coord, dataset)
+    # One definition of "the same placement" for the CLI and the agents: its digest.
+    digest = placement_digest(placement)
     await _refuse(coord, placement, region)
     agents = await _agents(coord, route, region)
     plan = await _prove(coord, route, placement, region, agents, timeout_s)
@@ -254,7 +257,7 @@ async def evict_dataset(
         return plan
     # The operator may have taken a while: the policy must be the one shown, and the
     # proof is made again; only what both proofs (and the operator) allowed is asked.
-    if await _placement(coord, dataset) != placement:
+    if placement_digest(await _placement(coord, dataset)) != digest:
         raise RefusedError(
             f"dataset {dataset}: the applied policy changed while the eviction was "
             "confirmed; nothing was dropped: run it again"
@@ -266,12 +269,12 @@ async def evict_dataset(
     plan.evictable = [(k, at) for k, at in plan.evictable if k in shown]
     # Read again after the proof: a policy applied during it refuses the run (the
     # agents compare what they apply with this digest).
-    if await _placement(coord, dataset) != placement:
+    if placement_digest(await _placement(coord, dataset)) != digest:
         raise RefusedError(
             f"dataset {dataset}: the applied policy changed during the proof; nothing "
             "was dropped: run it again"
         )
-    plan.placement_digest = placement_digest(placement)
+    plan.placement_digest = digest
     for endpoint in agents:
         plan.agents.append(await _evict_at(endpoint, plan, timeout_s, progress))
     try:
@@ -308,17 +311,24 @@ async def _prove(
 ) -> Eviction:
     dataset = placement.dataset
     here = await _listing(agents[0], dataset, timeout_s, lowest=False)
+    # Each placement region's agents, read once for the whole proof.
+    registered = {other: await _registrations(coord, other) for other in placement.regions}
     retention_ms: int | None = None
     # Before the placement's listings: a "now" no later than them (an absence they
     # show is judged by a clock read before it was seen).
     now_ms = int(time.time() * 1000)
     if placement.deletes != "retain" and any(o.version.is_tombstone for o in here.values()):
-        retention_ms, now_ms = await _expiry_clock(coord, route, placement, timeout_s)
+        retention_ms, now_ms = await _expiry_clock(route, placement, registered, timeout_s)
     theirs: dict[str, str] = {}
     listings: list[Listing] = []
     for other in placement.regions:
-        address = await _one_agent(coord, route, other)
-        theirs[other] = address
+        if not registered[other]:
+            raise UnavailableError(
+                f"region {other} of the placement has no agent registered in etcd: nothing "
+                "can be shown held there"
+            )
+        # Any one agent: a complete listing merges every agent of its region.
+        address = theirs[other] = route(other, min(e for _, e in registered[other]))
         try:
             listings.append(await _listing(address, dataset, timeout_s, lowest=True))
         except MeridianError as exc:
@@ -334,21 +344,24 @@ async def _prove(
 
 
 async def _expiry_clock(
-    coord: Coordination, route: Route, placement: Placement, timeout_s: float
+    route: Route,
+    placement: Placement,
+    registered: Mapping[str, Sequence[tuple[str, str]]],
+    timeout_s: float,
 ) -> tuple[int | None, int]:
     """The tombstone retention and the time an expired delete is judged by, as the
     placement's agents (the ones that forget deletes) keep them: the longest retention
     of all and the earliest clock of all, this host's included. The retention is None
     (no delete counts as expired) when an agent predates saying it, or when the route
     map sends the calls meant for one agent to another (a proxy): not every agent
-    could be asked."""
+    could be asked. `registered`: (agent id, endpoint) of each agent, by region."""
     longest = 0
     earliest = int(time.time() * 1000)
     for other in placement.regions:
-        registered = await _registrations(coord, other)
-        if not registered:  # nobody to say it (a retention of 0 would expire all)
+        agents = registered.get(other, ())
+        if not agents:  # nobody to say it (a retention of 0 would expire all)
             return None, earliest
-        for agent_id, endpoint in registered:
+        for agent_id, endpoint in agents:
             address = route(other, endpoint)
             try:
                 async with AgentClient(address, timeout_s=timeout_s) as client:
@@ -483,16 +496,6 @@ async def _agents(coord: Coordination, route: Route, region: str) -> list[str]:
             "(unset MERIDIAN_AGENT_ROUTES for this region)"
         )
     return routed
-
-
-async def _one_agent(coord: Coordination, route: Route, region: str) -> str:
-    registered = await _registered(coord, region)
-    if not registered:
-        raise UnavailableError(
-            f"region {region} of the placement has no agent registered in etcd: nothing "
-            "can be shown held there"
-        )
-    return route(region, registered[0])
 
 
 async def _registered(coord: Coordination, region: str) -> list[str]:

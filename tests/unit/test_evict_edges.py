@@ -1,0 +1,176 @@
+"""`meridian dataset evict`'s edges (controlplane/coordination/orchestration/evict.py)
+that the integration tests do not reach: a route map that sends every agent of the
+region to one address is refused; a placement region with no agent registered stops
+the proof, naming it; an agent that fails mid-run is reported with what it did before,
+the others are still asked, and the run counts as failed (the CLI exits 1); a proof
+reads each placement region's agents once, for its listing and its expiry clock.
+Unit test: etcd in memory, the agents faked."""
+
+from __future__ import annotations
+
+import json
+from types import TracebackType
+from typing import ClassVar
+
+import pytest
+from fakes.coordination import MemoryCoordination
+from placements import critical
+
+from agents.client import Health, ObjectInfo
+from controlplane.coordination.orchestration import evict
+from controlplane.coordination.orchestration.evict import Eviction
+from controlplane.coordination.protocols import keys
+from controlplane.domain.hlc import HLC
+from controlplane.domain.version import Version
+from controlplane.errors import RefusedError, UnavailableError
+from controlplane.ports.coordination import KeyValue
+from meridian.v1 import agent_pb2
+
+PLACEMENT = critical("ckpt/a", replicas=("eu-central",))
+KEYS = [(f"k{i}", HLC(1_000 + i, 0, "eu-west")) for i in range(3)]
+
+
+async def registered(agents: dict[str, tuple[str, str]]) -> MemoryCoordination:
+    """agent id -> (region, endpoint), registered as agents register."""
+    coord = MemoryCoordination()
+    for agent_id, (region, endpoint) in agents.items():
+        await coord.put(keys.agent(region, agent_id), json.dumps({"endpoint": endpoint}).encode())
+    return coord
+
+
+async def test_a_route_map_that_sends_the_regions_agents_to_one_address_is_refused() -> None:
+    coord = await registered({"n1": ("eu-north", "n:1"), "n2": ("eu-north", "n:2")})
+    assert await evict._agents(coord, lambda _r, a: a, "eu-north") == ["n:1", "n:2"]
+    with pytest.raises(RefusedError, match="one address for its 2 agents"):
+        await evict._agents(coord, lambda _r, _a: "proxy:9", "eu-north")
+
+
+async def test_a_placement_region_with_no_agent_stops_the_proof_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    coord = await registered({"w1": ("eu-west", "w:1"), "n1": ("eu-north", "n:1")})
+    listed: list[str] = []
+
+    async def listing(
+        address: str, dataset: str, timeout_s: float, *, lowest: bool
+    ) -> dict[str, ObjectInfo]:
+        listed.append(address)
+        return {}
+
+    monkeypatch.setattr(evict, "_listing", listing)
+    with pytest.raises(UnavailableError, match="region eu-central of the placement has no agent"):
+        await evict._prove(coord, lambda _r, a: a, PLACEMENT, "eu-north", ["n:1"], 1.0)
+    assert listed == ["n:1", "w:1"]  # eu-west listed; eu-central could not be
+
+
+class Agent:
+    """Answers `fail_at - 1` pages (one object each), then fails."""
+
+    calls: ClassVar[dict[str, int]] = {}
+    fail_at: ClassVar[dict[str, int]] = {}
+
+    def __init__(self, address: str, *, timeout_s: float) -> None:
+        self.address = address
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    async def evict(
+        self,
+        dataset: str,
+        keys: list[tuple[str, HLC]],
+        sets: list[tuple[str, str]],
+        *,
+        placement_digest: str = "",
+    ) -> agent_pb2.EvictResponse:
+        n = Agent.calls[self.address] = Agent.calls.get(self.address, 0) + 1
+        if n == Agent.fail_at.get(self.address):
+            raise UnavailableError(f"{self.address} is gone")
+        return agent_pb2.EvictResponse(objects=len(keys), versions=len(keys), bytes=10)
+
+
+async def test_an_agent_failing_mid_run_is_reported_and_the_others_still_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(evict, "AgentClient", Agent)
+    monkeypatch.setattr(evict, "EVICT_PAGE", 1)
+    monkeypatch.setattr(evict, "EVICT_ATTEMPTS", 1)  # the failure lasts
+    Agent.calls.clear()
+    Agent.fail_at.clear()
+    Agent.fail_at["n:1"] = 2
+    plan = Eviction("ckpt/a", "eu-north", list(KEYS), [], [], dry_run=False)
+    pages: list[str] = []
+    for endpoint in ("n:1", "n:2"):
+        plan.agents.append(await evict._evict_at(endpoint, plan, 1.0, pages.append))
+    first, second = plan.agents
+    assert (first.objects, first.error) == (1, "n:1 is gone")  # its first page counted
+    assert (second.objects, second.error) == (3, None)
+    assert Agent.calls == {"n:1": 2, "n:2": 3}
+    assert plan.failed and plan.as_json()["agents"] == plan.agent_rows()
+    assert pages[0] == "n:1: 1/3 objects asked, 1 forgotten"
+
+
+class CountingCoordination(MemoryCoordination):
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefixes: list[str] = []
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        self.prefixes.append(prefix)
+        return await super().get_prefix(prefix)
+
+
+class Healthy:
+    """Every agent answers Health with its id (its address here) and a retention."""
+
+    def __init__(self, address: str, *, timeout_s: float) -> None:
+        self.address = address
+
+    async def __aenter__(self) -> Healthy:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    async def health(self) -> Health:
+        return Health(True, "r", self.address, 0, 0, 0, 1_000, 5_000)
+
+
+async def test_a_proof_reads_each_placement_regions_agents_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agents asked for the expiry clock are the ones whose listing is used: one read
+    of each region's registrations serves both."""
+    coord = CountingCoordination()
+    for agent_id, (region, endpoint) in {
+        "w:1": ("eu-west", "w:1"),
+        "c:1": ("eu-central", "c:1"),
+    }.items():
+        await coord.put(keys.agent(region, agent_id), json.dumps({"endpoint": endpoint}).encode())
+    tombstone = ObjectInfo("ckpt/a", "k", Version.delete(HLC(1_000, 0, "eu-west")))
+    listed: list[str] = []
+
+    async def listing(
+        address: str, dataset: str, timeout_s: float, *, lowest: bool
+    ) -> dict[str, ObjectInfo]:
+        listed.append(address)
+        return {"k": tombstone} if address == "n:1" else {}
+
+    async def no_sets(*_args: object) -> list[tuple[str, str]]:
+        return []
+
+    monkeypatch.setattr(evict, "_listing", listing)
+    monkeypatch.setattr(evict, "_proven_sets", no_sets)
+    monkeypatch.setattr(evict, "AgentClient", Healthy)
+    plan = await evict._prove(coord, lambda _r, a: a, PLACEMENT, "eu-north", ["n:1"], 1.0)
+    assert sorted(coord.prefixes) == sorted(keys.agents_of(r) for r in PLACEMENT.regions)
+    assert listed == ["n:1", "w:1", "c:1"]
+    # The delete is older than the agents' retention by their clock: shown held.
+    assert plan.evictable == [("k", tombstone.version.hlc)]
