@@ -22,7 +22,10 @@ start: a restart loop costs no scans); the store reads its objects a batch at a 
 so writes go on beside it, and asks `confirm` (on the event loop, where the agent's
 calls run) without its lock, at most store.CONFIRM_BATCH keys at a time. A failed
 pass is logged and the next one tries again; a failed or slow `confirm` keeps those
-keys' tombstones; a pass still running at stop asks nothing more."""
+keys' tombstones. At stop, a pass still running asks nothing more, the answer it
+waits for is cancelled (its batch keeps its tombstones), and `stop()` returns once
+the pass's thread has left the store (bounded by `STOP_WAIT_S`): nothing expires
+after the agent went on to close its store."""
 
 from __future__ import annotations
 
@@ -43,6 +46,9 @@ EXPIRY_INTERVAL_S = 3600.0
 # critical batch (store.CONFIRM_BATCH keys, 8 at a time, two listings per copy region)
 # whose calls each run into their 5 s deadline takes about 120 s.
 CONFIRM_TIMEOUT_S = 300.0
+# How long stop() waits for a pass's thread to leave the store once its answer is
+# cancelled (the batch under way is a few SQLite transactions).
+STOP_WAIT_S = 30.0
 
 Confirm = Callable[[str, list[tuple[str, str]]], Awaitable[set[str]]]
 
@@ -69,10 +75,24 @@ class TombstoneExpiry(Periodic):
         # Set at stop: a pass still running on its thread asks nothing more (the agent's
         # replication and channels are closing) and keeps the rest.
         self._closing = threading.Event()
+        # The pass's thread (awaited at stop) and the answer it waits for (cancelled).
+        self._work: asyncio.Future[int] | None = None
+        self._answer: concurrent.futures.Future[set[str]] | None = None
 
     async def _do_stop(self) -> None:
         self._closing.set()
+        answer = self._answer
+        if answer is not None:
+            answer.cancel()
         await super()._do_stop()
+        work = self._work
+        if work is not None and not work.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(work), STOP_WAIT_S)
+            except TimeoutError:
+                log.warning("tombstone_expiry_stop_timeout", wait_s=STOP_WAIT_S)
+            except Exception as err:  # noqa: BLE001 - the pass's own failure, at stop
+                log.warning("tombstone_expiry_failed_at_stop", error=f"{err!r}")
 
     async def expire_once(self) -> int:
         """One pass; how many objects it forgot."""
@@ -84,19 +104,41 @@ class TombstoneExpiry(Periodic):
             if self._closing.is_set():
                 return set()
             answer = asyncio.run_coroutine_threadsafe(self._confirmed(dataset, deletes), loop)
+            self._answer = answer
+            if self._closing.is_set():  # stop ran before the answer was there to cancel
+                answer.cancel()
             try:
-                return answer.result(timeout=self.confirm_timeout_s + 30)
+                allowed = answer.result(timeout=self.confirm_timeout_s + 30)
             except (TimeoutError, concurrent.futures.CancelledError):
                 answer.cancel()
                 return set()
+            finally:
+                self._answer = None
+            # An answer that came once the agent stopped is not applied.
+            return set() if self._closing.is_set() else allowed
 
-        expired = await asyncio.to_thread(
-            self.store.expire_tombstones, datasets=self._memo(self.expirable), confirm=confirmed
+        # Shielded: cancelling the pass (at stop) leaves the thread to finish its batch,
+        # and stop() waits for it.
+        self._work = asyncio.ensure_future(
+            asyncio.to_thread(
+                self.store.expire_tombstones,
+                datasets=self._memo(self.expirable),
+                confirm=confirmed,
+                stopping=self._closing.is_set,
+            )
         )
+        # Counted as the thread ends (before this pass resumes), also when the pass
+        # was cancelled at stop meanwhile.
+        self._work.add_done_callback(self._count)
+        return await asyncio.shield(self._work)
+
+    def _count(self, work: asyncio.Future[int]) -> None:
+        if work.cancelled() or work.exception() is not None:
+            return
+        expired = work.result()
         self.metrics.tombstones_expired.inc(expired)
         if expired:
             log.info("tombstones_expired", objects=expired)
-        return expired
 
     async def _confirmed(self, dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
         try:

@@ -1586,6 +1586,7 @@ class ObjectStore:
         batch: int = EXPIRY_BATCH,
         datasets: Callable[[str], bool] | None = None,
         confirm: Callable[[str, list[tuple[str, str]]], Collection[str]] | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> int:
         """Forget objects whose newest version is a tombstone older than the retention
         (its HLC wall time), with every version they still hold, and the marks of sets
@@ -1597,13 +1598,16 @@ class ObjectStore:
         copy region shows the delete or nothing: agents/daemon/expiry.py). Returns
         how many objects. Reads `batch` objects at a time, in key order, so the
         store's lock is never held for a scan of all of them (a sweep runs beside
-        writes)."""
+        writes). `stopping`, when it says so before a batch, ends the pass there (the
+        agent stops): what it forgot so far is returned, nothing more is touched."""
         if batch < 1:
             raise InvalidInputError(f"batch must be at least 1, got {batch}")
         cutoff = (rows.now_ms() if now_ms is None else now_ms) - 1000 * self.tombstone_retention_s
         expired = 0
         after: tuple[str, str] = ("", "")
         while True:
+            if stopping is not None and stopping():
+                return expired
             with self._lock:
                 self._require_open()
                 # GROUP BY walks the primary key in order and stops after `batch` objects;
@@ -1626,11 +1630,15 @@ class ObjectStore:
             for dataset, candidates in due.items():
                 # `confirm` a share at a time: one that fails or is slow keeps only it.
                 for at in range(0, len(candidates), CONFIRM_BATCH):
+                    if stopping is not None and stopping():
+                        return expired
                     share = candidates[at : at + CONFIRM_BATCH]
                     allowed = None if confirm is None else set(confirm(dataset, share))
                     for key, hlc in share:
                         if allowed is None or key in allowed:
                             expired += self._expire_one(dataset, key, hlc)
+        if stopping is not None and stopping():
+            return expired
         # HLC text starts with its 13-digit wall time: every mark made before the cutoff
         # sorts below these digits.
         below = f"{max(cutoff, 0):013d}"

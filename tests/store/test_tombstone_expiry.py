@@ -125,3 +125,64 @@ async def test_a_confirm_without_an_answer_in_time_keeps_the_tombstones(
     assert await expiry.expire_once() == 0
     assert len(store.versions("ckpt", "a")) == 2
     release.set()
+
+
+async def test_a_pass_running_at_stop_expires_nothing_more_and_stop_waits_for_it(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store(tombstone_retention_s=60)
+    expired_deletes(store, "ckpt", ("a",))
+    asked, release = asyncio.Event(), asyncio.Event()
+    cancelled: list[bool] = []
+
+    async def confirm(_dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
+        asked.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return {key for key, _ in deletes}
+
+    expiry = TombstoneExpiry(
+        store, AgentMetrics("eu-west"), lambda _: True, confirm, interval_s=0.01
+    )
+    await expiry.start()
+    await asyncio.wait_for(asyncio.shield(asked.wait()), timeout=10)
+    await asyncio.wait_for(expiry.stop(), timeout=10)
+    release.set()  # an answer now would come too late
+    assert cancelled == [True]
+    assert expiry._work is not None and expiry._work.done()  # the thread left the store
+    assert len(store.versions("ckpt", "a")) == 2
+
+
+async def test_an_answer_that_comes_once_the_agent_stops_is_not_applied(
+    open_store: StoreFactory,
+) -> None:
+    store = open_store(tombstone_retention_s=60)
+    expired_deletes(store, "ckpt", ("a",))
+    expiry: TombstoneExpiry | None = None
+
+    async def confirm(_dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
+        assert expiry is not None
+        expiry._closing.set()  # the agent began to stop while the proof was made
+        return {key for key, _ in deletes}
+
+    expiry = TombstoneExpiry(store, AgentMetrics("eu-west"), lambda _: True, confirm)
+    assert await expiry.expire_once() == 0
+    assert len(store.versions("ckpt", "a")) == 2
+
+
+def test_a_pass_told_to_stop_touches_no_further_batch(open_store: StoreFactory) -> None:
+    store = open_store(tombstone_retention_s=60)
+    expired_deletes(store, "ckpt", ("a", "b", "c"))
+    asked: list[list[str]] = []
+
+    def confirm(_dataset: str, deletes: list[tuple[str, str]]) -> set[str]:
+        asked.append([key for key, _ in deletes])
+        return {key for key, _ in deletes}
+
+    # One object a batch; the agent stops once the first was asked about.
+    assert store.expire_tombstones(batch=1, confirm=confirm, stopping=lambda: bool(asked)) == 1
+    assert asked == [["a"]]
+    assert [len(store.versions("ckpt", k)) for k in "abc"] == [0, 2, 2]
