@@ -86,6 +86,12 @@ class OwnerRecord:
     # The etcd revision it is as of, when known (for the fence's ordering; two records
     # saying the same are equal whenever they were read).
     revision: int | None = field(default=None, compare=False)
+    # How ownership last moved, when it moved (the owner record's move facts): its kind
+    # ("switchover", "drain", "failover", "automatic"), the region it left and that
+    # region's epoch. A write admitted at that epoch there was ended by this move.
+    moved_by: str | None = field(default=None, compare=False)
+    moved_from: str | None = field(default=None, compare=False)
+    epoch_before: int = field(default=0, compare=False)
 
 
 class OwnerSource(Protocol):

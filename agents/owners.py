@@ -186,9 +186,7 @@ class EtcdOwners:
                 owner = decode_owner(dataset, kv.value, kv.mod_revision, None)
                 mark = decode_handover(mark_kvs[0]) if mark_kvs else None
                 to = mark.to_region if mark is not None and mark.epoch >= owner.epoch else None
-                record = OwnerRecord(
-                    dataset, owner.region, owner.epoch, to is not None, to, res.revision
-                )
+                record = _record(owner, res.revision, handover_to=to)
         except (CorruptRecordError, ValueError, KeyError, TypeError) as exc:
             log.error("owner_record_unreadable", dataset=dataset, error=str(exc))
             self._reads.pop(dataset, None)
@@ -210,8 +208,22 @@ class EtcdOwners:
         return found
 
 
-def _record(owner: Owner | None, revision: int | None = None) -> OwnerRecord | None:
+def _record(
+    owner: Owner | None, revision: int | None = None, *, handover_to: str | None = None
+) -> OwnerRecord | None:
+    """The admission's record of `owner`; `handover_to`: the handover's target from a
+    mark read beside it (else what the owner record says)."""
     if owner is None:
         return None
-    to = owner.handing_over_to
-    return OwnerRecord(owner.dataset, owner.region, owner.epoch, to is not None, to, revision)
+    to = handover_to if handover_to is not None else owner.handing_over_to
+    return OwnerRecord(
+        owner.dataset,
+        owner.region,
+        owner.epoch,
+        to is not None,
+        to,
+        revision,
+        moved_by=owner.kind,
+        moved_from=owner.from_region,
+        epoch_before=owner.epoch_before,
+    )

@@ -528,16 +528,19 @@ def _adopter(transfers: TransferService) -> Adopt:
     """The takeover pass's pull of a version another copy region holds and this owner
     lacks (agents/replication/sync.py): a Fetch from that region's agent, by LWW."""
 
-    async def adopt(dataset: str, key: str, version: Version, region: str, address: str) -> bool:
-        response = await transfers.fetch(
-            agent_pb2.FetchRequest(
-                dataset=dataset,
-                key=key,
-                version=version_to_wire(version),
-                sources=[agent_pb2.FetchSource(region=region, address=address)],
-                origin_region=region,
-            )
+    async def adopt(
+        dataset: str, key: str, version: Version, region: str, address: str, set_id: str | None
+    ) -> bool:
+        request = agent_pb2.FetchRequest(
+            dataset=dataset,
+            key=key,
+            version=version_to_wire(version),
+            sources=[agent_pb2.FetchSource(region=region, address=address)],
+            origin_region=region,
         )
+        if set_id is not None:
+            request.set = set_id  # stored as a member of that set, as its pushes were
+        response = await transfers.fetch(request)
         return response.outcome in (
             agent_pb2.APPLY_OUTCOME_APPLIED,
             agent_pb2.APPLY_OUTCOME_SAME,

@@ -94,7 +94,10 @@ when this region re-claimed the dataset (the watch had not delivered it when the
 write was admitted at the old epoch) the answer is retriable (`_fenced_answer`).
 A fence the grpc bug hid on every ask (early_status.py) is read from etcd likewise
 (`_hidden_fence`): another owner or a newer epoch there is that fence, and is
-answered (and rewound) as one.
+answered (and rewound) as one, except when a planned handover (switchover, drain)
+from this region ended the write's epoch: the hidden answer is then as likely the
+handover's retriable refusal, and is answered as that one (retriable, the write left
+for the new owner's takeover to adopt or rewind, as after a refusal seen).
 
 **Older answers.** A replica holding a newer version of the key answers a push
 "older"; that counts as holding it only when the newer version is this owner's or
@@ -166,11 +169,14 @@ _T = TypeVar("_T")
 
 Held = tuple[str, Version, str | None]  # key, version, the set it was written in
 Local = tuple[list[Held], list[SetRecord], list[Held]]  # newest, latest set, its members
-# (dataset, key, version, source region, source address) -> whether it is held here now.
-Adopt = Callable[[str, str, Version, str, str], Awaitable[bool]]
+# (dataset, key, version, source region, source address, the set it was written in)
+# -> whether it is held here now.
+Adopt = Callable[[str, str, Version, str, str, str | None], Awaitable[bool]]
 # dataset -> its owner record read from etcd now (`Admission.owner_now`).
 OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]
 
+# Moves of ownership that a handover mark froze writes for first (ownership.py).
+PLANNED_MOVES = ("switchover", "drain")
 # Takeover passes that list and push at once (the others wait their turn).
 TAKEOVER_PASSES = 4
 # Versions one pass rewinds of one key, each showing the one before it (a deposed owner
@@ -739,7 +745,8 @@ class SyncReplication:
         address = await self.peers.address(region)
         # Complete: a version missed on an agent that did not answer would be neither
         # adopted nor rewound, and never looked at again.
-        theirs = await self._listing(address, write.dataset, complete=True)
+        written_in: dict[str, str] = {}  # key -> the set its newest there was written in
+        theirs = await self._listing(address, write.dataset, complete=True, sets=written_in)
         await self._commits_ended(write.dataset)
         local = await asyncio.to_thread(self._local, write.dataset)
         ours = {key: version for key, version, _ in local[0]}
@@ -753,7 +760,13 @@ class SyncReplication:
         for key, version in extras:
             try:
                 took, dropped, newest = await self._settle_extra(
-                    write, region, address, key, version, ours.get(key), older_than
+                    write,
+                    region,
+                    address,
+                    key,
+                    (version, written_in.get(key)),
+                    ours.get(key),
+                    older_than,
                 )
             except FencedError:
                 raise
@@ -825,17 +838,19 @@ class SyncReplication:
         region: str,
         address: str,
         key: str,
-        version: Version,
+        shown: tuple[Version, str | None],
         ours: Version | None,
         older_than: HLC,
     ) -> tuple[int, int, Version | None]:
-        """Adopt or rewind `version`, the newest `region` holds of `key`, which this owner
-        lacks: (adopted, rewound, what `region` holds of it afterwards). A rewind shows
-        the version before it there, which may be another one this owner lacks (a
-        deposed owner's earlier lone write, or an acked one): it is judged in turn, so
-        the region is left showing nothing lone."""
+        """Adopt or rewind `shown` (a version and the set it was written in), the newest
+        `region` holds of `key`, which this owner lacks: (adopted, rewound, what
+        `region` holds of it afterwards). A rewind shows the version before it there,
+        which may be another one this owner lacks (a deposed owner's earlier lone write,
+        or an acked one): it is judged in turn, so the region is left showing nothing
+        lone."""
         adopted = rewound = 0
-        held: Version | None = version
+        held: Version | None = shown[0]
+        set_id = shown[1]
         for _step in range(REWINDS_PER_KEY):
             if held is None or not _extra(ours, held):
                 break
@@ -862,8 +877,11 @@ class SyncReplication:
                 # Adopted: it may be an acked write this owner missed, held by a quorum
                 # without us, whatever its HLC says of the two clocks (a new owner whose
                 # clock is behind sees an old epoch's acked write as "newer").
+                # With the set it was written in: a member adopted without it would
+                # lose the protections of a set's members here and wherever this
+                # owner pushes it next.
                 if self.adopt is not None and await self.adopt(
-                    write.dataset, key, held, region, address
+                    write.dataset, key, held, region, address, set_id
                 ):
                     adopted += 1
                 break
@@ -907,6 +925,10 @@ class SyncReplication:
             # A catch-up lists it afresh and keeps it out of acks until it lacks nothing.
             self._mark_behind(write, region)
             held = before
+            # The version the rewind shows: its set is not in the answer (rare: asked).
+            set_id = None
+            if held is not None and not held.is_tombstone:
+                set_id = await self._written_in(address, write.dataset, key, held.hlc)
         return adopted, rewound, held
 
     def _delete_rewindable(self, tombstone: Version) -> bool:
@@ -1097,8 +1119,9 @@ class SyncReplication:
         for key, hlc in sorted(theirs.members.items()):
             if await asyncio.to_thread(self._stored_here, write.dataset, key, hlc):
                 continue
-            member = await self._stat_at(address, write.dataset, key, hlc)
-            pulled = await self.adopt(write.dataset, key, member, region, address) or pulled
+            member, written_in = await self._stat_at(address, write.dataset, key, hlc)
+            adopt = self.adopt(write.dataset, key, member, region, address, written_in)
+            pulled = await adopt or pulled
         verdict = await asyncio.to_thread(
             self.store.apply_set, write.dataset, theirs.set_id, theirs.hlc, theirs.members
         )
@@ -1171,14 +1194,27 @@ class SyncReplication:
         members = {m.key: m.version for m in vs.members}
         return SetRecord(dataset, vs.id, vs.hlc, members, complete=True)
 
-    async def _stat_at(self, address: str, dataset: str, key: str, hlc: HLC) -> Version:
+    async def _stat_at(
+        self, address: str, dataset: str, key: str, hlc: HLC
+    ) -> tuple[Version, str | None]:
+        """The version `address` holds of `key` at `hlc`, and the set it was written in."""
         stub = self._stub(address)
         request = agent_pb2.StatRequest(dataset=dataset, key=key, version=hlc.text)
         try:
             got = await stub.Stat(request, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err, address) from err
-        return version_from_wire(got.object.version, "StatResponse.object.version")
+        version = version_from_wire(got.object.version, "StatResponse.object.version")
+        return version, got.object.set if got.object.HasField("set") else None
+
+    async def _written_in(self, address: str, dataset: str, key: str, hlc: HLC) -> str | None:
+        """The set `address` says this version was written in; None when it says none or
+        cannot say (the version is adopted all the same: only its set id is lost)."""
+        try:
+            return (await self._stat_at(address, dataset, key, hlc))[1]
+        except MeridianError as exc:
+            log.warning("takeover_set_id_unread", dataset=dataset, key=key, error=str(exc))
+            return None
 
     def _stored_here(self, dataset: str, key: str, hlc: HLC) -> bool:
         try:
@@ -1303,12 +1339,18 @@ class SyncReplication:
         return newest, latest, members
 
     async def _listing(
-        self, address: str, dataset: str, *, complete: bool = False
+        self,
+        address: str,
+        dataset: str,
+        *,
+        complete: bool = False,
+        sets: dict[str, str] | None = None,
     ) -> dict[str, Version]:
         """What the region of the agent at `address` holds of `dataset` (newest of each key,
         tombstones included). `complete`: fail rather than skip an agent of a region
         of several that does not answer (a catch-up may list partially: it then pushes
-        more than needed, which the replica answers "older")."""
+        more than needed, which the replica answers "older"). `sets`: filled with the
+        set each listed version was written in, where it was written in one."""
         stub = self._stub(address)
         held: dict[str, Version] = {}
         token = ""
@@ -1328,6 +1370,8 @@ class SyncReplication:
                 raise from_rpc_error(err, address) from err
             for info in page.objects:
                 held[info.key] = version_from_wire(info.version, "ListResponse.objects.version")
+                if sets is not None and info.HasField("set"):
+                    sets[info.key] = info.set
             token = page.next_page_token
             if not token:
                 break
@@ -1687,7 +1731,9 @@ class SyncReplication:
         the write's `admitted.epoch`), so this owner was deposed and the write can never
         be acked; None (the answer stays retriable) when etcd still names this region at
         that epoch, names no owner, or cannot answer: nothing then says the replica
-        fenced it, and a retry is admitted against etcd again. (Left retriable, a
+        fenced it, and a retry is admitted against etcd again; None too when a planned
+        handover (switchover, drain) from this region ended that epoch: a write during
+        a handover is refused retriable. (Left retriable, a
         deposed owner kept its write standing and never rewound it.) The read gets what
         is left of the push's deadline (`until`, monotonic), at least
         `HIDDEN_FENCE_READ_S`."""
@@ -1708,6 +1754,25 @@ class SyncReplication:
             )
             return None
         if owner is None or (owner.region == self.region and owner.epoch <= header.epoch):
+            return None
+        if (
+            owner.moved_by in PLANNED_MOVES
+            and owner.moved_from == self.region
+            and owner.epoch_before == header.epoch
+        ):
+            # A planned handover from this region ended the write's epoch: the replica
+            # froze it for the handover (retriable) as likely as it fenced it after the
+            # move, and a writer told "retry" finds the new owner; a deposed owner's
+            # fence is a failover's (the contract: a handover retriable, a stale epoch
+            # not). The write is then left as a refusal of the handover leaves it.
+            log.info(
+                "replicate_hidden_handover",
+                dataset=header.dataset,
+                what=what,
+                epoch=header.epoch,
+                owner=owner.region,
+                kind=owner.moved_by,
+            )
             return None
         log.warning(
             "replicate_hidden_fence_read",

@@ -238,6 +238,11 @@ async def test_after_a_committed_handover_the_old_epoch_is_never_accepted() -> N
     with pytest.raises(StaleEpochError):
         await central.admit_write(CRITICAL, old)
     assert (await central.admit_write(CRITICAL, None)).epoch == new
+    # The read says how ownership moved, and from which epoch (the owner's push reads
+    # a handover that ended its write's epoch from these).
+    read = await EtcdOwners(coord, FencedResource(), max_age_s=0).owner(CRITICAL)
+    assert read is not None
+    assert (read.moved_by, read.moved_from, read.epoch_before) == ("switchover", REGION, old)
 
 
 async def test_an_unreadable_owner_record_fails_closed() -> None:

@@ -207,6 +207,18 @@ def etcd_names(region: str | None, epoch: int = 0) -> OwnerNow:
     return owner_now
 
 
+def etcd_moved(
+    kind: str, to: str = "eu-west", epoch: int = 4, before: int = 3, source: str = "eu-central"
+) -> OwnerNow:
+    """A fake `owner_now`: ownership moved from `source` (at epoch `before`) to `to` at
+    `epoch`, by a move of `kind`."""
+
+    async def owner_now(dataset: str) -> OwnerRecord | None:
+        return OwnerRecord(DS, to, epoch, moved_by=kind, moved_from=source, epoch_before=before)
+
+    return owner_now
+
+
 async def etcd_down(dataset: str) -> OwnerRecord | None:
     raise UnavailableError("etcd: no leader")
 
@@ -308,3 +320,37 @@ async def test_the_etcd_read_of_a_hidden_fence_is_bounded_by_the_push(start: Sta
             await sync._push("eu-west", write, write.version, 1.0)  # type: ignore[arg-type]
     assert caught.value.retriable and not isinstance(caught.value, FencedError)
     assert time.monotonic() - started < 6, time.monotonic() - started
+
+
+@pytest.mark.parametrize("kind", ["switchover", "drain"])
+async def test_a_planned_handover_that_ended_the_writes_epoch_stays_retriable(
+    store: ObjectStore, start: Start, kind: str
+) -> None:
+    """The replicas froze the write for a switchover (retriable) and the bug hid it on
+    every ask; by the etcd read the handover has moved ownership on. A write during a
+    handover is refused retriable (the writer finds the new owner), not fenced."""
+    _fakes, sync, write = await start(
+        StaleEpochError("eu-central is handing over"), hides=99, owner_now=etcd_moved(kind)
+    )
+    with pytest.raises(UnavailableError, match="36066") as caught:
+        await sync.replicate(write)
+    assert caught.value.retriable and not isinstance(caught.value, FencedError)
+    assert store.head(DS, "k") == write.version  # as a handover's refusal leaves it
+
+
+@pytest.mark.parametrize(
+    ("owner_now"),
+    [
+        etcd_moved("failover"),
+        etcd_moved("automatic"),
+        etcd_moved("switchover", before=2),
+        etcd_moved("switchover", source="eu-north"),
+    ],
+    ids=["failover", "automatic", "another-epochs-handover", "another-regions-handover"],
+)
+async def test_a_failover_or_another_epochs_handover_still_fences(
+    start: Start, owner_now: OwnerNow
+) -> None:
+    _fakes, sync, write = await start(StaleEpochError(STALE), hides=99, owner_now=owner_now)
+    with pytest.raises(FencedError, match="etcd names eu-west"):
+        await sync.replicate(write)

@@ -126,12 +126,15 @@ def owner(regions: dict[str, Region]) -> SyncReplication:
     """eu-central's replication, pulling adopted versions straight from the source store."""
     here = regions["eu-central"].store
 
-    async def adopt(dataset: str, key: str, version: Version, region: str, address: str) -> bool:
+    async def adopt(
+        dataset: str, key: str, version: Version, region: str, address: str, set_id: str | None
+    ) -> bool:
         source = regions[region].store
         if version.is_tombstone:
-            here.apply(dataset, key, version, None)
+            here.apply(dataset, key, version, None, set_id=set_id)
         else:
-            here.apply(dataset, key, version, [source.read_bytes(dataset, key, version.hlc)])
+            data = [source.read_bytes(dataset, key, version.hlc)]
+            here.apply(dataset, key, version, data, set_id=set_id)
         return True
 
     peers = StaticPeers({name: region.address for name, region in regions.items()})
@@ -139,11 +142,13 @@ def owner(regions: dict[str, Region]) -> SyncReplication:
 
 
 def copy(regions: dict[str, Region], key: str, version: Version, *to: str) -> None:
-    """Apply `version`, as eu-west holds it, to the stores of `to`."""
+    """Apply `version`, as eu-west holds it (with the set it was written in), to the
+    stores of `to`."""
     west = regions["eu-west"].store
     data = None if version.is_tombstone else [west.read_bytes(DS, key, version.hlc)]
+    set_id = west.stat(DS, key, version.hlc, include_deleted=True).set_id
     for name in to:
-        regions[name].store.apply(DS, key, version, data)
+        regions[name].store.apply(DS, key, version, data, set_id=set_id)
 
 
 @pytest.fixture
@@ -278,6 +283,7 @@ async def test_an_acked_set_the_new_owner_missed_is_adopted(
     shown = central.get_set(DS, "latest")
     want = regions["eu-west"].store.get_set(DS, "latest")
     assert (shown.set_id, shown.hlc, shown.members) == ("ckpt", want.hlc, members)
+    assert {k: central.stat(DS, k).set_id for k in members} == dict.fromkeys(members, "ckpt")
 
 
 async def test_a_set_only_the_deposed_owner_shows_is_not_adopted(
@@ -291,6 +297,34 @@ async def test_a_set_only_the_deposed_owner_shows_is_not_adopted(
     assert adopted == 2  # the members only
     assert {k: central.stat(DS, k).version.hlc for k in members} == members
     assert central.list_sets(DS) == []
+
+
+async def test_members_adopted_key_by_key_keep_the_set_they_were_written_in(
+    regions: dict[str, Region], sync: SyncReplication
+) -> None:
+    """The per-key pass adopts the members of a set no copy region shows yet: each is
+    stored as a member of its set (a row without it loses a member's protections, and
+    the owner would push it on without it)."""
+    older_than, members = acked_set(regions, record_in_north=False)
+    _, adopted, _ = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    central = regions["eu-central"].store
+    assert adopted == 2 and central.list_sets(DS) == []  # the members only
+    assert {k: central.stat(DS, k).set_id for k in members} == dict.fromkeys(members, "ckpt")
+    assert [(k, s) for k, _, s in sync._local(DS)[0]] == [(k, "ckpt") for k in sorted(members)]
+
+
+async def test_a_delete_written_in_a_set_is_adopted_with_its_set(
+    regions: dict[str, Region], sync: SyncReplication
+) -> None:
+    """A delete is not shown by Stat: its set comes from the listing it was found in."""
+    west = regions["eu-west"].store
+    older_than = regions["eu-central"].store.clock.now()
+    west.put(DS, "k", [b"before the set"])
+    gone = west.delete(DS, "k", set_id="ckpt")
+    copy(regions, "k", gone, "eu-north")
+    _, adopted, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert (adopted, rewound) == (1, 0)
+    assert regions["eu-central"].store.stat(DS, "k", include_deleted=True).set_id == "ckpt"
 
 
 @pytest.mark.usefixtures("acked")

@@ -115,7 +115,13 @@ class CountedAdopt:
         self.calls: list[str] = []
 
     async def __call__(
-        self, dataset: str, key: str, version: Version, region: str, address: str
+        self,
+        dataset: str,
+        key: str,
+        version: Version,
+        region: str,
+        address: str,
+        set_id: str | None = None,
     ) -> bool:
         self.calls.append(f"{key}@{version.hlc.text} from {region}")
         return True
