@@ -3,16 +3,19 @@ that the integration tests do not reach: a route map that sends every agent of t
 region to one address is refused; a placement region with no agent registered stops
 the proof, naming it; an agent that fails mid-run is reported with what it did before,
 the others are still asked, and the run counts as failed (the CLI exits 1); a proof
-reads each placement region's agents once, for its listing and its expiry clock.
+reads each placement region's agents once, for its listing and its expiry clock; a
+policy applied while the operator confirms, or during the second proof, refuses the
+run before any agent is asked.
 Unit test: etcd in memory, the agents faked."""
 
 from __future__ import annotations
 
 import json
-from types import TracebackType
+from types import SimpleNamespace, TracebackType
 from typing import ClassVar
 
 import pytest
+from fakes.admission import compiled
 from fakes.coordination import MemoryCoordination
 from placements import critical
 
@@ -166,11 +169,57 @@ async def test_a_proof_reads_each_placement_regions_agents_once(
     async def no_sets(*_args: object) -> list[tuple[str, str]]:
         return []
 
+    def clock() -> float:
+        listed.append("clock")
+        return 10.0  # this host's: later than the agents' (5 s), so theirs is used
+
     monkeypatch.setattr(evict, "_listing", listing)
     monkeypatch.setattr(evict, "_proven_sets", no_sets)
     monkeypatch.setattr(evict, "AgentClient", Healthy)
+    monkeypatch.setattr(evict, "time", SimpleNamespace(time=clock))  # evict's clock only
     plan = await evict._prove(coord, lambda _r, a: a, PLACEMENT, "eu-north", ["n:1"], 1.0)
     assert sorted(coord.prefixes) == sorted(keys.agents_of(r) for r in PLACEMENT.regions)
-    assert listed == ["n:1", "w:1", "c:1"]
+    # The "now" an absence is judged by is read before the placement's listings show it.
+    assert listed == ["n:1", "clock", "clock", "w:1", "c:1"]
     # The delete is older than the agents' retention by their clock: shown held.
     assert plan.evictable == [("k", tombstone.version.hlc)]
+
+
+@pytest.mark.parametrize(
+    ("applied_at", "why"),
+    [(1, "changed while the eviction was confirmed"), (2, "changed during the proof")],
+    ids=["while-confirming", "during-the-second-proof"],
+)
+async def test_a_policy_applied_meanwhile_refuses_the_run_before_any_agent_is_asked(
+    monkeypatch: pytest.MonkeyPatch, applied_at: int, why: str
+) -> None:
+    coord = await registered({"n1": ("eu-north", "n:1")})
+    regions = dict.fromkeys(("eu-west", "eu-central", "eu-north"), "EU")
+    await coord.put(keys.POLICY_CURRENT, compiled(regions, [PLACEMENT]).to_json())
+    # Another placement that still leaves eu-north out: only its digest differs.
+    other = critical("ckpt/a", replicas=("eu-central",), ack="all")
+    proofs = 0
+
+    async def apply_other() -> None:
+        await coord.put(keys.POLICY_CURRENT, compiled(regions, [other], revision=2).to_json())
+
+    async def prove(*_args: object) -> Eviction:
+        nonlocal proofs
+        proofs += 1
+        if proofs == 2 and applied_at == 2:
+            await apply_other()
+        return Eviction("ckpt/a", "eu-north", list(KEYS), [], [], dry_run=False)
+
+    async def confirm(_plan: Eviction) -> bool:
+        if applied_at == 1:
+            await apply_other()
+        return True
+
+    monkeypatch.setattr(evict, "_prove", prove)
+    monkeypatch.setattr(evict, "AgentClient", Agent)
+    Agent.calls.clear()
+    with pytest.raises(RefusedError, match=why):
+        await evict.evict_dataset(
+            coord, lambda _r, a: a, "ckpt/a", "eu-north", dry_run=False, confirm=confirm
+        )
+    assert Agent.calls == {}  # nothing was dropped anywhere
