@@ -61,6 +61,9 @@ def test_a_delete_held_nowhere_goes_only_once_expired_and_not_retained() -> None
     old, young = Version.delete(at(NOW - RETENTION - 1)), Version.delete(at(NOW - 5))
     assert plan(listing(k=old), {})[0] == ["k"]  # what an expired delete leaves
     assert plan(listing(k=young), {})[0] == []  # the put may still be on its way
+    # Exactly the retention old: not yet expired (the agents forget a delete strictly
+    # older than the retention), so not shown held.
+    assert plan(listing(k=Version.delete(at(NOW - RETENTION))), {})[0] == []
     assert plan(listing(k=old), {}, retain=True)[0] == []
     # A region still showing an older put: the delete is not what it holds.
     assert plan(listing(k=old), listing(k=put(10)))[0] == []
