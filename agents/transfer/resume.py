@@ -131,25 +131,29 @@ class ResumeBook:
         (key -> HLC text) at that version or older, except pulls in flight: the partial
         bytes of copies `meridian dataset evict` made this region forget, which would
         otherwise stay on its disk until they expire. Returns how many states went."""
-        doomed: list[str] = []
+        doomed = [
+            (stem, state)
+            for stem, state in self._states()
+            if state is not None and _forgotten(state, dataset, evicted)
+        ]
+        # Under the lock: a pull of one of them that begins meanwhile waits for its files
+        # to be gone, then starts afresh.
+        with self._lock:
+            doomed = [(stem, state) for stem, state in doomed if stem not in self._busy]
+            for _, state in doomed:
+                self.drop(state.dataset, state.key, state.hlc)
+        return len(doomed)
+
+    def _states(self) -> Iterator[tuple[str, ResumeState | None]]:
+        """Each state file's name (without `.json`) and its state (None: unreadable)."""
         for entry in os.scandir(self.folder):
             if not entry.name.endswith(".json"):
                 continue
             try:
-                state = ResumeState(**json.loads(Path(entry.path).read_text()))
+                state: ResumeState | None = ResumeState(**json.loads(Path(entry.path).read_text()))
             except (ValueError, TypeError, OSError):
-                continue  # unreadable: `load` and `expire` deal with it
-            at = evicted.get(state.key)
-            if state.dataset == dataset and at is not None and state.hlc <= at:
-                doomed.append(entry.name[: -len(".json")])
-        # Under the lock: a pull of one of them that begins meanwhile waits for its files
-        # to be gone, then starts afresh.
-        with self._lock:
-            doomed = [stem for stem in doomed if stem not in self._busy]
-            for stem in doomed:
-                for suffix in (".json", ".part", ".out"):
-                    files.remove_file(self.folder / f"{stem}{suffix}")
-        return len(doomed)
+                state = None
+            yield entry.name[: -len(".json")], state
 
     def expire(
         self, now_s: float | None = None, *, max_age_s: float = MAX_AGE_S, limit: int | None = None
@@ -162,14 +166,10 @@ class ResumeBook:
         removed = 0
         keep: set[str] = set()
         doomed: set[str] = set()
-        for entry in os.scandir(self.folder):
-            if not entry.name.endswith(".json"):
-                continue
-            stem = entry.name[: -len(".json")]
+        for stem, state in self._states():
             try:
-                state = ResumeState(**json.loads(Path(entry.path).read_text()))
-                fresh = now_s - state.created_s < max_age_s
-            except (ValueError, TypeError, OSError):
+                fresh = state is not None and now_s - state.created_s < max_age_s
+            except TypeError:  # a state file of the wrong shape
                 fresh = False
             if fresh or (limit is not None and removed >= limit):
                 keep.add(stem)
@@ -185,6 +185,15 @@ class ResumeBook:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
         return removed
+
+
+def _forgotten(state: ResumeState, dataset: str, evicted: Mapping[str, str]) -> bool:
+    """Whether `state` is a pull of a version of `dataset` an eviction forgot."""
+    try:
+        at = evicted.get(state.key)
+        return state.dataset == dataset and at is not None and state.hlc <= at
+    except TypeError:  # a state file of the wrong shape: `expire` removes it
+        return False
 
 
 class Checkpointer:

@@ -10,12 +10,12 @@ Unit test: etcd in memory, the agents faked."""
 
 from __future__ import annotations
 
-import json
-from types import SimpleNamespace, TracebackType
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
 from fakes.admission import compiled
+from fakes.agent_client import FakeAgentClient, register_agents
 from fakes.coordination import MemoryCoordination
 from placements import critical
 
@@ -35,10 +35,7 @@ KEYS = [(f"k{i}", HLC(1_000 + i, 0, "eu-west")) for i in range(3)]
 
 async def registered(agents: dict[str, tuple[str, str]]) -> MemoryCoordination:
     """agent id -> (region, endpoint), registered as agents register."""
-    coord = MemoryCoordination()
-    for agent_id, (region, endpoint) in agents.items():
-        await coord.put(keys.agent(region, agent_id), json.dumps({"endpoint": endpoint}).encode())
-    return coord
+    return await register_agents(MemoryCoordination(), agents)
 
 
 async def test_a_route_map_that_sends_the_regions_agents_to_one_address_is_refused() -> None:
@@ -66,22 +63,11 @@ async def test_a_placement_region_with_no_agent_stops_the_proof_naming_it(
     assert listed == ["n:1", "w:1"]  # eu-west listed; eu-central could not be
 
 
-class Agent:
+class Agent(FakeAgentClient):
     """Answers `fail_at - 1` pages (one object each), then fails."""
 
     calls: ClassVar[dict[str, int]] = {}
     fail_at: ClassVar[dict[str, int]] = {}
-
-    def __init__(self, address: str, *, timeout_s: float) -> None:
-        self.address = address
-
-    async def __aenter__(self) -> Agent:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
 
     async def evict(
         self,
@@ -128,19 +114,8 @@ class CountingCoordination(MemoryCoordination):
         return await super().get_prefix(prefix)
 
 
-class Healthy:
+class Healthy(FakeAgentClient):
     """Every agent answers Health with its id (its address here) and a retention."""
-
-    def __init__(self, address: str, *, timeout_s: float) -> None:
-        self.address = address
-
-    async def __aenter__(self) -> Healthy:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
 
     async def health(self) -> Health:
         return Health(True, "r", self.address, 0, 0, 0, 1_000, 5_000)
@@ -152,11 +127,7 @@ async def test_a_proof_reads_each_placement_regions_agents_once(
     """The agents asked for the expiry clock are the ones whose listing is used: one read
     of each region's registrations serves both."""
     coord = CountingCoordination()
-    for agent_id, (region, endpoint) in {
-        "w:1": ("eu-west", "w:1"),
-        "c:1": ("eu-central", "c:1"),
-    }.items():
-        await coord.put(keys.agent(region, agent_id), json.dumps({"endpoint": endpoint}).encode())
+    await register_agents(coord, {"w:1": ("eu-west", "w:1"), "c:1": ("eu-central", "c:1")})
     tombstone = ObjectInfo("ckpt/a", "k", Version.delete(HLC(1_000, 0, "eu-west")))
     listed: list[str] = []
 

@@ -6,16 +6,13 @@ Unit test: etcd in memory, the agents' Health answers faked."""
 
 from __future__ import annotations
 
-import json
-from types import TracebackType
-
 import pytest
+from fakes.agent_client import FakeAgentClient, register_agents
 from fakes.coordination import MemoryCoordination
 from placements import critical
 
 from agents.client import Health
 from controlplane.coordination.orchestration import evict
-from controlplane.coordination.protocols import keys
 
 PLACEMENT = critical("ckpt/a", replicas=("eu-central",))
 ANSWERS: dict[str, Health] = {}
@@ -25,18 +22,7 @@ def health(agent_id: str, retention_ms: int | None, now_ms: int | None) -> Healt
     return Health(True, "r", agent_id, 0, 0, 0, retention_ms, now_ms)
 
 
-class FakeClient:
-    def __init__(self, address: str, *, timeout_s: float) -> None:
-        self.address = address
-
-    async def __aenter__(self) -> FakeClient:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
+class FakeClient(FakeAgentClient):
     async def health(self) -> Health:
         return ANSWERS[self.address]
 
@@ -44,9 +30,7 @@ class FakeClient:
 async def registered(agents: dict[str, tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
     """agent id -> (region, endpoint), registered as agents register, then read back as
     the proof reads them: (agent id, endpoint) by placement region."""
-    coord = MemoryCoordination()
-    for agent_id, (region, endpoint) in agents.items():
-        await coord.put(keys.agent(region, agent_id), json.dumps({"endpoint": endpoint}).encode())
+    coord = await register_agents(MemoryCoordination(), agents)
     return {r: await evict._registrations(coord, r) for r in PLACEMENT.regions}
 
 
