@@ -93,15 +93,29 @@ class EtcdKeepAlive:
         # can fail before expiry; give up once a full TTL passed without success.
         interval = max(0.25, min(1.0, self.lease.ttl_s / 3))
         last_ok = time.monotonic()
+        answered = True
         while True:
             # Count a renewal from when it was *sent*: etcd restarted the TTL no
             # earlier than that, so our idea of expiry is never later than etcd's.
             sent = time.monotonic()
             try:
-                ttl = await self._coord.refresh(self.lease.id)
+                if not answered:
+                    # The last renewal went unanswered, yet it may have reached etcd (a
+                    # one-way partition loses only the answers). Renewing blindly would
+                    # keep the lease alive in etcd for as long as the answers are lost,
+                    # while we count it lost after a TTL: look first (a read renews
+                    # nothing), and renew only once a look is answered. So etcd's
+                    # expiry is at most an interval later than ours.
+                    ttl = await self._coord.lease_ttl(self.lease.id)
+                    sent = time.monotonic()
+                    if ttl > 0:
+                        ttl = await self._coord.refresh(self.lease.id)
+                else:
+                    ttl = await self._coord.refresh(self.lease.id)
             except MeridianError as exc:
                 log.warning("lease_renewal_failed", lease=f"{self.lease.id:x}", error=str(exc))
                 ttl = None
+            answered = ttl is not None
             now = time.monotonic()
             if ttl is not None and ttl <= 0:
                 log.warning("lease_lost", lease=f"{self.lease.id:x}", why="expired in etcd")

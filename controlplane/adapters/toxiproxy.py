@@ -130,10 +130,16 @@ class ToxiproxyClient:
     def delete_proxy(self, name: str) -> None:
         self._call(f"delete proxy {name}", lambda: self._server.destroy(self._proxy(name)))
 
-    def _add_both(self, proxy: str, toxic_type: str, attributes: dict[str, int]) -> None:
+    def _add_both(
+        self,
+        proxy: str,
+        toxic_type: str,
+        attributes: dict[str, int],
+        streams: tuple[str, ...] = ("upstream", "downstream"),
+    ) -> None:
         def add() -> None:
             target = self._proxy(proxy)
-            for stream in ("upstream", "downstream"):
+            for stream in streams:
                 target.add_toxic(
                     type=toxic_type,
                     stream=stream,
@@ -150,9 +156,16 @@ class ToxiproxyClient:
     def add_bandwidth(self, proxy: str, rate_kib_s: int) -> None:
         self._add_both(proxy, "bandwidth", {"rate": rate_kib_s})
 
-    def add_timeout(self, proxy: str, timeout_ms: int) -> None:
-        """Stop all data and close the connection after `timeout_ms` (0: never close)."""
-        self._add_both(proxy, "timeout", {"timeout": timeout_ms})
+    def add_timeout(
+        self,
+        proxy: str,
+        timeout_ms: int,
+        streams: tuple[str, ...] = ("upstream", "downstream"),
+    ) -> None:
+        """Stop all data on `streams` and close the connection after `timeout_ms` (0: never
+        close). Only "downstream": requests still arrive, their answers never come back
+        (a one-way partition)."""
+        self._add_both(proxy, "timeout", {"timeout": timeout_ms}, streams)
 
     def add_limit_data(self, proxy: str, limit_bytes: int, stream: str = "downstream") -> None:
         """Close the connection once `limit_bytes` have passed in `stream` (`downstream`:

@@ -11,6 +11,7 @@ from waiting import WaitTimeoutError, until
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.errors import OperationTimeoutError, UnavailableError
 from controlplane.ports.coordination import Cmp, Compare, EventType, Get, Put, Target
+from controlplane.stack.etcd import EtcdCluster
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +91,52 @@ async def test_unreachable_etcd_is_one_retriable_error() -> None:
     assert info.value.retriable
     assert "127.0.0.1:1" in str(info.value)
     assert isinstance(info.value, UnavailableError | OperationTimeoutError)
+
+
+class AnswersLost(EtcdCoordination):
+    """While `cut`, each call reaches etcd and its answer is lost (a one-way partition):
+    `renewals` counts the renewals that reached etcd meanwhile."""
+
+    cut = False
+    renewals = 0
+
+    async def refresh(self, lease_id: int) -> int:
+        ttl = await super().refresh(lease_id)
+        if self.cut:
+            self.renewals += 1
+            raise UnavailableError("the answer to a renewal was lost (test)")
+        return ttl
+
+    async def lease_ttl(self, lease_id: int) -> int:
+        ttl = await super().lease_ttl(lease_id)
+        if self.cut:
+            raise UnavailableError("the answer to a TTL read was lost (test)")
+        return ttl
+
+
+async def test_keepalive_whose_answers_are_lost_stops_renewing_after_the_first(
+    coord: EtcdCoordination, etcd3: EtcdCluster
+) -> None:
+    """A renewal whose answer is lost still restarts the lease's TTL in etcd: one sent
+    at every interval would keep the holder's keys alive while it counts itself lost
+    (a region's liveness key, which other regions wait to see gone to fail it over)."""
+    lossy = AnswersLost(etcd3.endpoints, timeout_s=1)
+    await lossy.connect()
+    try:
+        lease = await lossy.grant(2)
+        ka = lossy.keep_alive(lease)
+        await coord.put("/meridian/test/one-way", b"v", lease=lease.id)
+        lossy.cut = True
+        async with asyncio.timeout(lease.ttl_s + 5):
+            await ka.lost.wait()
+        assert lossy.renewals <= 1  # the first unanswered one; then only looks
+        await until(
+            lambda: _gone(coord, "/meridian/test/one-way"), lease.ttl_s + 5, "the key to go"
+        )
+        await ka.stop()
+    finally:
+        await lossy.close()
+
+
+async def _gone(coord: EtcdCoordination, key: str) -> bool:
+    return await coord.get(key) is None

@@ -11,6 +11,7 @@ from harness.ports import free_port
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.toxiproxy import ToxiproxyClient
 from controlplane.controller.daemon import ControllerConfig, RegionController
+from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.stack.etcd import EtcdCluster
 
@@ -58,6 +59,50 @@ async def test_partitioned_owner_steps_down_and_its_datasets_move(
         await west_coord.close()
         await central_coord.close()
         await asyncio.to_thread(toxi.delete_proxy, proxy)
+
+
+async def test_owner_whose_etcd_answers_are_lost_is_failed_over(
+    coord: EtcdCoordination, etcd3: EtcdCluster, world: World, toxiproxy_url: str
+) -> None:
+    """A one-way partition: eu-west's requests reach etcd, the answers never come back.
+    Its renewals would still restart its lease there, keeping its liveness key, and so
+    its datasets, away from a failover for as long as the cut lasts; it steps down, and
+    must stop renewing, so that its lease expires and eu-central takes its datasets."""
+    toxi = ToxiproxyClient(toxiproxy_url, timeout_s=5)
+    port = free_port()
+    listen, proxy = f"127.0.0.1:{port}", f"coord-one-way-{port}"
+    await asyncio.to_thread(toxi.create_proxy, proxy, listen, etcd3.endpoints[0])
+    source, journal, probe = world
+    west_coord = EtcdCoordination([listen], timeout_s=1)
+    central_coord = EtcdCoordination(etcd3.endpoints, timeout_s=3)
+    await west_coord.connect()
+    await central_coord.connect()
+    await publish_world(coord, source)
+    west = RegionController(
+        west_coord, journal, probe, ControllerConfig("eu-west", "w", lease_ttl_s=2)
+    )
+    central = RegionController(
+        central_coord, journal, probe, ControllerConfig("eu-central", "c", lease_ttl_s=2)
+    )
+    own = Ownership(coord)
+    try:
+        async with central, west:
+            assert await wait_until(lambda: _count(own, "eu-west", 6), 10)
+            await asyncio.to_thread(toxi.add_timeout, proxy, 0, ("downstream",))
+            assert await wait_until(lambda: _true(not west.active.is_set()), 6)
+            assert await wait_until(lambda: _gone(coord, keys.alive("eu-west")), 8)
+            assert await wait_until(lambda: _count(own, "eu-central", 5), 10)
+            await asyncio.to_thread(toxi.remove_toxics, proxy)
+            assert await wait_until(lambda: _true(west.active.is_set()), 10)
+            assert await wait_until(lambda: _true(sorted(west.owned) == ["ckpt/manual"]), 5)
+    finally:
+        await west_coord.close()
+        await central_coord.close()
+        await asyncio.to_thread(toxi.delete_proxy, proxy)
+
+
+async def _gone(coord: EtcdCoordination, key: str) -> bool:
+    return await coord.get(key) is None
 
 
 async def _count(own: Ownership, region: str, n: int) -> bool:

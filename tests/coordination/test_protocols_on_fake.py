@@ -221,6 +221,55 @@ async def test_a_lock_whose_lease_expired_in_the_outage_is_taken_anew() -> None:
     await coord.close()
 
 
+async def test_a_kept_lease_whose_key_an_operator_deleted_is_not_a_resume() -> None:
+    coord = MemoryCoordination(ManualClock())
+    lock, first = await _outage_over(coord, etcd_keeps_it=True)
+    await coord.delete(first.key)  # the operator, while nobody held the lock
+    async with lock.hold(timeout_s=5) as again:
+        assert again.lease.id == first.lease.id  # the lease lived on
+        assert not again.resumed and again.token > first.token  # a new hold under it
+    await coord.close()
+
+
+class AnswersLost(MemoryCoordination):
+    """Calls reach the store, their answers do not come back (a one-way partition):
+    a look at a lease fails before reaching it, a renewal reaches it and then fails."""
+
+    lost = False
+    renewals = 0
+
+    async def lease_ttl(self, lease_id: int) -> int:
+        if self.lost:
+            raise UnavailableError("etcd did not answer the TTL read (test)")
+        return await super().lease_ttl(lease_id)
+
+    async def refresh(self, lease_id: int) -> int:
+        self.renewals += 1
+        ttl = await super().refresh(lease_id)  # etcd renewed it...
+        if self.lost:
+            raise UnavailableError("etcd's answer to the renewal was lost (test)")
+        return ttl
+
+
+async def test_a_kept_lease_is_looked_at_before_it_is_renewed() -> None:
+    """A holder whose answers are lost must not renew its kept lease at every try: each
+    renewal reaches etcd and keeps the keys of a holder that stepped down alive."""
+    clock = ManualClock()
+    coord = AnswersLost(clock)
+    lock, first = await _outage_over(coord, etcd_keeps_it=True)
+    coord.lost, coord.renewals = True, 0
+    for _ in range(3):
+        with pytest.raises(UnavailableError):
+            async with lock.hold():
+                pass
+    assert coord.renewals == 0
+    coord.lost = False
+    async with lock.hold(timeout_s=5) as again:  # answered again: renewed and resumed
+        assert again.resumed and again.token == first.token
+    assert coord.renewals >= 1
+    await coord.close()
+
+
 class TxnFailsOnce(MemoryCoordination):
     """Fails the next transaction, as an etcd that just came back may."""
 

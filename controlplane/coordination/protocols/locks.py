@@ -33,10 +33,12 @@ cannot be revoked while etcd is out anyway) or granting a new one would make the
 holder's keys vanish and come back under a new lease, which others read as its
 death. Instead, a hold that ended with its keepalive lost, or on a failed etcd
 call, leaves the lease alone, and the next `hold()` on the same `GlobalLock` (one
-holder at a time per instance) first renews it: if etcd still has it, the hold
-goes on under it (same key, same token: the lease never lapsed, so nobody else can
-have held the lock meanwhile); otherwise it grants a new one as usual. A holder
-that stops for good calls `abandon()` to revoke a lease so kept.
+holder at a time per instance) first asks etcd about it, then renews it: if etcd
+still has it, the hold goes on under it (same key, same token: the lease never
+lapsed, so nobody else can have held the lock meanwhile; unless an operator deleted
+the key, which the hold then makes anew, with a new token, and does not count as a
+resume); otherwise it grants a new one as usual. A holder that stops for good calls
+`abandon()` to revoke a lease so kept.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class HeldLock:
     token: int
     lease: Lease
     lost: asyncio.Event = field(default_factory=asyncio.Event)
-    resumed: bool = False  # held under the lease kept from the last hold, not a new one
+    resumed: bool = False  # the last hold goes on: its kept lease and its key, so its token
 
 
 class GlobalLock:
@@ -105,10 +107,17 @@ class GlobalLock:
 
         The kept lease is renewed, not just looked at, so that etcd's expiry is a whole
         TTL away as the keepalive starts counting; until etcd answered (an error, a
-        cancel) it stays kept for the next try."""
+        cancel) it stays kept for the next try. It is looked at first: a renewal whose
+        answer is lost (a one-way partition) still reaches etcd and restarts its TTL, so
+        renewing on every try would keep alive, for as long as the answers are lost, the
+        lease of a holder that has stepped down, and with it its keys (a region's
+        liveness key, which other regions wait to see gone before they fail it over). A
+        look renews nothing: only once one is answered is the lease renewed."""
         old = self._resumable
         if old is not None:
-            ttl = await self.coord.refresh(old.id)
+            ttl = await self.coord.lease_ttl(old.id)
+            if ttl > 0:
+                ttl = await self.coord.refresh(old.id)
             self._resumable = None
             if ttl > 0:
                 return old, True
@@ -153,9 +162,12 @@ class GlobalLock:
         keep = False  # leave the lease to the next hold rather than revoke it
         waited_out = False  # gave up waiting for another holder: a hold given up for good
         try:
-            await self.coord.txn(
+            created = await self.coord.txn(
                 [Compare(my_key, Target.CREATE, Cmp.EQUAL, 0)], [Put(my_key, value, lease.id)]
             )
+            # A kept lease whose key is gone (an operator deleted it) is a new hold under
+            # an old lease: a new token, and another holder may have held it meanwhile.
+            resumed = resumed and not created.succeeded
             try:
                 async with asyncio.timeout(timeout_s):
                     token = await self._wait_first(my_key)
