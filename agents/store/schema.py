@@ -43,6 +43,10 @@ CREATE TABLE IF NOT EXISTS sets (
 CREATE INDEX IF NOT EXISTS sets_by_hlc ON sets (dataset, complete, hlc);
 -- Members stored with their set id (holds_sets): partial, so other rows cost nothing.
 CREATE INDEX IF NOT EXISTS versions_in_sets ON versions (set_id) WHERE set_id IS NOT NULL;
+-- Tombstones by age (the expiry pass finds the old ones without walking every object):
+-- partial, so puts cost nothing. Added within format 2: an index changes no row, and an
+-- agent that predates it keeps it up to date as SQLite does every index.
+CREATE INDEX IF NOT EXISTS versions_deletes ON versions (hlc, dataset, key) WHERE op = 'delete';
 CREATE TABLE IF NOT EXISTS set_members (
     dataset TEXT NOT NULL,
     set_id TEXT NOT NULL,

@@ -1596,35 +1596,38 @@ class ObjectStore:
         candidates' (key, tombstone HLC) at a time, without the store's lock, and
         answers the keys that may go (a critical dataset's, once every agent of every
         copy region shows the delete or nothing: agents/daemon/expiry.py). Returns
-        how many objects. Reads `batch` objects at a time, in key order, so the
-        store's lock is never held for a scan of all of them (a sweep runs beside
+        how many objects. Reads at most `batch` candidates at a time (tombstones older
+        than the retention that are their object's newest version, found through the
+        `versions_deletes` index in HLC order, so a pass costs what is due, not what is
+        stored), so the store's lock is never held for a long scan (a sweep runs beside
         writes). `stopping`, when it says so before a batch, ends the pass there (the
         agent stops): what it forgot so far is returned, nothing more is touched."""
         if batch < 1:
             raise InvalidInputError(f"batch must be at least 1, got {batch}")
         cutoff = (rows.now_ms() if now_ms is None else now_ms) - 1000 * self.tombstone_retention_s
+        # HLC text starts with its 13-digit wall time: every HLC of a wall time before
+        # the cutoff sorts below these digits, and none of the cutoff's or later.
+        below = f"{max(cutoff, 0):013d}"
         expired = 0
-        after: tuple[str, str] = ("", "")
+        after: tuple[str, str, str] = ("", "", "")
         while True:
             if stopping is not None and stopping():
                 return expired
             with self._lock:
                 self._require_open()
-                # GROUP BY walks the primary key in order and stops after `batch` objects;
-                # max(hlc) makes `op` that of the newest row (SQLite's bare-column rule).
                 found = self._db.execute(
-                    "SELECT dataset, key, max(hlc), op FROM versions"
-                    " WHERE (dataset, key) > (?, ?) GROUP BY dataset, key"
-                    " ORDER BY dataset, key LIMIT ?",
-                    (*after, batch),
+                    "SELECT v.dataset, v.key, v.hlc FROM versions AS v"
+                    " WHERE v.op = 'delete' AND v.hlc < ? AND (v.hlc, v.dataset, v.key) > (?, ?, ?)"
+                    " AND NOT EXISTS (SELECT 1 FROM versions AS n WHERE n.dataset = v.dataset"
+                    " AND n.key = v.key AND n.hlc > v.hlc)"
+                    " ORDER BY v.hlc, v.dataset, v.key LIMIT ?",
+                    (below, *after, batch),
                 ).fetchall()
             if not found:
                 break
-            after = (found[-1][0], found[-1][1])
+            after = (found[-1][2], found[-1][0], found[-1][1])
             due: dict[str, list[tuple[str, str]]] = {}
-            for dataset, key, hlc, op in found:
-                if op != "delete" or HLC.parse(hlc).wall_ms >= cutoff:
-                    continue
+            for dataset, key, hlc in found:
                 if datasets is None or datasets(dataset):
                     due.setdefault(dataset, []).append((key, hlc))
             for dataset, candidates in due.items():
@@ -1639,9 +1642,6 @@ class ObjectStore:
                             expired += self._expire_one(dataset, key, hlc)
         if stopping is not None and stopping():
             return expired
-        # HLC text starts with its 13-digit wall time: every mark made before the cutoff
-        # sorts below these digits.
-        below = f"{max(cutoff, 0):013d}"
         with self._lock:
             self._require_open()
             marked = self._db.execute(
