@@ -17,7 +17,7 @@ group in one wake-up. Under load the group is whatever queued during the previou
 commit, as in the store's own group commit.
 
 A put whose object's lock is held (another write of that object is committing)
-takes the old path: a thread waits for the lock in `put_small`, so an object's
+takes the old path: a thread waits for the lock in `put_checked`, so an object's
 versions still commit in the order they were stamped. A caller that stops waiting
 leaves its write to commit, as before. The committer thread stops after `IDLE_S`
 without work and is started again by the next put.
@@ -31,7 +31,7 @@ import functools
 import queue
 import threading
 
-from agents.store import HeldPut, ObjectStore, SmallPut
+from agents.store import CheckedSmall, HeldPut, ObjectStore, SmallPut
 from controlplane.domain.version import Version
 from controlplane.errors import UnavailableError
 from controlplane.logs import get_logger
@@ -64,10 +64,11 @@ class SmallPuts:
         commit (its version again once durable, or the error that write raised).
         Raises the put's own error (size, digest, name) with nothing stored."""
         loop = asyncio.get_running_loop()
-        held = self._store.stamp_small(put)
+        checked = self._store.check_small(put)  # hashed once, whichever way it commits
+        held = self._store.stamp_small(checked)
         if held is None:
             self.waited += 1
-            return await self._put_waiting(put, loop)
+            return await self._put_waiting(checked, loop)
         local: asyncio.Future[Version] = loop.create_future()
         self._queue.put((held, local, loop))
         with self._state:
@@ -89,9 +90,9 @@ class SmallPuts:
         return held.version, local
 
     async def _put_waiting(
-        self, put: SmallPut, loop: asyncio.AbstractEventLoop
+        self, checked: CheckedSmall, loop: asyncio.AbstractEventLoop
     ) -> tuple[Version, asyncio.Future[Version]]:
-        """`put_small` in an executor thread (it waits for its object's lock), its
+        """`put_checked` in an executor thread (it waits for its object's lock), its
         version returned at its stamp, before the commit is durable."""
         stamped: asyncio.Future[Version] = loop.create_future()
 
@@ -103,22 +104,7 @@ class SmallPuts:
             loop.call_soon_threadsafe(tell, version)
 
         local = loop.run_in_executor(
-            None,
-            functools.partial(
-                self._store.put_small,
-                put.dataset,
-                put.key,
-                put.data,
-                expected_size=put.expected_size,
-                max_size=put.max_size,
-                expected_digest=put.expected_digest,
-                end_digest=put.end_digest,
-                set_id=put.set_id,
-                outbox=put.outbox,
-                epoch=put.epoch,
-                policy_revision=put.policy_revision,
-                on_stamped=on_stamped,
-            ),
+            None, functools.partial(self._store.put_checked, checked, on_stamped=on_stamped)
         )
 
         def ended(done: asyncio.Future[Version]) -> None:

@@ -29,11 +29,12 @@ from agents.store.model import (
 from agents.store.names import check_name
 from agents.store.reader import CHUNK_BYTES, ObjectReader
 from agents.store.staging import StagedWrite
-from agents.store.store import HeldPut, ObjectStore
+from agents.store.store import CheckedSmall, HeldPut, ObjectStore
 
 __all__ = [
     "CHUNK_BYTES",
     "ApplyResult",
+    "CheckedSmall",
     "DigestMismatchError",
     "Evicted",
     "HeldPut",

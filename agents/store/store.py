@@ -114,8 +114,9 @@ class _Entry:
         return PurePosixPath(self.where[1])
 
 
-class _Checked(NamedTuple):
-    """A small put checked (`_checked_small`), not yet stamped."""
+class CheckedSmall(NamedTuple):
+    """A small put checked (`ObjectStore.check_small`), not yet stamped: its bytes
+    hashed once, whichever way it is then committed."""
 
     dataset: str
     key: str
@@ -413,7 +414,14 @@ class ObjectStore:
             epoch,
             policy_revision,
         )
-        checked = self._checked_small(put)
+        return self.put_checked(self.check_small(put), on_stamped=on_stamped)
+
+    def put_checked(
+        self, checked: CheckedSmall, *, on_stamped: Callable[[Version], None] | None = None
+    ) -> Version:
+        """`put_small` of a put `check_small` checked (not hashed again): waits for its
+        object's lock, as `stamp_small` does not."""
+        put = checked.put
         self._require_open()
         return self._commit_local(
             checked.dataset,
@@ -422,23 +430,25 @@ class ObjectStore:
             checked.digest,
             None,
             set_id=checked.set_id,
-            outbox=outbox,
-            epoch=epoch,
-            policy_revision=policy_revision,
+            outbox=put.outbox,
+            epoch=put.epoch,
+            policy_revision=put.policy_revision,
             transfer=None,
             on_stamped=on_stamped,
             inline=checked.data,
         )
 
-    def stamp_small(self, put: SmallPut) -> HeldPut | None:
+    def stamp_small(self, put: SmallPut | CheckedSmall) -> HeldPut | None:
         """`put_small`'s checks and stamp, without blocking (on an agent's event loop:
         no thread hop before a critical write's push can start): the put checked, its
         object's lock taken and its version stamped, to be committed by `commit_held`
         (in any thread) with the other puts held meanwhile. None, with nothing taken,
         when its object's lock is held (another write of that object, or of its lock
-        stripe, is committing): the caller then uses `put_small` in a thread, which
-        waits for it. Raises the put's own error as `put_small` does."""
-        checked = self._checked_small(put)
+        stripe, is committing): the caller then uses `put_checked` (given what
+        `check_small` returned, so its bytes are hashed once) or `put_small` in a
+        thread, which waits for it. Raises the put's own error as `put_small` does."""
+        checked = put if isinstance(put, CheckedSmall) else self.check_small(put)
+        put = checked.put
         self._require_open()
         lock = self._stripes[stripe_of(checked.dataset, checked.key)]
         if not lock.acquire(blocking=False):
@@ -519,9 +529,10 @@ class ObjectStore:
                 out.append(err)
         return out
 
-    def _checked_small(self, put: SmallPut) -> _Checked:
+    def check_small(self, put: SmallPut) -> CheckedSmall:
         """A small put's names, sizes and digests checked (`put_small`'s order and
-        errors), before its object's lock is taken."""
+        errors), before its object's lock is taken; for `stamp_small` and
+        `put_checked`."""
         dataset, key = check_name("dataset", put.dataset), check_name("key", put.key)
         set_id = None if put.set_id is None else check_name("set", put.set_id)
         data = put.data
@@ -547,7 +558,7 @@ class ObjectStore:
                 f"object {dataset}/{key} hashed to {digest}, not the stated {put.end_digest}; "
                 "nothing was stored"
             )
-        return _Checked(dataset, key, set_id, digest, bytes(data), put)
+        return CheckedSmall(dataset, key, set_id, digest, bytes(data), put)
 
     def commit_put(
         self,

@@ -16,6 +16,7 @@ from waiting import until
 
 from agents.service.small_puts import SmallPuts
 from agents.store import DigestMismatchError, ObjectStore, SmallPut
+from agents.store import store as store_module
 from agents.store.store import stripe_of
 from controlplane.domain.hlc import HybridClock
 from controlplane.domain.version import Digest, Version
@@ -194,10 +195,41 @@ async def test_a_waiting_put_refused_before_its_stamp_is_answered(
     store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The thread path (its object's lock was held): an error before its stamp reaches
-    the caller instead of leaving it waiting."""
-    monkeypatch.setattr(store, "stamp_small", lambda put: None)
+    the caller instead of leaving it waiting (here: the store closed meanwhile)."""
+    monkeypatch.setattr(store, "stamp_small", lambda checked: None)
     puts = SmallPuts(store)
-    bad = SmallPut("ds", "k", b"data", expected_digest=Digest.of(b"else"))
+    store.close()
+    with pytest.raises(UnavailableError, match="closed"):
+        await asyncio.wait_for(puts.put(SmallPut("ds", "k", b"data")), TIMEOUT_S)
+    assert puts.waited == 1
+
+
+async def test_a_put_that_waits_for_its_object_is_hashed_once_and_still_checked(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put of an object being written commits through the thread path with the bytes
+    checked on the loop: hashed once, and a wrong digest still refused there."""
+    hashed: list[str] = []
+    real = store_module.checked_bytes
+
+    def counted(dataset: str, key: str, *args: object, **kwargs: object) -> Digest:
+        hashed.append(key)
+        return real(dataset, key, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module, "checked_bytes", counted)
+    commits = _HeldCommits(store, monkeypatch)
+    puts = SmallPuts(store)
+    _, first = await puts.put(SmallPut("ds", "k", b"first"))
+    await _entered(commits)
+    second = SmallPut("ds", "k", b"second", expected_digest=Digest.of(b"second"))
+    waiting = asyncio.create_task(puts.put(second))
+    await until(lambda: puts.waited == 1, TIMEOUT_S, "the second put to wait for the first")
+    bad = SmallPut("ds", "k", b"third", end_digest=Digest.of(b"else"))
     with pytest.raises(DigestMismatchError):
-        await asyncio.wait_for(puts.put(bad), TIMEOUT_S)
-    assert puts.waited == 1 and store.head("ds", "k") is None
+        await puts.put(bad)
+    commits.go.set()
+    await asyncio.wait_for(first, TIMEOUT_S)
+    version, local = await asyncio.wait_for(waiting, TIMEOUT_S)
+    assert await asyncio.wait_for(local, TIMEOUT_S) == version
+    assert hashed == ["k", "k", "k"]  # once per put, the refused one included
+    assert store.read_bytes("ds", "k") == b"second" and puts.waited == 1
