@@ -11,6 +11,10 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from controlplane.logs import get_logger
+
+log = get_logger(__name__)
+
 FORMAT = "2"
 # Format 2 added `inline_bytes` and its trigger (DDL, all IF NOT EXISTS): a format-1
 # store becomes a format-2 one by creating them and changing its mark (`connect`).
@@ -167,6 +171,17 @@ SELECT
 WAL_KEPT_BYTES = 64 * 1024 * 1024  # the WAL's size kept after a checkpoint (above)
 
 
+def _lacks_index(conn: sqlite3.Connection, table: str, index: str) -> bool:
+    """Whether `table` exists without `index` (a store made before the index was)."""
+    names = {
+        name
+        for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE name IN (?, ?)", (table, index)
+        )
+    }
+    return table in names and index not in names
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) the metadata database. The connection is shared by
     the store's threads under the store's own lock, hence check_same_thread=False;
@@ -189,6 +204,10 @@ def connect(path: Path) -> sqlite3.Connection:
     # skips them one by one: `recently_deleted` in fs/ext4/ialloc.c). Memory holds it.
     conn.execute("PRAGMA temp_store=MEMORY")
     conn.execute("PRAGMA foreign_keys=ON")
+    if _lacks_index(conn, "versions", "versions_deletes"):
+        # A store an older agent made: the index is built now, once, by one scan of the
+        # versions (seconds for millions of them) before the agent serves.
+        log.info("store_index_building", index="versions_deletes", store=str(path))
     conn.executescript(DDL)
     conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('format', ?)", (FORMAT,))
     # The upgrade's tables were made by the DDL above (committed before this mark: a

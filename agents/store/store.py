@@ -1607,11 +1607,11 @@ class ObjectStore:
         candidates' (key, tombstone HLC) at a time, without the store's lock, and
         answers the keys that may go (a critical dataset's, once every agent of every
         copy region shows the delete or nothing: agents/daemon/expiry.py). Returns
-        how many objects. Reads at most `batch` candidates at a time (tombstones older
-        than the retention that are their object's newest version, found through the
-        `versions_deletes` index in HLC order, so a pass costs what is due, not what is
-        stored), so the store's lock is never held for a long scan (a sweep runs beside
-        writes). `stopping`, when it says so before a batch, ends the pass there (the
+        how many objects. Reads at most `batch` tombstones older than the retention at
+        a time (through the `versions_deletes` index, in HLC order; those a later
+        version superseded are skipped), so a pass costs what is old, not what is
+        stored, and the store's lock is never held for a long scan (a sweep runs
+        beside writes). `stopping`, when it says so before a batch, ends the pass there (the
         agent stops): what it forgot so far is returned, nothing more is touched."""
         if batch < 1:
             raise InvalidInputError(f"batch must be at least 1, got {batch}")
@@ -1626,11 +1626,13 @@ class ObjectStore:
                 return expired
             with self._lock:
                 self._require_open()
+                # LIMIT counts tombstones read, superseded ones too (a delete a later
+                # put replaced stays until pruned): a batch reads `batch` index rows.
                 found = self._db.execute(
-                    "SELECT v.dataset, v.key, v.hlc FROM versions AS v"
+                    "SELECT v.dataset, v.key, v.hlc, EXISTS (SELECT 1 FROM versions AS n"
+                    " WHERE n.dataset = v.dataset AND n.key = v.key AND n.hlc > v.hlc)"
+                    " FROM versions AS v"
                     " WHERE v.op = 'delete' AND v.hlc < ? AND (v.hlc, v.dataset, v.key) > (?, ?, ?)"
-                    " AND NOT EXISTS (SELECT 1 FROM versions AS n WHERE n.dataset = v.dataset"
-                    " AND n.key = v.key AND n.hlc > v.hlc)"
                     " ORDER BY v.hlc, v.dataset, v.key LIMIT ?",
                     (below, *after, batch),
                 ).fetchall()
@@ -1638,8 +1640,8 @@ class ObjectStore:
                 break
             after = (found[-1][2], found[-1][0], found[-1][1])
             due: dict[str, list[tuple[str, str]]] = {}
-            for dataset, key, hlc in found:
-                if datasets is None or datasets(dataset):
+            for dataset, key, hlc, superseded in found:
+                if not superseded and (datasets is None or datasets(dataset)):
                     due.setdefault(dataset, []).append((key, hlc))
             for dataset, candidates in due.items():
                 # `confirm` a share at a time: one that fails or is slow keeps only it.

@@ -99,21 +99,28 @@ class EtcdKeepAlive:
             # earlier than that, so our idea of expiry is never later than etcd's.
             sent = time.monotonic()
             try:
-                if not answered:
-                    # The last renewal went unanswered, yet it may have reached etcd (a
-                    # one-way partition loses only the answers). Renewing blindly would
-                    # keep the lease alive in etcd for as long as the answers are lost,
-                    # while we count it lost after a TTL: look first (a read renews
-                    # nothing), and renew only once a look is answered. So etcd's
-                    # expiry is at most an interval later than ours.
-                    ttl = await self._coord.lease_ttl(self.lease.id)
-                    sent = time.monotonic()
-                    if ttl > 0:
+                # Bounded by our idea of expiry: a call still unanswered then must not
+                # keep us believing we hold the lease (a look and a renewal, each up to
+                # the adapter's timeout, could otherwise run past it).
+                async with asyncio.timeout(max(0.0, last_ok + self.lease.ttl_s - sent)):
+                    if not answered:
+                        # The last renewal went unanswered, yet it may have reached etcd
+                        # (a one-way partition loses only the answers). Renewing blindly
+                        # would keep the lease alive in etcd for as long as the answers
+                        # are lost, while we count it lost after a TTL: look first (a
+                        # read renews nothing), and renew once a look is answered. So
+                        # etcd's expiry is at most an interval later than ours. etcd
+                        # gives a live lease's TTL in whole seconds, rounded down (0:
+                        # under a second left): only -1 says it is gone.
+                        ttl = await self._coord.lease_ttl(self.lease.id)
+                        sent = time.monotonic()
+                        if ttl >= 0:
+                            ttl = await self._coord.refresh(self.lease.id)
+                    else:
                         ttl = await self._coord.refresh(self.lease.id)
-                else:
-                    ttl = await self._coord.refresh(self.lease.id)
-            except MeridianError as exc:
-                log.warning("lease_renewal_failed", lease=f"{self.lease.id:x}", error=str(exc))
+            except (MeridianError, TimeoutError) as exc:
+                why = str(exc) or "no answer before the lease's expiry as counted here"
+                log.warning("lease_renewal_failed", lease=f"{self.lease.id:x}", error=why)
                 ttl = None
             answered = ttl is not None
             now = time.monotonic()

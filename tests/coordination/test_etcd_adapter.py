@@ -138,5 +138,75 @@ async def test_keepalive_whose_answers_are_lost_stops_renewing_after_the_first(
         await lossy.close()
 
 
+class OneRenewalRefused(EtcdCoordination):
+    """The first renewal after `refuse` is set fails at once, without reaching etcd (a
+    member killed under a call); `renewed` counts the renewals answered after it."""
+
+    refuse = False
+    refused = False
+    renewed = 0
+    renewals = 0
+
+    async def refresh(self, lease_id: int) -> int:
+        if self.refuse and not self.refused:
+            self.refused = True
+            raise UnavailableError("the member asked is gone (test)")
+        ttl = await super().refresh(lease_id)
+        self.renewals += 1
+        if self.refused:
+            self.renewed += 1
+        return ttl
+
+
+async def test_keepalive_renews_again_after_one_failed_renewal(etcd3: EtcdCluster) -> None:
+    """After one failed renewal the keepalive looks at the lease first: etcd answers its
+    TTL in whole seconds rounded down, 0 with under a second left, which is a live lease
+    to renew, not a lost one (TTL 3: the look comes about 2 s after the last renewal)."""
+    coord = OneRenewalRefused(etcd3.endpoints, timeout_s=1)
+    await coord.connect()
+    try:
+        lease = await coord.grant(3)
+        ka = coord.keep_alive(lease)
+        await until(lambda: coord.renewals >= 1, 5, "the keepalive's first renewal")
+        coord.refuse = True  # the next one, about a second later, fails
+        await until(
+            lambda: ka.lost.is_set() or coord.renewed >= 2, 15, "two renewals after the failure"
+        )
+        assert not ka.lost.is_set()
+        assert await coord.lease_ttl(lease.id) > 0
+        await ka.stop()
+    finally:
+        await coord.close()
+
+
+class RenewalHangs(EtcdCoordination):
+    """While `hang`, a renewal never answers (nor times out: longer than any TTL here)."""
+
+    hang = False
+
+    async def refresh(self, lease_id: int) -> int:
+        if self.hang:
+            await asyncio.sleep(3600)
+        return await super().refresh(lease_id)
+
+
+async def test_keepalive_counts_a_lease_lost_at_its_expiry_while_a_call_hangs(
+    etcd3: EtcdCluster,
+) -> None:
+    """A renewal (or a look) still unanswered when the lease expires as counted here
+    must not keep the holder believing it holds the lease until the call gives up."""
+    coord = RenewalHangs(etcd3.endpoints, timeout_s=30)
+    await coord.connect()
+    try:
+        lease = await coord.grant(2)
+        ka = coord.keep_alive(lease)
+        coord.hang = True
+        async with asyncio.timeout(lease.ttl_s + 3):  # a TTL after the last answer
+            await ka.lost.wait()
+        await ka.stop()
+    finally:
+        await coord.close()
+
+
 async def _gone(coord: EtcdCoordination, key: str) -> bool:
     return await coord.get(key) is None

@@ -270,6 +270,20 @@ async def test_a_kept_lease_is_looked_at_before_it_is_renewed() -> None:
     await coord.close()
 
 
+async def test_a_kept_lease_with_under_a_second_left_is_resumed() -> None:
+    """etcd gives a lease's TTL in whole seconds, rounded down: 0 is a live lease. A new
+    lease granted beside it would queue behind the holder's own old key, and the old
+    lease's keys (a region's liveness key) would vanish with it: a death to others."""
+    clock = ManualClock()
+    coord = MemoryCoordination(clock)
+    lock, first = await _outage_over(coord, etcd_keeps_it=True)
+    clock.advance(coord._leases[first.lease.id].expires_at - clock() - 0.5)
+    assert await coord.lease_ttl(first.lease.id) == 0
+    async with lock.hold(timeout_s=5) as again:
+        assert again.resumed and again.lease.id == first.lease.id
+    await coord.close()
+
+
 class TxnFailsOnce(MemoryCoordination):
     """Fails the next transaction, as an etcd that just came back may."""
 

@@ -12,7 +12,8 @@ same assertions against both):
 * transactions apply one branch in order, its reads seeing its own writes;
 * leases expire `ttl_s` after their last renewal (on the event loop's clock, or
   on a `ManualClock` a test advances), deleting their keys at one revision;
-  `lease_ttl` and `refresh` answer -1 for a lease that is gone;
+  `lease_ttl` and `refresh` answer -1 for a lease that is gone, and `lease_ttl` a
+  live one's in whole seconds rounded down, as etcd does;
 * watches deliver every event from `start_revision` (inclusive; 0 means from
   now) in revision order, several events of one revision in the order of their
   operations; a start revision below `compact()`'s raises.
@@ -335,7 +336,8 @@ class MemoryCoordination:
         lease = self._leases.get(lease_id)
         if lease is None:
             return -1
-        return max(0, math.ceil(lease.expires_at - self.clock()))
+        # As etcd: whole seconds, rounded down (0: a live lease with under a second left).
+        return max(0, math.floor(lease.expires_at - self.clock()))
 
     async def refresh(self, lease_id: int) -> int:
         self._check()

@@ -12,6 +12,7 @@ from pathlib import Path
 import blake3
 import pytest
 from store_helpers import StoreFactory, object_files, tree
+from structlog.testing import capture_logs
 
 from agents.store import (
     CHUNK_BYTES,
@@ -347,6 +348,29 @@ def test_tombstone_expiry_reads_what_is_due_not_every_object(open_store: StoreFa
     assert len(store.versions("ds", "edge")) == 2  # its put and its tombstone, kept
     assert store.head("ds", "again") is not None
     assert len(statements) < 40, statements
+
+
+def test_a_store_made_before_the_tombstone_index_gets_it_on_open(
+    open_store: StoreFactory, tmp_path: Path
+) -> None:
+    # An older agent's store has no `versions_deletes`: the next open builds it (and says
+    # so), and the expiry finds through it what that agent deleted.
+    store = open_store(tombstone_retention_s=60)
+    store.put("ds", "gone", [b"x"])
+    tomb = store.delete("ds", "gone")
+    store.close()
+    with sqlite3.connect(tmp_path / "root" / "meta.db") as db:
+        db.execute("DROP INDEX versions_deletes")
+    with capture_logs() as logs:
+        again = open_store(tombstone_retention_s=60)
+    assert [e["index"] for e in logs if e["event"] == "store_index_building"] == [
+        "versions_deletes"
+    ]
+    assert again.expire_tombstones(now_ms=tomb.hlc.wall_ms + 61_000) == 1
+    with capture_logs() as logs:  # built once: not again at the next open
+        again.close()
+        open_store(tombstone_retention_s=60).close()
+    assert not [e for e in logs if e["event"] == "store_index_building"]
 
 
 def test_outbox_events_become_domain_change_events(store: ObjectStore) -> None:

@@ -116,7 +116,7 @@ class GlobalLock:
         old = self._resumable
         if old is not None:
             ttl = await self.coord.lease_ttl(old.id)
-            if ttl > 0:
+            if ttl >= 0:  # whole seconds, rounded down: 0 is a live lease (see refresh)
                 ttl = await self.coord.refresh(old.id)
             self._resumable = None
             if ttl > 0:
