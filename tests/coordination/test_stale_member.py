@@ -30,8 +30,9 @@ KEY = "/meridian/test/stale-compare"
 async def test_compare_only_txn_is_never_judged_by_a_lagging_member(
     coord: EtcdCoordination, etcd3: EtcdCluster
 ) -> None:
-    leader = await asyncio.to_thread(etcd3.leader_index)
-    assert leader is not None
+    # An earlier test may have left an election running: wait for a leader (as 1 + its
+    # index, since until() waits for a true value).
+    leader = await until(lambda: _leader(etcd3), 30, "a leader of the cluster") - 1
     lagging = etcd3.members[(leader + 1) % 3]
     others = [m for m in etcd3.members if m is not lagging]
     await coord.put(KEY, b"old")
@@ -59,6 +60,11 @@ async def test_compare_only_txn_is_never_judged_by_a_lagging_member(
         await alone.close()
         await quorum.close()
         await asyncio.to_thread(etcd3.wait_healthy, 30)
+
+
+async def _leader(cluster: EtcdCluster) -> int | None:
+    index = await asyncio.to_thread(cluster.leader_index)
+    return None if index is None else index + 1
 
 
 async def _judged(coord: EtcdCoordination, value: bytes) -> bool:
