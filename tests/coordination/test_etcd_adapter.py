@@ -186,7 +186,7 @@ class RenewalHangs(EtcdCoordination):
 
     async def refresh(self, lease_id: int) -> int:
         if self.hang:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # never set: only the keepalive's bound ends it
         return await super().refresh(lease_id)
 
 
