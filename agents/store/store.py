@@ -438,16 +438,15 @@ class ObjectStore:
             inline=checked.data,
         )
 
-    def stamp_small(self, put: SmallPut | CheckedSmall) -> HeldPut | None:
-        """`put_small`'s checks and stamp, without blocking (on an agent's event loop:
-        no thread hop before a critical write's push can start): the put checked, its
+    def stamp_small(self, checked: CheckedSmall) -> HeldPut | None:
+        """`put_small`'s stamp of a put `check_small` checked, without blocking (on an
+        agent's event loop: no thread hop before a critical write's push can start): its
         object's lock taken and its version stamped, to be committed by `commit_held`
         (in any thread) with the other puts held meanwhile. None, with nothing taken,
         when its object's lock is held (another write of that object, or of its lock
         stripe, is committing): the caller then uses `put_checked` (given what
         `check_small` returned, so its bytes are hashed once) or `put_small` in a
-        thread, which waits for it. Raises the put's own error as `put_small` does."""
-        checked = put if isinstance(put, CheckedSmall) else self.check_small(put)
+        thread, which waits for it. The put's own errors were raised by `check_small`."""
         put = checked.put
         self._require_open()
         lock = self._stripes[stripe_of(checked.dataset, checked.key)]

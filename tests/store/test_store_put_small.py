@@ -12,6 +12,7 @@ from store_helpers import StoreFactory, object_files
 
 from agents.store import (
     DigestMismatchError,
+    HeldPut,
     ObjectStore,
     ShortStreamError,
     SmallPut,
@@ -20,6 +21,10 @@ from agents.store import (
 from agents.store.store import INLINE_MAX_BYTES, stripe_of
 from controlplane.domain.version import Digest, Version
 from controlplane.errors import InvalidInputError, UnavailableError
+
+
+def stamp(store: ObjectStore, put: SmallPut) -> HeldPut | None:
+    return store.stamp_small(store.check_small(put))
 
 
 def blobs(store: ObjectStore) -> int:
@@ -92,16 +97,16 @@ def test_small_puts_stamped_without_waiting_commit_together(store: ObjectStore) 
     then a second write of that object is not stamped (None: its caller waits in a
     thread), so an object's versions commit in the order they were stamped."""
     groups = store.group_stats().groups
-    a = store.stamp_small(SmallPut("ds", "a", b"first a", outbox=True))
-    c = store.stamp_small(SmallPut("ds", "c", b"c" * 100, expected_size=100))
+    a = stamp(store, SmallPut("ds", "a", b"first a", outbox=True))
+    c = stamp(store, SmallPut("ds", "c", b"c" * 100, expected_size=100))
     assert a is not None and c is not None and c.version.hlc > a.version.hlc
     assert store.head("ds", "a") is None  # stamped, not yet committed
-    assert store.stamp_small(SmallPut("ds", "a", b"second a")) is None  # a's lock is held
+    assert stamp(store, SmallPut("ds", "a", b"second a")) is None  # a's lock is held
     assert store.commit_held([a, c]) == ([a.version, c.version], [])
     assert store.group_stats().groups == groups + 1  # one group for both
     assert store.read_bytes("ds", "a") == b"first a"
     assert store.read_bytes("ds", "c") == b"c" * 100
-    again = store.stamp_small(SmallPut("ds", "a", b"second a"))  # its lock is free again
+    again = stamp(store, SmallPut("ds", "a", b"second a"))  # its lock is free again
     assert again is not None and again.version.hlc > c.version.hlc
     assert store.commit_held([again]) == ([again.version], [])
     assert [v.version for v in store.versions("ds", "a")] == [again.version, a.version]
@@ -117,13 +122,13 @@ def test_small_puts_stamped_without_waiting_commit_together(store: ObjectStore) 
         (SmallPut("ds", "b", b"data", max_size=3), TooLargeError),
     ],
 )
-def test_a_small_put_refused_at_its_stamp_takes_nothing(
+def test_a_small_put_refused_at_its_check_takes_nothing(
     store: ObjectStore, put: SmallPut, error: type[Exception]
 ) -> None:
     with pytest.raises(error):
-        store.stamp_small(put)
+        stamp(store, put)
     assert store.head("ds", "b") is None
-    ok = store.stamp_small(SmallPut("ds", "b", b"data"))  # its lock was not kept
+    ok = stamp(store, SmallPut("ds", "b", b"data"))  # its lock was not kept
     assert ok is not None and store.commit_held([ok]) == ([ok.version], [])
 
 
@@ -131,7 +136,7 @@ def test_held_puts_of_a_store_closed_meanwhile_are_refused_and_let_go(
     open_store: StoreFactory,
 ) -> None:
     store = open_store()
-    held = [store.stamp_small(SmallPut("ds", k, k.encode())) for k in ("a", "b")]
+    held = [stamp(store, SmallPut("ds", k, k.encode())) for k in ("a", "b")]
     assert all(h is not None for h in held)
     store.close()
     outcomes, completed = store.commit_held([h for h in held if h is not None])
@@ -151,7 +156,7 @@ def test_a_set_completed_by_held_puts_is_left_to_prune_sets(store: ObjectStore) 
     store.commit_set("ds", "s0", {"m": m0.hlc, "o": o0.hlc})  # pins o0
     o2 = [store.put_small("ds", "o", b"o%d" % n) for n in (1, 2)][-1]
     assert o0 in [v.version for v in store.versions("ds", "o")]
-    m3 = store.stamp_small(SmallPut("ds", "m", b"m3", set_id="s1"))
+    m3 = stamp(store, SmallPut("ds", "m", b"m3", set_id="s1"))
     assert m3 is not None
     store.apply_set("ds", "s1", store.clock.now(), {"m": m3.version.hlc, "o": o2.hlc})
     outcomes, completed = store.commit_held([m3])
