@@ -69,6 +69,8 @@ class Claims(Duty):
         ]
         guards = [
             Compare(keys.alive(me), Target.CREATE, Cmp.EQUAL, self.term.alive_create_revision),
+            # Still this term's write: a standby that took over overwrote it.
+            Compare(keys.alive(me), Target.MOD, Cmp.EQUAL, self.term.revision),
             Compare(keys.state(me), Target.MOD, Cmp.EQUAL, view.state_revisions.get(me, 0)),
         ]
         # Independent transactions, run concurrently (bounded): a WAN round trip is

@@ -44,7 +44,12 @@ class Term:
     lease_id: int
     alive_create_revision: int  # the liveness key's, guarded by every claim
     began_at: float  # time.monotonic()
-    revision: int  # etcd revision at which the liveness key was written
+    # The liveness key's mod revision: this term's write of it (a standby taking over
+    # overwrites it, keeping its create revision), guarded by every claim too.
+    revision: int
+    # The liveness key was there, under another lease, when this term wrote it: another
+    # controller of this region held the term just before (it gave way; see locks.py).
+    took_over: bool = False
 
 
 @dataclass

@@ -155,8 +155,10 @@ class RegionController(Lifecycle):
         # A term that follows an earlier one most likely follows an etcd outage that
         # ended the other regions' terms too, however long this campaign took: see
         # FailoverWatch.recovering. (A bound on the time since the step-down missed
-        # terms whose lease grant hung through the outage for longer than a TTL.)
-        recovering = self._stepped_down
+        # terms whose lease grant hung through the outage for longer than a TTL.) So
+        # is a term taken over from another controller of this region, which gave way
+        # as its own term ended by its own count: most often an outage too, or a stall.
+        recovering = self._stepped_down or term.took_over
         failover = FailoverWatch(self.ctx, term, recovering=recovering)
         self.ctx.term = term
         self._tracker, self._failover = tracker, failover

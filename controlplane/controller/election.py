@@ -10,7 +10,13 @@ backoff, and errors inside the term are the duties' own, so a transient etcd
 error never ends a term. A term ended by an etcd outage leaves its lease to the
 next campaign, which takes it up while etcd still has it (`GlobalLock`: the
 liveness key then never vanishes, and no region reads the outage as a death);
-stopping the controller revokes it.
+stopping the controller revokes it. If a standby controller of the region waits
+meanwhile, the campaign queues behind it (a controller that stalls for a TTL again
+and again must not keep it out): the standby's term overwrites the liveness key
+under its own lease, so it never vanishes either, and starts as `took_over`. So
+after an etcd outage a region with a standby changes controllers; until the one
+ahead (a standby that died meanwhile: its lease outlives it by a TTL) is granted or
+gone, the region has no active controller, and its liveness key stays.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from controlplane.coordination.protocols.locks import GlobalLock, HeldLock, Lock
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
-from controlplane.ports.coordination import Put
+from controlplane.ports.coordination import KeyValue, Put
 
 log = get_logger("meridian.controller")
 
@@ -104,9 +110,15 @@ class Election(Lifecycle):
         alive = keys.alive(cfg.region)
         doc = {"controller": cfg.controller_id, "since": rfc3339(utcnow())}
         backoff = Backoff(cfg.retry_initial_s, min(1.0, cfg.lease_ttl_s / 5))
+        # Read once, before our first write: a retry after a write whose answer was
+        # lost would find our own key.
+        before: KeyValue | None = None
+        read_before = False
         while True:
             try:
-                res = await coord.txn([], [Put(alive, json.dumps(doc).encode(), held.lease.id)])
+                if not read_before:
+                    before, read_before = await coord.get(alive), True
+                await coord.txn([], [Put(alive, json.dumps(doc).encode(), held.lease.id)])
                 kv = await coord.get(alive)
                 break
             except LockLostError:
@@ -117,13 +129,15 @@ class Election(Lifecycle):
                 await asyncio.sleep(delay)
         if kv is None or kv.lease != held.lease.id:
             raise LockLostError("our liveness key vanished right after it was written")
-        term = Term(held.lease.id, kv.create_revision, time.monotonic(), res.revision)
+        took_over = before is not None and before.lease != held.lease.id
+        term = Term(held.lease.id, kv.create_revision, time.monotonic(), kv.mod_revision, took_over)
         log.info(
             "became_active",
             region=cfg.region,
             id=cfg.controller_id,
             lease=f"{held.lease.id:x}",
-            revision=res.revision,
+            revision=kv.mod_revision,
             resumed=held.resumed,
+            took_over=took_over,
         )
         return term

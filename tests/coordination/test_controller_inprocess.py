@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from prometheus_client import generate_latest
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.controller.daemon import ControllerConfig, RegionController
 from controlplane.coordination.catalog_glue.sources import JournalEntry, journal_id
+from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.fencing import DirectoryEpochs
 from controlplane.coordination.protocols.ownership import MoveFacts, Ownership
 from controlplane.coordination.protocols.view import read_view
@@ -24,6 +26,7 @@ from controlplane.errors import NotFoundError
 from controlplane.stack.etcd import EtcdCluster
 
 from .helpers import publish_world, wait_until
+from .lossy import AnswersLost
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +35,15 @@ World = tuple[MemoryPlacements, MemoryJournal, MemoryCatchUp]
 
 @contextlib.asynccontextmanager
 async def controller(
-    etcd3: EtcdCluster, world: World, region: str, fence_dir: Path | None = None, ttl: int = 2
+    etcd3: EtcdCluster,
+    world: World,
+    region: str,
+    fence_dir: Path | None = None,
+    ttl: int = 2,
+    controller_id: str | None = None,
+    adapter: type[EtcdCoordination] = EtcdCoordination,
 ) -> AsyncIterator[RegionController]:
-    coord = EtcdCoordination(etcd3.endpoints, timeout_s=3)
+    coord = adapter(etcd3.endpoints, timeout_s=3)
     await coord.connect()
     source, journal, probe = world
     await publish_world(coord, source)
@@ -43,7 +52,10 @@ async def controller(
         journal,
         probe,
         ControllerConfig(
-            region=region, controller_id=f"{region}-t", lease_ttl_s=ttl, fence_dir=fence_dir
+            region=region,
+            controller_id=controller_id or f"{region}-t",
+            lease_ttl_s=ttl,
+            fence_dir=fence_dir,
         ),
     )
     try:
@@ -140,6 +152,63 @@ async def test_two_controllers_of_one_region_elect_one_active(
         assert await wait_until(lambda: _true(second.active.is_set()), 5)
         view = await read_view(coord)
         assert view.is_alive("eu-west")
+
+
+async def test_a_standby_takes_over_from_a_controller_whose_term_ended_by_its_own_count(
+    coord: EtcdCoordination, etcd3: EtcdCluster, world: World
+) -> None:
+    """The active controller counts its lease lost while etcd keeps it (its renewals'
+    answers lost for a TTL, as in a short one-way partition or a stall, while the test
+    keeps the lease alive in etcd). Back, it queues behind the standby rather
+    than take its place up again: a controller that does this again and again must not
+    keep a healthy standby out for good. The liveness key never vanishes meanwhile (no
+    region may read a death), and the standby's term defers failovers as one that
+    follows an outage does."""
+    alive = keys.alive("eu-west")
+    async with controller(
+        etcd3, world, "eu-west", controller_id="west-a", adapter=AnswersLost
+    ) as a:
+        assert await wait_until(lambda: _true(a.active.is_set()), 10)
+        assert a.ctx.term is not None and not a.ctx.term.took_over  # a cold start
+        async with controller(etcd3, world, "eu-west", controller_id="west-b") as b:
+            assert await wait_until(lambda: _queued(coord, 2), 10)  # b waits behind a
+            held = await coord.get(alive)
+            assert held is not None
+            lossy = a.ctx.coord
+            assert isinstance(lossy, AnswersLost)
+
+            async def etcd_keeps_it() -> None:
+                while True:
+                    await coord.refresh(held.lease)
+                    await asyncio.sleep(0.3)
+
+            keeper = asyncio.create_task(etcd_keeps_it())
+            lossy.cut = True
+            try:  # a TTL of lost answers: a steps down
+                assert await wait_until(lambda: _true(not a.active.is_set()), 15)
+                lossy.cut = False
+                assert await wait_until(lambda: _true(b.active.is_set()), 15)
+            finally:
+                lossy.cut = False
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
+            assert not a.active.is_set()
+            kv = await coord.get(alive)
+            assert kv is not None and json.loads(kv.value)["controller"] == "west-b"
+            # Never deleted meanwhile: a key made anew has a new create revision.
+            assert kv.create_revision == held.create_revision and kv.lease != held.lease
+            failover = b._failover
+            assert failover is not None and failover.recovering
+            await asyncio.sleep(1)  # a window in which a's taking its term back would show
+            assert b.active.is_set() and not a.active.is_set()
+        # b stops for good (its lease revoked): a, next in line, takes over.
+        assert await wait_until(lambda: _true(a.active.is_set()), 10)
+
+
+async def _queued(coord: EtcdCoordination, n: int) -> bool:
+    kvs, _ = await coord.get_prefix(keys.election("eu-west"))
+    return len(kvs) == n
 
 
 async def test_unknown_region_is_refused_at_start(etcd3: EtcdCluster, world: World) -> None:

@@ -13,6 +13,8 @@ from controlplane.errors import OperationTimeoutError, UnavailableError
 from controlplane.ports.coordination import Cmp, Compare, EventType, Get, Put, Target
 from controlplane.stack.etcd import EtcdCluster
 
+from .lossy import AnswersLost
+
 pytestmark = pytest.mark.integration
 
 
@@ -91,27 +93,6 @@ async def test_unreachable_etcd_is_one_retriable_error() -> None:
     assert info.value.retriable
     assert "127.0.0.1:1" in str(info.value)
     assert isinstance(info.value, UnavailableError | OperationTimeoutError)
-
-
-class AnswersLost(EtcdCoordination):
-    """While `cut`, each call reaches etcd and its answer is lost (a one-way partition):
-    `renewals` counts the renewals that reached etcd meanwhile."""
-
-    cut = False
-    renewals = 0
-
-    async def refresh(self, lease_id: int) -> int:
-        ttl = await super().refresh(lease_id)
-        if self.cut:
-            self.renewals += 1
-            raise UnavailableError("the answer to a renewal was lost (test)")
-        return ttl
-
-    async def lease_ttl(self, lease_id: int) -> int:
-        ttl = await super().lease_ttl(lease_id)
-        if self.cut:
-            raise UnavailableError("the answer to a TTL read was lost (test)")
-        return ttl
 
 
 async def test_keepalive_whose_answers_are_lost_stops_renewing_after_the_first(

@@ -231,6 +231,84 @@ async def test_a_kept_lease_whose_key_an_operator_deleted_is_not_a_resume() -> N
     await coord.close()
 
 
+def _holder(
+    lock: GlobalLock, grants: list[str], name: str, tasks: list[asyncio.Task[None]]
+) -> asyncio.Future[HeldLock]:
+    """Hold `lock` in a task (added to `tasks`) until cancelled: its grant, once granted
+    (or the error that ended the hold before that)."""
+    granted: asyncio.Future[HeldLock] = asyncio.get_running_loop().create_future()
+
+    async def hold() -> None:
+        try:
+            async with lock.hold(timeout_s=30) as held:
+                grants.append(name)
+                granted.set_result(held)
+                await asyncio.Event().wait()
+        except Exception as exc:  # noqa: BLE001 - handed to the test through the future
+            if not granted.done():
+                granted.set_exception(exc)
+
+    tasks.append(asyncio.create_task(hold()))
+    return granted
+
+
+@pytest.mark.parametrize("first_try_fails", [False, True])
+async def test_a_holder_back_from_a_lost_hold_queues_behind_a_waiter(
+    first_try_fails: bool,
+) -> None:
+    """A holder that loses its hold by its own count while etcd keeps its lease (an
+    outage, or a process that stalls for about a TTL) must not take its key up first
+    in line again while another waits: stalling again and again, it would keep a
+    healthy standby out for good. Its lease stays, and what lives under it. A try that
+    fails before its key moved (an etcd call) leaves the next try to move it."""
+    clock = ManualClock()
+    coord = TxnFailsOnce(clock)
+    a, b = GlobalLock(coord, "t", ttl_s=3), GlobalLock(coord, "t", ttl_s=3)
+    grants: list[str] = []
+    tasks: list[asyncio.Task[None]] = []
+    first = await _holder(a, grants, "a", tasks)
+    alive = "/t-alive"  # a region's liveness key lives under its controller's lease
+    await coord.put(alive, b"a", lease=first.lease.id)
+    waiting = _holder(b, grants, "b", tasks)
+    assert await wait_until(lambda: _true(len(_order(coord)) == 2), 5)  # b queued
+    coord.set_unavailable(True)  # the outage ends b's wait and, after a TTL, a's hold
+    coord.extend_leases(60)
+    clock.advance(a.ttl_s)
+    with pytest.raises(UnavailableError):
+        await asyncio.wait_for(waiting, 5)
+    assert await wait_until(lambda: _true(first.lost.is_set()), 5)
+    coord.set_unavailable(False)
+
+    if first_try_fails:
+        coord.fail_next = True
+        with pytest.raises(UnavailableError):
+            await asyncio.wait_for(_holder(a, grants, "a", tasks), 5)
+        assert _order(coord)[0] == first.key  # not moved yet
+    # a comes back first, finds b's kept key and goes behind it; b takes its own up,
+    # still first in line (a waiter keeps its place).
+    a_again = _holder(a, grants, "a", tasks)
+    assert await wait_until(lambda: _true(_order(coord)[-1] == first.key), 5)
+    assert (await coord.get(alive)) is not None  # a's lease lived on: nothing vanished
+    second = await asyncio.wait_for(_holder(b, grants, "b", tasks), 5)
+    assert second.resumed and not a_again.done()
+    assert grants == ["a", "b"]
+    assert (await coord.get(alive)) is not None
+    await coord.delete(second.key)  # b's hold ends: a is next, under its old lease
+    again = await asyncio.wait_for(a_again, 5)
+    assert again.lease.id == first.lease.id and not again.resumed
+    assert again.token > second.token > first.token
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await coord.close()
+
+
+def _order(coord: MemoryCoordination) -> list[str]:
+    """The lock's keys, first in line first."""
+    kvs = [kv for k, kv in coord._data.items() if k.startswith(keys.lock("t"))]
+    return [kv.key for kv in sorted(kvs, key=lambda kv: kv.create_revision)]
+
+
 class AnswersLost(MemoryCoordination):
     """Calls reach the store, their answers do not come back (a one-way partition):
     a look at a lease fails before reaching it, a renewal reaches it and then fails."""

@@ -39,6 +39,14 @@ lapsed, so nobody else can have held the lock meanwhile; unless an operator dele
 the key, which the hold then makes anew, with a new token, and does not count as a
 resume); otherwise it grants a new one as usual. A holder that stops for good calls
 `abandon()` to revoke a lease so kept.
+
+Taken up by a holder that had been granted it while another waits, though, the kept
+key goes to the back of the line (made anew under the same lease, so with a new token;
+see `_gave_way`): a holder that loses its hold by its own count again and again (a
+process that stalls for about a TTL) must not keep a healthy waiter out for good. Its
+lease, and what else lives under it, stays. So after an outage a lock with a waiter
+changes hands, and if that waiter died meanwhile (etcd's new leader gave its lease a
+fresh TTL too) nobody holds the lock until its lease expires.
 """
 
 from __future__ import annotations
@@ -101,6 +109,8 @@ class GlobalLock:
         # The lease of a hold that ended with its keepalive lost or an etcd call failed
         # (etcd may still have it: the next hold renews it), else None.
         self._resumable: Lease | None = None
+        # Whether that hold had been granted (its key first in line), not still waiting.
+        self._kept_granted = False
 
     async def _lease(self) -> tuple[Lease, bool]:
         """The lease to hold under, and whether it is the last hold's (still alive).
@@ -127,9 +137,30 @@ class GlobalLock:
         """Revoke the lease kept for the next hold, if any (the holder stops for good, so
         a standby need not wait for it to expire). Best effort: etcd may be out."""
         lease, self._resumable = self._resumable, None
+        self._kept_granted = False
         if lease is not None:
             with contextlib.suppress(Exception):
                 await self.coord.revoke(lease.id)
+
+    async def _gave_way(self, my_key: str, value: bytes, lease: Lease) -> bool:
+        """A granted holder taking its kept key up again moves it behind whoever waits (deleted,
+        then made anew under the same lease: a new token); True when it did.
+
+        Its last hold was lost by its own count (renewals unanswered for a TTL, or an
+        etcd call failed) while etcd kept the lease, so its key stayed first in line.
+        Resumed at every such loss, a holder that stalls for about a TTL again and again
+        would keep a healthy waiter (a region's standby controller) out for good. The
+        lease is kept, so what else it holds (the region's liveness key) does not vanish
+        meanwhile: the waiter, once granted, overwrites that key under its own lease."""
+        kvs, _ = await self.coord.get_prefix(self.prefix)
+        if not any(kv.key != my_key for kv in kvs):
+            return False
+        await self.coord.delete(my_key)  # named by our lease: nobody else writes it
+        await self.coord.txn(
+            [Compare(my_key, Target.CREATE, Cmp.EQUAL, 0)], [Put(my_key, value, lease.id)]
+        )
+        log.info("lock_gave_way", lock=self.name, lease=f"{lease.id:x}", waiting=len(kvs) - 1)
+        return True
 
     async def _wait_first(self, my_key: str) -> int:
         """Block until `my_key` is the oldest under the prefix; returns its create revision."""
@@ -155,6 +186,7 @@ class GlobalLock:
         """Acquire (waiting at most `timeout_s`), yield the grant, release on exit (or,
         when the keepalive was lost or an etcd call failed, leave the lease for the next
         hold to take up)."""
+        was_granted = self._kept_granted
         lease, resumed = await self._lease()
         ka: KeepAlive = self.coord.keep_alive(lease)
         my_key = f"{self.prefix}{lease.id:016x}"
@@ -168,6 +200,8 @@ class GlobalLock:
             # A kept lease whose key is gone (an operator deleted it) is a new hold under
             # an old lease: a new token, and another holder may have held it meanwhile.
             resumed = resumed and not created.succeeded
+            if resumed and was_granted and await self._gave_way(my_key, value, lease):
+                resumed = False
             try:
                 async with asyncio.timeout(timeout_s):
                     token = await self._wait_first(my_key)
@@ -208,7 +242,12 @@ class GlobalLock:
                 # outage etcd may outlive without expiring it): the next hold renews
                 # it if etcd still has it.
                 self._resumable = lease
+                # Granted, or a granted key taken up but neither moved back nor made anew
+                # yet (an etcd call failed first): the next hold gives way. A waiter
+                # keeps its place.
+                self._kept_granted = monitor is not None or (was_granted and resumed)
             else:
+                self._kept_granted = False
                 with contextlib.suppress(Exception):
                     await self.coord.revoke(lease.id)
 
