@@ -68,9 +68,7 @@ class Claims(Duty):
             if p.dataset_class == "critical" and p.home == me and p.dataset not in view.owners
         ]
         guards = [
-            Compare(keys.alive(me), Target.CREATE, Cmp.EQUAL, self.term.alive_create_revision),
-            # Still this term's write: a standby that took over overwrote it.
-            Compare(keys.alive(me), Target.MOD, Cmp.EQUAL, self.term.revision),
+            *term_guards(me, self.term),
             Compare(keys.state(me), Target.MOD, Cmp.EQUAL, view.state_revisions.get(me, 0)),
         ]
         # Independent transactions, run concurrently (bounded): a WAN round trip is
@@ -102,3 +100,14 @@ class Claims(Duty):
             for dataset in todo:
                 tg.create_task(claim(dataset))
         return won
+
+
+def term_guards(region: str, term: Term) -> list[Compare]:
+    """Compares that hold only while `term` is the region's term: its liveness key is
+    the one this term wrote (not made anew after a death, nor overwritten by a standby
+    that took over, which keeps its create revision)."""
+    alive = keys.alive(region)
+    return [
+        Compare(alive, Target.CREATE, Cmp.EQUAL, term.alive_create_revision),
+        Compare(alive, Target.MOD, Cmp.EQUAL, term.revision),
+    ]

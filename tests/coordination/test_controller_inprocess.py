@@ -15,6 +15,7 @@ from harness.invariants import epoch_violations, split_brain
 from prometheus_client import generate_latest
 
 from controlplane.adapters.etcd import EtcdCoordination
+from controlplane.controller.claims import term_guards
 from controlplane.controller.daemon import ControllerConfig, RegionController
 from controlplane.coordination.catalog_glue.sources import JournalEntry, journal_id
 from controlplane.coordination.protocols import keys
@@ -169,7 +170,8 @@ async def test_a_standby_takes_over_from_a_controller_whose_term_ended_by_its_ow
         etcd3, world, "eu-west", controller_id="west-a", adapter=AnswersLost
     ) as a:
         assert await wait_until(lambda: _true(a.active.is_set()), 10)
-        assert a.ctx.term is not None and not a.ctx.term.took_over  # a cold start
+        a_term = a.ctx.term
+        assert a_term is not None and not a_term.took_over  # a cold start
         async with controller(etcd3, world, "eu-west", controller_id="west-b") as b:
             assert await wait_until(lambda: _queued(coord, 2), 10)  # b waits behind a
             held = await coord.get(alive)
@@ -200,6 +202,10 @@ async def test_a_standby_takes_over_from_a_controller_whose_term_ended_by_its_ow
             assert kv.create_revision == held.create_revision and kv.lease != held.lease
             failover = b._failover
             assert failover is not None and failover.recovering
+            # A claim of a's ended term (in flight as it ended) no longer passes.
+            assert b.ctx.term is not None
+            assert (await coord.txn(term_guards("eu-west", b.ctx.term), [])).succeeded
+            assert not (await coord.txn(term_guards("eu-west", a_term), [])).succeeded
             await asyncio.sleep(1)  # a window in which a's taking its term back would show
             assert b.active.is_set() and not a.active.is_set()
         # b stops for good (its lease revoked): a, next in line, takes over.
