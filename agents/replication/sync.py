@@ -294,7 +294,8 @@ class SyncReplication:
         self.adopt = adopt
         # Awaited before a set is adopted (the daemon's roster lowering, as for a Put).
         self.holding_sets: Callable[[], Awaitable[None]] | None = None
-        # dataset -> the write at the newest epoch seen here (what catch-ups push at).
+        # dataset -> the admission of the newest epoch written at here (what catch-ups
+        # push at), as a write of nothing.
         self._latest: dict[str, CommittedWrite] = {}
         # Tells a replica's stale refusal of a re-claim by this region (retriable) from
         # a real loss of ownership (`_fenced_answer`).
@@ -319,7 +320,9 @@ class SyncReplication:
             return (self.region,)
         latest = self._latest.get(write.dataset)
         if latest is None or latest.admitted.epoch <= write.admitted.epoch:
-            self._latest[write.dataset] = write
+            # Its admission only: kept per dataset for as long as the agent runs, so
+            # not its bytes, its set or its commit.
+            self._latest[write.dataset] = CommittedWrite(write.admitted, write.dataset)
         self._reconcile_after_takeover(write)
         push: Callable[[str], Awaitable[str]]
         if write.set_record is not None:
@@ -712,6 +715,10 @@ class SyncReplication:
         """One pass; the number of versions pushed. Raises when one cannot be."""
         address = await self.peers.address(region)
         theirs = await self._listing(address, write.dataset)
+        # Ours after our commits then running end (as a takeover pass reads it): one
+        # pushed there while it committed here, whose push failed, would be missing
+        # from our snapshot and never pushed, and the region counted caught up.
+        await self._commits_ended(write.dataset)
         local = await asyncio.to_thread(self._local, write.dataset)
         return await self._push_lacking(write, region, theirs, local, None)
 

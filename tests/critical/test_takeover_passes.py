@@ -188,3 +188,45 @@ async def test_a_cancelled_write_leaves_its_commit_running_and_waited_for(tmp_pa
         release.set()
         await sync.close()
         store.close()
+
+
+async def test_a_catch_up_waits_for_this_stores_commits_whose_pushes_began(
+    tmp_path: Path,
+) -> None:
+    """A catch-up that read this store while a write's commit still ran (pushed early,
+    its push failed: the catch-up began at once) would not push that write, and the
+    region would count toward acks again while it lacks an acked one."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    sync = SyncReplication(store, "eu-west", NoPeers())
+    ds = "tri/early-catch-up"
+    version = store.put(ds, "k", [b"acked"])  # committed here only once `local` ends
+    local: asyncio.Future[Version] = asyncio.get_running_loop().create_future()
+    real_local = sync._local
+    pushed: list[str] = []
+
+    async def their_listing(address: str, dataset: str, **_: bool) -> dict[str, Version]:
+        return {}  # the region lacks everything
+
+    def our_listing(dataset: str) -> Local:
+        return real_local(dataset) if local.done() else ([], [], [])
+
+    async def push(region: str, write: CommittedWrite, version: Version, _: float) -> str:
+        assert write.key is not None
+        pushed.append(write.key)
+        return "stored"
+
+    sync._listing = their_listing  # type: ignore[method-assign]
+    sync._local = our_listing  # type: ignore[method-assign]
+    sync._push = push  # type: ignore[method-assign,assignment]
+    write = CommittedWrite(Admitted(placement(ds), 5, 1), ds)
+    try:
+        sync._track_commit(ds, local)  # as `replicate` does when the push begins
+        running = asyncio.ensure_future(sync._catch_up_once(write, "eu-central"))
+        await asyncio.sleep(0.05)  # the window: the catch-up must still be waiting
+        assert not running.done()
+        local.set_result(version)
+        assert await asyncio.wait_for(running, 5) == 1
+        assert pushed == ["k"]
+    finally:
+        await sync.close()
+        store.close()
