@@ -177,6 +177,19 @@ OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]
 
 # Moves of ownership that a handover mark froze writes for first (ownership.py).
 PLANNED_MOVES = ("switchover", "drain")
+
+
+def _handed_over(owner: OwnerRecord, region: str, epoch: int) -> bool:
+    """Whether etcd's owner record says a planned handover (switchover, drain) from
+    `region` ended `epoch`: a write admitted at it was caught by a handover, not fenced
+    by a failover (the contract: the first retriable, the second not)."""
+    return (
+        owner.moved_by in PLANNED_MOVES
+        and owner.moved_from == region
+        and owner.epoch_before == epoch
+    )
+
+
 # Takeover passes that list and push at once (the others wait their turn).
 TAKEOVER_PASSES = 4
 # Versions one pass rewinds of one key, each showing the one before it (a deposed owner
@@ -1511,6 +1524,24 @@ class SyncReplication:
                 f"{what} was refused by a replica as stale ({fenced}), and etcd cannot say "
                 f"now whether this region still owns {write.dataset} ({exc}); retry the write"
             )
+        if owner is not None and _handed_over(owner, self.region, write.admitted.epoch):
+            # A switchover or drain from this region ended the write's epoch while it was
+            # pushed (the probe waits only for acked writes): a write during a handover
+            # is refused retriable (the contract), and a writer told so finds the new
+            # owner. Not acked anywhere, it is rewound here as a fenced write is.
+            log.info(
+                "critical_write_handed_over",
+                dataset=write.dataset,
+                what=what,
+                epoch=write.admitted.epoch,
+                owner=owner.region,
+                kind=owner.moved_by,
+            )
+            return UnavailableError(
+                f"{what} was admitted at epoch {write.admitted.epoch}, but a {owner.moved_by} "
+                f"handed {write.dataset} over to {owner.region} (epoch {owner.epoch}) while "
+                "it was replicated; nothing was acked; retry the write (against the new owner)"
+            )
         if owner is None or owner.region != self.region or owner.epoch <= write.admitted.epoch:
             return fenced
         log.info(
@@ -1762,11 +1793,7 @@ class SyncReplication:
             return None
         if owner is None or (owner.region == self.region and owner.epoch <= header.epoch):
             return None
-        if (
-            owner.moved_by in PLANNED_MOVES
-            and owner.moved_from == self.region
-            and owner.epoch_before == header.epoch
-        ):
+        if _handed_over(owner, self.region, header.epoch):
             # A planned handover from this region ended the write's epoch: the replica
             # froze it for the handover (retriable) as likely as it fenced it after the
             # move, and a writer told "retry" finds the new owner; a deposed owner's

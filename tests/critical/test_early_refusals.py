@@ -354,3 +354,30 @@ async def test_a_failover_or_another_epochs_handover_still_fences(
     _fakes, sync, write = await start(StaleEpochError(STALE), hides=99, owner_now=owner_now)
     with pytest.raises(FencedError, match="etcd names eu-west"):
         await sync.replicate(write)
+
+
+@pytest.mark.parametrize(
+    ("owner_now", "retriable"),
+    [
+        (etcd_moved("switchover"), True),
+        (etcd_moved("drain"), True),
+        (etcd_moved("failover"), False),
+        (etcd_moved("switchover", before=2), False),
+    ],
+    ids=["switchover", "drain", "failover", "another-epochs-handover"],
+)
+async def test_a_write_whose_epoch_a_handover_ended_while_pushed_is_told_to_retry(
+    store: ObjectStore, start: Start, owner_now: OwnerNow, retriable: bool
+) -> None:
+    """The replicas fenced the write (seen, not hidden): a switchover or drain from this
+    region ended its epoch while it was pushed. A write during a handover is refused
+    retriable (the writer finds the new owner); one a failover fenced is not. Acked
+    nowhere, it is rewound here either way."""
+    _fakes, sync, write = await start(StaleEpochError(STALE), owner_now=owner_now)
+    with pytest.raises(MeridianError) as caught:
+        await sync.replicate(write)
+    assert caught.value.retriable is retriable, caught.value
+    assert isinstance(caught.value, FencedError) is not retriable
+    if retriable:
+        assert "retry the write (against the new owner)" in str(caught.value)
+    assert store.head(DS, "k") is None
