@@ -24,6 +24,15 @@ and *Classes*), and every check fails closed:
   dataset hands over, but for the owner's copies at its epoch to the handover's
   target (`_through_handover`). Stale epochs and handovers are counted and logged.
 
+**A new owner's listing** (`settle_for_listing`). A replica reads etcd's owner record
+just before it commits a pushed copy, and the commit follows the read: a failover
+can come between them. A new owner's takeover pass that listed the replica then (not
+the copy yet) would miss a copy the replica commits and acks a moment later for the
+deposed owner (acked there with its own copy: an acked write the new owner never
+holds). So a complete listing first reads the owner record (the fence then refuses
+the old epoch at every later check) and waits for the copies of the dataset already
+past their own read (`receiving`), which it then lists.
+
 A dataset the policy's publish did not list but its rules place (`ckpt/run-7`,
 first written after the apply) is announced once through the optional `announce`
 port (`/meridian/datasets/`), so that controllers claim and fail it over; until
@@ -36,7 +45,9 @@ in-memory policy and owners (tests/fakes/owners.py).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NoReturn, Protocol
 
@@ -147,6 +158,8 @@ class Admission:
         # Placing a dataset the publish did not list runs the planner: kept per snapshot.
         self._placed_in: CompiledPolicy | None = None
         self._placed: dict[str, Placement | None] = {}
+        # dataset -> the pushed copies of it between their owner read and their commit
+        self._receiving: dict[str, set[asyncio.Future[None]]] = {}
 
     # -- placement and residency ---------------------------------------------------------
 
@@ -413,6 +426,40 @@ class Admission:
                 dataset, owner.epoch, handing_over=owner.handing_over, revision=owner.revision
             )
         return owner
+
+    @contextlib.contextmanager
+    def receiving(self, datasets: Iterable[str]) -> Iterator[None]:
+        """Around a pushed copy's owner read (`admit_replica_current`) and its commit:
+        a complete listing of these datasets waits for it (`settle_for_listing`)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        names = set(datasets)
+        for dataset in names:
+            self._receiving.setdefault(dataset, set()).add(done)
+        try:
+            yield
+        finally:
+            done.set_result(None)
+            for dataset in names:
+                running = self._receiving.get(dataset)
+                if running is not None:
+                    running.discard(done)
+                    if not running:
+                        del self._receiving[dataset]
+
+    async def settle_for_listing(self, dataset: str) -> None:
+        """Before a complete listing of a critical dataset (a new owner's takeover pass,
+        module docstring): etcd's owner record read now and told to the fence, then the
+        copies already past their own read waited for (each commits or fails)."""
+        try:
+            critical = self._decide(dataset)[1].dataset_class == "critical"
+        except MeridianError:
+            return  # not placed here: nothing of it is pushed to this agent
+        if not critical:
+            return
+        await self.owner_now(dataset)
+        running = self._receiving.get(dataset)
+        if running:
+            await asyncio.wait(list(running))
 
     def _fenced(self, dataset: str, epoch: int, *, through_handover: bool = False) -> None:
         try:

@@ -160,8 +160,20 @@ class ReplicaPushes:
                 refused.append((tally, version, exc))
                 continue
             admitted.append((n, version, tally, (header.dataset, header.epoch, origin)))
-        # The owner record read now, once per (dataset, epoch, origin) of the call.
+        # The owner record read now, once per (dataset, epoch, origin) of the call; a new
+        # owner's listing waits for the commit that follows it.
         groups = list(dict.fromkeys(g for _, _, _, g in admitted))
+        with self.admission.receiving(g[0] for g in groups):
+            return await self._receive_admitted(request, results, admitted, refused, groups)
+
+    async def _receive_admitted(
+        self,
+        request: agent_pb2.ReplicatePushesRequest,
+        results: list[agent_pb2.ReplicateItemResult],
+        admitted: list[tuple[int, Version, TransferTally, Group]],
+        refused: list[tuple[TransferTally, Version, MeridianError]],
+        groups: list[Group],
+    ) -> agent_pb2.ReplicatePushesResponse:
         read: concurrent.futures.Future[Placement] | None = None
         verdicts: dict[Group, MeridianError | None] = {}
         if len(groups) == 1 and self._gated < GATED_MOST:

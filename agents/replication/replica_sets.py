@@ -60,14 +60,17 @@ async def receive_sets(
     if not origin:
         raise InvalidInputError("ReplicateSetRequest.origin_region: the pusher must name it")
     placement = admission.admit_replica(dataset, request.epoch, origin, fresh_read_next=True)
-    if placement.dataset_class == "critical":
-        await admission.admit_replica_current(dataset, request.epoch, origin)
-    elif request.epoch:
+    critical = placement.dataset_class == "critical"
+    if not critical and request.epoch:
         raise InvalidInputError(
             f"ReplicateSetRequest.epoch: {dataset} is a standard dataset, which takes "
             f"epoch 0, not {request.epoch}"
         )
-    out = await asyncio.to_thread(_apply_all, store, sets)
+    # Between the owner read and the commit, a new owner's listing waits for it.
+    with admission.receiving([dataset] if critical else []):
+        if critical:
+            await admission.admit_replica_current(dataset, request.epoch, origin)
+        out = await asyncio.to_thread(_apply_all, store, sets)
     log.info(
         "sets_replicated",
         dataset=dataset,

@@ -66,7 +66,10 @@ looked lone), and a delete older than half the tombstone retention is left (anot
 region may have forgotten a newer delete). Held elsewhere, it is adopted whatever its
 HLC says: an HLC alone says little when the two clocks differ. A proof reads every
 agent of each region (a `complete` listing; the Rewind reaches every agent of the
-region and its `dropped` is checked): a region, or an agent of one, that does not
+region and its `dropped` is checked; the listed agent first reads the owner record,
+so its fence refuses the old epoch, and lists only once the copies already past their
+own owner read have committed: one it acked to the deposed owner just after listing
+is never missed, agents/admission.py): a region, or an agent of one, that does not
 answer decides nothing, and the version is left as it is until the pass, retried,
 proves it either way. Either way the copies converge. The set a region
 shows (its newest complete one), when newer than the one this owner shows, is

@@ -4,7 +4,8 @@ link RTTs and bandwidth)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from controlplane.domain.placement import Placement
@@ -35,6 +36,8 @@ class AdmissionPort(Protocol):
     async def admit_replica_current(
         self, dataset: str, epoch: int, origin_region: str, *, rewind: bool = False
     ) -> Placement: ...
+
+    def receiving(self, datasets: Iterable[str]) -> AbstractContextManager[None]: ...
 
 
 # The applied policy now (None before the first one arrives): `PolicyView.current`.

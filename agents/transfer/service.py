@@ -222,17 +222,18 @@ class TransferService:
             tally.method = PUSH_DELTA
         try:
             if version.is_tombstone:
-                if critical:
-                    await self._admit_current(header, tally.from_region)
-                result = await asyncio.to_thread(
-                    self.store.apply,
-                    header.dataset,
-                    header.key,
-                    version,
-                    None,
-                    set_id=set_id,
-                    transfer=tally.record("completed", self.policy),
-                )
+                with self.admission.receiving([header.dataset] if critical else []):
+                    if critical:
+                        await self._admit_current(header, tally.from_region)
+                    result = await asyncio.to_thread(
+                        self.store.apply,
+                        header.dataset,
+                        header.key,
+                        version,
+                        None,
+                        set_id=set_id,
+                        transfer=tally.record("completed", self.policy),
+                    )
             else:
                 result = await self._receive_pushed(
                     header, version, set_id, requests, tally, admit, critical=critical
@@ -423,15 +424,17 @@ class TransferService:
             # critical dataset etcd's owner record is read again too (it, not the
             # watch, decides a handover then: one just ended may linger in the watch).
             admit(critical)
-            if critical:
-                await self._admit_current(header, tally.from_region)
-            return await asyncio.to_thread(
-                self.store.commit_apply,
-                staged,
-                version,
-                set_id=set_id,
-                transfer=tally.record("completed", self.policy),
-            )
+            # Between the owner read and the commit, a new owner's listing waits for it.
+            with self.admission.receiving([dataset] if critical else []):
+                if critical:
+                    await self._admit_current(header, tally.from_region)
+                return await asyncio.to_thread(
+                    self.store.commit_apply,
+                    staged,
+                    version,
+                    set_id=set_id,
+                    transfer=tally.record("completed", self.policy),
+                )
         finally:
             staged.abort()  # after a commit this removes nothing
 

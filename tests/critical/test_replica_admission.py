@@ -4,6 +4,8 @@ in (unit test: in-memory policy and owners)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from fakes.admission import MemoryOwners, StaticPolicy, compiled
 from placements import critical as placed
@@ -125,3 +127,52 @@ def test_copies_needed_counts_the_owner_s_own_commit(
     replicas: tuple[str, ...], ack: str, needed: int
 ) -> None:
     assert copies_needed(critical(replicas, ack)) == needed
+
+
+async def test_a_new_owner_s_listing_waits_for_copies_past_their_owner_read() -> None:
+    """A copy read etcd (eu-west owns at 5), then the dataset failed over before it
+    committed. A new owner's complete listing first tells the fence the new epoch (later
+    copies of epoch 5 are refused), then waits for that copy: listed after its commit,
+    it cannot be missed by the takeover while the deposed owner counts it acked."""
+    owners = MemoryOwners()
+    admission, fence, _ = replica(owners)
+    owners.set("crit/a", "eu-west", 5)
+    committed = asyncio.Event()
+
+    async def receive() -> None:
+        with admission.receiving(["crit/a"]):
+            await admission.admit_replica_current("crit/a", 5, "eu-west")
+            await committed.wait()  # the commit, in a thread in the agent
+
+    copy = asyncio.create_task(receive())
+    await asyncio.sleep(0)  # past its owner read
+    owners.set("crit/a", "eu-central", 9)  # the failover
+    listing = asyncio.create_task(admission.settle_for_listing("crit/a"))
+    await asyncio.sleep(0.05)  # the window: the listing must wait for the copy
+    assert not listing.done()
+    assert fence.highest_epoch("crit/a") == 9  # told before it waits
+    with pytest.raises(StaleEpochError):  # so a later copy of epoch 5 is refused
+        admission.admit_replica("crit/a", 5, "eu-west")
+    committed.set()
+    await asyncio.wait_for(listing, 5)
+    await copy
+    # Nothing in flight: a listing waits for nothing; the tracking is gone.
+    await asyncio.wait_for(admission.settle_for_listing("crit/a"), 5)
+    assert admission._receiving == {}
+
+
+async def test_a_listing_of_an_unplaced_dataset_reads_no_owner() -> None:
+    owners = MemoryOwners()
+    admission, _, _ = replica(owners)
+    reads: list[str] = []
+    owner = owners.owner
+
+    async def counted(dataset: str) -> object:
+        reads.append(dataset)
+        return await owner(dataset)
+
+    owners.owner = counted  # type: ignore[method-assign,assignment]
+    await admission.settle_for_listing("not/placed")
+    assert reads == []
+    await admission.settle_for_listing("crit/a")
+    assert reads == ["crit/a"]

@@ -1,0 +1,36 @@
+"""A complete listing of a critical dataset (a new owner's takeover pass) waits for the
+pushed copies already past their owner read (agents/admission.py, *A new owner's
+listing*); a partial one (a catch-up's) does not."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent_api_helpers import CRITICAL, TIMEOUT_S, Agent
+
+from meridian.v1 import agent_pb2
+
+
+async def test_a_complete_listing_waits_for_a_copy_past_its_owner_read(agent: Agent) -> None:
+    admission = agent.service.admission
+    release = asyncio.Event()
+
+    async def in_flight() -> None:
+        with admission.receiving([CRITICAL]):
+            await release.wait()  # read etcd, committing
+
+    copy = asyncio.create_task(in_flight())
+    await asyncio.sleep(0)
+    complete = asyncio.ensure_future(
+        agent.stub.List(
+            agent_pb2.ListRequest(dataset=CRITICAL, include_deleted=True, complete=True),
+            timeout=TIMEOUT_S,
+        )
+    )
+    partial = await agent.stub.List(agent_pb2.ListRequest(dataset=CRITICAL), timeout=TIMEOUT_S)
+    assert list(partial.objects) == []  # answered while the copy is in flight
+    await asyncio.sleep(0.1)  # the window: the complete listing must still wait
+    assert not complete.done()
+    release.set()
+    await asyncio.wait_for(complete, TIMEOUT_S)
+    await copy
