@@ -19,6 +19,10 @@ version, and the wave behind it waited for the next slot: 15 ms of a write's 50)
 A lane with nothing running, whose calls carry under about 1.5 versions, or whose
 region takes no batch, never waits.
 
+A push that waits its whole deadline in the queue (the calls ahead hang: a region
+cut off) fails there, unsent: the region is caught up instead, and the queue holds
+no more than a deadline's worth of pushes.
+
 Each item keeps its own answer (committed there, or the error that says why not),
 so `SyncReplication._ordered` still counts a region toward a write's ack only once
 every earlier push to it has succeeded, and a failed item marks the region behind.
@@ -234,14 +238,29 @@ class PushLane:
         self._drain(waited=True)  # the oldest has waited long enough, by the loop's clock
 
     def _take(self) -> list[_Queued]:
-        """The queued pushes of the next call, oldest first (cancelled ones dropped)."""
+        """The queued pushes of the next call, oldest first (cancelled ones dropped, and
+        those queued for their whole deadline failed)."""
         batch: list[_Queued] = []
         names: set[tuple[str, str]] = set()
         size = 0
         kept: deque[_Queued] = deque()
+        now = self._clock()
         while self._queue and len(batch) < self.most:
             queued = self._queue.popleft()
             if queued.answer.done():
+                continue
+            if now - queued.since >= queued.deadline_s:
+                # Its whole deadline spent queued (the calls ahead hang: a region cut
+                # off): failed, not sent, so the region is caught up instead and the
+                # queue holds no more than a deadline's worth of pushes.
+                self._settle(
+                    queued.answer,
+                    UnavailableError(
+                        f"the push to {self.region} waited its whole deadline "
+                        f"({queued.deadline_s:.1f} s) for a call, behind calls that did "
+                        "not end; it was not sent"
+                    ),
+                )
                 continue
             name = (queued.write.dataset, queued.write.key or "")
             if name in names:

@@ -19,7 +19,7 @@ from agents.service.servicer import CommittedWrite
 from controlplane.coordination.protocols.fencing import StaleEpochError
 from controlplane.domain.hlc import HybridClock
 from controlplane.domain.version import Version
-from controlplane.errors import MeridianError
+from controlplane.errors import MeridianError, UnavailableError
 
 REGION = "eu-north"
 CLOCK = HybridClock("eu-west")
@@ -334,3 +334,28 @@ async def test_a_push_cancelled_before_it_starts_gives_its_call_slot_back() -> N
         await until(lambda: lane._running == 0, 5.0, "the slot given back")
     assert await lane.submit(*write("b"), 5.0) == REGION
     assert lane._running == 0
+
+
+async def test_a_push_queued_for_its_whole_deadline_fails_unsent() -> None:
+    """The call ahead hangs (a region cut off): a push that waited its whole deadline
+    in the queue is failed, not sent after it (the region is caught up instead), so
+    the queue never holds more than a deadline's worth of writes."""
+    now = [0.0]
+    calls = Calls()
+    lane = PushLane(
+        REGION,
+        alone=calls.push_alone,
+        together=calls.push_together,
+        in_flight=1,
+        clock=lambda: now[0],
+    )
+    first = lane.submit(*write("a"), 5.0)
+    await until(lambda: calls.together == [["a"]], timeout_s=5, what="the first push under way")
+    late = lane.submit(*write("b"), 2.0)
+    now[0] = 3.0  # b has waited past its 2 s
+    fresh = lane.submit(*write("c"), 5.0)
+    calls.gate.set()
+    with pytest.raises(UnavailableError, match="waited its whole deadline"):
+        await asyncio.wait_for(late, 5)
+    assert await asyncio.wait_for(asyncio.gather(first, fresh), 5) == [REGION] * 2
+    assert calls.together == [["a"], ["c"]]  # b never sent
