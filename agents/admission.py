@@ -457,6 +457,11 @@ class Admission:
         if not critical:
             return
         await self.owner_now(dataset)
+        await self.received(dataset)
+
+    async def received(self, dataset: str) -> None:
+        """Until the copies of `dataset` then past their owner read have committed or
+        failed (an owner's own takeover pass and catch-up read this store after them)."""
         running = self._receiving.get(dataset)
         if running:
             await asyncio.wait(list(running))

@@ -193,6 +193,7 @@ class NodeAgent(Lifecycle):
             EtcdPeers(self.coord, self.settings.agent_address, max_age_s=PEER_MAX_AGE_S),
             adopt=_adopter(transfers),
             owner_now=admission.owner_now,  # a stale refusal: re-claimed, or deposed?
+            copies_received=admission.received,
             metrics=self.metrics,
         )
         # A region holding no replica of a dataset its residency allows may read it

@@ -271,6 +271,7 @@ class SyncReplication:
         owner_now: OwnerNow | None = None,
         batch_max: int = BATCH_MAX,
         metrics: AgentMetrics | None = None,
+        copies_received: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.region = region
@@ -316,6 +317,10 @@ class SyncReplication:
         # Tells a replica's stale refusal of a re-claim by this region (retriable) from
         # a real loss of ownership (`_fenced_answer`).
         self.owner_now = owner_now
+        # Waits for the copies of a dataset this agent is receiving, past their owner
+        # read (Admission.received): a handover's target commits the old owner's last
+        # copies through the freeze while its own pass may already read its store.
+        self.copies_received = copies_received
         # region -> its push lane (push_lanes.py): small pushes queued behind the ones
         # running to that region go together in one ReplicatePushes; 1: never batched.
         self.batch_max = batch_max
@@ -757,6 +762,11 @@ class SyncReplication:
         running = self._committing.get(dataset)
         if running:
             await asyncio.wait(list(running))  # wait, never cancel: they are the writes'
+        if self.copies_received is not None:
+            # And the copies pushed here by the owner before us (a switchover's target
+            # takes them through the freeze): read before they commit, one acked there
+            # would be missing from our snapshot, never pushed on, held on one copy.
+            await self.copies_received(dataset)
 
     async def _takeover_once(
         self, write: CommittedWrite, region: str, older_than: HLC
@@ -1543,7 +1553,7 @@ class SyncReplication:
             return UnavailableError(
                 f"{what} was admitted at epoch {write.admitted.epoch}, but a {owner.moved_by} "
                 f"handed {write.dataset} over to {owner.region} (epoch {owner.epoch}) while "
-                "it was replicated; nothing was acked; retry the write (against the new owner)"
+                "it was replicated; it was not acked; retry the write (against the new owner)"
             )
         if owner is None or owner.region != self.region or owner.epoch <= write.admitted.epoch:
             return fenced

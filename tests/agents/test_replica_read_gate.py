@@ -215,3 +215,27 @@ async def test_past_gated_most_calls_read_first_then_stage(
         assert store.head(CRITICAL, "shard-0") == version
     finally:
         store.close()
+
+
+async def test_a_new_owner_s_listing_waits_for_a_push_past_its_owner_read(
+    tmp_path: Path,
+) -> None:
+    """Between a pushed batch's owner read and its commit, a complete listing of the
+    dataset waits (Admission.received): it lists the copy once committed, never just
+    before the replica acks it to a deposed owner."""
+    read = GatedRead(OwnerRecord(CRITICAL, OWNER, EPOCH))
+    pushes, store, _ = replica(tmp_path / "store", read)
+    try:
+        req, version = request(SHARD)
+        call = asyncio.create_task(pushes.receive(req))
+        await asyncio.wait_for(read.started.wait(), WAIT_S)
+        listing = asyncio.create_task(pushes.admission.received(CRITICAL))
+        await asyncio.sleep(0.05)  # the window: the listing must still wait
+        assert not listing.done()
+        read.release.set()
+        await asyncio.wait_for(listing, WAIT_S)
+        assert store.head(CRITICAL, "shard-0") == version  # committed by then
+        await asyncio.wait_for(call, WAIT_S)
+    finally:
+        read.release.set()
+        store.close()

@@ -230,3 +230,28 @@ async def test_a_catch_up_waits_for_this_stores_commits_whose_pushes_began(
     finally:
         await sync.close()
         store.close()
+
+
+async def test_a_pass_waits_for_copies_this_agent_is_still_receiving(tmp_path: Path) -> None:
+    """A switchover's target commits the old owner's last copies through the freeze
+    while its own takeover pass may already run: the pass (and a catch-up) reads this
+    store only once the copies past their owner read have committed (the agent binds
+    `copies_received` to Admission.received)."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    received = asyncio.Event()
+    asked: list[str] = []
+
+    async def copies_received(dataset: str) -> None:
+        asked.append(dataset)
+        await received.wait()
+
+    sync = SyncReplication(store, "eu-west", NoPeers(), copies_received=copies_received)
+    try:
+        waiting = asyncio.ensure_future(sync._commits_ended("tri/copies"))
+        await asyncio.sleep(0.05)  # the window: it must still be waiting
+        assert not waiting.done() and asked == ["tri/copies"]
+        received.set()
+        await asyncio.wait_for(waiting, 5)
+    finally:
+        await sync.close()
+        store.close()
