@@ -13,14 +13,15 @@ from meridian.v1 import agent_pb2
 
 async def test_a_complete_listing_waits_for_a_copy_past_its_owner_read(agent: Agent) -> None:
     admission = agent.service.admission
-    release = asyncio.Event()
+    release, registered = asyncio.Event(), asyncio.Event()
 
     async def in_flight() -> None:
         with admission.receiving([CRITICAL]):
+            registered.set()
             await release.wait()  # read etcd, committing
 
     copy = asyncio.create_task(in_flight())
-    await asyncio.sleep(0)
+    await asyncio.wait_for(registered.wait(), 5)
     complete = asyncio.ensure_future(
         agent.stub.List(
             agent_pb2.ListRequest(dataset=CRITICAL, include_deleted=True, complete=True),

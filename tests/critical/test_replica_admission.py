@@ -137,15 +137,16 @@ async def test_a_new_owner_s_listing_waits_for_copies_past_their_owner_read() ->
     owners = MemoryOwners()
     admission, fence, _ = replica(owners)
     owners.set("crit/a", "eu-west", 5)
-    committed = asyncio.Event()
+    committed, past_read = asyncio.Event(), asyncio.Event()
 
     async def receive() -> None:
         with admission.receiving(["crit/a"]):
             await admission.admit_replica_current("crit/a", 5, "eu-west")
+            past_read.set()
             await committed.wait()  # the commit, in a thread in the agent
 
     copy = asyncio.create_task(receive())
-    await asyncio.sleep(0)  # past its owner read
+    await asyncio.wait_for(past_read.wait(), 5)
     owners.set("crit/a", "eu-central", 9)  # the failover
     listing = asyncio.create_task(admission.settle_for_listing("crit/a"))
     await asyncio.sleep(0.05)  # the window: the listing must wait for the copy
