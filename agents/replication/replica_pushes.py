@@ -37,6 +37,7 @@ from agents.metrics import AgentMetrics
 from agents.replication.answers import OUTCOMES, journal, refusal
 from agents.store import ObjectStore
 from agents.store.model import ApplyResult, JsonValue
+from agents.to_the_end import run_to_the_end
 from agents.transfer.ports import PolicySource
 from agents.transfer.records import Outcome, TransferTally, count_many, new_transfer_id
 from controlplane.domain.placement import Placement
@@ -247,22 +248,25 @@ class ReplicaPushes:
     ) -> list[ApplyResult]:
         """`apply_many` of the admitted items, behind the gate of `read` when there is
         one. Raises `_RefusedError` when the read refused them (nothing stored)."""
+        # A cancelled call (its deadline, the server stopping) waits for the thread to
+        # end, so the registration a new owner's listing waits on outlives the commit.
         if read is None:
-            return await asyncio.to_thread(self.store.apply_many, items, transfers=transfers)
+            return await run_to_the_end(
+                functools.partial(self.store.apply_many, items, transfers=transfers)
+            )
         self._gated += 1
         try:
-            return await asyncio.to_thread(
-                self.store.apply_many,
-                items,
-                transfers=transfers,
-                gate=functools.partial(_passed, read, groups[0]),
+            return await run_to_the_end(
+                functools.partial(
+                    self.store.apply_many,
+                    items,
+                    transfers=transfers,
+                    gate=functools.partial(_passed, read, groups[0]),
+                ),
+                # A thread still before the gate then stores nothing; one past it
+                # commits, as a push whose answer was lost does.
+                on_cancel=read.cancel,
             )
-        except asyncio.CancelledError:
-            # The call is gone (its deadline, the server stopping): a thread still
-            # before the gate then stores nothing; one past it commits, as a push whose
-            # answer was lost does.
-            read.cancel()
-            raise
         except MeridianError:
             # Failed before the gate (a skewed clock, a bad digest, a closed store): the
             # read's refusal, when it refuses, is still the answer, as when it came first.

@@ -13,12 +13,13 @@ region toward the set's ack.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 
 from agents.admission import Admission
 from agents.replication.answers import OUTCOMES
 from agents.store import ObjectStore
+from agents.to_the_end import run_to_the_end
 from controlplane.domain.version import Verdict
 from controlplane.domain.version_set import VersionSet
 from controlplane.errors import InvalidInputError, NotFoundError
@@ -70,7 +71,8 @@ async def receive_sets(
     with admission.receiving([dataset] if critical else []):
         if critical:
             await admission.admit_replica_current(dataset, request.epoch, origin)
-        out = await asyncio.to_thread(_apply_all, store, sets)
+        # Held to its end when the call is cancelled, so the registration outlives it.
+        out = await run_to_the_end(functools.partial(_apply_all, store, sets))
     log.info(
         "sets_replicated",
         dataset=dataset,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -35,6 +36,7 @@ from agents.replication.delta_push import PUSH_DELTA, holds_basis, receive_delta
 from agents.rpc.status import abort, code_of
 from agents.store import ApplyResult, ObjectStore
 from agents.store.staging import TMP
+from agents.to_the_end import run_to_the_end
 from agents.transfer.bridge import file_chunks, remove
 from agents.transfer.bundle import BUNDLE_MAX_BYTES, BundleSender, Wanted, pull_bundle
 from agents.transfer.limiter import CHUNK_BYTES, LinkLimiter
@@ -225,14 +227,16 @@ class TransferService:
                 with self.admission.receiving([header.dataset] if critical else []):
                     if critical:
                         await self._admit_current(header, tally.from_region)
-                    result = await asyncio.to_thread(
-                        self.store.apply,
-                        header.dataset,
-                        header.key,
-                        version,
-                        None,
-                        set_id=set_id,
-                        transfer=tally.record("completed", self.policy),
+                    result = await run_to_the_end(
+                        functools.partial(
+                            self.store.apply,
+                            header.dataset,
+                            header.key,
+                            version,
+                            None,
+                            set_id=set_id,
+                            transfer=tally.record("completed", self.policy),
+                        )
                     )
             else:
                 result = await self._receive_pushed(
@@ -428,12 +432,16 @@ class TransferService:
             with self.admission.receiving([dataset] if critical else []):
                 if critical:
                     await self._admit_current(header, tally.from_region)
-                return await asyncio.to_thread(
-                    self.store.commit_apply,
-                    staged,
-                    version,
-                    set_id=set_id,
-                    transfer=tally.record("completed", self.policy),
+                # Held to its end when the call is cancelled: the registration and
+                # the staged file (removed below) outlive the commit (to_the_end.py).
+                return await run_to_the_end(
+                    functools.partial(
+                        self.store.commit_apply,
+                        staged,
+                        version,
+                        set_id=set_id,
+                        transfer=tally.record("completed", self.policy),
+                    )
                 )
         finally:
             staged.abort()  # after a commit this removes nothing

@@ -6,6 +6,7 @@ store and a real `Admission`, the etcd read a test-controlled coroutine."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -237,5 +238,50 @@ async def test_a_new_owner_s_listing_waits_for_a_push_past_its_owner_read(
         assert store.head(CRITICAL, "shard-0") == version  # committed by then
         await asyncio.wait_for(call, WAIT_S)
     finally:
+        read.release.set()
+        store.close()
+
+
+@pytest.mark.parametrize("past_gate", [False, True], ids=["before-gate", "past-gate"])
+async def test_a_cancelled_push_holds_a_listing_until_its_thread_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, past_gate: bool
+) -> None:
+    """A call cancelled while its store thread runs (its deadline, the server stopping)
+    stays registered until the thread has ended (agents/to_the_end.py): before the gate
+    the thread stores nothing, past it the copy commits, and a new owner's listing
+    goes only after either."""
+    read = GatedRead(OwnerRecord(CRITICAL, OWNER, EPOCH))
+    pushes, store, _ = replica(tmp_path / "store", read)
+    entered, release = threading.Event(), threading.Event()
+    real_gate = replica_pushes._passed
+
+    def held_gate(*args: Any) -> None:
+        if past_gate:
+            real_gate(*args)
+        entered.set()
+        release.wait(WAIT_S * 2)
+        if not past_gate:
+            real_gate(*args)
+
+    monkeypatch.setattr(replica_pushes, "_passed", held_gate)
+    if past_gate:
+        read.release.set()
+    try:
+        req, version = request(SHARD)
+        call = asyncio.create_task(pushes.receive(req))
+        await until(entered.is_set, WAIT_S, "the store's thread is at its gate")
+        listing = asyncio.create_task(pushes.admission.received(CRITICAL))
+        call.cancel()
+        await asyncio.sleep(0.2)  # the window: the listing must still wait
+        assert not listing.done()
+        release.set()
+        read.release.set()  # before the gate, the read was cancelled with the call
+        await asyncio.wait_for(listing, WAIT_S)
+        assert store.head(CRITICAL, "shard-0") == (version if past_gate else None)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert staged_files(store) == []
+    finally:
+        release.set()
         read.release.set()
         store.close()
