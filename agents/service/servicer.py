@@ -656,9 +656,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     async def _list(self, request: agent_pb2.ListRequest) -> agent_pb2.ListResponse:
         dataset, prefix, limit = requests.list_query(request)
-        if request.complete and not request.page_token:
+        if request.complete:
             # A new owner's takeover pass: what was acked here for a deposed owner is
-            # committed before it is listed (Admission.settle_for_listing).
+            # committed before it is listed (Admission.settle_for_listing). Every page:
+            # a region's listing pages by key, so an agent that joined the region since
+            # the first page is first asked for a later one.
             await self.admission.settle_for_listing(dataset)
         page = await asyncio.to_thread(
             self.store.list_objects,

@@ -35,3 +35,29 @@ async def test_a_complete_listing_waits_for_a_copy_past_its_owner_read(agent: Ag
     release.set()
     await asyncio.wait_for(complete, TIMEOUT_S)
     await copy
+
+
+async def test_a_later_page_of_a_complete_listing_waits_too(agent: Agent) -> None:
+    """A region's listing pages by key: an agent that joined the region after the first
+    page is first asked for a later one, and must settle there."""
+    admission = agent.service.admission
+    release, registered = asyncio.Event(), asyncio.Event()
+
+    async def in_flight() -> None:
+        with admission.receiving([CRITICAL]):
+            registered.set()
+            await release.wait()
+
+    copy = asyncio.create_task(in_flight())
+    await asyncio.wait_for(registered.wait(), 5)
+    later = asyncio.ensure_future(
+        agent.stub.List(
+            agent_pb2.ListRequest(dataset=CRITICAL, complete=True, page_token="shard-0499"),
+            timeout=TIMEOUT_S,
+        )
+    )
+    await asyncio.sleep(0.1)  # the window: the later page must still wait
+    assert not later.done()
+    release.set()
+    await asyncio.wait_for(later, TIMEOUT_S)
+    await copy
