@@ -661,15 +661,23 @@ class SyncReplication:
 
     async def _catch_up(self, write: CommittedWrite, region: str) -> None:
         """Push what `region` lacks of the dataset, oldest first, until it lacks nothing
-        (then its commits count toward acks again); stops when this owner is fenced.
+        (then its commits count toward acks again); stops when this owner is fenced,
+        or when the newest write's placement no longer names the region. Any other
+        refusal is retried (backing off to `retry_max_s`): the region stays out of acks,
+        the safe side, until what refuses (a policy, a region's residency) is fixed.
         Each pass pushes at the newest epoch this owner has written at: a catch-up begun
         at an older epoch (this region took the dataset back meanwhile) would be fenced
         and give up on a replica that still lacks the new epoch's writes (chaos
         scenario 10 found one)."""
         pair = (write.dataset, region)
 
-        async def once() -> int:
+        async def once() -> int | None:
             current = self._latest.get(write.dataset, write)
+            if region not in push_targets(current.admitted.placement, self.region):
+                # The policy moved the copy away (the newest write's placement no
+                # longer names it): nothing to catch up, and a refusal that would
+                # never clear (its residency narrowed) is not retried for ever.
+                return None
             for _epoch in range(1_000):  # bounded: each turn needs a newer epoch of ours
                 try:
                     return await self._catch_up_once(current, region)
@@ -695,6 +703,9 @@ class SyncReplication:
                     log.warning(
                         "catch_up_gave_up", dataset=write.dataset, region=region, error=str(exc)
                     )
+                    return
+                if pushed is None:
+                    log.info("catch_up_unplaced", dataset=write.dataset, region=region)
                     return
                 if pair in self._again:
                     self._again.discard(pair)

@@ -17,6 +17,7 @@ from placements import critical
 from waiting import until
 
 from agents.admission import Admitted
+from agents.errors import ResidencyError
 from agents.replication.sync import Local, SyncReplication
 from agents.service.servicer import CommittedWrite
 from agents.store import ObjectStore
@@ -252,6 +253,37 @@ async def test_a_pass_waits_for_copies_this_agent_is_still_receiving(tmp_path: P
         assert not waiting.done() and asked == ["tri/copies"]
         received.set()
         await asyncio.wait_for(waiting, 5)
+    finally:
+        await sync.close()
+        store.close()
+
+
+async def test_a_catch_up_ends_once_the_policy_moves_the_copy_away(tmp_path: Path) -> None:
+    """A catch-up refused for good (the region's residency narrowed) is not retried for
+    ever: once the newest write's placement no longer names the region, it ends."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    sync = SyncReplication(store, "eu-west", NoPeers())
+    sync.retry_initial_s = sync.retry_max_s = 0.01
+    ds = "tri/moved-away"
+    tries: list[str] = []
+
+    async def refused(address: str, dataset: str, **_: bool) -> dict[str, Version]:
+        tries.append(address)
+        raise ResidencyError(f"eu-central may not hold {dataset} (test)")
+
+    sync._listing = refused  # type: ignore[method-assign]
+    write = CommittedWrite(Admitted(placement(ds), 5, 1), ds)
+    sync._latest[ds] = write
+    try:
+        sync._mark_behind(write, "eu-central")
+        await until(lambda: len(tries) >= 3, 5, "the catch-up retries the refusal")
+        assert sync.behind(ds) == ["eu-central"]  # still out of acks meanwhile
+        moved = critical(ds, replicas=("eu-north",))
+        sync._latest[ds] = CommittedWrite(Admitted(moved, 5, 2), ds)  # the next write's
+        await until(lambda: sync.behind(ds) == [], 5, "the catch-up ended")
+        settled = len(tries)
+        await asyncio.sleep(0.05)  # the window: no more tries after it ended
+        assert len(tries) == settled
     finally:
         await sync.close()
         store.close()
