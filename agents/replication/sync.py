@@ -344,6 +344,8 @@ class SyncReplication:
             # Its admission only: kept per dataset for as long as the agent runs, so
             # not its bytes, its set or its commit.
             self._latest[write.dataset] = CommittedWrite(write.admitted, write.dataset)
+            if latest is not None:
+                self._catch_up_added(write, latest)
         self._reconcile_after_takeover(write)
         push: Callable[[str], Awaitable[str]]
         if write.set_record is not None:
@@ -647,6 +649,19 @@ class SyncReplication:
                 await self._push(region, member, stored.version, deadline_s)
 
         await asyncio.gather(*(one(r, k) for r, keys in lacking for k in keys))
+
+    def _catch_up_added(self, write: CommittedWrite, before: CommittedWrite) -> None:
+        """A copy region the policy added since the dataset's previous write here holds
+        none of its earlier versions, yet its pushes of new writes succeed: it is caught
+        up (marked behind, so not counted toward acks) before it counts."""
+        now = push_targets(write.admitted.placement, self.region)
+        was = push_targets(before.admitted.placement, self.region)
+        if now is was:  # the same placement (the targets are cached per placement)
+            return
+        for region in now:
+            if region not in was:
+                log.info("replica_added", dataset=write.dataset, region=region)
+                self._mark_behind(write, region)
 
     def _mark_behind(self, write: CommittedWrite, region: str) -> None:
         key = (write.dataset, region)

@@ -13,6 +13,7 @@ import contextlib
 import threading
 from pathlib import Path
 
+import pytest
 from placements import critical
 from waiting import until
 
@@ -24,7 +25,7 @@ from agents.store import ObjectStore
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.placement import Placement
 from controlplane.domain.version import Version
-from controlplane.errors import MeridianError
+from controlplane.errors import MeridianError, UnavailableError
 
 REPLICAS = ("eu-central", "eu-north")
 
@@ -285,5 +286,50 @@ async def test_a_catch_up_ends_once_the_policy_moves_the_copy_away(tmp_path: Pat
         await asyncio.sleep(0.05)  # the window: no more tries after it ended
         assert len(tries) == settled
     finally:
+        await sync.close()
+        store.close()
+
+
+async def test_a_region_the_policy_adds_is_caught_up_before_it_counts(tmp_path: Path) -> None:
+    """A copy region added to the placement mid-epoch holds none of the earlier
+    versions while its pushes of new writes succeed: it is caught up (the version
+    written before it was added reaches it) before it counts toward an ack."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
+    ds = "tri/added"
+    sync._reconciled[ds] = 5  # this epoch's takeover pass ran earlier
+    before = critical(ds, replicas=("eu-central",), ack="all")
+    after = critical(ds, replicas=("eu-central", "eu-north"), ack="all")
+    listed, release = asyncio.Event(), asyncio.Event()
+    pushed: list[tuple[str, str]] = []
+
+    async def their_listing(address: str, dataset: str, **_: bool) -> dict[str, Version]:
+        listed.set()
+        await release.wait()
+        return {}  # it holds nothing yet
+
+    async def push(region: str, write: CommittedWrite, version: Version, _: float) -> str:
+        assert write.key is not None
+        pushed.append((region, write.key))
+        return "stored"
+
+    def write_of(placed: Placement, key: str) -> CommittedWrite:
+        version = store.put(ds, key, [key.encode()])
+        return CommittedWrite(Admitted(placed, 5, 1), ds, key=key, version=version)
+
+    sync._listing = their_listing  # type: ignore[method-assign]
+    sync._push = push  # type: ignore[method-assign,assignment]
+    try:
+        assert await sync.replicate(write_of(before, "old")) == ("eu-west", "eu-central")
+        with pytest.raises(UnavailableError, match="eu-north"):
+            await sync.replicate(write_of(after, "new"))  # stored there, not counted
+        assert ("eu-north", "new") in pushed and sync.behind(ds) == ["eu-north"]
+        await asyncio.wait_for(listed.wait(), 5)
+        release.set()
+        await until(lambda: sync.behind(ds) == [], 5, "eu-north caught up")
+        assert ("eu-north", "old") in pushed  # written before it was added
+        assert "eu-north" in await sync.replicate(write_of(after, "next"))
+    finally:
+        release.set()
         await sync.close()
         store.close()
