@@ -3,16 +3,16 @@
 Exit statuses: validate 0/1; plan 0 (no change), 2 (changes), 1 (error);
 apply 0 (applied or nothing to do), 1 (error or refused).
 
-Publishing: `apply` writes `/meridian/policy/current` in etcd when an etcd endpoint
-is configured explicitly (`--etcd` on the command or on `meridian`, or
-MERIDIAN_ETCD in the environment); `--publish` forces it with the default
-endpoint, `--no-publish` skips it.
+Publishing: `apply` writes `/meridian/policy/current` in etcd (policy.md), the one
+configured (`--etcd` on the command or on `meridian`, MERIDIAN_ETCD) or the default,
+as every other command reads it. When etcd cannot be reached the revision stays in
+the catalog and the error says to run apply again, which republishes the head.
+`--no-publish` records the revision in the catalog only.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -123,12 +123,11 @@ def plan(
     raise typer.Exit(2 if changes else 0)
 
 
-def _publisher(
-    ctx: typer.Context, etcd: str | None, publish: bool | None
-) -> PolicyPublisher | None:
-    root_etcd = (ctx.find_root().obj or {}).get("overrides", {}).get("etcd")
-    explicit = etcd is not None or root_etcd is not None or "MERIDIAN_ETCD" in os.environ
-    if publish is False or (publish is None and not explicit):
+def _publisher(ctx: typer.Context, etcd: str | None, publish: bool) -> PolicyPublisher | None:
+    """The etcd the revision is published to (policy.md: apply publishes it), the
+    configured one or the default, as every other command reads it; none with
+    --no-publish (the catalog alone: a revision prepared before etcd is up)."""
+    if not publish:
         return None
     from controlplane.policy.publisher import EtcdPolicyPublisher
 
@@ -160,13 +159,13 @@ def apply(
     etcd: EtcdOpt = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
     publish: Annotated[
-        bool | None,
+        bool,
         typer.Option(
             "--publish/--no-publish",
-            help="write /meridian/policy/current to etcd (default: when --etcd or "
-            "MERIDIAN_ETCD is given)",
+            help="write /meridian/policy/current to etcd (default); --no-publish records "
+            "the revision in the catalog only, and a later apply publishes it",
         ),
-    ] = None,
+    ] = True,
     output: OutputOpt = None,
 ) -> None:
     """Apply policy files to the catalog as one revision, and publish it to etcd."""

@@ -11,6 +11,7 @@ import pytest
 
 from controlplane.catalog import migrate
 from controlplane.cli.main import run
+from controlplane.policy.current import CompiledPolicy
 
 DATA = Path(__file__).parent / "data"
 EXAMPLE = DATA / "example.yaml"
@@ -92,12 +93,12 @@ def test_plan_apply_cycle(catalog_url: str, capsys: pytest.CaptureFixture[str]) 
         "fields": {"jurisdiction": [None, "US"]},
     } in plan
     assert all(set(c) == {"action", "kind", "name", "fields"} for c in plan)
-    assert run([*base, "apply", "--yes", "-o", "json", str(EXAMPLE)]) == 0
+    assert run([*base, "apply", "--no-publish", "--yes", "-o", "json", str(EXAMPLE)]) == 0
     applied = json.loads(capsys.readouterr().out)
     assert applied["revision"] == 1 and applied["published"] is False
     assert run([*base, "plan", "-o", "json", str(EXAMPLE)]) == 0
     assert json.loads(capsys.readouterr().out) == []
-    assert run([*base, "apply", "--yes", "-o", "table", str(EXAMPLE)]) == 0
+    assert run([*base, "apply", "--no-publish", "--yes", "-o", "table", str(EXAMPLE)]) == 0
     assert "nothing to do: revision 1 is current" in capsys.readouterr().out
 
 
@@ -105,7 +106,7 @@ def test_invalid_apply_changes_nothing(
     catalog_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = ["--catalog", catalog_url, "policy"]
-    assert run([*base, "apply", "--yes", str(bad_file(tmp_path))]) == 1
+    assert run([*base, "apply", "--no-publish", "--yes", str(bad_file(tmp_path))]) == 1
     assert "nothing was changed" in capsys.readouterr().err
     assert run([*base, "plan", "-o", "json", str(EXAMPLE)]) == 2  # still everything to add
     assert run([*base, "plan", str(bad_file(tmp_path))]) == 1
@@ -122,13 +123,14 @@ def test_apply_without_yes_aborts_on_no(
     catalog_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr("sys.stdin", TerminalInput("n\n"))
-    assert run(["--catalog", catalog_url, "policy", "apply", "-o", "json", str(EXAMPLE)]) == 1
+    apply = ["--catalog", catalog_url, "policy", "apply", "--no-publish", "-o", "json"]
+    assert run([*apply, str(EXAMPLE)]) == 1
     out, err = capsys.readouterr()
     assert out.strip() == "" and "add Region us-east: jurisdiction: None -> 'US'" in err
     assert run(["--catalog", catalog_url, "policy", "plan", "-o", "json", str(EXAMPLE)]) == 2
     assert json.loads(capsys.readouterr().out)  # nothing was applied
     monkeypatch.setattr("sys.stdin", TerminalInput("y\n"))
-    assert run(["--catalog", catalog_url, "policy", "apply", "-o", "json", str(EXAMPLE)]) == 0
+    assert run([*apply, str(EXAMPLE)]) == 0
     assert json.loads(capsys.readouterr().out)["revision"] == 1
 
 
@@ -137,7 +139,7 @@ def test_apply_refuses_a_non_terminal_without_yes(
 ) -> None:
     """Review P3: a piped "y" does not apply; the refusal is one sentence on its own line."""
     monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
-    assert run(["--catalog", catalog_url, "policy", "apply", str(EXAMPLE)]) == 1
+    assert run(["--catalog", catalog_url, "policy", "apply", "--no-publish", str(EXAMPLE)]) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines()[-1] == (
@@ -148,7 +150,7 @@ def test_apply_refuses_a_non_terminal_without_yes(
     capsys.readouterr()
     # End of input at the prompt on a terminal: the error starts on a line of its own.
     monkeypatch.setattr("sys.stdin", TerminalInput(""))
-    assert run(["--catalog", catalog_url, "policy", "apply", str(EXAMPLE)]) == 1
+    assert run(["--catalog", catalog_url, "policy", "apply", "--no-publish", str(EXAMPLE)]) == 1
     err = capsys.readouterr().err
     assert err.splitlines()[-2:] == ["apply these 9 change(s)? [y/N]:", "error: aborted."], err
 
@@ -207,13 +209,13 @@ def test_plan_and_apply_csv(catalog_url: str, capsys: pytest.CaptureFixture[str]
     rows = csv_rows(capsys.readouterr().out)
     assert rows[0] == ["action", "kind", "name", "fields"]
     assert ["add", "ReplicationPolicy", "checkpoints"] in [r[:3] for r in rows]
-    assert run([*base, "apply", "--yes", "-o", "csv", str(EXAMPLE)]) == 0
+    assert run([*base, "apply", "--no-publish", "--yes", "-o", "csv", str(EXAMPLE)]) == 0
     rows = csv_rows(capsys.readouterr().out)
     assert rows[0] == ["revision", "digest", "action", "kind", "name", "fields"]
     assert len(rows) > 1 and all(r[0] == "1" for r in rows[1:])
     assert run([*base, "plan", "-o", "csv", str(EXAMPLE)]) == 0
     assert csv_rows(capsys.readouterr().out) == [["action", "kind", "name", "fields"]]
-    assert run([*base, "apply", "--yes", "-o", "csv", str(EXAMPLE)]) == 0
+    assert run([*base, "apply", "--no-publish", "--yes", "-o", "csv", str(EXAMPLE)]) == 0
     assert len(csv_rows(capsys.readouterr().out)) == 1
 
 
@@ -258,3 +260,29 @@ def test_apply_publishes_when_etcd_given(
     assert json.loads(capsys.readouterr().out)["published"] is True
     assert run([*argv[:4], "--no-publish", *argv[4:]]) == 0
     assert json.loads(capsys.readouterr().out)["published"] is False
+
+
+def test_apply_publishes_to_the_configured_etcd_by_default(
+    catalog_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """policy.md: apply records the revision and publishes it to etcd, the default
+    endpoint when none is named (as every other command reads it); not only when
+    --etcd or MERIDIAN_ETCD is given. The publisher is faked: this is the CLI's edge."""
+    published: list[tuple[list[tuple[str, int]], int]] = []
+
+    class Recording:
+        def __init__(self, endpoints: list[tuple[str, int]], timeout_s: float = 5.0) -> None:
+            self.endpoints = list(endpoints)
+
+        async def publish(self, policy: CompiledPolicy) -> None:
+            published.append((self.endpoints, policy.revision))
+
+    monkeypatch.delenv("MERIDIAN_ETCD", raising=False)
+    monkeypatch.setattr("controlplane.policy.publisher.EtcdPolicyPublisher", Recording)
+    argv = ["--catalog", catalog_url, "policy", "apply", "--yes", "-o", "json", str(EXAMPLE)]
+    assert run(argv) == 0
+    assert json.loads(capsys.readouterr().out)["published"] is True
+    assert published == [([("127.0.0.1", 2379)], 1)]
+    assert run([*argv[:4], "-o", "table", str(EXAMPLE), "--yes"]) == 0  # nothing to do...
+    assert "is current and published it to etcd" in capsys.readouterr().out  # ...republished
+    assert published[-1] == ([("127.0.0.1", 2379)], 1)
