@@ -43,7 +43,9 @@ async def _rows(ctx: typer.Context, pattern: str) -> list[dict[str, object]]:
             rows.append(
                 {
                     "name": name,
-                    "class": p.dataset_class if p else None,
+                    # Unplaced (no applied policy selects it): nothing fences its
+                    # writes, so it is standard; the contract's class is never null.
+                    "class": p.dataset_class if p else "standard",
                     "policy": p.policy if p else None,
                     "home": p.home if p else None,
                     "owner": owner.region if owner else None,

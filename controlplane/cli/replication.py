@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.common import Output, OutputOpt, emit, resolve_output, settings_from
+from controlplane.cli.runbook import confirm
 
 app = typer.Typer(
     help="Replication: status (standard and critical datasets) and resync.", no_args_is_help=True
@@ -66,7 +67,12 @@ def resync(
     dataset: Annotated[str, typer.Option("--dataset", help="shell-style glob on names")],
     region: Annotated[str, typer.Option("--region", help="the region to bring up to date")],
     agent: Annotated[
-        str | None, typer.Option("--agent", help="HOST:PORT of an agent of REGION [MERIDIAN_AGENT]")
+        str | None,
+        typer.Option(
+            "--agent",
+            help="HOST:PORT of an agent of REGION [MERIDIAN_AGENT] (default: one the region "
+            "registered in etcd)",
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan only")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
@@ -74,11 +80,7 @@ def resync(
 ) -> None:
     """Re-drive every missing, pending or failed copy of REGION (also objects written
     before it was a replica); prints what it would copy first."""
-    from controlplane.errors import ConfigError
-
     agent = agent or settings_from(ctx).agent
-    if not dry_run and agent is None:
-        raise ConfigError("--agent HOST:PORT (an agent of the region) is needed to resync")
     code = asyncio.run(_resync(ctx, dataset, region, agent, dry_run, yes, output))
     if code:
         raise typer.Exit(code)
@@ -96,6 +98,7 @@ async def _resync(
     import fnmatch
 
     from controlplane.adapters.etcd import EtcdCoordination
+    from controlplane.cli.region_agent import registered_agent
     from controlplane.policy.current import PolicyView
     from replicator.agent_grpc import GrpcAgent
     from replicator.catalog_link import CatalogLink
@@ -136,13 +139,14 @@ async def _resync(
                 if not items:
                     sys.stderr.write(f"nothing to resync in {region}\n")
                 return 0
-            if not yes and not typer.confirm(f"copy {len(items)} version(s) into {region}?"):
-                sys.stderr.write("nothing changed.\n")
-                return 1
+            # Asked on stderr (stdout keeps its one document), and refused off a
+            # terminal without --yes, as the runbooks are.
+            confirm(f"copy {len(items)} version(s) into {region}?", yes)
 
             registry = RegistryHolders(catalog, coord, route=settings.agent_address)
-
-            async with GrpcAgent(agent_address or "", route=settings.agent_address) as agent:
+            if agent_address is None:
+                agent_address = await registered_agent(settings, region, coord)
+            async with GrpcAgent(agent_address, route=settings.agent_address) as agent:
                 results = await _with_progress(
                     len(items),
                     lambda tick: drive_resync(

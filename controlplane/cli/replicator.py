@@ -19,7 +19,11 @@ def run(
     region: Annotated[str, typer.Option("--region", help="the destination region it applies to")],
     agent: Annotated[
         str | None,
-        typer.Option("--agent", help="HOST:PORT of the region's agent [MERIDIAN_AGENT]"),
+        typer.Option(
+            "--agent",
+            help="HOST:PORT of the region's agent [MERIDIAN_AGENT] (default: one the region "
+            "registered in etcd, read at start)",
+        ),
     ] = None,
     metrics: Annotated[
         str | None, typer.Option("--metrics", help="serve Prometheus metrics on HOST:PORT")
@@ -47,13 +51,13 @@ def run(
     """Consume meridian.changes for REGION: guard, LWW, copy via the agent, record, commit."""
     import socket
 
-    from controlplane.errors import ConfigError
+    from controlplane.cli.region_agent import find_agent
     from replicator.config import ReplicatorConfig
     from replicator.run import run_replicator
 
     settings = settings_from(ctx, agent=agent)
-    if settings.agent is None:
-        raise ConfigError("no agent to apply through: give --agent HOST:PORT or MERIDIAN_AGENT")
+    # None named: one the region registered in etcd (spec/cli.md gives `--region` alone).
+    agent_address = settings.agent or asyncio.run(find_agent(settings, region))
     config = ReplicatorConfig(
         region=region,
         max_in_flight=max_in_flight,
@@ -64,7 +68,7 @@ def run(
         run_replicator(
             settings,
             config,
-            agent_address=settings.agent,
+            agent_address=agent_address,
             replicator_id=replicator_id or socket.gethostname(),
             metrics_addr=metrics,
             journal_path=journal,

@@ -158,7 +158,10 @@ def test_plan_names_every_rejected_candidate_and_why() -> None:
     reasons = {(r.dataset, r.region): r.reason for r in plan.rejected}
     assert reasons[("a", "us-east")].startswith("residency")
     assert reasons[("a", "eu-central")].startswith("dead")
-    assert reasons[("m", "*")].startswith("manual mode")
+    # Each of its candidates is named, as a region (the contract's `region` field).
+    assert reasons[("m", "eu-central")].startswith("manual mode")
+    assert reasons[("m", "eu-north")].startswith("manual mode")
+    assert "*" not in {r.region for r in plan.rejected}
     assert plan.unmoved_names() == ["m"]
 
 

@@ -110,8 +110,12 @@ def test_dry_runs_print_the_plan_and_change_nothing(
     assert code == 0
     plan = json.loads(out)
     assert {m["dataset"] for m in plan["moves"]} == {"ckpt/d000", "ckpt/d001"}
-    assert {"region": "*", "dataset": "pinned/p0"}.items() <= plan["rejected"][0].items()
+    check_output("runbook_dry_run", plan)
+    pinned = [r for r in plan["rejected"] if r["dataset"] == "pinned/p0"]
+    assert pinned and all(r["reason"].startswith("manual mode") for r in pinned)
+    assert {r["region"] for r in pinned} <= {"eu-central", "eu-north", "us-east"}  # regions
     code, out, _ = cli(capsys, "region", "drain", "eu-west", "--dry-run", "-o", "json")
+    check_output("runbook_dry_run", json.loads(out))
     assert code == 0 and len(json.loads(out)["moves"]) == 3  # a drain moves manual ones too
     assert asyncio.run(_owners(etcd3.endpoints)) == before  # same owners, same revision
     code, out, _ = cli(capsys, "history", "-o", "json")
@@ -214,6 +218,7 @@ def test_switchover_aborts_on_timeout_then_succeeds_once_caught_up(
     assert history[1]["reason"] == "rebalance"
     assert all("@" in h["actor"] for h in history)  # the OS user and host
     code, out, _ = cli(capsys, "audit", "failovers", "-o", "json")
+    check_output("audit_failovers", json.loads(out))
     assert code == 0  # auditors filter on the outcome column, not on the reason's text
     assert [(a["id"], a["outcome"]) for a in json.loads(out)] == [
         (h["id"], h["outcome"]) for h in history
@@ -254,6 +259,7 @@ def test_region_list_pause_resume_and_undrain(
     world: dict[str, str], etcd3: EtcdCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, _ = cli(capsys, "region", "list", "-o", "json")
+    check_output("region_list", json.loads(out))
     regions = {r["name"]: r for r in json.loads(out)}
     assert regions["eu-west"]["owns"] == ["ckpt/d000", "ckpt/d001", "pinned/p0"]
     assert regions["eu-north"]["alive"] is False and regions["eu-west"]["state"] == "active"
@@ -389,7 +395,9 @@ def test_dataset_list_and_show_cover_unplaced_datasets_exact_names_and_lag(
     code, out, _ = cli(capsys, "dataset", "list", "-o", "json")
     rows = {r["name"]: r for r in json.loads(out)}
     assert code == 0 and set(rows) == {"ckpt/d000", "ckpt/d001", "pinned/p0", "scratch/x"}
-    assert (rows["scratch/x"]["class"], rows["scratch/x"]["policy"]) == (None, None)
+    check_output("dataset_list", list(rows.values()))
+    # Unplaced: nothing fences it, so it is standard (the contract's class is never null).
+    assert (rows["scratch/x"]["class"], rows["scratch/x"]["policy"]) == ("standard", None)
     assert rows["scratch/x"]["lag_s"] is None and rows["scratch/x"]["replicas"] == []
     assert 29 <= rows["ckpt/d000"]["lag_s"] < 120  # eu-north has not completed v1
     assert rows["ckpt/d001"]["lag_s"] == 0.0  # nothing written: nothing behind

@@ -128,7 +128,7 @@ class ReplicatorProcess(ChildProcess):
     """One `meridian replicator run` in its own process (and session)."""
 
     region: str
-    agent: str
+    agent: str | None  # None: no --agent, one the region registered in etcd (cli.md's form)
     env: dict[str, str]
     folder: Path
     replicator_id: str = "r1"
@@ -141,7 +141,9 @@ class ReplicatorProcess(ChildProcess):
 
     def start(self) -> ReplicatorProcess:
         args = [*meridian_argv(), "replicator", "run", "--region", self.region]
-        args += ["--agent", self.agent, "--id", self.replicator_id, "--max-attempts", "3"]
+        if self.agent is not None:
+            args += ["--agent", self.agent]
+        args += ["--id", self.replicator_id, "--max-attempts", "3"]
         args += ["--journal", str(self.folder / f"journal-{self.replicator_id}.db")]
         if self.metrics_addr is not None:
             args += ["--metrics", self.metrics_addr]

@@ -93,7 +93,7 @@ async def test_a_write_in_one_region_appears_in_the_other_and_a_delete_follows(
     port = free_port()
     repl = ReplicatorProcess(
         "eu-central",
-        agents["eu-central"].address,
+        None,  # spec/cli.md's `replicator run --region R`: eu-central's agent, from etcd
         world,
         tmp_path / "repl",
         metrics_addr=f"127.0.0.1:{port}",
@@ -104,6 +104,7 @@ async def test_a_write_in_one_region_appears_in_the_other_and_a_delete_follows(
     big.write_bytes(bytes(range(256)) * 4096)  # 1 MiB: above inline_max_bytes, fetched
     try:
         await repl.wait_log("replicator_started")
+        assert agents["eu-central"].address in repl.log()  # the one it found and applies through
         async with (
             AgentClient(agents["eu-west"].address) as west,
             AgentClient(agents["eu-central"].address) as central,

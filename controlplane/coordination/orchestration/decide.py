@@ -174,7 +174,11 @@ def plan_moves(
             continue
         manual_blocked = automatic or (to is None and not move_manual)
         if placement.failover_mode == "manual" and manual_blocked:
-            plan.rejected.append(Rejection(dataset, "*", MANUAL_REASON))
+            # Each candidate named (the contract's `region` is a region's name).
+            plan.rejected.extend(
+                Rejection(dataset, region, MANUAL_REASON)
+                for region in candidates(placement, source)
+            )
             plan.unmoved.append(Unmoved(dataset, MANUAL_REASON))
             continue
         regions = [to] if to is not None else candidates(placement, source)
