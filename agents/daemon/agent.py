@@ -456,7 +456,10 @@ class NodeAgent(Lifecycle):
         if self.admission is None or self.replication is None or self.store is None:
             return
         delay = self.config.retry_initial_s
-        for _attempt in range(60):  # bounded: about 2 min at the capped delay
+        # While the watch still names this region at this epoch: the pass is begun only
+        # here (the epoch is marked taken), and a quiet dataset may never be written to
+        # start it otherwise (chaos scenario 10).
+        for _attempt in range(1_000_000):
             current = self.watch.owner(owner.dataset)
             if current is None or (current.region, current.epoch) != (owner.region, owner.epoch):
                 return  # moved on: the watch tells us of the next owner

@@ -198,9 +198,11 @@ TAKEOVER_PASSES = 4
 # Versions one pass rewinds of one key, each showing the one before it (a deposed owner
 # rarely makes more than one lone write to a key; the next pass goes on).
 REWINDS_PER_KEY = 8
-# Tries of one catch-up (each retry waits up to retry_max_s) and of one takeover pass.
+# Tries of one catch-up (each retry waits up to retry_max_s) and of one takeover pass:
+# both go on while they stand (a pass is never started again at its epoch, and a region
+# back after an hour still needs it), and end when fenced, superseded or unplaced.
 CATCH_UP_ATTEMPTS = 1_000_000
-TAKEOVER_ATTEMPTS = 1_000
+TAKEOVER_ATTEMPTS = 1_000_000
 # Keys proven at once when tombstones of a critical dataset may expire (one listing
 # call per copy region each).
 _PROOFS_IN_FLIGHT = 8
@@ -1976,13 +1978,15 @@ class SyncReplication:
         async def once() -> tuple[int, int, int] | None:
             if self._reconciled.get(write.dataset) != write.admitted.epoch:
                 return None  # a newer epoch of ours started its own pass
+            latest = self._latest.get(write.dataset, write)
+            if region not in push_targets(latest.admitted.placement, self.region):
+                return None  # the policy moved the copy away (as a catch-up ends)
             # Bounded: an agent starting as the owner of many datasets begins a pass per
             # dataset and region at once; a few list and push at a time.
             async with self._pass_gate:
                 return await self._takeover_once(write, region, older_than)
 
         try:
-            # Bounded: ~80 min at the capped delay.
             done = await self._retried(
                 "takeover_pass_retry", write.dataset, region, once, TAKEOVER_ATTEMPTS
             )

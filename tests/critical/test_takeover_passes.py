@@ -333,3 +333,36 @@ async def test_a_region_the_policy_adds_is_caught_up_before_it_counts(tmp_path: 
         release.set()
         await sync.close()
         store.close()
+
+
+async def test_a_pass_goes_on_while_it_stands_and_ends_once_unplaced(tmp_path: Path) -> None:
+    """A takeover pass is begun once per epoch, so one that gave up would never run
+    again: a region back after an hour would stay unlevelled. It goes on past what
+    used to be its bound (1,000 tries) and ends only when its region leaves the
+    placement (or it is fenced, or superseded)."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    sync = SyncReplication(store, "eu-west", NoPeers())
+    sync.retry_initial_s = sync.retry_max_s = 0.0
+    ds = "tri/long-pass"
+    tries: dict[str, int] = {"eu-central": 0, "eu-north": 0}
+
+    async def unreachable(
+        write: CommittedWrite, region: str, older_than: HLC
+    ) -> tuple[int, int, int]:
+        tries[region] += 1
+        if region == "eu-central" and tries[region] > 1_500:
+            return 0, 0, 0  # back at last
+        raise UnavailableError(f"{region} is unreachable (test)")
+
+    sync._takeover_once = unreachable  # type: ignore[method-assign]
+    try:
+        sync.took_over(Admitted(placement(ds), 5, 1), ds, store.clock.now())
+        await until(lambda: ("tri/long-pass", "eu-central") not in sync._passes, 30, "done")
+        assert tries["eu-central"] == 1_501  # not given up at 1,000
+        assert ("tri/long-pass", "eu-north") in sync._passes  # still trying
+        moved = critical(ds, replicas=("eu-central",))
+        sync._latest[ds] = CommittedWrite(Admitted(moved, 5, 2), ds)  # the policy moved it
+        await until(lambda: not sync._passes, 10, "the unplaced pass ended")
+    finally:
+        await sync.close()
+        store.close()
