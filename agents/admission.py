@@ -160,6 +160,10 @@ class Admission:
         self._placed: dict[str, Placement | None] = {}
         # dataset -> the pushed copies of it between their owner read and their commit
         self._receiving: dict[str, set[asyncio.Future[None]]] = {}
+        # This agent's own commits whose pushes began (bound by the daemon to its
+        # SyncReplication): a complete listing waits for them too, so that another agent
+        # of this region taking over never proves one of them lone (`settle_for_listing`).
+        self.local_commits: Callable[[str], Awaitable[None]] | None = None
 
     # -- placement and residency ---------------------------------------------------------
 
@@ -449,7 +453,8 @@ class Admission:
     async def settle_for_listing(self, dataset: str) -> None:
         """Before a complete listing of a critical dataset (a new owner's takeover pass,
         module docstring): etcd's owner record read now and told to the fence, then the
-        copies already past their own read waited for (each commits or fails)."""
+        copies already past their own read waited for (each commits or fails), then this
+        agent's own writes already being pushed (`local_commits`)."""
         try:
             critical = self._decide(dataset)[1].dataset_class == "critical"
         except MeridianError:
@@ -458,6 +463,8 @@ class Admission:
             return
         await self.owner_now(dataset)
         await self.received(dataset)
+        if self.local_commits is not None:
+            await self.local_commits(dataset)
 
     async def received(self, dataset: str) -> None:
         """Until the copies of `dataset` then past their owner read have committed or

@@ -195,7 +195,9 @@ class NodeAgent(Lifecycle):
             owner_now=admission.owner_now,  # a stale refusal: re-claimed, or deposed?
             copies_received=admission.received,
             metrics=self.metrics,
+            alone_in_region=self._alone_in_region,
         )
+        admission.local_commits = self.replication.local_commits_ended
         # A region holding no replica of a dataset its residency allows may read it
         # through a bounded cache (issue 16), when the region has a cache bound.
         cache = await self._start_cache(store, clock, admission)

@@ -274,6 +274,7 @@ class SyncReplication:
         batch_max: int = BATCH_MAX,
         metrics: AgentMetrics | None = None,
         copies_received: Callable[[str], Awaitable[None]] | None = None,
+        alone_in_region: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
         self.region = region
@@ -323,6 +324,9 @@ class SyncReplication:
         # read (Admission.received): a handover's target commits the old owner's last
         # copies through the freeze while its own pass may already read its store.
         self.copies_received = copies_received
+        # False while other agents share this region: each holds the keys it is the
+        # primary of, so a takeover pass counts theirs as ours (`_takeover_once`).
+        self.alone_in_region = alone_in_region
         # region -> its push lane (push_lanes.py): small pushes queued behind the ones
         # running to that region go together in one ReplicatePushes; 1: never batched.
         self.batch_max = batch_max
@@ -782,14 +786,20 @@ class SyncReplication:
 
         local.add_done_callback(ended)
 
+    async def local_commits_ended(self, dataset: str) -> None:
+        """Every commit of `dataset` in this store whose push had begun has ended (what
+        a complete listing of this agent waits for, Admission.local_commits: another
+        agent of this region proving a version lone must see this one's writes)."""
+        running = self._committing.get(dataset)
+        if running:
+            await asyncio.wait(list(running))  # wait, never cancel: they are the writes'
+
     async def _commits_ended(self, dataset: str) -> None:
         """Every commit of `dataset` in this store whose push had begun has ended. A
         version is pushed while its own commit runs here, so a replica may list one
         that this store does not list yet: a takeover pass that read theirs first would
         take it for another owner's lone write and rewind an acked one."""
-        running = self._committing.get(dataset)
-        if running:
-            await asyncio.wait(list(running))  # wait, never cancel: they are the writes'
+        await self.local_commits_ended(dataset)
         if self.copies_received is not None:
             # And the copies pushed here by the owner before us (a switchover's target
             # takes them through the freeze): read before they commit, one acked there
@@ -811,6 +821,16 @@ class SyncReplication:
         await self._commits_ended(write.dataset)
         local = await asyncio.to_thread(self._local, write.dataset)
         ours = {key: version for key, version, _ in local[0]}
+        if not self.alone_in_region():
+            # The region's other agents commit (and push) the keys they are primary of:
+            # those are this region's, not another owner's, so neither adopted here nor
+            # proven lone. Read after theirs as ours is; each agent's complete listing
+            # waits for its own commits whose pushes began (Admission.local_commits).
+            region = await self._proof_address(self.region)
+            for key, version in (await self._listing(region, write.dataset, complete=True)).items():
+                held = ours.get(key)
+                if held is None or held.hlc < version.hlc:
+                    ours[key] = version
         extras = sorted(
             ((k, v) for k, v in theirs.items() if _extra(ours.get(k), v)),
             key=lambda kv: kv[1].hlc,

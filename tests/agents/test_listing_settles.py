@@ -61,3 +61,29 @@ async def test_a_later_page_of_a_complete_listing_waits_too(agent: Agent) -> Non
     release.set()
     await asyncio.wait_for(later, TIMEOUT_S)
     await copy
+
+
+async def test_a_complete_listing_waits_for_this_agents_own_writes_being_pushed(
+    agent: Agent,
+) -> None:
+    """In a region of several agents, another agent's takeover proof lists this one: a
+    write of ours already pushed (a replica may hold it) but not yet committed here
+    would read as lone and be rewound. The listing waits for it (local_commits)."""
+    admission = agent.service.admission
+    asked, release = asyncio.Event(), asyncio.Event()
+
+    async def local_commits(dataset: str) -> None:
+        assert dataset == CRITICAL
+        asked.set()
+        await release.wait()
+
+    admission.local_commits = local_commits
+    complete = asyncio.ensure_future(
+        agent.stub.List(agent_pb2.ListRequest(dataset=CRITICAL, complete=True), timeout=TIMEOUT_S)
+    )
+    await asyncio.wait_for(asked.wait(), 5)
+    partial = await agent.stub.List(agent_pb2.ListRequest(dataset=CRITICAL), timeout=TIMEOUT_S)
+    assert list(partial.objects) == []  # a catch-up's partial listing does not wait
+    assert not complete.done()
+    release.set()
+    await asyncio.wait_for(complete, TIMEOUT_S)

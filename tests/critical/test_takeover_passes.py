@@ -24,7 +24,7 @@ from agents.service.servicer import CommittedWrite
 from agents.store import ObjectStore
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.placement import Placement
-from controlplane.domain.version import Version
+from controlplane.domain.version import Digest, Version
 from controlplane.errors import MeridianError, UnavailableError
 
 REPLICAS = ("eu-central", "eu-north")
@@ -363,6 +363,51 @@ async def test_a_pass_goes_on_while_it_stands_and_ends_once_unplaced(tmp_path: P
         moved = critical(ds, replicas=("eu-central",))
         sync._latest[ds] = CommittedWrite(Admitted(moved, 5, 2), ds)  # the policy moved it
         await until(lambda: not sync._passes, 10, "the unplaced pass ended")
+    finally:
+        await sync.close()
+        store.close()
+
+
+async def test_a_pass_in_a_region_of_several_agents_counts_its_siblings_keys_as_ours(
+    tmp_path: Path,
+) -> None:
+    """Each agent of a region commits the keys it is primary of: a takeover pass of one
+    agent reads its whole region as ours, so a sibling's key that a replica holds is
+    neither adopted here (a copy pulled over the WAN) nor proven lone; a key no agent
+    of the region holds still is adopted."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    adopted: list[str] = []
+
+    async def adopt(
+        dataset: str, key: str, version: Version, region: str, address: str, set_id: str | None
+    ) -> bool:
+        adopted.append(key)
+        return True
+
+    sync = SyncReplication(store, "eu-west", NoPeers(), adopt=adopt, alone_in_region=lambda: False)
+    ds = "tri/siblings"
+    # Both written before this epoch began (`older_than`): adopted unless held here.
+    sibling = Version.put(HLC(1_000, 0, "eu-west"), 3, Digest.of(b"sib"))
+    lost = Version.put(HLC(1_001, 0, "eu-north"), 4, Digest.of(b"lost"))
+    listings = {
+        "eu-central.invalid:1": {"sib": sibling, "lost": lost},  # the replica region
+        "eu-west.invalid:1": {"sib": sibling},  # this region: the sibling holds "sib"
+    }
+
+    async def listing(address: str, dataset: str, **_: object) -> dict[str, Version]:
+        return dict(listings[address])
+
+    async def no_set(*_: object) -> bool:
+        return False  # the replica shows no set (GetSet)
+
+    sync._listing = listing  # type: ignore[method-assign]
+    sync._adopt_set = no_set  # type: ignore[method-assign,assignment]
+    write = CommittedWrite(Admitted(placement(ds), 5, 1), ds)
+    sync._reconciled[ds] = 5
+    try:
+        began = HLC(2_000, 0, "eu-west")
+        _pushed, took, rewound = await sync._takeover_once(write, "eu-central", began)
+        assert adopted == ["lost"] and took == 1 and rewound == 0
     finally:
         await sync.close()
         store.close()
