@@ -1181,6 +1181,14 @@ class SyncReplication:
         could not say."""
         theirs = await self._set_at(address, write.dataset, "latest")
         shown = local[1][0] if local[1] else None
+        if theirs is not None and not self.alone_in_region():
+            # A set stays on the agent of this region that took it: what the region
+            # shows (a routed GetSet) is ours, as the versions are (`_takeover_once`).
+            region_shows = await self._set_at(
+                await self._proof_address(self.region), write.dataset, "latest"
+            )
+            if region_shows is not None and (shown is None or region_shows.hlc > shown.hlc):
+                shown = region_shows
         if theirs is None or (shown is not None and theirs.hlc <= shown.hlc):
             return False
         if theirs.hlc >= older_than and await self._set_nowhere_else(write, region, theirs):

@@ -22,6 +22,7 @@ from agents.errors import ResidencyError
 from agents.replication.sync import Local, SyncReplication
 from agents.service.servicer import CommittedWrite
 from agents.store import ObjectStore
+from agents.store.model import SetRecord
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.placement import Placement
 from controlplane.domain.version import Digest, Version
@@ -408,6 +409,47 @@ async def test_a_pass_in_a_region_of_several_agents_counts_its_siblings_keys_as_
         began = HLC(2_000, 0, "eu-west")
         _pushed, took, rewound = await sync._takeover_once(write, "eu-central", began)
         assert adopted == ["lost"] and took == 1 and rewound == 0
+    finally:
+        await sync.close()
+        store.close()
+
+
+async def test_a_set_a_sibling_agent_shows_is_not_adopted(tmp_path: Path) -> None:
+    """A set stays on the agent of the region that took it: a takeover pass of another
+    agent of that region finds it shown by the region (a routed GetSet) and leaves it,
+    where it would pull its members over the WAN into its own store."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    adopted: list[str] = []
+
+    async def adopt(
+        dataset: str, key: str, version: Version, region: str, address: str, set_id: str | None
+    ) -> bool:
+        adopted.append(key)
+        return True
+
+    sync = SyncReplication(store, "eu-west", NoPeers(), adopt=adopt, alone_in_region=lambda: False)
+    ds = "tri/sibling-set"
+    member = Version.put(HLC(1_000, 0, "eu-west"), 3, Digest.of(b"m1"))
+    shown = SetRecord(ds, "s1", HLC(1_001, 0, "eu-west"), {"m1": member.hlc}, complete=True)
+    asked: list[str] = []
+
+    async def set_at(address: str, dataset: str, set_id: str) -> SetRecord | None:
+        asked.append(address)
+        return shown  # the replica region shows it, and so does this one (the sibling)
+
+    async def stat_at(address: str, dataset: str, key: str, hlc: HLC) -> tuple[Version, str]:
+        return member, "s1"
+
+    sync._set_at = set_at  # type: ignore[method-assign]
+    sync._stat_at = stat_at  # type: ignore[method-assign,assignment]
+    write = CommittedWrite(Admitted(placement(ds), 5, 1), ds)
+    try:
+        began = HLC(2_000, 0, "eu-west")
+        nothing_here: Local = ([], [], [])
+        central = "eu-central.invalid:1"
+        took = await sync._adopt_set(write, "eu-central", central, began, nothing_here)
+        assert not took and adopted == []
+        assert asked == ["eu-central.invalid:1", "eu-west.invalid:1"]
     finally:
         await sync.close()
         store.close()
