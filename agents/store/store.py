@@ -684,7 +684,7 @@ class ObjectStore:
                 "tombstone takes none"
             )
         self.clock.observe(version.hlc)
-        if not self._wanted(dataset, key, version):
+        if not self._wanted(dataset, key, version, set_id):
             return self._result_without_write(dataset, key, version)
         if source is None:
             with self._object_lock(dataset, key):
@@ -751,7 +751,12 @@ class ObjectStore:
                 else:
                     held = self.head(dataset, key)
                     verdict = lww(version, held)
-                    if not verdict.applies:
+                    # An older member a recorded set still needs is stored under the
+                    # newest (`_set_needs`); the answer names the newest, its head.
+                    needed = verdict is Verdict.OLDER and self._set_needs(
+                        dataset, key, version, set_id
+                    )
+                    if not verdict.applies and not needed:
                         return ApplyResult(verdict, held or version)
                     completed = self._install(
                         dataset,
@@ -764,7 +769,11 @@ class ObjectStore:
                         policy_revision=None,
                         transfer=transfer,
                     )
-                    result = ApplyResult(verdict, version)
+                    result = (
+                        ApplyResult(Verdict.APPLY, held)  # stored; the newest stays newest
+                        if needed and held is not None
+                        else ApplyResult(verdict, version)
+                    )
             self._settle(completed)
             return result
 
@@ -1005,12 +1014,15 @@ class ObjectStore:
                         found.setdefault((dataset, stored.key), []).append(stored)
         return found
 
-    def _wanted(self, dataset: str, key: str, version: Version) -> bool:
-        """Whether `apply` should read the bytes: LWW would apply it, or it restores."""
+    def _wanted(self, dataset: str, key: str, version: Version, set_id: str | None) -> bool:
+        """Whether `apply` should read the bytes: LWW would apply it, it restores, or a
+        set recorded here still needs it (`_set_needs`)."""
         row = self._row(dataset, key, version.hlc)
         if row is not None:
             return row.state == "missing" and row.version == version
-        return lww(version, self.head(dataset, key)).applies
+        if lww(version, self.head(dataset, key)).applies:
+            return True
+        return self._set_needs(dataset, key, version, set_id)
 
     def _result_without_write(self, dataset: str, key: str, version: Version) -> ApplyResult:
         held = self.head(dataset, key)
@@ -2063,6 +2075,28 @@ class ObjectStore:
                 (dataset, key),
             ).fetchone()
         return None if row is None else rows.to_stored(row[:-1])
+
+    def _set_needs(self, dataset: str, key: str, version: Version, set_id: str | None) -> bool:
+        """Whether `version`, older than the newest held of its key, is still a member
+        this store must hold: `set_id`, recorded here and not yet complete (nor
+        superseded by a newer complete one), names exactly it. A replica that was cut
+        off while the set was written got a later version of the key first (the next
+        checkpoint's); by LWW alone it could never complete the set, its catch-up
+        would never end, and its readers would see the set before it for good. Stored
+        as an older row (pinned by the set), the newest stays the newest."""
+        if set_id is None or version.is_tombstone:
+            return False
+        with self._lock:
+            self._require_open()
+            floor = rows.set_floor(self._db, dataset) or ""
+            found = self._db.execute(
+                "SELECT 1 FROM sets AS s JOIN set_members AS m"
+                " ON s.dataset = m.dataset AND s.set_id = m.set_id"
+                " WHERE s.dataset = ? AND s.set_id = ? AND s.complete = 0 AND s.hlc >= ?"
+                " AND m.key = ? AND m.hlc = ?",
+                (dataset, set_id, floor, key, version.hlc.text),
+            ).fetchone()
+        return found is not None
 
     def _row(self, dataset: str, key: str, hlc: HLC) -> StoredVersion | None:
         with self._lock:

@@ -330,3 +330,43 @@ def test_deleting_an_old_checkpoint_frees_it_once_its_tombstones_expire(
     assert removed == [{"set": "step-1", "reason": "member expired"}]
     with store.open("ckpt", "c2/a", set_id="latest") as reader:
         assert reader.read_all() == b"two"
+
+
+def test_a_member_older_than_its_key_s_newest_is_stored_while_its_set_needs_it(
+    open_store: StoreFactory,
+) -> None:
+    """A replica cut off while set step-1 was written gets the next checkpoint's version
+    of a member first: by LWW alone the older member is never stored, step-1 never
+    completes and the owner's catch-up never ends. A recorded, incomplete set naming
+    exactly that version takes it as an older row; the newest stays the key's head."""
+    store = open_store(keep_versions=1)
+    a1, b1 = remote(b"a1", ago_ms=900), remote(b"b1", ago_ms=900, logical=1)
+    a2 = remote(b"a2", ago_ms=500)
+    store.apply("ckpt", "b", b1, [b"b1"])
+    store.apply("ckpt", "a", a2, [b"a2"])  # the next checkpoint's, arrived first
+    first = HLC(system_ms() - 800, 0, "us-east")
+    store.apply_set("ckpt", "step-1", first, {"a": a1.hlc, "b": b1.hlc})
+    # Pushed without its set, or for a set that does not name it: LWW says older.
+    assert store.apply("ckpt", "a", a1, [b"a1"]).verdict is Verdict.OLDER
+    assert store.apply("ckpt", "a", a1, [b"a1"], set_id="other").verdict is Verdict.OLDER
+    with pytest.raises(NotFoundError):
+        store.stat("ckpt", "a", a1.hlc)
+    got = store.apply("ckpt", "a", a1, [b"a1"], set_id="step-1")
+    assert got.verdict is Verdict.APPLY and got.newest == a2  # answered with the head
+    assert store.head("ckpt", "a") == a2
+    assert store.read_bytes("ckpt", "a", a1.hlc) == b"a1"  # kept under keep_versions=1
+    assert store.get_set("ckpt").set_id == "step-1"  # complete now, so shown
+
+
+def test_a_superseded_set_takes_no_older_member(open_store: StoreFactory) -> None:
+    """Behind a newer complete set, an incomplete older one is never shown: it keeps
+    no older version of a key out of LWW's hands."""
+    store = open_store(keep_versions=1)
+    a1, a2 = remote(b"a1", ago_ms=900), remote(b"a2", ago_ms=500)
+    store.apply("ckpt", "a", a2, [b"a2"])
+    first, second = HLC(system_ms() - 800, 0, "us-east"), HLC(system_ms() - 400, 0, "us-east")
+    store.apply_set("ckpt", "step-1", first, {"a": a1.hlc})
+    store.apply_set("ckpt", "step-2", second, {"a": a2.hlc})  # complete at once
+    assert store.apply("ckpt", "a", a1, [b"a1"], set_id="step-1").verdict is Verdict.OLDER
+    with pytest.raises(NotFoundError):
+        store.stat("ckpt", "a", a1.hlc)
