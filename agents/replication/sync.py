@@ -346,7 +346,12 @@ class SyncReplication:
                 await asyncio.shield(write.local)  # a cancelled ack leaves it running
             return (self.region,)
         latest = self._latest.get(write.dataset)
-        if latest is None or latest.admitted.epoch <= write.admitted.epoch:
+        # By epoch, then policy revision: a write admitted just before a policy change
+        # that ends after one admitted after it must not bring the old placement back.
+        if latest is None or (latest.admitted.epoch, latest.admitted.policy_revision) <= (
+            write.admitted.epoch,
+            write.admitted.policy_revision,
+        ):
             # Its admission only: kept per dataset for as long as the agent runs, so
             # not its bytes, its set or its commit.
             self._latest[write.dataset] = CommittedWrite(write.admitted, write.dataset)
@@ -826,8 +831,8 @@ class SyncReplication:
             # those are this region's, not another owner's, so neither adopted here nor
             # proven lone. Read after theirs as ours is; each agent's complete listing
             # waits for its own commits whose pushes began (Admission.local_commits).
-            region = await self._proof_address(self.region)
-            for key, version in (await self._listing(region, write.dataset, complete=True)).items():
+            here = await self._proof_address(self.region)
+            for key, version in (await self._listing(here, write.dataset, complete=True)).items():
                 held = ours.get(key)
                 if held is None or held.hlc < version.hlc:
                     ours[key] = version
@@ -1184,9 +1189,16 @@ class SyncReplication:
         if theirs is not None and not self.alone_in_region():
             # A set stays on the agent of this region that took it: what the region
             # shows (a routed GetSet) is ours, as the versions are (`_takeover_once`).
-            region_shows = await self._set_at(
-                await self._proof_address(self.region), write.dataset, "latest"
-            )
+            try:
+                region_shows = await self._set_at(
+                    await self._proof_address(self.region), write.dataset, "latest"
+                )
+            except MeridianError as exc:
+                # One of its agents holds a set it cannot show yet (a checkpoint being
+                # written): left for the retried pass, as any set not decided now.
+                raise _UnresolvedError(
+                    f"whether this region {self.region} shows a newer set is unknown ({exc})"
+                ) from exc
             if region_shows is not None and (shown is None or region_shows.hlc > shown.hlc):
                 shown = region_shows
         if theirs is None or (shown is not None and theirs.hlc <= shown.hlc):
