@@ -363,6 +363,12 @@ class NodeAgent(Lifecycle):
         fields = self.rebalancer.registration_fields() if self.rebalancer is not None else {}
         if self.cache is not None:
             fields["cache"] = self.cache.report()
+        recorder = self.records.recorder if self.records is not None else None
+        if recorder is not None:
+            # How far behind this agent's records in the catalog are (dataplane.md,
+            # Records: `audit` and `replication status` say it per region). Whole
+            # seconds, so a registration is rewritten only when it moves by one.
+            fields["records_behind_s"] = round(recorder.behind_seconds())
         return fields
 
     def _copies_seen(self, current: Members) -> None:

@@ -1,7 +1,8 @@
 """The agent's registration: `/meridian/agents/<region>/<id>` on a lease of its own.
 
 The value is JSON: `{"id", "region", "endpoint", "weight", "capacity_bytes",
-"objects", "bytes", "started_at"}` (`started_at` RFC 3339, UTC). It exists while
+"objects", "bytes", "started_at"}` (`started_at` RFC 3339, UTC), with the daemon's
+own fields beside (its rebalance and cache state, `records_behind_s`). It exists while
 the agent lives: a SIGTERM revokes the lease (the key goes at once), a SIGKILL or
 a lost host lets it expire within the TTL. Usage figures are rewritten every
 `usage_interval_s` when they changed, under the same lease.

@@ -1,5 +1,6 @@
 """What `meridian region show REGION` prints: a region's agents from their registrations
-in etcd (endpoint, weight, usage, liveness, placement state) and the rebalance in
+in etcd (endpoint, weight, usage, liveness, placement state, how far behind their
+records in the catalog are) and the rebalance in
 progress, summed over the agents that report one, and their read caches, summed
 likewise (spec/cli.md, *JSON shapes*)."""
 
@@ -40,6 +41,7 @@ async def region_report(
         if moving
         else None
     )
+    behind = _records_behind([kv.value for kv in kvs])
     return {
         "name": region,
         "copies": copies_for(len(serving), configured_r) if serving else 0,
@@ -52,12 +54,30 @@ async def region_report(
                 "bytes": m.bytes_stored,
                 "alive": True,  # listed while its lease lives
                 "state": m.state,
+                # How far behind its records in the catalog are (None: not published).
+                "records_behind_s": behind.get(m.agent_id),
             }
             for m in sorted(members, key=lambda m: m.agent_id)
         ],
         "rebalance": rebalance,
         "cache": _cache([kv.value for kv in kvs]),
     }
+
+
+def _records_behind(values: list[bytes]) -> dict[str, float]:
+    """Each agent's `records_behind_s` as its registration publishes it, by agent id."""
+    out: dict[str, float] = {}
+    for value in values:
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        agent_id, behind = doc.get("id"), doc.get("records_behind_s")
+        if isinstance(agent_id, str) and _seconds(behind):
+            out[agent_id] = float(behind)  # type: ignore[arg-type]
+    return out
 
 
 def _cache(values: list[bytes]) -> dict[str, object] | None:
@@ -85,3 +105,7 @@ def _cache(values: list[bytes]) -> dict[str, object] | None:
 
 def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0

@@ -1,6 +1,8 @@
 """`meridian audit residency | transfers | dataset | failovers`: compliance answers.
 
 `audit residency` exits 3 when it finds any violation, so CI and cron jobs can alert.
+The answers from the agents' records (residency, transfers, dataset) say on stderr
+how far behind each region's records are (records_lag.py).
 """
 
 from __future__ import annotations
@@ -74,6 +76,16 @@ FAILOVER_COLUMNS = [
 ]
 
 
+def _say_records_lag(ctx: typer.Context) -> None:
+    """On stderr: how far behind each region's records are (dataplane.md, *Records*),
+    so an auditor knows how recent what the catalog answers is."""
+    import asyncio
+
+    from controlplane.cli.records_lag import records_lag
+
+    asyncio.run(records_lag(settings_from(ctx, check_endpoints=False))).say()
+
+
 @app.command()
 def residency(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt = None) -> None:
     """Every replica and past transfer outside its dataset's residency (exit 3 if any)."""
@@ -81,6 +93,7 @@ def residency(ctx: typer.Context, catalog: CatalogOpt = None, output: OutputOpt 
 
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         rows = cat.residency_violations()
+    _say_records_lag(ctx)
     if not rows and resolve_output(output) is Output.table:
         typer.echo("no residency violations: every replica and transfer is inside its residency")
         return
@@ -109,6 +122,7 @@ def transfers(
         rows = cat.transfers(
             since=start, dataset_glob=dataset, cross_border=cross_border, limit=limit
         )
+    _say_records_lag(ctx)
     emit(rows, output, columns=TRANSFER_COLUMNS, title="transfers")
 
 
@@ -124,6 +138,7 @@ def dataset_cmd(
 
     with open_catalog(settings_from(ctx, catalog=catalog).catalog) as cat:
         rows = cat.dataset_locations(name)
+    _say_records_lag(ctx)
     emit(
         rows,
         output,

@@ -3,8 +3,9 @@
 (controlplane/coordination/orchestration/evict.py).
 
 Every dataset in the catalog is listed, also one no applied policy places (registered
-on first write, or its policy was removed): its class, policy and home are then
-null, and it keeps whatever owner etcd still records. `lag_s` is the catalog's view
+on first write, or its policy was removed): its policy and home are then null, its
+class "standard" (the contract's class is never null, and no epoch fences it), and it
+keeps whatever owner etcd still records. `lag_s` is the catalog's view
 of replication lag (see `CatalogBridge.lag_seconds`); null for an unplaced dataset.
 """
 
@@ -43,8 +44,8 @@ async def _rows(ctx: typer.Context, pattern: str) -> list[dict[str, object]]:
             rows.append(
                 {
                     "name": name,
-                    # Unplaced (no applied policy selects it): nothing fences its
-                    # writes, so it is standard; the contract's class is never null.
+                    # Unplaced (no applied policy selects it): no epoch fences it, so
+                    # "standard"; the contract's class is never null.
                     "class": p.dataset_class if p else "standard",
                     "policy": p.policy if p else None,
                     "home": p.home if p else None,

@@ -85,7 +85,10 @@ def show_region(
     emit(
         agents if isinstance(agents, list) else [],
         output,
-        columns=["id", "endpoint", "weight", "objects", "bytes", "alive", "state"],
+        columns=[
+            *("id", "endpoint", "weight", "objects", "bytes", "alive", "state"),
+            "records_behind_s",
+        ],
         title=(
             f"{region}: {doc['copies']} cop(ies) per object; rebalance: {moving}; cache: {cached}"
         ),

@@ -1,6 +1,7 @@
 """`meridian replication status | resync`: where copies stand, and re-driving the missing.
 
-`status` reads the catalog alone (replicator/status.py). `resync` plans from the
+`status` reads the catalog (replicator/status.py), and from etcd how far behind
+each region's records are (records_lag.py). `resync` plans from the
 catalog (replicator/resync.py), prints the plan, asks unless `--yes` (nothing is
 changed with `--dry-run`), then has the region's agent (`--agent`) apply each
 version from its holders, whose agents it finds in etcd.
@@ -20,7 +21,15 @@ from controlplane.cli.runbook import confirm
 app = typer.Typer(
     help="Replication: status (standard and critical datasets) and resync.", no_args_is_help=True
 )
-STATUS_COLUMNS = ["dataset", "region", "completed", "pending", "failed", "lag_s"]
+STATUS_COLUMNS = [
+    "dataset",
+    "region",
+    "completed",
+    "pending",
+    "failed",
+    "lag_s",
+    "records_behind_s",
+]
 OBJECT_COLUMNS = ["dataset", "region", "object", "version", "state", "attempts", "why"]
 PLAN_COLUMNS = ["dataset", "key", "version", "op", "state", "holders"]
 
@@ -40,18 +49,25 @@ def status(
     from datetime import UTC, datetime
 
     from controlplane.catalog.api import open_catalog
+    from controlplane.cli.records_lag import records_lag
     from controlplane.errors import InvalidInputError
     from replicator.status import replication_status
 
     if state is not None and state not in ("pending", "failed"):
         raise InvalidInputError(f"--state must be pending or failed, got {state!r}")
-    catalog = open_catalog(settings_from(ctx, check_endpoints=False).catalog)
+    settings = settings_from(ctx, check_endpoints=False)
+    catalog = open_catalog(settings.catalog)
     try:
         rows = replication_status(
             catalog, datetime.now(UTC), dataset_glob=dataset, region=region, state=state
         )
     finally:
         catalog.close()
+    # What the catalog shows of each region is complete up to its records' lag.
+    lag = asyncio.run(records_lag(settings))
+    for row in rows:
+        row["records_behind_s"] = lag.of(str(row["region"]))
+    lag.say()
     if state is None or resolve_output(output) is Output.json:
         emit(rows, output, columns=STATUS_COLUMNS)
         return
@@ -139,13 +155,13 @@ async def _resync(
                 if not items:
                     sys.stderr.write(f"nothing to resync in {region}\n")
                 return 0
+            if agent_address is None:  # found before asking: a refusal comes first
+                agent_address = await registered_agent(settings, region, coord)
             # Asked on stderr (stdout keeps its one document), and refused off a
             # terminal without --yes, as the runbooks are.
             confirm(f"copy {len(items)} version(s) into {region}?", yes)
 
             registry = RegistryHolders(catalog, coord, route=settings.agent_address)
-            if agent_address is None:
-                agent_address = await registered_agent(settings, region, coord)
             async with GrpcAgent(agent_address, route=settings.agent_address) as agent:
                 results = await _with_progress(
                     len(items),

@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 from harness.agent_process import WORLD_REGIONS, AgentProcess
+from harness.cli_schema import check_output
 from harness.controllers import run_cli
 from harness.ports import free_port
-from waiting import WaitTimeoutError, until
+from waiting import WaitTimeoutError, until, until_sync
 
 from agents.client import AgentClient, FetchSource
 from agents.errors import ResidencyError
@@ -342,5 +343,19 @@ def test_it_serves_while_the_catalog_and_kafka_are_down(
         assert done.returncode == 0, done.stderr
         assert proc.event("catalog_unreachable_at_start") is not None
         assert proc.wait_event("kafka_unreachable", 30) is not None
+        behind: list[object] = []
+
+        def lagging() -> bool:
+            # Its registration says how far behind its records are (dataplane.md,
+            # Records): the put's record waits in its journal while the catalog is down.
+            shown = run_cli(["region", "show", "eu-west", "-o", "json"], env)
+            assert shown.returncode == 0, shown.stderr
+            check_output("region_show", json.loads(shown.stdout))
+            behind[:] = [a["records_behind_s"] for a in json.loads(shown.stdout)["agents"]]
+            return bool(behind) and isinstance(behind[0], float) and behind[0] >= 1
+
+        until_sync(
+            lagging, 30, "the agent to publish its records' lag", step_s=1.0, detail=lambda: behind
+        )
     finally:
         assert proc.stop() == 0

@@ -25,5 +25,14 @@ def _defs() -> dict[str, Any]:
 
 
 def check_output(definition: str, document: object) -> None:
-    """Raise `jsonschema.ValidationError` unless `document` has the shape `definition`."""
-    jsonschema.validate(document, _defs()[definition], format_checker=jsonschema.FormatChecker())
+    """Raise `jsonschema.ValidationError` unless `document` has the shape `definition`
+    (validated within the whole schema: a definition may `$ref` another one, as
+    `audit_failovers` does `history`)."""
+    if definition not in _defs():
+        raise KeyError(f"the contract has no definition {definition!r}")
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$defs": _defs(),
+        "$ref": f"#/$defs/{definition}",
+    }
+    jsonschema.validate(document, schema, format_checker=jsonschema.FormatChecker())

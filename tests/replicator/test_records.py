@@ -124,6 +124,7 @@ async def test_backlog_is_read_from_the_catalog_at_start_and_drains_to_zero(
         "pending": 0,
         "failed": 0,
         "lag_s": 0.0,
+        "records_behind_s": None,  # no agent of eu-central registered in this world
     }
     assert by_region["eu-north"]["pending"] == 3  # not there yet: still counted
 
