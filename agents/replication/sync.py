@@ -1176,12 +1176,13 @@ class SyncReplication:
         """Adopt the set `region` shows (its newest complete one) when it is newer than the
         one this owner shows: an old epoch's acked set this owner missed, whose members
         alone the version pass would adopt (this region would go on showing the set
-        before it, and no catch-up would ever spread it). Its members are pulled at the
-        set's versions, then the record is applied here (visible once every member is
-        stored). A set newer than the epoch's start that no other copy region shows
-        was never acked: not adopted (said in the log). `region`'s set is read through
-        the one agent at `address`, as is each other region's (`_set_nowhere_else`),
-        which answers for every agent of its region (a routed GetSet,
+        before it, and no catch-up would ever spread it). The record is applied here
+        first (visible once every member is stored), then its members are pulled at the
+        set's versions, each stored for the set even under a newer put of its key. A
+        set newer than the epoch's start that no other copy region shows was never
+        acked: not adopted (said in the log). `region`'s set is read through the one
+        agent at `address`, as is each other region's (`_set_nowhere_else`), which
+        answers for every agent of its region (a routed GetSet,
         agents/routing/service.py): "not shown" there is retriable while one of them
         could not say."""
         theirs = await self._set_at(address, write.dataset, "latest")
@@ -1216,16 +1217,19 @@ class SyncReplication:
             return False
         if self.holding_sets is not None:
             await self.holding_sets()
+        # The record first: a member older than its key's newest here (the next
+        # checkpoint's put, written under this owner) is then stored for the set it
+        # names (ObjectStore.wanted), where LWW alone would refuse it for good.
+        verdict = await asyncio.to_thread(
+            self.store.apply_set, write.dataset, theirs.set_id, theirs.hlc, theirs.members
+        )
         pulled = False
         for key, hlc in sorted(theirs.members.items()):
             if await asyncio.to_thread(self._stored_here, write.dataset, key, hlc):
                 continue
-            member, written_in = await self._stat_at(address, write.dataset, key, hlc)
-            adopt = self.adopt(write.dataset, key, member, region, address, written_in)
+            member, _ = await self._stat_at(address, write.dataset, key, hlc)
+            adopt = self.adopt(write.dataset, key, member, region, address, theirs.set_id)
             pulled = await adopt or pulled
-        verdict = await asyncio.to_thread(
-            self.store.apply_set, write.dataset, theirs.set_id, theirs.hlc, theirs.members
-        )
         try:
             missing: list[str] | None = await asyncio.to_thread(
                 self.store.missing_members, write.dataset, theirs.set_id
@@ -1239,8 +1243,8 @@ class SyncReplication:
             region=region,
             hlc=theirs.hlc.text,
             verdict=verdict.value,
-            # A member this store holds a newer put of cannot be stored (LWW): the set
-            # then stays recorded but not shown here.
+            # A member that could not be pulled (or one superseded by a newer complete
+            # set, which forgot this one): the set stays recorded but not shown here.
             missing=missing,
         )
         # Something new here (its passes over the other regions spread it); a set that

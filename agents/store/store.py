@@ -684,7 +684,7 @@ class ObjectStore:
                 "tombstone takes none"
             )
         self.clock.observe(version.hlc)
-        if not self._wanted(dataset, key, version, set_id):
+        if not self.wanted(dataset, key, version, set_id):
             return self._result_without_write(dataset, key, version)
         if source is None:
             with self._object_lock(dataset, key):
@@ -1014,9 +1014,11 @@ class ObjectStore:
                         found.setdefault((dataset, stored.key), []).append(stored)
         return found
 
-    def _wanted(self, dataset: str, key: str, version: Version, set_id: str | None) -> bool:
-        """Whether `apply` should read the bytes: LWW would apply it, it restores, or a
-        set recorded here still needs it (`_set_needs`)."""
+    def wanted(self, dataset: str, key: str, version: Version, set_id: str | None) -> bool:
+        """Whether `version` (a member of `set_id`, if named) should be stored here, so
+        its bytes are worth reading or pulling: LWW would apply it, it restores bytes
+        startup repair found missing, or a set recorded here still needs it
+        (`_set_needs`)."""
         row = self._row(dataset, key, version.hlc)
         if row is not None:
             return row.state == "missing" and row.version == version

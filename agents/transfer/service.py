@@ -497,13 +497,15 @@ class TransferService:
             raise
         if set_id is not None and self.holding_sets is not None:
             await self.holding_sets()
-        held = await asyncio.to_thread(self.store.head, dataset, key)
-        verdict = lww(version, held)
-        if not verdict.applies and not await asyncio.to_thread(self._lost, dataset, key, version):
+        # LWW, but also a restore of lost bytes, or a member older than its key's newest
+        # that a set recorded here still needs (a takeover's adoption of a set records it
+        # first, then pulls its members).
+        if not await asyncio.to_thread(self.store.wanted, dataset, key, version, set_id):
+            held = await asyncio.to_thread(self.store.head, dataset, key)
             # Superseded: a partial of this version will never be resumed.
             await asyncio.to_thread(self.book.drop, dataset, key, version.hlc.text)
             return agent_pb2.FetchResponse(
-                outcome=_OUTCOMES[verdict], held=version_to_wire(held or version)
+                outcome=_OUTCOMES[lww(version, held)], held=version_to_wire(held or version)
             )
         if version.is_tombstone:
             tally.method = "tombstone"
@@ -649,13 +651,6 @@ class TransferService:
 
         await asyncio.gather(*(single(n) for n in sorted(set(singles))))
         return agent_pb2.FetchManyResponse(results=results, errors=errors)
-
-    def _lost(self, dataset: str, key: str, version: Version) -> bool:
-        """Whether this store holds `version` but startup repair found its bytes gone:
-        then a fetch of it restores them (commit_apply refills a missing row)."""
-        with contextlib.suppress(MeridianError):
-            return self.store.stat(dataset, key, version.hlc).state == "missing"
-        return False
 
     def _classify(
         self,

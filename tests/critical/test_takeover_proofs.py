@@ -286,6 +286,25 @@ async def test_an_acked_set_the_new_owner_missed_is_adopted(
     assert {k: central.stat(DS, k).set_id for k in members} == dict.fromkeys(members, "ckpt")
 
 
+async def test_an_adopted_set_completes_under_the_new_owner_s_newer_put_of_a_member(
+    regions: dict[str, Region], sync: SyncReplication
+) -> None:
+    """The new owner already holds the next checkpoint's put of a member (written at
+    its epoch): the missed set's record is applied before its members are pulled, so
+    the older member is stored for it (its key's newest stays the head) and the set is
+    shown, where LWW alone refused that member and the set never completed here."""
+    older_than, members = acked_set(regions, record_in_north=True)
+    central = regions["eu-central"].store
+    central.clock.observe(max(members.values()))
+    newer = central.put(DS, "shard-0", [b"the next checkpoint's shard 0"], set_id="next")
+    _, _, rewound = await sync._takeover_once(epoch_write(), "eu-west", older_than)
+    assert rewound == 0
+    shown = central.get_set(DS, "latest")
+    assert (shown.set_id, shown.members) == ("ckpt", members)
+    assert central.head(DS, "shard-0") == newer
+    assert central.read_bytes(DS, "shard-0", members["shard-0"]) == b"shard 0"
+
+
 async def test_a_set_only_the_deposed_owner_shows_is_not_adopted(
     regions: dict[str, Region], sync: SyncReplication
 ) -> None:

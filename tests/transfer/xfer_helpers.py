@@ -36,6 +36,7 @@ async def fetch(
     version: Version,
     sources: list[tuple[str, str]],
     timeout_s: float = 60.0,
+    set_id: str | None = None,
 ) -> agent_pb2.FetchResponse:
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
@@ -46,6 +47,8 @@ async def fetch(
             sources=[agent_pb2.FetchSource(region=r, address=a) for r, a in sources],
             origin_region=version.hlc.region,
         )
+        if set_id is not None:
+            request.set = set_id
         response: agent_pb2.FetchResponse = await stub.Fetch(request, timeout=timeout_s)
         return response
 
