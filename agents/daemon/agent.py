@@ -196,6 +196,7 @@ class NodeAgent(Lifecycle):
             copies_received=admission.received,
             metrics=self.metrics,
             alone_in_region=self._alone_in_region,
+            placement_now=admission.placement,
         )
         admission.local_commits = self.replication.local_commits_ended
         # A region holding no replica of a dataset its residency allows may read it

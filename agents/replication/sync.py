@@ -275,6 +275,7 @@ class SyncReplication:
         metrics: AgentMetrics | None = None,
         copies_received: Callable[[str], Awaitable[None]] | None = None,
         alone_in_region: Callable[[], bool] = lambda: True,
+        placement_now: Callable[[str], Placement] | None = None,
     ) -> None:
         self.store = store
         self.region = region
@@ -327,6 +328,14 @@ class SyncReplication:
         # False while other agents share this region: each holds the keys it is the
         # primary of, so a takeover pass counts theirs as ours (`_takeover_once`).
         self.alone_in_region = alone_in_region
+        # The dataset's placement under the policy this agent applies now (raising when
+        # it cannot say): a catch-up or a takeover pass of a region the policy moved
+        # away ends on it, though no write comes to say so (`_placed_away`).
+        self.placement_now = placement_now
+        # (dataset, region) whose catch-up or pass ended that way while the newest
+        # write's placement still named the region: a write naming it again marks it
+        # behind (`_catch_up_returned`), as a region the policy adds is.
+        self._moved_away: set[tuple[str, str]] = set()
         # region -> its push lane (push_lanes.py): small pushes queued behind the ones
         # running to that region go together in one ReplicatePushes; 1: never batched.
         self.batch_max = batch_max
@@ -357,6 +366,8 @@ class SyncReplication:
             self._latest[write.dataset] = CommittedWrite(write.admitted, write.dataset)
             if latest is not None:
                 self._catch_up_added(write, latest)
+            if self._moved_away:
+                self._catch_up_returned(write)
         self._reconcile_after_takeover(write)
         push: Callable[[str], Awaitable[str]]
         if write.set_record is not None:
@@ -672,7 +683,37 @@ class SyncReplication:
         for region in now:
             if region not in was:
                 log.info("replica_added", dataset=write.dataset, region=region)
+                self._moved_away.discard((write.dataset, region))  # marked behind once
                 self._mark_behind(write, region)
+
+    def _catch_up_returned(self, write: CommittedWrite) -> None:
+        """A region whose catch-up or pass ended as the policy moved it away
+        (`_placed_away`) missed what was written meanwhile: named again, it is caught
+        up before it counts."""
+        for region in push_targets(write.admitted.placement, self.region):
+            if (write.dataset, region) in self._moved_away:
+                self._moved_away.discard((write.dataset, region))
+                log.info("replica_returned", dataset=write.dataset, region=region)
+                self._mark_behind(write, region)
+
+    def _placed_away(self, current: CommittedWrite, region: str) -> bool:
+        """Whether the policy moved `region`'s copy of the dataset away: the newest
+        write's placement no longer names it, or the policy this agent applies now does
+        not (a dataset no one writes to gets no write to say so; a refusal that would
+        never clear, such as a narrowed residency, is not retried for ever). A policy
+        it cannot read now decides nothing."""
+        if region not in push_targets(current.admitted.placement, self.region):
+            return True
+        if self.placement_now is None:
+            return False
+        try:
+            placement = self.placement_now(current.dataset)
+        except MeridianError:
+            return False
+        if region in copy_regions(placement):
+            return False
+        self._moved_away.add((current.dataset, region))
+        return True
 
     def _mark_behind(self, write: CommittedWrite, region: str) -> None:
         key = (write.dataset, region)
@@ -688,7 +729,7 @@ class SyncReplication:
     async def _catch_up(self, write: CommittedWrite, region: str) -> None:
         """Push what `region` lacks of the dataset, oldest first, until it lacks nothing
         (then its commits count toward acks again); stops when this owner is fenced,
-        or when the newest write's placement no longer names the region. Any other
+        or when the policy moved the region's copy away (`_placed_away`). Any other
         refusal is retried (backing off to `retry_max_s`): the region stays out of acks,
         the safe side, until what refuses (a policy, a region's residency) is fixed.
         Each pass pushes at the newest epoch this owner has written at: a catch-up begun
@@ -699,11 +740,8 @@ class SyncReplication:
 
         async def once() -> int | None:
             current = self._latest.get(write.dataset, write)
-            if region not in push_targets(current.admitted.placement, self.region):
-                # The policy moved the copy away (the newest write's placement no
-                # longer names it): nothing to catch up, and a refusal that would
-                # never clear (its residency narrowed) is not retried for ever.
-                return None
+            if self._placed_away(current, region):
+                return None  # nothing to catch up there
             for _epoch in range(1_000):  # bounded: each turn needs a newer epoch of ours
                 try:
                     return await self._catch_up_once(current, region)
@@ -2022,9 +2060,8 @@ class SyncReplication:
         async def once() -> tuple[int, int, int] | None:
             if self._reconciled.get(write.dataset) != write.admitted.epoch:
                 return None  # a newer epoch of ours started its own pass
-            latest = self._latest.get(write.dataset, write)
-            if region not in push_targets(latest.admitted.placement, self.region):
-                return None  # the policy moved the copy away (as a catch-up ends)
+            if self._placed_away(self._latest.get(write.dataset, write), region):
+                return None  # as a catch-up ends
             # Bounded: an agent starting as the owner of many datasets begins a pass per
             # dataset and region at once; a few list and push at a time.
             async with self._pass_gate:

@@ -291,6 +291,73 @@ async def test_a_catch_up_ends_once_the_policy_moves_the_copy_away(tmp_path: Pat
         store.close()
 
 
+async def test_on_a_quiet_dataset_the_policy_view_ends_them_and_a_return_is_caught_up(
+    tmp_path: Path,
+) -> None:
+    """No write comes to a quiet dataset to say the policy moved a copy away: the
+    catch-up and the takeover pass of that region end on the placement under the
+    policy the agent applies now (one it cannot read decides nothing). Named again by
+    a later write, the region missed what was written meanwhile: it is marked behind."""
+    store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
+    ds = "tri/quiet"
+    applied: list[Placement | None] = [None]  # None: the policy cannot be read now
+
+    def placement_now(dataset: str) -> Placement:
+        assert dataset == ds
+        if applied[0] is None:
+            raise UnavailableError("no policy is applied yet (test)")
+        return applied[0]
+
+    sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1, placement_now=placement_now)
+    sync.retry_initial_s = sync.retry_max_s = 0.01
+    tries: list[str] = []
+
+    async def refused(address: str, dataset: str, **_: bool) -> dict[str, Version]:
+        tries.append(address)
+        raise ResidencyError(f"eu-central may not hold {dataset} (test)")
+
+    async def unreachable(
+        write: CommittedWrite, region: str, older_than: HLC
+    ) -> tuple[int, int, int]:
+        tries.append(region)
+        raise UnavailableError(f"{region} is unreachable (test)")
+
+    sync._listing = refused  # type: ignore[method-assign]
+    sync._takeover_once = unreachable  # type: ignore[method-assign]
+    write = CommittedWrite(Admitted(placement(ds), 5, 1), ds)
+    try:
+        sync.took_over(write.admitted, ds, store.clock.now())  # passes to both regions
+        sync._mark_behind(write, "eu-central")
+        await until(lambda: tries.count("eu-central") >= 3, 5, "both retry")
+        await until(lambda: tries.count("eu-central.invalid:1") >= 3, 5, "the catch-up retries")
+        assert sync.behind(ds) == ["eu-central"] and len(sync._passes) == 2
+        applied[0] = placement(ds)  # readable, still naming it: goes on
+        count = len(tries)
+        await until(lambda: len(tries) >= count + 4, 5, "still retried")
+        applied[0] = critical(ds, replicas=("eu-north",))  # the policy moved it away
+        await until(lambda: sync.behind(ds) == [], 5, "the catch-up ended")
+        await until(lambda: set(sync._passes) == {(ds, "eu-north")}, 5, "its pass ended")
+
+        # A later write names eu-central again: it missed what was written meanwhile.
+        async def push(region: str, write: CommittedWrite, version: Version, _: float) -> str:
+            return "stored"
+
+        async def slow_listing(address: str, dataset: str, **_: bool) -> dict[str, Version]:
+            await asyncio.sleep(10)
+            return {}
+
+        sync._push = push  # type: ignore[method-assign,assignment]
+        sync._listing = slow_listing  # type: ignore[method-assign]
+        applied[0] = placement(ds)
+        version = store.put(ds, "k", [b"written after it came back"])
+        named = CommittedWrite(Admitted(placement(ds), 5, 3), ds, key="k", version=version)
+        assert "eu-central" not in await sync.replicate(named)  # stored, not counted
+        assert sync.behind(ds) == ["eu-central"]
+    finally:
+        await sync.close()
+        store.close()
+
+
 async def test_a_region_the_policy_adds_is_caught_up_before_it_counts(tmp_path: Path) -> None:
     """A copy region added to the placement mid-epoch holds none of the earlier
     versions while its pushes of new writes succeed: it is caught up (the version
