@@ -32,6 +32,36 @@ log = get_logger("meridian.agent")
 
 
 @dataclass(frozen=True)
+class RecordsBehind:
+    """One agent's `records_behind_s`, as its registration publishes it: the age of the
+    oldest journal record its recorder has not yet shipped to the catalog."""
+
+    agent_id: str
+    region: str
+    seconds: float
+
+
+def records_behind(values: list[bytes]) -> list[RecordsBehind]:
+    """The figures of the registration values that publish one (unreadable values, and
+    agents that do not publish the field, are skipped): read by `region show` per
+    agent and by `audit` and `replication status` per region."""
+    out: list[RecordsBehind] = []
+    for value in values:
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        agent_id, region, behind = doc.get("id"), doc.get("region"), doc.get("records_behind_s")
+        if not isinstance(agent_id, str) or not isinstance(region, str):
+            continue
+        if isinstance(behind, int | float) and not isinstance(behind, bool) and behind >= 0:
+            out.append(RecordsBehind(agent_id, region, float(behind)))
+    return out
+
+
+@dataclass(frozen=True)
 class AgentRecord:
     agent_id: str
     region: str

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from agents.daemon.registration import records_behind
 from agents.placement.members import LEAVING, Member, copies_for
 from controlplane.coordination.protocols import keys
 from controlplane.errors import NotFoundError
@@ -41,7 +42,7 @@ async def region_report(
         if moving
         else None
     )
-    behind = _records_behind([kv.value for kv in kvs])
+    behind = {r.agent_id: r.seconds for r in records_behind([kv.value for kv in kvs])}
     return {
         "name": region,
         "copies": copies_for(len(serving), configured_r) if serving else 0,
@@ -62,22 +63,6 @@ async def region_report(
         "rebalance": rebalance,
         "cache": _cache([kv.value for kv in kvs]),
     }
-
-
-def _records_behind(values: list[bytes]) -> dict[str, float]:
-    """Each agent's `records_behind_s` as its registration publishes it, by agent id."""
-    out: dict[str, float] = {}
-    for value in values:
-        try:
-            doc = json.loads(value)
-        except ValueError:
-            continue
-        if not isinstance(doc, dict):
-            continue
-        agent_id, behind = doc.get("id"), doc.get("records_behind_s")
-        if isinstance(agent_id, str) and _seconds(behind):
-            out[agent_id] = float(behind)  # type: ignore[arg-type]
-    return out
 
 
 def _cache(values: list[bytes]) -> dict[str, object] | None:
@@ -105,7 +90,3 @@ def _cache(values: list[bytes]) -> dict[str, object] | None:
 
 def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _seconds(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0

@@ -15,10 +15,10 @@ answers when etcd cannot: the figures are then unknown (None), and said so.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import TYPE_CHECKING
 
+from agents.daemon.registration import records_behind
 from controlplane.coordination.protocols import keys
 from controlplane.errors import MeridianError
 
@@ -53,21 +53,11 @@ class RecordsLag:
 
 
 def lag_from(values: list[bytes]) -> dict[str, float]:
-    """The regions' figures from their agents' registration values (unreadable ones,
-    and agents that do not publish the field, are skipped)."""
+    """The regions' figures from their agents' registration values: each region's
+    largest."""
     out: dict[str, float] = {}
-    for value in values:
-        try:
-            doc = json.loads(value)
-        except ValueError:
-            continue
-        if not isinstance(doc, dict):
-            continue
-        region, behind = doc.get("region"), doc.get("records_behind_s")
-        if not isinstance(region, str) or isinstance(behind, bool):
-            continue
-        if isinstance(behind, int | float) and behind >= 0:
-            out[region] = max(out.get(region, 0.0), float(behind))
+    for published in records_behind(values):
+        out[published.region] = max(out.get(published.region, 0.0), published.seconds)
     return out
 
 
