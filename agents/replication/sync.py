@@ -329,12 +329,13 @@ class SyncReplication:
         # primary of, so a takeover pass counts theirs as ours (`_takeover_once`).
         self.alone_in_region = alone_in_region
         # The dataset's placement under the policy this agent applies now (raising when
-        # it cannot say): a catch-up or a takeover pass of a region the policy moved
-        # away ends on it, though no write comes to say so (`_placed_away`).
+        # it cannot say): a catch-up of a region the policy moved away ends on it,
+        # though no write comes to say so (`_placed_away`).
         self.placement_now = placement_now
-        # (dataset, region) whose catch-up or pass ended that way while the newest
-        # write's placement still named the region: a write naming it again marks it
-        # behind (`_catch_up_returned`), as a region the policy adds is.
+        # (dataset, region) whose catch-up ended that way while the newest write's
+        # placement still named the region: not counted toward acks (a write admitted
+        # before the change may still push there) until a catch-up, begun by a write
+        # naming it again (`_catch_up_returned`), brings it level.
         self._moved_away: set[tuple[str, str]] = set()
         # region -> its push lane (push_lanes.py): small pushes queued behind the ones
         # running to that region go together in one ReplicatePushes; 1: never batched.
@@ -425,7 +426,10 @@ class SyncReplication:
                 for task in done:
                     region = tasks[task]
                     exc = task.exception()
-                    if exc is None and (write.dataset, region) in self._behind:
+                    if exc is None and (
+                        (write.dataset, region) in self._behind
+                        or (self._moved_away and (write.dataset, region) in self._moved_away)
+                    ):
                         pass  # committed, but it may lack earlier versions: not counted yet
                     elif exc is None:
                         held.append(region)
@@ -683,16 +687,15 @@ class SyncReplication:
         for region in now:
             if region not in was:
                 log.info("replica_added", dataset=write.dataset, region=region)
-                self._moved_away.discard((write.dataset, region))  # marked behind once
                 self._mark_behind(write, region)
 
     def _catch_up_returned(self, write: CommittedWrite) -> None:
-        """A region whose catch-up or pass ended as the policy moved it away
-        (`_placed_away`) missed what was written meanwhile: named again, it is caught
-        up before it counts."""
+        """A region whose catch-up ended as the policy moved it away (`_placed_away`)
+        missed what was written meanwhile: named again, it is caught up before it
+        counts (it counts again once that catch-up ends caught up)."""
         for region in push_targets(write.admitted.placement, self.region):
-            if (write.dataset, region) in self._moved_away:
-                self._moved_away.discard((write.dataset, region))
+            pair = (write.dataset, region)
+            if pair in self._moved_away and pair not in self._behind:
                 log.info("replica_returned", dataset=write.dataset, region=region)
                 self._mark_behind(write, region)
 
@@ -776,6 +779,7 @@ class SyncReplication:
                     await asyncio.sleep(self.retry_initial_s)  # a write failed there meanwhile
                     continue
                 log.info("replica_caught_up", dataset=write.dataset, region=region, pushed=pushed)
+                self._moved_away.discard(pair)
                 return
         finally:
             self._behind.pop(pair, None)
@@ -1262,7 +1266,10 @@ class SyncReplication:
             self.store.apply_set, write.dataset, theirs.set_id, theirs.hlc, theirs.members
         )
         pulled = False
-        for key, hlc in sorted(theirs.members.items()):
+        # A set this store judged older (superseded here) or different needs no member
+        # (the version pass adopts those newer than what is held).
+        wanted = theirs.members if verdict in (Verdict.APPLY, Verdict.SAME) else {}
+        for key, hlc in sorted(wanted.items()):
             if await asyncio.to_thread(self._stored_here, write.dataset, key, hlc):
                 continue
             member, _ = await self._stat_at(address, write.dataset, key, hlc)
@@ -2060,8 +2067,12 @@ class SyncReplication:
         async def once() -> tuple[int, int, int] | None:
             if self._reconciled.get(write.dataset) != write.admitted.epoch:
                 return None  # a newer epoch of ours started its own pass
-            if self._placed_away(self._latest.get(write.dataset, write), region):
-                return None  # as a catch-up ends
+            latest = self._latest.get(write.dataset, write)
+            # The newest write's placement only, not the policy view (`_placed_away`):
+            # a pass adopts acked writes the region may be the last to hold, so a quiet
+            # dataset's pass goes on until it ends or a write says the copy moved.
+            if region not in push_targets(latest.admitted.placement, self.region):
+                return None
             # Bounded: an agent starting as the owner of many datasets begins a pass per
             # dataset and region at once; a few list and push at a time.
             async with self._pass_gate:
