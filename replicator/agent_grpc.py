@@ -80,15 +80,34 @@ class GrpcAgent(Lifecycle):
         route: Callable[[str, str], str] = _direct,
     ) -> None:
         self.address = address
+        self._timeout_s = timeout_s
         self._client = AgentClient(address, timeout_s=timeout_s)
         self._route = route
         self._batches = True  # until the agent says it has no ReplicateMany
+        # Clients of earlier agents (`retarget`): calls still on them end by themselves.
+        self._retired: list[AgentClient] = []
+
+    def retarget(self, address: str) -> None:
+        """Apply through the agent at `address` from the next call on (its region's
+        agent moved: replicator/agent_follow.py). Calls in flight finish, or fail and
+        are retried, on the old one; its channel is closed at stop."""
+        if address == self.address:
+            return
+        self._retired.append(self._client)
+        self._client = AgentClient(address, timeout_s=self._timeout_s)
+        self.address = address
+        self._batches = True  # the new agent is asked again
+
+    async def region(self) -> str:
+        """The region the agent serves (its Health answer)."""
+        return (await self._client.health()).region
 
     async def _do_start(self) -> None:
         return None
 
     async def _do_stop(self) -> None:
-        await self._client.close()
+        for client in (*self._retired, self._client):
+            await client.close()
 
     async def _replicate(self, event: ChangeEvent) -> ApplyResult:
         if event.set is None and self._batches:

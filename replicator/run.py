@@ -27,6 +27,7 @@ from controlplane.errors import ConfigError, MeridianError
 from controlplane.logs import get_logger
 from controlplane.policy.current import PolicyView
 from controlplane.settings import Settings, parse_endpoints
+from replicator.agent_follow import AgentFollower
 from replicator.agent_grpc import GrpcAgent
 from replicator.applier import Applier
 from replicator.backfill import Backfill
@@ -57,6 +58,25 @@ class _Relay:
             await self.target.on_assigned(partitions)
 
 
+async def _check_region(agent: GrpcAgent, region: str) -> None:
+    """An agent of another region would store the copies there, and the records would
+    say `region` holds them: refused at start. An agent that does not answer yet is
+    applied through anyway (its copies fail and are retried, as in any outage)."""
+    try:
+        serves = await agent.region()
+    except MeridianError as exc:
+        log.warning(
+            "replicator_agent_unchecked", region=region, agent=agent.address, error=str(exc)
+        )
+        return
+    if serves != region:
+        raise ConfigError(
+            f"the agent at {agent.address} serves region {serves}, not {region}: name one of "
+            f"{region}'s agents with --agent (or leave --agent and MERIDIAN_AGENT unset to "
+            "use one the region registered in etcd)"
+        )
+
+
 def default_journal(settings: Settings, region: str, replicator_id: str) -> Path:
     return settings.home / "replicator" / f"{region}-{replicator_id}.journal.db"
 
@@ -70,8 +90,11 @@ async def run_replicator(
     metrics_addr: str | None,
     journal_path: Path | None,
     ready: asyncio.Event | None = None,
+    follow_agents: bool = False,
 ) -> None:
-    """Run until SIGTERM or SIGINT (see the module docstring)."""
+    """Run until SIGTERM or SIGINT (see the module docstring). `follow_agents`: the
+    agent was read from the region's registrations, and follows them
+    (replicator/agent_follow.py)."""
     region = config.region
     metrics_at = parse_endpoints(metrics_addr, setting="--metrics")[0] if metrics_addr else None
     metrics = ReplicatorMetrics(region)
@@ -101,6 +124,11 @@ async def run_replicator(
             agent = await stack.enter_async_context(
                 GrpcAgent(agent_address, route=settings.agent_address)
             )
+            await _check_region(agent, region)
+            if follow_agents:
+                await stack.enter_async_context(
+                    AgentFollower(agent, coord, region, route=settings.agent_address)
+                )
             producer = await stack.enter_async_context(
                 KafkaProducer(settings.kafka, client_id=f"replicator-{region}-{replicator_id}")
             )

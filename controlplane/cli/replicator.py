@@ -22,7 +22,7 @@ def run(
         typer.Option(
             "--agent",
             help="HOST:PORT of the region's agent [MERIDIAN_AGENT] (default: one the region "
-            "registered in etcd, read at start)",
+            "registered in etcd, replaced when its registration goes)",
         ),
     ] = None,
     metrics: Annotated[
@@ -72,5 +72,6 @@ def run(
             replicator_id=replicator_id or socket.gethostname(),
             metrics_addr=metrics,
             journal_path=journal,
+            follow_agents=settings.agent is None,
         )
     )

@@ -48,6 +48,13 @@ class StandInAgent(agent_pb2_grpc.AgentServicer):
             if e.kind == "version" and (e.dataset, e.key, e.hlc) == (dataset, key, hlc)
         )
 
+    async def Health(  # noqa: N802 - the generated servicer's name
+        self,
+        request: agent_pb2.HealthRequest,
+        context: grpc.aio.ServicerContext[agent_pb2.HealthRequest, agent_pb2.HealthResponse],
+    ) -> agent_pb2.HealthResponse:
+        return agent_pb2.HealthResponse(live=True, region=self.region, agent_id="stand-in")
+
     async def Replicate(  # noqa: N802 - the generated servicer's name
         self,
         request_iterator: AsyncIterator[agent_pb2.ReplicateRequest],

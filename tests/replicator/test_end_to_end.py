@@ -2,7 +2,8 @@
 outbox drained to the stack's Kafka, their recorders shipping to the catalog) and a
 `meridian replicator run` of eu-central. A standard object written in eu-west appears
 in eu-central (a small one inline, a large one fetched from eu-west by the agent); a
-delete propagates; the lag gauge returns to 0."""
+delete propagates; the lag gauge returns to 0. The replicator, started without
+--agent, applies through the region's next agent once the first one is gone."""
 
 from __future__ import annotations
 
@@ -125,6 +126,23 @@ async def test_a_write_in_one_region_appears_in_the_other_and_a_delete_follows(
                 return lag_of(text, ds)
 
             await eventually(lag, 0.0)
+
+        # The agent it found stops for good and another takes the region's place: the
+        # replicator applies through the new one (replicator/agent_follow.py).
+        await asyncio.to_thread(agents["eu-central"].stop)
+        successor = AgentProcess(
+            "eu-central", tmp_path / "eu-central-2", world, tmp_path / "eu-central-2.log"
+        )
+        agents["eu-central-2"] = successor
+        await asyncio.to_thread(successor.start)
+        await repl.wait_log("replicator_agent_replaced")
+        assert successor.address in repl.log()
+        async with (
+            AgentClient(agents["eu-west"].address) as west,
+            AgentClient(successor.address) as central,
+        ):
+            after = await west.put(ds, "after.txt", _chunks(b"written after the move"))
+            await eventually(lambda: held(central, ds, "after.txt"), after)
     finally:
         code = repl.terminate()
     assert code == 0, repl.log()[-3000:]

@@ -278,3 +278,23 @@ async def test_a_region_outside_the_placement_never_receives_a_byte(
     assert outsider.commits_of(ds) == 0
     assert outsider.store.head(ds, "k0") is None
     outsider.close()
+
+
+async def test_an_agent_of_another_region_is_refused_at_start(
+    world: dict[str, str], tmp_path: Path
+) -> None:
+    """Its copies would be stored in eu-west while the records said eu-central holds
+    them (MERIDIAN_AGENT exported for `meridian object`, say): one sentence, exit 1."""
+    west = StandInAgent(tmp_path / "west-agent", "eu-west")
+    server, address = await serve(west)
+    proc = ReplicatorProcess("eu-central", address, world, tmp_path / "wrong")
+    try:
+        proc.start()
+        assert proc.proc is not None
+        code = await asyncio.to_thread(proc.proc.wait, 60)
+    finally:
+        proc.terminate()
+        await server.stop(grace=None)
+        west.close()
+    assert code != 0
+    assert f"the agent at {address} serves region eu-west, not eu-central" in proc.log()

@@ -1,0 +1,52 @@
+"""A replicator started without --agent follows its region's registrations
+(replicator/agent_follow.py): the agent in use stays while it is registered, the first
+registered one replaces it once its registration is gone, routed as
+MERIDIAN_AGENT_ROUTES says; none registered (or etcd out of reach) changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+from fakes.coordination import MemoryCoordination
+from waiting import until
+
+from controlplane.coordination.protocols import keys
+from replicator.agent_follow import AgentFollower
+from replicator.agent_grpc import GrpcAgent
+
+
+async def register(coord: MemoryCoordination, agent_id: str, endpoint: str) -> None:
+    await coord.put(keys.agent("eu-central", agent_id), json.dumps({"endpoint": endpoint}).encode())
+
+
+async def test_the_agent_in_use_is_replaced_once_its_registration_is_gone() -> None:
+    coord = MemoryCoordination()
+    await register(coord, "c1", "10.0.0.1:7400")
+    await register(coord, "c2", "10.0.0.2:7400")
+    await coord.put(keys.agent("eu-west", "w1"), json.dumps({"endpoint": "10.9.0.1:7400"}).encode())
+    async with GrpcAgent("10.0.0.2:7400") as agent:
+        follower = AgentFollower(agent, coord, "eu-central")
+        assert await follower.check() is None  # still registered: kept, not the first
+        assert agent.address == "10.0.0.2:7400"
+        await coord.delete(keys.agent("eu-central", "c2"))
+        assert await follower.check() == "10.0.0.1:7400"
+        assert agent.address == "10.0.0.1:7400"
+        await coord.delete(keys.agent("eu-central", "c1"))
+        assert await follower.check() is None  # none registered: nothing better to dial
+        assert agent.address == "10.0.0.1:7400"
+
+
+async def test_the_follower_runs_by_itself_and_routes_the_new_agent() -> None:
+    coord = MemoryCoordination()
+    await register(coord, "c1", "10.0.0.1:7400")
+
+    def route(region: str, address: str) -> str:
+        return "127.0.0.1:9400" if address == "10.0.0.3:7400" else address
+
+    async with (
+        GrpcAgent("10.0.0.1:7400") as agent,
+        AgentFollower(agent, coord, "eu-central", route=route, interval_s=0.01),
+    ):
+        await coord.delete(keys.agent("eu-central", "c1"))
+        await register(coord, "c3", "10.0.0.3:7400")
+        await until(lambda: agent.address == "127.0.0.1:9400", 5, "the new agent, routed")
