@@ -50,17 +50,19 @@ PROBLEM_COLUMNS = ["file", "line", "column", "message"]
 
 
 def _compile(files: list[Path], output: Output | None, *, validating: bool) -> PolicySet:
-    """Compile; on problems print them and fail with status 1. As a table (the default)
-    they are `FILE:LINE:COLUMN: error: MESSAGE` lines on stderr; as JSON or CSV they are
-    rows on stdout (also when there are none, for `validate`)."""
+    """Compile; on problems print them and fail with status 1. They are
+    `FILE:LINE:COLUMN: error: MESSAGE` lines on stderr, except for `validate` as JSON
+    or CSV: rows on stdout (also when there are none), its shape. `plan` and `apply`
+    keep stdout for theirs (cli-output.schema.json), so it stays empty on an error."""
     from controlplane.policy.compiler import compile_files
 
     policy, problems = compile_files(files)
     fmt = output or Output.table
-    if fmt is not Output.table and (problems or validating):
+    as_rows = validating and fmt is not Output.table
+    if as_rows:
         emit([p.as_json() for p in problems], fmt, columns=PROBLEM_COLUMNS)
     if problems:
-        if fmt is Output.table:
+        if not as_rows:
             for problem in problems:
                 sys.stderr.write(f"{problem}\n")
         tail = "" if validating else "; nothing was changed"

@@ -110,6 +110,12 @@ def test_invalid_apply_changes_nothing(
     assert "nothing was changed" in capsys.readouterr().err
     assert run([*base, "plan", "-o", "json", str(EXAMPLE)]) == 2  # still everything to add
     assert run([*base, "plan", str(bad_file(tmp_path))]) == 1
+    capsys.readouterr()
+    # As JSON, stdout keeps plan's (and apply's) shape: nothing, the problems on stderr.
+    for command in (["plan"], ["apply", "--no-publish", "--yes"]):
+        assert run([*base, *command, "-o", "json", str(bad_file(tmp_path))]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and "error: unknown field 'prioirty'" in err, (command, out, err)
 
 
 class TerminalInput(io.StringIO):
