@@ -37,6 +37,13 @@ class Lazy:
     target: str
 
     def load(self, root: LazyGroup) -> click.Command:
+        from controlplane.cli.connection_flags import add_connection_flags
+
+        command = self._build(root)
+        add_connection_flags(self.name, command)
+        return command
+
+    def _build(self, root: LazyGroup) -> click.Command:
         module_name, _, attribute = self.target.partition(":")
         if not attribute:
             raise ValueError(f"lazy command {self.name!r}: {self.target!r} is not 'module:attr'")

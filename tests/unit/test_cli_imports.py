@@ -83,7 +83,8 @@ def command_modules(modules: set[str]) -> set[str]:
         m
         for m in modules
         if m.startswith("controlplane.cli.")
-        and m.removeprefix("controlplane.cli.") not in {"main", "lazy", "fast_params"}
+        and m.removeprefix("controlplane.cli.")
+        not in {"main", "lazy", "fast_params", "connection_flags"}
         and m != "controlplane.cli.logging_setup"
     }
 
