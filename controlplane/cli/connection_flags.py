@@ -9,9 +9,11 @@ flag given there overrides the root's, as a command's own flag does
 (`common.settings_from`): the root's callback has run by the time a command's
 arguments are parsed, so the value is put beside the root's.
 
-Commands that never connect do not get them (the delta engine, the local stack,
-policy validate and schema, the demo, which runs a stack of its own), so their help
-does not offer a flag that would be ignored.
+A command gets only the flags it reads (`READS`, by command path; the catalog and
+etcd where none is listed), so its help does not offer one that would be ignored:
+commands that never connect get none (the delta engine, the local stack, policy
+validate and schema, the demo and chaos, which run stacks of their own, and the
+object commands that talk to an agent alone).
 """
 
 from __future__ import annotations
@@ -25,27 +27,52 @@ from typer import _click as click
 
 from controlplane.cli.common import CatalogOpt, EtcdOpt, KafkaOpt
 
-# Command paths (below the root) that never connect.
-OFFLINE = ("delta", "stack", "demo", "policy validate", "policy schema")
+CATALOG, ETCD, KAFKA = "--catalog", "--etcd", "--kafka"
+# Command paths (below the root), or the groups they are in, and the flags they read.
+READS: dict[str, tuple[str, ...]] = {
+    "delta": (),
+    "stack": (),
+    "demo": (),
+    "chaos": (),
+    "policy validate": (),
+    "policy schema": (),
+    "object put": (),
+    "object get": (),
+    "object rm": (),
+    "object ls": (CATALOG,),  # which regions hold each version
+    "policy plan": (CATALOG,),
+    "db": (CATALOG,),
+    "audit": (CATALOG, ETCD),  # ETCD: how far behind each region's records are
+    "replicator run": (CATALOG, ETCD, KAFKA),  # the one with Kafka (and `agent serve`'s own)
+}
+
+
+def reads(path: str) -> tuple[str, ...]:
+    """The connection flags the command at `path` reads."""
+    words = path.split()
+    for n in range(len(words), 0, -1):
+        found = READS.get(" ".join(words[:n]))
+        if found is not None:
+            return found
+    return (CATALOG, ETCD)
 
 
 def add_connection_flags(name: str, command: click.Command) -> None:
     """Give every command under `name` (mounted on the root) the connection flags it
-    lacks, unless it is OFFLINE."""
+    reads and does not declare itself."""
+    options = _options()
     for path, leaf in _leaves(name, command):
-        if any(path == off or path.startswith(off + " ") for off in OFFLINE):
-            continue
         declared = {opt for param in leaf.params for opt in getattr(param, "opts", ())}
-        for flag, option in _options().items():
+        for flag in reads(path):
             if flag not in declared:
-                leaf.params.append(option)
+                leaf.params.append(options[flag])
 
 
 @functools.cache
 def _options() -> dict[str, click.Parameter]:
     """The three flags as typer builds them (the same help as the commands' own), each
     putting its value beside the root's instead of passing it to the command."""
-    holder = typer.Typer()
+    holder = typer.Typer(add_completion=False)
 
     @holder.command()
     def flags(catalog: CatalogOpt = None, etcd: EtcdOpt = None, kafka: KafkaOpt = None) -> None:

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from controlplane.cli.connection_flags import OFFLINE, _leaves
+from controlplane.cli.connection_flags import _leaves, reads
 from controlplane.cli.main import Commands, app, run
+
+FLAGS = {"--catalog", "--etcd", "--kafka"}
 
 
 def leaves() -> list[tuple[str, set[str]]]:
@@ -24,17 +26,18 @@ def leaves() -> list[tuple[str, set[str]]]:
     return out
 
 
-def test_every_command_that_connects_takes_the_three_flags() -> None:
-    found = leaves()
-    offline = [p for p, _ in found if any(p == o or p.startswith(o + " ") for o in OFFLINE)]
-    assert "delta diff" in offline and "policy validate" in offline and "demo" in offline
-    for path, opts in found:
-        flags = {"--catalog", "--etcd", "--kafka"} & opts
-        if path in offline:
-            assert not flags, path
-        else:
-            assert flags == {"--catalog", "--etcd", "--kafka"}, path
-    assert {"region list", "failover", "audit residency", "replicator run"} <= {p for p, _ in found}
+def test_every_command_takes_the_flags_it_reads_and_no_other_option() -> None:
+    found = dict(leaves())
+    assert {"region list", "failover", "audit residency", "replicator run"} <= set(found)
+    assert reads("delta diff") == reads("policy validate") == reads("demo") == ()
+    assert reads("region list") == ("--catalog", "--etcd")
+    assert reads("replicator run") == ("--catalog", "--etcd", "--kafka")
+    for path, opts in found.items():
+        assert set(reads(path)) <= opts, path
+        if path not in ("agent serve", "policy apply"):  # they declare their own
+            assert opts & FLAGS == set(reads(path)), path
+    # Nothing else came with them (typer's template adds completion flags by default).
+    assert found["region list"] == {"--output", "-o", *reads("region list")}
 
 
 def test_a_command_s_flag_is_used_and_wins_over_the_root_s(
@@ -54,3 +57,5 @@ def test_a_command_s_flag_is_used_and_wins_over_the_root_s(
 def test_a_command_that_never_connects_refuses_them(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["policy", "schema", "--etcd", "127.0.0.1:2379"]) == 1
     assert "No such option: --etcd" in capsys.readouterr().err
+    assert run(["region", "list", "--kafka", "127.0.0.1:9092"]) == 1  # read by no region command
+    assert "No such option: --kafka" in capsys.readouterr().err
