@@ -53,7 +53,8 @@ class AgentFollower(Lifecycle):
         registered = [
             self._route(self._region, endpoint)
             for endpoint in (registered_endpoint(kv.value) for kv in kvs)
-            if endpoint is not None
+            # One that is not host:port is skipped: no client could dial it.
+            if endpoint is not None and ":" in endpoint
         ]
         if not registered or self._agent.address in registered:
             return None  # none registered (one may come back): nothing better to dial

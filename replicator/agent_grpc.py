@@ -93,14 +93,15 @@ class GrpcAgent(Lifecycle):
         are retried, on the old one; its channel is closed at stop."""
         if address == self.address:
             return
+        client = AgentClient(address, timeout_s=self._timeout_s)  # a bad address raises here
         self._retired.append(self._client)
-        self._client = AgentClient(address, timeout_s=self._timeout_s)
+        self._client = client
         self.address = address
         self._batches = True  # the new agent is asked again
 
-    async def region(self) -> str:
+    async def region(self, *, timeout_s: float | None = None) -> str:
         """The region the agent serves (its Health answer)."""
-        return (await self._client.health()).region
+        return (await self._client.health(timeout_s=timeout_s)).region
 
     async def _do_start(self) -> None:
         return None
@@ -142,8 +143,9 @@ class GrpcAgent(Lifecycle):
     async def apply_many(self, events: Sequence[ChangeEvent]) -> list[ApplyResult | Exception]:
         if not self._batches:
             raise BatchUnsupportedError(f"the agent at {self.address} has no ReplicateMany")
+        client = self._client
         try:
-            answers = await self._client.replicate_many(
+            answers = await client.replicate_many(
                 [
                     ReplicateItem(
                         e.dataset,
@@ -159,8 +161,10 @@ class GrpcAgent(Lifecycle):
         except UnavailableError as exc:
             if "(UNIMPLEMENTED)" not in str(exc):
                 raise
-            # An agent older than the call: one by one from now on (Replicate).
-            self._batches = False
+            # An agent older than the call: one by one from now on (Replicate), unless
+            # the answer came from an agent since replaced (`retarget`).
+            if client is self._client:
+                self._batches = False
             raise BatchUnsupportedError(str(exc)) from exc
         out: list[ApplyResult | Exception] = []
         for e, answer in zip(events, answers, strict=True):

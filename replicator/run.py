@@ -58,16 +58,28 @@ class _Relay:
             await self.target.on_assigned(partitions)
 
 
+REGION_CHECK_S = 10.0  # how long start waits for the agent to say its region
+
+
 async def _check_region(agent: GrpcAgent, region: str) -> None:
     """An agent of another region would store the copies there, and the records would
-    say `region` holds them: refused at start. An agent that does not answer yet is
-    applied through anyway (its copies fail and are retried, as in any outage)."""
-    try:
-        serves = await agent.region()
-    except MeridianError as exc:
-        log.warning(
-            "replicator_agent_unchecked", region=region, agent=agent.address, error=str(exc)
-        )
+    say `region` holds them: refused at start. One that does not answer within
+    REGION_CHECK_S is applied through anyway, unchecked (said in the log): its copies
+    fail and are retried, as in any outage of the region's agent."""
+    deadline = asyncio.get_running_loop().time() + REGION_CHECK_S
+    for _attempt in range(int(REGION_CHECK_S) + 1):  # about one a second, bounded
+        try:
+            serves = await agent.region(timeout_s=2.0)
+            break
+        except MeridianError as exc:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning(
+                    "replicator_agent_unchecked", region=region, agent=agent.address, error=str(exc)
+                )
+                return
+            await asyncio.sleep(min(1.0, left))
+    else:
         return
     if serves != region:
         raise ConfigError(

@@ -34,6 +34,11 @@ async def test_the_agent_in_use_is_replaced_once_its_registration_is_gone() -> N
         await coord.delete(keys.agent("eu-central", "c1"))
         assert await follower.check() is None  # none registered: nothing better to dial
         assert agent.address == "10.0.0.1:7400"
+        # One that names no host:port is skipped (no client could dial it), not retried.
+        await register(coord, "c0", "not-an-address")
+        await register(coord, "c4", "10.0.0.4:7400")
+        assert await follower.check() == "10.0.0.4:7400"
+        assert len(agent._retired) == 2
 
 
 async def test_the_follower_runs_by_itself_and_routes_the_new_agent() -> None:
