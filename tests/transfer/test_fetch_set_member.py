@@ -11,6 +11,7 @@ import pytest
 from agents_inproc import AgentFactory
 from xfer_helpers import fetch
 
+from agents.daemon.agent import _adopter
 from controlplane.errors import NotFoundError
 from meridian.v1 import agent_pb2
 
@@ -47,3 +48,21 @@ async def test_an_older_member_is_fetched_for_its_recorded_set_only(
     assert central.store.read_bytes(DS, "shard-0", member.hlc) == b"step 1, shard 0"
     shown = central.store.get_set(DS, "latest")
     assert (shown.set_id, shown.members) == ("step-1", {"shard-0": member.hlc})
+
+
+async def test_the_takeover_s_adopt_port_stores_an_older_member_for_its_set(
+    agents: AgentFactory,
+) -> None:
+    """The daemon's adopt port (agents/daemon/agent.py, `_adopter`), as a takeover pass
+    calls it once the set is recorded: a Fetch naming the set, answered as taken."""
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    member = west.store.put(DS, "shard-1", [b"step 1, shard 1"], set_id="step-1")
+    record = west.store.commit_set(DS, "step-1", {"shard-1": member.hlc})
+    central.store.clock.observe(record.hlc)
+    newer = central.store.put(DS, "shard-1", [b"step 2, shard 1"], set_id="step-2")
+    central.store.apply_set(DS, "step-1", record.hlc, record.members)
+    adopt = _adopter(central.service)
+    assert await adopt(DS, "shard-1", member, "eu-west", west.address, "step-1")
+    assert central.store.head(DS, "shard-1") == newer
+    assert central.store.get_set(DS, "latest").set_id == "step-1"
