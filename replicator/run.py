@@ -58,35 +58,30 @@ class _Relay:
             await self.target.on_assigned(partitions)
 
 
-REGION_CHECK_S = 10.0  # how long start waits for the agent to say its region
-
-
-async def _check_region(agent: GrpcAgent, region: str) -> None:
+async def _check_region(
+    agent: GrpcAgent, region: str, *, attempts: int = 5, pause_s: float = 1.0
+) -> None:
     """An agent of another region would store the copies there, and the records would
-    say `region` holds them: refused at start. One that does not answer within
-    REGION_CHECK_S is applied through anyway, unchecked (said in the log): its copies
-    fail and are retried, as in any outage of the region's agent."""
-    deadline = asyncio.get_running_loop().time() + REGION_CHECK_S
-    for _attempt in range(int(REGION_CHECK_S) + 1):  # about one a second, bounded
+    say `region` holds them: refused at start. One that does not answer in `attempts`
+    tries (2 s each, `pause_s` apart: about 10-15 s) is applied through anyway,
+    unchecked (said in the log): its copies fail and are retried, as in any outage of
+    the region's agent."""
+    last: MeridianError | None = None
+    for _attempt in range(attempts):
         try:
             serves = await agent.region(timeout_s=2.0)
-            break
         except MeridianError as exc:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                log.warning(
-                    "replicator_agent_unchecked", region=region, agent=agent.address, error=str(exc)
-                )
-                return
-            await asyncio.sleep(min(1.0, left))
-    else:
+            last = exc
+            await asyncio.sleep(pause_s)
+            continue
+        if serves != region:
+            raise ConfigError(
+                f"the agent at {agent.address} serves region {serves}, not {region}: name one "
+                f"of {region}'s agents with --agent (or leave --agent and MERIDIAN_AGENT unset "
+                "to use one the region registered in etcd)"
+            )
         return
-    if serves != region:
-        raise ConfigError(
-            f"the agent at {agent.address} serves region {serves}, not {region}: name one of "
-            f"{region}'s agents with --agent (or leave --agent and MERIDIAN_AGENT unset to "
-            "use one the region registered in etcd)"
-        )
+    log.warning("replicator_agent_unchecked", region=region, agent=agent.address, error=str(last))
 
 
 def default_journal(settings: Settings, region: str, replicator_id: str) -> Path:
