@@ -83,3 +83,5 @@ class AgentFollower(Lifecycle):
                 await self.check()
             except MeridianError as exc:
                 log.info("replicator_agent_unchecked", region=self._region, error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - the follower outlives a bad read
+                log.error("replicator_agent_follow_failed", region=self._region, error=repr(exc))

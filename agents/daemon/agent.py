@@ -539,7 +539,9 @@ class NodeAgent(Lifecycle):
 
 def _adopter(transfers: TransferService) -> Adopt:
     """The takeover pass's pull of a version another copy region holds and this owner
-    lacks (agents/replication/sync.py): a Fetch from that region's agent, by LWW."""
+    lacks (agents/replication/sync.py): a Fetch from that region's agent, by LWW, or,
+    named a set recorded here that needs it, as that set's member even under a newer
+    put of its key (ObjectStore.wanted)."""
 
     async def adopt(
         dataset: str, key: str, version: Version, region: str, address: str, set_id: str | None

@@ -73,8 +73,9 @@ is never missed, agents/admission.py): a region, or an agent of one, that does n
 answer decides nothing, and the version is left as it is until the pass, retried,
 proves it either way. Either way the copies converge. The set a region
 shows (its newest complete one), when newer than the one this owner shows, is
-adopted as well: its members at the set's versions, then the record (without it,
-this owner would show the set before it and spread that). A set newer than the
+adopted as well: the record, then its members at the set's versions, each stored
+for it even under a newer put of its key (without it, this owner would show the set
+before it and spread that). A set newer than the
 epoch's start that no other region shows was never acked and is not adopted. A set
 stays on the agent that took it, and the agent asked answers `GetSet` from every agent
 of its region (agents/routing/service.py), so a set held on another agent of a region
@@ -172,8 +173,9 @@ _T = TypeVar("_T")
 
 Held = tuple[str, Version, str | None]  # key, version, the set it was written in
 Local = tuple[list[Held], list[SetRecord], list[Held]]  # newest, latest set, its members
-# (dataset, key, version, source region, source address, the set it was written in)
-# -> whether it is held here now.
+# (dataset, key, version, source region, source address, the set to store it as a
+# member of: the one it was written in, or the set a takeover adopts) -> whether it is
+# held here now.
 Adopt = Callable[[str, str, Version, str, str, str | None], Awaitable[bool]]
 # dataset -> its owner record read from etcd now (`Admission.owner_now`).
 OwnerNow = Callable[[str], Awaitable[OwnerRecord | None]]
@@ -332,10 +334,11 @@ class SyncReplication:
         # it cannot say): a catch-up of a region the policy moved away ends on it,
         # though no write comes to say so (`_placed_away`).
         self.placement_now = placement_now
-        # (dataset, region) whose catch-up ended that way while the newest write's
-        # placement still named the region: not counted toward acks (a write admitted
-        # before the change may still push there) until a catch-up, begun by a write
-        # naming it again (`_catch_up_returned`), brings it level.
+        # (dataset, region) whose catch-up ended as the policy moved the copy away (by
+        # the newest write's placement or by this view): not counted toward acks (a
+        # write admitted before the change may still push there) until a catch-up,
+        # begun by a write naming it again (`_catch_up_added`, `_catch_up_returned`),
+        # brings it level.
         self._moved_away: set[tuple[str, str]] = set()
         # region -> its push lane (push_lanes.py): small pushes queued behind the ones
         # running to that region go together in one ReplicatePushes; 1: never batched.
@@ -695,9 +698,20 @@ class SyncReplication:
         counts (it counts again once that catch-up ends caught up)."""
         for region in push_targets(write.admitted.placement, self.region):
             pair = (write.dataset, region)
-            if pair in self._moved_away and pair not in self._behind:
+            if pair in self._moved_away and pair not in self._behind and self._named_now(pair):
                 log.info("replica_returned", dataset=write.dataset, region=region)
                 self._mark_behind(write, region)
+
+    def _named_now(self, pair: tuple[str, str]) -> bool:
+        """Whether the policy this agent applies now names the region as a copy of the
+        dataset (True when it cannot say): a write admitted before it moved the copy
+        away starts no catch-up that would end at once."""
+        if self.placement_now is None:
+            return True
+        try:
+            return pair[1] in copy_regions(self.placement_now(pair[0]))
+        except MeridianError:
+            return True
 
     def _placed_away(self, current: CommittedWrite, region: str) -> bool:
         """Whether the policy moved `region`'s copy of the dataset away: the newest
@@ -706,6 +720,8 @@ class SyncReplication:
         never clear, such as a narrowed residency, is not retried for ever). A policy
         it cannot read now decides nothing."""
         if region not in push_targets(current.admitted.placement, self.region):
+            # Not counted either: a write admitted before the change may still push there.
+            self._moved_away.add((current.dataset, region))
             return True
         if self.placement_now is None:
             return False

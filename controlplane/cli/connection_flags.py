@@ -43,6 +43,10 @@ READS: dict[str, tuple[str, ...]] = {
     "policy plan": (CATALOG,),
     "db": (CATALOG,),
     "audit": (CATALOG, ETCD),  # ETCD: how far behind each region's records are
+    "audit failovers": (CATALOG,),
+    "history": (CATALOG,),
+    "region show": (ETCD,),
+    "dataset evict": (ETCD,),
     "replicator run": (CATALOG, ETCD, KAFKA),  # the one with Kafka (and `agent serve`'s own)
 }
 

@@ -262,9 +262,10 @@ async def test_a_pass_waits_for_copies_this_agent_is_still_receiving(tmp_path: P
 
 async def test_a_catch_up_ends_once_the_policy_moves_the_copy_away(tmp_path: Path) -> None:
     """A catch-up refused for good (the region's residency narrowed) is not retried for
-    ever: once the newest write's placement no longer names the region, it ends."""
+    ever: once the newest write's placement no longer names the region, it ends. A
+    write admitted before the change, which still pushes there, does not count it."""
     store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
-    sync = SyncReplication(store, "eu-west", NoPeers())
+    sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
     sync.retry_initial_s = sync.retry_max_s = 0.01
     ds = "tri/moved-away"
     tries: list[str] = []
@@ -286,6 +287,16 @@ async def test_a_catch_up_ends_once_the_policy_moves_the_copy_away(tmp_path: Pat
         settled = len(tries)
         await asyncio.sleep(0.05)  # the window: no more tries after it ended
         assert len(tries) == settled
+
+        async def push(region: str, write: CommittedWrite, version: Version, _: float) -> str:
+            return "stored"
+
+        sync._push = push  # type: ignore[method-assign,assignment]
+        before = critical(ds, replicas=REPLICAS, ack="all")  # the older revision's
+        version = store.put(ds, "late", [b"admitted before the change"])
+        late = CommittedWrite(Admitted(before, 5, 1), ds, key="late", version=version)
+        with pytest.raises(UnavailableError, match="eu-central"):
+            await sync.replicate(late)  # stored there, not counted: it lacks versions
     finally:
         await sync.close()
         store.close()
@@ -302,6 +313,7 @@ async def test_on_a_quiet_dataset_the_policy_view_ends_a_catch_up_not_a_pass(
     still pushes there), nor once it is named again."""
     store = ObjectStore(tmp_path / "store", clock=HybridClock("eu-west"))
     ds = "tri/quiet"
+    placed = critical(ds, replicas=REPLICAS, ack="all")  # every region counts, or none acks
     applied: list[Placement | None] = [None]  # None: the policy cannot be read now
 
     def placement_now(dataset: str) -> Placement:
@@ -330,11 +342,11 @@ async def test_on_a_quiet_dataset_the_policy_view_ends_a_catch_up_not_a_pass(
     sync._listing = refused  # type: ignore[method-assign]
     sync._takeover_once = unreachable  # type: ignore[method-assign]
     sync._push = push  # type: ignore[method-assign,assignment]
-    write = CommittedWrite(Admitted(placement(ds), 5, 1), ds)
+    write = CommittedWrite(Admitted(placed, 5, 1), ds)
 
     def written(revision: int, key: str) -> CommittedWrite:
         version = store.put(ds, key, [key.encode()])
-        return CommittedWrite(Admitted(placement(ds), 5, revision), ds, key=key, version=version)
+        return CommittedWrite(Admitted(placed, 5, revision), ds, key=key, version=version)
 
     try:
         sync.took_over(write.admitted, ds, store.clock.now())  # passes to both regions
@@ -342,7 +354,7 @@ async def test_on_a_quiet_dataset_the_policy_view_ends_a_catch_up_not_a_pass(
         await until(lambda: tries.count("eu-central") >= 3, 5, "both retry")
         await until(lambda: tries.count("eu-central.invalid:1") >= 3, 5, "the catch-up retries")
         assert sync.behind(ds) == ["eu-central"] and len(sync._passes) == 2
-        applied[0] = placement(ds)  # readable, still naming it: goes on
+        applied[0] = placed  # readable, still naming it: goes on
         count = len(tries)
         await until(lambda: len(tries) >= count + 4, 5, "still retried")
         applied[0] = critical(ds, replicas=("eu-north",))  # the policy moved it away
@@ -352,7 +364,8 @@ async def test_on_a_quiet_dataset_the_policy_view_ends_a_catch_up_not_a_pass(
         assert len(sync._passes) == 2
 
         # A write admitted before the change still pushes there: stored, not counted.
-        assert "eu-central" not in await sync.replicate(written(1, "straggler"))
+        with pytest.raises(UnavailableError, match="eu-central"):
+            await sync.replicate(written(1, "straggler"))
         # Named again: caught up (its listing held back here), then counted.
         listed = asyncio.Event()
         release = asyncio.Event()
@@ -363,13 +376,14 @@ async def test_on_a_quiet_dataset_the_policy_view_ends_a_catch_up_not_a_pass(
             return {}
 
         sync._listing = held_back  # type: ignore[method-assign]
-        applied[0] = placement(ds)
-        assert "eu-central" not in await sync.replicate(written(3, "back"))
+        applied[0] = placed
+        with pytest.raises(UnavailableError, match="eu-central"):
+            await sync.replicate(written(3, "back"))
         await asyncio.wait_for(listed.wait(), 5)
         assert sync.behind(ds) == ["eu-central"]
         release.set()
         await until(lambda: sync.behind(ds) == [], 5, "eu-central caught up")
-        assert "eu-central" in await sync.replicate(written(3, "counted"))
+        assert await sync.replicate(written(3, "counted")) == ("eu-west", "eu-central", "eu-north")
     finally:
         await sync.close()
         store.close()

@@ -31,9 +31,11 @@ async def test_an_older_member_is_fetched_for_its_recorded_set_only(
     newer = central.store.put(DS, "shard-0", [b"step 2, shard 0"], set_id="step-2")
     assert newer.hlc > member.hlc
 
-    # No set names it here: refused by LWW, nothing stored.
+    # No set names it here, or one not recorded here: refused by LWW, nothing stored.
     refused = await fetch(central.address, DS, "shard-0", member, source)
     assert refused.outcome == agent_pb2.APPLY_OUTCOME_OLDER
+    unknown = await fetch(central.address, DS, "shard-0", member, source, set_id="step-1")
+    assert unknown.outcome == agent_pb2.APPLY_OUTCOME_OLDER
     with pytest.raises(NotFoundError):
         central.store.stat(DS, "shard-0", member.hlc)
 

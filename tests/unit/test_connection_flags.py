@@ -32,6 +32,8 @@ def test_every_command_takes_the_flags_it_reads_and_no_other_option() -> None:
     assert reads("delta diff") == reads("policy validate") == reads("demo") == ()
     assert reads("region list") == ("--catalog", "--etcd")
     assert reads("replicator run") == ("--catalog", "--etcd", "--kafka")
+    assert reads("region show") == ("--etcd",) and reads("history") == ("--catalog",)
+    assert reads("audit failovers") == ("--catalog",) and reads("audit dataset")[1] == "--etcd"
     for path, opts in found.items():
         assert set(reads(path)) <= opts, path
         if path not in ("agent serve", "policy apply"):  # they declare their own
