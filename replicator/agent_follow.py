@@ -13,7 +13,6 @@ never replaced. etcd out of reach changes nothing: the agent in use stays.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from agents.replication.peers import registered_endpoint
 from controlplane.coordination.protocols import keys
@@ -26,10 +25,6 @@ from replicator.agent_grpc import GrpcAgent
 log = get_logger("meridian.replicator")
 
 
-def _direct(_region: str, address: str) -> str:
-    return address
-
-
 class AgentFollower(Lifecycle):
     def __init__(
         self,
@@ -37,13 +32,11 @@ class AgentFollower(Lifecycle):
         coord: Coordination,
         region: str,
         *,
-        route: Callable[[str, str], str] = _direct,
         interval_s: float = 2.0,
     ) -> None:
         self._agent = agent
         self._coord = coord
         self._region = region
-        self._route = route
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
 
@@ -51,7 +44,7 @@ class AgentFollower(Lifecycle):
         """Read the registrations once; the new address when the agent was replaced."""
         kvs, _ = await self._coord.get_prefix(keys.agents_of(self._region))
         registered = [
-            self._route(self._region, endpoint)
+            self._agent.routed(self._region, endpoint)  # as it dials every agent
             for endpoint in (registered_endpoint(kv.value) for kv in kvs)
             # One that is not host:port is skipped: no client could dial it.
             if endpoint is not None and ":" in endpoint

@@ -87,6 +87,10 @@ class GrpcAgent(Lifecycle):
         # Clients of earlier agents (`retarget`): calls still on them end by themselves.
         self._retired: list[AgentClient] = []
 
+    def routed(self, region: str, endpoint: str) -> str:
+        """Where `region`'s agent at `endpoint` is dialled (MERIDIAN_AGENT_ROUTES)."""
+        return self._route(region, endpoint)
+
     def retarget(self, address: str) -> None:
         """Apply through the agent at `address` from the next call on (its region's
         agent moved: replicator/agent_follow.py). Calls in flight finish, or fail and

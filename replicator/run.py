@@ -133,9 +133,7 @@ async def run_replicator(
             )
             await _check_region(agent, region)
             if follow_agents:
-                await stack.enter_async_context(
-                    AgentFollower(agent, coord, region, route=settings.agent_address)
-                )
+                await stack.enter_async_context(AgentFollower(agent, coord, region))
             producer = await stack.enter_async_context(
                 KafkaProducer(settings.kafka, client_id=f"replicator-{region}-{replicator_id}")
             )

@@ -49,8 +49,8 @@ async def test_the_follower_runs_by_itself_and_routes_the_new_agent() -> None:
         return "127.0.0.1:9400" if address == "10.0.0.3:7400" else address
 
     async with (
-        GrpcAgent("10.0.0.1:7400") as agent,
-        AgentFollower(agent, coord, "eu-central", route=route, interval_s=0.01),
+        GrpcAgent("10.0.0.1:7400", route=route) as agent,
+        AgentFollower(agent, coord, "eu-central", interval_s=0.01),
     ):
         await coord.delete(keys.agent("eu-central", "c1"))
         await register(coord, "c3", "10.0.0.3:7400")
