@@ -12,14 +12,15 @@ import pytest
 
 from controlplane.cli import main
 from controlplane.errors import StackError
+from controlplane.loopback import free_block, free_port
 from controlplane.settings import Settings, load_settings
 from controlplane.stack.etcd import put_and_get
 from controlplane.stack.manager import Stack
 
 pytestmark = pytest.mark.integration
 
-# Below the kernel's ephemeral range (32768+), so no outgoing connection holds them.
-ETCD_PORT, TOXIPROXY_PORT = 23479, 23474
+# The etcd members' client and peer ports, from the stack's base port.
+ETCD_OFFSETS = (0, 1, 10, 11, 20, 21)
 
 
 @pytest.fixture
@@ -27,8 +28,10 @@ def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Se
     # The shared engine cache keeps this fast; the run folder is private to the test.
     shared = load_settings()
     monkeypatch.setenv("MERIDIAN_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("MERIDIAN_STACK_ETCD_PORT", str(ETCD_PORT))
-    monkeypatch.setenv("MERIDIAN_STACK_TOXIPROXY_PORT", str(TOXIPROXY_PORT))
+    # Handed out as every test's daemons' are (below the ephemeral range, not given
+    # twice): fixed ports here once met an earlier test's listener on the same number.
+    monkeypatch.setenv("MERIDIAN_STACK_ETCD_PORT", str(free_block(ETCD_OFFSETS)))
+    monkeypatch.setenv("MERIDIAN_STACK_TOXIPROXY_PORT", str(free_port()))
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "cache").symlink_to(shared.cache_dir.resolve())
     settings = load_settings()
@@ -47,14 +50,14 @@ def test_up_status_down_cycle(private_home: Settings, capsys: pytest.CaptureFixt
     stack = Stack(private_home)
     report = stack.up(only=("etcd", "toxiproxy"))
     assert report.started == ["etcd", "toxiproxy"]
-    put_and_get(f"http://127.0.0.1:{ETCD_PORT}")
+    put_and_get(f"http://127.0.0.1:{private_home.stack_etcd_port}")
 
     again = stack.up(only=("etcd", "toxiproxy"))
     assert again.started == [] and again.already_up == ["etcd", "toxiproxy"]
 
     rows = _status(capsys)
     assert rows["etcd"]["state"] == "up" and rows["toxiproxy"]["state"] == "up"
-    assert rows["etcd"]["endpoint"] == f"127.0.0.1:{ETCD_PORT}"
+    assert rows["etcd"]["endpoint"] == f"127.0.0.1:{private_home.stack_etcd_port}"
     pids = [int(str(rows[name]["pid"])) for name in ("etcd", "toxiproxy")]
     assert Path(str(rows["etcd"]["log"])).exists()
 
@@ -69,12 +72,11 @@ def test_up_status_down_cycle(private_home: Settings, capsys: pytest.CaptureFixt
 def test_taken_port_is_one_sentence_and_leaves_nothing_running(
     private_home: Settings,
 ) -> None:
+    taken = private_home.stack_toxiproxy_port
     with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", TOXIPROXY_PORT))
+        squatter.bind(("127.0.0.1", taken))
         squatter.listen()
-        with pytest.raises(
-            StackError, match=f"port {TOXIPROXY_PORT} on 127.0.0.1 is already taken"
-        ):
+        with pytest.raises(StackError, match=f"port {taken} on 127.0.0.1 is already taken"):
             Stack(private_home).up(only=("etcd", "toxiproxy"))
     # etcd was started by this call before toxiproxy failed: it must have been stopped again.
     assert all(row.state == "down" for row in Stack(private_home).status())
@@ -85,7 +87,8 @@ def test_three_member_etcd(private_home: Settings) -> None:
     stack.up(etcd_members=3, only=("etcd",))
     rows = [r for r in stack.status() if r.service.startswith("etcd")]
     assert [r.state for r in rows] == ["up", "up", "up"]
-    for port in (ETCD_PORT, ETCD_PORT + 10, ETCD_PORT + 20):
+    base = private_home.stack_etcd_port
+    for port in (base, base + 10, base + 20):
         put_and_get(f"http://127.0.0.1:{port}")
     with pytest.raises(StackError, match="already running with 3 member"):
         stack.up(etcd_members=1, only=("etcd",))
