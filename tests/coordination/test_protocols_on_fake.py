@@ -148,6 +148,70 @@ async def test_a_broken_watch_on_a_held_lock_is_not_a_lost_lock() -> None:
     await coord.close()
 
 
+class WedgedWatches(MemoryCoordination):
+    """Watches of one key prefix that never say anything and never fail (a stream
+    wedged without an error), counted; every other watch as the fake's."""
+
+    def __init__(self, key_prefix: str) -> None:
+        super().__init__()
+        self.key_prefix, self.watched = key_prefix, 0
+
+    async def watch(  # type: ignore[override]
+        self, key: str, *, prefix: bool = False, start_revision: int = 0
+    ) -> AsyncIterator[WatchEvent]:
+        if key.startswith(self.key_prefix):
+            self.watched += 1
+            await asyncio.Event().wait()
+        async for ev in super().watch(key, prefix=prefix, start_revision=start_revision):
+            yield ev
+
+
+async def test_a_waiter_behind_a_wedged_watch_is_granted_once_the_key_ahead_goes() -> None:
+    """A waiter watches the key ahead of it; a watch that goes silent without an error
+    would keep it waiting for ever after that key is gone (no standby takes over).
+    It reads the keys again every `recheck_s`, so it is granted within that."""
+    coord = WedgedWatches(keys.lock("t"))
+    first = GlobalLock(coord, "t", ttl_s=5)
+    second = GlobalLock(coord, "t", ttl_s=5, recheck_s=0.05)
+    async with first.hold() as held:
+        waiting = asyncio.create_task(_hold_briefly(second))
+        assert await wait_until(lambda: _true(coord.watched >= 3), 5)  # silent, re-read
+        assert not waiting.done()  # still behind a key that is there
+    token = await asyncio.wait_for(waiting, 5)  # released: seen by a re-read
+    assert token > held.token
+    await coord.close()
+
+
+async def test_a_held_lock_behind_a_wedged_watch_is_lost_when_its_key_is_deleted() -> None:
+    """The holder watches its own key for an operator's delete; a silent watch is
+    looked behind every `recheck_s`, so the delete still ends the hold."""
+    coord = WedgedWatches(keys.lock("t"))
+    lost = asyncio.Event()
+
+    async def hold() -> None:
+        with contextlib.suppress(LockLostError):
+            async with GlobalLock(coord, "t", ttl_s=5, recheck_s=0.05).hold() as held:
+                holding.set_result(held)
+                await asyncio.Event().wait()
+        lost.set()
+
+    holding: asyncio.Future[HeldLock] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(hold())
+    held = await asyncio.wait_for(holding, 5)
+    assert await wait_until(lambda: _true(coord.watched >= 2), 5)
+    assert not held.lost.is_set()  # its key is there: silence is not a loss
+    await coord.delete(held.key)
+    await asyncio.wait_for(lost.wait(), 5)
+    assert held.lost.is_set()
+    await task
+    await coord.close()
+
+
+async def _hold_briefly(lock: GlobalLock) -> int:
+    async with lock.hold(timeout_s=10) as held:
+        return held.token
+
+
 async def _true(value: bool) -> bool:
     return value
 

@@ -16,7 +16,9 @@ unlikely; a fenced lock makes a stale write impossible.
 Protocol (etcd's linearizable mutex): grant a lease, create
 `/meridian/locks/<name>/<lease-hex>` under it, and wait until that key has the
 lowest `create_revision` under the prefix (watching only its predecessor, so a
-release wakes one waiter). After acquiring, the lease is **re-checked** with a
+release wakes one waiter, and reading the keys again when that watch has been silent
+for `recheck_s`, a TTL by default: a stream wedged without an error must not keep a
+standby waiting for ever). After acquiring, the lease is **re-checked** with a
 `TimeToLive` call and the key re-read: etcd issue 11456 showed a lock granted on a
 lease that had already expired while the waiter was blocked.
 
@@ -55,6 +57,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from controlplane.coordination.protocols import keys
 from controlplane.errors import (
@@ -100,11 +103,20 @@ class GlobalLock:
     """A named mutex over the coordination port (see the module docstring)."""
 
     def __init__(
-        self, coord: Coordination, name: str, *, ttl_s: int = 5, prefix: str | None = None
+        self,
+        coord: Coordination,
+        name: str,
+        *,
+        ttl_s: int = 5,
+        prefix: str | None = None,
+        recheck_s: float | None = None,
     ) -> None:
         self.coord = coord
         self.name = name
         self.ttl_s = ttl_s
+        # How long a waiter trusts a silent watch of the key ahead before it reads the
+        # keys again (`_watched`): one read a TTL, the delay a failover allows.
+        self.recheck_s = float(ttl_s) if recheck_s is None else recheck_s
         self.prefix = prefix if prefix is not None else keys.lock(name)
         # The lease of a hold that ended with its keepalive lost or an etcd call failed
         # (etcd may still have it: the next hold renews it), else None.
@@ -163,7 +175,12 @@ class GlobalLock:
         return True
 
     async def _wait_first(self, my_key: str) -> int:
-        """Block until `my_key` is the oldest under the prefix; returns its create revision."""
+        """Block until `my_key` is the oldest under the prefix; returns its create revision.
+
+        An etcd call that fails ends the wait (UnavailableError): `hold` keeps the
+        lease, so the next hold renews it and finds its key still in line, where a wait
+        through the outage would leave the lease unrenewed once the keepalive gave up."""
+        delay = WATCH_RETRY_FIRST_S
         while True:
             kvs, rev = await self.coord.get_prefix(self.prefix)
             kvs.sort(key=lambda kv: kv.create_revision)
@@ -175,9 +192,27 @@ class GlobalLock:
             if mine == 0:
                 return kvs[0].create_revision
             pred = kvs[mine - 1].key
-            async for ev in self.coord.watch(pred, start_revision=rev + 1):
-                if ev.type is EventType.DELETE:
-                    break
+            if await self._watched(pred, rev + 1) == "ended":
+                # Closed before its time, without an error: no hot loop of reads.
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, WATCH_RETRY_MAX_S)
+            else:
+                delay = WATCH_RETRY_FIRST_S
+
+    async def _watched(self, key: str, start: int) -> Literal["deleted", "silent", "ended"]:
+        """What a watch of `key` from `start` saw: its deletion; nothing for `recheck_s`;
+        or its own end first (a stream closed without an error). A watch that says
+        nothing for that long (a stream wedged without an error, which no keepalive of
+        the lease notices) is given up, and the caller reads the keys again: a waiter
+        notices the key ahead gone within `recheck_s` of it, whatever its stream does."""
+        with contextlib.suppress(TimeoutError):
+            # The timeout cancels the watch inside its own step, so its stream is closed.
+            async with asyncio.timeout(self.recheck_s):
+                async for ev in self.coord.watch(key, start_revision=start):
+                    if ev.type is EventType.DELETE:
+                        return "deleted"
+                return "ended"
+        return "silent"
 
     @contextlib.asynccontextmanager
     async def hold(
@@ -257,17 +292,20 @@ class GlobalLock:
             # watch that breaks (compacted history, a non-transient gRPC error) says
             # nothing about the lock: look at the key, then watch again from there,
             # while the keepalive (watched beside this) decides about the lease.
+            # A watch silent for `recheck_s` is looked behind the same way (one read a
+            # TTL): an operator's delete is noticed even through a wedged stream.
             start, delay = held.token + 1, WATCH_RETRY_FIRST_S
             while True:
                 try:
-                    async for ev in self.coord.watch(held.key, start_revision=start):
-                        if ev.type is EventType.DELETE:
-                            return
-                        start = ev.revision + 1
+                    seen = await self._watched(held.key, start)
                 except MeridianError as exc:
                     log.warning("lock_watch_broken", lock=self.name, error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, WATCH_RETRY_MAX_S)
+                    seen = "ended"
+                if seen == "deleted":
+                    return
+                if seen == "ended":
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, WATCH_RETRY_MAX_S)
                 try:
                     kvs, revision = await self.coord.get_prefix(held.key)
                 except MeridianError as exc:
