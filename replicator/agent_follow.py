@@ -7,17 +7,17 @@ are read from etcd; when the agent in use is no longer among them, the first
 registered one (by id) takes its place (`GrpcAgent.retarget`). Events whose copy
 failed against the old agent meanwhile were retried by the applier, as for any
 outage of an agent. An agent named with `--agent` is an operator's choice and is
-never replaced. etcd out of reach changes nothing: the agent in use stays.
+never replaced. etcd out of reach changes nothing: the agent in use stays. A replaced
+agent's channel is closed `RETIRED_CLOSE_S` later (`GrpcAgent.close_retired`), once
+the calls still on it have ended.
 """
 
 from __future__ import annotations
 
-import asyncio
-
+from agents.periodic import Periodic
 from agents.replication.peers import registered_endpoint
 from controlplane.coordination.protocols import keys
 from controlplane.errors import MeridianError
-from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import Coordination
 from replicator.agent_grpc import GrpcAgent
@@ -25,7 +25,9 @@ from replicator.agent_grpc import GrpcAgent
 log = get_logger("meridian.replicator")
 
 
-class AgentFollower(Lifecycle):
+class AgentFollower(Periodic):
+    task_name = "replicator-agent-follow"
+
     def __init__(
         self,
         agent: GrpcAgent,
@@ -34,11 +36,10 @@ class AgentFollower(Lifecycle):
         *,
         interval_s: float = 2.0,
     ) -> None:
+        super().__init__(interval_s)
         self._agent = agent
         self._coord = coord
         self._region = region
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
 
     async def check(self) -> str | None:
         """Read the registrations once; the new address when the agent was replaced."""
@@ -62,19 +63,10 @@ class AgentFollower(Lifecycle):
         )
         return registered[0]
 
-    async def _do_start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="replicator-agent-follow")
-
-    async def _do_stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.check()
-            except MeridianError as exc:
-                log.info("replicator_agent_unchecked", region=self._region, error=str(exc))
-            except Exception as exc:  # noqa: BLE001 - the follower outlives a bad read
-                log.error("replicator_agent_follow_failed", region=self._region, error=repr(exc))
+    async def _pass(self) -> None:
+        # Anything else fails the pass, which Periodic logs; the next one tries again.
+        try:
+            await self.check()
+        except MeridianError as exc:
+            log.info("replicator_agent_unchecked", region=self._region, error=str(exc))
+        await self._agent.close_retired()

@@ -23,6 +23,7 @@ chaos suite route every link through a proxy of its own).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import grpc.aio
@@ -33,9 +34,12 @@ from controlplane.domain.events import ChangeEvent, SetEvent
 from controlplane.domain.version import Verdict, Version
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.lifecycle import Lifecycle
+from controlplane.logs import get_logger
 from meridian.convert import version_set_to_wire
 from meridian.v1 import agent_pb2
 from replicator.ports import ApplyOutcome, ApplyResult, SetApplyResult, Source
+
+log = get_logger("meridian.replicator")
 
 _OUTCOMES = {
     Verdict.APPLY: ApplyOutcome.APPLIED,
@@ -67,6 +71,12 @@ class BatchUnsupportedError(MeridianError):
     """The agent does not serve ReplicateMany (an agent older than the call)."""
 
 
+# How long a retired agent's channel stays open for the calls still on it: a few of
+# their deadlines (a large Fetch may outlast one), yet one idle channel per agent
+# replaced does not pile up for as long as the replicator runs.
+RETIRED_CLOSE_S = 300.0
+
+
 def _direct(_region: str, address: str) -> str:
     return address
 
@@ -84,8 +94,9 @@ class GrpcAgent(Lifecycle):
         self._client = AgentClient(address, timeout_s=timeout_s)
         self._route = route
         self._batches = True  # until the agent says it has no ReplicateMany
-        # Clients of earlier agents (`retarget`): calls still on them end by themselves.
-        self._retired: list[AgentClient] = []
+        # Clients of earlier agents (`retarget`), with when each was retired: calls still
+        # on them end by themselves, and `close_retired` closes them afterwards.
+        self._retired: list[tuple[float, AgentClient]] = []
 
     def routed(self, region: str, endpoint: str) -> str:
         """Where `region`'s agent at `endpoint` is dialled (MERIDIAN_AGENT_ROUTES)."""
@@ -94,14 +105,30 @@ class GrpcAgent(Lifecycle):
     def retarget(self, address: str) -> None:
         """Apply through the agent at `address` from the next call on (its region's
         agent moved: replicator/agent_follow.py). Calls in flight finish, or fail and
-        are retried, on the old one; its channel is closed at stop."""
+        are retried, on the old one; its channel is closed by `close_retired`, or at
+        stop."""
         if address == self.address:
             return
         client = AgentClient(address, timeout_s=self._timeout_s)  # a bad address raises here
-        self._retired.append(self._client)
+        self._retired.append((time.monotonic(), self._client))
         self._client = client
         self.address = address
         self._batches = True  # the new agent is asked again
+
+    async def close_retired(self, after_s: float | None = None) -> int:
+        """Close the channels of the agents retired at least `after_s` ago (default
+        RETIRED_CLOSE_S; a call still on one then fails, and the applier retries it on
+        the agent in use); how many."""
+        wait_s = RETIRED_CLOSE_S if after_s is None else after_s
+        now = time.monotonic()
+        old = [client for at, client in self._retired if now - at >= wait_s]
+        self._retired = [(at, client) for at, client in self._retired if now - at < wait_s]
+        for client in old:
+            try:
+                await client.close()
+            except Exception as exc:  # noqa: BLE001 - one channel's close stops no other's
+                log.warning("agent_channel_close_failed", agent=client.address, error=repr(exc))
+        return len(old)
 
     async def region(self, *, timeout_s: float | None = None) -> str:
         """The region the agent serves (its Health answer)."""
@@ -111,8 +138,9 @@ class GrpcAgent(Lifecycle):
         return None
 
     async def _do_stop(self) -> None:
-        for client in (*self._retired, self._client):
+        for _, client in self._retired:
             await client.close()
+        await self._client.close()
 
     async def _replicate(self, event: ChangeEvent) -> ApplyResult:
         if event.set is None and self._batches:

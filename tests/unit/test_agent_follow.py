@@ -39,6 +39,9 @@ async def test_the_agent_in_use_is_replaced_once_its_registration_is_gone() -> N
         await register(coord, "c4", "10.0.0.4:7400")
         assert await follower.check() == "10.0.0.4:7400"
         assert len(agent._retired) == 2
+        # Their channels stay open for the calls still on them, then close.
+        assert await agent.close_retired() == 0
+        assert await agent.close_retired(after_s=0) == 2 and not agent._retired
 
 
 async def test_the_follower_runs_by_itself_and_routes_the_new_agent() -> None:
@@ -55,3 +58,4 @@ async def test_the_follower_runs_by_itself_and_routes_the_new_agent() -> None:
         await coord.delete(keys.agent("eu-central", "c1"))
         await register(coord, "c3", "10.0.0.3:7400")
         await until(lambda: agent.address == "127.0.0.1:9400", 5, "the new agent, routed")
+        assert len(agent._retired) == 1  # the old one's channel, closed later
