@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -76,6 +77,16 @@ class FailoverRecord:
     rpo_versions: int = 0
     details: str = ""
     outcome: FailoverOutcome = "moved"
+
+    @property
+    def details_json(self) -> dict[str, object]:
+        """`details` as the object it was journaled as (the versions the new owner
+        lacked, where the RPO was measured); text that is not one is kept as text."""
+        try:
+            value = json.loads(self.details) if self.details else {}
+        except ValueError:
+            return {"text": self.details}
+        return value if isinstance(value, dict) else {"value": value}
 
 
 @dataclass(frozen=True)

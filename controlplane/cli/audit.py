@@ -186,6 +186,7 @@ def failovers(
             "completed_at": queries.rfc3339(r.completed_at),
             "rpo_versions": r.rpo_versions,
             "outcome": r.outcome,
+            "details": r.details_json,  # JSON only: the versions the new owner lacked
         }
         for r in records
     ]

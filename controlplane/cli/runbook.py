@@ -270,6 +270,7 @@ HISTORY_COLUMNS = [
     "actor",
     "started_at",
     "completed_at",
+    "rpo_versions",  # last: a script reading the columns by position still reads them
 ]
 
 
@@ -308,6 +309,7 @@ def history(
             "rpo_versions": e.rpo_versions,
             "outcome": outcome_of(e),
             "aborted": outcome_of(e) == "aborted",
+            "details": e.details,  # the versions the new owner lacked, and how measured
         }
         for e in entries
     ]

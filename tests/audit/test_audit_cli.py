@@ -78,6 +78,8 @@ def seeded(catalog_url: str) -> Iterator[str]:
             detected_at=None,
             started_at=NOW - timedelta(hours=3),
             completed_at=NOW - timedelta(hours=3),
+            rpo_versions=1,
+            details=json.dumps({"incomplete_versions": ["k@1.0@eu-west"], "rpo_source": "agents"}),
         )
     )
     cat.close()
@@ -186,6 +188,9 @@ def test_audit_failovers(seeded: str, capsys: pytest.CaptureFixture[str]) -> Non
         "completed_at",
     } <= set(rows[0])
     assert (rows[0]["from"], rows[0]["to"], rows[0]["epoch"]) == ("eu-west", "eu-central", 7)
+    # What the new owner lacked, as the journal has it: an auditor sees which versions.
+    assert rows[0]["rpo_versions"] == 1
+    assert rows[0]["details"] == {"incomplete_versions": ["k@1.0@eu-west"], "rpo_source": "agents"}
     assert run(["audit", "failovers", "--catalog", seeded, "--since", "1h", "-o", "json"]) == 0
     assert _json(capsys) == []
 

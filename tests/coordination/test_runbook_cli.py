@@ -353,7 +353,8 @@ def _assert_aborted_row_is_visible_in_every_format(
         code, out, _ = cli(capsys, *command, "-o", "csv")
         assert code == 0
         rows = list(csv.DictReader(io.StringIO(out)))
-        assert set(rows[0]) >= {*contract, "completed_at"}, command
+        # The RPO exposure is a column of both (it was JSON-only in history).
+        assert set(rows[0]) >= {*contract, "completed_at", "rpo_versions"}, command
         [aborted] = [r for r in rows if r["id"] == aborted_id]
         assert aborted["from"] == aborted["to"] == "eu-west", command
         assert aborted["reason"].startswith("aborted: switchover to eu-central"), command
@@ -363,6 +364,7 @@ def _assert_aborted_row_is_visible_in_every_format(
         code, out, _ = cli(capsys, *command, "-o", "json")
         [row] = [r for r in json.loads(out) if r["id"] == aborted_id]
         assert row["to"] == "eu-west" and row["completed_at"] is None, command
+        assert isinstance(row["details"], dict), command  # what the journal recorded
 
 
 def test_dataset_list_and_show_cover_unplaced_datasets_exact_names_and_lag(

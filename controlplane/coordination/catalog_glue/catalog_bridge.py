@@ -64,10 +64,6 @@ class CatalogBridge:
     def since(self, since: datetime | None) -> list[JournalEntry]:
         out = []
         for r in self.catalog.list_failovers(since):
-            try:
-                details = json.loads(r.details) if r.details else {}
-            except ValueError:
-                details = {"text": r.details}
             out.append(
                 JournalEntry(
                     id=r.id,
@@ -82,7 +78,7 @@ class CatalogBridge:
                     started_at=r.started_at,
                     completed_at=r.completed_at,
                     rpo_versions=r.rpo_versions,
-                    details=details if isinstance(details, dict) else {"value": details},
+                    details=r.details_json,
                     outcome=r.outcome,
                 )
             )
