@@ -69,4 +69,5 @@ class AgentFollower(Periodic):
             await self.check()
         except MeridianError as exc:
             log.info("replicator_agent_unchecked", region=self._region, error=str(exc))
-        await self._agent.close_retired()
+        finally:
+            await self._agent.close_retired()

@@ -121,14 +121,17 @@ class GrpcAgent(Lifecycle):
         the agent in use); how many."""
         wait_s = RETIRED_CLOSE_S if after_s is None else after_s
         now = time.monotonic()
-        old = [client for at, client in self._retired if now - at >= wait_s]
-        self._retired = [(at, client) for at, client in self._retired if now - at < wait_s]
-        for client in old:
+        closed = 0
+        for entry in [e for e in self._retired if now - e[0] >= wait_s]:
             try:
-                await client.close()
+                await entry[1].close()
             except Exception as exc:  # noqa: BLE001 - one channel's close stops no other's
-                log.warning("agent_channel_close_failed", agent=client.address, error=repr(exc))
-        return len(old)
+                log.warning("agent_channel_close_failed", agent=entry[1].address, error=repr(exc))
+            # Forgotten once closed (or failed to): one still open when this is cancelled
+            # stays for the next pass, or for stop.
+            self._retired.remove(entry)
+            closed += 1
+        return closed
 
     async def region(self, *, timeout_s: float | None = None) -> str:
         """The region the agent serves (its Health answer)."""

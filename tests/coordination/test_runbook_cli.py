@@ -364,7 +364,7 @@ def _assert_aborted_row_is_visible_in_every_format(
         code, out, _ = cli(capsys, *command, "-o", "json")
         [row] = [r for r in json.loads(out) if r["id"] == aborted_id]
         assert row["to"] == "eu-west" and row["completed_at"] is None, command
-        assert isinstance(row["details"], dict), command  # what the journal recorded
+        assert row["details"]["intended_to"] == "eu-central", command  # as journaled
 
 
 def test_dataset_list_and_show_cover_unplaced_datasets_exact_names_and_lag(

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from fakes.coordination import MemoryCoordination
 from waiting import until
 
 from controlplane.coordination.protocols import keys
+from replicator import agent_grpc
 from replicator.agent_follow import AgentFollower
 from replicator.agent_grpc import GrpcAgent
 
@@ -44,7 +46,9 @@ async def test_the_agent_in_use_is_replaced_once_its_registration_is_gone() -> N
         assert await agent.close_retired(after_s=0) == 2 and not agent._retired
 
 
-async def test_the_follower_runs_by_itself_and_routes_the_new_agent() -> None:
+async def test_the_follower_runs_by_itself_and_routes_the_new_agent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     coord = MemoryCoordination()
     await register(coord, "c1", "10.0.0.1:7400")
 
@@ -53,9 +57,12 @@ async def test_the_follower_runs_by_itself_and_routes_the_new_agent() -> None:
 
     async with (
         GrpcAgent("10.0.0.1:7400", route=route) as agent,
-        AgentFollower(agent, coord, "eu-central", interval_s=0.01),
+        AgentFollower(agent, coord, "eu-central", interval_s=0.01) as follower,
     ):
         await coord.delete(keys.agent("eu-central", "c1"))
         await register(coord, "c3", "10.0.0.3:7400")
         await until(lambda: agent.address == "127.0.0.1:9400", 5, "the new agent, routed")
-        assert len(agent._retired) == 1  # the old one's channel, closed later
+        assert len(agent._retired) == 1  # the old one's channel, open for its calls
+        monkeypatch.setattr(agent_grpc, "RETIRED_CLOSE_S", 0.0)
+        await follower.wait_passes(follower.passes + 2)
+        assert agent._retired == []  # closed by the follower's next pass

@@ -16,9 +16,9 @@ unlikely; a fenced lock makes a stale write impossible.
 Protocol (etcd's linearizable mutex): grant a lease, create
 `/meridian/locks/<name>/<lease-hex>` under it, and wait until that key has the
 lowest `create_revision` under the prefix (watching only its predecessor, so a
-release wakes one waiter, and reading the keys again when that watch has been silent
-for `recheck_s`, a TTL by default: a stream wedged without an error must not keep a
-standby waiting for ever). After acquiring, the lease is **re-checked** with a
+release wakes one waiter, and reading the keys again every `recheck_s` of watching,
+a TTL by default: a stream wedged without an error must not keep a standby waiting
+for ever). After acquiring, the lease is **re-checked** with a
 `TimeToLive` call and the key re-read: etcd issue 11456 showed a lock granted on a
 lease that had already expired while the waiter was blocked.
 
@@ -114,7 +114,7 @@ class GlobalLock:
         self.coord = coord
         self.name = name
         self.ttl_s = ttl_s
-        # How long a waiter trusts a silent watch of the key ahead before it reads the
+        # How long a waiter trusts a watch of the key ahead before it reads the
         # keys again (`_watched`): one read a TTL, the delay a failover allows.
         self.recheck_s = float(ttl_s) if recheck_s is None else recheck_s
         self.prefix = prefix if prefix is not None else keys.lock(name)
@@ -199,12 +199,12 @@ class GlobalLock:
             else:
                 delay = WATCH_RETRY_FIRST_S
 
-    async def _watched(self, key: str, start: int) -> Literal["deleted", "silent", "ended"]:
-        """What a watch of `key` from `start` saw: its deletion; nothing for `recheck_s`;
-        or its own end first (a stream closed without an error). A watch that says
-        nothing for that long (a stream wedged without an error, which no keepalive of
-        the lease notices) is given up, and the caller reads the keys again: a waiter
-        notices the key ahead gone within `recheck_s` of it, whatever its stream does."""
+    async def _watched(self, key: str, start: int) -> Literal["deleted", "elapsed", "ended"]:
+        """What a watch of `key` from `start` saw: its deletion; no deletion within
+        `recheck_s` (the watch is then given up, whatever it said meanwhile); or its own
+        end first (a stream closed without an error). The caller reads the keys again
+        after either of the last two: a stream wedged without an error (which no
+        keepalive of the lease notices) still costs at most `recheck_s`."""
         with contextlib.suppress(TimeoutError):
             # The timeout cancels the watch inside its own step, so its stream is closed.
             async with asyncio.timeout(self.recheck_s):
@@ -212,7 +212,7 @@ class GlobalLock:
                     if ev.type is EventType.DELETE:
                         return "deleted"
                 return "ended"
-        return "silent"
+        return "elapsed"
 
     @contextlib.asynccontextmanager
     async def hold(
@@ -292,7 +292,7 @@ class GlobalLock:
             # watch that breaks (compacted history, a non-transient gRPC error) says
             # nothing about the lock: look at the key, then watch again from there,
             # while the keepalive (watched beside this) decides about the lease.
-            # A watch silent for `recheck_s` is looked behind the same way (one read a
+            # Every `recheck_s` of watching, the key is looked at the same way (one read a
             # TTL): an operator's delete is noticed even through a wedged stream.
             start, delay = held.token + 1, WATCH_RETRY_FIRST_S
             while True:
@@ -306,6 +306,8 @@ class GlobalLock:
                 if seen == "ended":
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, WATCH_RETRY_MAX_S)
+                else:
+                    delay = WATCH_RETRY_FIRST_S
                 try:
                     kvs, revision = await self.coord.get_prefix(held.key)
                 except MeridianError as exc:
