@@ -18,12 +18,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from harness.agent_fixtures import clear_keyspace
 from harness.children import popen
+from waiting import WaitTimeoutError, until_sync
 
 from controlplane.settings import Settings
 
@@ -117,11 +117,14 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait_s)
-        deadline = time.monotonic() + wait_s
-        while alive_in_group(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not alive_in_group(proc.pid):
+        try:
+            until_sync(
+                lambda: not alive_in_group(proc.pid), wait_s, f"the guide's group after {sig.name}"
+            )
             return
+        except WaitTimeoutError:
+            if sig is signal.SIGKILL:
+                raise
 
 
 def test_the_guides_switchover_under_load_loses_no_acknowledged_write(
