@@ -169,10 +169,13 @@ async def open_world(stack: PrivateStack, kind: WorldKind, world_dir: Path) -> O
     policy.write_text(policy_yaml(standard=agents), encoding="utf-8")
     await asyncio.to_thread(world.create_catalog, policy)
     phases = {"catalog_s": round(time.monotonic() - t_setup, 1)}
-    await world.make_proxies(agents=agents)
     sampler = OwnerSampler(stack.etcd_endpoints)
     opened = OpenWorld(stack, world, sampler, kind)
     try:
+        # Inside: proxies made before a failure here are dropped by close_world (a
+        # leftover holds its listen port, the fixed Kafka WAN ports among them, in
+        # Toxiproxy until the stack stops, and the next world could not make its own).
+        await world.make_proxies(agents=agents)
         await asyncio.to_thread(world.start_controllers)
         if skewed is not None:
             world.data_env[skewed] = {"MERIDIAN_CLOCK_OFFSET_MS": str(offset_ms)}
@@ -194,12 +197,18 @@ async def open_world(stack: PrivateStack, kind: WorldKind, world_dir: Path) -> O
 
 
 async def close_world(w: OpenWorld) -> None:
-    await w.sampler.stop()
-    await asyncio.to_thread(w.world.stop_all)
-    with contextlib.suppress(Exception):
-        await w.world.heal()
-    await w.world.drop_proxies()
-    await w.world.toxi.close()
+    """Stop the world's processes and drop its proxies, the proxies whatever failed
+    before (an error stopping a process still leaves Toxiproxy clean)."""
+    try:
+        await w.sampler.stop()
+        await asyncio.to_thread(w.world.stop_all)
+        with contextlib.suppress(Exception):
+            await w.world.heal()
+    finally:
+        try:
+            await w.world.drop_proxies()
+        finally:
+            await w.world.toxi.close()
     if w.all_held:
         # A held world's catalog is of no further use; a failed one's is kept to inspect.
         await asyncio.to_thread(w.world.drop_catalog)

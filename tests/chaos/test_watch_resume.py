@@ -40,45 +40,47 @@ async def test_a_watch_across_cut_and_reset_links_skips_nothing(
         EtcdCoordination(private_stack.etcd_endpoints, timeout_s=5) as direct,
     ):
         await toxi.create_proxy(name, listen, member)
-        watcher = EtcdCoordination([listen], timeout_s=3)
-        await watcher.connect()
-        start = await direct.put(prefix + "start", b"0")
+        try:  # from the proxy's creation on: whatever fails, the proxy is deleted
+            watcher = EtcdCoordination([listen], timeout_s=3)
+            await watcher.connect()
+            start = await direct.put(prefix + "start", b"0")
 
-        async def follow() -> None:
-            try:
-                async for ev in watcher.watch(prefix, prefix=True, start_revision=start + 1):
-                    seen.append(ev.revision)
-                    if target[0] and ev.revision >= target[0]:
-                        done.set()
-            except (MeridianError, OSError) as exc:
-                ended.append(exc)
-            done.set()
-
-        task = asyncio.create_task(follow())
-        written: list[int] = []
-        try:
-            for phase in ("before", "cut", "reset", "after"):
-                if phase == "cut":
-                    await toxi.cut(name)
-                elif phase == "reset":
-                    await toxi.clear(name)
-                    await toxi.set_enabled(name, False)  # closes every connection
-                elif phase == "after":
-                    await toxi.clear(name)
-                for i in range(5):
-                    written.append(await direct.put(f"{prefix}{phase}-{i}", b"x"))
-                    await asyncio.sleep(0.3)
-            target[0] = written[-1]
-            if seen and seen[-1] >= target[0]:
+            async def follow() -> None:
+                try:
+                    async for ev in watcher.watch(prefix, prefix=True, start_revision=start + 1):
+                        seen.append(ev.revision)
+                        if target[0] and ev.revision >= target[0]:
+                            done.set()
+                except (MeridianError, OSError) as exc:
+                    ended.append(exc)
                 done.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), 20)
+
+            task = asyncio.create_task(follow())
+            written: list[int] = []
+            try:
+                for phase in ("before", "cut", "reset", "after"):
+                    if phase == "cut":
+                        await toxi.cut(name)
+                    elif phase == "reset":
+                        await toxi.clear(name)
+                        await toxi.set_enabled(name, False)  # closes every connection
+                    elif phase == "after":
+                        await toxi.clear(name)
+                    for i in range(5):
+                        written.append(await direct.put(f"{prefix}{phase}-{i}", b"x"))
+                        await asyncio.sleep(0.3)
+                target[0] = written[-1]
+                if seen and seen[-1] >= target[0]:
+                    done.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), 20)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await watcher.close()
+                await direct.delete(prefix, prefix=True)
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await watcher.close()
-            await direct.delete(prefix, prefix=True)
             await toxi.delete_proxy(name)
     assert seen == sorted(set(seen)), f"events out of order or twice: {seen}"
     delivered = [r for r in written if r in set(seen)]

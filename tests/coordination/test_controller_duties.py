@@ -186,16 +186,16 @@ async def test_a_transient_etcd_cut_keeps_the_lease_and_the_duties_resume(
     listen, proxy = f"127.0.0.1:{port}", f"ctl-etcd-cut-{port}"
     await asyncio.to_thread(toxi.create_proxy, proxy, listen, etcd3.endpoints[0])
     source, journal, probe = world
-    await publish_world(coord, source)
     west_coord = EtcdCoordination([listen], timeout_s=0.5)
-    await west_coord.connect()
     # The cut (2 s) is a quarter of the lease: renewed at most every second, and retried
     # through a channel that may still be backing off after the cut, the lease keeps
     # seconds of room on a loaded machine (at half a 4 s TTL it kept about one).
     ttl, cut_s = 8, 2.0
     config = ControllerConfig("eu-west", "w", lease_ttl_s=ttl, reconcile_interval_s=0.3)
     own = Ownership(coord)
-    try:
+    try:  # from the proxy's creation on: whatever fails, the proxy is deleted
+        await publish_world(coord, source)
+        await west_coord.connect()
         async with RegionController(west_coord, journal, probe, config) as west:
             assert await wait_until(lambda: _owned(own, "eu-west", 6), 10)
             before = await coord.get(keys.alive("eu-west"))

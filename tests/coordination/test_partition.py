@@ -47,16 +47,16 @@ async def partitioned(
     source, journal, probe = world
     west_coord = EtcdCoordination([listen], timeout_s=1)
     central_coord = EtcdCoordination(etcd3.endpoints, timeout_s=3)
-    await west_coord.connect()
-    await central_coord.connect()
-    await publish_world(coord, source)
-    west = RegionController(
-        west_coord, journal, probe, ControllerConfig("eu-west", "w", lease_ttl_s=2)
-    )
-    central = RegionController(
-        central_coord, journal, probe, ControllerConfig("eu-central", "c", lease_ttl_s=2)
-    )
-    try:
+    try:  # from the proxy's creation on: whatever fails, the proxy is deleted
+        await west_coord.connect()
+        await central_coord.connect()
+        await publish_world(coord, source)
+        west = RegionController(
+            west_coord, journal, probe, ControllerConfig("eu-west", "w", lease_ttl_s=2)
+        )
+        central = RegionController(
+            central_coord, journal, probe, ControllerConfig("eu-central", "c", lease_ttl_s=2)
+        )
         async with central, west:
             yield Partitioned(toxi, proxy, west, Ownership(coord))
     finally:

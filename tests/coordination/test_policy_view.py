@@ -229,10 +229,10 @@ async def test_the_view_keeps_its_snapshot_while_etcd_is_unreachable_and_catches
     listen, proxy = f"127.0.0.1:{port}", f"policy-view-{port}"
     await asyncio.to_thread(toxi.create_proxy, proxy, listen, etcd3.endpoints[0])
     publisher = CoordinationPolicyPublisher(coord)
-    await publisher.publish(compiled(1))
     cut = EtcdCoordination([listen], timeout_s=1)
-    await cut.connect()
-    try:
+    try:  # from the proxy's creation on: whatever fails, the proxy is deleted
+        await publisher.publish(compiled(1))
+        await cut.connect()
         async with PolicyView(cut, retry_max_s=0.5) as view:
             assert view.require().revision == 1
             await asyncio.to_thread(toxi.disable, proxy)

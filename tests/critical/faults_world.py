@@ -109,14 +109,16 @@ class FaultsWorld:
 
     async def stop(self) -> None:
         # All at once (SIGCONT first, so a paused one stops too): each may take seconds.
-        await asyncio.gather(
-            *(asyncio.to_thread(c.stop) for c in self.controllers.values()),
-            *(asyncio.to_thread(a.stop) for a in self.agents.values() if a.running),
-        )
-        async with AsyncToxiproxy(self.toxiproxy_url) as tp:
-            for name in self.proxies.values():
-                with contextlib.suppress(Exception):  # best effort at teardown
-                    await tp.delete_proxy(name)
+        try:
+            await asyncio.gather(
+                *(asyncio.to_thread(c.stop) for c in self.controllers.values()),
+                *(asyncio.to_thread(a.stop) for a in self.agents.values() if a.running),
+            )
+        finally:  # a process that would not stop must not leave the proxies behind too
+            async with AsyncToxiproxy(self.toxiproxy_url) as tp:
+                for name in self.proxies.values():
+                    with contextlib.suppress(Exception):  # best effort at teardown
+                        await tp.delete_proxy(name)
 
     async def partition(self, region: str, cut: bool) -> None:
         """Refuse (or heal) every connection to `region`'s agent from the others; returns
