@@ -87,7 +87,7 @@ class RegionController(Lifecycle):
         self.election = Election(self.ctx, self._serve, self._step_down)
         self._tracker: OwnershipTracker | None = None
         self._failover: FailoverWatch | None = None
-        self._stepped_down = False  # whether a term of this controller has ended
+        self._stepped_down = False  # whether a term (or a campaign) of this controller ended
         self._done = asyncio.Event()
 
     @property
@@ -173,7 +173,18 @@ class RegionController(Lifecycle):
     def _step_down(self, why: str) -> None:
         if self.active.is_set():
             self.metrics.step_downs.inc()
-        log.warning("step_down", region=self.config.region, id=self.config.controller_id, why=why)
+            log.warning(
+                "step_down", region=self.config.region, id=self.config.controller_id, why=why
+            )
+        else:
+            # A campaign that failed (etcd unreachable, or the lease lost before the term
+            # began): no term ended, so no `step_down`, which operators and the chaos
+            # checks read as one. The election logs the retry itself.
+            log.info(
+                "campaign_ended", region=self.config.region, id=self.config.controller_id, why=why
+            )
+        # Either way this controller saw etcd fail: most likely an outage that ended the
+        # other regions' terms too, so its next term starts recovering (see _serve).
         self._stepped_down = True
         self.active.clear()
         self._tracker = self._failover = None
