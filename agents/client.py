@@ -249,23 +249,37 @@ class AgentClient:
         else:
             chunks = source
 
+        # grpc aio swallows what a request iterator raises and cancels the call, which
+        # then raises a bare CancelledError: the error is kept to be raised instead.
+        failed: list[Exception] = []
+
         async def requests() -> AsyncIterator[agent_pb2.PutRequest]:
-            yield agent_pb2.PutRequest(header=header)
-            done = 0
-            async for chunk in chunks:
-                if len(chunk) > CHUNK_BYTES:
-                    raise InvalidInputError(
-                        f"a put chunk holds at most {CHUNK_BYTES} bytes, got {len(chunk)}"
-                    )
-                yield agent_pb2.PutRequest(chunk=bytes(chunk))
-                done += len(chunk)
-                if progress is not None:
-                    progress(done, size)
-            # Without it the agent cannot tell the end from a writer killed mid-stream.
-            yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
+            try:
+                yield agent_pb2.PutRequest(header=header)
+                done = 0
+                async for chunk in chunks:
+                    if len(chunk) > CHUNK_BYTES:
+                        raise InvalidInputError(
+                            f"a put chunk holds at most {CHUNK_BYTES} bytes, got {len(chunk)}"
+                        )
+                    yield agent_pb2.PutRequest(chunk=bytes(chunk))
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, size)
+                # Without it the agent cannot tell the end from a writer killed mid-stream.
+                yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
+            except Exception as exc:
+                failed.append(exc)
+                raise
 
         try:
             resp = await self.stub.Put(requests(), timeout=self._bulk_timeout(size))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            # Ours to raise only when nothing else cancelled this task meanwhile.
+            if failed and (task is None or not task.cancelling()):
+                raise failed[0] from None
+            raise
         except grpc.aio.AioRpcError as err:
             if not _core_internal(err):
                 raise self._error(err) from None
@@ -773,7 +787,13 @@ async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
     except OSError as err:
         raise InvalidInputError(f"cannot read {path}: {err.strerror or err}") from None
     try:
-        while chunk := await asyncio.to_thread(fh.read, CHUNK_BYTES):
+        while True:
+            try:
+                chunk = await asyncio.to_thread(fh.read, CHUNK_BYTES)
+            except OSError as err:  # a disk error, or a file that went away over NFS
+                raise InvalidInputError(f"cannot read {path}: {err.strerror or err}") from None
+            if not chunk:
+                break
             yield chunk
     finally:
         await asyncio.to_thread(fh.close)

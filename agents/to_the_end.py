@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
 
 async def run_to_the_end(
-    work: Callable[[], T], *, on_cancel: Callable[[], object] | None = None
+    work: Callable[[], T],
+    *,
+    on_cancel: Callable[[], object] | None = None,
+    release: Callable[[T], object] | None = None,
 ) -> T:
     """`work()` in a thread; a cancellation is held until it has ended, then raised.
     `on_cancel` runs once, at the first cancellation (to tell the thread, say, to store
-    nothing if it has not begun)."""
+    nothing if it has not begun). `release` gets what the thread returned when the
+    caller was cancelled meanwhile: what it opened for a caller that is gone."""
     thread = asyncio.ensure_future(asyncio.to_thread(work))
     cancelled = False
     while not thread.done():
@@ -34,7 +38,23 @@ async def run_to_the_end(
                 on_cancel()
             cancelled = True
     if cancelled:
-        if not thread.cancelled():
-            thread.exception()  # retrieved: the caller is gone, the outcome was the thread's
+        # Retrieved either way: the caller is gone, the outcome was the thread's.
+        if not thread.cancelled() and thread.exception() is None and release is not None:
+            release(thread.result())
         raise asyncio.CancelledError
     return thread.result()
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+
+
+async def open_in_thread(open_: Callable[[], C]) -> C:
+    """`open_()` (an object's reader, say) in a thread, for a caller that closes what it
+    gets: one cancelled meanwhile (a call's deadline, under a group commit holding the
+    store's lock) closes it once the thread has it. `asyncio.to_thread` would leave it
+    open: a descriptor, and a pruned version's disk space, held until restart."""
+    return await run_to_the_end(open_, release=lambda opened: opened.close())

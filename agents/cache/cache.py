@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 import time
 from collections import OrderedDict
@@ -54,6 +55,7 @@ from agents.metrics import AgentMetrics
 from agents.replication.peers import Peers
 from agents.rpc.status import from_rpc_error
 from agents.store import MissingContentError, ObjectReader, ObjectStore
+from agents.to_the_end import open_in_thread
 from agents.transfer.pull import CHANNEL_OPTIONS, Source, pull
 from agents.transfer.records import TransferTally, new_transfer_id
 from agents.transfer.resume import ResumeBook
@@ -247,7 +249,9 @@ class ReadCache:
                 return None
         store = self._store()
         try:
-            return await asyncio.to_thread(store.open, dataset, key, entry.version.hlc)
+            return await open_in_thread(
+                functools.partial(store.open, dataset, key, entry.version.hlc)
+            )
         except (NotFoundError, MissingContentError):
             self.index.remove(name)
             return None
@@ -262,10 +266,16 @@ class ReadCache:
         store = self._store()
         if entry is None:  # fetched, but known to be stale or larger than the bound
             held = await asyncio.to_thread(store.stat, dataset, key, hlc)
-            reader = await asyncio.to_thread(store.open, dataset, key, held.version.hlc)
-            await asyncio.to_thread(store.hand_off, dataset, key, held.version.hlc)
+            reader = await open_in_thread(
+                functools.partial(store.open, dataset, key, held.version.hlc)
+            )
+            try:
+                await asyncio.to_thread(store.hand_off, dataset, key, held.version.hlc)
+            except BaseException:
+                reader.close()
+                raise
             return reader  # the open file outlives its removal
-        return await asyncio.to_thread(store.open, dataset, key, entry.version.hlc)
+        return await open_in_thread(functools.partial(store.open, dataset, key, entry.version.hlc))
 
     def _known_stale(self, dataset: str, key: str) -> bool:
         seen = self._seen.get((dataset, key))

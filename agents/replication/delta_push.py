@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import os
 import tempfile
@@ -35,6 +36,7 @@ import native
 from agents.store import ObjectReader, ObjectStore, StagedWrite
 from agents.store.errors import DigestMismatchError
 from agents.store.staging import TMP
+from agents.to_the_end import open_in_thread
 from agents.transfer.bridge import ChunkPipe, iterate_in_thread
 from agents.transfer.limiter import CHUNK_BYTES
 from agents.transfer.sender import coalesce
@@ -158,8 +160,12 @@ async def receive_delta(
     the delta's bytes. A damaged delta or one over another basis is DATA_LOSS; nothing
     is stored either way until the caller commits."""
     dataset, key = header.dataset, header.key
-    basis = await asyncio.to_thread(store.open, dataset, key, header.basis.version)
-    fd, raw_path = tempfile.mkstemp(prefix="push-", suffix=".part", dir=store.root / TMP)
+    basis = await open_in_thread(functools.partial(store.open, dataset, key, header.basis.version))
+    try:
+        fd, raw_path = tempfile.mkstemp(prefix="push-", suffix=".part", dir=store.root / TMP)
+    except BaseException:  # a full disk, say: the basis is not left open
+        basis.close()
+        raise
     os.close(fd)
     out_path = Path(raw_path)
     pipe: ChunkPipe[bytes] = ChunkPipe()

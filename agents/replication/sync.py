@@ -147,6 +147,7 @@ from agents.store import (
     SetRecord,
     ShortStreamError,
 )
+from agents.to_the_end import open_in_thread
 from controlplane.coordination.protocols.fencing import StaleEpochError
 from controlplane.domain.hlc import HLC
 from controlplane.domain.placement import DEFAULT_ACK, Placement
@@ -1996,8 +1997,8 @@ class SyncReplication:
             if chunk:
                 yield agent_pb2.ReplicateRequest(chunk=chunk)
             return
-        reader = await asyncio.to_thread(
-            self.store.open, write.dataset, write.key or "", version.hlc.text
+        reader = await open_in_thread(
+            functools.partial(self.store.open, write.dataset, write.key or "", version.hlc.text)
         )
         try:
             while chunk := await asyncio.to_thread(reader.read, CHUNK_BYTES):

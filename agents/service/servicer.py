@@ -57,6 +57,7 @@ from agents.store import (
     TooLargeError,
 )
 from agents.store.store import INLINE_MAX_BYTES
+from agents.to_the_end import open_in_thread, run_to_the_end
 from controlplane.domain.eviction import OwnerSeen, eviction_refused, placement_digest
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
@@ -298,8 +299,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     held_bytes += len(chunk)
                     continue
                 if staged is None:
-                    staged = await asyncio.to_thread(
-                        self._stage, dataset, key, size, header.digest, held
+                    # Cancelled meanwhile, the file the thread staged is dropped too.
+                    staged = await run_to_the_end(
+                        functools.partial(self._stage, dataset, key, size, header.digest, held),
+                        release=StagedWrite.abort,
                     )
                     held = []
                 await asyncio.to_thread(staged.write, chunk)
@@ -609,7 +612,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         hlc = requests.version("GetRequest.version", request.HasField("version"), request.version)
         set_id = requests.optional_name("GetRequest.set", request.HasField("set"), request.set)
         try:
-            reader = await asyncio.to_thread(self.store.open, dataset, key, hlc, set_id=set_id)
+            reader = await open_in_thread(
+                functools.partial(self.store.open, dataset, key, hlc, set_id=set_id)
+            )
         except NotFoundError:
             cache = self._cache_for(dataset, set_id)
             if cache is None:

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterable
 
+from agents.store.staging import StagedWrite
 from agents.store.store import ObjectStore
+from agents.to_the_end import run_to_the_end
 from controlplane.domain.version import Digest, Version
 
 
@@ -26,13 +29,16 @@ async def put_stream(
 ) -> Version:
     """`ObjectStore.put` for bytes arriving as an async stream (a gRPC client stream).
     A cancelled or failed stream leaves nothing stored: the temporary file goes."""
-    staged = await asyncio.to_thread(
-        store.stage,
-        dataset,
-        key,
-        expected_size=expected_size,
-        max_size=max_size,
-        expected_digest=expected_digest,
+    staged = await run_to_the_end(
+        functools.partial(
+            store.stage,
+            dataset,
+            key,
+            expected_size=expected_size,
+            max_size=max_size,
+            expected_digest=expected_digest,
+        ),
+        release=StagedWrite.abort,  # cancelled while staging: the file goes too
     )
     try:
         async for chunk in chunks:

@@ -36,7 +36,7 @@ from agents.replication.delta_push import PUSH_DELTA, holds_basis, receive_delta
 from agents.rpc.status import abort, code_of
 from agents.store import ApplyResult, ObjectStore
 from agents.store.staging import TMP
-from agents.to_the_end import run_to_the_end
+from agents.to_the_end import open_in_thread, run_to_the_end
 from agents.transfer.bridge import file_chunks, remove
 from agents.transfer.bundle import BUNDLE_MAX_BYTES, BundleSender, Wanted, pull_bundle
 from agents.transfer.limiter import CHUNK_BYTES, LinkLimiter
@@ -119,8 +119,16 @@ class TransferService:
     ) -> AsyncIterator[agent_pb2.SignatureResponse]:
         try:
             version = request.version if request.HasField("version") else None
-            reader = await asyncio.to_thread(self.store.open, request.dataset, request.key, version)
-            fd, path = tempfile.mkstemp(prefix="sig-", suffix=".part", dir=self.store.root / TMP)
+            reader = await open_in_thread(
+                functools.partial(self.store.open, request.dataset, request.key, version)
+            )
+            try:
+                fd, path = tempfile.mkstemp(
+                    prefix="sig-", suffix=".part", dir=self.store.root / TMP
+                )
+            except BaseException:  # a full disk, say: the reader is not left open
+                reader.close()
+                raise
             os.close(fd)
             try:
                 old = _file(reader)

@@ -9,6 +9,7 @@ commits the set stamps it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from controlplane.domain.errors import VersionError
@@ -42,9 +43,14 @@ class VersionSet:
             raise VersionError(f"version set {self.id} of {self.dataset} has no members")
         keys = [m.key for m in self.members]
         if len(set(keys)) != len(keys):
-            twice = sorted({k for k in keys if keys.count(k) > 1})
+            # Counted once each (a set can name tens of thousands of keys: a quadratic
+            # count held the event loop for seconds), and a few named, not all.
+            twice = sorted(k for k, n in Counter(keys).items() if n > 1)
+            named = ", ".join(twice[:10]) + (
+                f" and {len(twice) - 10} more" if len(twice) > 10 else ""
+            )
             raise VersionError(
-                f"version set {self.id} of {self.dataset} names a key twice: {', '.join(twice)}"
+                f"version set {self.id} of {self.dataset} names a key twice: {named}"
             )
         if self.hlc is not None and not isinstance(self.hlc, HLC):
             raise VersionError(f"version set {self.id}: hlc must be an HLC or None")

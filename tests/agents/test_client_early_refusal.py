@@ -16,7 +16,7 @@ from agents.client import CORE_INTERNAL, VERDICT_ATTEMPTS, AgentClient
 from agents.rpc.status import abort
 from agents.store.errors import ShortStreamError
 from controlplane.coordination.protocols.fencing import StaleEpochError
-from controlplane.errors import UnavailableError
+from controlplane.errors import InvalidInputError, UnavailableError
 from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 ROUNDS = 25  # bounded: each round is one refused put of a few MiB
@@ -99,3 +99,27 @@ async def test_a_put_admitted_when_asked_again_is_retriable() -> None:
 async def _chunks(mib: int) -> AsyncIterator[bytes]:
     for _ in range(mib):
         yield os.urandom(1 << 20)
+
+
+async def test_an_error_of_the_writers_own_source_is_raised_not_a_cancellation(
+    agent: Agent,
+) -> None:
+    # grpc aio cancels a call whose request iterator raises: the writer must get the
+    # iterator's error (typed, saying what was wrong), not a bare CancelledError.
+    async def oversize() -> AsyncIterator[bytes]:
+        yield b"x" * (2 << 20)
+
+    async with AgentClient(f"127.0.0.1:{agent.port}") as client:
+        with pytest.raises(InvalidInputError, match="at most 1048576 bytes, got 2097152"):
+            await client.put("ds", "k", oversize())
+    assert agent.store.list_objects("ds").items == []
+
+
+async def test_a_file_that_cannot_be_read_is_named_in_the_error(
+    agent: Agent, tmp_path: Path
+) -> None:
+    folder = tmp_path / "a-folder"  # stat() says 4096 bytes; open() refuses it
+    folder.mkdir()
+    async with AgentClient(f"127.0.0.1:{agent.port}") as client:
+        with pytest.raises(InvalidInputError, match=f"cannot read {folder}"):
+            await client.put("ds", "k", folder)

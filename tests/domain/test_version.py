@@ -19,6 +19,7 @@ from controlplane.domain.version import (
     lww,
     newest,
 )
+from controlplane.domain.version_set import SetMember, VersionSet
 from controlplane.errors import InvalidInputError
 
 EMPTY = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"  # blake3 of b""
@@ -159,3 +160,16 @@ def test_every_arrival_order_converges_on_the_same_newest(arrivals: list[Version
         unique_hlcs = {v.hlc: v for v in arrivals}
         if len(unique_hlcs) == len(set(arrivals)):  # no collisions: one winner everywhere
             assert held == newest(arrivals)
+
+
+def test_a_set_naming_keys_twice_names_a_few_of_them_however_large_it_is() -> None:
+    at = HLC(1, 0, "eu-west")
+    keys = [f"shard-{i:05d}" for i in range(20_000)]
+    keys += [f"shard-{i:05d}" for i in range(12)]  # twelve named twice
+    members = tuple(SetMember(k, at) for k in keys)
+    with pytest.raises(VersionError) as err:
+        VersionSet("ckpt", "s1", members)
+    message = str(err.value)
+    assert "names a key twice: shard-00000, shard-00001," in message
+    assert "shard-00009 and 2 more" in message
+    assert "shard-00011" not in message  # a few named, not all
