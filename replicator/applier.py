@@ -369,8 +369,7 @@ class Applier:
         policy snapshot its copy is made under."""
         if event.origin_region == self.region:
             return "own"
-        policy = await self._current_policy()
-        decision = self._decide(event, policy)
+        policy, decision = await self._decided(event)
         if decision.admission is Admission.REFUSED:
             await self._refuse(record, event, decision.reason, policy.revision)
             return "refused"
@@ -530,8 +529,7 @@ class Applier:
     async def _admit_set(self, record: Record, event: SetEvent) -> str | CompiledPolicy:
         if event.origin_region == self.region:
             return "own"
-        policy = await self._current_policy()
-        decision = self._decide(event, policy)
+        policy, decision = await self._decided(event)
         if decision.admission is Admission.REFUSED:
             await self._refuse(record, event, decision.reason, policy.revision)
             return "refused"
@@ -647,6 +645,29 @@ class Applier:
         if decision is None:
             decision = self._decisions[event.dataset] = admit(event, policy, self.region)
         return decision
+
+    async def _decided(self, event: LogEvent) -> tuple[CompiledPolicy, Decision]:
+        """The decision on `event` under the current snapshot. A snapshot that cannot
+        decide (its published rules do not rebuild, for a dataset first seen after the
+        apply) fails closed as no snapshot does: the event waits, its offset is not
+        committed, and a readable policy applied later decides it. Raised instead, it
+        would end the whole batch undone, and its offsets would never be committed."""
+        delay = self.config.retry_initial_s
+        while True:
+            policy = await self._current_policy()
+            try:
+                return policy, self._decide(event, policy)
+            except MeridianError as exc:
+                log.warning(
+                    "policy_cannot_decide",
+                    dataset=event.dataset,
+                    revision=policy.revision,
+                    error=str(exc),
+                    action="apply a readable policy (meridian policy apply)",
+                    retry_in_s=delay,
+                )
+                await self._sleep(delay)
+                delay = min(self.config.retry_max_s, delay * 2)
 
     async def _current_policy(self) -> CompiledPolicy:
         """The policy snapshot; while none is published, wait (fail closed: no copy is

@@ -19,6 +19,7 @@ TopicPartition = tuple[str, int]
 @dataclass
 class _Partition:
     taken: list[int] = field(default_factory=list)  # heap of offsets taken, not yet done
+    pending: set[int] = field(default_factory=set)  # the same, not yet said done
     done: set[int] = field(default_factory=set)
     last_done: int | None = None  # the highest offset with everything up to it done
     committed: int | None = None  # the last offset handed out by `committable`
@@ -30,13 +31,18 @@ class OffsetTracker:
 
     def take(self, tp: TopicPartition, offset: int) -> None:
         """An event at `offset` was taken for processing (in offset order per partition)."""
-        heapq.heappush(self._parts.setdefault(tp, _Partition()).taken, offset)
+        part = self._parts.setdefault(tp, _Partition())
+        heapq.heappush(part.taken, offset)
+        part.pending.add(offset)
 
     def done(self, tp: TopicPartition, offset: int) -> None:
         """The event at `offset` has its durable effect; ignored for a revoked partition."""
         part = self._parts.get(tp)
         if part is None:
             return
+        if offset not in part.pending:
+            return  # said done already (a run applied again): kept, it would never go
+        part.pending.discard(offset)
         part.done.add(offset)
         while part.taken and part.taken[0] in part.done:
             first = heapq.heappop(part.taken)

@@ -14,7 +14,7 @@ everything, then leaves the group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
 
 from controlplane.errors import MeridianError
@@ -214,8 +214,25 @@ class _Job:
         self._records = records
 
     async def __call__(self) -> None:
-        with contextlib.suppress(Exception):  # logged in _run; the loop goes on
-            await self._loop._run(self._records)
+        # A run that crashed (a bug: the applier handles every failure of an event) is
+        # run again after a backoff, never dropped: a dropped run's events would be left
+        # undone, and its partitions' offsets never committed again. Running it again
+        # is safe (every effect is idempotent); until stopped, it holds later events of
+        # its objects back, and says so at every try (apply_crashed, apply_retry).
+        cfg = self._loop.config
+        delay = cfg.retry_initial_s
+        for attempt in itertools.count(1):
+            try:
+                await self._loop._run(self._records)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged in _run
+                log.warning(
+                    "apply_retry", records=len(self._records), attempt=attempt, retry_in_s=delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(cfg.retry_max_s, delay * 2)
 
 
 def _object_key(record: Record) -> str:

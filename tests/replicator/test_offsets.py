@@ -35,3 +35,21 @@ def test_partitions_are_independent_and_a_revoked_one_is_forgotten() -> None:
     t.done(TP, 0)  # a job that outlived its partition's revocation
     assert t.committable() == {OTHER: 5}
     assert t.in_flight() == 0
+
+
+def test_an_offset_said_done_twice_is_counted_once() -> None:
+    # A run applied again (after a crash of the applier) says its offsets done again:
+    # they must not stay behind in the tracker, nor hold anything back.
+    t = OffsetTracker()
+    tp = ("changes", 0)
+    for off in (0, 1, 2):
+        t.take(tp, off)
+    t.done(tp, 0)
+    t.done(tp, 0)
+    t.done(tp, 1)
+    t.done(tp, 0)
+    assert t.committable() == {tp: 1}
+    t.done(tp, 2)
+    assert t.committable() == {tp: 2}
+    assert t.in_flight() == 0
+    assert t._parts[tp].done == set()
