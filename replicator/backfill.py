@@ -9,14 +9,26 @@ newest version of every object the region lacks, fetched from its holders by the
 agent, by LWW). A region removed, or a residency narrowed, needs nothing here: the
 residency guard reads the current snapshot at every event, so no further copy is
 made there.
+
+What was backfilled is kept beside the replicator's journal (`state_path`): the
+datasets placed here whose backfill finished. So a revision that placed a dataset
+here while the replicator was down is backfilled at its next start, and a backfill
+that failed (the catalog or the holders away) is retried, backing off to
+`retry_max_s`, until it finishes, rather than left to an operator's resync. The
+first start without that state takes the datasets placed here then as done (the
+change log, read from its start by a new consumer group, carries their writes).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
 
 from controlplane.catalog.records import Placement
+from controlplane.controller.duty import Backoff
 from controlplane.errors import OperationTimeoutError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
@@ -26,16 +38,7 @@ from replicator.resync import AgentsOf, ResyncCatalog, drive_resync, plan_resync
 
 log = get_logger("meridian.replicator.backfill")
 
-
-def newly_placed(
-    before: Mapping[str, Placement], after: Mapping[str, Placement], region: str
-) -> list[Placement]:
-    """Standard datasets `after` places in `region` and `before` did not, by name."""
-
-    def here(p: Placement | None) -> bool:
-        return p is not None and p.dataset_class == "standard" and region in p.regions
-
-    return [p for name, p in sorted(after.items()) if here(p) and not here(before.get(name))]
+IDLE_WAIT_S = 3600.0  # how long a wait for a new revision lasts before it is renewed
 
 
 def _changed_from(seen: CompiledPolicy | None) -> Callable[[CompiledPolicy | None], bool]:
@@ -53,46 +56,74 @@ class Backfill(Lifecycle):
         agent: AgentPort,
         agents_of: AgentsOf,
         region: str,
+        *,
+        state_path: Path | None = None,
+        retry_initial_s: float = 1.0,
+        retry_max_s: float = 60.0,
     ) -> None:
         self._view = view
         self._catalog = catalog
         self._agent = agent
         self._agents_of = agents_of
         self._region = region
+        self._state_path = state_path
+        self._backoff = Backoff(retry_initial_s, retry_max_s)
         self._task: asyncio.Task[None] | None = None
-        self.runs = 0
+        self.runs = 0  # backfills that finished
         self.ran = asyncio.Event()  # set after each backfill, failed or not
 
     async def _do_start(self) -> None:
+        done = await asyncio.to_thread(self._load)
         # The snapshot at start, taken now: a revision published before the task first
         # runs is then still a change.
-        self._task = asyncio.create_task(self._run(self._view.current), name="replicator-backfill")
+        self._task = asyncio.create_task(
+            self._run(self._view.current, done), name="replicator-backfill"
+        )
 
     async def _do_stop(self) -> None:
         if self._task is not None:
             await cancel_and_wait(self._task)
 
-    async def _run(self, seen: CompiledPolicy | None) -> None:
+    async def _run(self, seen: CompiledPolicy | None, done: set[str] | None) -> None:
+        """`done`: the datasets placed here whose backfill finished; None when no state
+        was kept, and then those `seen` places here are taken as done."""
+        if done is None:
+            done = set(_placed_here(seen, self._region))
+            await asyncio.to_thread(self._save, done)
+        wait_s: float | None = None  # None: look now (at start: placed while down?)
         while True:
-            try:
-                await self._view.wait_for(_changed_from(seen), 3600)
-            except OperationTimeoutError:
-                continue  # an hour without a new revision: wait again
+            if wait_s is not None:
+                try:
+                    await self._view.wait_for(_changed_from(seen), wait_s)
+                except OperationTimeoutError:
+                    if wait_s == IDLE_WAIT_S:
+                        continue  # an hour without a new revision: wait again
+            wait_s = IDLE_WAIT_S
             current = self._view.current
             if current is None:
                 continue
-            added = newly_placed(seen.placements if seen else {}, current.placements, self._region)
             seen = current
-            if added:
-                await self.backfill(current, added)
+            here = _placed_here(current, self._region)
+            # A dataset no longer placed here is forgotten: placed again, it is backfilled.
+            done &= set(here)
+            wanted = [p for name, p in sorted(here.items()) if name not in done]
+            if wanted and not await self.backfill(current, wanted):
+                wait_s = self._backoff.next()
+                log.info("backfill_retry", region=self._region, retry_in_s=wait_s)
+                continue
+            self._backoff.reset()
+            done |= {p.dataset for p in wanted}
+            await asyncio.to_thread(self._save, done)
 
-    async def backfill(self, policy: CompiledPolicy, placements: list[Placement]) -> None:
+    async def backfill(self, policy: CompiledPolicy, placements: list[Placement]) -> bool:
+        """Backfill these datasets here; whether it finished (failed versions count as
+        finished: each is recorded `failed`, and `replication resync` re-drives it)."""
         try:
-            await self._backfill(policy, placements)
+            return await self._backfill(policy, placements)
         finally:
             self.ran.set()
 
-    async def _backfill(self, policy: CompiledPolicy, placements: list[Placement]) -> None:
+    async def _backfill(self, policy: CompiledPolicy, placements: list[Placement]) -> bool:
         names = [p.dataset for p in placements]
         try:
             items = await asyncio.to_thread(plan_resync, self._catalog, placements, self._region)
@@ -105,15 +136,15 @@ class Backfill(Lifecycle):
                 policy=policy,
                 agents_of=self._agents_of,
             )
-        except Exception as exc:  # noqa: BLE001 - resync can finish it; the daemon goes on
+        except Exception as exc:  # noqa: BLE001 - retried; the daemon goes on
             log.warning(
                 "backfill_failed",
                 region=self._region,
                 datasets=names,
                 error=str(exc),
-                action="run `meridian replication resync` for these datasets",
+                action="retried until it finishes (or `meridian replication resync` now)",
             )
-            return
+            return False
         self.runs += 1
         failed = [r for r in results if r.outcome == "failed"]
         log.info(
@@ -123,3 +154,49 @@ class Backfill(Lifecycle):
             versions=len(results),
             failed=len(failed),
         )
+        return True
+
+    # -- the state kept between runs --------------------------------------------------------
+    def _load(self) -> set[str] | None:
+        path = self._state_path
+        if path is None or not path.exists():
+            return None
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            names = doc["done"]
+            if doc.get("region") != self._region or not isinstance(names, list):
+                raise ValueError(f"not the backfill state of region {self._region}")
+            return {str(n) for n in names}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Unreadable: started afresh (as without state), said once.
+            log.warning("backfill_state_unreadable", path=str(path), error=str(exc))
+            return None
+
+    def _save(self, done: set[str]) -> None:
+        path = self._state_path
+        if path is None:
+            return
+        doc = {"region": self._region, "done": sorted(done)}
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("w", encoding="utf-8") as fh:
+                json.dump(doc, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            # Not fatal: the next start may backfill again (idempotent) or miss what
+            # this run did not keep; the operator is told.
+            log.warning("backfill_state_not_saved", path=str(path), error=str(exc))
+
+
+def _placed_here(policy: CompiledPolicy | None, region: str) -> dict[str, Placement]:
+    """The standard datasets `policy` places in `region`, by name."""
+    if policy is None:
+        return {}
+    return {
+        name: p
+        for name, p in policy.placements.items()
+        if p.dataset_class == "standard" and region in p.regions
+    }

@@ -186,7 +186,15 @@ async def run_replicator(
                         f"cannot serve metrics on {metrics_addr}: {exc.strerror}"
                     ) from exc
             await stack.enter_async_context(
-                Backfill(view, catalog, agent, holders.agents_of, region)
+                Backfill(
+                    view,
+                    catalog,
+                    agent,
+                    holders.agents_of,
+                    region,
+                    # Beside the journal: what was backfilled outlives a restart.
+                    state_path=journal.path.with_name(journal.path.stem + ".backfill.json"),
+                )
             )
             await stack.enter_async_context(loop)  # stopped first: drains, commits
             log.info(

@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import repl_builders as b
@@ -25,6 +26,7 @@ from harness.cli_schema import check_output
 from harness.controllers import run_cli
 from repl_rig import Rig, RigFactory
 from repl_world import prepare_world
+from waiting import until
 
 from controlplane.catalog.api import Catalog, open_catalog
 from controlplane.coordination.protocols import keys
@@ -33,7 +35,7 @@ from controlplane.domain.hlc import system_ms
 from controlplane.errors import UnavailableError
 from controlplane.policy.current import PolicyView
 from controlplane.policy.placer import place
-from replicator.backfill import Backfill, newly_placed
+from replicator.backfill import Backfill
 from replicator.backlog import BacklogProbe
 from replicator.journal import RecordJournal, ReplicaRecord
 from replicator.ports import Source
@@ -245,11 +247,87 @@ async def test_a_region_added_as_a_replica_is_backfilled_live(catalog: Catalog) 
     assert row.state == "completed"
 
 
-def test_only_datasets_newly_placed_in_the_region_are_backfilled() -> None:
-    a = b.placement("corpus/a")
-    a_wider = b.placement("corpus/a", replicas=("eu-central", "eu-north"))
-    c = b.placement("corpus/c", replicas=("eu-north",))
-    before = {"corpus/a": a, "corpus/c": c}
-    after = {"corpus/a": a_wider, "corpus/c": c, "corpus/d": b.placement("corpus/d")}
-    assert [p.dataset for p in newly_placed(before, after, "eu-north")] == ["corpus/a"]
-    assert newly_placed(before, after, "eu-central") == [after["corpus/d"]]
+class FlakyCatalog:
+    """The catalog, whose first `failures` reads of what a region lacks fail."""
+
+    def __init__(self, inner: Catalog, failures: int) -> None:
+        self.inner, self.failures = inner, failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def incomplete_versions(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise UnavailableError("the catalog did not answer (test fault)")
+        return self.inner.incomplete_versions(*args, **kwargs)
+
+
+async def agents_at(region: str) -> list[Source]:
+    return [Source(region, f"{region}.agent:7400")]
+
+
+WIDER = b.placement(DS, replicas=("eu-central", "eu-north"))
+
+
+async def test_a_backfill_that_failed_is_retried_until_it_finishes(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    old = b.put("before", b"written before eu-north was a replica", dataset=DS)
+    written_at_origin(catalog, old)
+    coord = MemoryCoordination()
+    await coord.put(keys.POLICY_CURRENT, b.policy(b.placement(DS), revision=4).to_json())
+    agent, flaky = MemoryAgent(), FlakyCatalog(catalog, failures=2)
+    state = tmp_path / "backfill.json"
+    async with PolicyView(coord) as view:
+        backfill = Backfill(
+            view,
+            flaky,  # type: ignore[arg-type]
+            agent,
+            agents_at,
+            "eu-north",
+            state_path=state,
+            retry_initial_s=0.05,
+            retry_max_s=0.1,
+        )
+        async with backfill:
+            await coord.put(keys.POLICY_CURRENT, b.policy(WIDER, revision=5).to_json())
+            await until(lambda: backfill.runs == 1, 30, what="the backfill, retried, to finish")
+    assert flaky.failures == 0
+    assert agent.held[(DS, "before")] == old.version
+    assert json.loads(state.read_text()) == {"region": "eu-north", "done": [DS]}
+
+
+async def test_a_dataset_placed_here_while_the_replicator_was_down_is_backfilled_at_start(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    old = b.put("before", b"written before eu-north was a replica", dataset=DS)
+    written_at_origin(catalog, old)
+    coord = MemoryCoordination()
+    # What the last run kept: nothing placed in eu-north was backfilled. Then, while it
+    # was down, a revision placed the dataset here.
+    state = tmp_path / "backfill.json"
+    state.write_text(json.dumps({"region": "eu-north", "done": []}))
+    await coord.put(keys.POLICY_CURRENT, b.policy(WIDER, revision=5).to_json())
+    agent = MemoryAgent()
+    async with PolicyView(coord) as view:
+        backfill = Backfill(view, catalog, agent, agents_at, "eu-north", state_path=state)
+        async with backfill:
+            await until(lambda: backfill.runs == 1, 30, what="the backfill at start")
+    assert agent.held[(DS, "before")] == old.version
+    assert json.loads(state.read_text())["done"] == [DS]
+
+
+async def test_a_first_start_without_state_takes_what_is_placed_then_as_done(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    written_at_origin(catalog, b.put("before", b"carried by the change log", dataset=DS))
+    coord = MemoryCoordination()
+    await coord.put(keys.POLICY_CURRENT, b.policy(WIDER, revision=5).to_json())
+    state, agent = tmp_path / "backfill.json", MemoryAgent()
+    async with PolicyView(coord) as view:
+        backfill = Backfill(view, catalog, agent, agents_at, "eu-north", state_path=state)
+        async with backfill:
+            await until(state.exists, 30, what="the backfill state to be written")
+    assert json.loads(state.read_text()) == {"region": "eu-north", "done": [DS]}
+    assert backfill.runs == 0 and agent.held == {}
