@@ -76,6 +76,10 @@ from replicator.ports import AgentPort, ApplyOutcome, ApplyResult, SetApplyResul
 
 log = get_logger("meridian.replicator")
 
+# How long an event written under a revision the policy view has not reached waits
+# for it before it is decided on the view's snapshot (see Applier._decided).
+POLICY_BEHIND_MAX_S = 10.0  # a view follows etcd within a second; the backfill covers the rest
+
 # Events of a batch the agent could not take at once go one by one, this many at a time.
 _SINGLES_AT_ONCE = 4
 _R = TypeVar("_R")
@@ -106,6 +110,7 @@ class Applier:
         sets: SetPort | None = None,
         on_record: Callable[[], None] = lambda: None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        published_revision: Callable[[], Awaitable[int | None]] | None = None,
     ) -> None:
         self.config = config
         self.region = config.region
@@ -131,6 +136,11 @@ class Applier:
             max_bytes=config.batch_max_bytes,
         )
         self._decisions: dict[str, Decision] = {}
+        # Revisions of events the policy view has not reached, since when (monotonic);
+        # and those etcd was seen not to hold (never waited for again).
+        self._behind_since: dict[int, float] = {}
+        self._unpublished: set[int] = set()
+        self._published_revision = published_revision
 
     # -- the pipeline --------------------------------------------------------------------
     async def handle(self, record: Record) -> str:
@@ -651,12 +661,14 @@ class Applier:
         decide (its published rules do not rebuild, for a dataset first seen after the
         apply) fails closed as no snapshot does: the event waits, its offset is not
         committed, and a readable policy applied later decides it. Raised instead, it
-        would end the whole batch undone, and its offsets would never be committed."""
+        would end the whole batch undone, and its offsets would never be committed. A
+        snapshot older than the revision the write was admitted under admits, or waits
+        for that revision: it does not skip or refuse."""
         delay = self.config.retry_initial_s
         while True:
             policy = await self._current_policy()
             try:
-                return policy, self._decide(event, policy)
+                decision = self._decide(event, policy)
             except MeridianError as exc:
                 log.warning(
                     "policy_cannot_decide",
@@ -668,6 +680,68 @@ class Applier:
                 )
                 await self._sleep(delay)
                 delay = min(self.config.retry_max_s, delay * 2)
+                continue
+            if (
+                decision.admission is Admission.ADMIT
+                or event.policy_revision <= policy.revision
+                or event.policy_revision in self._unpublished
+            ):
+                if self._behind_since:  # revisions reached since: forgotten
+                    for revision in [r for r in self._behind_since if r <= policy.revision]:
+                        del self._behind_since[revision]
+                return policy, decision
+            if await self._never_published(event, policy):
+                return policy, decision
+            # Written under a revision this snapshot has not reached (the policy view lags
+            # etcd, or etcd is away): a skip or a refusal now would be final, yet the
+            # revision that admitted the write may well place its copy here. Wait for it,
+            # for a bounded time (a revision that never comes, from a catalog rebuilt
+            # since, must not hold the log for ever): past it, decided on this snapshot,
+            # and a copy it placed here after all comes with the backfill of that
+            # revision once the view has it.
+            # One bound per revision, not per event: a run of them waits it once.
+            now = time.monotonic()
+            behind_since = self._behind_since.setdefault(event.policy_revision, now)
+            if now - behind_since >= POLICY_BEHIND_MAX_S:
+                log.warning(
+                    "policy_behind_event_decided",
+                    dataset=event.dataset,
+                    event_revision=event.policy_revision,
+                    revision=policy.revision,
+                    decision=decision.admission.value,
+                    waited_s=round(now - behind_since, 1),
+                )
+                return policy, decision
+            log.info(
+                "policy_behind_event",
+                dataset=event.dataset,
+                event_revision=event.policy_revision,
+                revision=policy.revision,
+                decision=decision.admission.value,
+                retry_in_s=delay,
+            )
+            await self._sleep(delay)
+            delay = min(self.config.retry_max_s, delay * 2)
+
+    async def _never_published(self, event: LogEvent, policy: CompiledPolicy) -> bool:
+        """Whether etcd, read directly, holds an older revision than the event's: its
+        revision was never published here (an event of a catalog rebuilt since, or of
+        another deployment sharing the log), and waiting for it would be waiting for
+        nothing. False when etcd does not answer: the view may be the one behind."""
+        if self._published_revision is None:
+            return False
+        published = await self._published_revision()
+        if published is None or published >= event.policy_revision:
+            return False
+        self._unpublished.add(event.policy_revision)
+        log.warning(
+            "policy_revision_unpublished",
+            dataset=event.dataset,
+            event_revision=event.policy_revision,
+            published=published,
+            revision=policy.revision,
+        )
+        return True
 
     async def _current_policy(self) -> CompiledPolicy:
         """The policy snapshot; while none is published, wait (fail closed: no copy is

@@ -154,6 +154,9 @@ async def run_replicator(
                 holders=holders,
                 sets=agent,
                 on_record=shipper.nudge,
+                # An event of a revision the view has not reached waits for it only
+                # while etcd may hold it (Applier._decided).
+                published_revision=view.published_revision,
             )
             relay = _Relay()
             consumer = KafkaConsumer(

@@ -367,6 +367,22 @@ class PolicyView(Lifecycle):
             ) from exc
         return self._current
 
+    async def published_revision(self) -> int | None:
+        """The revision of the policy etcd holds now, read directly (not the watched
+        snapshot, which may lag); 0 when none is published, None when etcd does not
+        answer or what it holds cannot be read."""
+        try:
+            res = await self._coord.txn([], [Get(POLICY_KEY)])
+        except MeridianError:
+            return None
+        [found] = res.reads
+        if not found:
+            return 0
+        try:
+            return CompiledPolicy.from_json(found[0].value).revision
+        except InvalidInputError:
+            return None
+
     # -- lifecycle -------------------------------------------------------------------
     async def _do_start(self) -> None:
         await self._read()

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from fakes.coordination import ManualClock, MemoryCoordination
 from harness.controllers import policy_yaml, run_cli
 from harness.ports import free_port
 
@@ -329,3 +330,13 @@ async def test_a_failed_watch_is_retried_from_a_fresh_read_keeping_the_snapshot(
         assert await wait_until(watching, 10)  # three failures, then a watch that works
         await publisher.publish(compiled(3))
         await view.wait_for(_at(3), 5)
+
+
+async def test_the_published_revision_is_read_from_etcd_itself() -> None:
+    coord = MemoryCoordination(ManualClock())
+    view = PolicyView(coord)
+    assert await view.published_revision() == 0  # nothing published
+    await CoordinationPolicyPublisher(coord).publish(compiled(4))
+    assert await view.published_revision() == 4  # read directly: the view never started
+    coord.set_unavailable(True)
+    assert await view.published_revision() is None

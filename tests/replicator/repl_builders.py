@@ -71,6 +71,7 @@ def put(
     dataset: str = "corpus/web",
     inline: bool = True,
     event_id: str | None = None,
+    policy_revision: int = 3,
 ) -> ChangeEvent:
     hlc = HLC(wall_ms if wall_ms is not None else system_ms(), logical, origin)
     return ChangeEvent(
@@ -79,7 +80,7 @@ def put(
         key=key,
         version=Version.put(hlc, len(data), Digest.of(data)),
         origin_region=origin,
-        policy_revision=3,
+        policy_revision=policy_revision,
         inline=data if inline else None,
         origin_agent=None if inline else f"{origin}.agent:7000",
     )

@@ -18,8 +18,11 @@ from harness.children import ChildProcess, popen_logged
 from harness.controllers import apply_world, meridian_argv
 from waiting import until
 
+from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.adapters.kafka import CHANGES_TOPIC, KafkaProducer
+from controlplane.coordination.protocols import keys
 from controlplane.domain.events import ChangeEvent
+from controlplane.policy.current import CompiledPolicy
 from meridian.convert import encode_change_event
 
 REGIONS = [("eu-west", "EU"), ("eu-central", "EU"), ("eu-north", "EU"), ("us-east", "US")]
@@ -65,6 +68,15 @@ def prepare_world(folder: Path, etcd: str, kafka: str) -> dict[str, str]:
     }
     regions = "\n".join(f"    - name: {n}\n      jurisdiction: {j}" for n, j in REGIONS)
     return apply_world(folder, env, POLICY.format(regions=regions))
+
+
+async def published_revision(etcd: str) -> int:
+    """The revision of the policy published in etcd (what events written under it carry:
+    a replicator waits for a newer one before it skips an event)."""
+    async with EtcdCoordination([etcd], timeout_s=5) as coord:
+        found = await coord.get(keys.POLICY_CURRENT)
+    assert found is not None, "no policy published"
+    return CompiledPolicy.from_json(found.value).revision
 
 
 async def publish(

@@ -28,6 +28,7 @@ from repl_world import (
     group_committed,
     prepare_world,
     publish,
+    published_revision,
     read_from,
 )
 
@@ -263,7 +264,10 @@ async def test_a_region_outside_the_placement_never_receives_a_byte(
         proc.start()
         await proc.wait_log("replicator_started")
         ds = dataset()
-        ends = await publish(kafka_bootstrap, [b.put(f"k{i}", dataset=ds) for i in range(20)])
+        # Written under the published revision (one newer would be waited for first).
+        revision = await published_revision(world["MERIDIAN_ETCD"])
+        events = [b.put(f"k{i}", dataset=ds, policy_revision=revision) for i in range(20)]
+        ends = await publish(kafka_bootstrap, events)
         # The group catches up past them (its committed offsets pass them) ...
 
         async def past() -> bool:

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pytest
 import repl_builders as b
 from repl_rig import RigFactory
 from structlog.testing import capture_logs
@@ -16,6 +17,7 @@ from waiting import until
 
 from controlplane.errors import InvalidInputError
 from controlplane.policy.current import CompiledPolicy
+from replicator import applier as applier_module
 
 NEW = "new/ds"  # first seen after the apply: placed by the published rules
 
@@ -96,3 +98,108 @@ async def test_a_run_whose_apply_crashed_is_run_again_not_dropped(
         "apply_crashed",
         "apply_retry",
     ]
+
+
+async def test_an_event_of_a_newer_revision_waits_for_it_rather_than_being_skipped(
+    rig_factory: RigFactory,
+) -> None:
+    # us-east's snapshot is revision 2, where the dataset is not placed there; the
+    # write was admitted under revision 3, which places a copy in us-east.
+    rig = rig_factory(region="us-east")
+    rig.current[0] = b.policy(b.placement(), revision=2)
+
+    async def short_sleep(_s: float) -> None:
+        await asyncio.sleep(0.01)
+
+    rig.applier._sleep = short_sleep
+    event = b.put("a")  # policy_revision 3
+    with capture_logs() as logs:
+        run = asyncio.create_task(rig.applier.handle_many([b.rec_of(event)]))
+
+        async def behind() -> bool:
+            return any(e["event"] == "policy_behind_event" for e in logs)
+
+        await until(behind, 10, what="the applier to wait for revision 3")
+        assert not run.done() and rig.agent.held == {}
+        wider = b.placement(replicas=("eu-central", "us-east"), residency=("EU", "US"))
+        rig.current[0] = b.policy(wider, revision=3)
+        assert await asyncio.wait_for(run, 10) == ["applied"]
+    assert rig.agent.held[("corpus/web", "a")] == event.version
+
+
+async def test_an_event_of_an_older_revision_is_skipped_at_once(rig_factory: RigFactory) -> None:
+    rig = rig_factory(region="us-east")
+    rig.current[0] = b.policy(b.placement(), revision=5)  # us-east not placed
+    assert await rig.applier.handle_many([b.rec_of(b.put("a"))]) == ["skipped"]
+
+
+async def test_a_revision_that_never_comes_is_waited_for_a_bounded_time_once(
+    rig_factory: RigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Revision 9 never reaches this view (a catalog rebuilt since, say): after the
+    # bound, its events are decided on the snapshot, and the bound is spent once for
+    # the revision, not once per event.
+    monkeypatch.setattr(applier_module, "POLICY_BEHIND_MAX_S", 0.2)
+    rig = rig_factory(region="us-east")
+    rig.current[0] = b.policy(b.placement(), revision=2)  # us-east not placed
+
+    async def short_sleep(_s: float) -> None:
+        await asyncio.sleep(0.01)
+
+    rig.applier._sleep = short_sleep
+    events = [b.put(f"k{i}", policy_revision=9) for i in range(20)]
+    with capture_logs() as logs:
+        results = await asyncio.wait_for(
+            rig.applier.handle_many([b.rec_of(e, n) for n, e in enumerate(events)]), 10
+        )
+    assert results == ["skipped"] * 20
+    assert [e["event"] for e in logs].count("policy_behind_event_decided") == 20
+    waits = [e for e in logs if e["event"] == "policy_behind_event"]
+    assert 1 <= len(waits) <= 40  # about one bound's worth of 10 ms retries, not 20 of them
+
+
+async def test_a_revision_etcd_does_not_hold_is_not_waited_for(rig_factory: RigFactory) -> None:
+    # Events of a catalog rebuilt since (or of another deployment on the same log):
+    # etcd itself holds revision 2, so revision 9 is never coming.
+    rig = rig_factory(region="us-east")
+    rig.current[0] = b.policy(b.placement(), revision=2)
+    asked: list[int] = []
+
+    async def published() -> int | None:
+        asked.append(2)
+        return 2
+
+    rig.applier._published_revision = published
+    events = [b.put(f"k{i}", policy_revision=9) for i in range(5)]
+    with capture_logs() as logs:
+        results = await asyncio.wait_for(
+            rig.applier.handle_many([b.rec_of(e, n) for n, e in enumerate(events)]), 10
+        )
+    assert results == ["skipped"] * 5
+    assert not [e for e in logs if e["event"] == "policy_behind_event"]
+    assert [e["event"] for e in logs].count("policy_revision_unpublished") == 1
+    assert asked == [2]  # asked once for the revision, not once per event
+
+
+async def test_a_revision_etcd_holds_is_waited_for(rig_factory: RigFactory) -> None:
+    rig = rig_factory(region="us-east")
+    rig.current[0] = b.policy(b.placement(), revision=2)
+
+    async def published() -> int | None:
+        return 3  # the view lags etcd
+
+    async def short_sleep(_s: float) -> None:
+        await asyncio.sleep(0.01)
+
+    rig.applier._published_revision = published
+    rig.applier._sleep = short_sleep
+    with capture_logs() as logs:
+        run = asyncio.create_task(rig.applier.handle_many([b.rec_of(b.put("a"))]))
+
+        async def behind() -> bool:
+            return any(e["event"] == "policy_behind_event" for e in logs)
+
+        await until(behind, 10, what="the applier to wait for revision 3")
+        wider = b.placement(replicas=("eu-central", "us-east"), residency=("EU", "US"))
+        rig.current[0] = b.policy(wider, revision=3)
+        assert await asyncio.wait_for(run, 10) == ["applied"]
