@@ -17,9 +17,12 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    StrictInt,
     WithJsonSchema,
 )
 
+from controlplane.domain.names import check_name
+from controlplane.errors import MeridianError
 from controlplane.policy.units import (
     BANDWIDTH_SCHEMA_PATTERN,
     DURATION_RE,
@@ -78,6 +81,19 @@ Jurisdiction = Annotated[
 Name = Annotated[str, Field(min_length=1, max_length=255)]
 
 
+def _dataset_name(value: str) -> str:
+    # The data plane's own rule (dataplane.md, names): a dataset declared here is one
+    # the agents and `meridian object` will be asked to store under this name.
+    try:
+        return check_name("dataset", value)
+    except MeridianError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# At most 255 characters as any name here (the catalog's column), and a data-plane name.
+DatasetName = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_dataset_name)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=False)
 
@@ -85,6 +101,10 @@ class Strict(BaseModel):
 class Metadata(Strict):
     name: Name
     labels: dict[str, str] = Field(default_factory=dict)
+
+
+class DatasetMetadata(Metadata):
+    name: DatasetName
 
 
 class RegionSpec(Strict):
@@ -110,7 +130,8 @@ class Selector(Strict):
 
 class ReplicasSpec(Strict):
     regions: list[RegionName] | None = None
-    count: Annotated[int, Field(ge=1)] | None = None
+    # Strict: YAML's `true` or `"1"` is refused, not taken for 1 (policy.md, rule 2).
+    count: Annotated[StrictInt, Field(ge=1)] | None = None
 
 
 class FailoverSpec(Strict):
@@ -124,7 +145,7 @@ class TransferSpec(Strict):
 
 
 class PolicySpec(Strict):
-    priority: int = 0
+    priority: StrictInt = 0
     selector: Selector
     class_: Literal["critical", "standard"] = Field(alias="class")
     home: RegionName
@@ -154,7 +175,7 @@ class ReplicationPolicy(Strict):
 class DatasetDoc(Strict):
     api_version: Literal["meridian/v1"] = Field(alias="apiVersion")
     kind: Literal["Dataset"]
-    metadata: Metadata
+    metadata: DatasetMetadata
 
 
 Document = Annotated[Topology | ReplicationPolicy | DatasetDoc, Field(discriminator="kind")]

@@ -182,6 +182,22 @@ def test_rule1_duplicate_key_column() -> None:
             "class: [critical]",
             "spec.class",
         ),
+        # A number of the wrong type is refused, not converted (YAML's true, a string).
+        (
+            join(TOPOLOGY, POLICY.replace("priority: 100", "priority: true")),
+            "priority: true",
+            "spec.priority: Input should be a valid integer",
+        ),
+        (
+            join(TOPOLOGY, STANDARD.replace("count: 2", 'count: "2"')),
+            'count: "2"',
+            "spec.replicas.count: Input should be a valid integer",
+        ),
+        (
+            join(TOPOLOGY, STANDARD.replace("count: 2", "count: 2.0")),
+            "count: 2.0",
+            "spec.replicas.count: Input should be a valid integer",
+        ),
     ],
 )
 def test_rule2_schema(text: str, needle: str, fragment: str) -> None:
@@ -395,6 +411,27 @@ def test_rule10_different_priority_is_fine() -> None:
             join(TOPOLOGY, POLICY.replace("residency: [EU]", "residency: [E]")),
             "[E]",
             "malformed jurisdiction",
+        ),
+        # A declared dataset's name follows the data plane's rules (dataplane.md).
+        (
+            join(TOPOLOGY, POLICY, DATASET.replace("ckpt/llama", "../escape")),
+            "../escape",
+            "dataset name '../escape' has a '..' segment",
+        ),
+        (
+            join(TOPOLOGY, POLICY, DATASET.replace("ckpt/llama", '"/abs/x"')),
+            "/abs/x",
+            "dataset name '/abs/x' starts with '/'",
+        ),
+        (
+            join(TOPOLOGY, POLICY, DATASET.replace("ckpt/llama", "ckpt/" + "x" * 300)),
+            "xxxx",
+            "metadata.name: String should have at most 255 characters",
+        ),
+        (
+            join(TOPOLOGY, POLICY, DATASET.replace("ckpt/llama", '"ckpt/a\\0b"')),
+            "ckpt/a",
+            "contains a NUL character",
         ),
     ],
 )
