@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.errors import ConfigError
@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     """Every knob of Meridian, read from `MERIDIAN_<NAME>` (case-insensitive)."""
 
     model_config = SettingsConfigDict(env_prefix="MERIDIAN_", extra="ignore", frozen=True)
+    # The settings given as flags (load_settings' overrides): errors name those flags.
+    _flags: frozenset[str] = PrivateAttr(default_factory=frozenset)
 
     home: Path = Field(
         default_factory=find_home, description="folder for engines and the stack's run data"
@@ -174,17 +176,24 @@ class Settings(BaseSettings):
             raise ValueError("must be one of debug, info, warning, error")
         return value.lower()
 
+    def source_of(self, name: str) -> str:
+        """Where a setting's value came from, as an error should name it: the flag that
+        gave it (`--etcd`), else its environment variable (`MERIDIAN_ETCD`)."""
+        if name in self._flags:
+            return f"--{name.replace('_', '-')}"
+        return f"MERIDIAN_{name.upper()}"
+
     @cached_property
     def etcd_endpoints(self) -> list[tuple[str, int]]:
-        return parse_endpoints(self.etcd, setting="MERIDIAN_ETCD")
+        return parse_endpoints(self.etcd, setting=self.source_of("etcd"))
 
     @cached_property
     def kafka_bootstrap(self) -> list[tuple[str, int]]:
-        return parse_endpoints(self.kafka, setting="MERIDIAN_KAFKA")
+        return parse_endpoints(self.kafka, setting=self.source_of("kafka"))
 
     @cached_property
     def toxiproxy_endpoint(self) -> tuple[str, int]:
-        return parse_endpoints(self.toxiproxy, setting="MERIDIAN_TOXIPROXY")[0]
+        return parse_endpoints(self.toxiproxy, setting=self.source_of("toxiproxy"))[0]
 
     @cached_property
     def agent_route_map(self) -> dict[str, str]:
@@ -262,9 +271,9 @@ def load_settings(*, check_endpoints: bool = True, **overrides: object) -> Setti
     except ValidationError as exc:
         first = exc.errors()[0]
         name = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(
-            f"setting {name} (MERIDIAN_{name.upper()}) is invalid: {first['msg']}"
-        ) from exc
+        where = f"--{name.replace('_', '-')}" if name in given else f"MERIDIAN_{name.upper()}"
+        raise ConfigError(f"setting {name} ({where}) is invalid: {first['msg']}") from exc
+    settings._flags = frozenset(given)
     if check_endpoints:
         # Touch the parsed forms so a malformed endpoint fails here, at start, once.
         _ = settings.etcd_endpoints, settings.kafka_bootstrap, settings.toxiproxy_endpoint

@@ -13,6 +13,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
+from alembic.util import CommandError
 from sqlalchemy import Connection
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
@@ -27,7 +29,7 @@ import migrations
 from controlplane.catalog.engine import make_engine, redacted, sqlite_file
 from controlplane.catalog.errors import CatalogError, CatalogUnavailableError
 from controlplane.catalog.translate import first_line, translate_error
-from controlplane.errors import ConfigError
+from controlplane.errors import ConfigError, InvalidInputError
 
 
 def alembic_config(url: str) -> Config:
@@ -118,11 +120,34 @@ def refuse_in_memory(url: str) -> str:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    _with_connection(url, lambda cfg: command.upgrade(cfg, revision))
+    _check_revision(revision)
+    _migrate(url, revision, command.upgrade)
 
 
 def downgrade(url: str, revision: str) -> None:
-    _with_connection(url, lambda cfg: command.downgrade(cfg, revision))
+    _check_revision(revision)
+    _migrate(url, revision, command.downgrade)
+
+
+def _migrate(url: str, revision: str, step: Callable[[Config, str], None]) -> None:
+    try:
+        _with_connection(url, lambda cfg: step(cfg, revision))
+    except (RevisionError, CommandError) as exc:  # a step that does not apply from here
+        raise InvalidInputError(f"--revision {revision!r}: {first_line(exc)}") from None
+
+
+def _check_revision(revision: str) -> None:
+    """A target that names no migration of this build is the caller's mistake, said in
+    one sentence before the catalog is touched (Alembic's own error reads as a crash)."""
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    try:
+        script.get_revisions(revision)
+    except (RevisionError, CommandError) as exc:
+        known = [r.revision for r in script.walk_revisions()]
+        raise InvalidInputError(
+            f"--revision {revision!r} names no migration of this catalog ({first_line(exc)}); "
+            f"give head, base, a relative step such as +1, or one of {', '.join(reversed(known))}"
+        ) from None
 
 
 def current(url: str) -> str | None:

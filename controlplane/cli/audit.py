@@ -110,7 +110,9 @@ def transfers(
     cross_border: Annotated[
         bool, typer.Option("--cross-border", help="only transfers between jurisdictions")
     ] = False,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="at most N rows")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, max=1_000_000_000, help="at most N rows")
+    ] = None,
     catalog: CatalogOpt = None,
     output: OutputOpt = None,
 ) -> None:

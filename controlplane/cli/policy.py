@@ -37,9 +37,7 @@ if TYPE_CHECKING:  # each command imports what it needs (see main.Commands)
 
 app = typer.Typer(help="Validate, plan and apply replication policy.", no_args_is_help=True)
 
-FilesArg = Annotated[
-    list[Path], typer.Argument(help="policy YAML files", exists=False, dir_okay=False)
-]
+FilesArg = Annotated[list[Path], typer.Argument(help="policy YAML files", exists=False)]
 
 
 class PolicyInvalidError(InvalidInputError):

@@ -50,7 +50,7 @@ def status(
 
     from controlplane.catalog.api import open_catalog
     from controlplane.cli.records_lag import records_lag
-    from controlplane.errors import InvalidInputError
+    from controlplane.errors import InvalidInputError, NotFoundError
     from replicator.status import replication_status
 
     if state is not None and state not in ("pending", "failed"):
@@ -58,6 +58,14 @@ def status(
     settings = settings_from(ctx, check_endpoints=False)
     catalog = open_catalog(settings.catalog)
     try:
+        if region is not None:
+            known = sorted(r.name for r in catalog.list_regions())
+            if region not in known:
+                # A typo must not read as "nothing to report".
+                raise NotFoundError(
+                    f"unknown region {region!r}: the catalog's regions are "
+                    f"{', '.join(known) or 'none (no policy applied)'}"
+                )
         rows = replication_status(
             catalog, datetime.now(UTC), dataset_glob=dataset, region=region, state=state
         )

@@ -71,6 +71,24 @@ def test_missing_file_is_a_problem(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "nope.yaml:1:1: error: cannot read the file" in capsys.readouterr().err
 
 
+def test_a_folder_is_one_problem_among_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # policy.md: all problems in all files are reported in one run, as a JSON list too.
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    path = bad_file(tmp_path)
+    assert run(["policy", "validate", "-o", "json", str(folder), str(path)]) == 1
+    problems = json.loads(capsys.readouterr().out)
+    assert {
+        "file": str(folder),
+        "line": 1,
+        "column": 1,
+        "message": "cannot read the file: it is a directory, not a regular file",
+    } in problems
+    assert sorted(p["file"] for p in problems) == sorted([str(folder), str(path), str(path)])
+
+
 def test_schema_is_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["policy", "schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
@@ -292,3 +310,35 @@ def test_apply_publishes_to_the_configured_etcd_by_default(
     assert run([*argv[:4], "-o", "table", str(EXAMPLE), "--yes"]) == 0  # nothing to do...
     assert "is current and published it to etcd" in capsys.readouterr().out  # ...republished
     assert published[-1] == ([("127.0.0.1", 2379)], 1)
+
+
+def test_replication_status_of_an_unknown_region_says_so(
+    catalog_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--catalog", catalog_url]
+    assert run([*base, "policy", "apply", "--no-publish", "--yes", str(EXAMPLE)]) == 0
+    capsys.readouterr()
+    # A typo must not read as "nothing to report" (an empty list, exit 0).
+    assert run([*base, "replication", "status", "--region", "ap-south", "-o", "json"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "unknown region 'ap-south': the catalog's regions are eu-central, eu-west, us-east" in err
+    )
+
+
+def test_a_migration_that_does_not_exist_is_one_clear_error(
+    catalog_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["--catalog", catalog_url, "db", "upgrade", "--revision", "bogus"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --revision 'bogus' names no migration of this catalog")
+    assert "internal error" not in err and migrate.head_revision() in err
+
+
+def test_an_absurd_audit_limit_is_a_usage_error(
+    catalog_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    limit = "99999999999999999999999"
+    assert run(["--catalog", catalog_url, "audit", "transfers", "--limit", limit]) == 1
+    err = capsys.readouterr().err
+    assert "--limit" in err and "internal error" not in err

@@ -123,3 +123,14 @@ def test_agent_routes_override_registered_endpoints_and_bad_ones_are_named(
         ConfigError, match=re.escape("MERIDIAN_AGENT_ROUTES: 'us-east127.0.0.1:7001'")
     ):
         load_settings()
+
+
+def test_a_bad_endpoint_is_blamed_on_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MERIDIAN_ETCD", "from the env")
+    with pytest.raises(ConfigError, match=r"^--etcd holds 'from a flag', which is not host:port"):
+        load_settings(etcd="from a flag")
+    with pytest.raises(ConfigError, match=r"^MERIDIAN_ETCD holds 'from the env', which is not"):
+        load_settings()
+    monkeypatch.delenv("MERIDIAN_ETCD")
+    with pytest.raises(ConfigError, match=r"^--kafka holds 'k', which is not host:port"):
+        load_settings(kafka="k")
