@@ -332,9 +332,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         finally:
             # After a commit this removes nothing; on an error or a cancel it drops the
-            # temporary file (waiting for a chunk a thread may still be writing).
+            # temporary file, in a thread: it waits for the write lock, which a commit or
+            # digest check holds through an fsync of the whole file (seconds for a big
+            # one), and the event loop must not wait with it.
             if staged is not None:
-                staged.abort()
+                await run_to_the_end(staged.abort)
 
     async def _commit_write(
         self,

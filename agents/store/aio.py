@@ -53,5 +53,6 @@ async def put_stream(
         )
     finally:
         # After a commit this removes nothing. On cancellation the thread may still be
-        # writing; abort waits for that chunk (the write lock) and then removes the file.
-        staged.abort()
+        # writing; abort waits for that chunk (the write lock, held through an fsync at
+        # the commit), in a thread of its own, and then removes the file.
+        await run_to_the_end(staged.abort)

@@ -12,7 +12,7 @@ import ctypes
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 # Held while folders are created, so no thread renames into a folder another thread
@@ -87,6 +87,16 @@ def make_dirs(root: Path, relative: Path) -> Path:
                 os.mkdir(path)
                 fsync_dir(parent)
     return path
+
+
+def make_children(parent: Path, names: Iterable[str]) -> None:
+    """Create folders `names` in `parent` (an existing folder), with one fsync of it for
+    all, under the lock `make_dirs` takes: no other thread sees one as made (and renames
+    into it) before its entry is durable."""
+    with _mkdir_lock:
+        for name in sorted(names):
+            (parent / name).mkdir(exist_ok=True)
+        fsync_dir(parent)
 
 
 def remove_empty_dir(path: Path) -> None:

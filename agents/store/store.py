@@ -1396,10 +1396,7 @@ class ObjectStore:
         new = {fan for fan in fans if fan not in self._folders}
         if len(new) <= 1:
             return  # `_folder` makes a single one as it always did
-        objects = self.root / OBJECTS
-        for fan in sorted(new):
-            (objects / fan).mkdir(exist_ok=True)
-        files.fsync_dir(objects)
+        files.make_children(self.root / OBJECTS, new)
         self._folders.update(new)
 
     def _folder(self, rel: PurePosixPath) -> Path:

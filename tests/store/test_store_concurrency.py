@@ -10,11 +10,12 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from store_helpers import StoreFactory, object_files
 
-from agents.store import ObjectStore
+from agents.store import ObjectStore, files
 from agents.store.aio import put_stream
 from controlplane.domain.hlc import HLC, system_ms
 from controlplane.domain.version import Digest, Version
@@ -133,3 +134,22 @@ async def test_a_cancelled_put_stream_stores_nothing(store: ObjectStore) -> None
         await task
     assert store.head("ds", "k") is None
     assert os.listdir(store.root / "tmp") == []
+
+
+def test_a_bundles_new_folders_are_made_under_the_mkdir_lock(tmp_path: Path) -> None:
+    # A single write (make_dirs) takes the lock and skips a folder that exists: a
+    # bundle's folders must not exist before their entries are durable, so they are
+    # made under the same lock, and a write waits for their fsync.
+    made = threading.Event()
+
+    def make() -> None:
+        files.make_children(tmp_path, ["aa", "bb"])
+        made.set()
+
+    with files._mkdir_lock:
+        worker = threading.Thread(target=make)
+        worker.start()
+        assert not made.wait(0.2)
+        assert not (tmp_path / "aa").exists()  # nothing made while another holds it
+    worker.join(10)
+    assert made.is_set() and (tmp_path / "aa").is_dir() and (tmp_path / "bb").is_dir()
