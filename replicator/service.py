@@ -81,7 +81,7 @@ class ReplicatorLoop(Lifecycle):
             )
         await self._runner.cancel()
         await cancel_and_wait(*rest)
-        await self.commit()
+        await self._bounded_commit(None, "stop")
 
     async def wait_handled(self, count: int, timeout_s: float) -> None:
         """Until `count` events have been handled (TimeoutError after `timeout_s`)."""
@@ -101,7 +101,7 @@ class ReplicatorLoop(Lifecycle):
                 await self._progress.wait_for(lambda: not self._offsets.in_flight(partitions))
         except TimeoutError:
             log.warning("revoke_drain_timeout", partitions=sorted(partitions))
-        await self.commit(partitions)
+        await self._bounded_commit(partitions, "revoke")
         self._offsets.forget(partitions)
         log.info("partitions_revoked", partitions=sorted(partitions))
 
@@ -179,6 +179,21 @@ class ReplicatorLoop(Lifecycle):
         while True:
             await asyncio.sleep(self.config.commit_interval_s)
             await self.commit()
+
+    async def _bounded_commit(self, partitions: set[TopicPartition] | None, why: str) -> None:
+        """`commit`, for at most `drain_timeout_s`: the Kafka client retries a commit for
+        as long as Kafka is away, and a stop (SIGTERM) or a rebalance must end anyway.
+        What it did not commit is replayed by the next owner (a no-op by LWW)."""
+        try:
+            async with asyncio.timeout(self.config.drain_timeout_s):
+                await self.commit(partitions)
+        except TimeoutError:
+            log.warning(
+                "commit_timeout",
+                at=why,
+                seconds=self.config.drain_timeout_s,
+                action="left uncommitted: replayed by the next owner, a no-op",
+            )
 
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
         """Commit every offset whose effect is durable (of `partitions`, or all)."""
