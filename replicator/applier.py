@@ -78,6 +78,10 @@ log = get_logger("meridian.replicator")
 
 # How long an event written under a revision the policy view has not reached waits
 # for it before it is decided on the view's snapshot (see Applier._decided).
+# How long the catalog may take to name an object's other holders, and how long it is
+# not asked again once it did not answer (see Applier._call).
+HOLDERS_WAIT_S = 1.0
+HOLDERS_SKIP_S = 30.0
 POLICY_BEHIND_MAX_S = 10.0  # a view follows etcd within a second; the backfill covers the rest
 
 # Events of a batch the agent could not take at once go one by one, this many at a time.
@@ -140,6 +144,7 @@ class Applier:
         # and those etcd was seen not to hold (never waited for again).
         self._behind_since: dict[int, float] = {}
         self._unpublished: set[int] = set()
+        self._holders_after = 0.0  # monotonic: holders are not asked before then
         self._published_revision = published_revision
 
     # -- the pipeline --------------------------------------------------------------------
@@ -509,11 +514,21 @@ class Applier:
         if event.inline is not None:
             return await self._agent.apply_inline(event)
         holders: Sequence[Source] = ()
-        if self._holders is not None:
+        if self._holders is not None and time.monotonic() >= self._holders_after:
+            # Other holders are an optimisation, asked of the catalog: bounded, and not
+            # asked again for a while once it failed, so a catalog away (each call then
+            # waits out a connect timeout, in a thread) never slows the fetches (the
+            # data path does not need the catalog: dataplane.md).
             try:
-                holders = await self._holders.holders(event)
-            except Exception as exc:  # noqa: BLE001 - other holders are an optimisation
-                log.debug("holders_unknown", dataset=event.dataset, error=_describe(exc))
+                holders = await asyncio.wait_for(self._holders.holders(event), HOLDERS_WAIT_S)
+            except Exception as exc:  # noqa: BLE001 - the origin is asked anyway
+                self._holders_after = time.monotonic() + HOLDERS_SKIP_S
+                log.info(
+                    "holders_unknown",
+                    dataset=event.dataset,
+                    error=_describe(exc),
+                    skipped_for_s=HOLDERS_SKIP_S,
+                )
         sources = sources_for(event, policy, self.region, holders)
         return await self._agent.fetch(event, sources)
 

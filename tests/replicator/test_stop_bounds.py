@@ -7,11 +7,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
 import repl_builders as b
 from repl_rig import RigFactory
 from structlog.testing import capture_logs
 
+from controlplane.domain.events import ChangeEvent
 from controlplane.ports.changelog import Record
+from replicator import applier as applier_module
+from replicator.ports import Source
 
 
 async def test_a_stop_ends_within_its_bound_while_the_commit_hangs(
@@ -55,3 +59,26 @@ async def test_a_revoke_ends_within_its_bound_while_the_commit_hangs(
         assert [e["at"] for e in logs if e["event"] == "commit_timeout"] == ["revoke"]
     finally:
         await asyncio.wait_for(loop.stop(), 5)
+
+
+async def test_a_catalog_that_does_not_answer_does_not_slow_the_fetches(
+    rig_factory: RigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other holders of an object are asked of the catalog; one away must cost a
+    # fetch a bounded wait once, then nothing for a while (the origin is asked anyway).
+    monkeypatch.setattr(applier_module, "HOLDERS_WAIT_S", 0.1)
+    rig = rig_factory()
+    asked: list[str] = []
+
+    class HangingCatalog:
+        async def holders(self, event: ChangeEvent) -> list[Source]:
+            asked.append(event.key)
+            await asyncio.Event().wait()  # a catalog blackholed
+            return []
+
+    rig.applier._holders = HangingCatalog()  # type: ignore[assignment]
+    first = b.put("a", inline=False)
+    assert await asyncio.wait_for(rig.applier.handle_many([b.rec_of(first)]), 5) == ["applied"]
+    later = [b.rec_of(b.put(k, inline=False), n) for n, k in enumerate(("b", "c"), 1)]
+    assert await asyncio.wait_for(rig.applier.handle_many(later), 5) == ["applied"] * 2
+    assert asked == ["a"]  # not asked again while it is skipped
