@@ -216,6 +216,7 @@ class NodeAgent(Lifecycle):
             members=self.members,
             peers=self.peers,
             cache=cache,
+            max_object_bytes=self.config.max_object_bytes,
         )
         # Critical pushes batched by their owner (replica_pushes.py): alone in the region.
         service.pushes = ReplicaPushes(

@@ -37,6 +37,8 @@ class AgentConfig:
     retry_max_s: float = 2.0
     # How often resume states of cut transfers are expired (agents/transfer/sweep.py).
     resume_sweep_interval_s: float = 3600.0
+    # A Put of more bytes is refused (RESOURCE_EXHAUSTED); None: no cap but the disk's.
+    max_object_bytes: int | None = None
 
     def __post_init__(self) -> None:
         parse_listen(self.listen, "--listen")
@@ -52,5 +54,7 @@ class AgentConfig:
             raise ConfigError(
                 f"the resume sweep interval must be > 0 s, got {self.resume_sweep_interval_s:g}"
             )
+        if self.max_object_bytes is not None and self.max_object_bytes < 1:
+            raise ConfigError(f"--max-object-bytes must be >= 1, got {self.max_object_bytes}")
         if self.stop_grace_s < 0:
             raise ConfigError(f"--grace must be >= 0 s, got {self.stop_grace_s:g}")

@@ -37,6 +37,14 @@ def serve(
         float,
         typer.Option("--grace", help="seconds calls in flight get to finish on SIGTERM"),
     ] = 10.0,
+    max_object_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-object-bytes",
+            min=1,
+            help="refuse a Put of more bytes (RESOURCE_EXHAUSTED); default: no cap",
+        ),
+    ] = None,
     lease_ttl_s: Annotated[
         int | None,
         typer.Option("--lease-ttl", help="registration lease TTL in s [MERIDIAN_LEASE_TTL_S]"),
@@ -67,5 +75,6 @@ def serve(
         weight=weight,
         lease_ttl_s=settings.lease_ttl_s,
         stop_grace_s=grace_s,
+        max_object_bytes=max_object_bytes,
     )
     run(run_agent(settings, config), settings.agent_loop)

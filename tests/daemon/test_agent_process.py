@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 from harness.agent_process import WORLD_REGIONS, AgentProcess
@@ -21,11 +22,13 @@ from waiting import WaitTimeoutError, until, until_sync
 
 from agents.client import AgentClient, FetchSource
 from agents.errors import ResidencyError
+from agents.store.errors import TooLargeError
 from controlplane.adapters.etcd import EtcdCoordination
 from controlplane.catalog.api import open_catalog
 from controlplane.coordination.protocols import keys
 from controlplane.domain.version import Verdict
 from controlplane.errors import NotFoundError, UnavailableError
+from meridian.v1 import agent_pb2, agent_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -359,3 +362,36 @@ def test_it_serves_while_the_catalog_and_kafka_are_down(
         )
     finally:
         assert proc.stop() == 0
+
+
+async def test_a_put_over_the_cap_is_refused(tmp_path: Path, world: dict[str, str]) -> None:
+    proc = AgentProcess(
+        "eu-west",
+        tmp_path / "capped",
+        world,
+        tmp_path / "capped.log",
+        extra_args=["--max-object-bytes", "300000"],
+    )
+    proc.start()
+    try:
+        async with AgentClient(proc.address) as client:
+            with pytest.raises(TooLargeError, match="cap of 300000"):
+                await client.put("corpus/a", "big", os.urandom(400_000))
+            await client.put("corpus/a", "fits", os.urandom(200_000))
+            with pytest.raises(NotFoundError):
+                await client.stat("corpus/a", "big")
+    finally:
+        proc.stop()
+
+
+async def test_a_stated_size_the_disk_cannot_take_is_refused_at_its_header(
+    agent: AgentProcess,
+) -> None:
+    header = agent_pb2.PutHeader(dataset="corpus/a", key="huge", size=1 << 60)
+    async with grpc.aio.insecure_channel(agent.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent_pb2_grpc.AgentStub(channel).Put(
+                iter([agent_pb2.PutRequest(header=header)]), timeout=30
+            )
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "this agent's disk has" in str(err.value.details())
