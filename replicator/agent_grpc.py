@@ -10,9 +10,9 @@
 - a large put: `Fetch` with the sources nearest first; the agent pulls it with
   `Sync` and answers the outcome itself;
 - `head`: `Stat` of the newest version (NOT_FOUND: none);
-- a version set (`SetPort`): `ReplicateSet` with epoch 0, the call a critical owner
-  pushes its sets with; the agent fences it (residency) and applies it by LWW on the
-  set's HLC, and answers whether the set is complete there.
+- a version set (`SetPort`): `ReplicateSet` at the event's epoch (0: a standard set),
+  the call a critical owner pushes its sets with; the agent fences it (residency) and
+  applies it by LWW on the set's HLC, and answers whether the set is complete there.
 
 Failures come back as Meridian errors (`from_rpc_error` in the client): a refused
 residency as `ResidencyError`, a stale epoch as `StaleEpochError`, an unreachable
