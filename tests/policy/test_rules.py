@@ -662,3 +662,11 @@ def test_empty_documents_are_ignored() -> None:
 def test_null_document_is_not_empty() -> None:
     text = join(TOPOLOGY, POLICY, "~\n")
     assert_problem(text, "~", "a policy document must be a mapping")
+
+
+def test_rule1_an_unclosed_bracket_at_the_end_points_at_the_bracket() -> None:
+    # The parser gives up past the end of the text; the offending node is the bracket.
+    text = join(TOPOLOGY, POLICY.rstrip("\n") + "\n  labels: [unclosed\n")
+    [(line, column, message)] = problems_of(text)
+    assert (line, column) == (line_of(text, "[unclosed"), 11)
+    assert message.startswith("YAML does not parse")
