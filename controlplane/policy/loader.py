@@ -212,9 +212,7 @@ def load_text(text: str, name: str) -> tuple[list[RawDocument], list[Problem]]:
         mark = exc.problem_mark or exc.context_mark
         # Where the parser gave up can be past the end of the text (an unclosed bracket
         # or quote): then the place it opened (the context) is the offending node.
-        if exc.context_mark is not None and (
-            mark is None or mark.line >= len(text.splitlines())
-        ):
+        if exc.context_mark is not None and (mark is None or mark.line >= len(text.splitlines())):
             mark = exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
         what = " ".join(p for p in (exc.context, exc.problem) if p)
