@@ -12,16 +12,24 @@ from controlplane.cli.common import OutputOpt, emit, settings_from
 
 app = typer.Typer(help="Chaos scenarios: WAN faults, crashes and pauses.", no_args_is_help=True)
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m)?$")
+_SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
 
 
 def parse_duration(text: str) -> float:
+    """A duration as the policy writes one (ms, s, m or h: policy.md), or bare seconds."""
     from controlplane.errors import InvalidInputError
+    from controlplane.policy.units import parse_duration_s
 
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise InvalidInputError(f"--duration {text!r} is not a duration such as 45s or 2m")
-    return float(match.group(1)) * (60 if match.group(2) == "m" else 1)
+    given = text.strip()
+    if _SECONDS.match(given):
+        return float(given)
+    try:
+        return parse_duration_s(given)
+    except ValueError:
+        raise InvalidInputError(
+            f"--duration {text!r} is not a duration: a number with ms, s, m or h, such as "
+            "45s or 2m"
+        ) from None
 
 
 @app.command("list")

@@ -98,3 +98,15 @@ def test_run_prints_a_table_per_scenario_and_fails_on_a_violation(
     assert "owner-isolated (seed 5): 300 operations, 90 acked writes" in done.output
     assert "owner-sigstop (seed 6): 310 operations, 80 acked writes" in done.output
     assert "owner-sigstop failed with seed 6" in done.output
+
+
+def test_a_duration_is_written_as_the_policy_writes_one() -> None:
+    from controlplane.cli.chaos import parse_duration
+
+    assert [parse_duration(t) for t in ("45s", "2m", "1h", "1500ms", "30")] == [
+        45.0,
+        120.0,
+        3600.0,
+        1.5,
+        30.0,
+    ]
