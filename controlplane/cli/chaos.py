@@ -27,8 +27,7 @@ def parse_duration(text: str) -> float:
         return parse_duration_s(given)
     except ValueError:
         raise InvalidInputError(
-            f"--duration {text!r} is not a duration: a number with ms, s, m or h, such as "
-            "45s or 2m"
+            f"--duration {text!r} is not a duration: a number with ms, s, m or h, such as 45s or 2m"
         ) from None
 
 
