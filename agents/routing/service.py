@@ -56,6 +56,7 @@ from agents.service.servicer import (
     check_small,
 )
 from agents.store import ObjectStore
+from agents.store.errors import DeletedError
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire
@@ -144,6 +145,17 @@ class RoutedAgentService(AgentService):
     def _ranked(self, members: Members, dataset: str, key: str) -> list[Member]:
         """Every serving agent in the object's placement order (its owners first)."""
         return hrw.rank(hrw.placement_key(dataset, key), members.serving)
+
+    def _read_plan(
+        self, members: Members, dataset: str, key: str
+    ) -> tuple[list[Member], frozenset[str]]:
+        """`_read_order`, and the agent ids whose answer about the object is final: the
+        owners (for a read through the cache, the dataset's primary)."""
+        order = self._read_order(members, dataset, key)
+        if self._cache_for(dataset, None) is not None and members.serving:
+            return order, frozenset({order[0].agent_id})
+        ranked = self._ranked(members, dataset, key)
+        return order, frozenset(m.agent_id for m in ranked[: members.r])
 
     def _read_order(self, members: Members, dataset: str, key: str) -> list[Member]:
         """Where to look for an object: its owners, this agent among them first, then the
@@ -377,8 +389,9 @@ class RoutedAgentService(AgentService):
     async def _routed_get(
         self, members: Members, request: agent_pb2.GetRequest
     ) -> AsyncIterator[agent_pb2.GetResponse]:
-        missing: MeridianError | None = None
-        for member in self._read_order(members, request.dataset, request.key):
+        order, owners = self._read_plan(members, request.dataset, request.key)
+        answers = _Answers(owners)
+        for member in order:
             source: AsyncIterator[agent_pb2.GetResponse]
             if member.agent_id == self.agent_id:
                 source = self._get(request)
@@ -389,15 +402,13 @@ class RoutedAgentService(AgentService):
             except StopAsyncIteration:
                 continue
             except MeridianError as exc:
-                if not (isinstance(exc, NotFoundError) or exc.retriable):
-                    raise
-                missing = exc if isinstance(exc, NotFoundError) or missing is None else missing
+                answers.failed(member, exc)
                 continue
             yield first
             async for msg in source:
                 yield msg
             return
-        raise missing or NotFoundError(
+        raise answers.final(
             f"object {request.dataset}/{request.key} is not stored in {self.region}"
         )
 
@@ -414,8 +425,9 @@ class RoutedAgentService(AgentService):
     async def _routed_stat(
         self, members: Members, request: agent_pb2.StatRequest
     ) -> agent_pb2.StatResponse:
-        missing: MeridianError | None = None
-        for member in self._read_order(members, request.dataset, request.key):
+        order, owners = self._read_plan(members, request.dataset, request.key)
+        answers = _Answers(owners)
+        for member in order:
             try:
                 if member.agent_id == self.agent_id:
                     return await self._stat(request)
@@ -427,10 +439,8 @@ class RoutedAgentService(AgentService):
                     raise from_rpc_error(err, member.endpoint) from err
                 return response
             except MeridianError as exc:
-                if not (isinstance(exc, NotFoundError) or exc.retriable):
-                    raise
-                missing = exc if isinstance(exc, NotFoundError) or missing is None else missing
-        raise missing or NotFoundError(
+                answers.failed(member, exc)
+        raise answers.final(
             f"object {request.dataset}/{request.key} is not stored in {self.region}"
         )
 
@@ -755,3 +765,31 @@ async def _small_frames(request: agent_pb2.PutSmallRequest) -> AsyncIterator[age
     if request.data:
         yield agent_pb2.PutRequest(chunk=request.data)
     yield agent_pb2.PutRequest(end=agent_pb2.PutEnd())
+
+
+class _Answers:
+    """What the agents asked for an object said, while none served it; `final` is the
+    error the read ends with. An owner's tombstone ends the search (what the others
+    hold is older: a rebalance had not yet dropped it); an owner that could not be
+    reached makes "not found" unknowable (retriable), whatever the others said; else
+    not found. Any other error is raised at once."""
+
+    def __init__(self, owners: frozenset[str]) -> None:
+        self.owners = owners
+        self.missing: NotFoundError | None = None
+        self.unreachable: MeridianError | None = None
+
+    def failed(self, member: Member, exc: MeridianError) -> None:
+        owner = member.agent_id in self.owners
+        if isinstance(exc, DeletedError) and owner:
+            raise exc
+        if isinstance(exc, NotFoundError):
+            self.missing = self.missing or exc
+        elif exc.retriable:
+            if owner:
+                self.unreachable = self.unreachable or exc
+        else:
+            raise exc
+
+    def final(self, what: str) -> MeridianError:
+        return self.unreachable or self.missing or NotFoundError(what)

@@ -15,6 +15,7 @@ import grpc
 
 from agents.errors import NotGovernedError, NotOwnerError, ResidencyError
 from agents.store.errors import (
+    DeletedError,
     DigestMismatchError,
     MissingContentError,
     ShortStreamError,
@@ -76,6 +77,7 @@ _BY_NAME: dict[str, type[MeridianError]] = {
         HandingOverError,
         OperationTimeoutError,
         UnavailableError,
+        DeletedError,
         NotFoundError,
         ConflictError,
         InvalidInputError,

@@ -10,13 +10,18 @@ controlplane/errors.py, because only the data plane raises them.
 
 from __future__ import annotations
 
-from controlplane.errors import InvalidInputError, MeridianError, UnavailableError
+from controlplane.errors import InvalidInputError, MeridianError, NotFoundError, UnavailableError
 
 
 class DigestMismatchError(MeridianError):
     """Bytes did not hash to the digest the caller stated (DATA_LOSS); nothing was stored."""
 
     grpc_code = "DATA_LOSS"
+
+
+class DeletedError(NotFoundError):
+    """The object's newest version here is a delete (a tombstone): NOT_FOUND, yet an
+    answer, where "not stored here" may only mean another agent holds it."""
 
 
 class TooLargeError(MeridianError):

@@ -25,6 +25,7 @@ from typing import BinaryIO, Literal, NamedTuple, Self, cast
 
 from agents.store import files, repair, rows
 from agents.store.errors import (
+    DeletedError,
     DigestMismatchError,
     MissingContentError,
     StorageError,
@@ -1812,7 +1813,7 @@ class ObjectStore:
                 what = f"version {hlc} of object" if hlc is not None else "object"
                 raise NotFoundError(f"{what} {dataset}/{key} is not stored here")
             if stored.version.is_tombstone:
-                raise NotFoundError(
+                raise DeletedError(
                     f"object {dataset}/{key} was deleted (tombstone {stored.version.hlc})"
                 )
             if stored.state == "missing":
@@ -1894,8 +1895,12 @@ class ObjectStore:
             stored = self._row(dataset, key, hlc)
         else:
             stored = self._newest(dataset, key)
-        if stored is None or (stored.version.is_tombstone and not include_deleted):
+        if stored is None:
             raise NotFoundError(f"object {dataset}/{key} is not stored here")
+        if stored.version.is_tombstone and not include_deleted:
+            raise DeletedError(
+                f"object {dataset}/{key} was deleted (tombstone {stored.version.hlc})"
+            )
         return stored
 
     def versions(self, dataset: str, key: str) -> list[StoredVersion]:
