@@ -21,6 +21,7 @@ from controlplane.coordination.protocols.datasets import announce
 from controlplane.coordination.protocols.fencing import DatasetHandingOverError, FencedResource
 from controlplane.coordination.protocols.follow import follow_ownership
 from controlplane.coordination.protocols.ownership import Ownership
+from controlplane.coordination.protocols.view import RegionState, set_region_state
 from controlplane.errors import ConflictError, NotFoundError, OperationTimeoutError, RefusedError
 
 from .helpers import REGIONS, critical, publish_world, wait_until
@@ -235,6 +236,47 @@ async def test_switchover_does_not_hand_over_to_a_target_that_died_while_catchin
     assert await Ownership(coord).get("ckpt/a") == before  # still eu-west, same epoch
     [entry] = journal.since(None)
     assert (entry.outcome, entry.to_region) == ("aborted", "eu-west")
+
+
+async def test_switchover_does_not_hand_over_to_a_target_drained_while_catching_up(
+    coord: EtcdCoordination,
+) -> None:
+    # An operator drains eu-central (runbooks.md: pause, then drain) while this
+    # switchover waits for it: the commit's guard on its state refuses the move.
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    probe = MemoryCatchUp()
+    probe.missing[("ckpt/a", "eu-central")] = ["obj@v9"]
+    rb, journal = runbooks(coord, probe)
+    before = await Ownership(coord).get("ckpt/a")
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+
+    async def target_drained_then_caught_up() -> None:
+        assert await wait_until(lambda: _marked(coord, "ckpt/a"), 5)
+        await set_region_state(coord, "eu-central", RegionState.DRAINING)
+        probe.missing.clear()
+
+    drainer = asyncio.create_task(target_drained_then_caught_up())
+    with pytest.raises(ConflictError):
+        await rb.run_switchover(plan.moves[0], reason="t", timeout_s=5)
+    await drainer
+    assert await Ownership(coord).get("ckpt/a") == before  # still eu-west, same epoch
+    [entry] = journal.since(None)
+    assert (entry.outcome, entry.to_region) == ("aborted", "eu-west")
+
+
+async def test_switchover_to_a_target_drained_after_the_plan_is_refused_at_once(
+    coord: EtcdCoordination,
+) -> None:
+    # Drained while the operator looked at the plan (before confirming).
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    rb, journal = runbooks(coord)
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    await set_region_state(coord, "eu-central", RegionState.FENCED)
+    with pytest.raises(ConflictError, match="eu-central is fenced since the plan was made"):
+        await rb.run_switchover(plan.moves[0], reason="t", timeout_s=5)
+    owner = await Ownership(coord).get("ckpt/a")
+    assert owner is not None and owner.region == "eu-west" and owner.handing_over_to is None
+    assert journal.since(None) == []
 
 
 async def test_switchover_that_committed_behind_an_error_is_journaled_as_moved(

@@ -240,6 +240,17 @@ class Runbooks:
             raise ConflictError(
                 f"ownership of {move.dataset} changed since the plan was made; plan again"
             )
+        # The target's state as it is now (an operator may have drained or fenced it
+        # while this one confirmed), and unchanged at the commit (complete_handover).
+        # An active region has no state key (set_region_state): any value is draining,
+        # fenced, or unreadable (taken as fenced), none of which takes ownership.
+        target_state = await self.coord.get(keys.state(move.to_region))
+        if target_state is not None:
+            state = target_state.value.decode(errors="replace")
+            raise ConflictError(
+                f"{move.to_region} is {state} since the plan was made and takes no "
+                f"ownership; {move.dataset} stays with {move.from_region}"
+            )
         keepalive = await self._mark_lease()
         handover = await self.ownership.begin_handover(
             move.dataset,
@@ -282,7 +293,11 @@ class Runbooks:
                     why=f"{len(missing)} version(s) still incomplete there after {timeout_s:g} s",
                 )
             epoch = await self.ownership.complete_handover(
-                handover, reason=reason, actor=self.actor, kind=kind
+                handover,
+                reason=reason,
+                actor=self.actor,
+                kind=kind,
+                target_state_revision=0,  # still no state key: still active
             )
         except BaseException as exc:
             restored = await self.ownership.abort_handover(handover)

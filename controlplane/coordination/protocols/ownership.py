@@ -284,18 +284,33 @@ class Ownership:
         return res.succeeded
 
     async def complete_handover(
-        self, handover: Handover, *, reason: str, actor: str, kind: str = "switchover"
+        self,
+        handover: Handover,
+        *,
+        reason: str,
+        actor: str,
+        kind: str = "switchover",
+        target_state_revision: int | None = None,
     ) -> int:
         """Move ownership to the handover's target and unfreeze, atomically; the new epoch.
 
         The target must still be alive when the transaction runs: it was checked when
-        the move was planned, but the catch-up wait may have outlived it."""
+        the move was planned, but the catch-up wait may have outlived it. With
+        `target_state_revision` (the mod revision of its state key when checked, 0:
+        none), its state must be unchanged too: one drained or fenced meanwhile takes
+        nothing."""
         guards = [
             Compare(
                 keys.handover(handover.dataset), Target.CREATE, Cmp.EQUAL, handover.create_revision
             ),
             Compare(keys.alive(handover.to_region), Target.VERSION, Cmp.GREATER, 0),
         ]
+        if target_state_revision is not None:
+            guards.append(
+                Compare(
+                    keys.state(handover.to_region), Target.MOD, Cmp.EQUAL, target_state_revision
+                )
+            )
         return await self.claim(
             handover.dataset,
             handover.to_region,
