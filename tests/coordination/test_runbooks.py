@@ -22,7 +22,13 @@ from controlplane.coordination.protocols.fencing import DatasetHandingOverError,
 from controlplane.coordination.protocols.follow import follow_ownership
 from controlplane.coordination.protocols.ownership import Ownership
 from controlplane.coordination.protocols.view import RegionState, set_region_state
-from controlplane.errors import ConflictError, NotFoundError, OperationTimeoutError, RefusedError
+from controlplane.errors import (
+    ConflictError,
+    NotFoundError,
+    OperationTimeoutError,
+    RefusedError,
+    UnavailableError,
+)
 
 from .helpers import REGIONS, critical, publish_world, wait_until
 
@@ -212,6 +218,28 @@ async def test_drain_moves_what_it_can_when_one_switchover_aborts(
     assert sorted(e.outcome for e in journal.since(None)) == ["aborted", "moved"]
 
 
+async def test_drain_moves_the_others_when_one_meets_an_error_on_the_way(
+    coord: EtcdCoordination,
+) -> None:
+    # runbooks.md: a drain "still moves the others, then exits 1 naming what it left
+    # behind", also when a move fails on an error (here: its catch-up probe).
+    await seed(
+        coord, ["eu-west", "eu-central", "eu-north"], {"ckpt/a": "eu-west", "ckpt/b": "eu-west"}
+    )
+
+    class FailingForA(MemoryCatchUp):
+        def incomplete_versions(self, dataset: str, region: str) -> list[str]:
+            if dataset == "ckpt/a":
+                raise UnavailableError("the target's agent did not answer (test fault)")
+            return super().incomplete_versions(dataset, region)
+
+    rb, _ = runbooks(coord, FailingForA())
+    plan, _ = await rb.plan_drain("eu-west")
+    results, failed = await rb.run_drain("eu-west", plan, reason="m", timeout_s=2)
+    assert [r.move.dataset for r in results] == ["ckpt/b"]
+    assert [(u.dataset, "did not answer" in u.reason) for u in failed] == [("ckpt/a", True)]
+
+
 async def test_switchover_does_not_hand_over_to_a_target_that_died_while_catching_up(
     coord: EtcdCoordination,
 ) -> None:
@@ -277,6 +305,25 @@ async def test_switchover_to_a_target_drained_after_the_plan_is_refused_at_once(
     owner = await Ownership(coord).get("ckpt/a")
     assert owner is not None and owner.region == "eu-west" and owner.handing_over_to is None
     assert journal.since(None) == []
+
+
+async def test_a_committed_switchover_is_reported_moved_while_the_catalog_is_away(
+    coord: EtcdCoordination,
+) -> None:
+    # etcd has the new owner: a journal that does not answer must not turn the move into
+    # a failure (a drain would stop there); the new owner's controller journals it.
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    rb, journal = runbooks(coord)
+
+    def away(entry: JournalEntry) -> None:
+        raise CatalogUnavailableError("the catalog did not answer (test fault)")
+
+    journal.append = away  # type: ignore[method-assign]
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    result = await rb.run_switchover(plan.moves[0], reason="t", timeout_s=5)
+    owner = await Ownership(coord).get("ckpt/a")
+    assert owner is not None and (owner.region, owner.epoch) == ("eu-central", result.epoch)
+    assert result.move.to_region == "eu-central"
 
 
 async def test_switchover_that_committed_behind_an_error_is_journaled_as_moved(

@@ -429,7 +429,19 @@ class Runbooks:
             started_at=started,
             completed_at=utcnow(),
         )
-        await asyncio.to_thread(self.journal.append, entry)
+        try:
+            await asyncio.to_thread(self.journal.append, entry)
+        except MeridianError as exc:
+            # The move is committed in etcd: it is not reported failed (a drain would stop
+            # at it, an operator retry it) for a catalog that did not answer. The new
+            # owner's controller journals it from the owner record (its journal backfill).
+            log.warning(
+                "journal_deferred",
+                dataset=move.dataset,
+                epoch=epoch,
+                error=str(exc),
+                action="the new owner's controller journals it from the owner record",
+            )
         log.info(
             "ownership_moved",
             dataset=move.dataset,
@@ -529,9 +541,10 @@ class Runbooks:
     ) -> tuple[list[MoveResult], list[Unmoved]]:
         """Mark `region` draining, then switch each planned dataset over in turn.
 
-        A switchover that aborts (its target did not catch up) or loses a race does
-        not stop the others: the drain moves everything it can and returns, beside
-        the moves, each dataset it could not move with why.
+        A switchover that aborts (its target did not catch up), loses a race, or meets
+        an error on the way (etcd or the catalog not answering for a moment) does not
+        stop the others: the drain moves everything it can and returns, beside the
+        moves, each dataset it could not move with why (runbooks.md).
         """
         # Draining first: from now on the region takes no new ownership.
         await set_region_state(self.coord, region, RegionState.DRAINING)
@@ -542,7 +555,7 @@ class Runbooks:
                 results.append(
                     await self.run_switchover(m, reason=reason, timeout_s=timeout_s, kind="drain")
                 )
-            except (SwitchoverAbortedError, ConflictError) as exc:
+            except MeridianError as exc:
                 failed.append(Unmoved(m.dataset, str(exc)))
         return results, failed
 
