@@ -232,11 +232,15 @@ def pause(
     reason: ReasonOpt = None,
 ) -> None:
     """Maintenance mode: automatic failover off (operators' runbooks still work)."""
-    from controlplane.coordination.orchestration.session import open_session
+    from controlplane.coordination.orchestration.session import open_coordination, os_actor
+    from controlplane.coordination.protocols.view import set_maintenance
 
     async def go() -> Maintenance | None:
-        async with open_session(settings_from(ctx)) as s:
-            return await s.runbooks.pause(reason or "maintenance")
+        # etcd alone: pausing must work while the catalog is away.
+        async with open_coordination(settings_from(ctx)) as coord:
+            return await set_maintenance(
+                coord, True, reason=reason or "maintenance", actor=os_actor()
+            )
 
     earlier = asyncio.run(go())
     if earlier is None:
@@ -248,11 +252,12 @@ def pause(
 
 def resume(ctx: typer.Context) -> None:
     """Leave maintenance mode: automatic failover on again."""
-    from controlplane.coordination.orchestration.session import open_session
+    from controlplane.coordination.orchestration.session import open_coordination, os_actor
+    from controlplane.coordination.protocols.view import set_maintenance
 
     async def go() -> None:
-        async with open_session(settings_from(ctx)) as s:
-            await s.runbooks.resume()
+        async with open_coordination(settings_from(ctx)) as coord:
+            await set_maintenance(coord, False, reason="", actor=os_actor())
 
     asyncio.run(go())
     typer.echo("automatic failover resumed")

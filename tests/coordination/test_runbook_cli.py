@@ -585,3 +585,20 @@ def test_abort_ends_a_switchover_whose_runbook_is_stuck_and_journals_it(
     assert [(r["id"], r["outcome"]) for r in rows] == [(done["journal_id"], "aborted")]
     assert rows[0]["reason"].startswith("aborted: switchover to eu-central not done, ended by")
     assert (rows[0]["from"], rows[0]["to"], rows[0]["completed_at"]) == ("eu-west", "eu-west", None)
+
+
+def test_pause_and_resume_need_only_etcd(
+    world: dict[str, str],
+    etcd3: EtcdCluster,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # The catalog may live in the region being lost: pausing failover must still work.
+    monkeypatch.setenv("MERIDIAN_CATALOG", f"sqlite:///{tmp_path / 'no-such-catalog.db'}")
+    code, _, err = cli(capsys, "pause", "--reason", "the catalog's region is down")
+    assert code == 0, err
+    stored = asyncio.run(_get(etcd3.endpoints, keys.MAINTENANCE))
+    assert stored is not None and json.loads(stored)["reason"] == "the catalog's region is down"
+    assert cli(capsys, "resume")[0] == 0
+    assert asyncio.run(_get(etcd3.endpoints, keys.MAINTENANCE)) is None

@@ -32,6 +32,20 @@ class Session:
 
 
 @contextlib.asynccontextmanager
+async def open_coordination(settings: Settings) -> AsyncIterator[EtcdCoordination]:
+    """etcd alone (proving it answers), for what needs nothing else: `pause` and `resume`
+    must work while the catalog is away (it may live in the region being lost)."""
+    coord = EtcdCoordination(
+        [f"{h}:{p}" for h, p in settings.etcd_endpoints], timeout_s=settings.etcd_timeout_s
+    )
+    await coord.connect()
+    try:
+        yield coord
+    finally:
+        await coord.close()
+
+
+@contextlib.asynccontextmanager
 async def open_session(settings: Settings, *, actor: str | None = None) -> AsyncIterator[Session]:
     """Connect to etcd (proving it answers) and open the catalog; close both on exit."""
     catalog = await asyncio.to_thread(CatalogBridge.open, settings.catalog)
