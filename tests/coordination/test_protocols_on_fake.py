@@ -456,3 +456,19 @@ async def test_a_kept_lease_survives_a_failed_call_and_is_revoked_when_abandoned
     assert await coord.lease_ttl(second.lease.id) == -1
     assert (await coord.get(second.key)) is None
     await coord.close()
+
+
+async def test_one_unreadable_handover_mark_freezes_its_dataset_alone() -> None:
+    # The failover watch, claims and runbooks all read the view: one bad mark must not
+    # make every read fail (no failover anywhere); its dataset stays frozen.
+    from controlplane.coordination.protocols.view import UNREADABLE_MARK, read_view
+
+    coord = MemoryCoordination(ManualClock())
+    own = Ownership(coord)
+    for ds in ("ckpt/x", "ckpt/y"):
+        await own.claim(ds, "eu-west", expect_epoch=0, reason="seed", actor="test")
+    await coord.put(keys.handover("ckpt/x"), b"{}")
+    view = await read_view(coord)
+    assert view.owners["ckpt/x"].handing_over_to == UNREADABLE_MARK
+    assert view.owners["ckpt/y"].handing_over_to is None
+    assert view.owners["ckpt/y"].region == "eu-west"
