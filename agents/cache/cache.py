@@ -198,6 +198,11 @@ class ReadCache:
             and time.monotonic() - at < self.fresh_s
         )
 
+    def _trusted_entry(self, placement: Placement, entry: Entry) -> bool:
+        """Whether `entry` may be served as the newest without asking its holders: the
+        change log is trusted (`_trusted`) and the entry was filled as the newest."""
+        return entry.newest and self._trusted(placement)
+
     # -- reads ---------------------------------------------------------------------------
 
     async def open(self, dataset: str, key: str, hlc: HLC | None) -> ObjectReader:
@@ -220,7 +225,7 @@ class ReadCache:
         placement = self._admit(dataset, key)
         entry = self.index.peek((dataset, key))
         if entry is not None and (
-            entry.version.hlc == hlc if hlc is not None else self._trusted(placement)
+            entry.version.hlc == hlc if hlc is not None else self._trusted_entry(placement, entry)
         ):
             return agent_pb2.ObjectInfo(
                 dataset=dataset, key=key, version=version_to_wire(entry.version)
@@ -238,7 +243,7 @@ class ReadCache:
         entry = self.index.get(name)
         if entry is None or (hlc is not None and entry.version.hlc != hlc):
             return None
-        if hlc is None and not self._trusted(placement):
+        if hlc is None and not self._trusted_entry(placement, entry):
             try:
                 info, _ = await self._ask_holders(placement, dataset, key, None)
             except NotFoundError:
@@ -338,7 +343,13 @@ class ReadCache:
             )
         finally:
             await self._ship_records()
-        entry = Entry(dataset, key, version)
+        held = self.index.peek((dataset, key))
+        if held is not None and held.version.hlc > version.hlc:
+            # An older version asked by its HLC: the store kept the newer one (LWW), which
+            # stays the entry (replacing it would lose its bytes from the bound's count).
+            log.info("cache_fill_older", dataset=dataset, key=key, version=str(version.hlc))
+            return None
+        entry = Entry(dataset, key, version, newest=hlc is None)
         seen = self._seen.get((dataset, key))
         if seen is not None and version.hlc < seen:
             log.info("cache_fill_stale", dataset=dataset, key=key, version=str(version.hlc))

@@ -10,7 +10,7 @@ the whole bound (then it is served once and not kept).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.domain.version import Version
 
@@ -22,6 +22,9 @@ class Entry:
     dataset: str
     key: str
     version: Version
+    # Filled as the newest version (a read of the newest), not of one asked by its HLC:
+    # only such an entry may be served as the newest without asking the holders.
+    newest: bool = field(default=True, compare=False)
 
     @property
     def name(self) -> Name:

@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+from typing import cast
+
 import pytest
 
+from agents.cache.cache import ReadCache
 from agents.cache.lru import Entry, LruIndex
 from controlplane.domain.hlc import HLC
+from controlplane.domain.placement import Placement
 from controlplane.domain.version import Digest, Version
 from controlplane.errors import ConfigError
 from controlplane.settings import Settings
@@ -52,3 +58,17 @@ def test_region_cache_setting_is_parsed_or_refused_with_its_name() -> None:
     for bad in ("eu-north=0", "eu-north=64MB", "=5", "eu-north"):
         with pytest.raises(ConfigError, match="MERIDIAN_REGION_CACHE"):
             _ = Settings(region_cache=bad).region_cache_map
+
+
+def test_only_an_entry_filled_as_the_newest_is_trusted_as_the_newest() -> None:
+    # An entry filled by a read of one version (by its HLC) may be older than what the
+    # holders have, which the change log need not have announced (written before this
+    # agent read it): a read of the newest asks the holders about it.
+    cache = object.__new__(ReadCache)
+    cache.fresh_s, cache._log_read_at = 10.0, time.monotonic()
+    placement = cast(Placement, SimpleNamespace(dataset_class="standard"))
+    newest = entry("k", 10)
+    by_hlc = Entry(newest.dataset, newest.key, newest.version, newest=False)
+    assert newest == by_hlc  # the same entry of the index
+    assert cache._trusted_entry(placement, newest)
+    assert not cache._trusted_entry(placement, by_hlc)
