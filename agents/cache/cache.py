@@ -52,7 +52,7 @@ from agents.cache.lru import Entry, LruIndex, Name
 from agents.cache.metrics import CacheMetrics
 from agents.errors import NotGovernedError, ResidencyError
 from agents.metrics import AgentMetrics
-from agents.replication.peers import Peers
+from agents.replication.peers import EtcdPeers
 from agents.rpc.status import from_rpc_error
 from agents.store import MissingContentError, ObjectReader, ObjectStore
 from agents.to_the_end import open_in_thread
@@ -101,7 +101,7 @@ class ReadCache:
         admission: Admission,
         metrics: AgentMetrics,
         policy: PolicyNow,
-        peers: Peers,
+        peers: EtcdPeers,
         limit_bytes: int,
         fresh_s: float = 10.0,
     ) -> None:
@@ -330,17 +330,7 @@ class ReadCache:
             info, source = await self._ask_holders(placement, dataset, key, hlc)
             version = version_from_wire(info.version, "ObjectInfo.version")
         try:
-            await pull(
-                store,
-                book,
-                source,
-                dataset,
-                key,
-                version,
-                region=self.region,
-                metrics=self.metrics,
-                policy=self.policy,
-            )
+            await self._pull(store, book, source, dataset, key, version)
         finally:
             await self._ship_records()
         held = self.index.peek((dataset, key))
@@ -360,6 +350,42 @@ class ReadCache:
             await self._remove(old, "evicted")
         log.debug("cache_filled", dataset=dataset, key=key, version=str(version.hlc))
         return entry
+
+    async def _pull(
+        self,
+        store: ObjectStore,
+        book: ResumeBook,
+        source: Source,
+        dataset: str,
+        key: str,
+        version: Version,
+    ) -> None:
+        """Copy `version` here from `source`, or from another agent of its region: the
+        Stat or List that named it was routed across that region, but a transfer is
+        served by the agent that holds the object, which need not be the one asked."""
+        tried = [source.address]
+        while True:
+            try:
+                await pull(
+                    store,
+                    book,
+                    source,
+                    dataset,
+                    key,
+                    version,
+                    region=self.region,
+                    metrics=self.metrics,
+                    policy=self.policy,
+                )
+                return
+            except NotFoundError:
+                others = [
+                    a for a in await self.peers.addresses(source.region) if a not in tried
+                ]
+                if not others:
+                    raise
+                source = Source(source.region, others[0])
+                tried.append(source.address)
 
     async def _drop(self, entry: Entry, why: str) -> None:
         if self.index.peek(entry.name) == entry:

@@ -86,6 +86,22 @@ class EtcdPeers:
     def forget(self, region: str) -> None:
         self._known.pop(region, None)
 
+    async def addresses(self, region: str) -> list[str]:
+        """Every agent `region` has registered (routed), in key order: what asks for an
+        object one agent of a region may not hold (a region of several agents places
+        each object on a few of them) tries the others."""
+        try:
+            kvs, _ = await self._coord.get_prefix(keys.agents_of(region))
+        except MeridianError as exc:
+            raise UnavailableError(
+                f"the agents of region {region} cannot be read from etcd ({exc})"
+            ) from exc
+        return [
+            self._route(region, endpoint)
+            for kv in kvs
+            if (endpoint := registered_endpoint(kv.value)) is not None
+        ]
+
 
 def registered_endpoint(value: bytes) -> str | None:
     """The address an agent's registration (its etcd value) names; None when it is

@@ -72,3 +72,43 @@ def test_only_an_entry_filled_as_the_newest_is_trusted_as_the_newest() -> None:
     assert newest == by_hlc  # the same entry of the index
     assert cache._trusted_entry(placement, newest)
     assert not cache._trusted_entry(placement, by_hlc)
+
+
+async def test_a_fill_tries_the_other_agents_of_the_holder_region(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The Stat that named the version was routed across the holder region, but a
+    # transfer is served only by an agent that holds the object: the others are tried.
+    import agents.cache.cache as cache_module
+    from agents.transfer.pull import Source
+    from controlplane.errors import NotFoundError
+
+    asked: list[str] = []
+
+    async def pull(*args: object, **kwargs: object) -> None:
+        source = args[2]
+        assert isinstance(source, Source)
+        asked.append(source.address)
+        if source.address != "10.0.0.3:7400":
+            raise NotFoundError(f"not held at {source.address}")
+
+    class Peers:
+        async def addresses(self, region: str) -> list[str]:
+            return ["10.0.0.1:7400", "10.0.0.2:7400", "10.0.0.3:7400"]
+
+    monkeypatch.setattr(cache_module, "pull", pull)
+    cache = object.__new__(ReadCache)
+    cache.peers = Peers()  # type: ignore[assignment]
+    cache.region, cache.metrics, cache.policy = "eu-north", None, None  # type: ignore[assignment]
+    version = entry("k", 10).version
+    source = Source("eu-west", "10.0.0.1:7400")
+    await cache._pull(None, None, source, "d", "k", version)  # type: ignore[arg-type]
+    assert asked == ["10.0.0.1:7400", "10.0.0.2:7400", "10.0.0.3:7400"]
+    asked.clear()
+
+    async def nowhere(*args: object, **kwargs: object) -> None:
+        raise NotFoundError("not held here")
+
+    monkeypatch.setattr(cache_module, "pull", nowhere)
+    with pytest.raises(NotFoundError):  # held by none: said once every agent was asked
+        await cache._pull(None, None, source, "d", "k", version)  # type: ignore[arg-type]
