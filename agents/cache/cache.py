@@ -379,9 +379,7 @@ class ReadCache:
                 )
                 return
             except NotFoundError:
-                others = [
-                    a for a in await self.peers.addresses(source.region) if a not in tried
-                ]
+                others = [a for a in await self.peers.addresses(source.region) if a not in tried]
                 if not others:
                     raise
                 source = Source(source.region, others[0])
