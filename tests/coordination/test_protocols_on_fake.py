@@ -461,7 +461,8 @@ async def test_a_kept_lease_survives_a_failed_call_and_is_revoked_when_abandoned
 async def test_one_unreadable_handover_mark_freezes_its_dataset_alone() -> None:
     # The failover watch, claims and runbooks all read the view: one bad mark must not
     # make every read fail (no failover anywhere); its dataset stays frozen.
-    from controlplane.coordination.protocols.view import UNREADABLE_MARK, read_view
+    from controlplane.coordination.protocols.ownership import UNREADABLE_MARK
+    from controlplane.coordination.protocols.view import read_view
 
     coord = MemoryCoordination(ManualClock())
     own = Ownership(coord)
@@ -472,3 +473,6 @@ async def test_one_unreadable_handover_mark_freezes_its_dataset_alone() -> None:
     assert view.owners["ckpt/x"].handing_over_to == UNREADABLE_MARK
     assert view.owners["ckpt/y"].handing_over_to is None
     assert view.owners["ckpt/y"].region == "eu-west"
+    listed = await own.list()  # `dataset list` reads them too
+    assert listed["ckpt/x"].handing_over_to == UNREADABLE_MARK
+    assert listed["ckpt/y"].handing_over_to is None

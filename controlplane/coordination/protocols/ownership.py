@@ -29,6 +29,7 @@ from datetime import datetime
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.timeutil import rfc3339, utcnow
 from controlplane.errors import ConflictError, InvalidInputError
+from controlplane.logs import get_logger
 from controlplane.ports.coordination import (
     Cmp,
     Compare,
@@ -41,6 +42,8 @@ from controlplane.ports.coordination import (
     Put,
     Target,
 )
+
+log = get_logger("meridian.coordination.ownership")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +136,29 @@ def decode_handover(kv: KeyValue) -> Handover:
         ) from exc
 
 
-def handing_over(marks: Sequence[KeyValue]) -> dict[str, Handover]:
-    """Dataset -> its handover mark, for the marks read under `keys.HANDOVER`."""
-    return {h.dataset: h for h in map(decode_handover, marks)}
+# What an owner is "handing over to" while its handover mark cannot be read: no region,
+# so its writes stay frozen and no failover or claim takes it, until an operator's
+# `switchover --abort` ends the mark (decode_handover's error says so).
+UNREADABLE_MARK = "(unreadable handover mark)"
+_reported: set[tuple[str, int]] = set()  # (key, mod_revision) of marks already logged
+
+
+def handing_over(kvs: Sequence[KeyValue]) -> dict[str, str]:
+    """Dataset -> the region its handover mark hands it to (`UNREADABLE_MARK` for a
+    mark that cannot be read), for the marks read under `keys.HANDOVER`. One unreadable
+    mark freezes its dataset alone, not every read of the owners (the failover watch,
+    claims, runbooks and `dataset list` all read them); it is logged once."""
+    out: dict[str, str] = {}
+    for kv in kvs:
+        dataset = kv.key.removeprefix(keys.HANDOVER)
+        try:
+            out[dataset] = decode_handover(kv).to_region
+        except CorruptRecordError as exc:
+            out[dataset] = UNREADABLE_MARK
+            if (kv.key, kv.mod_revision) not in _reported:
+                _reported.add((kv.key, kv.mod_revision))
+                log.error("handover_mark_unreadable", key=kv.key, error=str(exc))
+    return out
 
 
 def decode_owner(dataset: str, value: bytes, epoch: int, handover: str | None) -> Owner:
@@ -203,9 +226,7 @@ class Ownership:
         out: dict[str, Owner] = {}
         for kv in owners_kv:
             ds = kv.key.removeprefix(keys.OWNERS)
-            mark = marks.get(ds)
-            to = mark.to_region if mark is not None else None
-            out[ds] = decode_owner(ds, kv.value, kv.mod_revision, to)
+            out[ds] = decode_owner(ds, kv.value, kv.mod_revision, marks.get(ds))
         return out
 
     async def claim(

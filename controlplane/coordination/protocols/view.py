@@ -8,20 +8,16 @@ relied on, so a decision taken on a stale view fails instead of doing harm.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import (
-    CorruptRecordError,
-    Handover,
     Owner,
-    decode_handover,
     decode_owner,
+    handing_over,
 )
 from controlplane.coordination.timeutil import rfc3339, utcnow
-from controlplane.logs import get_logger
 from controlplane.ports.coordination import (
     Cmp,
     Compare,
@@ -31,8 +27,6 @@ from controlplane.ports.coordination import (
     Put,
     Target,
 )
-
-log = get_logger("meridian.coordination.view")
 
 
 class RegionState(StrEnum):
@@ -87,40 +81,13 @@ async def read_view(coord: Coordination) -> ClusterView:
             except ValueError:
                 states[region] = RegionState.FENCED  # unreadable: safest is "do not use"
             state_revs[region] = kv.mod_revision
-    marks, unreadable = _marks(handover_kvs)
+    marks = handing_over(handover_kvs)
     owners: dict[str, Owner] = {}
     for kv in owner_kvs:
         ds = kv.key.removeprefix(keys.OWNERS)
-        mark = marks.get(ds)
-        to = mark.to_region if mark is not None else unreadable.get(ds)
+        to = marks.get(ds)
         owners[ds] = decode_owner(ds, kv.value, kv.mod_revision, to)
     return ClusterView(res.revision, alive, states, state_revs, bool(maint), owners)
-
-
-# What an owner is "handing over to" while its handover mark cannot be read: no region,
-# so its writes stay frozen and no failover or claim takes it, until an operator's
-# `switchover --abort` ends the mark (decode_handover's error says so).
-UNREADABLE_MARK = "(unreadable handover mark)"
-_reported: set[tuple[str, int]] = set()  # (key, mod_revision) of marks already logged
-
-
-def _marks(kvs: Sequence[KeyValue]) -> tuple[dict[str, Handover], dict[str, str]]:
-    """The readable handover marks by dataset, and the datasets whose mark is not: one
-    unreadable mark freezes its dataset alone, not every read of the cluster (the
-    failover watch, claims and runbooks all read the view)."""
-    marks: dict[str, Handover] = {}
-    unreadable: dict[str, str] = {}
-    for kv in kvs:
-        try:
-            mark = decode_handover(kv)
-        except CorruptRecordError as exc:
-            unreadable[kv.key.removeprefix(keys.HANDOVER)] = UNREADABLE_MARK
-            if (kv.key, kv.mod_revision) not in _reported:
-                _reported.add((kv.key, kv.mod_revision))
-                log.error("handover_mark_unreadable", key=kv.key, error=str(exc))
-            continue
-        marks[mark.dataset] = mark
-    return marks, unreadable
 
 
 async def set_region_state(coord: Coordination, region: str, state: RegionState) -> int:
