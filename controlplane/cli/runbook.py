@@ -58,6 +58,8 @@ def print_plan(plan: Plan, title: str, output: Output | None, *, dry_run: bool) 
         console.print(rej)
     for u in plan.unmoved:
         console.print(f"not movable: {u.dataset}: {u.reason}")
+    for u in plan.retired:
+        console.print(f"left as it is: {u.dataset}: {u.reason}")
 
 
 def confirm(question: str, yes: bool) -> None:

@@ -168,6 +168,8 @@ class FailoverWatch(Duty):
             )
         for u in plan.unmoved:
             log.warning("failover_not_moved", dataset=u.dataset, region=region, reason=u.reason)
+        for u in plan.retired:
+            log.info("failover_retired_owner", dataset=u.dataset, region=region, reason=u.reason)
         owners = Ownership(self.ctx.coord)
         results = await asyncio.gather(
             *(

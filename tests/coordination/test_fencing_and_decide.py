@@ -208,11 +208,15 @@ def test_home_region_is_the_first_candidate_and_the_source_is_never_rejected() -
     assert unmoved.dataset == "a" and unmoved.reason == "no eligible candidate (eu-west: dead)"
 
 
-def test_a_dataset_without_candidates_or_placement_is_reported_unmoved() -> None:
+def test_a_dataset_without_candidates_is_unmoved_and_one_without_placement_retired() -> None:
+    # An owner record of a dataset no policy places as critical any more (retired, or
+    # made standard) is nothing to move: it must not stop a drain or a failover.
     placements = [critical("a", order=())]
     view = _view({"eu-central"}, {"a": "eu-west", "gone": "eu-west"})
     plan = plan_moves(view, placements, JURIS, source="eu-west", automatic=False)
-    reasons = {u.dataset: u.reason for u in plan.unmoved}
-    assert reasons["a"].startswith("no candidate region: its home eu-west is the region")
-    assert reasons["gone"].startswith("no applied policy places it")
+    assert [u.dataset for u in plan.unmoved] == ["a"]
+    assert plan.unmoved[0].reason.startswith("no candidate region: its home eu-west is the")
+    [retired] = plan.retired
+    assert retired.dataset == "gone" and "nothing to move" in retired.reason
+    assert plan.as_json()["retired"] == [{"dataset": "gone", "reason": retired.reason}]
     assert plan.rejected == [] and plan.moves == []

@@ -200,6 +200,26 @@ async def test_drain_moves_everything_and_stops_ownership(coord: EtcdCoordinatio
     assert await coord.get(keys.state("eu-west")) is None
 
 
+async def test_a_retired_datasets_owner_record_does_not_stop_a_drain(
+    coord: EtcdCoordination,
+) -> None:
+    # ckpt/old was critical once; no applied policy places it now, and its owner record
+    # stays in etcd. A drain (and a failover --to) must not refuse over it.
+    await seed(
+        coord, ["eu-west", "eu-central", "eu-north"], {"ckpt/a": "eu-west", "ckpt/old": "eu-west"}
+    )
+    rb, _ = runbooks(coord)
+    plan, _ = await rb.plan_drain("eu-west")
+    assert plan.unmoved == [] and [u.dataset for u in plan.retired] == ["ckpt/old"]
+    results, failed = await rb.run_drain("eu-west", plan, reason="m", timeout_s=5)
+    assert [r.move.dataset for r in results] == ["ckpt/a"] and failed == []
+    assert await rb.left_behind("eu-west", plan, failed) == []
+    # eu-west now owns only ckpt/old: a failover naming a target is not refused over it.
+    failover, _ = await rb.plan_failover("eu-west", to="eu-north", force=True)
+    assert failover.moves == [] and failover.unmoved == []
+    assert [u.dataset for u in failover.retired] == ["ckpt/old"]
+
+
 async def test_drain_moves_what_it_can_when_one_switchover_aborts(
     coord: EtcdCoordination,
 ) -> None:

@@ -51,6 +51,10 @@ class Plan:
     moves: list[Move] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     unmoved: list[Unmoved] = field(default_factory=list)
+    # Owned by the source in etcd, yet no applied policy places them as critical (a
+    # dataset retired, or made standard): nothing to move, and nothing that should stop
+    # a drain or a failover. Their owner records are left as they are.
+    retired: list[Unmoved] = field(default_factory=list)
     # RPO exposure of each move as the agents told it (orchestration/holders.py).
     exposures: dict[str, Exposure] = field(default_factory=dict)
 
@@ -73,6 +77,7 @@ class Plan:
                 for r in self.rejected
             ],
             "unmoved": [{"dataset": u.dataset, "reason": u.reason} for u in self.unmoved],
+            "retired": [{"dataset": u.dataset, "reason": u.reason} for u in self.retired],
         }
 
 
@@ -155,8 +160,8 @@ def plan_moves(
     `failover.order`). Datasets in `manual` failover mode are moved only by an
     operator naming `--to`, or by a drain (`move_manual`); otherwise they are
     reported as rejected with reason "manual mode". Every dataset that stays with
-    `source` is in `unmoved` with its reason, including one no applied policy
-    places any more (it has no candidates).
+    `source` is in `unmoved` with its reason, but one no applied policy places as
+    critical any more, which is in `retired` (there is nothing to move).
     """
     plan = Plan()
     by_name = {p.dataset: p for p in placements}
@@ -164,11 +169,11 @@ def plan_moves(
         placement = by_name.get(dataset)
         owner = view.owners[dataset]
         if placement is None or placement.dataset_class != "critical":
-            plan.unmoved.append(
+            plan.retired.append(
                 Unmoved(
                     dataset,
-                    "no applied policy places it as a critical dataset, so it has no "
-                    "candidate region",
+                    "no applied policy places it as a critical dataset: nothing to move "
+                    "(its owner record is left as it is)",
                 )
             )
             continue

@@ -567,7 +567,10 @@ class Runbooks:
         move did not commit."""
         view = await read_view(self.coord)
         why = {u.dataset: u.reason for u in (*plan.unmoved, *failed)}
-        return [Unmoved(d, why.get(d, NOT_COMMITTED)) for d in view.owned_by(region)]
+        retired = {u.dataset for u in plan.retired}  # nothing to move: not left behind
+        return [
+            Unmoved(d, why.get(d, NOT_COMMITTED)) for d in view.owned_by(region) if d not in retired
+        ]
 
     async def undrain(self, region: str) -> None:
         ctx = await self.context()
