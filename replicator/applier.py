@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -76,12 +77,12 @@ from replicator.ports import AgentPort, ApplyOutcome, ApplyResult, SetApplyResul
 
 log = get_logger("meridian.replicator")
 
-# How long an event written under a revision the policy view has not reached waits
-# for it before it is decided on the view's snapshot (see Applier._decided).
 # How long the catalog may take to name an object's other holders, and how long it is
 # not asked again once it did not answer (see Applier._call).
 HOLDERS_WAIT_S = 1.0
 HOLDERS_SKIP_S = 30.0
+# How long an event written under a revision the policy view has not reached waits
+# for it before it is decided on the view's snapshot (see Applier._decided).
 POLICY_BEHIND_MAX_S = 10.0  # a view follows etcd within a second; the backfill covers the rest
 
 # Events of a batch the agent could not take at once go one by one, this many at a time.
@@ -143,6 +144,8 @@ class Applier:
         # Revisions of events the policy view has not reached, since when (monotonic);
         # and those etcd was seen not to hold (never waited for again).
         self._behind_since: dict[int, float] = {}
+        self._behind_decided: set[int] = set()  # their bound passed (said once each)
+        self._published_asked: dict[int, float] = {}  # when etcd was last asked (monotonic)
         self._unpublished: set[int] = set()
         self._holders_after = 0.0  # monotonic: holders are not asked before then
         self._published_revision = published_revision
@@ -704,8 +707,8 @@ class Applier:
                 if self._behind_since:  # revisions reached since: forgotten
                     for revision in [r for r in self._behind_since if r <= policy.revision]:
                         del self._behind_since[revision]
-                return policy, decision
-            if await self._never_published(event, policy):
+                        self._behind_decided.discard(revision)
+                        self._published_asked.pop(revision, None)
                 return policy, decision
             # Written under a revision this snapshot has not reached (the policy view lags
             # etcd, or etcd is away): a skip or a refusal now would be final, yet the
@@ -713,19 +716,24 @@ class Applier:
             # for a bounded time (a revision that never comes, from a catalog rebuilt
             # since, must not hold the log for ever): past it, decided on this snapshot,
             # and a copy it placed here after all comes with the backfill of that
-            # revision once the view has it.
-            # One bound per revision, not per event: a run of them waits it once.
+            # revision once the view has it. One bound per revision, not per event: a
+            # run of them waits it once, and later ones are decided at once (checked
+            # before etcd is asked: with etcd away, each ask waits out its timeout).
             now = time.monotonic()
             behind_since = self._behind_since.setdefault(event.policy_revision, now)
             if now - behind_since >= POLICY_BEHIND_MAX_S:
-                log.warning(
-                    "policy_behind_event_decided",
-                    dataset=event.dataset,
-                    event_revision=event.policy_revision,
-                    revision=policy.revision,
-                    decision=decision.admission.value,
-                    waited_s=round(now - behind_since, 1),
-                )
+                if event.policy_revision not in self._behind_decided:
+                    self._behind_decided.add(event.policy_revision)
+                    log.warning(
+                        "policy_behind_event_decided",
+                        dataset=event.dataset,
+                        event_revision=event.policy_revision,
+                        revision=policy.revision,
+                        decision=decision.admission.value,
+                        waited_s=round(now - behind_since, 1),
+                    )
+                return policy, decision
+            if await self._never_published(event, policy):
                 return policy, decision
             log.info(
                 "policy_behind_event",
@@ -745,6 +753,11 @@ class Applier:
         nothing. False when etcd does not answer: the view may be the one behind."""
         if self._published_revision is None:
             return False
+        # Asked at most once a second per revision (a run of its events shares the answer).
+        now = time.monotonic()
+        if now - self._published_asked.get(event.policy_revision, -math.inf) < 1.0:
+            return False
+        self._published_asked[event.policy_revision] = now
         published = await self._published_revision()
         if published is None or published >= event.policy_revision:
             return False

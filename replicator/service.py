@@ -175,6 +175,11 @@ class ReplicatorLoop(Lifecycle):
         async with self._progress:
             self._progress.notify_all()
 
+    def all_revoked(self, records: Sequence[Record]) -> bool:
+        """Whether a rebalance took every partition of `records` from this member."""
+        assigned = self._assigned
+        return assigned is not None and all((r.topic, r.partition) not in assigned for r in records)
+
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.commit_interval_s)
@@ -243,6 +248,10 @@ class _Job:
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - logged in _run
+                if self._loop.all_revoked(self._records):
+                    # Another member owns them now and replays them from its commit.
+                    log.warning("apply_abandoned", records=len(self._records), attempt=attempt)
+                    return
                 log.warning(
                     "apply_retry", records=len(self._records), attempt=attempt, retry_in_s=delay
                 )

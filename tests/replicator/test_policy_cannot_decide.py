@@ -6,6 +6,7 @@ the batch is applied and said done (so its offsets are committed)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from waiting import until
 from controlplane.errors import InvalidInputError
 from controlplane.policy.current import CompiledPolicy
 from replicator import applier as applier_module
+from replicator.service import ReplicatorLoop
 
 NEW = "new/ds"  # first seen after the apply: placed by the published rules
 
@@ -153,7 +155,7 @@ async def test_a_revision_that_never_comes_is_waited_for_a_bounded_time_once(
             rig.applier.handle_many([b.rec_of(e, n) for n, e in enumerate(events)]), 10
         )
     assert results == ["skipped"] * 20
-    assert [e["event"] for e in logs].count("policy_behind_event_decided") == 20
+    assert [e["event"] for e in logs].count("policy_behind_event_decided") == 1  # once
     waits = [e for e in logs if e["event"] == "policy_behind_event"]
     assert 1 <= len(waits) <= 40  # about one bound's worth of 10 ms retries, not 20 of them
 
@@ -203,3 +205,65 @@ async def test_a_revision_etcd_holds_is_waited_for(rig_factory: RigFactory) -> N
         wider = b.placement(replicas=("eu-central", "us-east"), residency=("EU", "US"))
         rig.current[0] = b.policy(wider, revision=3)
         assert await asyncio.wait_for(run, 10) == ["applied"]
+
+
+async def test_with_etcd_away_the_bound_is_spent_once_not_once_per_event(
+    rig_factory: RigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # etcd does not answer (each direct read waits out its timeout, here 0.1 s): once the
+    # revision's bound passed, its other events are decided without asking etcd again.
+    monkeypatch.setattr(applier_module, "POLICY_BEHIND_MAX_S", 0.3)
+    rig = rig_factory(region="us-east")
+    rig.current[0] = b.policy(b.placement(), revision=2)
+    asked: list[float] = []
+
+    async def etcd_away() -> int | None:
+        asked.append(time.monotonic())
+        await asyncio.sleep(0.1)
+        return None
+
+    async def short_sleep(_s: float) -> None:
+        await asyncio.sleep(0.01)
+
+    rig.applier._published_revision = etcd_away
+    rig.applier._sleep = short_sleep
+    events = [b.put(f"k{i}", policy_revision=9) for i in range(50)]
+    started = time.monotonic()
+    results = await asyncio.wait_for(
+        rig.applier.handle_many([b.rec_of(e, n) for n, e in enumerate(events)]), 10
+    )
+    assert results == ["skipped"] * 50
+    assert len(asked) <= 2  # at most once a second, and never past the bound
+    assert time.monotonic() - started < 3  # 50 asks would take 5 s
+
+
+async def test_a_crashing_run_is_given_up_once_its_partitions_are_revoked(
+    rig_factory: RigFactory,
+) -> None:
+    # Another member owns them then, and replays them from its commit: this one stops.
+    rig = rig_factory(retry_initial_s=0.01, retry_max_s=0.02, drain_timeout_s=0.3)
+
+    async def always_crashing(*args: Any, **kwargs: Any) -> list[str]:
+        raise RuntimeError("a bug")
+
+    rig.applier.handle_many = always_crashing  # type: ignore[method-assign]
+    loop = ReplicatorLoop(rig.config, rig.log, rig.applier, rig.metrics, assigned_by_rebalance=True)
+    everything = {(rig.log.topic, p) for p in range(4)}
+    with capture_logs() as logs:
+        await loop.on_assigned(everything)
+        rig.publish(b.put("a"))
+        await loop.start()
+        try:
+
+            async def retrying() -> bool:
+                return any(e["event"] == "apply_retry" for e in logs)
+
+            await until(retrying, 10, what="the crashed run to be retried")
+            await loop.on_revoked(everything)
+
+            async def abandoned() -> bool:
+                return any(e["event"] == "apply_abandoned" for e in logs)
+
+            await until(abandoned, 10, what="the run to be given up")
+        finally:
+            await asyncio.wait_for(loop.stop(), 10)
