@@ -252,6 +252,11 @@ class ReadCache:
             if version_from_wire(info.version, "ObjectInfo.version") != entry.version:
                 await self._drop(entry, "a newer version at the holders")
                 return None
+            if not entry.newest:
+                # The holders say it is the newest: trusted as such from now on (the same
+                # size, so nothing is evicted for it).
+                entry = Entry(entry.dataset, entry.key, entry.version)
+                self.index.admit(entry)
         store = self._store()
         try:
             return await open_in_thread(

@@ -32,6 +32,7 @@ served exactly as before: no hop, no copy.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Protocol, TypeVar
@@ -57,6 +58,7 @@ from agents.service.servicer import (
 )
 from agents.store import ObjectStore
 from agents.store.errors import DeletedError
+from controlplane.domain.hlc import HLC
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire
@@ -404,6 +406,14 @@ class RoutedAgentService(AgentService):
             except MeridianError as exc:
                 answers.failed(member, exc)
                 continue
+            if first.HasField("header") and answers.older(
+                version_from_wire(first.header, "GetResponse.header").hlc
+            ):
+                # An older copy than a tombstone seen: not served (its stream is ended).
+                closing = getattr(source, "aclose", None)
+                if closing is not None:
+                    await closing()
+                continue
             yield first
             async for msg in source:
                 yield msg
@@ -430,16 +440,20 @@ class RoutedAgentService(AgentService):
         for member in order:
             try:
                 if member.agent_id == self.agent_id:
-                    return await self._stat(request)
-                try:
-                    response: agent_pb2.StatResponse = await self.peers.stub(member.endpoint).Stat(
-                        request, timeout=10.0, metadata=self.peers.metadata
-                    )
-                except grpc.aio.AioRpcError as err:
-                    raise from_rpc_error(err, member.endpoint) from err
-                return response
+                    response = await self._stat(request)
+                else:
+                    try:
+                        response = await self.peers.stub(member.endpoint).Stat(
+                            request, timeout=10.0, metadata=self.peers.metadata
+                        )
+                    except grpc.aio.AioRpcError as err:
+                        raise from_rpc_error(err, member.endpoint) from err
             except MeridianError as exc:
                 answers.failed(member, exc)
+                continue
+            version = version_from_wire(response.object.version, "StatResponse.object.version")
+            if not answers.older(version.hlc):  # else older than a tombstone seen
+                return response
         raise answers.final(
             f"object {request.dataset}/{request.key} is not stored in {self.region}"
         )
@@ -769,21 +783,27 @@ async def _small_frames(request: agent_pb2.PutSmallRequest) -> AsyncIterator[age
 
 class _Answers:
     """What the agents asked for an object said, while none served it; `final` is the
-    error the read ends with. An owner's tombstone ends the search (what the others
-    hold is older: a rebalance had not yet dropped it); an owner that could not be
-    reached makes "not found" unknowable (retriable), whatever the others said; else
-    not found. Any other error is raised at once."""
+    error the read ends with. A tombstone is remembered (the newest seen): a copy no
+    newer than it is not served (one a rebalance had not yet dropped), a newer one is
+    (a put after the delete, on an owner the tombstone's holder lagged). An owner that
+    could not be reached makes "not found" unknowable (retriable), whatever the others
+    said; else deleted, else not found. Any other error is raised at once."""
 
     def __init__(self, owners: frozenset[str]) -> None:
         self.owners = owners
         self.missing: NotFoundError | None = None
         self.unreachable: MeridianError | None = None
+        self.deleted: DeletedError | None = None
+        self.tombstone: HLC | None = None
 
     def failed(self, member: Member, exc: MeridianError) -> None:
         owner = member.agent_id in self.owners
-        if isinstance(exc, DeletedError) and owner:
-            raise exc
-        if isinstance(exc, NotFoundError):
+        if isinstance(exc, DeletedError):
+            hlc = _tombstone_of(exc)
+            if hlc is not None and (self.tombstone is None or hlc > self.tombstone):
+                self.tombstone, self.deleted = hlc, exc
+            self.missing = self.missing or exc
+        elif isinstance(exc, NotFoundError):
             self.missing = self.missing or exc
         elif exc.retriable:
             if owner:
@@ -791,5 +811,24 @@ class _Answers:
         else:
             raise exc
 
+    def older(self, hlc: HLC) -> bool:
+        """Whether a copy at `hlc` is no newer than a tombstone seen (not to be served)."""
+        return self.tombstone is not None and hlc <= self.tombstone
+
     def final(self, what: str) -> MeridianError:
-        return self.unreachable or self.missing or NotFoundError(what)
+        return self.unreachable or self.deleted or self.missing or NotFoundError(what)
+
+
+_TOMBSTONE = re.compile(r"\(tombstone (\S+)\)$")
+
+
+def _tombstone_of(exc: DeletedError) -> HLC | None:
+    """The tombstone's HLC a DeletedError names (its message, as the store words it and
+    gRPC carries it); None when it names none."""
+    found = _TOMBSTONE.search(str(exc))
+    if found is None:
+        return None
+    try:
+        return HLC.parse(found.group(1))
+    except MeridianError:
+        return None

@@ -136,9 +136,10 @@ def decode_handover(kv: KeyValue) -> Handover:
         ) from exc
 
 
-# What an owner is "handing over to" while its handover mark cannot be read: no region,
-# so its writes stay frozen and no failover or claim takes it, until an operator's
-# `switchover --abort` ends the mark (decode_handover's error says so).
+# What an owner is "handing over to" while its handover mark cannot be read: no region.
+# Its writes stay frozen (as under any mark) until an operator's `switchover --abort`
+# ends the mark (decode_handover's error says so), or a failover's claim, which deletes
+# the mark as it moves the dataset.
 UNREADABLE_MARK = "(unreadable handover mark)"
 _reported: set[tuple[str, int]] = set()  # (key, mod_revision) of marks already logged
 
