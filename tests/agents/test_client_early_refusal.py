@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agent_api_helpers import CRITICAL, Agent
+from agent_api_helpers import CRITICAL, STANDARD, Agent
 
 from agents.client import CORE_INTERNAL, VERDICT_ATTEMPTS, AgentClient
 from agents.rpc.status import abort
@@ -105,14 +105,15 @@ async def test_an_error_of_the_writers_own_source_is_raised_not_a_cancellation(
     agent: Agent,
 ) -> None:
     # grpc aio cancels a call whose request iterator raises: the writer must get the
-    # iterator's error (typed, saying what was wrong), not a bare CancelledError.
+    # iterator's error (typed, saying what was wrong), not a bare CancelledError. A
+    # dataset the agent admits: a refused header would race the iterator's error.
     async def oversize() -> AsyncIterator[bytes]:
         yield b"x" * (2 << 20)
 
     async with AgentClient(f"127.0.0.1:{agent.port}") as client:
         with pytest.raises(InvalidInputError, match="at most 1048576 bytes, got 2097152"):
-            await client.put("ds", "k", oversize())
-    assert agent.store.list_objects("ds").items == []
+            await client.put(STANDARD, "k", oversize())
+    assert agent.store.list_objects(STANDARD).items == []
 
 
 async def test_a_file_that_cannot_be_read_is_named_in_the_error(
@@ -122,4 +123,4 @@ async def test_a_file_that_cannot_be_read_is_named_in_the_error(
     folder.mkdir()
     async with AgentClient(f"127.0.0.1:{agent.port}") as client:
         with pytest.raises(InvalidInputError, match=f"cannot read {folder}"):
-            await client.put("ds", "k", folder)
+            await client.put(STANDARD, "k", folder)
