@@ -142,11 +142,13 @@ class Applier:
         )
         self._decisions: dict[str, Decision] = {}
         # Revisions of events the policy view has not reached, since when (monotonic);
-        # and those etcd was seen not to hold (never waited for again).
+        # and those etcd was seen not to hold, with the view's revision then: the verdict
+        # holds only while the view stays there (a view that moved on means etcd did too,
+        # and it may hold that revision now).
         self._behind_since: dict[int, float] = {}
         self._behind_decided: set[int] = set()  # their bound passed (said once each)
         self._published_asked: dict[int, float] = {}  # when etcd was last asked (monotonic)
-        self._unpublished: set[int] = set()
+        self._unpublished: dict[int, int] = {}
         self._holders_after = 0.0  # monotonic: holders are not asked before then
         self._published_revision = published_revision
 
@@ -702,7 +704,7 @@ class Applier:
             if (
                 decision.admission is Admission.ADMIT
                 or event.policy_revision <= policy.revision
-                or event.policy_revision in self._unpublished
+                or self._unpublished.get(event.policy_revision) == policy.revision
             ):
                 if self._behind_since:  # revisions reached since: forgotten
                     for revision in [r for r in self._behind_since if r <= policy.revision]:
@@ -720,6 +722,13 @@ class Applier:
             # run of them waits it once, and later ones are decided at once (checked
             # before etcd is asked: with etcd away, each ask waits out its timeout).
             now = time.monotonic()
+            if event.policy_revision in self._unpublished:
+                # Judged unpublished by an older view: etcd has moved on since, and may
+                # hold it now. Asked afresh, with a fresh bound.
+                del self._unpublished[event.policy_revision]
+                self._behind_since.pop(event.policy_revision, None)
+                self._behind_decided.discard(event.policy_revision)
+                self._published_asked.pop(event.policy_revision, None)
             behind_since = self._behind_since.setdefault(event.policy_revision, now)
             if now - behind_since >= POLICY_BEHIND_MAX_S:
                 if event.policy_revision not in self._behind_decided:
@@ -761,7 +770,11 @@ class Applier:
         published = await self._published_revision()
         if published is None or published >= event.policy_revision:
             return False
-        self._unpublished.add(event.policy_revision)
+        # Verdicts of an older view are stale (and would otherwise pile up).
+        self._unpublished = {
+            r: seen for r, seen in self._unpublished.items() if seen == policy.revision
+        }
+        self._unpublished[event.policy_revision] = policy.revision
         log.warning(
             "policy_revision_unpublished",
             dataset=event.dataset,

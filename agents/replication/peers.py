@@ -67,21 +67,13 @@ class EtcdPeers:
         if known is not None and self._clock() - known[1] <= self.max_age_s:
             return known[0]
         started = self._clock()
-        try:
-            kvs, _ = await self._coord.get_prefix(keys.agents_of(region))
-        except MeridianError as exc:
-            raise UnavailableError(
-                f"the agents of region {region} cannot be read from etcd ({exc})"
-            ) from exc
-        for kv in kvs:
-            endpoint = registered_endpoint(kv.value)
-            if endpoint is not None:
-                address = self._route(region, endpoint)
-                if self.max_age_s > 0:
-                    self._known[region] = (address, started)
-                return address
-        self._known.pop(region, None)
-        raise NoAgentError(f"region {region} has no agent registered in etcd")
+        found = await self.addresses(region)
+        if not found:
+            self._known.pop(region, None)
+            raise NoAgentError(f"region {region} has no agent registered in etcd")
+        if self.max_age_s > 0:
+            self._known[region] = (found[0], started)
+        return found[0]
 
     def forget(self, region: str) -> None:
         self._known.pop(region, None)

@@ -26,10 +26,14 @@ shows, so the target must then hold everything the owner holds (the strict rule)
 runs its own short event loop with its own etcd connection and channels. When etcd
 or the owner's or the target's agent cannot answer it reports the dataset as not
 caught up (a sentinel entry naming why): the wait goes on rather than moving on a
-guess. The catalog (`fallback`) decides only when the owner region has no agent
-registered at all (no data plane there: a control-plane-only deployment, the
-controllers' own tests); when the agents answered they decide alone, since the
-catalog also lists the owner's unacked versions and lags behind the copies.
+guess; so does an owner region whose agents are all gone while the target has
+some (the owner's last acked versions may be in no catalog yet: the operator's way
+out is a failover). The catalog (`fallback`) decides only when neither the owner
+region nor the target has an agent registered (no data plane: a control-plane-only
+deployment, the controllers' own tests); when the agents answered they decide
+alone, since the catalog also lists the owner's unacked versions and lags behind the
+copies. A listing of a region of several agents must be complete, and a copy whose
+bytes are found missing there is not held.
 """
 
 from __future__ import annotations
@@ -98,9 +102,19 @@ class AgentCatchUpProbe:
             try:
                 owner_agent = await peers.address(owner.region)
             except NoAgentError:
-                # No data plane in the owner region (a control-plane-only deployment):
-                # nothing to compare, the catalog decides.
-                return None
+                try:
+                    await peers.address(region)
+                except NoAgentError:
+                    # No data plane in either region (a control-plane-only deployment):
+                    # nothing to compare, the catalog decides.
+                    return None
+                # The owner's agents are gone (stopped, or their leases expired) while
+                # the target has some: the owner's acked versions cannot be listed,
+                # and the catalog, fed by the recorders, may lack the last of them.
+                return [
+                    f"(owner region {owner.region} has no agent registered: "
+                    "its versions cannot be compared; a failover --force moves it)"
+                ]
             source = await _listing(owner_agent, dataset)
             target = await _listing(await peers.address(region), dataset)
             placement = await _placement(coord, dataset)
@@ -122,8 +136,10 @@ class AgentCatchUpProbe:
 
 
 async def _listing(address: str, dataset: str) -> list[ObjectInfo]:
+    # complete: in a region of several agents, one that does not answer fails the
+    # listing rather than hide the versions it holds (an acked one among them).
     async with AgentClient(address) as client:
-        return await client.list(dataset, include_deleted=True)
+        return await client.list(dataset, include_deleted=True, complete=True)
 
 
 async def _placement(coord: EtcdCoordination, dataset: str) -> Placement | None:
@@ -171,7 +187,8 @@ def lacking(
     hold (its newest is older, or the same HLC with another digest); a key of
     `forgotten` (a delete no region shows anything older of: prefer.forgotten_deletes)
     the target has nothing of is not lacking."""
-    held = {o.key: o.version for o in target}
+    # A copy whose bytes startup repair found gone is not held.
+    held = {o.key: o.version for o in target if not o.missing}
     out: list[str] = []
     for obj in source:
         have = held.get(obj.key)

@@ -106,6 +106,29 @@ async def test_a_cli_switchover_does_not_wait_for_a_version_only_the_owner_holds
     assert held is not None and held.version.digest == acked.version.digest
 
 
+async def test_an_owner_region_whose_agents_are_gone_is_not_caught_up(
+    eu_agents: dict[str, AgentProcess], coord: EtcdCoordination, etcd_endpoint: str
+) -> None:
+    """The owner's agent stopped (its registration gone with it) while the target has
+    agents: its last acked versions cannot be listed, and the catalog may not know
+    them yet, so the probe says "not caught up" rather than ask the catalog."""
+    west, central = eu_agents["eu-west"], eu_agents["eu-central"]
+    await Ownership(coord).claim("tri/e", "eu-west", expect_epoch=0, reason="home", actor="t")
+    k1 = await put(west.address, "tri/e", "k1", b"everywhere")
+    assert await wait_stat_digest(central.address, "tri/e", "k1", k1.version.digest, 30)
+
+    class CatalogSaysDone:
+        def incomplete_versions(self, dataset: str, region: str) -> list[str]:
+            return []
+
+    probe = AgentCatchUpProbe([etcd_endpoint], _direct, CatalogSaysDone())
+    assert await asyncio.to_thread(probe.incomplete_versions, "tri/e", "eu-central") == []
+    assert west.stop() == 0
+    assert not (await coord.get_prefix(keys.agents_of("eu-west")))[0]
+    lacking = await asyncio.to_thread(probe.incomplete_versions, "tri/e", "eu-central")
+    assert len(lacking) == 1 and "eu-west has no agent registered" in lacking[0]
+
+
 def test_lacking_compares_newest_versions_by_hlc_and_digest() -> None:
     def info(key: str, wall: int, digest: str) -> ObjectInfo:
         return ObjectInfo("d", key, Version.put(HLC(wall, 0, "eu-west"), 1, digest))
@@ -118,6 +141,9 @@ def test_lacking_compares_newest_versions_by_hlc_and_digest() -> None:
         f"c@{HLC(30, 0, 'eu-west')}",
     ]
     assert lacking(source, source) == []
+    # A copy whose bytes startup repair found gone is not held.
+    lost = [ObjectInfo("d", "a", source[0].version, missing=True), *source[1:]]
+    assert lacking(source, lost) == [f"a@{HLC(10, 0, 'eu-west')}"]
     # A delete: lacking where the target still shows the put; where it has nothing of
     # the object, only unless it is `forgotten` (no region shows an older version).
     gone = ObjectInfo("d", "a", Version.delete(HLC(40, 0, "eu-west")))

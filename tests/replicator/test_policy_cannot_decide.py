@@ -183,6 +183,44 @@ async def test_a_revision_etcd_does_not_hold_is_not_waited_for(rig_factory: RigF
     assert asked == [2]  # asked once for the revision, not once per event
 
 
+async def test_an_unpublished_verdict_goes_stale_once_the_view_moves(
+    rig_factory: RigFactory,
+) -> None:
+    # Revision 9 was not in etcd while the view stood at 2. The view has moved to 3
+    # since, and etcd now holds 9: an event of revision 9 waits for it again, and is
+    # applied under it, instead of being skipped on the old verdict.
+    rig = rig_factory(region="us-east")
+    rig.current[0] = b.policy(b.placement(), revision=2)
+    etcd_holds = [2]
+
+    async def published() -> int | None:
+        return etcd_holds[0]
+
+    async def short_sleep(_s: float) -> None:
+        await asyncio.sleep(0.01)
+
+    rig.applier._published_revision = published
+    rig.applier._sleep = short_sleep
+    first = await asyncio.wait_for(
+        rig.applier.handle_many([b.rec_of(b.put("a", policy_revision=9))]), 10
+    )
+    assert first == ["skipped"]
+    rig.current[0] = b.policy(b.placement(), revision=3)
+    etcd_holds[0] = 9
+    with capture_logs() as logs:
+        run = asyncio.create_task(
+            rig.applier.handle_many([b.rec_of(b.put("b", policy_revision=9), 1)])
+        )
+
+        async def behind() -> bool:
+            return any(e["event"] == "policy_behind_event" for e in logs)
+
+        await until(behind, 10, what="the applier to wait for revision 9 again")
+        wider = b.placement(replicas=("eu-central", "us-east"), residency=("EU", "US"))
+        rig.current[0] = b.policy(wider, revision=9)
+        assert await asyncio.wait_for(run, 10) == ["applied"]
+
+
 async def test_a_revision_etcd_holds_is_waited_for(rig_factory: RigFactory) -> None:
     rig = rig_factory(region="us-east")
     rig.current[0] = b.policy(b.placement(), revision=2)
