@@ -131,6 +131,9 @@ class Applier:
         self._sets = sets
         self._on_record = on_record
         self._sleep = sleep
+        # Told the dataset of each event not copied here (skipped or refused), before
+        # the event is reported done: the backfill's `forget` (backfill.py).
+        self.on_not_copied: Callable[[str], Awaitable[None]] | None = None
         self._decided_under: CompiledPolicy | None = None
         # Runs waiting for a free call merge into it (coalesce.py): one call per run
         # queued 64 small runs behind 2 calls under a trickle of events.
@@ -401,6 +404,7 @@ class Applier:
                 key=event.key,
                 reason=decision.reason,
             )
+            await self._not_copied(event.dataset)
             return "skipped"
         try:
             self._clock.check_skew(event.version.hlc)
@@ -571,6 +575,7 @@ class Applier:
                 set=event.set_id,
                 reason=decision.reason,
             )
+            await self._not_copied(event.dataset)
             return "skipped"
         hlc = event.version_set.hlc
         assert hlc is not None  # noqa: S101 - a SetEvent is stamped
@@ -803,13 +808,20 @@ class Applier:
         jitter: float = random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not secrecy
         return top * jitter
 
+    async def _not_copied(self, dataset: str) -> None:
+        if self.on_not_copied is not None:
+            await self.on_not_copied(dataset)
+
     async def _refuse(self, record: Record, event: LogEvent, reason: str, revision: int) -> None:
         self._metrics.residency_refused.labels(event.dataset, "receive").inc()
+        await self._not_copied(event.dataset)
         if isinstance(event, SetEvent):
             self._append(self._set_refused(event, revision))
         else:
             self._append(self._record(event, "refused", kind="refused", revision=revision))
-        await self._dead_letter(record, dlq.RESIDENCY, reason, event)
+        await self._dead_letter(
+            dlq.without_inline_bytes(record, event), dlq.RESIDENCY, reason, event
+        )
 
     async def _dead_letter(
         self, record: Record, reason: str, detail: str, event: LogEvent | None = None

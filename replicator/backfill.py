@@ -17,6 +17,13 @@ that failed (the catalog or the holders away) is retried, backing off to
 `retry_max_s`, until it finishes, rather than left to an operator's resync. The
 first start without that state takes the datasets placed here then as done (the
 change log, read from its start by a new consumer group, carries their writes).
+
+A write the applier skips (or refuses) here is one this region lacks: `forget` takes
+its dataset out of what was backfilled, saved before the skip is reported done (so
+before its offset is committed). Without it, a dataset dropped from this region and
+placed again between two looks of the loop (a revision coalesced, a long backfill
+of another dataset, a restart) stayed "done", and the writes skipped meanwhile were
+never copied here.
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ class Backfill(Lifecycle):
         self._state_path = state_path
         self._backoff = Backoff(retry_initial_s, retry_max_s)
         self._task: asyncio.Task[None] | None = None
+        self._done: set[str] = set()
+        self._forgot = asyncio.Event()  # a dataset was forgotten since the loop last looked
         self.runs = 0  # backfills that finished
         self.ran = asyncio.Event()  # set after each backfill, failed or not
 
@@ -84,36 +93,64 @@ class Backfill(Lifecycle):
         if self._task is not None:
             await cancel_and_wait(self._task)
 
+    async def forget(self, dataset: str) -> None:
+        """A write of `dataset` was not copied here (skipped or refused under the policy
+        then): placed here again, it is backfilled. Returns once that is saved."""
+        if dataset not in self._done:
+            return
+        self._done.discard(dataset)
+        log.info("backfill_forgotten", region=self._region, dataset=dataset)
+        await asyncio.to_thread(self._save, set(self._done))
+        self._forgot.set()
+
+    async def _wait(self, seen: CompiledPolicy | None, wait_s: float) -> None:
+        """Until a new revision, or a dataset was forgotten; `OperationTimeoutError`
+        after `wait_s`."""
+        if self._forgot.is_set():
+            return
+        changed = asyncio.ensure_future(self._view.wait_for(_changed_from(seen), wait_s))
+        forgot = asyncio.ensure_future(self._forgot.wait())
+        try:
+            await asyncio.wait({changed, forgot}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (changed, forgot):
+                if not task.done():
+                    await cancel_and_wait(task)
+        if changed.done() and not forgot.done():
+            changed.result()  # its timeout, if that is how it ended
+
     async def _run(self, seen: CompiledPolicy | None, done: set[str] | None) -> None:
         """`done`: the datasets placed here whose backfill finished; None when no state
         was kept, and then those `seen` places here are taken as done."""
         if done is None:
             done = set(_placed_here(seen, self._region))
             await asyncio.to_thread(self._save, done)
+        self._done = done
         wait_s: float | None = None  # None: look now (at start: placed while down?)
         while True:
             if wait_s is not None:
                 try:
-                    await self._view.wait_for(_changed_from(seen), wait_s)
+                    await self._wait(seen, wait_s)
                 except OperationTimeoutError:
                     if wait_s == IDLE_WAIT_S:
                         continue  # an hour without a new revision: wait again
             wait_s = IDLE_WAIT_S
+            self._forgot.clear()
             current = self._view.current
             if current is None:
                 continue
             seen = current
             here = _placed_here(current, self._region)
             # A dataset no longer placed here is forgotten: placed again, it is backfilled.
-            done &= set(here)
-            wanted = [p for name, p in sorted(here.items()) if name not in done]
+            self._done &= set(here)
+            wanted = [p for name, p in sorted(here.items()) if name not in self._done]
             if wanted and not await self.backfill(current, wanted):
                 wait_s = self._backoff.next()
                 log.info("backfill_retry", region=self._region, retry_in_s=wait_s)
                 continue
             self._backoff.reset()
-            done |= {p.dataset for p in wanted}
-            await asyncio.to_thread(self._save, done)
+            self._done |= {p.dataset for p in wanted}
+            await asyncio.to_thread(self._save, set(self._done))
 
     async def backfill(self, policy: CompiledPolicy, placements: list[Placement]) -> bool:
         """Backfill these datasets here; whether it finished (failed versions count as

@@ -188,17 +188,17 @@ async def run_replicator(
                     raise ConfigError(
                         f"cannot serve metrics on {metrics_addr}: {exc.strerror}"
                     ) from exc
-            await stack.enter_async_context(
-                Backfill(
-                    view,
-                    catalog,
-                    agent,
-                    holders.agents_of,
-                    region,
-                    # Beside the journal: what was backfilled outlives a restart.
-                    state_path=journal.path.with_name(journal.path.stem + ".backfill.json"),
-                )
+            backfill = Backfill(
+                view,
+                catalog,
+                agent,
+                holders.agents_of,
+                region,
+                # Beside the journal: what was backfilled outlives a restart.
+                state_path=journal.path.with_name(journal.path.stem + ".backfill.json"),
             )
+            applier.on_not_copied = backfill.forget
+            await stack.enter_async_context(backfill)
             await stack.enter_async_context(loop)  # stopped first: drains, commits
             log.info(
                 "replicator_started",

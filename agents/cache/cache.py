@@ -256,7 +256,8 @@ class ReadCache:
                 # The holders say it is the newest: trusted as such from now on (the same
                 # size, so nothing is evicted for it).
                 entry = Entry(entry.dataset, entry.key, entry.version)
-                self.index.admit(entry)
+                for old in self.index.admit(entry):
+                    await self._remove(old, "evicted")
         store = self._store()
         try:
             return await open_in_thread(
@@ -314,7 +315,10 @@ class ReadCache:
                 return held
         done = self._filling[name] = asyncio.Event()
         try:
-            return await self._fill(placement, dataset, key, hlc, known)
+            entry = await self._fill(placement, dataset, key, hlc, known)
+            if entry is None and known is not None:
+                await self._forget_unkept(dataset, key, known[1])
+            return entry
         finally:
             if self._filling.get(name) is done:
                 del self._filling[name]
@@ -394,6 +398,18 @@ class ReadCache:
         if self.index.peek(entry.name) == entry:
             self.index.remove(entry.name)
         await self._remove(entry, why)
+
+    async def _forget_unkept(self, dataset: str, key: str, version: Version) -> None:
+        """A prefetch's bytes that its fill did not keep (a newer version is known, or
+        they exceed the bound): no index entry counts them and no reader asked for
+        them, so they go now rather than sit outside the bound until a restart. Done
+        before the fill ends: a reader waiting on it then fetches afresh. `hand_off`
+        leaves them when a newer version is held (LWW kept that one)."""
+        held = self.index.peek((dataset, key))
+        if held is not None and held.version.hlc == version.hlc:
+            return
+        with contextlib.suppress(MeridianError):
+            await asyncio.to_thread(self._store().hand_off, dataset, key, version.hlc)
 
     async def _remove(self, entry: Entry, why: str) -> None:
         self.cache_metrics.dropped(why)

@@ -42,6 +42,9 @@ class MembershipWatch(Lifecycle):
         self._r = configured_r
         self._retry = (retry_initial_s, retry_max_s)
         self.current = Members(region, {}, 0, configured_r)
+        # Whole reads of the prefix (the first, then one after each broken watch): the
+        # states between two of them are not seen one by one (agents/rebalance).
+        self.reads = 0
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[Members], None]] = []
@@ -71,6 +74,7 @@ class MembershipWatch(Lifecycle):
             member = Member.from_registration(kv.value, kv.lease)
             if member is not None:
                 found[member.agent_id] = member
+        self.reads += 1
         self._publish(found, revision)
 
     async def _follow(self) -> None:

@@ -51,6 +51,8 @@ _HELD_OUTCOMES = (
     agent_pb2.APPLY_OUTCOME_OLDER,
 )
 _PAGE = 500
+# Serving shapes remembered between settled passes (see `Rebalancer._seen`).
+_HISTORY_MAX = 16
 # Objects per FetchMany call of a pass.
 _BATCH = 64
 
@@ -106,6 +108,12 @@ class Rebalancer(Lifecycle):
         self.progress = Progress()
         self.passes = 0
         self._settled: Members | None = None  # the membership the last pass completed
+        # Every serving shape seen since then (in order): an agent was a previous owner
+        # of an object only if it owned it under each of them. Compared with the settled
+        # one alone, a join then a quick loss (owners {a,b} -> {a,d} -> {a,b}) reads as
+        # "unchanged" on `a`, while `b` handed its copy to `d` and dropped it.
+        self._seen: list[Members] = []
+        self._settled_reads = 0  # the watch's whole reads when the last pass settled
         # Called after a pass settled (nothing left to move) under a membership: the
         # roster's clear of departed agents (agents/placement/roster.py).
         self.on_settled: Callable[[Members], Awaitable[None]] | None = None
@@ -139,7 +147,10 @@ class Rebalancer(Lifecycle):
 
     def _on_change(self, current: Members) -> None:
         settled = self._settled
-        if settled is None or _shape(settled) != _shape(current):
+        last = self._seen[-1] if self._seen else settled
+        if last is None or _shape(last) != _shape(current):
+            self._seen.append(current)
+        if settled is None or _shape(settled) != _shape(current) or self._seen:
             self._kick.set()
 
     async def _run(self) -> None:
@@ -226,7 +237,14 @@ class Rebalancer(Lifecycle):
             if me is None and not leaving:
                 return 0  # not registered yet (or lost its lease): nothing is decided
             before = self._settled
-            work = await self._plan(before, current)
+            seen, reads = len(self._seen), self.members.reads
+            # Owners before are taken as unknown (every owner is asked; one that holds
+            # the object answers SAME) when there are too many shapes to intersect
+            # cheaply, or the watch read the region whole since (a broken watch: the
+            # shapes in between were not seen).
+            unknown = seen > _HISTORY_MAX or (before is not None and reads != self._settled_reads)
+            history = None if unknown else list(self._seen)
+            work = await self._plan(None if history is None else before, current, history or [])
             self.progress = Progress(
                 remaining_objects=len(work),
                 remaining_bytes=sum(w.version.size for w in work),
@@ -257,7 +275,8 @@ class Rebalancer(Lifecycle):
                 )
             self.progress.running = False
             if stray == 0:
-                self._settled = current
+                self._settled, self._settled_reads = current, reads
+                del self._seen[:seen]
             else:
                 self._kick.set()  # something could not move: try again soon
             await self._publish_quietly()
@@ -276,13 +295,15 @@ class Rebalancer(Lifecycle):
         except Exception as exc:  # noqa: BLE001 - progress is advisory
             log.warning("rebalance_publish_failed", error=str(exc))
 
-    async def _plan(self, before: Members | None, current: Members) -> list[_Move]:
+    async def _plan(
+        self, before: Members | None, current: Members, history: list[Members]
+    ) -> list[_Move]:
         work: list[_Move] = []
         after: tuple[str, str] | None = None
         for _ in range(1_000_000):  # pages of the store; bounded by its size
             page = await asyncio.to_thread(self.store.held, after, _PAGE)
             for stored in page:
-                move = self._decide(before, current, stored)
+                move = self._decide(before, current, stored, history)
                 if move is not None:
                     work.append(move)
             if len(page) < _PAGE:
@@ -291,7 +312,11 @@ class Rebalancer(Lifecycle):
         return work
 
     def _decide(
-        self, before: Members | None, current: Members, stored: StoredVersion
+        self,
+        before: Members | None,
+        current: Members,
+        stored: StoredVersion,
+        history: list[Members],
     ) -> _Move | None:
         if stored.set_id is not None or stored.state != "present":
             return None
@@ -302,6 +327,10 @@ class Rebalancer(Lifecycle):
         previous = (
             set(before.owner_ids(stored.dataset, stored.key)) if before is not None else set()
         )
+        for seen in history:
+            if not previous:
+                break
+            previous &= set(seen.owner_ids(stored.dataset, stored.key))
         if mine and before is not None and set(owners) == previous:
             return None
         targets = [o for o in owners if o != self.agent_id and (not mine or o not in previous)]
@@ -338,7 +367,9 @@ class Rebalancer(Lifecycle):
 
         async def batch(target_id: str, items: list[_Move]) -> None:
             target = current.get(target_id)
-            if target is None:
+            if target is None or target.state == LEAVING:
+                # A leaving agent may already have scanned its store for its drain: a
+                # copy pushed there now leaves with it. The next pass plans again.
                 for item in items:
                     done(item, False)
                 return

@@ -108,10 +108,12 @@ async def place_copies(
     region: str,
     source: str,
 ) -> list[str]:
-    """Make `r` agents (this one counted, being the committer) hold `version`, taking the
-    agents of `ranked` (the object's placement order) in turn. Returns the ids holding
-    it; `UnavailableError` when fewer than `r` could be reached."""
-    holders = [self_id]
+    """Make `r` agents (this one counted, being the committer, when it serves) hold
+    `version`, taking the agents of `ranked` (the object's serving agents in placement
+    order) in turn. Returns the ids holding it; `UnavailableError` when fewer than `r`
+    could be reached. A committer that is leaving (not in `ranked`) does not count: its
+    drain may already have scanned its store, and it exits with the copy."""
+    holders = [self_id] if any(m.agent_id == self_id for m in ranked) else []
     errors: list[str] = []
     for member in ranked:
         if len(holders) >= r:

@@ -148,6 +148,14 @@ class RoutedAgentService(AgentService):
         """Every serving agent in the object's placement order (its owners first)."""
         return hrw.rank(hrw.placement_key(dataset, key), members.serving)
 
+    def _placed_after_commit(self, dataset: str, key: str) -> tuple[list[Member], int]:
+        """The object's serving agents and copy count as the membership stands once the
+        write is committed here, not as it stood when the call began: a long upload may
+        outlive this agent's serving (a drain began meanwhile), and a write committed
+        after the drain's scan of the store must reach `r` serving agents by itself."""
+        members = self.members.current
+        return self._ranked(members, dataset, key), members.r
+
     def _read_plan(
         self, members: Members, dataset: str, key: str
     ) -> tuple[list[Member], frozenset[str]]:
@@ -222,12 +230,12 @@ class RoutedAgentService(AgentService):
         dataset, key = first.header.dataset, first.header.key
         ranked = self._ranked(members, dataset, key)
         if routed_by(context) is not None or not ranked or ranked[0].agent_id == self.agent_id:
-            return await self._put_here(members, ranked, first, frames, context)
+            return await self._put_here(first, frames, context)
         sent = _Counted(first, frames)
         failures: list[str] = []
         for target in ranked[: members.r]:
             if target.agent_id == self.agent_id:  # the primary is gone: commit here
-                return await self._put_here(members, ranked, first, sent.rest(), context)
+                return await self._put_here(first, sent.rest(), context)
             try:
                 response: agent_pb2.PutResponse = await self.peers.stub(target.endpoint).Put(
                     sent.frames(),
@@ -246,18 +254,17 @@ class RoutedAgentService(AgentService):
 
     async def _put_here(
         self,
-        members: Members,
-        ranked: list[Member],
         first: agent_pb2.PutRequest,
         frames: AsyncIterator[agent_pb2.PutRequest],
         context: Context,
     ) -> agent_pb2.PutResponse:
         response = await self._put(_chain(first, frames), context)
         version = version_from_wire(response.version, "PutResponse.version")
+        ranked, r = self._placed_after_commit(first.header.dataset, first.header.key)
         await place_copies(
             self.peers,
             ranked,
-            members.r,
+            r,
             self.agent_id,
             first.header.dataset,
             first.header.key,
@@ -306,10 +313,11 @@ class RoutedAgentService(AgentService):
                 )
         response = await self._delete(request, context)
         version = version_from_wire(response.version, "DeleteResponse.version")
+        ranked, r = self._placed_after_commit(request.dataset, request.key)
         await place_copies(
             self.peers,
             ranked,
-            members.r,
+            r,
             self.agent_id,
             request.dataset,
             request.key,

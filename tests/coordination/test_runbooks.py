@@ -368,6 +368,40 @@ async def test_switchover_that_committed_behind_an_error_is_journaled_as_moved(
     assert (entry.outcome, entry.to_region, entry.epoch) == ("moved", "eu-central", now.epoch)
 
 
+async def test_an_automatic_failover_during_a_switchover_is_not_journaled_as_it(
+    coord: EtcdCoordination,
+) -> None:
+    """While the switchover waits for its target, the owner region's controller dies
+    and an automatic failover moves the dataset to the same target: the runbook does
+    not journal that move as its own switchover (kind, actor, reason and RPO would be
+    the operator's), and it says who moved it."""
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    probe = MemoryCatchUp()
+    probe.missing[("ckpt/a", "eu-central")] = ["obj@v9"]
+    rb, journal = runbooks(coord, probe)
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    task = asyncio.create_task(rb.run_switchover(plan.moves[0], reason="op's", timeout_s=2))
+    assert await wait_until(lambda: _marked(coord, "ckpt/a"), 5)
+    controllers = MemoryJournal()
+    failover = await apply_move(
+        Ownership(coord),
+        plan.moves[0],
+        guards=[],
+        kind="automatic",
+        reason="eu-west lost its lease",
+        actor="controller@eu-central",
+        journal=controllers,
+        probe=None,
+        detected_at=None,
+    )
+    assert failover is not None
+    with pytest.raises(ConflictError, match="automatic by controller@eu-central"):
+        await asyncio.wait_for(task, 10)
+    assert not [e for e in journal.since(None) if e.outcome == "moved"]
+    [moved] = controllers.since(None)
+    assert (moved.kind, moved.epoch) == ("automatic", failover.epoch)
+
+
 class SlowJournal(MemoryJournal):
     """Appends take a while, so that the caller can be cancelled mid-write."""
 

@@ -11,10 +11,12 @@ import repl_builders as b
 import waiting
 from repl_rig import Rig, RigFactory
 
+from chaos.catalog_inventory import dlq_copy
 from controlplane.domain.events import ChangeEvent
 from controlplane.domain.hlc import system_ms
 from controlplane.errors import UnavailableError
 from controlplane.ports.changelog import Record
+from meridian.convert import decode_log_event
 from replicator.ports import ApplyOutcome, ApplyResult, Source
 
 
@@ -121,7 +123,14 @@ async def test_a_named_region_outside_the_residency_is_refused_and_recorded(
     event = b.put("a")
     assert await handle(r, event) == ["refused"]
     assert r.agent.calls == []
-    assert r.letters.letters[0][1] == "residency"
+    letter, reason, _ = r.letters.letters[0]
+    assert reason == "residency"
+    # The letter is written by us-east, where the bytes may not live: they are left out.
+    assert event.inline and event.inline not in letter.value
+    kept = decode_log_event(letter.value)
+    assert isinstance(kept, ChangeEvent) and kept.inline is None
+    assert (kept.event_id, kept.key, kept.version) == (event.event_id, "a", event.version)
+    assert dlq_copy({"region": b"us-east", "dataset": b"corpus/web"}, letter.value, 0, 0) is None
     (row,) = r.journal.pending()
     assert (row.record.kind, row.record.event_id, row.record.region) == (
         "refused",

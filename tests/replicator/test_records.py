@@ -331,3 +331,41 @@ async def test_a_first_start_without_state_takes_what_is_placed_then_as_done(
             await until(state.exists, 30, what="the backfill state to be written")
     assert json.loads(state.read_text()) == {"region": "eu-north", "done": [DS]}
     assert backfill.runs == 0 and agent.held == {}
+
+
+async def test_a_dataset_whose_write_was_skipped_here_is_backfilled_again(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    # DS was backfilled here; a write of it was then skipped (the policy of that moment
+    # did not place it here), and the loop never saw that revision (coalesced, or it
+    # was busy). The skip takes DS out of what was backfilled, durably before the skip
+    # is reported done, and the loop backfills it again.
+    state = tmp_path / "backfill.json"
+    state.write_text(json.dumps({"region": "eu-north", "done": [DS]}))
+    coord = MemoryCoordination()
+    await coord.put(keys.POLICY_CURRENT, b.policy(WIDER, revision=5).to_json())
+    skipped = b.put("while-away", b"written while eu-north was not placed", dataset=DS)
+    written_at_origin(catalog, skipped)
+    agent = MemoryAgent()
+    async with PolicyView(coord) as view:
+        backfill = Backfill(view, catalog, agent, agents_at, "eu-north", state_path=state)
+        async with backfill:
+            await until(lambda: backfill._done == {DS}, 30, what="the state to be loaded")
+            assert backfill.runs == 0  # done already: nothing to backfill
+            await backfill.forget(DS)
+            assert json.loads(state.read_text())["done"] == []  # saved before it returned
+            await until(lambda: backfill.runs == 1, 30, what="the backfill of DS again")
+    assert agent.held[(DS, "while-away")] == skipped.version
+    assert json.loads(state.read_text())["done"] == [DS]
+
+
+async def test_the_applier_tells_of_each_event_it_does_not_copy(rig_factory: RigFactory) -> None:
+    rig = rig_factory(region="us-east")  # the default placement does not name us-east
+    told: list[str] = []
+
+    async def not_copied(dataset: str) -> None:
+        told.append(dataset)
+
+    rig.applier.on_not_copied = not_copied
+    assert await rig.applier.handle_many([b.rec_of(b.put("a"))]) == ["skipped"]
+    assert told == ["corpus/web"]

@@ -112,3 +112,36 @@ async def test_a_fill_tries_the_other_agents_of_the_holder_region(
     monkeypatch.setattr(cache_module, "pull", nowhere)
     with pytest.raises(NotFoundError):  # held by none: said once every agent was asked
         await cache._pull(None, None, source, "d", "k", version)  # type: ignore[arg-type]
+
+
+async def test_a_prefetch_whose_bytes_went_stale_meanwhile_leaves_none_behind() -> None:
+    # The change log announced a newer version while the prefetch pulled the listed
+    # one: the fill keeps no entry, and the bytes it stored go too (no index entry
+    # counted them against the bound).
+    from agents.transfer.pull import Source
+
+    handed_off: list[tuple[str, str, HLC]] = []
+    old, new = entry("k", 10, wall_ms=1).version, entry("k", 10, wall_ms=2).version
+
+    class Store:
+        def hand_off(self, dataset: str, key: str, newest: HLC) -> bool:
+            handed_off.append((dataset, key, newest))
+            return True
+
+    cache = object.__new__(ReadCache)
+    cache.index, cache._filling, cache._seen = LruIndex(1000), {}, {}
+    cache.store, cache.book = Store(), object()  # type: ignore[assignment]
+
+    async def pull(*args: object) -> None:
+        cache._seen[("d", "k")] = new.hlc  # announced while the bytes came
+
+    async def nothing() -> None:
+        return None
+
+    cache._pull = pull  # type: ignore[method-assign]
+    cache._ship_records = nothing  # type: ignore[method-assign]
+    placement = cast(Placement, None)
+    known = (Source("eu-west", "10.0.0.1:7400"), old)
+    assert await cache.fill(placement, "d", "k", None, known=known) is None
+    assert handed_off == [("d", "k", old.hlc)]
+    assert ("d", "k") not in cache.index

@@ -302,9 +302,17 @@ class Runbooks:
         except BaseException as exc:
             restored = await self.ownership.abort_handover(handover)
             now = None if restored else await self._owner_after_error(move.dataset)
-            if now is not None and now.region == move.to_region and now.epoch > move.epoch_before:
+            moved = now is not None and now.epoch > move.epoch_before
+            if (
+                now is not None
+                and moved
+                and now.region == move.to_region
+                and (now.kind, now.actor) == (kind, self.actor)
+            ):
                 # The move committed although this side saw an error (a timeout or an
-                # interruption after the transaction was sent): journal it as done.
+                # interruption after the transaction was sent): journal it as done. Only
+                # when the owner record says this runbook made it: an automatic failover
+                # to the same target meanwhile is the controller's move, journaled by it.
                 result = await self._journal_moved(move, now.epoch, kind, reason, started)
                 log.warning(
                     "switchover_committed_despite_error", dataset=move.dataset, error=str(exc)
@@ -329,6 +337,14 @@ class Runbooks:
             )
             await asyncio.to_thread(self.journal.append, entry)
             log.warning("switchover_aborted", dataset=move.dataset, to=move.to_region)
+            if now is not None and moved and isinstance(exc, Exception):
+                # Another mover won (an automatic failover, say): say who, not "aborted,
+                # the previous owner still owns it".
+                raise ConflictError(
+                    f"switchover of {move.dataset} to {move.to_region} not done: "
+                    f"{now.kind or 'a claim'} by {now.actor or 'another mover'} moved it to "
+                    f"{now.region} at epoch {now.epoch} meanwhile"
+                ) from exc
             raise
         return await self._journal_moved(move, epoch, kind, reason, started)
 
