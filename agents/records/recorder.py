@@ -8,14 +8,19 @@ the batch again, which changes nothing (every fact is idempotent, see journal.py
 While the catalog is unreachable the recorder backs off and retries; the store's
 writes never wait for it, and the journal keeps every record until it is shipped.
 
-A record the catalog refuses for good (a non-retriable error: it names a region
+A record the catalog refuses as bad input (`InvalidInputError`: it names a region
 the catalog does not know, a digest conflicting with the one registered, a dataset
 new to a catalog opened without a placer while a policy is applied) fails its
 batch's transaction; the batch is then shipped one record at a time, and that
 record is set aside
 with its reason in `ROOT/records-set-aside.jsonl` (setaside.py) and counted, and
 the queue moves on: one bad record must not stop every later one from reaching
-the catalog, nor be dropped without trace. Datasets the catalog has not seen are
+the catalog, nor be dropped without trace. Any other failure is the catalog's, not
+the record's (a permission revoked, a read-only file, a schema older than the
+agent): nothing is set aside and the batch is retried with backoff, or the whole
+journal would drain into the file, with the catalog none the wiser. A record that
+cannot be planned is set aside only with its batch's commit (a retried batch would
+set it aside again). Datasets the catalog has not seen are
 registered on the way (the agent admitted the write under an applied policy, so
 the catalog's placer places them), not set aside.
 
@@ -40,7 +45,7 @@ from agents.store.store import ObjectStore
 from controlplane.catalog.api import Catalog
 from controlplane.controller.duty import describe
 from controlplane.domain.version import Version
-from controlplane.errors import MeridianError, NotFoundError
+from controlplane.errors import InvalidInputError, MeridianError, NotFoundError
 
 SET_ASIDE_FILE = "records-set-aside.jsonl"
 
@@ -92,23 +97,26 @@ class Recorder(BatchDuty):
         entries = self._store.journal_pending(limit=self.batch_size)
         if not entries:
             return 0
-        plans: list[tuple[JournalEntry, Plan]] = []
+        plans: list[tuple[JournalEntry, Plan | InvalidInputError]] = []
         for entry in entries:
             try:
                 plans.append((entry, plan(self.region, entry, self._lookup)))
-            except MeridianError as exc:  # malformed: shipping it would fail the same way
-                self._set_aside(entry, exc)
+            except InvalidInputError as exc:  # malformed: shipping it would fail the same way
+                plans.append((entry, exc))
         whole = Plan()
         for _, one in plans:
-            whole.extend(one)
+            if isinstance(one, Plan):
+                whole.extend(one)
         try:
             self._record(whole)
-        except MeridianError as exc:
-            if exc.retriable:
-                raise
-            # The catalog refused one of them for good (nothing of the batch committed):
-            # ship them one at a time to set that one aside and keep the rest.
+        except InvalidInputError:
+            # The catalog refused one of them (nothing of the batch committed): ship them
+            # one at a time to set that one aside and keep the rest.
             self._one_by_one(plans, mark=mark)
+        else:
+            for entry, one in plans:
+                if isinstance(one, InvalidInputError):
+                    self._set_aside(entry, one)
         if mark:
             self._store.journal_shipped(entries[-1].seq)
         self._metrics.records_shipped.inc(len(entries))
@@ -121,17 +129,21 @@ class Recorder(BatchDuty):
         )
         return len(entries)
 
-    def _one_by_one(self, plans: list[tuple[JournalEntry, Plan]], *, mark: bool) -> None:
+    def _one_by_one(
+        self, plans: list[tuple[JournalEntry, Plan | InvalidInputError]], *, mark: bool
+    ) -> None:
         done: JournalEntry | None = None
         for entry, one in plans:
             try:
+                if isinstance(one, InvalidInputError):
+                    raise one
                 self._record(one)
-            except MeridianError as exc:
-                if exc.retriable:
-                    if done is not None and mark:
-                        self._store.journal_shipped(done.seq)  # what reached the catalog
-                    raise
+            except InvalidInputError as exc:
                 self._set_aside(entry, exc)
+            except MeridianError:
+                if done is not None and mark:
+                    self._store.journal_shipped(done.seq)  # what reached the catalog
+                raise
             done = entry
 
     def _record(self, facts: Plan) -> None:

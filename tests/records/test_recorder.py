@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+import pytest
 from records_helpers import DATASET, REGION, StoreFactory
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -17,6 +18,7 @@ from agents.store import ObjectStore
 from agents.store.model import JsonValue
 from agents.transfer.records import Outcome, TransferTally
 from controlplane.catalog.api import Catalog
+from controlplane.catalog.errors import CatalogError
 from controlplane.catalog.models import CatalogObject, Dataset, ObjectVersion, Replica, Transfer
 
 SqlSession = Callable[[str], AbstractContextManager[Session]]
@@ -179,6 +181,31 @@ def test_a_record_the_catalog_refuses_is_set_aside_and_the_queue_moves_on(
     )
     assert _locations(cat, "after") == [(after.hlc.text, REGION, "completed")]
     assert store.journal_pending() == []
+
+
+def test_a_failing_catalog_sets_nothing_aside_and_ships_it_all_once_it_works(
+    store: ObjectStore, cat: Catalog, metrics: AgentMetrics
+) -> None:
+    # Not one record's fault (a permission revoked, a read-only file): the batch is
+    # retried as it is, not drained into the set-aside file record by record.
+    first = store.put(DATASET, "a", [b"one"])
+    second = store.put(DATASET, "b", [b"two"])
+    recorder = Recorder(store, cat, metrics, REGION)
+    real = cat.record_holdings
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise CatalogError("the catalog failed: permission denied for table replicas")
+
+    cat.record_holdings = denied  # type: ignore[method-assign]
+    with pytest.raises(CatalogError, match="permission denied"):
+        recorder.ship_pending()
+    assert recorder.set_aside.read() == []
+    assert len(store.journal_pending()) == 2  # nothing marked shipped
+    cat.record_holdings = real  # type: ignore[method-assign]
+    assert _ship_all(recorder) == 2
+    assert recorder.set_aside.read() == []
+    assert _locations(cat, "a") == [(first.hlc.text, REGION, "completed")]
+    assert _locations(cat, "b") == [(second.hlc.text, REGION, "completed")]
 
 
 def test_a_refused_transfer_is_audited_but_is_no_residency_violation(
