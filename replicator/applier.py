@@ -394,6 +394,10 @@ class Applier:
             return "own"
         policy, decision = await self._decided(event)
         if decision.admission is Admission.REFUSED:
+            # Only the guard's refusals (the policy's word): an agent's own refusal may
+            # come from a lagging view while the policy places the dataset here, and
+            # each would start its backfill over.
+            await self._not_copied(event.dataset)
             await self._refuse(record, event, decision.reason, policy.revision)
             return "refused"
         if decision.admission is not Admission.ADMIT or decision.placement is None:
@@ -565,6 +569,10 @@ class Applier:
             return "own"
         policy, decision = await self._decided(event)
         if decision.admission is Admission.REFUSED:
+            # Only the guard's refusals (the policy's word): an agent's own refusal may
+            # come from a lagging view while the policy places the dataset here, and
+            # each would start its backfill over.
+            await self._not_copied(event.dataset)
             await self._refuse(record, event, decision.reason, policy.revision)
             return "refused"
         if decision.admission is not Admission.ADMIT:
@@ -814,7 +822,6 @@ class Applier:
 
     async def _refuse(self, record: Record, event: LogEvent, reason: str, revision: int) -> None:
         self._metrics.residency_refused.labels(event.dataset, "receive").inc()
-        await self._not_copied(event.dataset)
         if isinstance(event, SetEvent):
             self._append(self._set_refused(event, revision))
         else:

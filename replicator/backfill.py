@@ -78,16 +78,22 @@ class Backfill(Lifecycle):
         self._task: asyncio.Task[None] | None = None
         self._done: set[str] = set()
         self._forgot = asyncio.Event()  # a dataset was forgotten since the loop last looked
+        self._saving = asyncio.Lock()  # one save at a time, of the newest state
         self.runs = 0  # backfills that finished
         self.ran = asyncio.Event()  # set after each backfill, failed or not
 
     async def _do_start(self) -> None:
-        done = await asyncio.to_thread(self._load)
         # The snapshot at start, taken now: a revision published before the task first
-        # runs is then still a change.
-        self._task = asyncio.create_task(
-            self._run(self._view.current, done), name="replicator-backfill"
-        )
+        # runs is then still a change. The state is loaded before start returns, so a
+        # `forget` from the applier finds it.
+        seen = self._view.current
+        done = await asyncio.to_thread(self._load)
+        if done is None:
+            done = set(_placed_here(seen, self._region))
+            self._done = done
+            await self._save_now()
+        self._done = done
+        self._task = asyncio.create_task(self._run(seen), name="replicator-backfill")
 
     async def _do_stop(self) -> None:
         if self._task is not None:
@@ -100,8 +106,14 @@ class Backfill(Lifecycle):
             return
         self._done.discard(dataset)
         log.info("backfill_forgotten", region=self._region, dataset=dataset)
-        await asyncio.to_thread(self._save, set(self._done))
+        await self._save_now()
         self._forgot.set()
+
+    async def _save_now(self) -> None:
+        """Save the state as it stands once no other save runs (saves share one file:
+        two at once could land the older last, or interleave)."""
+        async with self._saving:
+            await asyncio.to_thread(self._save, set(self._done))
 
     async def _wait(self, seen: CompiledPolicy | None, wait_s: float) -> None:
         """Until a new revision, or a dataset was forgotten; `OperationTimeoutError`
@@ -113,19 +125,15 @@ class Backfill(Lifecycle):
         try:
             await asyncio.wait({changed, forgot}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (changed, forgot):
-                if not task.done():
-                    await cancel_and_wait(task)
-        if changed.done() and not forgot.done():
-            changed.result()  # its timeout, if that is how it ended
+            await cancel_and_wait(*[t for t in (changed, forgot) if not t.done()])
+        if changed.done() and not changed.cancelled():
+            failed = changed.exception()  # retrieved either way (no "never retrieved")
+            if failed is not None and not forgot.done():
+                raise failed  # its timeout, if that is how it ended
 
-    async def _run(self, seen: CompiledPolicy | None, done: set[str] | None) -> None:
-        """`done`: the datasets placed here whose backfill finished; None when no state
-        was kept, and then those `seen` places here are taken as done."""
-        if done is None:
-            done = set(_placed_here(seen, self._region))
-            await asyncio.to_thread(self._save, done)
-        self._done = done
+    async def _run(self, seen: CompiledPolicy | None) -> None:
+        """`self._done` holds the datasets placed here whose backfill finished (loaded at
+        start; without a state, those `seen` places here are taken as done)."""
         wait_s: float | None = None  # None: look now (at start: placed while down?)
         while True:
             if wait_s is not None:
@@ -150,7 +158,7 @@ class Backfill(Lifecycle):
                 continue
             self._backoff.reset()
             self._done |= {p.dataset for p in wanted}
-            await asyncio.to_thread(self._save, set(self._done))
+            await self._save_now()
 
     async def backfill(self, policy: CompiledPolicy, placements: list[Placement]) -> bool:
         """Backfill these datasets here; whether it finished (failed versions count as

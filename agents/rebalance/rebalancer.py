@@ -53,6 +53,7 @@ _HELD_OUTCOMES = (
 _PAGE = 500
 # Serving shapes remembered between settled passes (see `Rebalancer._seen`).
 _HISTORY_MAX = 16
+_DRAIN_PASSES = 5  # at most, within the drain's timeout
 # Objects per FetchMany call of a pass.
 _BATCH = 64
 
@@ -149,8 +150,10 @@ class Rebalancer(Lifecycle):
         settled = self._settled
         last = self._seen[-1] if self._seen else settled
         if last is None or _shape(last) != _shape(current):
-            self._seen.append(current)
-        if settled is None or _shape(settled) != _shape(current) or self._seen:
+            if len(self._seen) <= _HISTORY_MAX:  # past it: "unknown", no need for more
+                self._seen.append(current)
+            self._kick.set()
+        elif settled is None or _shape(settled) != _shape(current):
             self._kick.set()
 
     async def _run(self) -> None:
@@ -207,7 +210,15 @@ class Rebalancer(Lifecycle):
             return False
         try:
             async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-                left = await self.run_pass(leaving=True)
+                # Again while some did not move: a copy refused or not sent (an owner that
+                # began leaving too) goes to the owners the next pass computes.
+                for _ in range(_DRAIN_PASSES):
+                    left = await self.run_pass(leaving=True)
+                    others = [
+                        m for m in self.members.current.serving if m.agent_id != self.agent_id
+                    ]
+                    if left == 0 or not others:
+                        break
         except TimeoutError:
             log.warning("drain_timed_out", timeout_s=timeout_s)
             return False

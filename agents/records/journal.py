@@ -170,6 +170,9 @@ def _transfer(region: str, entry: JournalEntry, _: Lookup) -> Plan:
                 outcome=facts.outcome,
                 at=_at(entry),
                 policy_revision=facts.policy_revision,
+                from_jurisdiction=facts.from_jurisdiction,
+                to_jurisdiction=facts.to_jurisdiction,
+                residency=facts.residency,
             )
         ]
     )

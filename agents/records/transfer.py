@@ -31,6 +31,10 @@ class TransferFacts:
     outcome: str
     policy_revision: int | None = None
     object: str | None = None
+    # In force when the copy was made (None: not journaled, an older agent's record).
+    from_jurisdiction: str | None = None
+    to_jurisdiction: str | None = None
+    residency: tuple[str, ...] | None = None
 
 
 def read_transfer(data: dict[str, JsonValue]) -> TransferFacts:
@@ -66,6 +70,22 @@ def read_transfer(data: dict[str, JsonValue]) -> TransferFacts:
             f"transfer record {tid}: policy_revision must be an integer, got {revision!r}"
         )
     obj = data.get("object")
+
+    def jurisdiction(name: str) -> str | None:
+        value = data.get(name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise InvalidInputError(
+                f"transfer record {tid}: {name} must be a non-empty string, got {value!r}"
+            )
+        return value
+
+    residency = data.get("residency")
+    if residency is not None and (
+        not isinstance(residency, list) or not all(isinstance(j, str) and j for j in residency)
+    ):
+        raise InvalidInputError(
+            f"transfer record {tid}: residency must be a list of jurisdictions, got {residency!r}"
+        )
     return TransferFacts(
         id=tid,
         from_region=required("from_region"),
@@ -75,4 +95,7 @@ def read_transfer(data: dict[str, JsonValue]) -> TransferFacts:
         outcome=outcome,
         policy_revision=revision,
         object=obj if isinstance(obj, str) and obj else None,
+        from_jurisdiction=jurisdiction("from_jurisdiction"),
+        to_jurisdiction=jurisdiction("to_jurisdiction"),
+        residency=None if residency is None else tuple(str(j) for j in residency),
     )

@@ -292,8 +292,17 @@ class SyncReplication:
         self._background: set[asyncio.Future[str]] = set()
         self._pushes: set[asyncio.Future[str]] = set()
         # (dataset, replica) -> settled once every push of new writes to it so far has
-        # ended, with the first failure among them (`_ordered`); dropped once settled.
-        self._settled: dict[tuple[str, str], asyncio.Future[BaseException | None]] = {}
+        # ended, with the newest failure among them and its push's number (`_ordered`);
+        # dropped once settled.
+        self._settled: dict[tuple[str, str], asyncio.Future[_Failure | None]] = {}
+        # Pushes are numbered; (dataset, replica) -> the number up to which failures are
+        # healed: a catch-up that ended with the replica caught up listed this owner's
+        # store after every push so far had begun, and pushed what it lacked of it. A
+        # lane's failure is carried to every later push while pushes overlap (under
+        # load, always): without this, it kept the replica out of acks for good.
+        self._push_seq = 0
+        self._listed_at: dict[tuple[str, str], int] = {}
+        self._healed: dict[tuple[str, str], int] = {}
         # dataset -> this region's own commits still running while their pushes go out
         # (`CommittedWrite.local`): a takeover pass waits for them (`_commits_ended`).
         self._committing: dict[str, set[asyncio.Future[Version]]] = {}
@@ -797,10 +806,13 @@ class SyncReplication:
                     continue
                 log.info("replica_caught_up", dataset=write.dataset, region=region, pushed=pushed)
                 self._moved_away.discard(pair)
+                listed = self._listed_at.get(pair, 0)
+                self._healed[pair] = max(self._healed.get(pair, 0), listed)
                 return
         finally:
             self._behind.pop(pair, None)
             self._again.discard(pair)
+            self._listed_at.pop(pair, None)
 
     async def _retried(
         self,
@@ -832,6 +844,9 @@ class SyncReplication:
         """One pass; the number of versions pushed. Raises when one cannot be."""
         address = await self.peers.address(region)
         theirs = await self._listing(address, write.dataset)
+        # Every push numbered up to here has begun, so its version is in the snapshot
+        # below: once this pass ends caught up, their failures are healed.
+        self._listed_at[(write.dataset, region)] = self._push_seq
         # Ours after our commits then running end (as a takeover pass reads it): one
         # pushed there while it committed here, whose push failed, would be missing
         # from our snapshot and never pushed, and the region counted caught up.
@@ -1580,13 +1595,14 @@ class SyncReplication:
             # All ended (its callback not yet run): nothing to wait for; one that failed
             # marked the region behind as it failed (`_push_ended`).
             earlier = None
+        self._push_seq += 1
         raw = asyncio.ensure_future(push)
         raw.add_done_callback(functools.partial(self._push_ended, write, region))
         # Held until it ends, and ended by close() (a write's `ordered` future may end
         # before its push does: cancelled, or failed by an earlier push).
         self._pushes.add(raw)
         raw.add_done_callback(self._pushes.discard)
-        settled = _settled_after(raw, earlier)
+        settled = _settled_after(raw, earlier, self._push_seq)
         self._settled[lane] = settled
         settled.add_done_callback(functools.partial(self._lane_settled, lane))
         if earlier is None:
@@ -1601,11 +1617,11 @@ class SyncReplication:
                 ordered.cancel()
                 return
             failed = before.result()
-            if failed is not None:
+            if failed is not None and failed[0] > self._healed.get(lane, 0):
                 ordered.set_exception(
                     EarlierPushError(
-                        f"an earlier push to {region} of {dataset} failed ({failed}): it may "
-                        "lack that version"
+                        f"an earlier push to {region} of {dataset} failed ({failed[1]}): it "
+                        "may lack that version"
                     )
                 )
             else:
@@ -1629,7 +1645,7 @@ class SyncReplication:
         return ordered
 
     def _lane_settled(
-        self, lane: tuple[str, str], settled: asyncio.Future[BaseException | None]
+        self, lane: tuple[str, str], settled: asyncio.Future[_Failure | None]
     ) -> None:
         if self._settled.get(lane) is settled:
             del self._settled[lane]
@@ -1793,8 +1809,22 @@ class SyncReplication:
         nor ours, and an ack counted there rested on a copy that is gone), or an acked
         one the takeover pass has yet to adopt. Raised (retriable): the replica is
         marked behind, and the ack needs the other regions."""
-        if not wire.hlc or wire.hlc <= pushed.hlc.text:  # HLC text sorts: no parse per push
-            return  # committed (or the same version), or no version named (as before)
+        if not wire.hlc:
+            return  # no version named (an older agent), as before
+        if wire.hlc == pushed.hlc.text:  # HLC text sorts: no parse per push
+            if wire.digest and pushed.digest is not None and wire.digest != str(pushed.digest):
+                raise UnavailableError(
+                    f"{region} holds another version of {dataset}/{key} at {pushed.hlc} "
+                    "(same HLC, other bytes): the push is not stored there"
+                )
+            return  # committed, or the same version held
+        if wire.hlc < pushed.hlc.text:
+            # Newest there is older than the push: it was not stored (an answer no
+            # replica should give; counted, an ack would rest on a copy that is not).
+            raise UnavailableError(
+                f"{region} answered the push of {dataset}/{key} at {pushed.hlc} with an "
+                f"older version held ({wire.hlc}): it did not store it"
+            )
         try:
             held = version_from_wire(wire, "ReplicateResponse.version")
         except MeridianError:
@@ -2147,23 +2177,29 @@ class SyncReplication:
         self._stubs.clear()
 
 
+# A failed push of a lane: its number (`SyncReplication._push_seq`) and its error.
+_Failure = tuple[int, BaseException]
+
+
 def _settled_after(
-    raw: asyncio.Future[str], earlier: asyncio.Future[BaseException | None] | None
-) -> asyncio.Future[BaseException | None]:
-    """A future settled once `raw` and `earlier` (the pushes before it) have both ended,
-    whichever ends first: the first failure of the lane (earlier's, then raw's), or
-    None. Callbacks, not a task: one of these is made per push of every write."""
-    settled: asyncio.Future[BaseException | None] = raw.get_loop().create_future()
+    raw: asyncio.Future[str], earlier: asyncio.Future[_Failure | None] | None, seq: int
+) -> asyncio.Future[_Failure | None]:
+    """A future settled once `raw` (push number `seq`) and `earlier` (the pushes before
+    it) have both ended, whichever ends first: the newest failure of the lane (raw's,
+    then earlier's: a heal that covers it covers every older one), or None. Callbacks,
+    not a task: one of these is made per push of every write."""
+    settled: asyncio.Future[_Failure | None] = raw.get_loop().create_future()
     left = [1 if earlier is None else 2]
 
     def ended(_: object) -> None:
         left[0] -= 1
         if left[0] or settled.done():
             return
-        failed = earlier.result() if earlier is not None else None
-        if failed is None:
-            failed = CancelledPushError("cancelled") if raw.cancelled() else raw.exception()
-        settled.set_result(failed)
+        own = CancelledPushError("cancelled") if raw.cancelled() else raw.exception()
+        if own is not None:
+            settled.set_result((seq, own))
+        else:
+            settled.set_result(earlier.result() if earlier is not None else None)
 
     raw.add_done_callback(ended)
     if earlier is not None:

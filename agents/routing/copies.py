@@ -111,9 +111,12 @@ async def place_copies(
     """Make `r` agents (this one counted, being the committer, when it serves) hold
     `version`, taking the agents of `ranked` (the object's serving agents in placement
     order) in turn. Returns the ids holding it; `UnavailableError` when fewer than `r`
-    could be reached. A committer that is leaving (not in `ranked`) does not count: its
-    drain may already have scanned its store, and it exits with the copy."""
-    holders = [self_id] if any(m.agent_id == self_id for m in ranked) else []
+    could be reached. A committer that others serve beside while it does not (leaving,
+    or not registered) does not count: a leaving one's drain may already have scanned
+    its store, and it exits with the copy. With no agent serving at all (the whole
+    region stopping) it counts: its drain keeps its objects then (`drain_alone`)."""
+    counted = not ranked or any(m.agent_id == self_id for m in ranked)
+    holders = [self_id] if counted else []
     errors: list[str] = []
     for member in ranked:
         if len(holders) >= r:

@@ -894,11 +894,35 @@ class ObjectStore:
             completed: list[tuple[str, str]] = []
             with self._object_locks(names):
                 now = self._held_many(names)
-                for n, (dataset, key, version, _) in enumerate(checked):
+                for n, (dataset, key, version, source) in enumerate(checked):
                     found = now.get((dataset, key), ())
                     row = _at(found, version.hlc)
                     held = found[0].version if found else None
                     verdict = lww(version, held)
+                    if (
+                        verdict is Verdict.APPLY
+                        and row is None
+                        and source is not None
+                        and n not in staged
+                        and n not in inline
+                    ):
+                        # Older than what was held before the gate, newest now: the newer
+                        # version went meanwhile (a takeover's rewind of a deposed owner's
+                        # write). Its bytes are wanted after all: read now, under the
+                        # locks (rare), rather than answer "applied" with nothing stored.
+                        small = _small(source)
+                        if small is not None:
+                            checked_bytes(
+                                dataset,
+                                key,
+                                memoryview(small).cast("B"),
+                                expected_size=version.size,
+                                expected_digest=version.digest,
+                            )
+                            inline[n] = bytes(small)
+                        else:
+                            staged[n] = self._stage_apply(dataset, key, version, source)
+                            staged[n].finish()
                     if (
                         row is not None
                         and (n in staged or n in inline)

@@ -46,6 +46,11 @@ class TransferTally:
         """The journal form (the catalog's TransferRecord fields plus jurisdictions)."""
         current = policy()
         regions = current.regions if current is not None else {}
+        # The residency in force now, journaled with the copy (the catalog judges the
+        # transfer by it: audit residency reports past transfers by their time's rules).
+        # Only a placement known at apply time: placing a later dataset costs a planner
+        # run, and the catalog's current residency stands in for it.
+        placed = current.placements.get(self.dataset) if current is not None else None
         return {
             "id": self.transfer_id,
             "dataset": self.dataset,
@@ -63,6 +68,7 @@ class TransferTally:
             "outcome": outcome,
             "reason": reason,
             "policy_revision": self.policy_revision,
+            "residency": None if placed is None else list(placed.residency),
             "seconds": round(time.monotonic() - self.started, 6),
         }
 

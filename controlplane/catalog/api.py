@@ -860,17 +860,20 @@ class Catalog:
     def _insert_transfer(self, s: Session, rec: TransferRecord) -> bool:
         """Insert the transfer row unless its id exists; True when this call inserted it."""
         self._ensure_dataset(s, rec.dataset, {})  # audits find transfers by dataset
-        from_j = s.scalar(select(Region.jurisdiction).where(Region.name == rec.from_region))
-        to_j, allowed = self._judge(s, rec.dataset, rec.to_region)
+        from_j = rec.from_jurisdiction or s.scalar(
+            select(Region.jurisdiction).where(Region.name == rec.from_region)
+        )
+        to_j = rec.to_jurisdiction
+        if to_j is None:
+            to_j, _ = self._judge(s, rec.dataset, rec.to_region)
         if from_j is None:
             raise CatalogInputError(f"region {rec.from_region!r} is not in the catalog")
         residency = s.scalar(select(Dataset.residency).where(Dataset.name == rec.dataset))
-        # RETURNING says whether this call inserted the row (psycopg's rowcount does not).
-        inserted = s.execute(
-            self._insert_ignore(
-                Transfer, holdings_mod.transfer_row(rec, from_j, to_j, allowed, residency), ["id"]
-            ).returning(Transfer.id)
+        row = holdings_mod.transfer_row(
+            rec, *holdings_mod.judged_then(rec, from_j, to_j, residency)
         )
+        # RETURNING says whether this call inserted the row (psycopg's rowcount does not).
+        inserted = s.execute(self._insert_ignore(Transfer, row, ["id"]).returning(Transfer.id))
         return inserted.first() is not None
 
     @translated

@@ -470,6 +470,20 @@ def transfer_row(
     }
 
 
+def judged_then(
+    rec: TransferRecord, from_now: str, to_now: str, residency_now: Sequence[str] | None
+) -> tuple[str, str, bool, Sequence[str] | None]:
+    """The jurisdictions, verdict and residency a transfer is judged by: those in force
+    when the copy was made, as its record carries them (audit residency lists every
+    *past* transfer outside the residency of its time: a copy made before a narrowing,
+    its record shipped after it, is no violation), else the catalog's current ones.
+    Fail closed, as `_judge`: an unplaced dataset's copies are outside residency."""
+    from_j = rec.from_jurisdiction or from_now
+    to_j = rec.to_jurisdiction or to_now
+    residency = list(rec.residency) if rec.residency is not None else residency_now
+    return from_j, to_j, residency is not None and to_j in residency, residency
+
+
 def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> None:
     """The batch's transfer rows, idempotent on their id, judged as
     `Catalog._insert_transfer` judges one (jurisdictions, cross-border, allowed by the
@@ -495,19 +509,19 @@ def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> 
     }
     rows: dict[str, dict[str, Any]] = {}
     for rec in transfers:
-        to_j = regions.get(rec.to_region)
-        if to_j is None:
+        # A region the record names by its jurisdiction of the time need not be in the
+        # catalog any more (removed from the topology since).
+        to_now = rec.to_jurisdiction or regions.get(rec.to_region)
+        if to_now is None:
             raise CatalogInputError(
                 f"region {rec.to_region!r} is not in the catalog; apply a topology naming it"
             )
-        from_j = regions.get(rec.from_region)
-        if from_j is None:
+        from_now = rec.from_jurisdiction or regions.get(rec.from_region)
+        if from_now is None:
             raise CatalogInputError(f"region {rec.from_region!r} is not in the catalog")
-        residency = residencies.get(rec.dataset)
-        # Fail closed, as `_judge`: an unplaced dataset's copies are outside residency.
         rows.setdefault(
             rec.id,  # the first record of an id stands, as inserting them in order does
-            transfer_row(rec, from_j, to_j, residency is not None and to_j in residency, residency),
+            transfer_row(rec, *judged_then(rec, from_now, to_now, residencies.get(rec.dataset))),
         )
     conn = s.connection()
     table = Transfer.__table__

@@ -115,6 +115,12 @@ class TransferRecord:
     outcome: str
     at: datetime
     policy_revision: int | None = None
+    # As in force when the copy was made (the agent journals them): the transfer is
+    # judged by them. None (an older agent, a dataset placed after the apply): by the
+    # catalog's current ones.
+    from_jurisdiction: str | None = None
+    to_jurisdiction: str | None = None
+    residency: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

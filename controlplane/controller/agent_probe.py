@@ -26,14 +26,15 @@ shows, so the target must then hold everything the owner holds (the strict rule)
 runs its own short event loop with its own etcd connection and channels. When etcd
 or the owner's or the target's agent cannot answer it reports the dataset as not
 caught up (a sentinel entry naming why): the wait goes on rather than moving on a
-guess; so does an owner region whose agents are all gone while the target has
-some (the owner's last acked versions may be in no catalog yet: the operator's way
-out is a failover). The catalog (`fallback`) decides only when neither the owner
-region nor the target has an agent registered (no data plane: a control-plane-only
-deployment, the controllers' own tests); when the agents answered they decide
-alone, since the catalog also lists the owner's unacked versions and lags behind the
-copies. A listing of a region of several agents must be complete, and a copy whose
-bytes are found missing there is not held.
+guess; so does an owner region whose agents are all gone (none registered, while
+its roster entries stand or the target has agents: the owner's last acked versions
+may be in no catalog yet; the operator's way out is a failover). The catalog
+(`fallback`) decides only when there is no data plane at all (no agent of the owner
+region registered or on its roster, none of the target: a control-plane-only
+deployment, the controllers' own tests); when the agents answered they decide alone,
+since the catalog also lists the owner's unacked versions and lags behind the copies.
+A listing of a region of several agents must be complete, and a copy whose bytes are
+found missing there is not held.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import asyncio
 from collections.abc import Callable, Collection
 
 from agents.client import AgentClient, ObjectInfo
+from agents.placement.departures import roster_of
 from agents.replication.peers import EtcdPeers, NoAgentError
 from agents.replication.sync import copies_needed
 from controlplane.adapters.etcd import EtcdCoordination
@@ -102,15 +104,16 @@ class AgentCatchUpProbe:
             try:
                 owner_agent = await peers.address(owner.region)
             except NoAgentError:
-                try:
-                    await peers.address(region)
-                except NoAgentError:
-                    # No data plane in either region (a control-plane-only deployment):
-                    # nothing to compare, the catalog decides.
+                rostered, _ = await coord.get_prefix(roster_of(owner.region))
+                if not rostered and not await _has_agents(peers, region):
+                    # No data plane at all (a control-plane-only deployment): nothing to
+                    # compare, the catalog decides.
                     return None
-                # The owner's agents are gone (stopped, or their leases expired) while
-                # the target has some: the owner's acked versions cannot be listed,
-                # and the catalog, fed by the recorders, may lack the last of them.
+                # The owner's agents are gone (stopped, or their leases expired; their
+                # roster entries may stand) while there is a data plane: the owner's
+                # acked versions cannot be listed, and the catalog, fed by the
+                # recorders, may lack the last of them. (A critical dataset owned by a
+                # region that never had an agent took no write: a failover moves it.)
                 return [
                     f"(owner region {owner.region} has no agent registered: "
                     "its versions cannot be compared; a failover --force moves it)"
@@ -133,6 +136,14 @@ class AgentCatchUpProbe:
         if not complete or placement is None:
             return lacking(source, target)
         return lacking_required([source, target, *others], target, copies_needed(placement))
+
+
+async def _has_agents(peers: EtcdPeers, region: str) -> bool:
+    try:
+        await peers.address(region)
+    except NoAgentError:
+        return False
+    return True
 
 
 async def _listing(address: str, dataset: str) -> list[ObjectInfo]:

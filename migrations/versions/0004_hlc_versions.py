@@ -129,6 +129,10 @@ def upgrade() -> None:
         batch.add_column(sa.Column("op", sa.String(8), nullable=False, server_default="put"))
         batch.add_column(sa.Column("set_id", sa.String(255), nullable=True))
     _backfill(op.get_bind())
+    # A delete has no digest: a catalog downgraded past this migration and upgraded
+    # again gets its deletes back as deletes, not as puts of no bytes. (The downgrade
+    # loses version sets' ids: a set shows whole again only as its members re-ship.)
+    op.execute("UPDATE object_versions SET op = 'delete' WHERE digest = ''")
     with op.batch_alter_table("object_versions") as batch:
         batch.alter_column("hlc", existing_type=_hlc_type(), nullable=False)
         batch.create_unique_constraint("uq_object_versions_object_id_hlc", ["object_id", "hlc"])

@@ -311,6 +311,42 @@ def test_upgrade_and_downgrade_keep_every_row(empty_catalog_url: str) -> None:
         engine.dispose()
 
 
+def test_a_delete_is_still_a_delete_after_a_downgrade_and_an_upgrade(
+    empty_catalog_url: str,
+) -> None:
+    url = empty_catalog_url
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    at = {"at": "2026-11-30 01:00:00"}
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO datasets (name, labels, declared, replicas, residency,"
+                    " failover_order, registered_at) VALUES ('d', '{}', false, '[]', '[]', '[]',"
+                    " :at)"
+                ),
+                at,
+            )
+            conn.execute(text("INSERT INTO objects (dataset, key) VALUES ('d', 'k')"))
+            for hlc, digest, op in (("0001", "blake3:" + "1" * 64, "put"), ("0002", "", "delete")):
+                conn.execute(
+                    text(
+                        "INSERT INTO object_versions (object_id, version, digest, size,"
+                        " created_at, hlc, op) SELECT id, :hlc, :digest, 0, :at, :hlc, :op"
+                        " FROM objects"
+                    ),
+                    {**at, "hlc": hlc, "digest": digest, "op": op},
+                )
+        migrate.downgrade(url, "0003")
+        migrate.upgrade(url)
+        with engine.connect() as conn:
+            ops = conn.execute(text("SELECT version, op FROM object_versions ORDER BY version"))
+            assert [tuple(row) for row in ops] == [("0001", "put"), ("0002", "delete")]
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.integration
 def test_postgresql_connections_cannot_hang_for_ever(postgres_url: str) -> None:
     """A blackholed server is noticed by TCP within seconds, a stuck statement ends."""

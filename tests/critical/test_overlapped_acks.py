@@ -16,9 +16,10 @@ from agents.admission import Admitted
 from agents.replication import SyncReplication
 from agents.service.servicer import CommittedWrite
 from agents.store import ObjectStore, StorageError
-from controlplane.domain.hlc import HybridClock
-from controlplane.domain.version import Version
+from controlplane.domain.hlc import HLC, HybridClock
+from controlplane.domain.version import Digest, Version
 from controlplane.errors import UnavailableError
+from meridian.convert import version_to_wire
 
 PLACEMENT = critical("ckpt/overlap", policy="checkpoints", failover_mode="automatic")
 
@@ -203,3 +204,64 @@ async def test_close_ends_every_push_still_running(tmp_path: Path) -> None:
         for task in writes:
             with pytest.raises((asyncio.CancelledError, UnavailableError)):
                 await asyncio.wait_for(task, timeout=5)
+
+
+async def test_a_caught_up_replica_counts_again_while_pushes_keep_overlapping(
+    tmp_path: Path,
+) -> None:
+    """k2's push to eu-central fails while k1's still runs; the catch-up then brings
+    eu-central level. k3, pushed after that while k1's push still runs (under load some
+    push always runs), counts eu-central once k1's ends: the healed failure is not
+    carried on to every later push for as long as pushes overlap."""
+
+    class Listed:
+        async def address(self, region: str) -> str:
+            return f"{region}.agent:7400"
+
+        def forget(self, region: str) -> None:
+            pass
+
+    async def nothing_there(_address: str, _dataset: str) -> list[object]:
+        return []
+
+    with ObjectStore(tmp_path / "s", clock=HybridClock("eu-west")) as store:
+        gated = Gated(store)
+        sync, gates, write_of = gated.sync, gated.gates, gated.write_of
+        del sync._mark_behind  # the real one: a catch-up runs
+        sync.peers = Listed()  # type: ignore[assignment]
+        sync._listing = nothing_there  # type: ignore[method-assign,assignment]
+        first = asyncio.create_task(sync.replicate(write_of("k1")))
+        second = asyncio.create_task(sync.replicate(write_of("k2")))
+        await until(lambda: len(gates) == 4, 5, "k1's and k2's pushes")
+        gates[("k2", "eu-north")].set_result("eu-north")
+        gates[("k2", "eu-central")].set_exception(UnavailableError("k2 refused (test)"))
+        with pytest.raises(UnavailableError, match="k2 refused"):
+            await asyncio.wait_for(second, timeout=5)
+        lane = (gated.every.dataset, "eu-central")
+        await until(lambda: sync._healed.get(lane, 0) >= 4, 10, "eu-central caught up")
+        third = asyncio.create_task(sync.replicate(write_of("k3")))
+        await until(lambda: len(gates) == 6, 5, "k3's pushes")
+        for region in ("eu-central", "eu-north"):
+            gates[("k3", region)].set_result(region)
+            gates[("k1", region)].set_result(region)
+        await asyncio.wait_for(first, timeout=5)
+        regions = await asyncio.wait_for(third, timeout=5)
+        assert sorted(regions) == ["eu-central", "eu-north", "eu-west"]
+        await sync.close()
+
+
+async def test_an_answer_older_than_the_push_or_with_other_bytes_is_not_a_commit(
+    tmp_path: Path,
+) -> None:
+    with ObjectStore(tmp_path / "s", clock=HybridClock("eu-west")) as store:
+        sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
+        pushed = Version.put(HLC(2000, 0, "eu-west"), 3, Digest.of(b"new"))
+        older = Version.put(HLC(1000, 0, "eu-west"), 3, Digest.of(b"old"))
+        other = Version.put(pushed.hlc, 3, Digest.of(b"bad"))
+        ds = PLACEMENT.dataset
+        await sync._check_newer("eu-central", ds, "k", pushed, version_to_wire(pushed))
+        with pytest.raises(UnavailableError, match="older version held"):
+            await sync._check_newer("eu-central", ds, "k", pushed, version_to_wire(older))
+        with pytest.raises(UnavailableError, match="same HLC, other bytes"):
+            await sync._check_newer("eu-central", ds, "k", pushed, version_to_wire(other))
+        await sync.close()

@@ -4,6 +4,7 @@ state machine, and a bad batch writes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -132,6 +133,34 @@ def test_a_transfer_naming_an_unknown_region_fails_its_batch(cat: Catalog) -> No
     with pytest.raises(CatalogInputError, match="'mars-1' is not in the catalog"):
         cat.record_holdings([], [], [_transfer(1), _transfer(2, to_region="mars-1")])
     assert cat.transfers(dataset_glob=DATASET) == []
+
+
+def test_a_transfer_is_judged_by_the_residency_of_its_time(cat: Catalog) -> None:
+    """The agent journals the jurisdictions and the residency in force when it copied;
+    the catalog judges by them, not by the rules when the record ships (the residency
+    narrowed, a region relabelled or removed meanwhile)."""
+    made_under_eu_only = dataclasses.replace(
+        _transfer(1, to_region="us-east", tid="t-narrow"),
+        from_jurisdiction="EU",
+        to_jurisdiction="US",
+        residency=("EU",),
+    )
+    to_a_region_removed_since = dataclasses.replace(
+        _transfer(2, to_region="mars-1", tid="t-gone"),
+        from_jurisdiction="US",
+        to_jurisdiction="EU",
+        residency=("EU", "US"),
+    )
+    cat.record_holdings([], [], [made_under_eu_only, to_a_region_removed_since])
+    rows = {r["id"]: r for r in cat.transfers(dataset_glob=DATASET)}
+    assert rows["t-gone"]["to_jurisdiction"] == "EU"
+    # corpus/web allows US now, but the copy was made while only EU was allowed.
+    [violation] = cat.residency_violations()
+    assert (violation["kind"], violation["region"], violation["allowed"]) == (
+        "transfer",
+        "us-east",
+        ["EU"],
+    )
 
 
 def test_a_batch_of_transfers_costs_a_few_statements(cat: Catalog) -> None:

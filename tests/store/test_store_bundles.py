@@ -53,6 +53,28 @@ def test_a_failed_bundle_commit_leaves_no_file(store: ObjectStore) -> None:
     assert [store.head("ds", k) for k in "abcd"] == [None] * 4
 
 
+@pytest.mark.parametrize("size", [5, INLINE_MAX_BYTES + 1], ids=["inline", "file"])
+def test_a_version_that_becomes_the_newest_during_the_gate_is_stored(
+    store: ObjectStore, size: int
+) -> None:
+    # v3 (a deposed owner's lone write) is newest when the bundle looks first, so v2's
+    # bytes are not read; the gate (the owner read) lets a takeover rewind v3 first.
+    # Under the locks v2 applies: it is stored, not answered "applied" with nothing.
+    v1_data, v2_data, v3_data = b"1" * size, b"2" * size, b"3" * size
+    v1 = remote(v1_data, ago_ms=3000)
+    v2 = remote(v2_data, ago_ms=2000)
+    v3 = remote(v3_data, ago_ms=1000, region="eu-west")
+    store.apply("ds", "k", v1, [v1_data])
+    store.apply("ds", "k", v3, [v3_data])
+
+    def rewind_meanwhile() -> None:
+        assert store.rewind("ds", "k", v3)
+
+    [result] = store.apply_many([("ds", "k", v2, [v2_data])], gate=rewind_meanwhile)
+    assert result.verdict is Verdict.APPLY and result.newest == v2
+    assert store.head("ds", "k") == v2 and store.read_bytes("ds", "k") == v2_data
+
+
 def test_apply_many_decides_each_by_lww(store: ObjectStore) -> None:
     held = store.put("ds", "held", [b"local, newer"])
     older = remote(b"older", ago_ms=60_000)

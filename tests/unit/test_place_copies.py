@@ -71,6 +71,12 @@ async def test_a_leaving_committer_does_not_count() -> None:
     assert held == ["b", "c"] and peers.fetched == ["b:1", "c:1"]
 
 
+async def test_with_no_agent_serving_the_committer_is_the_copy() -> None:
+    # The whole region is stopping: every drain keeps its objects (drain_alone).
+    peers = RecordingPeers()
+    assert await place(peers, [], 1, "l") == ["l"] and peers.fetched == []
+
+
 async def test_too_few_serving_agents_is_not_an_ack() -> None:
     peers = RecordingPeers(down=frozenset({"c:1"}))
     with pytest.raises(UnavailableError, match="committed on 1 of the 2"):

@@ -320,6 +320,20 @@ class Runbooks:
                 if isinstance(exc, Exception):
                     return result
                 raise
+            # Another mover won (an automatic failover, say): the row and the error say
+            # who, not "aborted, the previous owner still owns it".
+            superseded = (
+                None
+                if now is None or not moved
+                else f"{now.kind or 'a claim'} by {now.actor or 'another mover'} moved it to "
+                f"{now.region} at epoch {now.epoch} meanwhile"
+            )
+            if superseded is not None:
+                why = superseded
+            elif isinstance(exc, SwitchoverAbortedError):
+                why = exc.why
+            else:
+                why = f"interrupted ({type(exc).__name__}: {exc})"
             entry = aborted_entry(
                 move,
                 handover.create_revision,
@@ -328,22 +342,14 @@ class Runbooks:
                 actor=self.actor,
                 started=started,
                 missing=missing,
-                why=(
-                    exc.why
-                    if isinstance(exc, SwitchoverAbortedError)
-                    else f"interrupted ({type(exc).__name__}: {exc})"
-                ),
+                why=why,
                 restored=restored,
             )
             await asyncio.to_thread(self.journal.append, entry)
             log.warning("switchover_aborted", dataset=move.dataset, to=move.to_region)
-            if now is not None and moved and isinstance(exc, Exception):
-                # Another mover won (an automatic failover, say): say who, not "aborted,
-                # the previous owner still owns it".
+            if superseded is not None and isinstance(exc, Exception):
                 raise ConflictError(
-                    f"switchover of {move.dataset} to {move.to_region} not done: "
-                    f"{now.kind or 'a claim'} by {now.actor or 'another mover'} moved it to "
-                    f"{now.region} at epoch {now.epoch} meanwhile"
+                    f"switchover of {move.dataset} to {move.to_region} not done: {superseded}"
                 ) from exc
             raise
         return await self._journal_moved(move, epoch, kind, reason, started)
