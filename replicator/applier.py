@@ -134,6 +134,7 @@ class Applier:
         # Told the dataset of each event not copied here (skipped or refused), before
         # the event is reported done: the backfill's `forget` (backfill.py).
         self.on_not_copied: Callable[[str], Awaitable[None]] | None = None
+        self._refused_told: set[tuple[str, int]] = set()  # (dataset, revision) told once
         self._decided_under: CompiledPolicy | None = None
         # Runs waiting for a free call merge into it (coalesce.py): one call per run
         # queued 64 small runs behind 2 calls under a trickle of events.
@@ -394,10 +395,6 @@ class Applier:
             return "own"
         policy, decision = await self._decided(event)
         if decision.admission is Admission.REFUSED:
-            # Only the guard's refusals (the policy's word): an agent's own refusal may
-            # come from a lagging view while the policy places the dataset here, and
-            # each would start its backfill over.
-            await self._not_copied(event.dataset)
             await self._refuse(record, event, decision.reason, policy.revision)
             return "refused"
         if decision.admission is not Admission.ADMIT or decision.placement is None:
@@ -569,10 +566,6 @@ class Applier:
             return "own"
         policy, decision = await self._decided(event)
         if decision.admission is Admission.REFUSED:
-            # Only the guard's refusals (the policy's word): an agent's own refusal may
-            # come from a lagging view while the policy places the dataset here, and
-            # each would start its backfill over.
-            await self._not_copied(event.dataset)
             await self._refuse(record, event, decision.reason, policy.revision)
             return "refused"
         if decision.admission is not Admission.ADMIT:
@@ -822,6 +815,13 @@ class Applier:
 
     async def _refuse(self, record: Record, event: LogEvent, reason: str, revision: int) -> None:
         self._metrics.residency_refused.labels(event.dataset, "receive").inc()
+        if (event.dataset, revision) not in self._refused_told:
+            # The agent's refusal (its view lags a revision that places the dataset
+            # here, say): backfilled once more under this revision, not at every event.
+            if len(self._refused_told) >= 10_000:
+                self._refused_told.clear()  # bounded: at worst, one more backfill each
+            self._refused_told.add((event.dataset, revision))
+            await self._not_copied(event.dataset)
         if isinstance(event, SetEvent):
             self._append(self._set_refused(event, revision))
         else:

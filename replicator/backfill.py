@@ -79,6 +79,9 @@ class Backfill(Lifecycle):
         self._done: set[str] = set()
         self._forgot = asyncio.Event()  # a dataset was forgotten since the loop last looked
         self._saving = asyncio.Lock()  # one save at a time, of the newest state
+        # Forgotten while not done (a backfill of it may be running): not marked done by
+        # that run, whose catalog read may predate the skipped write. Cleared each look.
+        self._dirty: set[str] = set()
         self.runs = 0  # backfills that finished
         self.ran = asyncio.Event()  # set after each backfill, failed or not
 
@@ -103,6 +106,7 @@ class Backfill(Lifecycle):
         """A write of `dataset` was not copied here (skipped or refused under the policy
         then): placed here again, it is backfilled. Returns once that is saved."""
         if dataset not in self._done:
+            self._dirty.add(dataset)
             return
         self._done.discard(dataset)
         log.info("backfill_forgotten", region=self._region, dataset=dataset)
@@ -144,6 +148,7 @@ class Backfill(Lifecycle):
                         continue  # an hour without a new revision: wait again
             wait_s = IDLE_WAIT_S
             self._forgot.clear()
+            self._dirty.clear()
             current = self._view.current
             if current is None:
                 continue
@@ -157,8 +162,11 @@ class Backfill(Lifecycle):
                 log.info("backfill_retry", region=self._region, retry_in_s=wait_s)
                 continue
             self._backoff.reset()
-            self._done |= {p.dataset for p in wanted}
+            dirty = {p.dataset for p in wanted} & self._dirty
+            self._done |= {p.dataset for p in wanted} - dirty
             await self._save_now()
+            if dirty:
+                self._forgot.set()  # skipped while backfilled: once more
 
     async def backfill(self, policy: CompiledPolicy, placements: list[Placement]) -> bool:
         """Backfill these datasets here; whether it finished (failed versions count as

@@ -10,7 +10,8 @@ whose applied placement names neither this region as home nor as a replica
   refused with `CacheResidencyError` (PERMISSION_DENIED, counted in
   `meridian_residency_refused_total` and journalled as a refused transfer, as every
   refused copy is), before anything is asked of a holder; a hit is admitted again,
-  so a narrowed residency drops the entry at its next read.
+  and at each new policy revision `ResidencySweeper` drops every entry of a dataset
+  the region may no longer hold (residency.py).
 - **Fill.** The holders are the placement's regions (home, replicas) nearest first by
   the policy's RTT; the version is asked of the first that answers (Stat) and pulled
   with the transfer machinery (`agents.transfer.pull`: Sync, resumable, a delta when
@@ -420,6 +421,41 @@ class ReadCache:
             )
 
     # -- residency -----------------------------------------------------------------------
+
+    async def drop_outside_residency(self) -> int:
+        """Drop every entry of a dataset this region may no longer hold (a narrowed
+        residency, a dataset no policy governs now); how many. A cached copy is in no
+        catalog, so no audit reports it, and one of a dataset no longer read here stayed
+        until evicted: run at each new policy revision (`ResidencySweeper`)."""
+        policy = self.policy()
+        if policy is None:
+            return 0  # nothing is decided on no policy (its reads are refused meanwhile)
+        verdicts: dict[str, bool] = {}
+        dropped = 0
+        for name in self.index.names():
+            dataset = name[0]
+            allowed = verdicts.get(dataset)
+            if allowed is None:
+                allowed = verdicts[dataset] = self._may_hold(policy, dataset)
+            entry = None if allowed else self.index.remove(name)
+            if entry is not None:
+                await self._remove(entry, "residency")
+                dropped += 1
+        if dropped:
+            log.info(
+                "cache_residency_swept",
+                dropped=dropped,
+                datasets=sorted(d for d, ok in verdicts.items() if not ok),
+                revision=policy.revision,
+            )
+        return dropped
+
+    def _may_hold(self, policy: CompiledPolicy, dataset: str) -> bool:
+        try:
+            placement = self.admission.placement(dataset)
+            return policy.jurisdiction(self.region) in placement.residency
+        except (NotGovernedError, NotFoundError):
+            return False  # fail closed, as a read would be refused
 
     def _admit(self, dataset: str, key: str) -> Placement:
         try:

@@ -33,7 +33,7 @@ import socket
 import grpc.aio
 
 from agents.admission import Admission
-from agents.cache import Invalidator, Prefetcher, ReadCache
+from agents.cache import Invalidator, Prefetcher, ReadCache, ResidencySweeper
 from agents.daemon.config import AgentConfig, parse_listen
 from agents.daemon.expiry import TombstoneExpiry
 from agents.daemon.holdings import HoldingsPublisher, UnackedWrites
@@ -125,6 +125,7 @@ class NodeAgent(Lifecycle):
         self.cache: ReadCache | None = None
         self.prefetcher: Prefetcher | None = None
         self.invalidator: Invalidator | None = None
+        self.residency_sweeper: ResidencySweeper | None = None
         self.admission: Admission | None = None
         self._taken: dict[str, int] = {}  # dataset -> the epoch a takeover was begun at
         self._takeovers: set[asyncio.Task[None]] = set()
@@ -358,6 +359,8 @@ class NodeAgent(Lifecycle):
             retry_max_s=max(self.config.retry_max_s, 5.0),
         )
         await self.invalidator.start()
+        self.residency_sweeper = ResidencySweeper(cache, self.view)
+        await self.residency_sweeper.start()
         log.info("cache_ready", region=self.region, limit_bytes=limit)
         return cache
 
@@ -521,6 +524,8 @@ class NodeAgent(Lifecycle):
             await self.replication.close()
         if self.invalidator is not None:
             await self.invalidator.stop()
+        if self.residency_sweeper is not None:
+            await self.residency_sweeper.stop()
         if self.prefetcher is not None:
             await self.prefetcher.stop()
         if self.cache is not None:

@@ -173,6 +173,7 @@ def _transfer(region: str, entry: JournalEntry, _: Lookup) -> Plan:
                 from_jurisdiction=facts.from_jurisdiction,
                 to_jurisdiction=facts.to_jurisdiction,
                 residency=facts.residency,
+                residency_revision=facts.residency_revision,
             )
         ]
     )

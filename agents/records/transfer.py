@@ -35,6 +35,7 @@ class TransferFacts:
     from_jurisdiction: str | None = None
     to_jurisdiction: str | None = None
     residency: tuple[str, ...] | None = None
+    residency_revision: int | None = None
 
 
 def read_transfer(data: dict[str, JsonValue]) -> TransferFacts:
@@ -79,6 +80,14 @@ def read_transfer(data: dict[str, JsonValue]) -> TransferFacts:
             )
         return value
 
+    residency_revision = data.get("residency_revision")
+    if residency_revision is not None and (
+        isinstance(residency_revision, bool) or not isinstance(residency_revision, int)
+    ):
+        raise InvalidInputError(
+            f"transfer record {tid}: residency_revision must be an integer, "
+            f"got {residency_revision!r}"
+        )
     residency = data.get("residency")
     if residency is not None and (
         not isinstance(residency, list) or not all(isinstance(j, str) and j for j in residency)
@@ -98,4 +107,5 @@ def read_transfer(data: dict[str, JsonValue]) -> TransferFacts:
         from_jurisdiction=jurisdiction("from_jurisdiction"),
         to_jurisdiction=jurisdiction("to_jurisdiction"),
         residency=None if residency is None else tuple(str(j) for j in residency),
+        residency_revision=residency_revision,
     )

@@ -1812,12 +1812,10 @@ class SyncReplication:
         if not wire.hlc:
             return  # no version named (an older agent), as before
         if wire.hlc == pushed.hlc.text:  # HLC text sorts: no parse per push
-            if wire.digest and pushed.digest is not None and wire.digest != str(pushed.digest):
-                raise UnavailableError(
-                    f"{region} holds another version of {dataset}/{key} at {pushed.hlc} "
-                    "(same HLC, other bytes): the push is not stored there"
-                )
-            return  # committed, or the same version held
+            # Committed, or the same version held; or a collision (same HLC, other
+            # bytes), left as LWW leaves it (`_extra`): refused, the catch-up would push
+            # it for ever and keep the region out of acks.
+            return
         if wire.hlc < pushed.hlc.text:
             # Newest there is older than the push: it was not stored (an answer no
             # replica should give; counted, an ack would rest on a copy that is not).

@@ -686,7 +686,12 @@ class ObjectStore:
             )
         self.clock.observe(version.hlc)
         if not self.wanted(dataset, key, version, set_id):
-            return self._result_without_write(dataset, key, version)
+            result = self._result_without_write(dataset, key, version)
+            if not result.verdict.applies:
+                return result
+            # Wanted now: the newer version went between the two looks (a takeover's
+            # rewind). Applied below, decided again under the lock, never answered
+            # "applied" with nothing stored.
         if source is None:
             with self._object_lock(dataset, key):
                 held = self.head(dataset, key)

@@ -69,6 +69,7 @@ class TransferTally:
             "reason": reason,
             "policy_revision": self.policy_revision,
             "residency": None if placed is None else list(placed.residency),
+            "residency_revision": None if placed is None or current is None else current.revision,
             "seconds": round(time.monotonic() - self.started, 6),
         }
 

@@ -860,17 +860,29 @@ class Catalog:
     def _insert_transfer(self, s: Session, rec: TransferRecord) -> bool:
         """Insert the transfer row unless its id exists; True when this call inserted it."""
         self._ensure_dataset(s, rec.dataset, {})  # audits find transfers by dataset
-        from_j = rec.from_jurisdiction or s.scalar(
-            select(Region.jurisdiction).where(Region.name == rec.from_region)
+        # The catalog's jurisdictions now; the record's for a region removed since.
+        from_now = (
+            s.scalar(select(Region.jurisdiction).where(Region.name == rec.from_region))
+            or rec.from_jurisdiction
         )
-        to_j = rec.to_jurisdiction
-        if to_j is None:
-            to_j, _ = self._judge(s, rec.dataset, rec.to_region)
-        if from_j is None:
+        to_now = (
+            s.scalar(select(Region.jurisdiction).where(Region.name == rec.to_region))
+            or rec.to_jurisdiction
+        )
+        if to_now is None:
+            raise CatalogInputError(
+                f"region {rec.to_region!r} is not in the catalog; apply a topology naming it"
+            )
+        if from_now is None:
             raise CatalogInputError(f"region {rec.from_region!r} is not in the catalog")
         residency = s.scalar(select(Dataset.residency).where(Dataset.name == rec.dataset))
+        in_force = (
+            holdings_mod.in_force_at(holdings_mod.revisions_in_force(s), rec.at)
+            if rec.residency_revision is not None
+            else None
+        )
         row = holdings_mod.transfer_row(
-            rec, *holdings_mod.judged_then(rec, from_j, to_j, residency)
+            rec, *holdings_mod.judged_then(rec, from_now, to_now, residency, in_force)
         )
         # RETURNING says whether this call inserted the row (psycopg's rowcount does not).
         inserted = s.execute(self._insert_ignore(Transfer, row, ["id"]).returning(Transfer.id))

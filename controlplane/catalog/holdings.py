@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import (
@@ -47,6 +47,7 @@ from controlplane.catalog.models import (
     CatalogObject,
     Dataset,
     ObjectVersion,
+    PolicyRevision,
     Region,
     Replica,
     Transfer,
@@ -471,17 +472,47 @@ def transfer_row(
 
 
 def judged_then(
-    rec: TransferRecord, from_now: str, to_now: str, residency_now: Sequence[str] | None
+    rec: TransferRecord,
+    from_now: str,
+    to_now: str,
+    residency_now: Sequence[str] | None,
+    in_force: int | None,
 ) -> tuple[str, str, bool, Sequence[str] | None]:
     """The jurisdictions, verdict and residency a transfer is judged by: those in force
     when the copy was made, as its record carries them (audit residency lists every
     *past* transfer outside the residency of its time: a copy made before a narrowing,
     its record shipped after it, is no violation), else the catalog's current ones.
-    Fail closed, as `_judge`: an unplaced dataset's copies are outside residency."""
-    from_j = rec.from_jurisdiction or from_now
-    to_j = rec.to_jurisdiction or to_now
-    residency = list(rec.residency) if rec.residency is not None else residency_now
+    The record's are trusted only when they come from the revision in force at its
+    time (`in_force`) or a later one: an agent whose view lagged a narrowing copied
+    under rules no longer in force, and that copy must show. Fail closed, as
+    `_judge`: an unplaced dataset's copies are outside residency."""
+    trusted = rec.residency_revision is not None and rec.residency_revision >= (in_force or 0)
+    from_j = (rec.from_jurisdiction if trusted else None) or from_now
+    to_j = (rec.to_jurisdiction if trusted else None) or to_now
+    residency = list(rec.residency) if trusted and rec.residency is not None else residency_now
     return from_j, to_j, residency is not None and to_j in residency, residency
+
+
+def revisions_in_force(s: Session) -> list[tuple[datetime, int]]:
+    """(applied_at, id) of every applied policy revision, oldest first."""
+    rows = s.execute(
+        select(PolicyRevision.applied_at, PolicyRevision.id).order_by(PolicyRevision.id)
+    )
+    return [(_aware(at), int(rid)) for at, rid in rows]
+
+
+def in_force_at(revisions: list[tuple[datetime, int]], at: datetime) -> int | None:
+    """The revision in force at `at` (the newest applied by then), None before any."""
+    found = None
+    for applied, rid in revisions:
+        if applied > _aware(at):
+            break
+        found = rid
+    return found
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> None:
@@ -507,21 +538,31 @@ def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> 
             select(Dataset.name, Dataset.residency).where(Dataset.name.in_(datasets))
         )
     }
+    revisions = revisions_in_force(s) if any(t.residency_revision for t in transfers) else []
     rows: dict[str, dict[str, Any]] = {}
     for rec in transfers:
         # A region the record names by its jurisdiction of the time need not be in the
         # catalog any more (removed from the topology since).
-        to_now = rec.to_jurisdiction or regions.get(rec.to_region)
+        to_now = regions.get(rec.to_region) or rec.to_jurisdiction
         if to_now is None:
             raise CatalogInputError(
                 f"region {rec.to_region!r} is not in the catalog; apply a topology naming it"
             )
-        from_now = rec.from_jurisdiction or regions.get(rec.from_region)
+        from_now = regions.get(rec.from_region) or rec.from_jurisdiction
         if from_now is None:
             raise CatalogInputError(f"region {rec.from_region!r} is not in the catalog")
         rows.setdefault(
             rec.id,  # the first record of an id stands, as inserting them in order does
-            transfer_row(rec, *judged_then(rec, from_now, to_now, residencies.get(rec.dataset))),
+            transfer_row(
+                rec,
+                *judged_then(
+                    rec,
+                    from_now,
+                    to_now,
+                    residencies.get(rec.dataset),
+                    in_force_at(revisions, rec.at),
+                ),
+            ),
         )
     conn = s.connection()
     table = Transfer.__table__

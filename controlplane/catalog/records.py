@@ -121,6 +121,7 @@ class TransferRecord:
     from_jurisdiction: str | None = None
     to_jurisdiction: str | None = None
     residency: tuple[str, ...] | None = None
+    residency_revision: int | None = None  # the policy revision the three came from
 
 
 @dataclass(frozen=True)

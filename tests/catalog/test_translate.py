@@ -41,6 +41,7 @@ def _pg(kind: type[sa.DBAPIError], sqlstate: str) -> sa.DBAPIError:
         (_pg(sa.OperationalError, "40P01"), CatalogConflictError),  # deadlock
         (_pg(sa.IntegrityError, "23505"), CatalogConflictError),  # unique: a racing writer
         (_pg(sa.IntegrityError, "23503"), CatalogInputError),  # foreign key: bad input
+        (_pg(sa.DataError, "22001"), CatalogInputError),  # a value too long for its column
         (_pg(sa.ProgrammingError, "42P01"), CatalogError),  # undefined table: a bug
         (
             sa.OperationalError("x", {}, sqlite3.OperationalError("database is locked")),

@@ -144,14 +144,27 @@ def test_a_transfer_is_judged_by_the_residency_of_its_time(cat: Catalog) -> None
         from_jurisdiction="EU",
         to_jurisdiction="US",
         residency=("EU",),
+        residency_revision=1,
     )
     to_a_region_removed_since = dataclasses.replace(
         _transfer(2, to_region="mars-1", tid="t-gone"),
         from_jurisdiction="US",
         to_jurisdiction="EU",
         residency=("EU", "US"),
+        residency_revision=1,
     )
-    cat.record_holdings([], [], [made_under_eu_only, to_a_region_removed_since])
+    # Made after revision 1 was applied, by an agent whose view was older: its rules
+    # were no longer in force, so the catalog's stand (EU and US: allowed).
+    under_a_lagging_view = dataclasses.replace(
+        _transfer(3, tid="t-stale"),
+        at=datetime.now(UTC),
+        to_jurisdiction="EU",
+        residency=("US",),
+        residency_revision=0,
+    )
+    cat.record_holdings(
+        [], [], [made_under_eu_only, to_a_region_removed_since, under_a_lagging_view]
+    )
     rows = {r["id"]: r for r in cat.transfers(dataset_glob=DATASET)}
     assert rows["t-gone"]["to_jurisdiction"] == "EU"
     # corpus/web allows US now, but the copy was made while only EU was allowed.

@@ -28,6 +28,7 @@ from repl_rig import Rig, RigFactory
 from repl_world import prepare_world
 from waiting import until
 
+from agents.errors import ResidencyError
 from controlplane.catalog.api import Catalog, open_catalog
 from controlplane.coordination.protocols import keys
 from controlplane.domain.events import ChangeEvent
@@ -369,3 +370,53 @@ async def test_the_applier_tells_of_each_event_it_does_not_copy(rig_factory: Rig
     rig.applier.on_not_copied = not_copied
     assert await rig.applier.handle_many([b.rec_of(b.put("a"))]) == ["skipped"]
     assert told == ["corpus/web"]
+
+
+async def test_an_agents_refusal_restarts_the_backfill_once_per_revision(
+    rig_factory: RigFactory,
+) -> None:
+    # The policy places the dataset here, but the agent refuses (its view lags): the
+    # backfill is told once under this revision, not at every refused event.
+    rig = rig_factory()
+    told: list[str] = []
+
+    async def not_copied(dataset: str) -> None:
+        told.append(dataset)
+
+    rig.applier.on_not_copied = not_copied
+    rig.agent.failures.extend(
+        ResidencyError(f"the agent's view refuses it ({n})") for n in range(3)
+    )
+    events = [b.put(f"k{n}") for n in range(3)]
+    results = [await rig.applier.handle(b.rec_of(e, n)) for n, e in enumerate(events)]
+    assert results == ["refused"] * 3
+    assert told == ["corpus/web"]
+
+
+async def test_a_write_skipped_while_its_dataset_is_backfilled_is_backfilled_again(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    # The backfill of DS is running (its catalog read done) when a write of DS is
+    # skipped: that run does not mark DS done, and DS is backfilled once more.
+    state = tmp_path / "backfill.json"
+    state.write_text(json.dumps({"region": "eu-north", "done": []}))
+    coord = MemoryCoordination()
+    await coord.put(keys.POLICY_CURRENT, b.policy(WIDER, revision=5).to_json())
+    agent = MemoryAgent()
+    async with PolicyView(coord) as view:
+        backfill = Backfill(view, catalog, agent, agents_at, "eu-north", state_path=state)
+        real = backfill._backfill
+        calls = 0
+
+        async def skipped_meanwhile(policy: Any, placements: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            done = await real(policy, placements)
+            if calls == 1:
+                await backfill.forget(DS)  # a skip reported during the first run
+            return done
+
+        backfill._backfill = skipped_meanwhile  # type: ignore[method-assign]
+        async with backfill:
+            await until(lambda: backfill.runs == 2, 30, what="DS backfilled once more")
+    assert json.loads(state.read_text())["done"] == [DS]

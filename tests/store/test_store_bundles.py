@@ -75,6 +75,29 @@ def test_a_version_that_becomes_the_newest_during_the_gate_is_stored(
     assert store.head("ds", "k") == v2 and store.read_bytes("ds", "k") == v2_data
 
 
+def test_a_tombstone_that_becomes_the_newest_between_two_looks_is_stored(
+    store: ObjectStore,
+) -> None:
+    # `apply` looks once (v3 is newest: not wanted), v3 is rewound, and it looks again
+    # for its answer: the tombstone is stored, not answered "applied" over v1.
+    v1 = remote(b"1", ago_ms=3000)
+    v3 = remote(b"3", ago_ms=1000, region="eu-west")
+    store.apply("ds", "k", v1, [b"1"])
+    store.apply("ds", "k", v3, [b"3"])
+    tomb = Version.delete(HLC(system_ms() - 2000, 0, "us-east"))
+    looked = store.wanted
+
+    def rewound_after_the_look(*args: object) -> bool:
+        found = looked(*args)  # type: ignore[arg-type]
+        assert store.rewind("ds", "k", v3)
+        return found
+
+    store.wanted = rewound_after_the_look  # type: ignore[method-assign]
+    result = store.apply("ds", "k", tomb)
+    assert result.verdict is Verdict.APPLY and result.newest == tomb
+    assert store.head("ds", "k") == tomb
+
+
 def test_apply_many_decides_each_by_lww(store: ObjectStore) -> None:
     held = store.put("ds", "held", [b"local, newer"])
     older = remote(b"older", ago_ms=60_000)

@@ -36,6 +36,7 @@ async def test_first_copy_goes_raw_and_is_recorded(agents: AgentFactory) -> None
     assert (record["from_region"], record["to_region"]) == ("eu-west", "eu-central")
     assert (record["from_jurisdiction"], record["to_jurisdiction"]) == ("EU", "EU")
     assert record["residency"] == ["EU"]  # in force when copied: the catalog judges by it
+    assert isinstance(record["residency_revision"], int)  # ... if no older than its time's
     assert record["logical_bytes"] == SIZE
     assert record["wire_bytes"] == got.wire_bytes
     assert not os.listdir(central.root / "transfers")  # no resume state left behind

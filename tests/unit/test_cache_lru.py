@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 from typing import cast
 
 import pytest
+from waiting import until
 
 from agents.cache.cache import ReadCache
 from agents.cache.lru import Entry, LruIndex
@@ -145,3 +147,65 @@ async def test_a_prefetch_whose_bytes_went_stale_meanwhile_leaves_none_behind() 
     assert await cache.fill(placement, "d", "k", None, known=known) is None
     assert handed_off == [("d", "k", old.hlc)]
     assert ("d", "k") not in cache.index
+
+
+async def test_a_narrowed_residency_drops_the_cached_copies_at_once() -> None:
+    # At each new revision the sweeper drops the entries of datasets this region may no
+    # longer hold (and of datasets no policy governs), not only at their next read.
+    from agents.cache.residency import ResidencySweeper
+    from agents.errors import NotGovernedError
+
+    handed_off: list[tuple[str, str]] = []
+
+    class Store:
+        def hand_off(self, dataset: str, key: str, newest: HLC) -> bool:
+            handed_off.append((dataset, key))
+            return True
+
+    class Policy:
+        def __init__(self, revision: int, residency: dict[str, tuple[str, ...]]) -> None:
+            self.revision, self.residency = revision, residency
+
+        def jurisdiction(self, region: str) -> str:
+            return "US"
+
+    class View:
+        def __init__(self, current: Policy) -> None:
+            self.current = current
+            self.changed = asyncio.Condition()
+
+        async def wait_for(self, predicate: object, timeout_s: float) -> object:
+            async with asyncio.timeout(timeout_s), self.changed:
+                await self.changed.wait_for(lambda: predicate(self.current))  # type: ignore[operator]
+            return self.current
+
+        async def publish(self, policy: Policy) -> None:
+            async with self.changed:
+                self.current = policy
+                self.changed.notify_all()
+
+    view = View(Policy(1, {"kept": ("EU", "US"), "narrowed": ("EU", "US"), "gone": ("US",)}))
+
+    class Admission:
+        def placement(self, dataset: str) -> SimpleNamespace:
+            found = view.current.residency.get(dataset)
+            if found is None:
+                raise NotGovernedError(f"no policy governs {dataset}")
+            return SimpleNamespace(residency=found)
+
+    cache = object.__new__(ReadCache)
+    cache.index, cache.region = LruIndex(1000), "us-east"
+    cache.store, cache.admission = Store(), Admission()  # type: ignore[assignment]
+    cache.policy = lambda: view.current  # type: ignore[assignment,return-value]
+    cache.cache_metrics = SimpleNamespace(dropped=lambda why: None)  # type: ignore[assignment]
+    for dataset in ("kept", "narrowed", "gone"):
+        cache.index.admit(Entry(dataset, "k", entry("k", 10).version))
+    sweeper = ResidencySweeper(cache, view)  # type: ignore[arg-type]
+    await sweeper.start()
+    try:
+        await view.publish(Policy(2, {"kept": ("EU", "US"), "narrowed": ("EU",)}))
+        await until(lambda: sweeper.sweeps == 1, 10, what="a sweep of revision 2")
+    finally:
+        await sweeper.stop()
+    assert sorted(handed_off) == [("gone", "k"), ("narrowed", "k")]
+    assert cache.index.names() == [("kept", "k")]
