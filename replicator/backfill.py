@@ -34,6 +34,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from agents.errors import ResidencyError
 from controlplane.catalog.records import Placement
 from controlplane.controller.duty import Backoff
 from controlplane.errors import OperationTimeoutError
@@ -198,8 +199,22 @@ class Backfill(Lifecycle):
                 action="retried until it finishes (or `meridian replication resync` now)",
             )
             return False
-        self.runs += 1
         failed = [r for r in results if r.outcome == "failed"]
+        refused = [r for r in failed if (r.error or "").startswith(ResidencyError.__name__)]
+        if refused:
+            # The agent refused what the policy places here (its view lags the revision):
+            # not done, retried with backoff until its view has it. Counted finished,
+            # the writes its refusals skipped meanwhile were never copied.
+            log.warning(
+                "backfill_refused_by_agent",
+                region=self._region,
+                datasets=names,
+                refused=len(refused),
+                error=refused[0].error,
+                action="retried until the agent's policy view places the dataset here",
+            )
+            return False
+        self.runs += 1
         log.info(
             "backfill_done",
             region=self._region,

@@ -356,6 +356,12 @@ class ReadCache:
             return None
         if version.size > self.index.limit_bytes:
             return None
+        policy = self.policy()
+        if policy is not None and not self._may_hold(policy, dataset):
+            # The residency narrowed while it was pulled (a sweep ran meanwhile, before
+            # this entry existed): not admitted, so the sweep's verdict stands.
+            log.info("cache_fill_outside_residency", dataset=dataset, key=key)
+            return None
         for old in self.index.admit(entry):
             await self._remove(old, "evicted")
         log.debug("cache_filled", dataset=dataset, key=key, version=str(version.hlc))
@@ -456,6 +462,9 @@ class ReadCache:
             return policy.jurisdiction(self.region) in placement.residency
         except (NotGovernedError, NotFoundError):
             return False  # fail closed, as a read would be refused
+        except Exception as exc:  # noqa: BLE001 - undecidable: fail closed (a cache)
+            log.warning("cache_residency_undecided", dataset=dataset, error=str(exc))
+            return False
 
     def _admit(self, dataset: str, key: str) -> Placement:
         try:

@@ -1812,10 +1812,15 @@ class SyncReplication:
         if not wire.hlc:
             return  # no version named (an older agent), as before
         if wire.hlc == pushed.hlc.text:  # HLC text sorts: no parse per push
-            # Committed, or the same version held; or a collision (same HLC, other
-            # bytes), left as LWW leaves it (`_extra`): refused, the catch-up would push
-            # it for ever and keep the region out of acks.
-            return
+            if wire.digest and pushed.digest is not None and wire.digest != str(pushed.digest):
+                # A collision (same HLC, other bytes): that region does not hold this
+                # write, and LWW keeps what it holds, so no catch-up can bring it
+                # (`_lacks` leaves it out). Not counted toward the ack.
+                raise UnavailableError(
+                    f"{region} holds another version of {dataset}/{key} at {pushed.hlc} "
+                    "(same HLC, other bytes): not counted toward the ack"
+                )
+            return  # committed, or the same version held
         if wire.hlc < pushed.hlc.text:
             # Newest there is older than the push: it was not stored (an answer no
             # replica should give; counted, an ack would rest on a copy that is not).
@@ -2254,8 +2259,9 @@ def _extra(ours: Version | None, theirs: Version) -> bool:
 
 
 def _lacks(held: Version | None, version: Version) -> bool:
-    """Whether a replica whose newest is `held` lacks `version` (older, or the same HLC
-    with other bytes)."""
+    """Whether a replica whose newest is `held` lacks `version` (holds an older one). The
+    same HLC with other bytes is a collision LWW leaves as it is (`_extra`): pushed, the
+    replica keeps its own, and a catch-up pushing it would never end."""
     if held is None:
         return True
-    return held.hlc < version.hlc or (held.hlc == version.hlc and held.digest != version.digest)
+    return held.hlc < version.hlc

@@ -18,6 +18,7 @@ transaction, under the shared residency lock.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -486,7 +487,9 @@ def judged_then(
     time (`in_force`) or a later one: an agent whose view lagged a narrowing copied
     under rules no longer in force, and that copy must show. Fail closed, as
     `_judge`: an unplaced dataset's copies are outside residency."""
-    trusted = rec.residency_revision is not None and rec.residency_revision >= (in_force or 0)
+    trusted = rec.residency is not None and (
+        rec.residency_revision is None or rec.residency_revision >= (in_force or 0)
+    )
     from_j = (rec.from_jurisdiction if trusted else None) or from_now
     to_j = (rec.to_jurisdiction if trusted else None) or to_now
     residency = list(rec.residency) if trusted and rec.residency is not None else residency_now
@@ -503,12 +506,8 @@ def revisions_in_force(s: Session) -> list[tuple[datetime, int]]:
 
 def in_force_at(revisions: list[tuple[datetime, int]], at: datetime) -> int | None:
     """The revision in force at `at` (the newest applied by then), None before any."""
-    found = None
-    for applied, rid in revisions:
-        if applied > _aware(at):
-            break
-        found = rid
-    return found
+    n = bisect.bisect_right([applied for applied, _ in revisions], _aware(at))
+    return revisions[n - 1][1] if n else None
 
 
 def _aware(at: datetime) -> datetime:
@@ -538,7 +537,9 @@ def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> 
             select(Dataset.name, Dataset.residency).where(Dataset.name.in_(datasets))
         )
     }
-    revisions = revisions_in_force(s) if any(t.residency_revision for t in transfers) else []
+    revisions = (
+        revisions_in_force(s) if any(t.residency_revision is not None for t in transfers) else []
+    )
     rows: dict[str, dict[str, Any]] = {}
     for rec in transfers:
         # A region the record names by its jurisdiction of the time need not be in the

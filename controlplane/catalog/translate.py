@@ -42,7 +42,10 @@ RETRY_CLASSES = ("08", "53", "57")
 # 40003: the server cannot say whether a statement completed.
 RETRY_CODES = ("25006", "40003")
 CONFLICT_CODES = ("40001", "40P01")
-DATA_EXCEPTION = "22"  # SQLSTATE class: string too long, numeric out of range, ...
+# A value the schema cannot hold: string too long, numeric out of range, invalid text
+# for its type, bad or out-of-range date/time. (Not all of class 22: a division by
+# zero is a bug, a character the database's encoding cannot hold is its setting.)
+DATA_EXCEPTIONS = ("22001", "22003", "22P02", "22007", "22008")
 SQLITE_TRANSIENT = ("locked", "busy", "unable to open", "disk i/o", "disk is full")
 
 
@@ -73,9 +76,8 @@ def translate_error(exc: sa.SQLAlchemyError, url: str) -> MeridianError:
         state = _sqlstate(exc)
         if state in CONFLICT_CODES:
             return CatalogConflictError(f"{where} refused a concurrent write ({detail}); retry")
-        if state[:2] == DATA_EXCEPTION:
-            # A value the schema cannot hold (a name over its column's length, a number
-            # out of range): the record's fault, which a retry repeats for ever.
+        if state in DATA_EXCEPTIONS:
+            # The record's fault, which a retry repeats for ever.
             return CatalogInputError(f"{where} refused a value: {detail}")
         if isinstance(exc, sa.IntegrityError):
             if state == "23505" or "UNIQUE constraint failed" in detail:

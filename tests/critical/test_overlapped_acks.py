@@ -14,6 +14,7 @@ from waiting import until
 
 from agents.admission import Admitted
 from agents.replication import SyncReplication
+from agents.replication.sync import _lacks
 from agents.service.servicer import CommittedWrite
 from agents.store import ObjectStore, StorageError
 from controlplane.domain.hlc import HLC, HybridClock
@@ -250,15 +251,20 @@ async def test_a_caught_up_replica_counts_again_while_pushes_keep_overlapping(
         await sync.close()
 
 
-async def test_an_answer_older_than_the_push_is_not_a_commit(
+async def test_an_answer_older_than_the_push_or_a_collision_is_not_a_commit(
     tmp_path: Path,
 ) -> None:
     with ObjectStore(tmp_path / "s", clock=HybridClock("eu-west")) as store:
         sync = SyncReplication(store, "eu-west", NoPeers(), batch_max=1)
         pushed = Version.put(HLC(2000, 0, "eu-west"), 3, Digest.of(b"new"))
         older = Version.put(HLC(1000, 0, "eu-west"), 3, Digest.of(b"old"))
+        other = Version.put(pushed.hlc, 3, Digest.of(b"bad"))  # a collision
         ds = PLACEMENT.dataset
         await sync._check_newer("eu-central", ds, "k", pushed, version_to_wire(pushed))
         with pytest.raises(UnavailableError, match="older version held"):
             await sync._check_newer("eu-central", ds, "k", pushed, version_to_wire(older))
+        with pytest.raises(UnavailableError, match="same HLC, other bytes"):
+            await sync._check_newer("eu-central", ds, "k", pushed, version_to_wire(other))
+        # ... and no catch-up pushes it for ever: LWW keeps the replica's own.
+        assert not _lacks(other, pushed) and _lacks(older, pushed) and _lacks(None, pushed)
         await sync.close()

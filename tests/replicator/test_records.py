@@ -26,6 +26,7 @@ from harness.cli_schema import check_output
 from harness.controllers import run_cli
 from repl_rig import Rig, RigFactory
 from repl_world import prepare_world
+from structlog.testing import capture_logs
 from waiting import until
 
 from agents.errors import ResidencyError
@@ -419,4 +420,36 @@ async def test_a_write_skipped_while_its_dataset_is_backfilled_is_backfilled_aga
         backfill._backfill = skipped_meanwhile  # type: ignore[method-assign]
         async with backfill:
             await until(lambda: backfill.runs == 2, 30, what="DS backfilled once more")
+    assert json.loads(state.read_text())["done"] == [DS]
+
+
+async def test_a_backfill_the_agent_refuses_is_retried_until_its_view_admits_it(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    # The policy places DS here, but the agent's view lags and refuses the copies: the
+    # backfill is not counted finished (the writes it refused would never come).
+    old = b.put("before", b"written before eu-north was a replica", dataset=DS)
+    written_at_origin(catalog, old)
+    state = tmp_path / "backfill.json"
+    state.write_text(json.dumps({"region": "eu-north", "done": []}))
+    coord = MemoryCoordination()
+    await coord.put(keys.POLICY_CURRENT, b.policy(WIDER, revision=5).to_json())
+    agent = MemoryAgent()
+    agent.failures.append(ResidencyError("the agent's view does not place it here yet"))
+    async with PolicyView(coord) as view:
+        backfill = Backfill(
+            view,
+            catalog,
+            agent,
+            agents_at,
+            "eu-north",
+            state_path=state,
+            retry_initial_s=0.05,
+            retry_max_s=0.1,
+        )
+        with capture_logs() as logs:
+            async with backfill:
+                await until(lambda: backfill.runs == 1, 30, what="the backfill, retried")
+    assert [e["event"] for e in logs].count("backfill_refused_by_agent") == 1
+    assert agent.held[(DS, "before")] == old.version
     assert json.loads(state.read_text())["done"] == [DS]

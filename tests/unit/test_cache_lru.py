@@ -209,3 +209,37 @@ async def test_a_narrowed_residency_drops_the_cached_copies_at_once() -> None:
         await sweeper.stop()
     assert sorted(handed_off) == [("gone", "k"), ("narrowed", "k")]
     assert cache.index.names() == [("kept", "k")]
+
+
+async def test_a_fill_whose_residency_narrowed_while_it_pulled_is_not_admitted() -> None:
+    # A sweep that ran while the bytes came found no entry to drop: the fill checks
+    # again before it admits one.
+    from agents.transfer.pull import Source
+
+    class Policy:
+        revision = 2
+
+        def jurisdiction(self, region: str) -> str:
+            return "US"
+
+    class Admission:
+        def placement(self, dataset: str) -> SimpleNamespace:
+            return SimpleNamespace(residency=("EU",))  # narrowed: no US
+
+    async def pull(*args: object) -> None:
+        return None
+
+    async def nothing() -> None:
+        return None
+
+    cache = object.__new__(ReadCache)
+    cache.index, cache._filling, cache._seen, cache.region = LruIndex(1000), {}, {}, "us-east"
+    cache.store, cache.book = object(), object()  # type: ignore[assignment]
+    cache.admission = Admission()  # type: ignore[assignment]
+    cache.policy = Policy  # type: ignore[assignment]
+    cache._pull = pull  # type: ignore[method-assign]
+    cache._ship_records = nothing  # type: ignore[method-assign]
+    version = entry("k", 10).version
+    known = (Source("eu-west", "a:1"), version)
+    got = await cache._fill(cast(Placement, None), "d", "k", None, known)
+    assert got is None and ("d", "k") not in cache.index
