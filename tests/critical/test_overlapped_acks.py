@@ -268,3 +268,32 @@ async def test_an_answer_older_than_the_push_or_a_collision_is_not_a_commit(
         # ... and no catch-up pushes it for ever: LWW keeps the replica's own.
         assert not _lacks(other, pushed) and _lacks(older, pushed) and _lacks(None, pushed)
         await sync.close()
+
+
+async def test_a_failure_after_the_catch_ups_listing_is_not_healed(tmp_path: Path) -> None:
+    """Only failures of pushes numbered up to a finished catch-up's listing are healed:
+    one after it (the catch-up's snapshot may lack its version) still fails the pushes
+    that overlap it."""
+    with ObjectStore(tmp_path / "s", clock=HybridClock("eu-west")) as store:
+        gated = Gated(store)
+        sync, gates, write_of = gated.sync, gated.gates, gated.write_of
+        lane = (gated.every.dataset, "eu-central")
+        first = asyncio.create_task(sync.replicate(write_of("k1")))
+        await until(lambda: len(gates) == 2, 5, "k1's pushes")
+        listed = sync._push_seq  # a catch-up listed here, then ended caught up
+        second = asyncio.create_task(sync.replicate(write_of("k2")))
+        await until(lambda: len(gates) == 4, 5, "k2's pushes")
+        sync._healed[lane] = listed
+        gates[("k2", "eu-north")].set_result("eu-north")
+        gates[("k2", "eu-central")].set_exception(UnavailableError("k2 refused (test)"))
+        with pytest.raises(UnavailableError, match="k2 refused"):
+            await asyncio.wait_for(second, timeout=5)
+        third = asyncio.create_task(sync.replicate(write_of("k3")))
+        await until(lambda: len(gates) == 6, 5, "k3's pushes")
+        for region in ("eu-central", "eu-north"):
+            gates[("k3", region)].set_result(region)
+            gates[("k1", region)].set_result(region)
+        await asyncio.wait_for(first, timeout=5)
+        with pytest.raises(UnavailableError, match=r"an earlier push to eu-central .*k2 refused"):
+            await asyncio.wait_for(third, timeout=5)
+        await sync.close()
