@@ -4,7 +4,9 @@ The plan: for each standard dataset placed in the region, the newest version of
 every object whose replica there is missing (never attempted: written while the
 region was down, or before it was a replica), `pending` or `failed`
 (`Catalog.incomplete_versions`), with the regions that hold it completed (the
-sources). Versions the region wrote itself are not in it (they are its own).
+sources). Versions the region wrote itself are not in it (they are its own), but
+for one whose copy there is `failed` (startup repair found its bytes lost): only a
+fetch from a region that holds it brings it back.
 
 Driving one item: a failed replica moves back to `pending` (so `replication status`
 shows it under way), then the region's agent applies it by LWW (a tombstone
@@ -45,6 +47,7 @@ class ResyncItem:
     version: Version
     state: str  # "missing", "pending" or "failed" in the region
     holders: tuple[str, ...]  # regions holding it completed
+    retain_deletes: bool = False  # the dataset's policy says `deletes: retain`
 
 
 def plan_resync(
@@ -54,12 +57,11 @@ def plan_resync(
     for p in placements:
         if p.dataset_class != "standard" or region not in p.regions:
             continue
-        wanted = [
-            v
-            for v in catalog.incomplete_versions(p.dataset, region)
-            if v.hlc and not v.hlc.endswith(f"@{region}")
-        ]
-        if not wanted:
+        # A version made here is on its way to the catalog (its recorder ships it), not
+        # lacking, unless its copy here is `failed`: startup repair found its bytes
+        # lost, and only a fetch from another region brings them back.
+        incomplete = [v for v in catalog.incomplete_versions(p.dataset, region) if v.hlc]
+        if not incomplete:
             continue
         sizes: dict[tuple[str, str], int] = {}
         holders: dict[tuple[str, str], list[str]] = {}
@@ -73,6 +75,11 @@ def plan_resync(
                 holders.setdefault(name, []).append(row["region"])
             if row["region"] == region:
                 states[name] = row["state"]
+        wanted = [
+            v
+            for v in incomplete
+            if not v.hlc.endswith(f"@{region}") or states.get((v.object, v.version)) == "failed"
+        ]
         for v in wanted:
             name = (v.object, v.version)
             hlc = HLC.parse(v.hlc)
@@ -88,6 +95,7 @@ def plan_resync(
                     version=version,
                     state=states.get(name, "missing"),
                     holders=tuple(holders.get(name, ())),
+                    retain_deletes=p.deletes == "retain",
                 )
             )
     return items
@@ -135,11 +143,29 @@ async def _drive_one(
         await asyncio.to_thread(
             records.set_replica_state, item.dataset, item.key, hlc, region, "pending"
         )
+    if item.version.is_tombstone and item.retain_deletes:
+        # As the applier does: the delete is recorded as processed here, the copy stays.
+        await asyncio.to_thread(
+            records.set_replica_state,
+            item.dataset,
+            item.key,
+            hlc,
+            region,
+            "completed",
+            attempted_at=now,
+        )
+        return ResyncResult(item, "retained")
     try:
         if item.version.is_tombstone:
             event = _event(item, policy, None)
             result = await agent.delete(event)
         else:
+            if not item.holders:
+                # Nothing to fetch it from: said, and its replica's own error (such as
+                # "bytes lost here") is left as it is rather than replaced by this one.
+                return ResyncResult(
+                    item, "failed", "no region holds it completed: nothing to fetch it from"
+                )
             candidates: list[Source] = []
             for holder in item.holders:
                 candidates.extend(await agents_of(holder))

@@ -10,7 +10,9 @@ there and not failed: not yet attempted, or attempted and to be retried), `faile
 (marked failed after `max_attempts`; `replication resync` re-drives them) and
 `lag_s` (the age of the oldest version not completed there, as the replicator's
 `meridian_replication_lag_seconds` and `dataset list` compute it). A region's own
-writes count as completed there. With `state`, each row also lists the objects in
+writes count as completed there, but for one whose copy there is `failed` (startup
+repair found its bytes lost: resync fetches them from a region holding them; the lag
+leaves them out). With `state`, each row also lists the objects in
 that state, each with its attempts, last error and a sentence saying why.
 """
 
@@ -55,6 +57,8 @@ def _why(state: str, rs: ReplicaStatus | None, critical: bool = False) -> str:
         )
     if rs is None:
         return "not yet attempted: the replicator has not reached its change event"
+    if state == "failed" and rs.attempts == 0:
+        return f"{rs.last_error or 'failed here'}; run `meridian replication resync`"
     if state == "failed":
         return (
             f"gave up after {rs.attempts} attempt(s): {rs.last_error or 'no error recorded'}; "
@@ -92,14 +96,17 @@ def _row(
     state: str | None,
     critical: bool = False,
 ) -> dict[str, Any]:
+    replicas = catalog.replica_status(dataset, region=region)
+    completed_objects = {rs.object for rs in replicas if rs.state == "completed"}
+    by_version = {(rs.object, rs.version): rs for rs in replicas}
+    # A version made here is counted once its copy here is `failed` (startup repair
+    # found its bytes lost: resync fetches them back); before, it is on its way.
     incomplete = {
         (v.object, v.version): v
         for v in catalog.incomplete_versions(dataset, region)
         if not v.hlc.endswith(f"@{region}")
+        or ((rs := by_version.get((v.object, v.version))) is not None and rs.state == "failed")
     }
-    replicas = catalog.replica_status(dataset, region=region)
-    completed_objects = {rs.object for rs in replicas if rs.state == "completed"}
-    by_version = {(rs.object, rs.version): rs for rs in replicas}
     failed = [n for n in incomplete if (rs := by_version.get(n)) and rs.state == "failed"]
     oldest = catalog.oldest_incomplete_at(dataset, [region])
     row: dict[str, Any] = {

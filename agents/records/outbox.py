@@ -61,7 +61,8 @@ from agents.store.model import JsonValue, OutboxEvent
 from agents.store.store import ObjectStore
 from controlplane.controller.duty import describe
 from controlplane.domain.errors import VersionError
-from controlplane.domain.events import ChangeEvent, SetEvent
+from controlplane.domain.events import MAX_EVENT_BYTES, ChangeEvent, SetEvent
+from controlplane.domain.version import Version
 from controlplane.domain.version_set import SetMember, VersionSet
 from controlplane.errors import MeridianError, NotFoundError, UnavailableError
 from controlplane.lifecycle import cancel_and_wait
@@ -87,6 +88,13 @@ class _Batch:
     records: list[tuple[bytes, bytes]]
     event_ids: list[str]
     bad: list[tuple[OutboxEvent, str]]
+    superseded: list[str]  # ids of events not sent: see `_SupersededError`
+
+
+class _SupersededError(Exception):
+    """The event's put was pruned here, a newer version of its key being held: no
+    region could fetch it (the consumer of a large one failed it, and paged), and
+    the newer version's own event follows it on the same key."""
 
 
 class OutboxDrain(BatchDuty):
@@ -132,6 +140,9 @@ class OutboxDrain(BatchDuty):
             if not events:
                 return 0
             batch = await asyncio.to_thread(self._encode, events)
+            if batch.superseded:
+                await asyncio.to_thread(self._store.outbox_published, batch.superseded)
+                log.info("outbox_superseded", region=self.region, events=len(batch.superseded))
             if batch.bad:
                 for event, reason in batch.bad:
                     await asyncio.to_thread(self.set_aside.keep, "outbox", _as_json(event), reason)
@@ -165,7 +176,7 @@ class OutboxDrain(BatchDuty):
             events=len(batch.event_ids),
             set_aside=len(batch.bad),
         )
-        return len(batch.event_ids) + len(batch.bad)
+        return len(batch.event_ids) + len(batch.bad) + len(batch.superseded)
 
     async def _do_stop(self) -> None:
         await super()._do_stop()
@@ -177,6 +188,7 @@ class OutboxDrain(BatchDuty):
         records: list[tuple[bytes, bytes]] = []
         ids: list[str] = []
         bad: list[tuple[OutboxEvent, str]] = []
+        superseded: list[str] = []
         for event in events:
             try:
                 if event.kind == "set":
@@ -184,7 +196,22 @@ class OutboxDrain(BatchDuty):
                     key, value = set_event.log_key, encode_set_event(set_event)
                 else:
                     key = f"{event.dataset}/{event.key}"
-                    value = encode_change_event(self._change_event(event))
+                    change = self._change_event(event)
+                    value = encode_change_event(change)
+                    if len(key.encode()) + len(value) > MAX_EVENT_BYTES and change.inline:
+                        # Over what Kafka takes in one request: by address instead.
+                        change = event.change_event(origin_agent=self.settings.origin_agent)
+                        value = encode_change_event(change)
+                if len(key.encode()) + len(value) > MAX_EVENT_BYTES:
+                    # Never sendable (a set of very many members): refused by Kafka, it
+                    # would be retried for ever and hold every later event behind it.
+                    raise VersionError(
+                        f"outbox event {event.event_id} is {len(value)} bytes encoded, over "
+                        f"the change log's {MAX_EVENT_BYTES}-byte limit per event"
+                    )
+            except _SupersededError:
+                superseded.append(event.event_id)
+                continue
             except MeridianError as exc:
                 if exc.retriable:
                     raise
@@ -192,7 +219,7 @@ class OutboxDrain(BatchDuty):
                 continue
             records.append((key.encode(), value))
             ids.append(event.event_id)
-        return _Batch(records, ids, bad)
+        return _Batch(records, ids, bad, superseded)
 
     def _inline_allowed(self, dataset: str) -> bool:
         if self._policy is None:  # no policy source (a store-only test): as before
@@ -210,11 +237,26 @@ class OutboxDrain(BatchDuty):
         ):
             try:
                 data = self._store.read_bytes(event.dataset, event.key, version.hlc)
-            except (NotFoundError, MissingContentError):
-                pass  # pruned or lost since: the consumer fetches it (or has newer)
+            except NotFoundError:
+                self._check_superseded(event.dataset, event.key, version)
+            except MissingContentError:
+                pass  # lost since: the consumer fetches it from another holder
             else:
                 return event.change_event(inline=data)
+        elif event.key is not None:
+            try:
+                self._store.stat(event.dataset, event.key, version.hlc, include_deleted=True)
+            except NotFoundError:
+                self._check_superseded(event.dataset, event.key, version)
         return event.change_event(origin_agent=self.settings.origin_agent)
+
+    def _check_superseded(self, dataset: str, key: str, version: Version) -> None:
+        """Raise `_SupersededError` when `version` is gone from here and a newer one is held;
+        else (the object gone altogether: evicted, expired) the consumer tries the
+        other holders."""
+        head = self._store.head(dataset, key)
+        if head is not None and head.hlc > version.hlc:
+            raise _SupersededError(f"{dataset}/{key} at {version.hlc}")
 
 
 def _set_event(event: OutboxEvent) -> SetEvent:

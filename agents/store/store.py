@@ -57,6 +57,8 @@ from agents.store.names import OBJECTS, check_name, version_path, version_text
 from agents.store.reader import CHUNK_BYTES, InlineReader, ObjectReader
 from agents.store.schema import FORMAT, connect
 from agents.store.staging import HOLE_MIN_BYTES, TMP, StagedWrite, checked_bytes
+from controlplane.domain.errors import ClockSkewError, HLCError
+from controlplane.domain.events import MAX_EVENT_BYTES
 from controlplane.domain.hlc import HLC, HybridClock
 from controlplane.domain.version import Digest, Verdict, Version, lww
 from controlplane.errors import ConfigError, InvalidInputError, NotFoundError, UnavailableError
@@ -222,6 +224,7 @@ class ObjectStore:
                     f"this agent reads format {FORMAT}"
                 )
             self.repair_report: RepairReport = repair.run(self.root, db, verify=verify)
+            newest = _newest_stamp(db)
             self._folders = {e.name for e in os.scandir(self.root / OBJECTS) if e.is_dir()}
         except (sqlite3.Error, OSError) as err:
             self._abandon(db)
@@ -230,6 +233,26 @@ class ObjectStore:
             self._abandon(db)
             raise
         self._db = db
+        if newest is not None:
+            # A clock starts at zero: behind the stamps held here (a physical clock
+            # stepped back, a lower offset), a local write would be stamped below the
+            # version it overwrites, acked yet never the newest, or collide with a
+            # held one's HLC and its file.
+            self.clock.advance_past(newest)
+            try:
+                self.clock.check_skew(newest)
+            except ClockSkewError as exc:
+                # Stamped by a clock that ran ahead (since corrected, or a lower offset):
+                # this agent's writes stay ahead of real time, and other regions refuse
+                # them as skewed until it catches up.
+                log.error(
+                    "store_stamps_ahead_of_clock",
+                    root=str(self.root),
+                    newest=newest.text,
+                    error=str(exc),
+                    action="other regions refuse this agent's writes as skewed until "
+                    "real time catches up; check the clock and --clock-offset",
+                )
         log.info("store opened", root=str(self.root), **vars(self.repair_report))
 
     # -- lifecycle -------------------------------------------------------------------
@@ -1830,12 +1853,12 @@ class ObjectStore:
         it is not held or is a tombstone; MissingContentError when its bytes were lost."""
         dataset, key = check_name("dataset", dataset), check_name("key", key)
         hlc = HLC.parse(version) if isinstance(version, str) else version
-        if set_id is not None and hlc is None:
-            record = self.get_set(dataset, set_id)
-            hlc = record.members.get(key)
-            if hlc is None:
-                raise NotFoundError(f"set {record.set_id} of {dataset} has no member {key}")
-        with self._lock:
+        with self._lock:  # re-entrant: the set and its member read as one (no prune between)
+            if set_id is not None and hlc is None:
+                record = self.get_set(dataset, set_id)
+                hlc = record.members.get(key)
+                if hlc is None:
+                    raise NotFoundError(f"set {record.set_id} of {dataset} has no member {key}")
             self._require_open()
             stored = self._row(dataset, key, hlc) if hlc is not None else self._newest(dataset, key)
             if stored is None:
@@ -2156,6 +2179,16 @@ class ObjectStore:
         (NotFoundError names the first that is not). It gets a fresh HLC and is
         visible at once; `outbox=True` adds its change event in the same transaction."""
         dataset, set_id, parsed = self._check_set(dataset, set_id, members)
+        if outbox:
+            # Its change event names every member: one Kafka cannot take is refused now,
+            # not acked and then never replicated.
+            size = len(dataset) + len(set_id) + sum(len(k.encode()) + 40 for k in parsed) + 512
+            if size > MAX_EVENT_BYTES:
+                raise InvalidInputError(
+                    f"set {set_id} of {dataset} names {len(parsed)} members: its change "
+                    f"event (about {size} bytes) is over the change log's {MAX_EVENT_BYTES}-"
+                    "byte limit; split it into smaller sets"
+                )
         with self._tx() as conn:
             for key, hlc in parsed.items():
                 found = conn.execute(
@@ -2558,6 +2591,25 @@ def _at(found: Sequence[StoredVersion], hlc: HLC) -> StoredVersion | None:
         if r.version.hlc == hlc:
             return r
     return None
+
+
+def _newest_stamp(db: sqlite3.Connection) -> HLC | None:
+    """The newest HLC the store holds: of its versions, its sets and the sets it dropped
+    (HLC text sorts). One scan at open. An unreadable one is logged and left out (it
+    breaks reads of its own object, not the store's opening)."""
+    found = [
+        row[0]
+        for table in ("versions", "sets", "sets_dropped")
+        for row in db.execute(f"SELECT max(hlc) FROM {table}")  # noqa: S608 - fixed names
+        if row[0] is not None
+    ]
+    if not found:
+        return None
+    try:
+        return HLC.parse(max(found))
+    except HLCError as exc:
+        log.error("store_newest_stamp_unreadable", error=str(exc))
+        return None
 
 
 def _small(source: Source) -> bytes | bytearray | memoryview | None:

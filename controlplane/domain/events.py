@@ -36,6 +36,11 @@ SET_EVENT_SCHEMA = 2
 _REGION_RE = re.compile(REGION_PATTERN)
 
 
+# What one change event may take, encoded: Kafka's producer refuses a request over
+# 1 MiB (`max_request_size`), its record overhead included.
+MAX_EVENT_BYTES = 1024 * 1024 - 16 * 1024
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChangeEvent:
     event_id: str

@@ -161,6 +161,14 @@ class HybridClock:
                 self._advance(self._wall_ms, self._logical + 1)
             return HLC._trusted(self._wall_ms, self._logical, self.region)
 
+    def advance_past(self, stamp: HLC) -> None:
+        """Never issue a stamp at or below `stamp` again: what a store opened with holds
+        (a restarted process, its physical clock stepped back since). No skew check:
+        these stamps were issued or accepted before."""
+        with self._lock:
+            if (stamp.wall_ms, stamp.logical) > (self._wall_ms, self._logical):
+                self._advance(stamp.wall_ms, stamp.logical)
+
     def check_skew(self, remote: HLC) -> None:
         """Raise ClockSkewError if `remote` is too far ahead of the physical clock."""
         self._check_skew(remote, self._physical())

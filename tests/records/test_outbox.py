@@ -22,7 +22,7 @@ from agents.records import OutboxDrain, OutboxSettings, track_outbox
 from agents.store import ObjectStore
 from controlplane.adapters.kafka import KafkaProducer
 from controlplane.adapters.toxiproxy import ToxiproxyClient
-from controlplane.domain.events import ChangeEvent
+from controlplane.domain.events import MAX_EVENT_BYTES, ChangeEvent
 from controlplane.settings import Settings
 from controlplane.stack.kafka import wan_proxy_port
 from controlplane.stack.manager import KAFKA_WAN_PROXY
@@ -182,3 +182,43 @@ def test_the_pending_gauge_reads_the_outbox_before_any_drain_exists(
     store.put(_dataset(), "k", [b"x"], outbox=True, policy_revision=1)
     track_outbox(store, metrics)
     assert _pending(metrics) == 1
+
+
+async def test_a_put_pruned_before_it_is_sent_is_not_sent(
+    open_store: StoreFactory,
+    metrics: AgentMetrics,
+    producer: KafkaProducer,
+    kafka_bootstrap: str,
+) -> None:
+    # Kafka was away while the key was rewritten past keep_versions: the first put's
+    # bytes are gone here, so no region could fetch it (a consumer failed it, and
+    # paged). It is not sent; the newer versions' events are.
+    store = open_store(keep_versions=2)
+    ds = _dataset()
+    put = {"outbox": True, "policy_revision": 3}
+    versions = [store.put(ds, "big", [b"%d" % i * 100], **put) for i in range(3)]  # type: ignore[arg-type]
+    settings = OutboxSettings(origin_agent=AGENT, inline_max_bytes=64, batch_size=10)
+    drain = OutboxDrain(store, producer, metrics, REGION, settings)
+    async with drain:
+        await until(lambda: _pending(metrics) == 0, 30, "the outbox to drain")
+    records = await records_of(kafka_bootstrap, ds, at_least=2)
+    sent = [decode_change_event(r.value).version for r in records]
+    assert sent == versions[1:]
+
+
+def test_an_event_over_kafkas_request_limit_goes_by_address(
+    store: ObjectStore, metrics: AgentMetrics
+) -> None:
+    # Inline up to 1 MiB is allowed, but Kafka takes no request over 1 MiB with its
+    # overhead: refused, the event would be retried for ever and hold the rest back.
+    ds = _dataset()
+    store.put(ds, "mib", [b"m" * (1024 * 1024)], outbox=True, policy_revision=3)
+    store.put(ds, "small", [b"s"], outbox=True, policy_revision=3)
+    settings = OutboxSettings(origin_agent=AGENT, inline_max_bytes=1024 * 1024)
+    drain = OutboxDrain(store, None, metrics, REGION, settings)  # type: ignore[arg-type]
+    batch = drain._encode(store.outbox_pending(limit=10))
+    assert not batch.bad and len(batch.records) == 2
+    big, small = (decode_change_event(value) for _, value in batch.records)
+    assert (big.inline, big.origin_agent) == (None, AGENT)
+    assert small.inline == b"s"
+    assert all(len(k) + len(v) <= MAX_EVENT_BYTES for k, v in batch.records)

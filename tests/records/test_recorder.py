@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from datetime import UTC, datetime
 
 import pytest
 from records_helpers import DATASET, REGION, StoreFactory
@@ -20,6 +21,8 @@ from agents.transfer.records import Outcome, TransferTally
 from controlplane.catalog.api import Catalog
 from controlplane.catalog.errors import CatalogError
 from controlplane.catalog.models import CatalogObject, Dataset, ObjectVersion, Replica, Transfer
+from replicator.resync import plan_resync
+from replicator.status import replication_status
 
 SqlSession = Callable[[str], AbstractContextManager[Session]]
 
@@ -143,6 +146,12 @@ def test_missing_bytes_fail_the_replica_and_a_restore_completes_it(
     [failed] = cat.replica_status(DATASET, key="lost")
     assert failed.state == "failed" and failed.last_error is not None
     assert "bytes lost in eu-west" in failed.last_error
+    # Made here and lost here: status shows it failed, and resync re-drives it (a fetch
+    # from another region is the only way back).
+    [row] = replication_status(cat, datetime.now(UTC), dataset_glob=DATASET, region=REGION)
+    assert (row["failed"], row["pending"]) == (1, 0)
+    [item] = [i for i in plan_resync(cat, cat.list_placements(), REGION) if i.key == "lost"]
+    assert (item.version, item.state) == (version, "failed")
 
     store.apply(DATASET, "lost", version, [b"soon gone"])  # refilled from elsewhere
     _ship_all(Recorder(store, cat, metrics, REGION))

@@ -33,7 +33,8 @@ from agents.errors import ResidencyError
 from controlplane.catalog.api import Catalog, open_catalog
 from controlplane.coordination.protocols import keys
 from controlplane.domain.events import ChangeEvent
-from controlplane.domain.hlc import system_ms
+from controlplane.domain.hlc import HLC, system_ms
+from controlplane.domain.version import Version
 from controlplane.errors import UnavailableError
 from controlplane.policy.current import PolicyView
 from controlplane.policy.placer import place
@@ -41,7 +42,7 @@ from replicator.backfill import Backfill
 from replicator.backlog import BacklogProbe
 from replicator.journal import RecordJournal, ReplicaRecord
 from replicator.ports import Source
-from replicator.resync import drive_resync, plan_resync
+from replicator.resync import ResyncItem, drive_resync, plan_resync
 from replicator.shipper import RecordShipper
 
 pytestmark = pytest.mark.integration
@@ -453,3 +454,30 @@ async def test_a_backfill_the_agent_refuses_is_retried_until_its_view_admits_it(
     assert [e["event"] for e in logs].count("backfill_refused_by_agent") == 1
     assert agent.held[(DS, "before")] == old.version
     assert json.loads(state.read_text())["done"] == [DS]
+
+
+async def test_resync_of_a_delete_keeps_the_copy_of_a_retain_dataset() -> None:
+    # `deletes: retain`: the applier records a delete and keeps the copy; a resync of
+    # that delete (the region was down when it happened) must do the same.
+    recorded: list[tuple[str, str, str]] = []
+
+    class Records:
+        def set_replica_state(
+            self, dataset: str, key: str, hlc: str, region: str, state: str, **_: object
+        ) -> None:
+            recorded.append((key, region, state))
+
+    agent = MemoryAgent()
+    tomb = Version.delete(HLC(system_ms(), 0, "eu-west"))
+    item = ResyncItem(DS, "k", tomb, "missing", ("eu-west",), retain_deletes=True)
+    results = await drive_resync(
+        [item],
+        region="eu-north",
+        agent=agent,
+        records=Records(),  # type: ignore[arg-type]
+        policy=POLICY,
+        agents_of=agents_at,
+    )
+    assert [r.outcome for r in results] == ["retained"]
+    assert agent.calls == []  # no delete sent to the agent
+    assert recorded == [("k", "eu-north", "completed")]

@@ -15,6 +15,7 @@ from store_helpers import StoreFactory, object_files, remote
 
 from agents.store import DigestMismatchError, ObjectStore
 from agents.store.staging import StagedWrite
+from agents.store.store import INLINE_MAX_BYTES
 from controlplane.domain.errors import ClockSkewError
 from controlplane.domain.hlc import HLC, HybridClock, system_ms
 from controlplane.domain.version import Digest, Verdict, Version, newest
@@ -193,3 +194,22 @@ def test_remote_apply_then_local_put_in_one_factory(open_store: StoreFactory) ->
     store.apply("ds", "k", remote(b"1", ago_ms=300), [b"1"])
     store.put("ds", "k", [b"2"])
     assert [s.version.hlc.region for s in store.versions("ds", "k")] == ["eu-west", "us-east"]
+
+
+def test_a_store_opened_with_a_clock_behind_its_stamps_writes_above_them(
+    open_store: StoreFactory, tmp_path: Path
+) -> None:
+    # Stamped at 2,000 ms, then the process restarts with its physical clock at 1,000
+    # (stepped back, a lower offset): a put must still be the newest, and a put at the
+    # very same millisecond must not take a held version's HLC (and its file).
+    big = b"x" * (INLINE_MAX_BYTES + 1)
+    first = open_store(clock=HybridClock("eu-west", physical_ms=lambda: 2_000))
+    held = first.put("ds", "k", [big])
+    first.close()
+    for physical in (1_000, 2_000):
+        store = open_store(clock=HybridClock("eu-west", physical_ms=lambda p=physical: p))
+        newer = store.put("ds", "k", [big[:-1] + bytes([physical % 251])])
+        assert newer.hlc > held.hlc and store.head("ds", "k") == newer
+        assert store.read_bytes("ds", "k", newer.hlc)[-1] == physical % 251
+        held = newer
+        store.close()

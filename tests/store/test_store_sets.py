@@ -370,3 +370,11 @@ def test_a_superseded_set_takes_no_older_member(open_store: StoreFactory) -> Non
     assert store.apply("ckpt", "a", a1, [b"a1"], set_id="step-1").verdict is Verdict.OLDER
     with pytest.raises(NotFoundError):
         store.stat("ckpt", "a", a1.hlc)
+
+
+def test_a_set_too_large_for_its_change_event_is_refused_at_commit(store: ObjectStore) -> None:
+    # Acked, it would be set aside by the outbox and reach no other region.
+    members = {f"shard-{i:06}": HLC(1_000 + i, 0, "eu-west") for i in range(30_000)}
+    with pytest.raises(InvalidInputError, match="over the change log's"):
+        store.commit_set("ds", "huge", members, outbox=True)
+    assert store.outbox_count() == 0
