@@ -741,6 +741,23 @@ class ObjectStore:
                 staged.write(chunk)
             return self.commit_apply(staged, version, set_id=set_id, transfer=transfer)
 
+    def _take_bytes(
+        self, dataset: str, key: str, version: Version, source: Source
+    ) -> bytes | StagedWrite:
+        """An applied put's bytes: checked and kept in memory when small (inline), else
+        staged in a file (not yet synced)."""
+        small = _small(source)
+        if small is None:
+            return self._stage_apply(dataset, key, version, source)
+        checked_bytes(
+            dataset,
+            key,
+            memoryview(small).cast("B"),
+            expected_size=version.size,
+            expected_digest=version.digest,
+        )
+        return bytes(small)
+
     def commit_apply(
         self,
         staged: StagedWrite,
@@ -890,18 +907,11 @@ class ObjectStore:
             for n, (dataset, key, version, source) in enumerate(checked):
                 if source is None or not _wanted_in(before.get((dataset, key), ()), version):
                     continue
-                small = _small(source)
-                if small is not None:
-                    checked_bytes(
-                        dataset,
-                        key,
-                        memoryview(small).cast("B"),
-                        expected_size=version.size,
-                        expected_digest=version.digest,
-                    )
-                    inline[n] = bytes(small)
-                    continue
-                staged[n] = self._stage_apply(dataset, key, version, source)
+                taken = self._take_bytes(dataset, key, version, source)
+                if isinstance(taken, bytes):
+                    inline[n] = taken
+                else:
+                    staged[n] = taken
             # Many small files: closed unsynced, renamed under the locks, then ONE syncfs
             # makes their bytes and renames durable before the rows commit
             # (`_install_many`, synced=False). Few: fsynced here, in parallel.
@@ -938,19 +948,12 @@ class ObjectStore:
                         # version went meanwhile (a takeover's rewind of a deposed owner's
                         # write). Its bytes are wanted after all: read now, under the
                         # locks (rare), rather than answer "applied" with nothing stored.
-                        small = _small(source)
-                        if small is not None:
-                            checked_bytes(
-                                dataset,
-                                key,
-                                memoryview(small).cast("B"),
-                                expected_size=version.size,
-                                expected_digest=version.digest,
-                            )
-                            inline[n] = bytes(small)
+                        taken = self._take_bytes(dataset, key, version, source)
+                        if isinstance(taken, bytes):
+                            inline[n] = taken
                         else:
-                            staged[n] = self._stage_apply(dataset, key, version, source)
-                            staged[n].finish()
+                            staged[n] = taken
+                            taken.finish()
                     if (
                         row is not None
                         and (n in staged or n in inline)
