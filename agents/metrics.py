@@ -144,6 +144,12 @@ class AgentMetrics:
             "change events published to Kafka",
             registry=self.registry,
         )
+        self.outbox_superseded = Counter(
+            "meridian_outbox_superseded_total",
+            "change events dropped unsent: their put was pruned here, a newer version of "
+            "its key held, whose own event follows on the same key",
+            registry=self.registry,
+        )
         self.info = Gauge(
             "meridian_agent_info", "static labels", ["region", "agent_id"], registry=self.registry
         )

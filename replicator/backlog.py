@@ -6,8 +6,10 @@ Every `interval_s` (and once at start, so a restarted replicator reports the tru
 backlog at once) the probe asks the catalog, for each standard dataset placed in
 this region: the HLC wall time of the oldest version not completed here
 (`Catalog.oldest_incomplete_at`; lag = now minus it, 0 when none) and the objects
-whose newest version is not completed here (`Catalog.incomplete_versions`). These
-are the same numbers `meridian replication status` and `dataset list` print.
+whose newest version is not completed here (`Catalog.incomplete_versions`). A version
+made here counts only once its copy here is `failed` (startup repair found its bytes
+lost). These are the same numbers `meridian replication status` and `dataset list`
+print.
 Nothing is counted in memory, so a restart neither resets nor doubles them. When
 the catalog is down the gauges keep their last values and the probe says so.
 """
@@ -20,7 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
-from controlplane.catalog.records import Placement, VersionRef
+from controlplane.catalog.records import Placement, ReplicaStatus, VersionRef
 from controlplane.errors import MeridianError
 from controlplane.lifecycle import Lifecycle, cancel_and_wait
 from controlplane.logs import get_logger
@@ -38,6 +40,10 @@ class BacklogSource(Protocol):
 
     def incomplete_versions(self, dataset: str, region: str) -> list[VersionRef]: ...
 
+    def replica_status(
+        self, dataset: str, *, region: str | None = None, states: Sequence[str] | None = None
+    ) -> list[ReplicaStatus]: ...
+
 
 def backlog_of(
     source: BacklogSource, region: str, now: datetime
@@ -50,10 +56,18 @@ def backlog_of(
             continue
         oldest = source.oldest_incomplete_at(placement.dataset, [region])
         lag = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
+        incomplete = source.incomplete_versions(placement.dataset, region)
+        # A version made here is on its way to the catalog, not a backlog, unless its copy
+        # here is `failed`: its bytes were lost here, and only a fetch from another region
+        # brings them back. Failed replicas are rare: looked up only when one may matter.
+        lost_here: set[tuple[str, str]] = set()
+        if any(v.hlc.endswith(f"@{region}") for v in incomplete):
+            failed = source.replica_status(placement.dataset, region=region, states=["failed"])
+            lost_here = {(rs.object, rs.version) for rs in failed}
         pending = [
             v
-            for v in source.incomplete_versions(placement.dataset, region)
-            if not v.hlc.endswith(f"@{region}")  # its own writes are not a backlog here
+            for v in incomplete
+            if not v.hlc.endswith(f"@{region}") or (v.object, v.version) in lost_here
         ]
         out[placement.dataset] = (lag, len(pending), placement.rpo_s)
     return out

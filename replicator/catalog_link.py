@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.catalog.api import Catalog, open_catalog
-from controlplane.catalog.records import Placement, TransferRecord, VersionRef
+from controlplane.catalog.records import Placement, ReplicaStatus, TransferRecord, VersionRef
 from controlplane.policy.placer import place
 
 
@@ -100,6 +100,11 @@ class CatalogLink:
 
     def incomplete_versions(self, dataset: str, region: str) -> list[VersionRef]:
         return self.open().incomplete_versions(dataset, region)
+
+    def replica_status(
+        self, dataset: str, *, region: str | None = None, states: Sequence[str] | None = None
+    ) -> list[ReplicaStatus]:
+        return self.open().replica_status(dataset, region=region, states=states)
 
     def dataset_locations(self, name: str) -> list[dict[str, Any]]:
         return self.open().dataset_locations(name)

@@ -12,7 +12,7 @@ there and not failed: not yet attempted, or attempted and to be retried), `faile
 `meridian_replication_lag_seconds` and `dataset list` compute it). A region's own
 writes count as completed there, but for one whose copy there is `failed` (startup
 repair found its bytes lost: resync fetches them from a region holding them; the lag
-leaves them out). With `state`, each row also lists the objects in
+counts them too). With `state`, each row also lists the objects in
 that state, each with its attempts, last error and a sentence saying why.
 """
 

@@ -41,7 +41,8 @@ Guarantees, and why:
   the same event ids, after a backoff.
 
 `meridian_outbox_pending` is read from the outbox when scraped (right after a
-restart too); `meridian_outbox_published_total` counts acknowledged events.
+restart too); `meridian_outbox_published_total` counts acknowledged events,
+`meridian_outbox_superseded_total` the events dropped unsent (`_SupersededError`).
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ class OutboxDrain(BatchDuty):
             batch = await asyncio.to_thread(self._encode, events)
             if batch.superseded:
                 await asyncio.to_thread(self._store.outbox_published, batch.superseded)
+                self._metrics.outbox_superseded.inc(len(batch.superseded))
                 log.info("outbox_superseded", region=self.region, events=len(batch.superseded))
             if batch.bad:
                 for event, reason in batch.bad:

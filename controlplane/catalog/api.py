@@ -296,7 +296,7 @@ class Catalog:
             select(CatalogObject.key, ObjectVersion)
             .join(latest, latest.c.vid == ObjectVersion.id)
             .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
-            .where(~_completed_in(region))
+            .where(~_replica_in(region, "completed"))
             .order_by(CatalogObject.key)
         )
         with self._session() as s:
@@ -305,8 +305,10 @@ class Catalog:
     @translated
     def oldest_incomplete_at(self, dataset: str, regions: Sequence[str]) -> datetime | None:
         """The HLC wall time of the oldest version a region of `regions` has not completed
-        (versions it originated aside), among each object's versions newer than the
-        newest it has completed; None when every region is up to date. The replication
+        (versions it originated aside, but for one whose replica there is `failed`:
+        startup repair found its bytes lost, and only a fetch from another region brings
+        them back), among each object's versions newer than the newest it has completed;
+        None when every region is up to date. The replication
         lag of the dataset is the age of this time (dataplane.md, Metrics): an object
         rewritten every second while a region completes nothing shows a lag that grows,
         not the one second to its latest version."""
@@ -335,10 +337,11 @@ class Catalog:
                     .where(
                         CatalogObject.dataset == dataset,
                         or_(done.c.top.is_(None), ObjectVersion.hlc > done.c.top),
-                        ~_completed_in(region),
+                        ~_replica_in(region, "completed"),
                         or_(
                             ObjectVersion.origin_region.is_(None),
                             ObjectVersion.origin_region != region,
+                            _replica_in(region, "failed"),
                         ),
                     )
                 )
@@ -1060,15 +1063,16 @@ def _latest_versions(dataset: str) -> Subquery:
     )
 
 
-def _completed_in(region: str) -> Exists:
-    """True for an ObjectVersion row whose replica in `region` is completed."""
+def _replica_in(region: str, state: str) -> Exists:
+    """True for an ObjectVersion row whose replica in `region` is in `state` (a lookup
+    on the unique index of replicas (version_id, region))."""
     return (
         select(Replica.id)
         .where(
             and_(
                 Replica.version_id == ObjectVersion.id,
                 Replica.region == region,
-                Replica.state == "completed",
+                Replica.state == state,
             )
         )
         .exists()

@@ -447,3 +447,24 @@ def test_lag_counts_from_the_oldest_version_not_yet_completed(cat: Catalog) -> N
     assert cat.oldest_incomplete_at(ds, ["eu-central"]) is None
     # the origin itself never lags behind its own writes
     assert cat.oldest_incomplete_at(ds, ["eu-west"]) is None
+
+
+def test_the_origin_lags_behind_its_own_version_only_once_its_bytes_were_lost_there(
+    cat: Catalog,
+) -> None:
+    """Startup repair records a version whose bytes it found lost as its region's replica
+    `failed`: only a fetch from another region brings it back, so it lags there (as
+    `replication status` counts it); a version made there and held there does not."""
+    ds, wall = "corpus/web", 1_764_579_000_000
+    held, lost = _hlc(wall), _hlc(wall + 1000)
+    cat.register_version(ds, "held", held, fake_digest("00"), origin_region="eu-west")
+    cat.set_replica_state(ds, "held", held, "eu-west", "completed", digest=fake_digest("00"))
+    cat.register_version(ds, "lost", lost, fake_digest("01"), origin_region="eu-west")
+    assert cat.oldest_incomplete_at(ds, ["eu-west"]) is None  # its record is on its way
+    cat.set_replica_state(ds, "lost", lost, "eu-west", "failed", error="bytes lost in eu-west")
+    at = cat.oldest_incomplete_at(ds, ["eu-west"])
+    assert at == datetime.fromtimestamp((wall + 1000) / 1000, UTC)
+    # fetched back from a region that holds it
+    cat.set_replica_state(ds, "lost", lost, "eu-west", "pending")
+    cat.set_replica_state(ds, "lost", lost, "eu-west", "completed", digest=fake_digest("01"))
+    assert cat.oldest_incomplete_at(ds, ["eu-west"]) is None

@@ -204,6 +204,9 @@ async def test_a_put_pruned_before_it_is_sent_is_not_sent(
     records = await records_of(kafka_bootstrap, ds, at_least=2)
     sent = [decode_change_event(r.value).version for r in records]
     assert sent == versions[1:]
+    # Counted, not only logged, so that the drops show on the agent's metrics.
+    assert metrics.registry.get_sample_value("meridian_outbox_superseded_total") == 1
+    assert metrics.registry.get_sample_value("meridian_outbox_published_total") == 2
 
 
 def test_an_event_over_kafkas_request_limit_goes_by_address(

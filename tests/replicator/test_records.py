@@ -134,6 +134,37 @@ async def test_backlog_is_read_from_the_catalog_at_start_and_drains_to_zero(
     assert by_region["eu-north"]["pending"] == 3  # not there yet: still counted
 
 
+async def test_a_version_made_here_is_a_backlog_here_only_once_its_bytes_were_lost_here(
+    world: dict[str, str], catalog: Catalog, rig_factory: RigFactory
+) -> None:
+    # Startup repair in eu-central found the bytes of one of its own versions lost and
+    # recorded its replica there `failed`: only a fetch from another region brings them
+    # back, so it is a backlog there, in the gauges as in `status`; a version made there
+    # and held there is not, nor one whose record is still on its way.
+    t = system_ms() - 30_000
+    held = b.put("held", wall_ms=t, origin="eu-central", dataset=DS)
+    lost = b.put("lost", wall_ms=t + 1, origin="eu-central", dataset=DS)
+    written_at_origin(catalog, held)
+    hlc, digest = str(lost.version.hlc), str(lost.version.digest)
+    catalog.register_version(DS, "lost", hlc, digest, origin_region="eu-central", hlc=hlc)
+    rig = rig_factory(region="eu-central", policy=POLICY)
+    probe = BacklogProbe(catalog, "eu-central", rig.metrics)
+    rpo = 30.0
+    assert (await probe.refresh())[DS] == (0.0, 0, rpo)
+
+    catalog.set_replica_state(DS, "lost", hlc, "eu-central", "failed", error="bytes lost")
+    lag, pending, _ = (await probe.refresh())[DS]
+    assert pending == 1 and 29 < lag < 120
+    assert rig.metric("meridian_replication_pending", dataset=DS, region="eu-central") == 1
+    (row,) = status(world, "--region", "eu-central")
+    assert (row["failed"], row["pending"]) == (1, 0) and 29 < row["lag_s"] < 120  # type: ignore[operator]
+
+    # Fetched back from a region that holds it (resync): no backlog any more.
+    catalog.set_replica_state(DS, "lost", hlc, "eu-central", "pending")
+    catalog.set_replica_state(DS, "lost", hlc, "eu-central", "completed", digest=digest)
+    assert (await probe.refresh())[DS] == (0.0, 0, rpo)
+
+
 async def test_a_failed_copy_is_shown_with_its_error_and_resync_redrives_it(
     world: dict[str, str], catalog: Catalog, rig_factory: RigFactory
 ) -> None:

@@ -93,8 +93,9 @@ class CatalogBridge:
     def lag_seconds(self, placement: Placement, now: datetime) -> float:
         """Replication lag of a placed dataset, from the catalog: the age of the oldest
         latest version of an object that some region of the placement (home and
-        replicas, other than the version's origin) has not completed; 0.0 when every
-        region has completed every object's latest version (or there is none)."""
+        replicas, other than the version's origin unless its copy there is `failed`) has
+        not completed; 0.0 when every region has completed every object's latest version
+        (or there is none)."""
         oldest: datetime | None = self.catalog.oldest_incomplete_at(
             placement.dataset, (placement.home, *placement.replicas)
         )
