@@ -63,7 +63,12 @@ def bench_recorder(
     try:
         written = fill(store, DATASET, count, outbox=False)
         recorder = Recorder(
-            store, catalog, AgentMetrics(REGION), REGION, RecorderSettings(batch_size=batch)
+            store,
+            catalog,
+            AgentMetrics(REGION),
+            REGION,
+            RecorderSettings(batch_size=batch),
+            holder=os.environ.get("BENCH_HOLDER", "agent-1") or None,  # as an agent names itself
         )
         t0 = time.perf_counter()
         shipped = 0

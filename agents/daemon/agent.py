@@ -243,6 +243,7 @@ class NodeAgent(Lifecycle):
             self.region,
             self.settings,
             origin_agent=self.endpoint,
+            holder=self.identity.agent_id,
             policy=lambda: self.view.current,
         )
         await self.records.start()

@@ -65,6 +65,7 @@ class RecordDuties(Lifecycle):
         settings: Settings,
         *,
         origin_agent: str,
+        holder: str | None = None,
         policy: Callable[[], CompiledPolicy | None] | None = None,
         retry_initial_s: float = 0.2,
         retry_max_s: float = 5.0,
@@ -74,6 +75,7 @@ class RecordDuties(Lifecycle):
         self._region = region
         self._settings = settings
         self._origin_agent = origin_agent
+        self._holder = holder  # the store's id, stable across restarts (not the endpoint)
         self._policy = policy
         self._retry = (retry_initial_s, retry_max_s)
         self.catalog: Catalog | None = None
@@ -85,7 +87,12 @@ class RecordDuties(Lifecycle):
     async def _do_start(self) -> None:
         self.catalog = await asyncio.to_thread(open_catalog_tolerant, self._settings.catalog)
         self.recorder = Recorder(
-            self._store, self.catalog, self._metrics, self._region, RecorderSettings()
+            self._store,
+            self.catalog,
+            self._metrics,
+            self._region,
+            RecorderSettings(),
+            holder=self._holder,
         )
         await self.recorder.start()
         self._connecting = asyncio.create_task(self._start_drain(), name="outbox-connect")

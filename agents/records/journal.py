@@ -10,15 +10,18 @@ commit and `journal_shipped`) harmless:
   (its HLC names it; the dataset and object are registered on the way if new, and
   placed by the applied policy through the catalog's placer) and hold it
   `completed` here with its digest.
-* `removed`: a base pruned past `keep_versions` → this region no longer holds it.
+* `removed`: a base pruned past `keep_versions` → this agent no longer holds it
+  (nor its region, unless another agent of the region does: holdings.py).
   A tombstone expired after its retention → nothing: the catalog keeps the delete
   and the fact that this region applied it (forgetting it would make the region
   look behind on a deleted object for ever). An evicted one (reason `evicted`:
   `meridian dataset evict`, the region no longer placed) goes like any version:
   the region holds no copy of the dataset any more, and nothing expects one there.
-* `missing` (startup repair found the bytes gone or damaged) → held `failed`, with
-  the reason, so `replication status --state failed` shows it and a resync
-  re-drives it; `restored` → `completed` again.
+  One handed off (reason `handed off`: a rebalance moved it to other agents of the
+  region) → `released`: this agent is no longer a holder, the region still is.
+* `missing` (startup repair found the bytes gone or damaged) → held `failed` (if no
+  other agent of the region holds it), with the reason, so `replication status
+  --state failed` shows it and a resync re-drives it; `restored` → `completed` again.
 * `set`: the catalog has no table of version sets (members carry their set id):
   nothing to record.
 * `transfer` (see transfer.py) → one `transfers` row, keyed by the transfer's id.
@@ -26,13 +29,14 @@ commit and `journal_shipped`) harmless:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from agents.records.transfer import read_transfer
-from agents.store.model import EVICTED, JournalEntry
+from agents.store.model import EVICTED, HANDED_OFF, JournalEntry
 from controlplane.catalog.records import HeldVersion, Holding, HoldingState, TransferRecord
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
@@ -56,12 +60,16 @@ class Plan:
         self.transfers += other.transfers
 
 
-def plan(region: str, entry: JournalEntry, lookup: Lookup) -> Plan:
-    """The facts of one journal record; InvalidInputError for a malformed one."""
+def plan(region: str, entry: JournalEntry, lookup: Lookup, holder: str | None = None) -> Plan:
+    """The facts of one journal record; InvalidInputError for a malformed one. `holder`:
+    the agent whose journal it is (its store's id), named in its holdings."""
     build = _KINDS.get(entry.kind)
     if build is None:
         raise InvalidInputError(f"journal record {entry.seq}: kind {entry.kind!r} is not known")
-    return build(region, entry, lookup)
+    facts = build(region, entry, lookup)
+    if holder is not None and facts.holdings:
+        facts.holdings = [dataclasses.replace(h, holder=holder) for h in facts.holdings]
+    return facts
 
 
 def _version(region: str, entry: JournalEntry, _: Lookup) -> Plan:
@@ -117,7 +125,10 @@ def _version(region: str, entry: JournalEntry, _: Lookup) -> Plan:
 def _removed(region: str, entry: JournalEntry, _: Lookup) -> Plan:
     key, hlc = _object(entry)
     version = _version_of(entry, hlc)
-    if version.is_tombstone and entry.data.get("reason") != EVICTED:
+    reason = entry.data.get("reason")
+    if reason == HANDED_OFF:
+        return Plan(holdings=[_holding(region, entry, key, version, "released")])
+    if version.is_tombstone and reason != EVICTED:
         return Plan()  # an expired tombstone: the catalog keeps the delete
     return Plan(holdings=[_holding(region, entry, key, version, "removed")])
 

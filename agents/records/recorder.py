@@ -60,6 +60,7 @@ class Recorder(BatchDuty):
         metrics: AgentMetrics,
         region: str,
         settings: RecorderSettings | None = None,
+        holder: str | None = None,
     ) -> None:
         settings = settings or RecorderSettings()
         super().__init__(
@@ -73,6 +74,9 @@ class Recorder(BatchDuty):
         self._store = store
         self._catalog = catalog
         self._metrics = metrics
+        # This agent's id, named in its holdings: in a region of several agents the
+        # catalog keeps the region's copy until its last holder lets it go.
+        self._holder = holder
         self.set_aside = SetAside(store.root / SET_ASIDE_FILE)
         self._behind = 0.0
         metrics.records_behind.set_function(self.behind_seconds)
@@ -100,7 +104,7 @@ class Recorder(BatchDuty):
         plans: list[tuple[JournalEntry, Plan | InvalidInputError]] = []
         for entry in entries:
             try:
-                plans.append((entry, plan(self.region, entry, self._lookup)))
+                plans.append((entry, plan(self.region, entry, self._lookup, self._holder)))
             except InvalidInputError as exc:  # malformed: shipping it would fail the same way
                 plans.append((entry, exc))
         whole = Plan()

@@ -64,6 +64,7 @@ from controlplane.catalog.models import (
     PolicyRevision,
     Region,
     Replica,
+    ReplicaHolder,
     Transfer,
 )
 from controlplane.catalog.placements import placement_columns, placement_of
@@ -825,12 +826,18 @@ class Catalog:
 
     @translated
     def remove_replica(self, dataset: str, key: str, version: str, region: str) -> None:
-        """Forget the replica of a version in `region` (its bytes were deleted there)."""
+        """Forget the replica of a version in `region` (its bytes were deleted there,
+        on every agent of the region: its holders go with it)."""
         with self._tx() as s:
             vid = _version_id(s, dataset, key, version)
             if vid is not None:
                 s.execute(
                     delete(Replica).where(Replica.version_id == vid, Replica.region == region)
+                )
+                s.execute(
+                    delete(ReplicaHolder).where(
+                        ReplicaHolder.version_id == vid, ReplicaHolder.region == region
+                    )
                 )
 
     def _judge(self, s: Session, dataset: str, region: str) -> tuple[str, bool]:

@@ -51,6 +51,7 @@ from controlplane.catalog.models import (
     PolicyRevision,
     Region,
     Replica,
+    ReplicaHolder,
     Transfer,
 )
 from controlplane.catalog.records import VERSION_OPS, HeldVersion, Holding, TransferRecord
@@ -370,9 +371,15 @@ def _hold(
     holdings: Sequence[Holding],
     registered: dict[tuple[str, str, str], _Row],
 ) -> None:
-    last: dict[tuple[str, str, str, str], Holding] = {}
+    """The region rows (`replicas`) and their holders (`replica_holders`) the holdings
+    leave. A holding of a named agent adds or drops that agent as a holder; a removal
+    or a loss changes the region's row only when no other agent of the region still
+    holds the copy (one agent's eviction, or its lost bytes, is not the region's). A
+    hand-off (`released`: a rebalance moved the copy to other agents of the region)
+    drops the holder only. A holding without a holder speaks for the whole region."""
+    last: dict[tuple[str, str, str, str, str | None], Holding] = {}
     for h in holdings:
-        last[(h.dataset, h.key, h.version, h.region)] = h  # in order: the last one stands
+        last[(h.dataset, h.key, h.version, h.region, h.holder)] = h  # in order: the last stands
     if not last:
         return
     # Versions the batch registered are known; only the others are looked up.
@@ -382,15 +389,31 @@ def _hold(
     judged: dict[tuple[str, str], tuple[str, bool]] = {}
     upserts: list[dict[str, Any]] = []
     removals: list[dict[str, Any]] = []
+    holders_in: list[dict[str, Any]] = []
+    holders_out: list[dict[str, Any]] = []
+    # Region rows to remove, or to mark failed, only if no holder is left.
+    unless_held: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     for h in last.values():
         where = f"the replica of {h.dataset}/{h.key}@{h.version} in {h.region}"
         row = known.get((h.dataset, h.key, h.version))
         if row is None:
-            if h.state == "removed":
+            if h.state in ("removed", "released"):
                 continue  # never registered, so nothing to forget
             raise CatalogInputError(f"version {h.version} of {h.dataset}/{h.key} is not registered")
+        pair = {"vid": int(row.id), "r": h.region}
+        if h.holder is not None:
+            if len(h.holder) > HOLDER_MAX:
+                raise CatalogInputError(f"{where}: holder id {h.holder[:80]!r}... is too long")
+            holder = {**pair, "h": h.holder}
+            if h.state != "completed":
+                holders_out.append(holder)
+        if h.state == "released":
+            continue  # the region still holds it, on the agents it was handed to
         if h.state == "removed":
-            removals.append({"vid": int(row.id), "r": h.region})
+            if h.holder is None:
+                removals.append(pair)
+            else:
+                unless_held.append((pair, None))
             continue
         verified: str | None = None
         if h.state == "completed":
@@ -399,45 +422,60 @@ def _hold(
                 raise CatalogInputError(
                     f"{where} holds digest {verified}, but the version's digest is {row.digest}"
                 )
+            if h.holder is not None:
+                holders_in.append(
+                    {"version_id": pair["vid"], "region": h.region, "holder": h.holder}
+                )
         if (h.dataset, h.region) not in judged:
             judged[(h.dataset, h.region)] = cat._judge(s, h.dataset, h.region)
         jurisdiction, allowed = judged[(h.dataset, h.region)]
-        upserts.append(
-            {
-                "version_id": int(row.id),
-                "region": h.region,
-                "jurisdiction": jurisdiction,
-                "allowed": allowed,
-                "state": h.state,
-                "updated_at": h.at,
-                "verified_digest": verified,
-                "attempts": 0,
-                "attempted_at": h.at,
-                "last_error": None if h.error is None else h.error[:ERROR_TEXT_MAX],
-            }
-        )
+        upsert: dict[str, Any] = {
+            "version_id": int(row.id),
+            "region": h.region,
+            "jurisdiction": jurisdiction,
+            "allowed": allowed,
+            "state": h.state,
+            "updated_at": h.at,
+            "verified_digest": verified,
+            "attempts": 0,
+            "attempted_at": h.at,
+            "last_error": None if h.error is None else h.error[:ERROR_TEXT_MAX],
+        }
+        if h.state == "failed" and h.holder is not None:
+            unless_held.append((pair, upsert))
+        else:
+            upserts.append(upsert)
     conn = s.connection()
-    replicas = Replica.__table__
-
-    def upsert() -> Insert:
-        insert = _insert(cat.dialect, replicas)
-        return insert.on_conflict_do_update(
-            index_elements=["version_id", "region"],
-            set_={
-                name: insert.excluded[name]
-                for name in (
-                    "jurisdiction",
-                    "allowed",
-                    "state",
-                    "updated_at",
-                    "verified_digest",
-                    "attempted_at",
-                    "last_error",
-                )
-            },
+    _execute_many(conn, "hold replicas", lambda: _upsert_replicas(cat.dialect), _REPLICAS, upserts)
+    _execute_many(
+        conn,
+        "add holders",
+        lambda: _insert(cat.dialect, _HOLDERS).on_conflict_do_nothing(
+            index_elements=["version_id", "region", "holder"]
+        ),
+        _HOLDERS,
+        holders_in,
+    )
+    if holders_out:
+        conn.execute(
+            delete(ReplicaHolder).where(
+                ReplicaHolder.version_id == bindparam("vid"),
+                ReplicaHolder.region == bindparam("r"),
+                ReplicaHolder.holder == bindparam("h"),
+            ),
+            holders_out,
         )
-
-    _execute_many(conn, "hold replicas", upsert, replicas, upserts)
+    if unless_held:
+        held = _still_held(s, [pair for pair, _ in unless_held])
+        lost: list[dict[str, Any]] = []
+        for pair, failed in unless_held:
+            if (pair["vid"], pair["r"]) in held:
+                continue  # another agent of the region still holds its copy
+            if failed is None:
+                removals.append(pair)
+            else:
+                lost.append(failed)
+        _execute_many(conn, "hold replicas", lambda: _upsert_replicas(cat.dialect), _REPLICAS, lost)
     if removals:
         conn.execute(
             delete(Replica).where(
@@ -445,6 +483,51 @@ def _hold(
             ),
             removals,
         )
+        conn.execute(
+            delete(ReplicaHolder).where(
+                ReplicaHolder.version_id == bindparam("vid"), ReplicaHolder.region == bindparam("r")
+            ),
+            removals,
+        )
+
+
+HOLDER_MAX = 255  # replica_holders.holder
+_REPLICAS = Replica.__table__
+_HOLDERS = ReplicaHolder.__table__
+
+
+def _upsert_replicas(dialect: str) -> Insert:
+    insert = _insert(dialect, _REPLICAS)
+    return insert.on_conflict_do_update(
+        index_elements=["version_id", "region"],
+        set_={
+            name: insert.excluded[name]
+            for name in (
+                "jurisdiction",
+                "allowed",
+                "state",
+                "updated_at",
+                "verified_digest",
+                "attempted_at",
+                "last_error",
+            )
+        },
+    )
+
+
+def _still_held(s: Session, pairs: Sequence[dict[str, Any]]) -> set[tuple[int, str]]:
+    """Which of these (version id, region) copies some agent of the region still holds."""
+    wanted = {(p["vid"], p["r"]) for p in pairs}
+    found: set[tuple[int, str]] = set()
+    conn = s.connection()
+    for chunk in _chunks(sorted({vid for vid, _ in wanted})):
+        rows = conn.execute(
+            select(ReplicaHolder.version_id, ReplicaHolder.region).where(
+                _among(s, ReplicaHolder.version_id, chunk, BigInteger)
+            )
+        )
+        found.update((int(r.version_id), r.region) for r in rows)
+    return found & wanted
 
 
 def transfer_row(

@@ -141,14 +141,18 @@ class HeldVersion:
 
 
 # What a region's agent says of its own copy of a version: it holds it (`completed`),
-# lost its bytes (`failed`), or no longer holds it (`removed`).
-HoldingState = Literal["completed", "failed", "removed"]
+# lost its bytes (`failed`), no longer holds it (`removed`), or handed it to other
+# agents of its region (`released`: a rebalance moved it, the region still holds it).
+HoldingState = Literal["completed", "failed", "removed", "released"]
 
 
 @dataclass(frozen=True)
 class Holding:
     """One agent report on its region's copy of a registered version (see `HoldingState`);
-    `digest` is the one it verified (completed puts), `error` says how bytes were lost."""
+    `digest` is the one it verified (completed puts), `error` says how bytes were lost.
+    `holder` names the reporting agent (its store's id) in a region of several agents:
+    the region's copy goes only with its last holder (holdings.py). None: a report
+    for the region as a whole."""
 
     dataset: str
     key: str
@@ -158,6 +162,7 @@ class Holding:
     at: datetime
     digest: str | None = None
     error: str | None = None
+    holder: str | None = None
 
 
 @dataclass(frozen=True)

@@ -192,3 +192,67 @@ def test_a_batch_of_transfers_costs_a_few_statements(cat: Catalog) -> None:
         event.remove(engine, "before_cursor_execute", count)
     assert len(cat.transfers(dataset_glob=DATASET)) == 200
     assert len(statements) <= 12, statements
+
+
+def _held_by(v: HeldVersion, state: HoldingState, holder: str) -> Holding:
+    return dataclasses.replace(_holding(v, state), holder=holder)
+
+
+def test_a_region_keeps_its_copy_until_its_last_holder_removes_it(cat: Catalog) -> None:
+    """Two agents of a region hold a copy; one evicts it (the other's eviction failed):
+    the region still holds it, for the audit and for `policy apply`, until both did."""
+    a = _version("a", 1_796_000_000_000)
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
+    cat.record_holdings([], [_held_by(a, "removed", "agent-1")])
+    assert _states(cat, "a") == [(a.version, REGION, "completed")]
+    cat.record_holdings([], [_held_by(a, "removed", "agent-1")])  # shipped twice
+    assert _states(cat, "a") == [(a.version, REGION, "completed")]
+    cat.record_holdings([], [_held_by(a, "removed", "agent-2")])
+    assert _states(cat, "a") == []
+
+
+def test_one_agents_lost_bytes_do_not_fail_the_regions_copy(cat: Catalog) -> None:
+    a = _version("a", 1_796_000_000_000)
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
+    cat.record_holdings([], [_held_by(a, "failed", "agent-1")])
+    [held] = cat.replica_status(DATASET, key="a")
+    assert (held.state, held.verified_digest) == ("completed", a.digest)
+    cat.record_holdings([], [_held_by(a, "failed", "agent-2")])
+    [lost] = cat.replica_status(DATASET, key="a")
+    assert (lost.state, lost.last_error) == ("failed", "lost")
+    cat.record_holdings([], [_held_by(a, "completed", "agent-1")])  # restored
+    assert _states(cat, "a") == [(a.version, REGION, "completed")]
+
+
+def test_a_hand_off_drops_the_holder_and_keeps_the_regions_copy(cat: Catalog) -> None:
+    """A rebalance moved the copy from agent-1 to agent-2: whichever record ships first,
+    the region holds it throughout, and agent-1 holds it no more."""
+    a = _version("a", 1_796_000_000_000)
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
+    cat.record_holdings([], [_held_by(a, "released", "agent-1")])
+    assert _states(cat, "a") == [(a.version, REGION, "completed")]
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
+    cat.record_holdings([], [_held_by(a, "removed", "agent-2")])
+    assert _states(cat, "a") == []  # agent-1 let it go before: nobody holds it
+
+
+def test_a_removed_replica_forgets_its_holders(cat: Catalog) -> None:
+    a = _version("a", 1_796_000_000_000)
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
+    cat.remove_replica(DATASET, "a", a.version, REGION)
+    assert _states(cat, "a") == []
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
+    cat.record_holdings([], [_held_by(a, "removed", "agent-2")])
+    assert _states(cat, "a") == []  # agent-1 is not a holder any more
+
+
+def test_a_holding_without_a_holder_speaks_for_the_region(cat: Catalog) -> None:
+    a = _version("a", 1_796_000_000_000)
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
+    cat.record_holdings([], [_holding(a, "removed")])
+    assert _states(cat, "a") == []
+    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
+    cat.record_holdings([], [_held_by(a, "removed", "agent-2")])
+    assert _states(cat, "a") == []  # agent-1's holding went with the region's copy

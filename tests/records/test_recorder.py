@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from records_helpers import DATASET, REGION, StoreFactory
@@ -21,6 +22,8 @@ from agents.transfer.records import Outcome, TransferTally
 from controlplane.catalog.api import Catalog
 from controlplane.catalog.errors import CatalogError
 from controlplane.catalog.models import CatalogObject, Dataset, ObjectVersion, Replica, Transfer
+from controlplane.domain.hlc import HLC, HybridClock, system_ms
+from controlplane.domain.version import Digest, Version
 from replicator.resync import plan_resync
 from replicator.status import replication_status
 
@@ -246,3 +249,41 @@ def test_records_behind_is_right_after_a_restart(
     assert behind >= (store.journal_pending()[0].at_ms - oldest_ms) / 1000
     _ship_all(recorder)
     assert metrics.registry.get_sample_value("meridian_records_behind_seconds") == 0
+
+
+def test_a_region_of_two_agents_holds_a_copy_until_both_let_it_go(
+    tmp_path: Path, cat: Catalog, metrics: AgentMetrics
+) -> None:
+    """Agents of one region hold the same version. One evicts it (another's eviction
+    failed): the catalog still shows the region's copy, so the residency audit sees
+    it. One hands its copy to a third (a rebalance) whose record ships later: still
+    held meanwhile. Only when the last holder evicts it does the region's copy go."""
+    data = b"shard"
+    version = Version.put(HLC(system_ms() - 5_000, 0, "us-east"), len(data), Digest.of(data))
+    stores = [
+        ObjectStore(tmp_path / name, clock=HybridClock(REGION)) for name in ("one", "two", "three")
+    ]
+    try:
+        one, two, three = (
+            Recorder(store, cat, metrics, REGION, holder=f"agent-{n}")
+            for n, store in enumerate(stores, 1)
+        )
+        for store in stores:
+            store.apply_many([(DATASET, "a.parquet", version, [data])])
+        _ship_all(one)
+        _ship_all(two)
+        held = [(version.hlc.text, REGION, "completed")]
+        assert _locations(cat, "a.parquet") == held
+        assert stores[0].evict(DATASET, [("a.parquet", version.hlc)]).objects == 1
+        _ship_all(one)
+        assert _locations(cat, "a.parquet") == held  # agent two holds it
+        assert stores[1].hand_off(DATASET, "a.parquet", version.hlc)
+        _ship_all(two)
+        assert _locations(cat, "a.parquet") == held  # handed to agent three
+        _ship_all(three)
+        assert stores[2].evict(DATASET, [("a.parquet", version.hlc)]).objects == 1
+        _ship_all(three)
+        assert _locations(cat, "a.parquet") == [(version.hlc.text, "", "")]
+    finally:
+        for store in stores:
+            store.close()
