@@ -220,6 +220,8 @@ class EtcdCoordination:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise NotFoundError(f"etcd {what}: {exc.details()}") from exc
+            if exc.code() == grpc.StatusCode.OUT_OF_RANGE:  # a revision compacted away
+                raise NotFoundError(f"etcd {what}: {exc.details()}") from exc
             raise UnavailableError(
                 f"etcd at {self._where()} refused {what}: {exc.code().name} {exc.details()}"
             ) from exc
@@ -231,8 +233,9 @@ class EtcdCoordination:
         return self._client
 
     # -- kv ------------------------------------------------------------------
-    async def get(self, key: str) -> KeyValue | None:
-        resp = await self._call(f"get {key}", lambda t: self._svc.kv.get(key, timeout=t))
+    async def get(self, key: str, *, revision: int = 0) -> KeyValue | None:
+        what = f"get {key}" if not revision else f"get {key} at revision {revision}"
+        resp = await self._call(what, lambda t: self._svc.kv.get(key, revision=revision, timeout=t))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:

@@ -169,8 +169,9 @@ class KeepAlive(Protocol):
 class Coordination(Protocol):
     """A linearizable store with leases, transactions and watches (see module docstring)."""
 
-    async def get(self, key: str) -> KeyValue | None:
-        """The key, or None when absent."""
+    async def get(self, key: str, *, revision: int = 0) -> KeyValue | None:
+        """The key, or None when absent; with `revision`, as it was at that revision
+        (`NotFoundError` when the store has compacted that revision away)."""
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """Every key under `prefix` sorted by key, and the revision they were read at."""

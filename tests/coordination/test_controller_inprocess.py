@@ -301,6 +301,90 @@ async def test_a_move_whose_journal_row_was_lost_is_journaled_by_the_new_owner(
     assert row.details["backfilled"] is True and row.details["epoch_before"] == 0
 
 
+async def test_a_lost_move_displaced_by_a_later_one_is_journaled_too(
+    coord: EtcdCoordination, etcd3: EtcdCluster, world: World
+) -> None:
+    """A switchover's runbook died before its row, and the dataset failed over again
+    within the grace: the owner record no longer names the first move, but etcd's
+    history does. The new owner's controller rebuilds that row too, once; a first
+    claim displaced is no move, and a row its mover wrote is never replaced."""
+    source, journal, probe = world
+    own = Ownership(coord)
+    home = await own.claim("ckpt/m5", "eu-west", expect_epoch=0, reason="first", actor="t")
+    lost = await own.claim(
+        "ckpt/m5",
+        "eu-north",
+        expect_epoch=home,
+        reason="planned",
+        actor="runbook-x",
+        move=MoveFacts("switchover", "eu-west"),
+    )
+    last = await own.claim(
+        "ckpt/m5",
+        "eu-central",
+        expect_epoch=lost,
+        reason="lease expired",
+        actor="ctl-y",
+        move=MoveFacts("automatic", "eu-north"),
+    )
+    first = await own.claim(
+        "ckpt/m6",
+        "eu-central",
+        expect_epoch=0,
+        reason="lease expired",
+        actor="ctl-y",
+        move=MoveFacts("automatic", "eu-west"),
+    )
+    written = [
+        JournalEntry(
+            id=journal_id(dataset, epoch),
+            dataset=dataset,
+            from_region=frm,
+            to_region="eu-central",
+            epoch=epoch,
+            kind="automatic",
+            reason="lease expired",
+            actor="ctl-y",
+            detected_at=None,
+            started_at=utcnow(),
+            completed_at=utcnow(),
+            rpo_versions=0,
+        )
+        for dataset, epoch, frm in (("ckpt/m5", last, "eu-north"), ("ckpt/m6", first, "eu-west"))
+    ]
+    for entry in written:
+        journal.append(entry)
+    config = ControllerConfig(
+        region="eu-central",
+        controller_id="eu-central-t",
+        lease_ttl_s=2,
+        journal_grace_s=600.0,
+        journal_check_interval_s=1000,
+    )
+    await publish_world(coord, source)
+    async with (
+        EtcdCoordination(etcd3.endpoints, timeout_s=3) as c,
+        RegionController(c, journal, probe, config) as ctl,
+    ):
+        assert await wait_until(lambda: _true(ctl.active.is_set()), 5)
+        assert await ctl.backfill_journal(force=True) == 0  # within the grace period
+        later = time.monotonic() + 601
+        assert await ctl.backfill_journal(force=True, now=later) == 1
+        assert await ctl.backfill_journal(force=True, now=later + 601) == 0
+    rows = {e.id: e for e in journal.since(None)}
+    assert set(rows) == {e.id for e in written} | {journal_id("ckpt/m5", lost)}
+    assert [rows[e.id] for e in written] == written
+    row = rows[journal_id("ckpt/m5", lost)]
+    assert (row.from_region, row.to_region, row.epoch, row.kind, row.actor) == (
+        "eu-west",
+        "eu-north",
+        lost,
+        "switchover",
+        "runbook-x",
+    )
+    assert row.details["backfilled"] is True and row.details["epoch_before"] == home
+
+
 def test_journal_ids_fit_the_catalog_column_and_stay_unique() -> None:
     assert journal_id("ckpt/a", 42) == "ckpt/a@42"
     long_a, long_b = "x" * 200 + "a", "x" * 200 + "b"

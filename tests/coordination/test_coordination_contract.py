@@ -240,6 +240,31 @@ async def test_fake_outage_is_retriable_and_ends() -> None:
     await mem.close()
 
 
+async def test_get_at_a_revision_reads_the_keys_past(store: Coordination) -> None:
+    """A key as it was at a revision (the journal duty reads a displaced owner record
+    so); a revision compacted away is NotFoundError, not a silent None."""
+    first = await store.put(K + "h", b"1")
+    second = await store.put(K + "h", b"2")
+    await store.delete(K + "h")
+    gone = await store.revision()
+    await store.put(K + "other", b"x")
+    before = first - 1
+    assert await store.get(K + "h", revision=before) is None
+    old = await store.get(K + "h", revision=first)
+    assert old is not None and (old.value, old.mod_revision) == (b"1", first)
+    new = await store.get(K + "h", revision=second)
+    assert new is not None and new.value == b"2"
+    assert await store.get(K + "h", revision=gone) is None
+    assert await store.get(K + "h") is None
+    if isinstance(store, MemoryCoordination):
+        store.compact(second)
+    else:
+        assert isinstance(store, EtcdCoordination)
+        await store._client.kv.compact(second)  # the port does not compact: the client does
+    with pytest.raises(NotFoundError, match="revision"):
+        await store.get(K + "h", revision=first)
+
+
 async def test_fake_compaction_refuses_an_older_watch() -> None:
     mem = MemoryCoordination()
     await mem.put(K + "a", b"1")

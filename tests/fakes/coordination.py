@@ -294,9 +294,17 @@ class MemoryCoordination:
         return actual > want  # type: ignore[operator]
 
     # -- the port ----------------------------------------------------------------
-    async def get(self, key: str) -> KeyValue | None:
+    async def get(self, key: str, *, revision: int = 0) -> KeyValue | None:
         self._check()
-        return self._data.get(key)
+        if not revision or revision >= self._revision:
+            return self._data.get(key)
+        if revision < self._compacted:
+            raise NotFoundError(f"get {key} at revision {revision}: compacted")
+        past = [e for e in self._history if e.kv.key == key and e.revision <= revision]
+        if not past:  # unchanged since before the history kept, or absent then
+            now = self._data.get(key)
+            return now if now is not None and now.mod_revision <= revision else None
+        return None if past[-1].type is EventType.DELETE else past[-1].kv
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         self._check()
