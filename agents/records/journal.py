@@ -10,15 +10,15 @@ commit and `journal_shipped`) harmless:
   (its HLC names it; the dataset and object are registered on the way if new, and
   placed by the applied policy through the catalog's placer) and hold it
   `completed` here with its digest.
-* `removed`: a base pruned past `keep_versions` → this agent no longer holds it
-  (nor its region, unless another agent of the region does: holdings.py).
-  A tombstone expired after its retention → nothing: the catalog keeps the delete
+* `removed`: a base pruned past `keep_versions`, or handed off (reason `handed
+  off`: a rebalance moved it to other agents of the region) → this agent no longer
+  holds it (nor its region, unless another agent of the region does: holdings.py).
+  A tombstone expired after its retention → `released`: the catalog keeps the delete
   and the fact that this region applied it (forgetting it would make the region
-  look behind on a deleted object for ever). An evicted one (reason `evicted`:
-  `meridian dataset evict`, the region no longer placed) goes like any version:
-  the region holds no copy of the dataset any more, and nothing expects one there.
-  One handed off (reason `handed off`: a rebalance moved it to other agents of the
-  region) → `released`: this agent is no longer a holder, the region still is.
+  look behind on a deleted object for ever); only this agent's holding goes. An
+  evicted one (reason `evicted`: `meridian dataset evict`, the region no longer
+  placed) goes like any version: the region holds no copy of the dataset any more,
+  and nothing expects one there.
 * `missing` (startup repair found the bytes gone or damaged) → held `failed` (if no
   other agent of the region holds it), with the reason, so `replication status
   --state failed` shows it and a resync re-drives it; `restored` → `completed` again.
@@ -125,11 +125,10 @@ def _version(region: str, entry: JournalEntry, _: Lookup) -> Plan:
 def _removed(region: str, entry: JournalEntry, _: Lookup) -> Plan:
     key, hlc = _object(entry)
     version = _version_of(entry, hlc)
-    reason = entry.data.get("reason")
-    if reason == HANDED_OFF:
+    if version.is_tombstone and entry.data.get("reason") not in (EVICTED, HANDED_OFF):
+        # An expired tombstone: the catalog keeps the delete, and that the region
+        # applied it; this agent only stops being a holder of it.
         return Plan(holdings=[_holding(region, entry, key, version, "released")])
-    if version.is_tombstone and reason != EVICTED:
-        return Plan()  # an expired tombstone: the catalog keeps the delete
     return Plan(holdings=[_holding(region, entry, key, version, "removed")])
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable, Collection
 
 from agents.metrics import AgentMetrics
 from agents.records.journal import Plan, plan
@@ -61,6 +62,7 @@ class Recorder(BatchDuty):
         region: str,
         settings: RecorderSettings | None = None,
         holder: str | None = None,
+        peers: Callable[[], Collection[str] | None] | None = None,
     ) -> None:
         settings = settings or RecorderSettings()
         super().__init__(
@@ -75,8 +77,12 @@ class Recorder(BatchDuty):
         self._catalog = catalog
         self._metrics = metrics
         # This agent's id, named in its holdings: in a region of several agents the
-        # catalog keeps the region's copy until its last holder lets it go.
+        # catalog keeps the region's copy until its last holder lets it go. `peers`:
+        # the agents of the region that may still hold copies (called in the
+        # recorder's thread, for a batch that lets a copy go); a holder not among them
+        # holds nothing (it drained, or was lost for good, or its store was replaced).
         self._holder = holder
+        self._peers = peers
         self.set_aside = SetAside(store.root / SET_ASIDE_FILE)
         self._behind = 0.0
         metrics.records_behind.set_function(self.behind_seconds)
@@ -152,7 +158,14 @@ class Recorder(BatchDuty):
 
     def _record(self, facts: Plan) -> None:
         if facts.versions or facts.holdings or facts.transfers:
-            self._catalog.record_holdings(facts.versions, facts.holdings, facts.transfers)
+            peers = None
+            if self._peers is not None and any(
+                h.state in ("removed", "failed") for h in facts.holdings
+            ):
+                peers = self._peers()
+            self._catalog.record_holdings(
+                facts.versions, facts.holdings, facts.transfers, peers=peers
+            )
 
     def _set_aside(self, entry: JournalEntry, exc: MeridianError) -> None:
         self.set_aside.keep("journal", _as_json(entry), describe(exc))

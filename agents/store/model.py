@@ -130,7 +130,7 @@ class JournalEntry:
 # The `reason` of the `removed` journal records of `ObjectStore.evict`.
 EVICTED = "evicted"
 # ... and of `ObjectStore.hand_off`: a rebalance moved the copy to other agents of the
-# region, which still holds it (the catalog drops this agent as a holder only).
+# region (the catalog drops this agent as a holder; the region's copy stays with them).
 HANDED_OFF = "handed off"
 
 

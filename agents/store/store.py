@@ -2065,8 +2065,8 @@ class ObjectStore:
         """Forget every version of an object once other agents of the region hold it
         (issue 16: a rebalance moved it), if `newest` is still the newest held; returns
         whether it was forgotten. Journalled `removed` with reason `handed off`: the
-        region still holds the object (on its new owners), so the catalog drops only
-        this agent as a holder of the region's copy.
+        catalog drops this agent as a holder, and the region's copy stays with the
+        agents that hold it now (once their records ship, if they come later).
         Never an object a version set names, or one with a version written in a set,
         whichever version is the newest: a set's members stay on the agent that shows
         the set (a plain overwrite of a member's key must not take the member along)."""

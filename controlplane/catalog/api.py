@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -812,17 +812,21 @@ class Catalog:
         versions: Sequence[HeldVersion],
         holdings: Sequence[Holding],
         transfers: Sequence[TransferRecord] = (),
+        *,
+        peers: Collection[str] | None = None,
     ) -> None:
         """Record, in one transaction, a batch of what an agent reports: versions it
         stored (registered as `register_version` would, with their datasets and objects),
-        its region's replica of versions (`Holding`: completed, failed or removed; the
+        its copies of versions (`Holding`: completed, failed, removed or released; the
         holder is the authority on its own copy, so this sets the state whatever it was,
-        and the last holding of a replica in the batch stands), and transfers
-        (idempotent on their id). All or nothing; repeating a batch changes nothing.
-        See `holdings.py`."""
+        and the last holding of an agent's copy in the batch stands), and transfers
+        (idempotent on their id). A region's copy goes, or fails, only with the last of
+        its holders among `peers` (the agents its region still lists; None: every
+        holder counts). All or nothing; repeating a batch changes nothing. See
+        `holdings.py`."""
         with self._tx() as s:
             residency_lock(s, exclusive=False)
-            holdings_mod.record(self, s, versions, holdings, transfers)
+            holdings_mod.record(self, s, versions, holdings, transfers, peers)
 
     @translated
     def remove_replica(self, dataset: str, key: str, version: str, region: str) -> None:

@@ -141,8 +141,9 @@ class HeldVersion:
 
 
 # What a region's agent says of its own copy of a version: it holds it (`completed`),
-# lost its bytes (`failed`), no longer holds it (`removed`), or handed it to other
-# agents of its region (`released`: a rebalance moved it, the region still holds it).
+# lost its bytes (`failed`), no longer holds it (`removed`: nor does the region, unless
+# another of its agents does), or no longer holds it while the region keeps the fact
+# (`released`: an expired tombstone, the catalog keeps the delete).
 HoldingState = Literal["completed", "failed", "removed", "released"]
 
 
