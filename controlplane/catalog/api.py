@@ -44,7 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from controlplane.catalog import audit, bulk, revisions
 from controlplane.catalog import holdings as holdings_mod
@@ -331,18 +331,24 @@ class Catalog:
                     .group_by(ObjectVersion.object_id)
                     .subquery()
                 )
+                # The region's own replica of each version, by one probe of the unique
+                # (version_id, region) index: both conditions on it read the one row.
+                here = aliased(Replica)
                 query = (
                     select(func.min(ObjectVersion.hlc))
                     .join(CatalogObject, CatalogObject.id == ObjectVersion.object_id)
                     .outerjoin(done, done.c.oid == ObjectVersion.object_id)
+                    .outerjoin(
+                        here, and_(here.version_id == ObjectVersion.id, here.region == region)
+                    )
                     .where(
                         CatalogObject.dataset == dataset,
                         or_(done.c.top.is_(None), ObjectVersion.hlc > done.c.top),
-                        ~_replica_in(region, "completed"),
+                        or_(here.state.is_(None), here.state != "completed"),
                         or_(
                             ObjectVersion.origin_region.is_(None),
                             ObjectVersion.origin_region != region,
-                            _replica_in(region, "failed"),
+                            here.state == "failed",
                         ),
                     )
                 )

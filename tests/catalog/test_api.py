@@ -468,3 +468,10 @@ def test_the_origin_lags_behind_its_own_version_only_once_its_bytes_were_lost_th
     cat.set_replica_state(ds, "lost", lost, "eu-west", "pending")
     cat.set_replica_state(ds, "lost", lost, "eu-west", "completed", digest=fake_digest("01"))
     assert cat.oldest_incomplete_at(ds, ["eu-west"]) is None
+    # An older version lost under a newer one held there: nothing to fetch, no lag.
+    older, newer = _hlc(wall + 2000), _hlc(wall + 3000)
+    cat.register_version(ds, "k", older, fake_digest("02"), origin_region="eu-west")
+    cat.set_replica_state(ds, "k", older, "eu-west", "failed", error="bytes lost in eu-west")
+    cat.register_version(ds, "k", newer, fake_digest("03"), origin_region="eu-west")
+    cat.set_replica_state(ds, "k", newer, "eu-west", "completed", digest=fake_digest("03"))
+    assert cat.oldest_incomplete_at(ds, ["eu-west"]) is None
