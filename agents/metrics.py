@@ -139,6 +139,11 @@ class AgentMetrics:
             "change events committed in the outbox and not yet published to Kafka",
             registry=self.registry,
         )
+        self.outbox_behind = Gauge(
+            "meridian_outbox_behind_seconds",
+            "age of the oldest change event not yet published to Kafka (0 when none waits)",
+            registry=self.registry,
+        )
         self.outbox_published = Counter(
             "meridian_outbox_published_total",
             "change events published to Kafka",

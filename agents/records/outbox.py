@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -286,10 +287,13 @@ def _everywhere_allowed(policy: CompiledPolicy | None, dataset: str) -> bool:
 
 
 def track_outbox(store: ObjectStore, metrics: AgentMetrics) -> Callable[[], int]:
-    """Make `meridian_outbox_pending` read the store's outbox when scraped, and return
-    that reader. The drain does it; a daemon whose drain waits for Kafka to start can
-    call it first, so the gauge shows the backlog meanwhile."""
+    """Make `meridian_outbox_pending` and `meridian_outbox_behind_seconds` read the
+    store's outbox when scraped, and return the first reader. The drain does it; a
+    daemon whose drain waits for Kafka to start can call it first, so the gauges show
+    the backlog meanwhile (with Kafka away the outbox grows by a row per write: the
+    age says for how long, and the alert on it names the region the events wait in)."""
     last = 0
+    behind = 0.0
 
     def pending() -> int:
         nonlocal last
@@ -297,7 +301,16 @@ def track_outbox(store: ObjectStore, metrics: AgentMetrics) -> Callable[[], int]
             last = store.outbox_count()
         return last
 
+    def age() -> float:
+        nonlocal behind
+        with contextlib.suppress(MeridianError):
+            oldest = store.outbox_oldest_ms()
+            now_ms = time.time_ns() // 1_000_000
+            behind = 0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000)
+        return behind
+
     metrics.outbox_pending.set_function(pending)
+    metrics.outbox_behind.set_function(age)
     return pending
 
 

@@ -2411,6 +2411,13 @@ class ObjectStore:
             ).fetchone()
         return int(row[0])
 
+    def outbox_oldest_ms(self) -> int | None:
+        """When the oldest change event still waiting was committed (ms), None if none."""
+        with self._lock:
+            self._require_open()
+            row = self._db.execute("SELECT created_ms FROM outbox ORDER BY seq LIMIT 1").fetchone()
+        return None if row is None else int(row[0])
+
     def outbox_published(self, event_ids: Iterable[str]) -> None:
         """Forget events once Kafka acknowledged them (acks=all)."""
         with self._tx() as conn:

@@ -70,6 +70,7 @@ def test_alerts_cover_the_issue() -> None:
         "MeridianResidencyRefused",
         "MeridianRegionWithoutLivenessLease",
         "MeridianRecordsBehind",
+        "MeridianOutboxBehind",
     } <= alerts
     for rule in rules():
         if "alert" in rule:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -179,9 +180,22 @@ def test_the_pending_gauge_reads_the_outbox_before_any_drain_exists(
 ) -> None:
     """A daemon whose drain waits for Kafka still shows the backlog (and after a
     restart, the backlog the last run left)."""
-    store.put(_dataset(), "k", [b"x"], outbox=True, policy_revision=1)
     track_outbox(store, metrics)
+    assert _behind(metrics) == 0.0  # nothing waits
+    store.put(_dataset(), "k", [b"x"], outbox=True, policy_revision=1)
     assert _pending(metrics) == 1
+    # Committed an hour ago (as after a long Kafka outage): the oldest event's age.
+    with sqlite3.connect(store.root / "meta.db") as db:
+        db.execute("UPDATE outbox SET created_ms = created_ms - 3600000")
+    assert 3600 <= _behind(metrics) < 3700
+    store.outbox_published([e.event_id for e in store.outbox_pending()])
+    assert (_pending(metrics), _behind(metrics)) == (0, 0.0)
+
+
+def _behind(metrics: AgentMetrics) -> float:
+    value = metrics.registry.get_sample_value("meridian_outbox_behind_seconds")
+    assert value is not None
+    return value
 
 
 async def test_a_put_pruned_before_it_is_sent_is_not_sent(
