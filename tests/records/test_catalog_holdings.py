@@ -8,16 +8,19 @@ import concurrent.futures
 import dataclasses
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from harness.digests import fake_digest
-from records_helpers import DATASET, REGION
+from records_helpers import DATASET, EXAMPLE, REGION
 from sqlalchemy import event, text
 
 from controlplane.catalog import holdings as holdings_mod
 from controlplane.catalog.api import Catalog, residency_lock
 from controlplane.catalog.errors import CatalogInputError
 from controlplane.catalog.records import HeldVersion, Holding, HoldingState, TransferRecord
+from controlplane.policy.apply import apply_policy
+from controlplane.policy.compiler import compile_files
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -323,3 +326,49 @@ def test_two_agents_letting_go_at_once_leave_no_copy_behind(cat: Catalog) -> Non
 def _waiting_on_a_lock(cat: Catalog) -> bool:
     with cat._sessions() as s:
         return bool(s.scalar(text("SELECT count(*) FROM pg_locks WHERE NOT granted")))
+
+
+def test_a_transfer_by_a_lagging_view_is_judged_by_the_rules_of_its_time(
+    cat: Catalog, tmp_path: Path
+) -> None:
+    """An agent whose view still held revision 1 (checkpoints in the EU only) copied to
+    us-east while revision 2 (EU and US) was in force: the copy was allowed. Revision
+    3 narrowed back to the EU; judged by the rules now, it would show as a violation."""
+    widened = EXAMPLE.read_text().replace(
+        "residency: [EU]              # jurisdictions", "residency: [EU, US]          # j", 1
+    )
+    assert widened != EXAMPLE.read_text()
+    first = _head(cat)
+    _apply(cat, tmp_path, "widened.yaml", widened)
+    assert _head(cat) == first + 1
+    made = datetime.now(UTC)
+    _apply(cat, tmp_path, "narrowed.yaml", EXAMPLE.read_text())
+    assert _head(cat) == first + 2
+    under_a_lagging_view = dataclasses.replace(
+        _transfer(1, to_region="us-east", tid="t-lag"),
+        dataset="ckpt/llama-70b",
+        from_region="eu-west",
+        at=made,
+        from_jurisdiction="EU",
+        to_jurisdiction="US",
+        residency=("EU",),
+        residency_revision=first,
+    )
+    cat.record_holdings([], [], [under_a_lagging_view])
+    assert cat.residency_violations() == []
+    [row] = cat.transfers(dataset_glob="ckpt/llama-70b")
+    assert (row["id"], row["to_jurisdiction"]) == ("t-lag", "US")
+
+
+def _head(cat: Catalog) -> int:
+    head = cat.latest_revision()
+    assert head is not None
+    return head.id
+
+
+def _apply(cat: Catalog, folder: Path, name: str, text: str) -> None:
+    path = folder / name
+    path.write_text(text)
+    policy, problems = compile_files([path])
+    assert policy is not None, problems
+    apply_policy(cat, policy, source=name, publisher=None, applied_by="tester")
