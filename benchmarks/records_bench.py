@@ -63,12 +63,7 @@ def bench_recorder(
     try:
         written = fill(store, DATASET, count, outbox=False)
         recorder = Recorder(
-            store,
-            catalog,
-            AgentMetrics(REGION),
-            REGION,
-            RecorderSettings(batch_size=batch),
-            holder=os.environ.get("BENCH_HOLDER", "agent-1") or None,  # as an agent names itself
+            store, catalog, AgentMetrics(REGION), REGION, RecorderSettings(batch_size=batch)
         )
         t0 = time.perf_counter()
         shipped = 0

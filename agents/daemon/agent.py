@@ -28,9 +28,7 @@ records duties, the watches and the store stop.
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
-from collections.abc import Collection
 
 import grpc.aio
 
@@ -245,8 +243,6 @@ class NodeAgent(Lifecycle):
             self.region,
             self.settings,
             origin_agent=self.endpoint,
-            holder=self.identity.agent_id,
-            peers=functools.partial(self._region_peers, asyncio.get_running_loop()),
             policy=lambda: self.view.current,
         )
         await self.records.start()
@@ -379,17 +375,6 @@ class NodeAgent(Lifecycle):
             # seconds, so a registration is rewritten only when it moves by one.
             fields["records_behind_s"] = round(recorder.behind_seconds())
         return fields
-
-    def _region_peers(self, loop: asyncio.AbstractEventLoop) -> Collection[str] | None:
-        """The agents of this region that may still hold copies, for the recorder's
-        thread: those registered, and with departure records those the roster keeps
-        (a departed agent may come back with its copies). None when unknown."""
-        peers = set(self.members.current.all) | {self.identity.agent_id}
-        roster = self.roster
-        if roster is not None:
-            entries = asyncio.run_coroutine_threadsafe(roster.entries(), loop)
-            peers |= set(entries.result(timeout=self.settings.etcd_timeout_s * 2))
-        return peers
 
     def _copies_seen(self, current: Members) -> None:
         """A smaller `r` lowers this agent's roster entry at once (what it places from

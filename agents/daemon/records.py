@@ -20,7 +20,7 @@ restart, every record being idempotent), then the catalog's pool.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
 from agents.metrics import AgentMetrics
 from agents.records import OutboxDrain, OutboxSettings, Recorder, RecorderSettings
@@ -65,8 +65,6 @@ class RecordDuties(Lifecycle):
         settings: Settings,
         *,
         origin_agent: str,
-        holder: str | None = None,
-        peers: Callable[[], Collection[str] | None] | None = None,
         policy: Callable[[], CompiledPolicy | None] | None = None,
         retry_initial_s: float = 0.2,
         retry_max_s: float = 5.0,
@@ -76,8 +74,6 @@ class RecordDuties(Lifecycle):
         self._region = region
         self._settings = settings
         self._origin_agent = origin_agent
-        self._holder = holder  # the store's id, stable across restarts (not the endpoint)
-        self._peers = peers
         self._policy = policy
         self._retry = (retry_initial_s, retry_max_s)
         self.catalog: Catalog | None = None
@@ -89,13 +85,7 @@ class RecordDuties(Lifecycle):
     async def _do_start(self) -> None:
         self.catalog = await asyncio.to_thread(open_catalog_tolerant, self._settings.catalog)
         self.recorder = Recorder(
-            self._store,
-            self.catalog,
-            self._metrics,
-            self._region,
-            RecorderSettings(),
-            holder=self._holder,
-            peers=self._peers,
+            self._store, self.catalog, self._metrics, self._region, RecorderSettings()
         )
         await self.recorder.start()
         self._connecting = asyncio.create_task(self._start_drain(), name="outbox-connect")

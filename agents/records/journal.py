@@ -10,18 +10,15 @@ commit and `journal_shipped`) harmless:
   (its HLC names it; the dataset and object are registered on the way if new, and
   placed by the applied policy through the catalog's placer) and hold it
   `completed` here with its digest.
-* `removed`: a base pruned past `keep_versions`, or handed off (reason `handed
-  off`: a rebalance moved it to other agents of the region) → this agent no longer
-  holds it (nor its region, unless another agent of the region does: holdings.py).
-  A tombstone expired after its retention → `released`: the catalog keeps the delete
+* `removed`: a base pruned past `keep_versions` → this region no longer holds it.
+  A tombstone expired after its retention → nothing: the catalog keeps the delete
   and the fact that this region applied it (forgetting it would make the region
-  look behind on a deleted object for ever); only this agent's holding goes. An
-  evicted one (reason `evicted`: `meridian dataset evict`, the region no longer
-  placed) goes like any version: the region holds no copy of the dataset any more,
-  and nothing expects one there.
-* `missing` (startup repair found the bytes gone or damaged) → held `failed` (if no
-  other agent of the region holds it), with the reason, so `replication status
-  --state failed` shows it and a resync re-drives it; `restored` → `completed` again.
+  look behind on a deleted object for ever). An evicted one (reason `evicted`:
+  `meridian dataset evict`, the region no longer placed) goes like any version:
+  the region holds no copy of the dataset any more, and nothing expects one there.
+* `missing` (startup repair found the bytes gone or damaged) → held `failed`, with
+  the reason, so `replication status --state failed` shows it and a resync
+  re-drives it; `restored` → `completed` again.
 * `set`: the catalog has no table of version sets (members carry their set id):
   nothing to record.
 * `transfer` (see transfer.py) → one `transfers` row, keyed by the transfer's id.
@@ -29,14 +26,13 @@ commit and `journal_shipped`) harmless:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from agents.records.transfer import read_transfer
-from agents.store.model import EVICTED, HANDED_OFF, JournalEntry
+from agents.store.model import EVICTED, JournalEntry
 from controlplane.catalog.records import HeldVersion, Holding, HoldingState, TransferRecord
 from controlplane.domain.hlc import HLC
 from controlplane.domain.version import Digest, Version
@@ -60,16 +56,12 @@ class Plan:
         self.transfers += other.transfers
 
 
-def plan(region: str, entry: JournalEntry, lookup: Lookup, holder: str | None = None) -> Plan:
-    """The facts of one journal record; InvalidInputError for a malformed one. `holder`:
-    the agent whose journal it is (its store's id), named in its holdings."""
+def plan(region: str, entry: JournalEntry, lookup: Lookup) -> Plan:
+    """The facts of one journal record; InvalidInputError for a malformed one."""
     build = _KINDS.get(entry.kind)
     if build is None:
         raise InvalidInputError(f"journal record {entry.seq}: kind {entry.kind!r} is not known")
-    facts = build(region, entry, lookup)
-    if holder is not None and facts.holdings:
-        facts.holdings = [dataclasses.replace(h, holder=holder) for h in facts.holdings]
-    return facts
+    return build(region, entry, lookup)
 
 
 def _version(region: str, entry: JournalEntry, _: Lookup) -> Plan:
@@ -125,10 +117,8 @@ def _version(region: str, entry: JournalEntry, _: Lookup) -> Plan:
 def _removed(region: str, entry: JournalEntry, _: Lookup) -> Plan:
     key, hlc = _object(entry)
     version = _version_of(entry, hlc)
-    if version.is_tombstone and entry.data.get("reason") not in (EVICTED, HANDED_OFF):
-        # An expired tombstone: the catalog keeps the delete, and that the region
-        # applied it; this agent only stops being a holder of it.
-        return Plan(holdings=[_holding(region, entry, key, version, "released")])
+    if version.is_tombstone and entry.data.get("reason") != EVICTED:
+        return Plan()  # an expired tombstone: the catalog keeps the delete
     return Plan(holdings=[_holding(region, entry, key, version, "removed")])
 
 

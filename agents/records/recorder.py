@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Collection
 
 from agents.metrics import AgentMetrics
 from agents.records.journal import Plan, plan
@@ -61,8 +60,6 @@ class Recorder(BatchDuty):
         metrics: AgentMetrics,
         region: str,
         settings: RecorderSettings | None = None,
-        holder: str | None = None,
-        peers: Callable[[], Collection[str] | None] | None = None,
     ) -> None:
         settings = settings or RecorderSettings()
         super().__init__(
@@ -76,13 +73,6 @@ class Recorder(BatchDuty):
         self._store = store
         self._catalog = catalog
         self._metrics = metrics
-        # This agent's id, named in its holdings: in a region of several agents the
-        # catalog keeps the region's copy until its last holder lets it go. `peers`:
-        # the agents of the region that may still hold copies (called in the
-        # recorder's thread, for a batch that lets a copy go); a holder not among them
-        # holds nothing (it drained, or was lost for good, or its store was replaced).
-        self._holder = holder
-        self._peers = peers
         self.set_aside = SetAside(store.root / SET_ASIDE_FILE)
         self._behind = 0.0
         metrics.records_behind.set_function(self.behind_seconds)
@@ -110,7 +100,7 @@ class Recorder(BatchDuty):
         plans: list[tuple[JournalEntry, Plan | InvalidInputError]] = []
         for entry in entries:
             try:
-                plans.append((entry, plan(self.region, entry, self._lookup, self._holder)))
+                plans.append((entry, plan(self.region, entry, self._lookup)))
             except InvalidInputError as exc:  # malformed: shipping it would fail the same way
                 plans.append((entry, exc))
         whole = Plan()
@@ -158,14 +148,7 @@ class Recorder(BatchDuty):
 
     def _record(self, facts: Plan) -> None:
         if facts.versions or facts.holdings or facts.transfers:
-            peers = None
-            if self._peers is not None and any(
-                h.state in ("removed", "failed") for h in facts.holdings
-            ):
-                peers = self._peers()
-            self._catalog.record_holdings(
-                facts.versions, facts.holdings, facts.transfers, peers=peers
-            )
+            self._catalog.record_holdings(facts.versions, facts.holdings, facts.transfers)
 
     def _set_aside(self, entry: JournalEntry, exc: MeridianError) -> None:
         self.set_aside.keep("journal", _as_json(entry), describe(exc))

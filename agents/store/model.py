@@ -129,9 +129,6 @@ class JournalEntry:
 
 # The `reason` of the `removed` journal records of `ObjectStore.evict`.
 EVICTED = "evicted"
-# ... and of `ObjectStore.hand_off`: a rebalance moved the copy to other agents of the
-# region (the catalog drops this agent as a holder; the region's copy stays with them).
-HANDED_OFF = "handed off"
 
 
 @dataclass(frozen=True)

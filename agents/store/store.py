@@ -41,7 +41,6 @@ from agents.store.group import (
 )
 from agents.store.model import (
     EVICTED,
-    HANDED_OFF,
     ApplyResult,
     Evicted,
     JournalEntry,
@@ -2064,9 +2063,8 @@ class ObjectStore:
     def hand_off(self, dataset: str, key: str, newest: HLC) -> bool:
         """Forget every version of an object once other agents of the region hold it
         (issue 16: a rebalance moved it), if `newest` is still the newest held; returns
-        whether it was forgotten. Journalled `removed` with reason `handed off`: the
-        catalog drops this agent as a holder, and the region's copy stays with the
-        agents that hold it now (once their records ship, if they come later).
+        whether it was forgotten. No journal record: the region still holds the object
+        (on its new owners), so the catalog's view of the region does not change.
         Never an object a version set names, or one with a version written in a set,
         whichever version is the newest: a set's members stay on the agent that shows
         the set (a plain overwrite of a member's key must not take the member along)."""
@@ -2081,7 +2079,14 @@ class ObjectStore:
                     return False
                 if _named_by_a_set(conn, dataset, key) or any(row[7] is not None for row in held):
                     return False
-                paths = self._delete_rows(conn, held, HANDED_OFF, in_sets=False)
+                paths: list[Path] = []
+                for row in held:
+                    conn.execute(
+                        "DELETE FROM versions WHERE dataset = ? AND key = ? AND hlc = ?",
+                        (dataset, key, row[2]),
+                    )
+                    if row[-1] is not None:
+                        paths.append(self.root / str(row[-1]))
             self._remove_files(paths)
         return True
 

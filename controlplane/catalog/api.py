@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,7 +64,6 @@ from controlplane.catalog.models import (
     PolicyRevision,
     Region,
     Replica,
-    ReplicaHolder,
     Transfer,
 )
 from controlplane.catalog.placements import placement_columns, placement_of
@@ -818,36 +817,26 @@ class Catalog:
         versions: Sequence[HeldVersion],
         holdings: Sequence[Holding],
         transfers: Sequence[TransferRecord] = (),
-        *,
-        peers: Collection[str] | None = None,
     ) -> None:
         """Record, in one transaction, a batch of what an agent reports: versions it
         stored (registered as `register_version` would, with their datasets and objects),
-        its copies of versions (`Holding`: completed, failed, removed or released; the
+        its region's replica of versions (`Holding`: completed, failed or removed; the
         holder is the authority on its own copy, so this sets the state whatever it was,
-        and the last holding of an agent's copy in the batch stands), and transfers
-        (idempotent on their id). A region's copy goes, or fails, only with the last of
-        its holders among `peers` (the agents its region still lists; None: every
-        holder counts). All or nothing; repeating a batch changes nothing. See
-        `holdings.py`."""
+        and the last holding of a replica in the batch stands), and transfers
+        (idempotent on their id). All or nothing; repeating a batch changes nothing.
+        See `holdings.py`."""
         with self._tx() as s:
             residency_lock(s, exclusive=False)
-            holdings_mod.record(self, s, versions, holdings, transfers, peers)
+            holdings_mod.record(self, s, versions, holdings, transfers)
 
     @translated
     def remove_replica(self, dataset: str, key: str, version: str, region: str) -> None:
-        """Forget the replica of a version in `region` (its bytes were deleted there,
-        on every agent of the region: its holders go with it)."""
+        """Forget the replica of a version in `region` (its bytes were deleted there)."""
         with self._tx() as s:
             vid = _version_id(s, dataset, key, version)
             if vid is not None:
                 s.execute(
                     delete(Replica).where(Replica.version_id == vid, Replica.region == region)
-                )
-                s.execute(
-                    delete(ReplicaHolder).where(
-                        ReplicaHolder.version_id == vid, ReplicaHolder.region == region
-                    )
                 )
 
     def _judge(self, s: Session, dataset: str, region: str) -> tuple[str, bool]:

@@ -2,31 +2,24 @@
 
 An agent's recorder ships its journal as batches of three kinds of facts
 (`Catalog.record_holdings`): versions it stored (registered, idempotent on
-dataset, key, version), its region's replica of a version (`completed`, `failed`,
-`removed` or `released`), and transfers (idempotent on their id). Per batch the
-statements are a handful of multi-row inserts and selects rather than several
-transactions per record, which is what lets one agent's records keep up with its
-writes.
+dataset, key, version), its region's replica of a version (`completed`, `failed`
+or `removed`), and transfers (idempotent on their id). Per batch the statements
+are a handful of multi-row inserts and selects rather than several transactions
+per record, which is what lets one agent's records keep up with its writes.
 
 The holder is the authority on its own copy: a holding sets the replica's state
 whatever it was (the `NEXT_STATES` moves of `set_replica_state` are the
-replicator's), and several holdings of one agent's copy in a batch come down to
-the last one, which is exactly what applying them in order would leave. So a batch
+replicator's), and several holdings of one replica in a batch come down to the
+last one, which is exactly what applying them in order would leave. So a batch
 shipped twice, or a run of batches replayed from any point in order, leaves the
 catalog as shipping it once did. Called by `Catalog.record_holdings` in its
 transaction, under the shared residency lock.
-
-A region may run several agents, and the region's copy is theirs together: each
-holding names its agent (`holder`), `replica_holders` keeps who holds what, and a
-removal or a loss reaches the region's row only when no other holder is left. A
-holder the agent's region no longer lists (`peers`: its roster, which keeps an agent
-until it drained or its loss was covered or accepted) holds nothing any more.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -58,7 +51,6 @@ from controlplane.catalog.models import (
     PolicyRevision,
     Region,
     Replica,
-    ReplicaHolder,
     Transfer,
 )
 from controlplane.catalog.records import (
@@ -105,14 +97,13 @@ def record(
     versions: Sequence[HeldVersion],
     holdings: Sequence[Holding],
     transfers: Sequence[TransferRecord],
-    peers: Collection[str] | None = None,
 ) -> None:
     for v in versions:
         check_version(v)
     for name in sorted({v.dataset for v in versions} | {h.dataset for h in holdings}):
         cat._ensure_dataset(s, name, {})
     registered = _register(cat.dialect, s, versions)
-    _hold(cat, s, holdings, registered, peers)
+    _hold(cat, s, holdings, registered)
     _transfer(cat, s, transfers)
 
 
@@ -384,17 +375,10 @@ def _hold(
     s: Session,
     holdings: Sequence[Holding],
     registered: dict[tuple[str, str, str], _Row],
-    peers: Collection[str] | None,
 ) -> None:
-    """The region rows (`replicas`) and their holders (`replica_holders`) the holdings
-    leave. A holding of a named agent adds or drops that agent as a holder; its
-    removal or loss changes the region's row only when no other holder among `peers`
-    (None: any) is left (one agent's eviction, or its lost bytes, is not the
-    region's). `released` (an expired tombstone: the catalog keeps the delete) drops
-    the holder only. A holding without a holder speaks for the whole region."""
-    last: dict[tuple[str, str, str, str, str | None], Holding] = {}
+    last: dict[tuple[str, str, str, str], Holding] = {}
     for h in holdings:
-        last[(h.dataset, h.key, h.version, h.region, h.holder)] = h  # in order: the last stands
+        last[(h.dataset, h.key, h.version, h.region)] = h  # in order: the last one stands
     if not last:
         return
     # Versions the batch registered are known; only the others are looked up.
@@ -402,38 +386,17 @@ def _hold(
     known = dict(registered)
     known.update({(r.dataset, r.key, r.version): r for r in _versions(s, others)} if others else {})
     judged: dict[tuple[str, str], tuple[str, bool]] = {}
-    # By (version id, region): one upsert per copy (a batch naming one copy under two
-    # holders must not upsert it twice in one statement); removals run last, so a copy
-    # one agent completed and another removed stays with the first as its holder.
-    upserts: dict[tuple[int, str], dict[str, Any]] = {}
-    removals: dict[tuple[int, str], dict[str, Any]] = {}
-    holders_in: list[dict[str, Any]] = []
-    holders_out: list[dict[str, Any]] = []
-    # Copies to remove (None), or to mark failed, only if no other holder is left.
-    unless_held: dict[tuple[int, str], dict[str, Any] | None] = {}
+    upserts: list[dict[str, Any]] = []
+    removals: list[dict[str, Any]] = []
     for h in last.values():
         where = f"the replica of {h.dataset}/{h.key}@{h.version} in {h.region}"
         row = known.get((h.dataset, h.key, h.version))
         if row is None:
-            if h.state in ("removed", "released"):
+            if h.state == "removed":
                 continue  # never registered, so nothing to forget
             raise CatalogInputError(f"version {h.version} of {h.dataset}/{h.key} is not registered")
-        copy = (int(row.id), h.region)
-        if h.holder is not None:
-            if len(h.holder) > HOLDER_MAX:
-                raise CatalogInputError(f"{where}: holder id {h.holder[:80]!r}... is too long")
-            holder = {"vid": copy[0], "r": h.region, "h": h.holder}
-            if h.state == "completed":
-                holders_in.append({"version_id": copy[0], "region": h.region, "holder": h.holder})
-            else:
-                holders_out.append(holder)
-        if h.state == "released":
-            continue
         if h.state == "removed":
-            if h.holder is None:
-                removals[copy] = {"vid": copy[0], "r": h.region}
-            else:
-                unless_held[copy] = None
+            removals.append({"vid": int(row.id), "r": h.region})
             continue
         verified: str | None = None
         if h.state == "completed":
@@ -445,135 +408,49 @@ def _hold(
         if (h.dataset, h.region) not in judged:
             judged[(h.dataset, h.region)] = cat._judge(s, h.dataset, h.region)
         jurisdiction, allowed = judged[(h.dataset, h.region)]
-        upsert: dict[str, Any] = {
-            "version_id": copy[0],
-            "region": h.region,
-            "jurisdiction": jurisdiction,
-            "allowed": allowed,
-            "state": h.state,
-            "updated_at": h.at,
-            "verified_digest": verified,
-            "attempts": 0,
-            "attempted_at": h.at,
-            "last_error": None if h.error is None else h.error[:ERROR_TEXT_MAX],
-        }
-        if h.state == "failed" and h.holder is not None:
-            unless_held[copy] = upsert
-        else:
-            upserts[copy] = upsert
-    conn = s.connection()
-    _execute_many(
-        conn, "hold replicas", lambda: _upsert_replicas(cat.dialect), _REPLICAS, [*upserts.values()]
-    )
-    _execute_many(
-        conn,
-        "add holders",
-        lambda: _insert(cat.dialect, _HOLDERS).on_conflict_do_nothing(
-            index_elements=["version_id", "region", "holder"]
-        ),
-        _HOLDERS,
-        holders_in,
-    )
-    if unless_held and cat.dialect == "postgresql":
-        # Two agents of a region letting their last copies go at once: under READ
-        # COMMITTED each would still see the other's holder and keep the region's row,
-        # which nobody then holds. Locking the row first makes the second wait, then
-        # see the first's commit. (SQLite runs one writer at a time.)
-        _lock_region_rows(s, sorted(unless_held))
-    if holders_out:
-        conn.execute(
-            delete(ReplicaHolder).where(
-                ReplicaHolder.version_id == bindparam("vid"),
-                ReplicaHolder.region == bindparam("r"),
-                ReplicaHolder.holder == bindparam("h"),
-            ),
-            holders_out,
+        upserts.append(
+            {
+                "version_id": int(row.id),
+                "region": h.region,
+                "jurisdiction": jurisdiction,
+                "allowed": allowed,
+                "state": h.state,
+                "updated_at": h.at,
+                "verified_digest": verified,
+                "attempts": 0,
+                "attempted_at": h.at,
+                "last_error": None if h.error is None else h.error[:ERROR_TEXT_MAX],
+            }
         )
-    if unless_held:
-        held = _still_held(s, sorted(unless_held), peers)
-        lost: list[dict[str, Any]] = []
-        for copy, failed in unless_held.items():
-            if copy in held:
-                continue  # another agent of the region still holds its copy
-            if failed is None:
-                removals[copy] = {"vid": copy[0], "r": copy[1]}
-            else:
-                lost.append(failed)
-        _execute_many(conn, "hold replicas", lambda: _upsert_replicas(cat.dialect), _REPLICAS, lost)
+    conn = s.connection()
+    replicas = Replica.__table__
+
+    def upsert() -> Insert:
+        insert = _insert(cat.dialect, replicas)
+        return insert.on_conflict_do_update(
+            index_elements=["version_id", "region"],
+            set_={
+                name: insert.excluded[name]
+                for name in (
+                    "jurisdiction",
+                    "allowed",
+                    "state",
+                    "updated_at",
+                    "verified_digest",
+                    "attempted_at",
+                    "last_error",
+                )
+            },
+        )
+
+    _execute_many(conn, "hold replicas", upsert, replicas, upserts)
     if removals:
-        gone = [*removals.values()]
         conn.execute(
             delete(Replica).where(
                 Replica.version_id == bindparam("vid"), Replica.region == bindparam("r")
             ),
-            gone,
+            removals,
         )
-        conn.execute(
-            delete(ReplicaHolder).where(
-                ReplicaHolder.version_id == bindparam("vid"), ReplicaHolder.region == bindparam("r")
-            ),
-            gone,
-        )
-
-
-HOLDER_MAX = 255  # replica_holders.holder
-_REPLICAS = Replica.__table__
-_HOLDERS = ReplicaHolder.__table__
-
-
-def _upsert_replicas(dialect: str) -> Insert:
-    insert = _insert(dialect, _REPLICAS)
-    return insert.on_conflict_do_update(
-        index_elements=["version_id", "region"],
-        set_={
-            name: insert.excluded[name]
-            for name in (
-                "jurisdiction",
-                "allowed",
-                "state",
-                "updated_at",
-                "verified_digest",
-                "attempted_at",
-                "last_error",
-            )
-        },
-    )
-
-
-def _lock_region_rows(s: Session, copies: Sequence[tuple[int, str]]) -> None:
-    """Lock the `replicas` rows of these (version id, region) copies, in id order (two
-    batches locking in one order cannot deadlock on them)."""
-    conn = s.connection()
-    by_region: dict[str, set[int]] = {}
-    for vid, region in copies:
-        by_region.setdefault(region, set()).add(vid)
-    for region, vids in sorted(by_region.items()):
-        for chunk in _chunks(sorted(vids)):
-            conn.execute(
-                select(Replica.id)
-                .where(_among(s, Replica.version_id, chunk, BigInteger), Replica.region == region)
-                .order_by(Replica.id)
-                .with_for_update()
-            ).all()
-
-
-def _still_held(
-    s: Session, copies: Sequence[tuple[int, str]], peers: Collection[str] | None
-) -> set[tuple[int, str]]:
-    """Which of these (version id, region) copies an agent of `peers` (None: any) holds."""
-    wanted = set(copies)
-    found: set[tuple[int, str]] = set()
-    conn = s.connection()
-    for chunk in _chunks(sorted({vid for vid, _ in wanted})):
-        rows = conn.execute(
-            select(ReplicaHolder.version_id, ReplicaHolder.region, ReplicaHolder.holder).where(
-                _among(s, ReplicaHolder.version_id, chunk, BigInteger)
-            )
-        )
-        found.update(
-            (int(r.version_id), r.region) for r in rows if peers is None or r.holder in peers
-        )
-    return found & wanted
 
 
 def transfer_row(

@@ -135,22 +135,6 @@ class Replica(Base):
     attempted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
-class ReplicaHolder(Base):
-    """An agent of a region that holds the region's copy of a version (by its store's
-    id). In a region of several agents, one agent's removal or loss of its copy must
-    not erase the copy another agent still holds: the region's `replicas` row goes
-    only with its last holder (holdings.py). A copy recorded without a holder (by the
-    replicator, or before migration 0006) has none, and goes with any removal."""
-
-    __tablename__ = "replica_holders"
-
-    version_id: Mapped[int] = mapped_column(
-        ForeignKey("object_versions.id", ondelete="CASCADE"), primary_key=True
-    )
-    region: Mapped[str] = mapped_column(String(63), primary_key=True)
-    holder: Mapped[str] = mapped_column(String(255), primary_key=True)
-
-
 class Transfer(Base):
     __tablename__ = "transfers"
     __table_args__ = (

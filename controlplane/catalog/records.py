@@ -141,19 +141,14 @@ class HeldVersion:
 
 
 # What a region's agent says of its own copy of a version: it holds it (`completed`),
-# lost its bytes (`failed`), no longer holds it (`removed`: nor does the region, unless
-# another of its agents does), or no longer holds it while the region keeps the fact
-# (`released`: an expired tombstone, the catalog keeps the delete).
-HoldingState = Literal["completed", "failed", "removed", "released"]
+# lost its bytes (`failed`), or no longer holds it (`removed`).
+HoldingState = Literal["completed", "failed", "removed"]
 
 
 @dataclass(frozen=True)
 class Holding:
     """One agent report on its region's copy of a registered version (see `HoldingState`);
-    `digest` is the one it verified (completed puts), `error` says how bytes were lost.
-    `holder` names the reporting agent (its store's id) in a region of several agents:
-    the region's copy goes only with its last holder (holdings.py). None: a report
-    for the region as a whole."""
+    `digest` is the one it verified (completed puts), `error` says how bytes were lost."""
 
     dataset: str
     key: str
@@ -163,7 +158,6 @@ class Holding:
     at: datetime
     digest: str | None = None
     error: str | None = None
-    holder: str | None = None
 
 
 @dataclass(frozen=True)

@@ -4,19 +4,16 @@ state machine, and a bad batch writes nothing."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from harness.digests import fake_digest
 from records_helpers import DATASET, EXAMPLE, REGION
-from sqlalchemy import event, text
+from sqlalchemy import event
 
-from controlplane.catalog import holdings as holdings_mod
-from controlplane.catalog.api import Catalog, residency_lock
+from controlplane.catalog.api import Catalog
 from controlplane.catalog.errors import CatalogInputError
 from controlplane.catalog.records import HeldVersion, Holding, HoldingState, TransferRecord
 from controlplane.policy.apply import apply_policy
@@ -198,134 +195,6 @@ def test_a_batch_of_transfers_costs_a_few_statements(cat: Catalog) -> None:
         event.remove(engine, "before_cursor_execute", count)
     assert len(cat.transfers(dataset_glob=DATASET)) == 200
     assert len(statements) <= 12, statements
-
-
-def _held_by(v: HeldVersion, state: HoldingState, holder: str) -> Holding:
-    return dataclasses.replace(_holding(v, state), holder=holder)
-
-
-def test_a_region_keeps_its_copy_until_its_last_holder_removes_it(cat: Catalog) -> None:
-    """Two agents of a region hold a copy; one evicts it (the other's eviction failed):
-    the region still holds it, for the audit and for `policy apply`, until both did."""
-    a = _version("a", 1_796_000_000_000)
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
-    cat.record_holdings([], [_held_by(a, "removed", "agent-1")])
-    assert _states(cat, "a") == [(a.version, REGION, "completed")]
-    cat.record_holdings([], [_held_by(a, "removed", "agent-1")])  # shipped twice
-    assert _states(cat, "a") == [(a.version, REGION, "completed")]
-    cat.record_holdings([], [_held_by(a, "removed", "agent-2")])
-    assert _states(cat, "a") == []
-
-
-def test_one_agents_lost_bytes_do_not_fail_the_regions_copy(cat: Catalog) -> None:
-    a = _version("a", 1_796_000_000_000)
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
-    cat.record_holdings([], [_held_by(a, "failed", "agent-1")])
-    [held] = cat.replica_status(DATASET, key="a")
-    assert (held.state, held.verified_digest) == ("completed", a.digest)
-    cat.record_holdings([], [_held_by(a, "failed", "agent-2")])
-    [lost] = cat.replica_status(DATASET, key="a")
-    assert (lost.state, lost.last_error) == ("failed", "lost")
-    cat.record_holdings([], [_held_by(a, "completed", "agent-1")])  # restored
-    assert _states(cat, "a") == [(a.version, REGION, "completed")]
-
-
-def test_a_released_copy_drops_its_holder_and_keeps_the_regions_row(cat: Catalog) -> None:
-    """An expired tombstone: the catalog keeps the delete and that the region applied
-    it, but the agent is no longer its holder (a later eviction elsewhere decides)."""
-    a = _version("a", 1_796_000_000_000)
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
-    cat.record_holdings([], [_held_by(a, "released", "agent-1")])
-    assert _states(cat, "a") == [(a.version, REGION, "completed")]
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
-    cat.record_holdings([], [_held_by(a, "removed", "agent-2")])
-    assert _states(cat, "a") == []  # agent-1 let it go before: nobody holds it
-
-
-def test_a_holder_its_region_no_longer_lists_holds_nothing(cat: Catalog) -> None:
-    """agent-9 held the copy and is gone for good (lost, or its store replaced): the
-    region's last listed holder letting go removes the region's copy."""
-    a = _version("a", 1_796_000_000_000)
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-9")])
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
-    cat.record_holdings([], [_held_by(a, "removed", "agent-1")], peers={"agent-1", "agent-2"})
-    assert _states(cat, "a") == [(a.version, REGION, "completed")]  # agent-2 holds it
-    cat.record_holdings([], [_held_by(a, "failed", "agent-2")], peers={"agent-1", "agent-2"})
-    [lost] = cat.replica_status(DATASET, key="a")
-    assert lost.state == "failed"
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
-    cat.record_holdings([], [_held_by(a, "removed", "agent-2")], peers={"agent-2"})
-    assert _states(cat, "a") == []
-
-
-def test_one_batch_may_name_a_copy_under_two_holders(cat: Catalog) -> None:
-    a, b = _version("a", 1_796_000_000_000), _version("b", 1_796_000_000_000)
-    cat.record_holdings(
-        [a, b],
-        [
-            _held_by(a, "completed", "agent-1"),
-            _held_by(a, "completed", "agent-2"),
-            _held_by(b, "completed", "agent-1"),
-            _held_by(b, "removed", "agent-2"),
-        ],
-    )
-    assert _states(cat, "a") == [(a.version, REGION, "completed")]
-    assert _states(cat, "b") == [(b.version, REGION, "completed")]  # agent-1 holds it
-    cat.record_holdings([], [_held_by(a, "removed", "agent-1")])
-    assert _states(cat, "a") == [(a.version, REGION, "completed")]  # agent-2 holds it
-
-
-def test_a_removed_replica_forgets_its_holders(cat: Catalog) -> None:
-    a = _version("a", 1_796_000_000_000)
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
-    cat.remove_replica(DATASET, "a", a.version, REGION)
-    assert _states(cat, "a") == []
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
-    cat.record_holdings([], [_held_by(a, "removed", "agent-2")])
-    assert _states(cat, "a") == []  # agent-1 is not a holder any more
-
-
-def test_a_holding_without_a_holder_speaks_for_the_region(cat: Catalog) -> None:
-    a = _version("a", 1_796_000_000_000)
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
-    cat.record_holdings([], [_holding(a, "removed")])
-    assert _states(cat, "a") == []
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
-    cat.record_holdings([], [_held_by(a, "removed", "agent-2")])
-    assert _states(cat, "a") == []  # agent-1's holding went with the region's copy
-
-
-@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)
-def test_two_agents_letting_go_at_once_leave_no_copy_behind(cat: Catalog) -> None:
-    """Each agent's batch deletes its own holder, then looks for others: under READ
-    COMMITTED, two batches at once would each still see the other's holder and both
-    keep the region's row, a copy nobody holds. The second batch waits for the
-    first's lock on the row, then sees its commit. (SQLite has one writer.)"""
-    a = _version("a", 1_796_000_000_000)
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-1")])
-    cat.record_holdings([a], [_held_by(a, "completed", "agent-2")])
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        with cat._tx() as s:  # agent-1's batch, committed when this block ends
-            residency_lock(s, exclusive=False)
-            holdings_mod.record(cat, s, [], [_held_by(a, "removed", "agent-1")], [])
-            second = pool.submit(cat.record_holdings, [], [_held_by(a, "removed", "agent-2")])
-            # Until agent-2's batch has run through, or waits on a lock (bounded).
-            for _ in range(500):
-                if second.done() or _waiting_on_a_lock(cat):
-                    break
-                time.sleep(0.01)
-            else:
-                raise AssertionError("agent-2's batch neither ran nor waited")
-        second.result(timeout=30)
-    assert _states(cat, "a") == []
-
-
-def _waiting_on_a_lock(cat: Catalog) -> bool:
-    with cat._sessions() as s:
-        return bool(s.scalar(text("SELECT count(*) FROM pg_locks WHERE NOT granted")))
 
 
 def test_a_transfer_by_a_lagging_view_is_judged_by_the_rules_of_its_time(

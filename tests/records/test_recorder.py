@@ -3,12 +3,10 @@ once, in order, idempotently across a crash, without wedging on a bad record."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from records_helpers import DATASET, REGION, StoreFactory
@@ -22,22 +20,11 @@ from agents.store.model import JsonValue
 from agents.transfer.records import Outcome, TransferTally
 from controlplane.catalog.api import Catalog
 from controlplane.catalog.errors import CatalogError
-from controlplane.catalog.models import (
-    CatalogObject,
-    Dataset,
-    ObjectVersion,
-    Replica,
-    ReplicaHolder,
-    Transfer,
-)
-from controlplane.catalog.records import Holding
-from controlplane.domain.hlc import HLC, HybridClock, system_ms
-from controlplane.domain.version import Digest, Version
+from controlplane.catalog.models import CatalogObject, Dataset, ObjectVersion, Replica, Transfer
 from replicator.resync import plan_resync
 from replicator.status import replication_status
 
 SqlSession = Callable[[str], AbstractContextManager[Session]]
-_NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def _ship_all(recorder: Recorder) -> int:
@@ -259,68 +246,3 @@ def test_records_behind_is_right_after_a_restart(
     assert behind >= (store.journal_pending()[0].at_ms - oldest_ms) / 1000
     _ship_all(recorder)
     assert metrics.registry.get_sample_value("meridian_records_behind_seconds") == 0
-
-
-def test_a_region_of_two_agents_holds_a_copy_until_both_let_it_go(
-    tmp_path: Path, cat: Catalog, metrics: AgentMetrics
-) -> None:
-    """Agents of one region hold the same version. One evicts it (another's eviction
-    failed): the catalog still shows the region's copy, so the residency audit sees
-    it. One hands its copy to a third (a rebalance): still held, by the third. Only
-    when the last holder evicts it does the region's copy go."""
-    data = b"shard"
-    version = Version.put(HLC(system_ms() - 5_000, 0, "us-east"), len(data), Digest.of(data))
-    stores = [
-        ObjectStore(tmp_path / name, clock=HybridClock(REGION)) for name in ("one", "two", "three")
-    ]
-    ids = {"agent-1", "agent-2", "agent-3"}
-    try:
-        one, two, three = (
-            Recorder(store, cat, metrics, REGION, holder=f"agent-{n}", peers=lambda: ids)
-            for n, store in enumerate(stores, 1)
-        )
-        for store in stores:
-            store.apply_many([(DATASET, "a.parquet", version, [data])])
-        _ship_all(one)
-        _ship_all(two)
-        held = [(version.hlc.text, REGION, "completed")]
-        assert _locations(cat, "a.parquet") == held
-        # An agent of the region that held it and is gone for good (its store replaced):
-        # not among the region's agents any more, so it keeps nothing in the catalog.
-        ghost = Holding(DATASET, "a.parquet", version.hlc.text, REGION, "completed", _NOW)
-        cat.record_holdings(
-            [], [dataclasses.replace(ghost, digest=str(version.digest), holder="agent-9")]
-        )
-        assert stores[0].evict(DATASET, [("a.parquet", version.hlc)]).objects == 1
-        _ship_all(one)
-        assert _locations(cat, "a.parquet") == held  # agent two holds it
-        _ship_all(three)
-        assert stores[1].hand_off(DATASET, "a.parquet", version.hlc)
-        _ship_all(two)
-        assert _locations(cat, "a.parquet") == held  # handed to agent three
-        assert stores[2].evict(DATASET, [("a.parquet", version.hlc)]).objects == 1
-        _ship_all(three)
-        assert _locations(cat, "a.parquet") == [(version.hlc.text, "", "")]
-    finally:
-        for store in stores:
-            store.close()
-
-
-def test_an_expired_tombstone_keeps_the_regions_delete_and_drops_its_holder(
-    open_store: StoreFactory, cat: Catalog, metrics: AgentMetrics, sql: SqlSession
-) -> None:
-    """The catalog keeps a delete the region applied after its tombstone expired here,
-    but this agent no longer holds it: another agent's later eviction decides."""
-    store = open_store(tombstone_retention_s=3600)
-    base = store.put(DATASET, "b.parquet", [b"bee"])
-    tomb = store.delete(DATASET, "b.parquet")
-    recorder = Recorder(store, cat, metrics, REGION, holder="agent-1")
-    _ship_all(recorder)
-    assert store.expire_tombstones(now_ms=tomb.hlc.wall_ms + 3600 * 1000 + 1) == 1
-    _ship_all(recorder)
-    assert _locations(cat, "b.parquet") == [
-        (base.hlc.text, "", ""),
-        (tomb.hlc.text, REGION, "completed"),
-    ]
-    with sql(cat.url) as s:
-        assert s.scalars(select(ReplicaHolder.holder)).all() == []
