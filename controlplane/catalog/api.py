@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -936,7 +937,9 @@ class Catalog:
 
     @translated
     def append_failover(self, rec: FailoverRecord) -> None:
-        """Append to the failover journal; idempotent on `rec.id` (a repeat is ignored)."""
+        """Append to the failover journal; idempotent on `rec.id` (a repeat is ignored),
+        but for a row another controller rebuilt late (`details.backfilled`: its mover
+        seemed gone): the mover's own row, with its RPO exposure, replaces it."""
         if rec.kind not in FAILOVER_KINDS:
             raise CatalogInputError(
                 f"failover kind {rec.kind!r} is not one of {', '.join(FAILOVER_KINDS)}"
@@ -945,29 +948,31 @@ class Catalog:
             raise CatalogInputError(
                 f"failover outcome {rec.outcome!r} is not one of {', '.join(FAILOVER_OUTCOMES)}"
             )
+        row = {
+            "id": rec.id,
+            "dataset": rec.dataset,
+            "from_region": rec.from_region,
+            "to_region": rec.to_region,
+            "epoch": rec.epoch,
+            "kind": rec.kind,
+            "reason": rec.reason,
+            "actor": rec.actor,
+            "detected_at": rec.detected_at,
+            "started_at": rec.started_at,
+            "completed_at": rec.completed_at,
+            "rpo_versions": rec.rpo_versions,
+            "details": rec.details,
+            "outcome": rec.outcome,
+        }
         with self._tx() as s:
-            s.execute(
-                self._insert_ignore(
-                    Failover,
-                    {
-                        "id": rec.id,
-                        "dataset": rec.dataset,
-                        "from_region": rec.from_region,
-                        "to_region": rec.to_region,
-                        "epoch": rec.epoch,
-                        "kind": rec.kind,
-                        "reason": rec.reason,
-                        "actor": rec.actor,
-                        "detected_at": rec.detected_at,
-                        "started_at": rec.started_at,
-                        "completed_at": rec.completed_at,
-                        "rpo_versions": rec.rpo_versions,
-                        "details": rec.details,
-                        "outcome": rec.outcome,
-                    },
-                    ["id"],
-                )
-            )
+            inserted = s.execute(
+                self._insert_ignore(Failover, row, ["id"]).returning(Failover.id)
+            ).first()
+            if inserted is not None or rec.details_json.get("backfilled"):
+                return
+            held = s.scalar(select(Failover.details).where(Failover.id == rec.id))
+            if held is not None and _backfilled(held):
+                s.execute(update(Failover).where(Failover.id == rec.id).values(**row))
 
     # -- bulk loading (imports and benchmarks, not the online path) -------------
 
@@ -1064,6 +1069,15 @@ def _latest_versions(dataset: str) -> Subquery:
         )
         .subquery()
     )
+
+
+def _backfilled(details: str) -> bool:
+    """Whether a journal row's details say a controller rebuilt it late."""
+    try:
+        value = json.loads(details) if details else {}
+    except ValueError:
+        return False
+    return isinstance(value, dict) and value.get("backfilled") is True
 
 
 def _replica_in(region: str, state: str) -> Exists:

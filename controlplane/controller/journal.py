@@ -97,7 +97,12 @@ class JournalDuty(Duty):
         missing = await asyncio.to_thread(records.missing, wanted) if wanted else set()
         self._displaced_settled.update(i for i in displaced if i not in missing)
         for jid in sorted(missing & displaced.keys()):
-            found = await self._displaced_move(*displaced[jid])
+            try:
+                found = await self._displaced_move(*displaced[jid])
+            except Exception as exc:  # noqa: BLE001 - one unreadable record must not stop the pass
+                log.warning("journal_displaced_move_unread", id=jid, error=describe(exc))
+                missing.discard(jid)  # read again at the next check
+                continue
             if found is None:
                 self._displaced_settled.add(jid)
                 missing.discard(jid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -187,6 +188,24 @@ def test_failover_journal(cat: Catalog) -> None:
     bad = FailoverRecord(**{**_failover("f3", T0).__dict__, "kind": "oops"})  # type: ignore[arg-type]
     with pytest.raises(CatalogInputError, match="failover kind"):
         cat.append_failover(bad)
+
+
+def test_a_movers_own_row_replaces_one_rebuilt_late(cat: Catalog) -> None:
+    """Another controller rebuilt the row of a move whose mover seemed gone (it held
+    it deferred through a catalog outage): the mover's row, with its RPO exposure,
+    replaces the rebuilt one; a rebuilt row never replaces a mover's."""
+    rebuilt = dataclasses.replace(
+        _failover("m1", T0), rpo_versions=0, details='{"backfilled": true}'
+    )
+    own = dataclasses.replace(_failover("m1", T0), rpo_versions=3, details='{"rpo": 3}')
+    cat.append_failover(rebuilt)
+    cat.append_failover(own)
+    [row] = cat.list_failovers()
+    assert (row.rpo_versions, row.details_json) == (3, {"rpo": 3})
+    cat.append_failover(rebuilt)  # late again: the mover's row stays
+    cat.append_failover(dataclasses.replace(own, rpo_versions=9))  # a repeat: ignored
+    [row] = cat.list_failovers()
+    assert (row.rpo_versions, row.details_json) == (3, {"rpo": 3})
 
 
 def test_concurrent_idempotent_writes_from_threads(cat: Catalog, sql: SqlSession) -> None:

@@ -29,7 +29,13 @@ class MemoryJournal:
 
     def append(self, entry: JournalEntry) -> None:
         with self._lock:
-            self.entries.setdefault(entry.id, entry)
+            held = self.entries.get(entry.id)
+            # As the catalog: a repeat is ignored, but the mover's own row replaces one
+            # rebuilt late by another controller.
+            if held is None or (
+                held.details.get("backfilled") and not entry.details.get("backfilled")
+            ):
+                self.entries[entry.id] = entry
 
     def since(self, since: datetime | None) -> list[JournalEntry]:
         with self._lock:
