@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.cli_schema import check_output
 from harness.digests import fake_digest
 from sqlalchemy import text
 
@@ -96,6 +97,7 @@ def test_residency_finds_exactly_the_planted(
     assert run(["audit", "residency", "--catalog", seeded, "-o", "json"]) == 3
     rows = _json(capsys)
     assert isinstance(rows, list)
+    check_output("audit_residency", rows)
     got = sorted(
         (r["kind"], r["dataset"], r["object"], r["region"], r["jurisdiction"]) for r in rows
     )

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.cli_schema import check_output
 
 from controlplane.cli import main
 from controlplane.errors import StackError
@@ -43,6 +44,7 @@ def _status(capsys: pytest.CaptureFixture[str]) -> dict[str, dict[str, object]]:
     capsys.readouterr()
     assert main.run(["stack", "status", "--output", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
+    check_output("stack_status", rows)
     return {row["service"]: row for row in rows}
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from harness.cli_schema import check_output
 
 from controlplane.catalog import migrate
 from controlplane.cli.main import run
@@ -104,6 +105,7 @@ def test_plan_apply_cycle(catalog_url: str, capsys: pytest.CaptureFixture[str]) 
     base = ["--catalog", catalog_url, "policy"]
     assert run([*base, "plan", "-o", "json", str(EXAMPLE)]) == 2
     plan = json.loads(capsys.readouterr().out)
+    check_output("policy_plan", plan)
     assert {
         "action": "add",
         "kind": "Region",
