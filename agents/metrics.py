@@ -151,8 +151,8 @@ class AgentMetrics:
         )
         self.outbox_superseded = Counter(
             "meridian_outbox_superseded_total",
-            "change events dropped unsent: their put was pruned here, a newer version of "
-            "its key held, whose own event follows on the same key",
+            "change events dropped unsent: their put was pruned here before it went out "
+            "(a newer version of its key is held, and its event goes on the same key)",
             registry=self.registry,
         )
         self.info = Gauge(

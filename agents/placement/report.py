@@ -1,6 +1,7 @@
 """What `meridian region show REGION` prints: a region's agents from their registrations
 in etcd (endpoint, weight, usage, liveness, placement state, how far behind their
-records in the catalog are) and the rebalance in
+records in the catalog are), its departed agents (`alive: false`, with departure
+records on: their roster entries), and the rebalance in
 progress, summed over the agents that report one, and their read caches, summed
 likewise (spec/cli.md, *JSON shapes*)."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 
 from agents.daemon.registration import records_behind
+from agents.placement import departures
 from agents.placement.members import LEAVING, Member, copies_for
 from controlplane.coordination.protocols import keys
 from controlplane.errors import NotFoundError
@@ -23,7 +25,8 @@ async def region_report(
     topology nor with any agent registered."""
     kvs, _ = await coord.get_prefix(keys.agents_of(region))
     members = [m for m in (Member.from_registration(kv.value) for kv in kvs) if m is not None]
-    if not members:
+    gone = await _departed(coord, region, {m.agent_id for m in members})
+    if not members and not gone:
         async with PolicyView(coord) as view:
             policy = view.current
         if policy is None or region not in policy.regions:
@@ -53,16 +56,41 @@ async def region_report(
                 "weight": m.weight,
                 "objects": m.objects,
                 "bytes": m.bytes_stored,
-                "alive": True,  # listed while its lease lives
+                "alive": True,  # registered: its lease lives
                 "state": m.state,
                 # How far behind its records in the catalog are (None: not published).
                 "records_behind_s": behind.get(m.agent_id),
             }
             for m in sorted(members, key=lambda m: m.agent_id)
-        ],
+        ]
+        + gone,
         "rebalance": rebalance,
         "cache": _cache([kv.value for kv in kvs]),
     }
+
+
+async def _departed(
+    coord: Coordination, region: str, registered: set[str]
+) -> list[dict[str, object]]:
+    """The region's departed agents (departures.py: a durable roster entry and no
+    registration: SIGKILLed, its host lost, its lease lapsed), listed `alive: false`
+    with where they served. Only with departure records on; none otherwise."""
+    prefix = departures.roster_of(region)
+    kvs, _ = await coord.get_prefix(prefix)
+    entries = departures.entries_from({kv.key.removeprefix(prefix): kv.value for kv in kvs})
+    return [
+        {
+            "id": agent_id,
+            "endpoint": entries[agent_id].endpoint,
+            "weight": 0,
+            "objects": 0,
+            "bytes": 0,
+            "alive": False,
+            "state": "departed",
+            "records_behind_s": None,
+        }
+        for agent_id in departures.departed(entries, registered)
+    ]
 
 
 def _cache(values: list[bytes]) -> dict[str, object] | None:

@@ -9,6 +9,7 @@ import pytest
 from fakes.coordination import MemoryCoordination
 from harness.cli_schema import check_output
 
+from agents.placement.departures import RosterEntry, roster_key
 from agents.placement.report import region_report
 from controlplane.coordination.protocols import keys
 from controlplane.errors import NotFoundError
@@ -42,3 +43,25 @@ async def test_report_sums_the_rebalance_and_matches_the_schema() -> None:
 async def test_unknown_region_is_one_clear_error() -> None:
     with pytest.raises(NotFoundError, match="nowhere"):
         await region_report(MemoryCoordination(), "nowhere")
+
+
+async def test_a_departed_agent_is_listed_as_not_alive() -> None:
+    """With departure records, an agent whose registration is gone but whose roster
+    entry stands (SIGKILLed, its host lost) is shown `alive: false`."""
+    coord = MemoryCoordination()
+    live = {"id": "a0", "endpoint": "h:0", "weight": 1, "objects": 3, "bytes": 30}
+    await coord.put(keys.agent("eu-west", "a0"), json.dumps(live).encode())
+    for agent_id in ("a0", "a1"):
+        entry = RosterEntry(agent_id, 2, f"h:{agent_id[1]}", "2026-12-07T00:00:00Z")
+        await coord.put(roster_key("eu-west", agent_id), entry.value())
+    report = await region_report(coord, "eu-west")
+    check_output("region_show", report)
+    agents = report["agents"]
+    assert isinstance(agents, list)
+    assert [(a["id"], a["alive"], a["endpoint"]) for a in agents] == [
+        ("a0", True, "h:0"),
+        ("a1", False, "h:1"),
+    ]
+    await coord.delete(keys.agent("eu-west", "a0"))  # every agent departed: still shown
+    gone = await region_report(coord, "eu-west")
+    assert [a["alive"] for a in gone["agents"]] == [False, False]  # type: ignore[union-attr]
