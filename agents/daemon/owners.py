@@ -213,7 +213,7 @@ class OwnershipWatch(Lifecycle):
         ds = kv.key.removeprefix(keys.OWNERS)
         try:
             return decode_owner(ds, kv.value, kv.mod_revision, None)
-        except (ValueError, KeyError, TypeError) as exc:
+        except CorruptRecordError as exc:
             # Not written by Meridian: fail closed for it (no owner: critical writes refused).
             log.error("owner_record_unreadable", dataset=ds, error=str(exc))
             return None

@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import Callable
 
 from agents.metrics import AgentMetrics
-from agents.records import OutboxDrain, OutboxSettings, Recorder, RecorderSettings
+from agents.records import OutboxDrain, OutboxSettings, Recorder, RecorderSettings, track_outbox
 from agents.store import ObjectStore
 from controlplane.adapters.kafka import KafkaProducer
 from controlplane.catalog.api import Catalog, open_catalog
@@ -88,6 +88,9 @@ class RecordDuties(Lifecycle):
             self._store, self.catalog, self._metrics, self._region, RecorderSettings()
         )
         await self.recorder.start()
+        # The outbox's gauges from the start: with Kafka away at start-up the drain does
+        # not exist yet, and the backlog (and its age, which the alert reads) must show.
+        track_outbox(self._store, self._metrics)
         self._connecting = asyncio.create_task(self._start_drain(), name="outbox-connect")
 
     async def _start_drain(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import os
 import tempfile
@@ -30,6 +31,7 @@ from agents.rpc.status import from_rpc_error
 from agents.store import ApplyResult, ObjectReader, ObjectStore, StagedWrite, StoredVersion
 from agents.store.errors import DigestMismatchError
 from agents.store.staging import TMP
+from agents.to_the_end import run_to_the_end
 from agents.transfer.bridge import ChunkPipe, PipeAbandonedError, file_chunks, remove
 from agents.transfer.compress import ChunkDecompressor
 from agents.transfer.limiter import CHUNK_BYTES
@@ -454,8 +456,10 @@ async def _attempt(
         if not isinstance(staged, StagedWrite):
             raise InvalidInputError("the receiving thread returned no staged write")
         record = tally.record("completed", policy)
-        result = await asyncio.to_thread(
-            store.commit_apply, staged, version, set_id=set_id, transfer=record
+        # Held to its end when the caller is cancelled: its per-version lock must not be
+        # let go (and a second pull resume the same partial file) while this commits.
+        result = await run_to_the_end(
+            functools.partial(store.commit_apply, staged, version, set_id=set_id, transfer=record)
         )
         if not result.verdict.applies and not result.restored:
             await asyncio.to_thread(

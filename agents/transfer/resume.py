@@ -180,7 +180,9 @@ class ResumeBook:
             busy = set(self._busy)
         removed -= len(doomed & busy)
         for entry in os.scandir(self.folder):
-            stem = entry.name.split(".", 1)[0]
+            # A pull's files are named after its state's stem, the delta engine's output
+            # as it patches `.<stem>.out.<random>.tmp` (a dot first: not `""`'s).
+            stem = entry.name.lstrip(".").split(".", 1)[0]
             if stem not in keep and stem not in busy:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)

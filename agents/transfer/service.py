@@ -35,6 +35,7 @@ from agents.replication.answers import refusal as _refusal
 from agents.replication.delta_push import PUSH_DELTA, holds_basis, receive_delta
 from agents.rpc.status import abort, code_of
 from agents.store import ApplyResult, ObjectStore
+from agents.store.errors import DigestMismatchError
 from agents.store.staging import TMP
 from agents.to_the_end import open_in_thread, run_to_the_end
 from agents.transfer.bridge import file_chunks, remove
@@ -53,6 +54,7 @@ from controlplane.errors import (
     HandingOverError,
     InvalidInputError,
     MeridianError,
+    NotFoundError,
     RefusedError,
     UnavailableError,
 )
@@ -505,16 +507,22 @@ class TransferService:
             raise
         if set_id is not None and self.holding_sets is not None:
             await self.holding_sets()
+
         # LWW, but also a restore of lost bytes, or a member older than its key's newest
         # that a set recorded here still needs (a takeover's adoption of a set records it
         # first, then pulls its members).
-        if not await asyncio.to_thread(self.store.wanted, dataset, key, version, set_id):
+        async def unwanted() -> agent_pb2.FetchResponse | None:
+            if await asyncio.to_thread(self.store.wanted, dataset, key, version, set_id):
+                return None
             held = await asyncio.to_thread(self.store.head, dataset, key)
             # Superseded: a partial of this version will never be resumed.
             await asyncio.to_thread(self.book.drop, dataset, key, version.hlc.text)
             return agent_pb2.FetchResponse(
                 outcome=_OUTCOMES[lww(version, held)], held=version_to_wire(held or version)
             )
+
+        if (answer := await unwanted()) is not None:
+            return answer
         if version.is_tombstone:
             tally.method = "tombstone"
             result = await asyncio.to_thread(
@@ -533,7 +541,14 @@ class TransferService:
         if not sources:
             raise InvalidInputError("FetchRequest.sources: a put needs at least one source")
         async with self._one_pull((dataset, key, version.hlc.text)):
+            # A pull of this version that ended while this one waited may have stored
+            # it: then there is nothing to send again.
+            if (answer := await unwanted()) is not None:
+                return answer
             errors: list[str] = []
+            # Sources that failed for good (not holding it, or a damaged copy): when every
+            # one did, the error is theirs (NOT_FOUND, DATA_LOSS), not a retriable one.
+            lost: list[MeridianError] = []
             for source in order_sources(self.region, sources, self.policy):
                 try:
                     pulled = await pull(
@@ -554,8 +569,13 @@ class TransferService:
                 except (ResidencyError, RefusedError):
                     raise
                 except MeridianError as exc:
+                    # That source's own trouble: it no longer holds the version (pruned,
+                    # or an agent of its region that never did) or its copy is damaged;
+                    # another source may still send it whole.
                     if not exc.retriable:
-                        raise
+                        if not isinstance(exc, NotFoundError | DigestMismatchError):
+                            raise
+                        lost.append(exc)
                     errors.append(f"{source.region} ({source.address}): {exc}")
                     log.warning(
                         "fetch source failed; trying the next", source=source.region, error=str(exc)
@@ -569,9 +589,10 @@ class TransferService:
                     logical_bytes=pulled.tally.logical_bytes,
                     wire_bytes=pulled.tally.wire_bytes,
                 )
-        raise UnavailableError(
-            f"no source could send {dataset}/{key} at {version.hlc}: " + "; ".join(errors)
-        )
+        summary = f"no source could send {dataset}/{key} at {version.hlc}: " + "; ".join(errors)
+        if lost and len(lost) == len(errors):
+            raise type(lost[-1])(summary) from lost[-1]
+        raise UnavailableError(summary)
 
     # -- FetchMany (this agent pulls many; small ones in bundles) -----------------------
 

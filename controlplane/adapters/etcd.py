@@ -220,6 +220,10 @@ class EtcdCoordination:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise NotFoundError(f"etcd {what}: {exc.details()}") from exc
+            if exc.code() == grpc.StatusCode.OUT_OF_RANGE and "compacted" in (exc.details() or ""):
+                # A read at a revision etcd compacted away: that past is gone for good,
+                # which retrying cannot change (its other OUT_OF_RANGE answers stay errors).
+                raise NotFoundError(f"etcd {what}: that revision was compacted") from exc
             raise UnavailableError(
                 f"etcd at {self._where()} refused {what}: {exc.code().name} {exc.details()}"
             ) from exc
@@ -233,16 +237,7 @@ class EtcdCoordination:
     # -- kv ------------------------------------------------------------------
     async def get(self, key: str, *, revision: int = 0) -> KeyValue | None:
         what = f"get {key}" if not revision else f"get {key} at revision {revision}"
-        try:
-            resp = await self._call(
-                what, lambda t: self._svc.kv.get(key, revision=revision, timeout=t)
-            )
-        except UnavailableError as exc:
-            # etcd answers OUT_OF_RANGE "required revision has been compacted": that past
-            # is gone for good, which retrying cannot change.
-            if revision and "compacted" in str(exc):
-                raise NotFoundError(f"etcd {what}: that revision was compacted") from exc
-            raise
+        resp = await self._call(what, lambda t: self._svc.kv.get(key, revision=revision, timeout=t))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:

@@ -886,10 +886,13 @@ class Catalog:
         if from_now is None:
             raise CatalogInputError(f"region {rec.from_region!r} is not in the catalog")
         residency = s.scalar(select(Dataset.residency).where(Dataset.name == rec.dataset))
-        in_force = holdings_mod.in_force_at(holdings_mod.revisions_in_force(s), rec.at)
-        rules = holdings_mod.RulesThen(s, self._placer)
+        in_force = (
+            holdings_mod.in_force_at(holdings_mod.revisions_in_force(s), rec.at)
+            if rec.residency_revision is not None
+            else None
+        )
         row = holdings_mod.transfer_row(
-            rec, *holdings_mod.judged_then(rec, from_now, to_now, residency, in_force, rules)
+            rec, *holdings_mod.judged_then(rec, from_now, to_now, residency, in_force)
         )
         # RETURNING says whether this call inserted the row (psycopg's rowcount does not).
         inserted = s.execute(self._insert_ignore(Transfer, row, ["id"]).returning(Transfer.id))

@@ -19,7 +19,7 @@ transaction, under the shared residency lock.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -53,13 +53,7 @@ from controlplane.catalog.models import (
     Replica,
     Transfer,
 )
-from controlplane.catalog.records import (
-    VERSION_OPS,
-    HeldVersion,
-    Holding,
-    Placer,
-    TransferRecord,
-)
+from controlplane.catalog.records import VERSION_OPS, HeldVersion, Holding, TransferRecord
 from controlplane.catalog.unnest import UnnestForm, unnest_form
 from controlplane.domain.errors import DigestError
 from controlplane.domain.version import Digest
@@ -484,85 +478,22 @@ def judged_then(
     to_now: str,
     residency_now: Sequence[str] | None,
     in_force: int | None,
-    rules: RulesThen | None = None,
 ) -> tuple[str, str, bool, Sequence[str] | None]:
     """The jurisdictions, verdict and residency a transfer is judged by: those in force
     when the copy was made, as its record carries them (audit residency lists every
     *past* transfer outside the residency of its time: a copy made before a narrowing,
-    its record shipped after it, is no violation). The record's are trusted only when
-    they come from the revision in force at its time (`in_force`) or a later one: an
-    agent whose view lagged a narrowing copied under rules no longer in force, and
-    that copy must show. Otherwise (or for a record that carries none) the rules of
-    the revision in force at its time, from `rules`; without them, or before any
-    revision, the catalog's current ones. Fail closed, as `_judge`: a dataset no
-    policy placed has its copies outside residency."""
+    its record shipped after it, is no violation), else the catalog's current ones.
+    The record's are trusted only when they come from the revision in force at its
+    time (`in_force`) or a later one: an agent whose view lagged a narrowing copied
+    under rules no longer in force, and that copy must show. Fail closed, as
+    `_judge`: an unplaced dataset's copies are outside residency."""
     trusted = rec.residency is not None and (
         rec.residency_revision is None or rec.residency_revision >= (in_force or 0)
     )
-    if trusted and rec.residency is not None:
-        from_j = rec.from_jurisdiction or from_now
-        to_j = rec.to_jurisdiction or to_now
-        residency: Sequence[str] | None = list(rec.residency)
-    elif rules is not None and in_force is not None and (then := rules.at(in_force, rec)):
-        from_j = then.from_jurisdiction or from_now
-        to_j = then.to_jurisdiction or to_now
-        residency = then.residency
-    else:
-        from_j, to_j, residency = from_now, to_now, residency_now
+    from_j = (rec.from_jurisdiction if trusted else None) or from_now
+    to_j = (rec.to_jurisdiction if trusted else None) or to_now
+    residency = list(rec.residency) if trusted and rec.residency is not None else residency_now
     return from_j, to_j, residency is not None and to_j in residency, residency
-
-
-@dataclass(frozen=True)
-class _Then:
-    from_jurisdiction: str | None
-    to_jurisdiction: str | None
-    residency: Sequence[str] | None  # None: no policy of the revision placed the dataset
-
-
-class RulesThen:
-    """The rules of past policy revisions, for transfers judged by the revision in force
-    at their time: each region's jurisdiction in its document, and the dataset's
-    residency as the catalog's placer places it under that document (with the labels
-    the catalog has for it). Read once per revision, and placed once per revision and
-    dataset, for the life of one batch."""
-
-    def __init__(self, s: Session, placer: Placer | None) -> None:
-        self._s = s
-        self._placer = placer
-        self._docs: dict[int, Mapping[str, Any] | None] = {}
-        self._placed: dict[tuple[int, str], Sequence[str] | None] = {}
-
-    def at(self, revision: int, rec: TransferRecord) -> _Then | None:
-        """The rules of `revision` for `rec`; None when they cannot be known here (no
-        placer, or the revision's document is gone)."""
-        doc = self._document(revision)
-        if doc is None or self._placer is None:
-            return None
-        key = (revision, rec.dataset)
-        if key not in self._placed:
-            labels = self._s.scalar(select(Dataset.labels).where(Dataset.name == rec.dataset))
-            placement = self._placer(doc, rec.dataset, dict(labels or {}))
-            self._placed[key] = None if placement is None else tuple(placement.residency)
-        regions = doc.get("regions")
-        return _Then(
-            _jurisdiction(regions, rec.from_region),
-            _jurisdiction(regions, rec.to_region),
-            self._placed[key],
-        )
-
-    def _document(self, revision: int) -> Mapping[str, Any] | None:
-        if revision not in self._docs:
-            doc = self._s.scalar(
-                select(PolicyRevision.document).where(PolicyRevision.id == revision)
-            )
-            self._docs[revision] = doc if isinstance(doc, Mapping) else None
-        return self._docs[revision]
-
-
-def _jurisdiction(regions: object, name: str) -> str | None:
-    spec = regions.get(name) if isinstance(regions, Mapping) else None
-    found = spec.get("jurisdiction") if isinstance(spec, Mapping) else None
-    return found if isinstance(found, str) else None
 
 
 def revisions_in_force(s: Session) -> list[tuple[datetime, int]]:
@@ -606,8 +537,9 @@ def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> 
             select(Dataset.name, Dataset.residency).where(Dataset.name.in_(datasets))
         )
     }
-    revisions = revisions_in_force(s)
-    rules = RulesThen(s, cat._placer)
+    revisions = (
+        revisions_in_force(s) if any(t.residency_revision is not None for t in transfers) else []
+    )
     rows: dict[str, dict[str, Any]] = {}
     for rec in transfers:
         # A region the record names by its jurisdiction of the time need not be in the
@@ -630,7 +562,6 @@ def _transfer(cat: Catalog, s: Session, transfers: Sequence[TransferRecord]) -> 
                     to_now,
                     residencies.get(rec.dataset),
                     in_force_at(revisions, rec.at),
-                    rules,
                 ),
             ),
         )

@@ -28,7 +28,7 @@ from controlplane.controller.duty import Duty, Loop, describe
 from controlplane.coordination.catalog_glue.sources import journal_id
 from controlplane.coordination.orchestration.journal import backfilled_entry
 from controlplane.coordination.protocols import keys
-from controlplane.coordination.protocols.ownership import Owner, decode_owner
+from controlplane.coordination.protocols.ownership import CorruptRecordError, Owner, decode_owner
 from controlplane.coordination.protocols.view import read_view
 from controlplane.errors import NotFoundError
 from controlplane.logs import get_logger
@@ -96,12 +96,13 @@ class JournalDuty(Duty):
         wanted = [*moves, *(i for i in displaced if i not in moves)]
         missing = await asyncio.to_thread(records.missing, wanted) if wanted else set()
         self._displaced_settled.update(i for i in displaced if i not in missing)
+        unread: set[str] = set()  # read again at the next check, their grace running on
         for jid in sorted(missing & displaced.keys()):
             try:
                 found = await self._displaced_move(*displaced[jid])
             except Exception as exc:  # noqa: BLE001 - one unreadable record must not stop the pass
                 log.warning("journal_displaced_move_unread", id=jid, error=describe(exc))
-                missing.discard(jid)  # read again at the next check
+                unread.add(jid)
                 continue
             if found is None:
                 self._displaced_settled.add(jid)
@@ -113,7 +114,7 @@ class JournalDuty(Duty):
         written = 0
         for jid in sorted(missing):
             first = self._missing_since.setdefault(jid, now)
-            if now - first < self.ctx.config.journal_grace_s:
+            if now - first < self.ctx.config.journal_grace_s or jid in unread:
                 continue
             entry = backfilled_entry(moves[jid], self.ctx.actor)
             try:
@@ -153,5 +154,9 @@ class JournalDuty(Duty):
             return None
         if kv is None or kv.mod_revision != epoch:
             return None
-        owner = decode_owner(dataset, kv.value, kv.mod_revision, None)
+        try:
+            owner = decode_owner(dataset, kv.value, kv.mod_revision, None)
+        except CorruptRecordError as exc:  # nothing to rebuild a row from, ever
+            log.warning("journal_displaced_move_unreadable", dataset=dataset, error=str(exc))
+            return None
         return owner if owner.kind is not None else None

@@ -476,3 +476,28 @@ async def test_one_unreadable_handover_mark_freezes_its_dataset_alone() -> None:
     listed = await own.list()  # `dataset list` reads them too
     assert listed["ckpt/x"].handing_over_to == UNREADABLE_MARK
     assert listed["ckpt/y"].handing_over_to is None
+
+
+async def test_one_unreadable_owner_record_stops_no_read_of_every_owner() -> None:
+    # A value Meridian did not write (an operator's `etcdctl put`, another release):
+    # the failover watch, claims, the journal and runbooks all read every owner, so it
+    # must not make those reads fail (no failover anywhere); its dataset is left out.
+    from controlplane.coordination.protocols.ownership import CorruptRecordError
+    from controlplane.coordination.protocols.view import read_view
+
+    coord = MemoryCoordination(ManualClock())
+    own = Ownership(coord)
+    await own.claim("ckpt/y", "eu-west", expect_epoch=0, reason="seed", actor="test")
+    start = await coord.revision()
+    await coord.put(keys.owner("ckpt/x"), b'{"not": "an owner"}')
+    view = await read_view(coord)
+    assert set(view.owners) == {"ckpt/y"}
+    assert set(await own.list()) == {"ckpt/y"}
+    with pytest.raises(CorruptRecordError, match="ckpt/x"):
+        await own.get("ckpt/x")  # asked for by name: one clear error
+    await own.claim("ckpt/z", "eu-west", expect_epoch=0, reason="seed", actor="test")
+    seen: list[str] = []
+    async for ds, _ in own.watch(start_revision=start + 1):  # the bad one is skipped
+        seen.append(ds)
+        break
+    assert seen == ["ckpt/z"]

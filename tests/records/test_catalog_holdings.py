@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from harness.digests import fake_digest
-from records_helpers import DATASET, EXAMPLE, REGION
+from records_helpers import DATASET, REGION
 from sqlalchemy import event
 
 from controlplane.catalog.api import Catalog
 from controlplane.catalog.errors import CatalogInputError
 from controlplane.catalog.records import HeldVersion, Holding, HoldingState, TransferRecord
-from controlplane.policy.apply import apply_policy
-from controlplane.policy.compiler import compile_files
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -195,49 +192,3 @@ def test_a_batch_of_transfers_costs_a_few_statements(cat: Catalog) -> None:
         event.remove(engine, "before_cursor_execute", count)
     assert len(cat.transfers(dataset_glob=DATASET)) == 200
     assert len(statements) <= 12, statements
-
-
-def test_a_transfer_by_a_lagging_view_is_judged_by_the_rules_of_its_time(
-    cat: Catalog, tmp_path: Path
-) -> None:
-    """An agent whose view still held revision 1 (checkpoints in the EU only) copied to
-    us-east while revision 2 (EU and US) was in force: the copy was allowed. Revision
-    3 narrowed back to the EU; judged by the rules now, it would show as a violation."""
-    widened = EXAMPLE.read_text().replace(
-        "residency: [EU]              # jurisdictions", "residency: [EU, US]          # j", 1
-    )
-    assert widened != EXAMPLE.read_text()
-    first = _head(cat)
-    _apply(cat, tmp_path, "widened.yaml", widened)
-    assert _head(cat) == first + 1
-    made = datetime.now(UTC)
-    _apply(cat, tmp_path, "narrowed.yaml", EXAMPLE.read_text())
-    assert _head(cat) == first + 2
-    under_a_lagging_view = dataclasses.replace(
-        _transfer(1, to_region="us-east", tid="t-lag"),
-        dataset="ckpt/llama-70b",
-        from_region="eu-west",
-        at=made,
-        from_jurisdiction="EU",
-        to_jurisdiction="US",
-        residency=("EU",),
-        residency_revision=first,
-    )
-    cat.record_holdings([], [], [under_a_lagging_view])
-    assert cat.residency_violations() == []
-    [row] = cat.transfers(dataset_glob="ckpt/llama-70b")
-    assert (row["id"], row["to_jurisdiction"]) == ("t-lag", "US")
-
-
-def _head(cat: Catalog) -> int:
-    head = cat.latest_revision()
-    assert head is not None
-    return head.id
-
-
-def _apply(cat: Catalog, folder: Path, name: str, text: str) -> None:
-    path = folder / name
-    path.write_text(text)
-    policy, problems = compile_files([path])
-    assert policy is not None, problems
-    apply_policy(cat, policy, source=name, publisher=None, applied_by="tester")

@@ -18,12 +18,14 @@ import pytest
 from records_helpers import REGION, StoreFactory, records_of
 from waiting import until
 
+from agents.daemon.records import RecordDuties
 from agents.metrics import AgentMetrics
 from agents.records import OutboxDrain, OutboxSettings, track_outbox
 from agents.store import ObjectStore
 from controlplane.adapters.kafka import KafkaProducer
 from controlplane.adapters.toxiproxy import ToxiproxyClient
 from controlplane.domain.events import MAX_EVENT_BYTES, ChangeEvent
+from controlplane.loopback import free_port
 from controlplane.settings import Settings
 from controlplane.stack.kafka import wan_proxy_port
 from controlplane.stack.manager import KAFKA_WAN_PROXY
@@ -239,3 +241,22 @@ def test_an_event_over_kafkas_request_limit_goes_by_address(
     assert (big.inline, big.origin_agent) == (None, AGENT)
     assert small.inline == b"s"
     assert all(len(k) + len(v) <= MAX_EVENT_BYTES for k, v in batch.records)
+
+
+async def test_the_agents_outbox_gauges_show_a_backlog_while_kafka_is_away(
+    store: ObjectStore, metrics: AgentMetrics, catalog_url: str
+) -> None:
+    """An agent started during a Kafka outage has no drain yet (it waits for Kafka), yet
+    its outbox's backlog and age show at once: the alert on the age reads them."""
+    store.put(_dataset(), "k", [b"x"], outbox=True, policy_revision=1)
+    with sqlite3.connect(store.root / "meta.db") as db:
+        db.execute("UPDATE outbox SET created_ms = created_ms - 3600000")
+    settings = Settings(kafka=f"127.0.0.1:{free_port()}", catalog=catalog_url)
+    duties = RecordDuties(store, metrics, REGION, settings, origin_agent=AGENT)
+    await duties.start()
+    try:
+        assert duties.drain is None  # still waiting for Kafka
+        assert _pending(metrics) == 1
+        assert 3600 <= _behind(metrics) < 3700
+    finally:
+        await duties.stop()

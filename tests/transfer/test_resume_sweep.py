@@ -42,15 +42,21 @@ def test_expiry_is_bounded_per_pass_and_spares_pulls_in_flight(tmp_path: Path) -
     cut(book, "f", age_s=10)  # young: kept
     # A first attempt in flight has its partial file before its first state.
     book.partial_path("ds", "g", "1.00000@eu-west").write_bytes(b"arriving")
+    # The delta engine's output of a pull in flight, as it patches (a dot first).
+    stem = book.partial_path("ds", "a", "1.00000@eu-west").name.split(".", 1)[0]
+    patching = book.folder / f".{stem}.out.x1y2z3.tmp"
+    patching.write_bytes(b"patched so far")
     with book.in_flight("ds", "a", "1.00000@eu-west"), book.in_flight("ds", "g", "1.00000@eu-west"):
         removed = book.expire(limit=2)
         assert removed == 2 and len(held(book)) == 4
         assert book.expire(limit=10) == 2  # the rest but the one in flight
         assert held(book) == ["a", "f"]
         assert book.partial_path("ds", "g", "1.00000@eu-west").exists()
+        assert patching.exists()
     assert book.expire() == 1  # no longer in flight: it goes too
     assert held(book) == ["f"]
     assert not book.partial_path("ds", "g", "1.00000@eu-west").exists()  # no state: gone
+    assert not patching.exists()  # its pull ended: the sweep takes what it left
     assert sorted(p.name.split(".", 1)[1] for p in book.folder.iterdir()) == ["json", "part"]
 
 

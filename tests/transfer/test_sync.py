@@ -129,6 +129,51 @@ async def test_fetch_falls_back_to_the_next_source(agents: AgentFactory) -> None
     assert outcomes == ["failed", "completed"]
 
 
+async def test_fetch_tries_the_next_source_when_one_no_longer_holds_it(
+    agents: AgentFactory,
+) -> None:
+    """The nearest source pruned the version (NOT_FOUND): that is its own trouble, not
+    the version's; the next source sends it."""
+    west = await agents("eu-west")
+    north = await agents("eu-north")
+    central = await agents("eu-central")
+    version = north.store.put("ckpt", "a", [b"payload"])
+
+    # eu-west is nearer to eu-central (asked first), and holds nothing of it.
+    got = await fetch(
+        central.address,
+        "ckpt",
+        "a",
+        version,
+        [("eu-north", north.address), ("eu-west", west.address)],
+    )
+
+    assert got.source_region == "eu-north"
+    assert central.store.read_bytes("ckpt", "a") == b"payload"
+    assert [r["outcome"] for r in transfers(central.store)] == ["failed", "completed"]
+
+
+async def test_a_second_fetch_of_a_version_waits_and_sends_nothing_again(
+    agents: AgentFactory,
+) -> None:
+    """A redelivery while the first pull of the version runs: it waits for that pull,
+    then finds the version held (one transfer, not two on a capped link)."""
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    data = content(SIZE)
+    version = west.store.put("ckpt", "big", [data])
+    source = [("eu-west", west.address)]
+
+    first, second = await asyncio.gather(
+        fetch(central.address, "ckpt", "big", version, source),
+        fetch(central.address, "ckpt", "big", version, source),
+    )
+
+    assert sorted([first.wire_bytes, second.wire_bytes])[0] == 0
+    assert central.store.read_bytes("ckpt", "big") == data
+    assert [r["outcome"] for r in transfers(central.store)] == ["completed"]
+
+
 async def test_fetch_takes_the_nearest_source_first(agents: AgentFactory) -> None:
     west = await agents("eu-west")
     north = await agents("eu-north")

@@ -163,19 +163,44 @@ def handing_over(kvs: Sequence[KeyValue]) -> dict[str, str]:
 
 
 def decode_owner(dataset: str, value: bytes, epoch: int, handover: str | None) -> Owner:
-    doc = json.loads(value)
-    return Owner(
-        dataset=dataset,
-        region=str(doc["region"]),
-        epoch=epoch,
-        reason=str(doc.get("reason", "")),
-        actor=str(doc.get("actor", "")),
-        at=str(doc.get("at", "")),
-        handing_over_to=handover,
-        kind=str(doc["kind"]) if doc.get("kind") else None,
-        from_region=str(doc["from"]) if doc.get("from") else None,
-        epoch_before=int(doc.get("epoch_before", 0)),
-    )
+    """The owner record of `dataset`; CorruptRecordError for a value Meridian did not
+    write."""
+    try:
+        doc = json.loads(value)
+        return Owner(
+            dataset=dataset,
+            region=str(doc["region"]),
+            epoch=epoch,
+            reason=str(doc.get("reason", "")),
+            actor=str(doc.get("actor", "")),
+            at=str(doc.get("at", "")),
+            handing_over_to=handover,
+            kind=str(doc["kind"]) if doc.get("kind") else None,
+            from_region=str(doc["from"]) if doc.get("from") else None,
+            epoch_before=int(doc.get("epoch_before", 0)),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptRecordError(
+            f"the owner record of {dataset} ({keys.owner(dataset)}) is not one Meridian "
+            f"writes ({exc!r}); rewrite it with `meridian failover` or delete it with etcdctl"
+        ) from None
+
+
+def decode_owners(kvs: Sequence[KeyValue], marks: dict[str, str]) -> dict[str, Owner]:
+    """The owners of the records read under `keys.OWNERS`, by dataset. An unreadable one
+    is left out (logged once per revision), so it stops no read of every owner (the
+    failover watch, claims, the journal's backfill, runbooks and `dataset list` all
+    make one): its dataset alone is left alone, and its agents refuse its writes."""
+    out: dict[str, Owner] = {}
+    for kv in kvs:
+        ds = kv.key.removeprefix(keys.OWNERS)
+        try:
+            out[ds] = decode_owner(ds, kv.value, kv.mod_revision, marks.get(ds))
+        except CorruptRecordError as exc:
+            if (kv.key, kv.mod_revision) not in _reported:
+                _reported.add((kv.key, kv.mod_revision))
+                log.error("owner_record_unreadable", key=kv.key, error=str(exc))
+    return out
 
 
 def owner_value(
@@ -223,12 +248,7 @@ class Ownership:
             [], [Get(keys.OWNERS, prefix=True), Get(keys.HANDOVER, prefix=True)]
         )
         owners_kv, handover_kv = res.reads
-        marks = handing_over(handover_kv)
-        out: dict[str, Owner] = {}
-        for kv in owners_kv:
-            ds = kv.key.removeprefix(keys.OWNERS)
-            out[ds] = decode_owner(ds, kv.value, kv.mod_revision, marks.get(ds))
-        return out
+        return decode_owners(owners_kv, handing_over(handover_kv))
 
     async def claim(
         self,
@@ -349,5 +369,7 @@ class Ownership:
             ds = ev.kv.key.removeprefix(keys.OWNERS)
             if ev.type is EventType.DELETE:
                 yield ds, None
-            else:
-                yield ds, decode_owner(ds, ev.kv.value, ev.kv.mod_revision, None)
+                continue
+            found = decode_owners([ev.kv], {})  # an unreadable one is logged and skipped
+            if ds in found:
+                yield ds, found[ds]

@@ -14,7 +14,7 @@ from enum import StrEnum
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.ownership import (
     Owner,
-    decode_owner,
+    decode_owners,
     handing_over,
 )
 from controlplane.coordination.timeutil import rfc3339, utcnow
@@ -82,11 +82,7 @@ async def read_view(coord: Coordination) -> ClusterView:
                 states[region] = RegionState.FENCED  # unreadable: safest is "do not use"
             state_revs[region] = kv.mod_revision
     marks = handing_over(handover_kvs)
-    owners: dict[str, Owner] = {}
-    for kv in owner_kvs:
-        ds = kv.key.removeprefix(keys.OWNERS)
-        to = marks.get(ds)
-        owners[ds] = decode_owner(ds, kv.value, kv.mod_revision, to)
+    owners = decode_owners(owner_kvs, marks)
     return ClusterView(res.revision, alive, states, state_revs, bool(maint), owners)
 
 
