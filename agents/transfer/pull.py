@@ -18,7 +18,7 @@ import io
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -40,7 +40,7 @@ from agents.transfer.records import TransferTally
 from agents.transfer.resume import CHECKPOINT_BYTES, Checkpointer, ResumeBook, ResumeState
 from agents.transfer.sender import BASIS, RAW, SIGNATURE
 from controlplane.domain.version import Version
-from controlplane.errors import InvalidInputError, MeridianError, UnavailableError
+from controlplane.errors import InvalidInputError, MeridianError, RefusedError, UnavailableError
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
@@ -230,10 +230,13 @@ async def pull(
     threads: int = 2,
     checkpoint_bytes: int = CHECKPOINT_BYTES,
     deadline_s: float = DEFAULT_DEADLINE_S,
+    admit: Callable[[], object] | None = None,
 ) -> PullResult:
     """Receive `version` of dataset/key from the agent at `source` and commit it by
     LWW. Raises the sender's refusal as its Meridian error; a cut stream raises a
-    retriable UnavailableError and leaves a resume state for the next attempt."""
+    retriable UnavailableError and leaves a resume state for the next attempt.
+    `admit` is asked again just before the commit (a residency narrowed during a long
+    pull refuses it then: `RefusedError`, the partial dropped, recorded `refused`)."""
     with book.in_flight(dataset, key, version.hlc.text):  # a sweep spares its files
         return await _pull(
             store,
@@ -250,6 +253,7 @@ async def pull(
             threads=threads,
             checkpoint_bytes=checkpoint_bytes,
             deadline_s=deadline_s,
+            admit=admit,
         )
 
 
@@ -269,6 +273,7 @@ async def _pull(
     threads: int,
     checkpoint_bytes: int,
     deadline_s: float,
+    admit: Callable[[], object] | None,
 ) -> PullResult:
     hlc = version.hlc.text
     state = await asyncio.to_thread(book.load, dataset, key, hlc)
@@ -324,6 +329,7 @@ async def _pull(
                     threads=threads,
                     checkpoint_bytes=checkpoint_bytes,
                     policy=policy,
+                    admit=admit,
                 )
             except grpc.aio.AioRpcError as err:
                 raise from_rpc_error(err, source.address) from None
@@ -331,6 +337,20 @@ async def _pull(
                 call.cancel()
         outcome = "completed"
         return PullResult(result, tally)
+    except _RefusedHere as here:
+        # This region refused it at the commit: recorded refused, as a refusal at the
+        # start is, and no byte of it kept.
+        await asyncio.to_thread(book.drop, dataset, key, hlc)
+        tally.method = "refused"
+        with contextlib.suppress(MeridianError):
+            await asyncio.to_thread(
+                store.record_transfer,
+                dataset,
+                key,
+                hlc,
+                tally.record("refused", policy, str(here.refusal)),
+            )
+        raise here.refusal from None
     except ResidencyError:
         # The sender refused (and recorded it): no byte of a copy this region may not
         # hold stays here, not even a partial one kept for a resume.
@@ -349,6 +369,14 @@ async def _pull(
         tally.count(metrics, "completed" if outcome == "completed" else "failed")
 
 
+class _RefusedHere(Exception):  # noqa: N818 - not an error of its own: it carries one
+    """`admit` refused the commit: the refusal, recorded once by `_pull`."""
+
+    def __init__(self, refusal: RefusedError) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
 async def _attempt(
     call: grpc.aio.StreamStreamCall[agent_pb2.SyncRequest, agent_pb2.SyncResponse],
     start: agent_pb2.SyncStart,
@@ -363,6 +391,7 @@ async def _attempt(
     threads: int,
     checkpoint_bytes: int,
     policy: PolicySource,
+    admit: Callable[[], object] | None = None,
 ) -> ApplyResult:
     dataset, key, hlc = start.dataset, start.key, start.version
     await call.write(agent_pb2.SyncRequest(start=start))
@@ -455,6 +484,15 @@ async def _attempt(
             raise
         if not isinstance(staged, StagedWrite):
             raise InvalidInputError("the receiving thread returned no staged write")
+        if admit is not None:
+            try:
+                admit()  # still allowed here? (a residency narrowed during the pull)
+            except RefusedError as exc:
+                await asyncio.to_thread(staged.abort)
+                raise _RefusedHere(exc) from exc
+            except BaseException:
+                await asyncio.to_thread(staged.abort)
+                raise
         record = tally.record("completed", policy)
         # Held to its end when the caller is cancelled: its per-version lock must not be
         # let go (and a second pull resume the same partial file) while this commits.

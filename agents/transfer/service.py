@@ -565,6 +565,7 @@ class TransferService:
                         policy_revision=request.policy_revision or None,
                         threads=self.threads,
                         checkpoint_bytes=self.checkpoint_bytes,
+                        admit=functools.partial(self.admission.admit_store, dataset),
                     )
                 except (ResidencyError, RefusedError):
                     raise

@@ -16,6 +16,7 @@ from waiting import until
 from xfer_helpers import content, fetch, rewrite, transfers
 from xfer_relay import Relay
 
+from agents.errors import ResidencyError
 from agents.transfer.pull import CHANNEL_OPTIONS
 from agents.transfer.resume import ResumeState
 from controlplane.domain.hlc import HLC
@@ -250,3 +251,34 @@ async def test_replicate_is_fenced_again_at_its_commit(agents: AgentFactory) -> 
 
 def _staged_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in (root / "tmp").glob("*") if p.is_file())
+
+
+async def test_a_residency_narrowed_during_a_pull_refuses_it_at_the_commit(
+    agents: AgentFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`policy apply` narrowed the residency while the bytes were on their way: the
+    receiver asks again before it commits, stores nothing, keeps no partial, and
+    records the copy refused (agents stop accepting new copies at once)."""
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    version = west.store.put("ckpt", "c", [b"x" * 100_000])
+    asked = 0
+    admit = central.admission.admit_store
+
+    def narrowed_meanwhile(dataset: str) -> object:
+        nonlocal asked
+        asked += 1
+        if asked > 1:  # the start was admitted; by the commit the residency narrowed
+            raise ResidencyError(f"dataset {dataset} may no longer be held in eu-central")
+        return admit(dataset)
+
+    monkeypatch.setattr(central.admission, "admit_store", narrowed_meanwhile)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await fetch(central.address, "ckpt", "c", version, [("eu-west", west.address)])
+
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert asked == 2
+    assert central.store.head("ckpt", "c") is None
+    assert central.service.book.load("ckpt", "c", version.hlc.text) is None
+    assert not central.service.book.partial_path("ckpt", "c", version.hlc.text).exists()
+    assert [r["outcome"] for r in transfers(central.store)] == ["refused"]
