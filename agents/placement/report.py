@@ -25,7 +25,9 @@ async def region_report(
     topology nor with any agent registered."""
     kvs, _ = await coord.get_prefix(keys.agents_of(region))
     members = [m for m in (Member.from_registration(kv.value) for kv in kvs) if m is not None]
-    gone = await _departed(coord, region, {m.agent_id for m in members})
+    # By the registration keys too: one that does not parse is no departure.
+    registered = {kv.key.rsplit("/", 1)[-1] for kv in kvs} | {m.agent_id for m in members}
+    gone = await _departed(coord, region, registered)
     if not members and not gone:
         async with PolicyView(coord) as view:
             policy = view.current

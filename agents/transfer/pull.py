@@ -36,11 +36,16 @@ from agents.transfer.bridge import ChunkPipe, PipeAbandonedError, file_chunks, r
 from agents.transfer.compress import ChunkDecompressor
 from agents.transfer.limiter import CHUNK_BYTES
 from agents.transfer.ports import PolicySource
-from agents.transfer.records import TransferTally
+from agents.transfer.records import Outcome, TransferTally
 from agents.transfer.resume import CHECKPOINT_BYTES, Checkpointer, ResumeBook, ResumeState
 from agents.transfer.sender import BASIS, RAW, SIGNATURE
 from controlplane.domain.version import Version
-from controlplane.errors import InvalidInputError, MeridianError, RefusedError, UnavailableError
+from controlplane.errors import (
+    InvalidInputError,
+    MeridianError,
+    NotFoundError,
+    UnavailableError,
+)
 from controlplane.logs import get_logger
 from meridian.convert import version_from_wire
 from meridian.v1 import agent_pb2, agent_pb2_grpc
@@ -311,7 +316,7 @@ async def _pull(
                 transfer_id=state.transfer_id, delta_offset=state.offset, method=state.method
             )
         )
-    outcome = "failed"
+    outcome: Outcome = "failed"
     try:
         async with grpc.aio.insecure_channel(source.address, options=CHANNEL_OPTIONS) as channel:
             call = agent_pb2_grpc.AgentStub(channel).Sync(timeout=deadline_s)
@@ -350,6 +355,7 @@ async def _pull(
                 hlc,
                 tally.record("refused", policy, str(here.refusal)),
             )
+        outcome = "refused"
         raise here.refusal from None
     except ResidencyError:
         # The sender refused (and recorded it): no byte of a copy this region may not
@@ -357,8 +363,10 @@ async def _pull(
         await asyncio.to_thread(book.drop, dataset, key, hlc)
         raise
     except MeridianError as exc:
-        if not exc.retriable:
+        if not exc.retriable and not isinstance(exc, NotFoundError):
             # Damaged or refused, not cut: what this attempt kept must not be resumed.
+            # (NOT_FOUND: that source holds no such version, and sent nothing; a partial
+            # another source built stays for the next one.)
             await asyncio.to_thread(book.drop, dataset, key, hlc)
         with contextlib.suppress(MeridianError):
             await asyncio.to_thread(
@@ -366,13 +374,13 @@ async def _pull(
             )
         raise
     finally:
-        tally.count(metrics, "completed" if outcome == "completed" else "failed")
+        tally.count(metrics, outcome)
 
 
 class _RefusedHere(Exception):  # noqa: N818 - not an error of its own: it carries one
     """`admit` refused the commit: the refusal, recorded once by `_pull`."""
 
-    def __init__(self, refusal: RefusedError) -> None:
+    def __init__(self, refusal: MeridianError) -> None:
         super().__init__(str(refusal))
         self.refusal = refusal
 
@@ -487,7 +495,7 @@ async def _attempt(
         if admit is not None:
             try:
                 admit()  # still allowed here? (a residency narrowed during the pull)
-            except RefusedError as exc:
+            except MeridianError as exc:  # refused, or not decidable (no policy)
                 await asyncio.to_thread(staged.abort)
                 raise _RefusedHere(exc) from exc
             except BaseException:

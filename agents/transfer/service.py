@@ -549,6 +549,16 @@ class TransferService:
             # Sources that failed for good (not holding it, or a damaged copy): when every
             # one did, the error is theirs (NOT_FOUND, DATA_LOSS), not a retriable one.
             lost: list[MeridianError] = []
+            refused_here = False
+
+            def admit() -> object:
+                nonlocal refused_here
+                try:
+                    return self.admission.admit_store(dataset)
+                except MeridianError:
+                    refused_here = True
+                    raise
+
             for source in order_sources(self.region, sources, self.policy):
                 try:
                     pulled = await pull(
@@ -565,11 +575,13 @@ class TransferService:
                         policy_revision=request.policy_revision or None,
                         threads=self.threads,
                         checkpoint_bytes=self.checkpoint_bytes,
-                        admit=functools.partial(self.admission.admit_store, dataset),
+                        admit=admit,
                     )
                 except (ResidencyError, RefusedError):
                     raise
                 except MeridianError as exc:
+                    if refused_here:
+                        raise  # this region's own answer at the commit: no source changes it
                     # That source's own trouble: it no longer holds the version (pruned,
                     # or an agent of its region that never did) or its copy is damaged;
                     # another source may still send it whole.

@@ -16,7 +16,7 @@ from waiting import until
 from xfer_helpers import content, fetch, rewrite, transfers
 from xfer_relay import Relay
 
-from agents.errors import ResidencyError
+from agents.errors import NotGovernedError, ResidencyError
 from agents.transfer.pull import CHANNEL_OPTIONS
 from agents.transfer.resume import ResumeState
 from controlplane.domain.hlc import HLC
@@ -281,4 +281,42 @@ async def test_a_residency_narrowed_during_a_pull_refuses_it_at_the_commit(
     assert central.store.head("ckpt", "c") is None
     assert central.service.book.load("ckpt", "c", version.hlc.text) is None
     assert not central.service.book.partial_path("ckpt", "c", version.hlc.text).exists()
+    assert [r["outcome"] for r in transfers(central.store)] == ["refused"]
+    counted = central.metrics.transfers.labels(direction="in", outcome="refused")
+    assert counted._value.get() == 1
+
+
+async def test_an_undecidable_admission_at_the_commit_asks_no_other_source(
+    agents: AgentFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No policy can be read by the time the bytes arrived: this region's own answer,
+    which no other source changes; the next source is not asked to send it all again."""
+    west = await agents("eu-west")
+    north = await agents("eu-north")
+    central = await agents("eu-central")
+    version = west.store.put("ckpt", "d", [b"y" * 100_000])
+    north.store.apply("ckpt", "d", version, [b"y" * 100_000])
+    asked = 0
+    admit = central.admission.admit_store
+
+    def policy_gone_meanwhile(dataset: str) -> object:
+        nonlocal asked
+        asked += 1
+        if asked > 1:
+            raise NotGovernedError(f"dataset {dataset} cannot be admitted: no policy")
+        return admit(dataset)
+
+    monkeypatch.setattr(central.admission, "admit_store", policy_gone_meanwhile)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await fetch(
+            central.address,
+            "ckpt",
+            "d",
+            version,
+            [("eu-west", west.address), ("eu-north", north.address)],
+        )
+
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert asked == 2  # the start, then one commit: one source sent it
+    assert central.store.head("ckpt", "d") is None
     assert [r["outcome"] for r in transfers(central.store)] == ["refused"]

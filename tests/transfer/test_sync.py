@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from agents_inproc import AgentFactory
@@ -13,6 +14,7 @@ from xfer_helpers import content, fetch, rewrite, transfers
 
 import native
 from agents.store import ObjectStore
+from agents.transfer.resume import ResumeState
 from meridian.v1 import agent_pb2
 
 SIZE = 8 << 20
@@ -172,6 +174,37 @@ async def test_a_second_fetch_of_a_version_waits_and_sends_nothing_again(
     assert sorted([first.wire_bytes, second.wire_bytes])[0] == 0
     assert central.store.read_bytes("ckpt", "big") == data
     assert [r["outcome"] for r in transfers(central.store)] == ["completed"]
+
+
+async def test_a_source_that_never_held_it_leaves_another_sources_partial_alone(
+    agents: AgentFactory,
+) -> None:
+    """A cut pull from eu-north left a partial to resume. The next Fetch asks eu-west
+    first (nearer), which holds nothing of it (NOT_FOUND, no byte sent): the partial
+    stays, and eu-north resumes it instead of sending the whole object again."""
+    west = await agents("eu-west")
+    north = await agents("eu-north")
+    central = await agents("eu-central")
+    data = content(SIZE)
+    version = north.store.put("ckpt", "big", [data])
+    hlc = version.hlc.text
+    kept = SIZE // 2
+    central.service.book.partial_path("ckpt", "big", hlc).write_bytes(data[:kept])
+    central.service.book.save(
+        ResumeState("t1", "ckpt", "big", hlc, "raw", "", kept, kept, time.time())
+    )
+
+    got = await fetch(
+        central.address,
+        "ckpt",
+        "big",
+        version,
+        [("eu-north", north.address), ("eu-west", west.address)],
+    )
+
+    assert got.source_region == "eu-north"
+    assert central.store.read_bytes("ckpt", "big") == data
+    assert got.wire_bytes < SIZE - kept // 2  # resumed: about the half not kept
 
 
 async def test_fetch_takes_the_nearest_source_first(agents: AgentFactory) -> None:

@@ -182,7 +182,8 @@ def decode_owner(dataset: str, value: bytes, epoch: int, handover: str | None) -
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptRecordError(
             f"the owner record of {dataset} ({keys.owner(dataset)}) is not one Meridian "
-            f"writes ({exc!r}); rewrite it with `meridian failover` or delete it with etcdctl"
+            f"writes ({exc!r}); automation leaves it alone: delete it (`etcdctl del "
+            f"{keys.owner(dataset)}`) and its home region's controller claims it again"
         ) from None
 
 
