@@ -4,7 +4,8 @@ Guarantees are the port's (`controlplane.ports.coordination`). This module adds:
 every call has a deadline (`timeout_s`, covering etcd3aio's own retries of
 UNAVAILABLE / DEADLINE_EXCEEDED); gRPC and etcd3aio errors become Meridian errors
 here and nowhere else; reads are linearizable (never `serializable`); a watch whose
-start revision was compacted raises instead of skipping events.
+start revision was compacted raises instead of skipping events, and a broken watch
+stream is reopened after the last event it delivered.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Self, TypeVar
 import grpc
 import grpc.aio
 from etcd3aio import Etcd3Client, EtcdConnectionError, EtcdError, EtcdTransientError
+from etcd3aio._protobuf import WatchCreateRequest, WatchRequest, WatchStub
 from etcd3aio.kv import KVService, prefix_range_end
 
 from controlplane.errors import (
@@ -56,6 +58,11 @@ _FIELD = {
     Target.VALUE: "value",
 }
 _EVENT_DELETE = 1
+# A broken watch stream is reopened after these waits (doubling up to the cap); any
+# other gRPC status ends the watch with an error.
+_WATCH_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_WATCH_BACKOFF_S = 0.1
+_WATCH_BACKOFF_MAX_S = 0.5
 
 
 class EtcdWatchCompactedError(MeridianError):
@@ -160,8 +167,6 @@ class EtcdCoordination:
         self._client = Etcd3Client(
             self.endpoints,
             rpc_max_attempts=4,
-            watch_reconnect_backoff_seconds=0.1,
-            watch_max_reconnect_backoff_seconds=0.5,
         )
         self._connected = False
         self._keepalives: set[EtcdKeepAlive] = set()
@@ -362,26 +367,67 @@ class EtcdCoordination:
     async def watch(
         self, key: str, *, prefix: bool = False, start_revision: int = 0
     ) -> AsyncIterator[WatchEvent]:
+        """Every change after `start_revision`, once each, across broken streams.
+
+        etcd3aio's own watch resumes a broken stream from the last response header's
+        revision + 1. A watch still catching up on history gets headers carrying the
+        store's current revision, not its last event's, so a stream cut mid catch-up
+        skipped every event in between. This runs the stream itself and resumes from
+        the last event it delivered (etcd never splits one revision's events across
+        responses, so that revision was delivered whole).
+        """
         if not self._connected:
             raise UnavailableError(f"etcd at {self._where()} is not connected (call connect())")
-        end = prefix_range_end(key) if prefix else None
-        stream = self._svc.watch.watch(key, range_end=end, start_revision=start_revision)
-        try:
-            async for resp in stream:
-                if resp.compact_revision > 0:
-                    raise EtcdWatchCompactedError(
-                        f"the watch on {key} asked for revision {start_revision}, but etcd "
-                        f"compacted history up to {resp.compact_revision}; re-read and re-watch"
-                    )
-                for ev in resp.events:
-                    kind = EventType.DELETE if ev.type == _EVENT_DELETE else EventType.PUT
-                    yield WatchEvent(kind, _kv(ev.kv), int(ev.kv.mod_revision))
-        except grpc.aio.AioRpcError as exc:
-            raise UnavailableError(
-                f"the etcd watch on {key} failed: {exc.code().name} {exc.details()}"
-            ) from exc
-        finally:
-            await stream.aclose()
+        end = prefix_range_end(key) if prefix else b""
+        stub = WatchStub(self._client._channel)
+        resume = start_revision  # the first revision not yet delivered (0: from now)
+        backoff_s = _WATCH_BACKOFF_S
+        while True:
+            stream = stub.Watch(_watch_requests(key.encode(), end, resume))
+            try:
+                async for resp in stream:
+                    backoff_s = _WATCH_BACKOFF_S
+                    if resp.compact_revision > 0:
+                        raise EtcdWatchCompactedError(
+                            f"the watch on {key} asked for revision {resume}, but etcd "
+                            f"compacted history up to {resp.compact_revision}; re-read and "
+                            "re-watch"
+                        )
+                    if resp.canceled:
+                        raise UnavailableError(
+                            f"etcd cancelled the watch on {key}: "
+                            f"{resp.cancel_reason or 'no reason given'}"
+                        )
+                    if resp.created and resume == 0:
+                        # "From now" is after the revision the watch was created at.
+                        resume = int(resp.header.revision) + 1
+                    for ev in resp.events:
+                        kind = EventType.DELETE if ev.type == _EVENT_DELETE else EventType.PUT
+                        rev = int(ev.kv.mod_revision)
+                        yield WatchEvent(kind, _kv(ev.kv), rev)
+                        resume = rev + 1
+                code = "closed"  # ended without a status: reopen it like a broken one
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _WATCH_TRANSIENT:
+                    raise UnavailableError(
+                        f"the etcd watch on {key} failed: {exc.code().name} {exc.details()}"
+                    ) from exc
+                code = exc.code().name
+            finally:
+                stream.cancel()
+            log.warning(
+                "etcd_watch_broken", key=key, code=code, resume_revision=resume, retry_s=backoff_s
+            )
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, _WATCH_BACKOFF_MAX_S)
+
+
+async def _watch_requests(key: bytes, end: bytes, start: int) -> AsyncIterator[Any]:
+    """One create request, then the request side stays open for the stream's life."""
+    yield WatchRequest(
+        create_request=WatchCreateRequest(key=key, range_end=end, start_revision=start)
+    )
+    await asyncio.Future()
 
 
 async def connect_etcd(
