@@ -13,6 +13,7 @@ from controlplane.cli.common import OutputOpt, emit, settings_from
 app = typer.Typer(help="Chaos scenarios: WAN faults, crashes and pauses.", no_args_is_help=True)
 
 _SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
+CSV_COLUMNS = ["scenario", "seed", "operations", "acked", "invariant", "held", "detail"]
 
 
 def parse_duration(text: str) -> float:
@@ -66,8 +67,17 @@ def run(
     )
     from controlplane.cli.common import Output, resolve_output
 
-    if resolve_output(output) is Output.json:
+    fmt = resolve_output(output)
+    if fmt is Output.json:
         emit([r.as_json() for r in results], output)
+    elif fmt is Output.csv:  # one header: a row per scenario and invariant
+        rows = [
+            {"scenario": r.scenario, "seed": r.seed, "operations": r.operations,
+             "acked": r.acked, "invariant": v.name, "held": v.held, "detail": v.detail}
+            for r in results
+            for v in r.verdicts
+        ]  # fmt: skip
+        emit(rows, output, columns=CSV_COLUMNS)
     else:
         for r in results:  # a table per scenario, its counts in the title
             rows = [{"invariant": v.name, "held": v.held, "detail": v.detail} for v in r.verdicts]

@@ -114,7 +114,7 @@ def evict(
 ) -> None:
     """Drop a region's copies of a dataset its applied policy no longer places there, each
     only once the placement's regions are shown to hold it (exit 3 while any stay; 1 when
-    an agent failed)."""
+    an agent failed). As CSV: a row per object that stays, with why."""
     from controlplane.adapters.etcd import EtcdCoordination
     from controlplane.coordination.orchestration.evict import evict_dataset
 
@@ -147,8 +147,11 @@ def evict(
             )
 
     done = asyncio.run(go())
-    if resolve_output(output) is not Output.table:
+    fmt = resolve_output(output)
+    if fmt is Output.json:
         emit(done.as_json(), Output.json)
+    elif fmt is Output.csv:  # the rows an operator acts on: what stays, and why
+        emit(_kept_rows(done.kept if done.dry_run else done.remaining), fmt, columns=KEPT_COLUMNS)
     elif done.dry_run:
         _print_plan(done)
     else:
@@ -170,10 +173,13 @@ def _print_plan(plan: Eviction) -> None:
     _print_kept(plan.kept, "staying in the region")
 
 
+def _kept_rows(kept: Sequence[Kept]) -> list[dict[str, object]]:
+    return [{"object": k.key, "version": k.version, "why": k.why} for k in kept]
+
+
 def _print_kept(kept: Sequence[Kept], title: str) -> None:
     if kept:
-        rows = [{"object": k.key, "version": k.version, "why": k.why} for k in kept]
-        emit(rows, Output.table, columns=KEPT_COLUMNS, title=title)
+        emit(_kept_rows(kept), Output.table, columns=KEPT_COLUMNS, title=title)
 
 
 def _print_show(row: dict[str, object], objects: list[dict[str, Any]]) -> None:

@@ -110,3 +110,39 @@ def test_a_duration_is_written_as_the_policy_writes_one() -> None:
         1.5,
         30.0,
     ]
+
+
+def test_run_as_csv_has_one_header_and_a_row_per_scenario_and_invariant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import csv
+    import io
+
+    from typer.testing import CliRunner
+
+    import chaos.suite
+    from chaos.checkers.verdict import Verdict
+    from chaos.runner import Result
+    from controlplane.cli.main import app
+
+    def fake(_settings: object, _chosen: object, seed: int, _duration_s: float, **_: object):
+        return [
+            Result("owner-isolated", seed, 300, 90, [Verdict.of("no-split-brain", [])]),
+            Result(
+                "owner-sigstop",
+                seed + 1,
+                310,
+                80,
+                [Verdict.of("no-split-brain", []), Verdict.of("residency", ["copy x"])],
+            ),
+        ]
+
+    monkeypatch.setattr(chaos.suite, "run_suite", fake)
+    done = CliRunner().invoke(
+        app, ["chaos", "run", "--seed", "5", "--duration", "1m", "--output", "csv"]
+    )
+    assert done.exit_code == 1, done.stderr
+    rows = list(csv.reader(io.StringIO(done.stdout)))
+    assert rows[0] == ["scenario", "seed", "operations", "acked", "invariant", "held", "detail"]
+    assert [r[0] for r in rows[1:]] == ["owner-isolated", "owner-sigstop", "owner-sigstop"]
+    assert rows[3][1:6] == ["6", "310", "80", "residency", "no"]
