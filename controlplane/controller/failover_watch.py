@@ -131,7 +131,8 @@ class FailoverWatch(Duty):
         dataset in manual mode is reported once per death, not once per second.
         """
         detected = utcnow()
-        policy = self.ctx.view.current
+        # Read together: the key's revision guards the move against a later apply.
+        policy, policy_key = self.ctx.view.decided()
         if policy is None:
             if not quiet:
                 log.warning("failover_skipped", region=region, reason="no policy is applied")
@@ -177,7 +178,7 @@ class FailoverWatch(Duty):
                     apply_move(
                         owners,
                         m,
-                        guards=automatic_guards(m, view),
+                        guards=automatic_guards(m, view, policy_key),
                         kind="automatic",
                         reason="lease expired",
                         actor=self.ctx.actor,

@@ -331,6 +331,7 @@ class PolicyView(Lifecycle):
         self._current: CompiledPolicy | None = None
         self._problem = "no policy has been applied (run `meridian policy apply`)"
         self._revision = 0  # etcd revision the snapshot (or its absence) was read at
+        self._key_revision = 0  # mod revision of the policy key last read (0: none)
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
@@ -344,6 +345,13 @@ class PolicyView(Lifecycle):
     def revision(self) -> int:
         """The etcd revision the view is up to date with."""
         return self._revision
+
+    def decided(self) -> tuple[CompiledPolicy | None, int]:
+        """The snapshot with the mod revision of the policy key as the view last read it
+        (0: no key), whether it took that value or kept the one it held. A transaction
+        comparing the key's mod revision with it fails once an apply lands that the view
+        has not read yet, so a decision taken on the snapshot cannot outlive it."""
+        return self._current, self._key_revision
 
     def require(self) -> CompiledPolicy:
         """The snapshot; `NoPolicyError` (retriable) when there is none: fail closed."""
@@ -429,6 +437,7 @@ class PolicyView(Lifecycle):
 
     async def _replace(self, value: bytes | None, etcd_revision: int) -> None:
         before = self._current
+        self._key_revision = etcd_revision if value is not None else 0
         if value is None:
             snapshot = None
             self._problem = "no policy has been applied (run `meridian policy apply`)"

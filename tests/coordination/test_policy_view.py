@@ -214,7 +214,16 @@ async def test_an_older_revision_published_late_replaces_nothing(
     await publisher.publish(compiled(5, lineage="cat-a"))
     held = await coord.get(keys.POLICY_CURRENT)
     assert held is not None and CompiledPolicy.from_json(held.value).revision == 6
-    await coord.put(keys.POLICY_CURRENT, compiled(5, lineage="cat-a").to_json())
+    written = await coord.put(keys.POLICY_CURRENT, compiled(5, lineage="cat-a").to_json())
+
+    async def read_by_view() -> bool:
+        return view.decided()[1] == written
+
+    # The view keeps 6 yet knows the key it read: a move guarded by it is not refused
+    # forever for an apply the view chose to ignore (failover.automatic_guards).
+    assert await wait_until(read_by_view, 5)
+    kept, _ = view.decided()
+    assert kept is not None and kept.revision == 6
     await publisher.publish(compiled(7, lineage="cat-a"))  # a later write, to wait on
     assert (await view.wait_for(_at(7), 5)) is not None  # 5 never showed in between
     await publisher.publish(compiled(1, lineage="cat-b"))  # a fresh catalog

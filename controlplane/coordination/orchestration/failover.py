@@ -47,8 +47,15 @@ def source_dead_guard(move: Move) -> Compare:
     return Compare(keys.alive(move.from_region), Target.CREATE, Cmp.EQUAL, 0)
 
 
-def automatic_guards(move: Move, view: ClusterView) -> list[Compare]:
-    """The facts an automatic failover relied on, as transaction compares."""
+def automatic_guards(move: Move, view: ClusterView, policy_key_revision: int) -> list[Compare]:
+    """The facts an automatic failover relied on, as transaction compares.
+
+    They include the policy it was decided under (`PolicyView.decided`: the mod revision
+    of the policy key the view last read; 0: none): a controller whose view lags an
+    apply that dropped the target from the dataset's regions, or narrowed its
+    residency, would otherwise move ownership where the new policy forbids it. The
+    sweep decides again on the new policy within a reconcile interval.
+    """
     guards = [
         Compare(keys.alive(move.from_region), Target.CREATE, Cmp.EQUAL, 0),
         Compare(keys.MAINTENANCE, Target.CREATE, Cmp.EQUAL, 0),
@@ -60,6 +67,8 @@ def automatic_guards(move: Move, view: ClusterView) -> list[Compare]:
             view.state_revisions.get(move.to_region, 0),
         ),
     ]
+    if policy_key_revision > 0:
+        guards.append(Compare(keys.POLICY_CURRENT, Target.MOD, Cmp.EQUAL, policy_key_revision))
     return guards
 
 
