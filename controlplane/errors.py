@@ -41,6 +41,13 @@ class OperationTimeoutError(UnavailableError):
     """An operation did not finish within its deadline."""
 
 
+class WatchCompactedError(MeridianError):
+    """A watch asked for history the store has compacted away: re-read, then watch again
+    from the revision of that read."""
+
+    retriable = True
+
+
 class ConflictError(MeridianError):
     """A compare-and-set lost a race; re-read and try again."""
 

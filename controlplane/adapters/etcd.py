@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
@@ -28,6 +29,7 @@ from controlplane.errors import (
     NotFoundError,
     OperationTimeoutError,
     UnavailableError,
+    WatchCompactedError,
 )
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import (
@@ -58,15 +60,20 @@ _FIELD = {
     Target.VALUE: "value",
 }
 _EVENT_DELETE = 1
-# A broken watch stream is reopened after these waits (doubling up to the cap); any
-# other gRPC status ends the watch with an error.
-_WATCH_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# A watch stream broken with one of these is reopened after these waits (doubling up to
+# the cap, with jitter); any other status ends the watch with an error. CANCELLED and
+# INTERNAL are what some etcd releases answer when a member loses its leader or a
+# stream is reset; a cancel of our own never reaches this loop.
+_WATCH_TRANSIENT = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.INTERNAL,
+)
+# etcd refuses (or later ends) the watch on a member without a leader.
+_WATCH_METADATA = (("hasleader", "true"),)
 _WATCH_BACKOFF_S = 0.1
 _WATCH_BACKOFF_MAX_S = 0.5
-
-
-class EtcdWatchCompactedError(MeridianError):
-    """A watch asked for history that etcd has already compacted away."""
 
 
 def _kv(raw: Any) -> KeyValue:
@@ -374,21 +381,27 @@ class EtcdCoordination:
         store's current revision, not its last event's, so a stream cut mid catch-up
         skipped every event in between. This runs the stream itself and resumes from
         the last event it delivered (etcd never splits one revision's events across
-        responses, so that revision was delivered whole).
+        responses, so that revision was delivered whole). The stream asks for a member
+        with a leader: one cut off from its peers ends it (UNAVAILABLE) instead of
+        keeping it open and silent while the cluster moves on.
         """
-        if not self._connected:
-            raise UnavailableError(f"etcd at {self._where()} is not connected (call connect())")
+        self._check_connected()
         end = prefix_range_end(key) if prefix else b""
-        stub = WatchStub(self._client._channel)
-        resume = start_revision  # the first revision not yet delivered (0: from now)
+        # The first revision not yet delivered; "from now" is pinned by a read, so a
+        # stream broken before etcd confirmed it loses nothing either.
+        resume = start_revision if start_revision > 0 else await self.revision() + 1
         backoff_s = _WATCH_BACKOFF_S
         while True:
-            stream = stub.Watch(_watch_requests(key.encode(), end, resume))
+            self._check_connected()
+            stub = WatchStub(self._client._channel)
+            stop = asyncio.get_running_loop().create_future()
+            stream = stub.Watch(
+                _watch_requests(key.encode(), end, resume, stop), metadata=_WATCH_METADATA
+            )
             try:
                 async for resp in stream:
-                    backoff_s = _WATCH_BACKOFF_S
                     if resp.compact_revision > 0:
-                        raise EtcdWatchCompactedError(
+                        raise WatchCompactedError(
                             f"the watch on {key} asked for revision {resume}, but etcd "
                             f"compacted history up to {resp.compact_revision}; re-read and "
                             "re-watch"
@@ -398,36 +411,55 @@ class EtcdCoordination:
                             f"etcd cancelled the watch on {key}: "
                             f"{resp.cancel_reason or 'no reason given'}"
                         )
-                    if resp.created and resume == 0:
-                        # "From now" is after the revision the watch was created at.
-                        resume = int(resp.header.revision) + 1
                     for ev in resp.events:
                         kind = EventType.DELETE if ev.type == _EVENT_DELETE else EventType.PUT
                         rev = int(ev.kv.mod_revision)
                         yield WatchEvent(kind, _kv(ev.kv), rev)
                         resume = rev + 1
-                code = "closed"  # ended without a status: reopen it like a broken one
+                        # Only a stream that delivers resets the wait: one a link accepts
+                        # and cuts at once is reopened ever more slowly.
+                        backoff_s = _WATCH_BACKOFF_S
+                why = "closed without a status"
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _WATCH_TRANSIENT:
                     raise UnavailableError(
                         f"the etcd watch on {key} failed: {exc.code().name} {exc.details()}"
                     ) from exc
-                code = exc.code().name
+                why = f"{exc.code().name} {exc.details()}"
+            except asyncio.CancelledError:
+                # grpc cancels the consumer of a stream whose channel `close()` shut.
+                task = asyncio.current_task()
+                if self._connected or (task is not None and task.cancelling()):
+                    raise
+                raise UnavailableError(
+                    f"the etcd watch on {key} ended: the connection to etcd was closed"
+                ) from None
             finally:
+                # A call that already ended ignores cancel(), so the request side is
+                # ended by hand: its task would otherwise wait forever, one per reopen.
+                if not stop.done():
+                    stop.set_result(None)
                 stream.cancel()
+            wait_s = backoff_s * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not a secret
             log.warning(
-                "etcd_watch_broken", key=key, code=code, resume_revision=resume, retry_s=backoff_s
+                "etcd_watch_broken", key=key, why=why, resume_revision=resume, retry_s=wait_s
             )
-            await asyncio.sleep(backoff_s)
+            await asyncio.sleep(wait_s)
             backoff_s = min(backoff_s * 2, _WATCH_BACKOFF_MAX_S)
 
+    def _check_connected(self) -> None:
+        if not self._connected:
+            raise UnavailableError(f"etcd at {self._where()} is not connected (call connect())")
 
-async def _watch_requests(key: bytes, end: bytes, start: int) -> AsyncIterator[Any]:
-    """One create request, then the request side stays open for the stream's life."""
+
+async def _watch_requests(
+    key: bytes, end: bytes, start: int, stop: asyncio.Future[None]
+) -> AsyncIterator[Any]:
+    """One create request; then the request side stays open until `stop` is set."""
     yield WatchRequest(
         create_request=WatchCreateRequest(key=key, range_end=end, start_revision=start)
     )
-    await asyncio.Future()
+    await stop
 
 
 async def connect_etcd(

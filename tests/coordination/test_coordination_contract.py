@@ -13,11 +13,11 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from fakes.coordination import ManualClock, MemoryCoordination, WatchCompactedError
+from fakes.coordination import ManualClock, MemoryCoordination
 from harness.agent_fixtures import clean_coordination
 
 from controlplane.adapters.etcd import EtcdCoordination
-from controlplane.errors import NotFoundError, UnavailableError
+from controlplane.errors import NotFoundError, UnavailableError, WatchCompactedError
 from controlplane.ports.coordination import (
     Cmp,
     Compare,
@@ -237,6 +237,49 @@ async def test_fake_outage_is_retriable_and_ends() -> None:
     assert info.value.retriable
     mem.set_unavailable(False)
     assert await mem.get(K + "o") is not None
+    await mem.close()
+
+
+async def test_fake_watch_waits_out_an_outage() -> None:
+    """As the adapter's watch does across a broken stream (test_watch_resume.py)."""
+    mem = MemoryCoordination()
+    start = await mem.put(K + "q0", b"0")
+    seen: list[str] = []
+    more = asyncio.Event()
+
+    async def follow() -> None:
+        async for ev in mem.watch(K, prefix=True, start_revision=start):
+            seen.append(ev.kv.key)
+            more.set()
+            if len(seen) == 3:
+                return
+
+    task = asyncio.create_task(follow())
+    await asyncio.wait_for(more.wait(), 5)
+    mem.set_unavailable(True)
+    for _ in range(5):  # let the watch meet the outage: it waits, it does not end
+        await asyncio.sleep(0)
+    assert not task.done() and seen == [K + "q0"]
+    mem.set_unavailable(False)
+    await mem.put(K + "q1", b"1")
+    await mem.put(K + "q2", b"2")
+    await asyncio.wait_for(task, 5)
+    assert seen == [K + "q0", K + "q1", K + "q2"]
+    await mem.close()
+
+
+async def test_fake_watch_lagging_behind_a_compaction_raises() -> None:
+    mem = MemoryCoordination()
+    start = await mem.put(K + "c0", b"0")
+    watch = mem.watch(K, prefix=True, start_revision=start)
+    first = await anext(watch)
+    assert first.kv.key == K + "c0"
+    await mem.put(K + "c1", b"1")
+    last = await mem.put(K + "c2", b"2")
+    mem.compact(last)
+    with pytest.raises(WatchCompactedError, match="compacted"):
+        await anext(watch)
+    await watch.aclose()
     await mem.close()
 
 

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from fakes.coordination import ManualClock, MemoryCoordination, WatchCompactedError
+from fakes.coordination import ManualClock, MemoryCoordination
 
 from controlplane.coordination.protocols import keys
 from controlplane.coordination.protocols.fencing import (
@@ -23,7 +23,12 @@ from controlplane.coordination.protocols.fencing import (
 from controlplane.coordination.protocols.follow import follow_ownership
 from controlplane.coordination.protocols.locks import GlobalLock, HeldLock, LockLostError
 from controlplane.coordination.protocols.ownership import Ownership
-from controlplane.errors import ConflictError, OperationTimeoutError, UnavailableError
+from controlplane.errors import (
+    ConflictError,
+    OperationTimeoutError,
+    UnavailableError,
+    WatchCompactedError,
+)
 from controlplane.ports.coordination import WatchEvent
 
 from .helpers import wait_until

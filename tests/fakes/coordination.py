@@ -16,11 +16,13 @@ same assertions against both):
   live one's in whole seconds rounded down, as etcd does;
 * watches deliver every event from `start_revision` (inclusive; 0 means from
   now) in revision order, several events of one revision in the order of their
-  operations; a start revision below `compact()`'s raises.
+  operations; a start revision below `compact()`'s raises, and so does a watch
+  that lags behind a compaction.
 
 Beyond the port: `set_unavailable(True)` makes every call fail with the
-retriable `UnavailableError` until it is set back, and ends every open watch with
-it, as an etcd outage would; `extend_leases` renews every lease as etcd's next
+retriable `UnavailableError` until it is set back, while open watches go quiet and
+then catch up, as the adapter's do across an etcd outage; `break_watches(error)`
+ends every open watch with `error`; `extend_leases` renews every lease as etcd's next
 leader does after one; `refused` counts the calls and watches it failed, so a
 test can await the code under test meeting the outage; `compact(revision)` forgets
 history like etcd's compaction.
@@ -38,7 +40,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
 
-from controlplane.errors import MeridianError, NotFoundError, UnavailableError
+from controlplane.errors import (
+    MeridianError,
+    NotFoundError,
+    UnavailableError,
+    WatchCompactedError,
+)
 from controlplane.ports.coordination import (
     Cmp,
     Compare,
@@ -54,8 +61,11 @@ from controlplane.ports.coordination import (
 )
 
 
-class WatchCompactedError(MeridianError):
-    """A watch asked for history that was compacted away (etcd's ErrCompacted)."""
+@dataclass(frozen=True, eq=False)
+class _Break:
+    """One `break_watches` call: the watches opened before it end with its error."""
+
+    error: Exception | None
 
 
 class ManualClock:
@@ -145,6 +155,7 @@ class MemoryCoordination:
         self._lease_ids = itertools.count(0x694D_0000_0001)
         self._changed = asyncio.Event()
         self._unavailable = False
+        self._broken = _Break(None)
         self.refused = 0  # calls and watches failed by `set_unavailable`
         self._closed = False
         self._timers: dict[int, asyncio.TimerHandle] = {}
@@ -152,11 +163,18 @@ class MemoryCoordination:
 
     # -- test controls ---------------------------------------------------------
     def set_unavailable(self, down: bool) -> None:
-        """Make every call fail as if the store could not be reached (or stop that); an
-        outage ends the open watches too."""
+        """Make every call fail as if the store could not be reached (or stop that). Open
+        watches go quiet meanwhile and then deliver what they missed, as the adapter's
+        watch does across a broken stream."""
         self._unavailable = down
         if down:
             self._notify()
+
+    def break_watches(self, error: Exception) -> None:
+        """End every open watch with `error`, as the adapter ends one on a status it does
+        not retry (a cancel by etcd, a refused request)."""
+        self._broken = _Break(error)
+        self._notify()
 
     def extend_leases(self, seconds: float) -> None:
         """Give every lease a TTL and `seconds` from now, as etcd's next leader does after
@@ -372,19 +390,25 @@ class MemoryCoordination:
                 f"up to {self._compacted}; re-read and re-watch"
             )
         nxt = start
+        broken = self._broken
         while True:
-            # Events written while the consumer handles this batch come in the next one.
-            upto = self._revision
+            if nxt < self._compacted:  # compacted while this watch lagged behind
+                raise WatchCompactedError(
+                    f"the watch on {key} was at revision {nxt}, but history was compacted "
+                    f"up to {self._compacted}; re-read and re-watch"
+                )
+            # Events written while the consumer handles this batch come in the next one;
+            # an outage holds them back (the adapter reopens the stream after it).
+            upto = nxt - 1 if self._unavailable else self._revision
             for ev in [e for e in self._history if nxt <= e.revision <= upto]:
                 if ev.kv.key == key or (prefix and ev.kv.key.startswith(key)):
                     yield ev
             nxt = upto + 1
-            while self._revision < nxt:
+            while self._revision < nxt or self._unavailable:
                 if self._closed:
                     raise UnavailableError(f"the watch on {key} ended: the store was closed")
-                if self._unavailable:
-                    self.refused += 1
-                    raise UnavailableError(f"the watch on {key} ended: the store is unavailable")
+                if self._broken is not broken and self._broken.error is not None:
+                    raise self._broken.error
                 await self._wait_change()
 
     async def revision(self) -> int:

@@ -10,6 +10,7 @@ from fakes.coordination import MemoryCoordination
 
 from agents.placement import MembershipWatch
 from controlplane.coordination.protocols import keys
+from controlplane.errors import UnavailableError
 
 
 def registration(agent_id: str, weight: int = 1, state: str = "serving") -> bytes:
@@ -46,12 +47,13 @@ async def test_watch_follows_registrations() -> None:
                 await watch.changed()
 
 
-async def test_watch_reads_again_after_etcd_returns() -> None:
+async def test_watch_reads_again_after_its_watch_fails() -> None:
     coord = MemoryCoordination()
     watch = MembershipWatch(coord, "eu-west", retry_initial_s=0.01, retry_max_s=0.05)
     async with watch:
         coord.set_unavailable(True)
-        # The watch ends with the outage and its re-read is refused too: it is retrying.
+        coord.break_watches(UnavailableError("the watch failed (test)"))
+        # The watch ended and its re-read is refused too: it is retrying.
         await waiting.until(lambda: coord.refused >= 2, 5, "the watch to meet the outage")
         coord.set_unavailable(False)
         await coord.put(keys.agent("eu-west", "c"), registration("c"))

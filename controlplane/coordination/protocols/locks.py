@@ -65,6 +65,7 @@ from controlplane.errors import (
     MeridianError,
     OperationTimeoutError,
     UnavailableError,
+    WatchCompactedError,
 )
 from controlplane.logs import get_logger
 from controlplane.ports.coordination import (
@@ -205,7 +206,8 @@ class GlobalLock:
         end first (a stream closed without an error). The caller reads the keys again
         after either of the last two: a stream wedged without an error (which no
         keepalive of the lease notices) still costs at most `recheck_s`."""
-        with contextlib.suppress(TimeoutError):
+        # A watch from a compacted revision is given up too: the caller's read is newer.
+        with contextlib.suppress(TimeoutError, WatchCompactedError):
             # The timeout cancels the watch inside its own step, so its stream is closed.
             async with asyncio.timeout(self.recheck_s):
                 async for ev in self.coord.watch(key, start_revision=start):
