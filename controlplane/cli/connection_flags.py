@@ -46,6 +46,8 @@ READS: dict[str, tuple[str, ...]] = {
     "audit failovers": (CATALOG,),
     "history": (CATALOG,),
     "region show": (ETCD,),
+    "pause": (ETCD,),  # etcd alone: maintenance mode must work while the catalog is away
+    "resume": (ETCD,),
     "dataset evict": (ETCD,),
     "replicator run": (CATALOG, ETCD, KAFKA),  # the one with Kafka (and `agent serve`'s own)
 }

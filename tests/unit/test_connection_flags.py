@@ -33,6 +33,8 @@ def test_every_command_takes_the_flags_it_reads_and_no_other_option() -> None:
     assert reads("region list") == ("--catalog", "--etcd")
     assert reads("replicator run") == ("--catalog", "--etcd", "--kafka")
     assert reads("region show") == ("--etcd",) and reads("history") == ("--catalog",)
+    assert reads("pause") == reads("resume") == ("--etcd",)  # no catalog: see runbook.py
+    assert "--catalog" not in found["pause"]
     assert reads("audit failovers") == ("--catalog",) and reads("audit dataset")[1] == "--etcd"
     for path, opts in found.items():
         assert set(reads(path)) <= opts, path
