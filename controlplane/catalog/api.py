@@ -44,7 +44,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from controlplane.catalog import audit, bulk, revisions
@@ -87,7 +87,7 @@ from controlplane.catalog.records import (
     TransferRecord,
     VersionRef,
 )
-from controlplane.catalog.translate import translated
+from controlplane.catalog.translate import translate_error, translated
 
 
 def utcnow() -> datetime:
@@ -464,6 +464,8 @@ class Catalog:
         """Commit the revision `decide` computes from the state read under the exclusive
         residency lock, in one transaction; refuse stranding replicas outside their new
         residency (`StrandedReplicasError`); record nothing when nothing changes."""
+        # Not `@translated` as a whole: these two answers say what happened, where the
+        # generic translation would only say "refused a write".
         try:
             return self._apply_revision(decide, source=source, applied_by=applied_by)
         except IntegrityError as exc:
@@ -475,9 +477,10 @@ class Catalog:
                 raise CatalogConflictError(
                     "another `policy apply` is running on this catalog; try again when it is done"
                 ) from exc
-            raise
+            raise translate_error(exc, self.url) from exc
+        except SQLAlchemyError as exc:
+            raise translate_error(exc, self.url) from exc
 
-    @translated
     def _apply_revision(
         self, decide: revisions.Decide, *, source: str, applied_by: str
     ) -> RevisionOutcome:

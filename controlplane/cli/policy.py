@@ -184,7 +184,13 @@ def apply(
                     f"  {row['action']} {row['kind']} {row['name']}: {row['fields']}", err=True
                 )
             _confirm(f"apply these {len(changes)} change(s)?", f"applying {len(changes)} change(s)")
-        result = apply_policy(cat, policy, source=describe_source(files), publisher=publisher)
+        result = apply_policy(
+            cat,
+            policy,
+            source=describe_source(files),
+            publisher=publisher,
+            confirmed=None if yes else changes,  # what was shown (an empty plan too)
+        )
     if fmt is Output.json:
         emit(
             {

@@ -20,6 +20,7 @@ from pathlib import Path
 from controlplane.catalog.api import Catalog
 from controlplane.catalog.errors import StrandedReplicasError
 from controlplane.catalog.records import CatalogState, Placement, RevisionDraft
+from controlplane.errors import ConflictError
 from controlplane.policy.compiler import PolicySet
 from controlplane.policy.current import CompiledPolicy
 from controlplane.policy.plan import Change, compute_plan
@@ -52,7 +53,16 @@ def describe_source(paths: Sequence[Path]) -> str:
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(folder), "status", "--porcelain", "--", *map(str, paths)],
+            # Resolved: a relative path is taken from `folder`, not from where we run.
+            [
+                "git",
+                "-C",
+                str(folder),
+                "status",
+                "--porcelain",
+                "--",
+                *(str(p.resolve()) for p in paths),
+            ],
             capture_output=True,
             text=True,
             timeout=10,
@@ -75,8 +85,13 @@ def apply_policy(
     source: str,
     publisher: PolicyPublisher | None,
     applied_by: str | None = None,
+    confirmed: Sequence[Change] | None = None,
 ) -> ApplyResult:
-    """Apply `policy`; refuse stranding replicas; publish the head when a publisher is given."""
+    """Apply `policy`; refuse stranding replicas; publish the head when a publisher is given.
+
+    `confirmed`: the changes an operator agreed to (planned before the lock was taken).
+    When the catalog moved meanwhile and the changes under the lock differ, nothing is
+    applied (`ConflictError`): an apply never commits a change set nobody saw."""
     user = applied_by or getpass.getuser()
     planned: list[Change] = []
     placed: dict[str, Placement] = {}
@@ -84,6 +99,11 @@ def apply_policy(
     def decide(state: CatalogState) -> RevisionDraft:
         # Runs inside the catalog's transaction, on the state read under its lock.
         changes, placements = compute_plan(state, policy)
+        if confirmed is not None and list(confirmed) != changes:
+            raise ConflictError(
+                "the catalog changed after the plan you confirmed (another `policy apply` "
+                "committed); nothing was applied: run the command again to see the new plan"
+            )
         planned[:] = changes
         placed.clear()
         placed.update(placements)  # what is published to etcd beside the rules

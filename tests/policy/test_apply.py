@@ -59,6 +59,23 @@ def test_apply_is_idempotent_and_records_the_revision(cat: Catalog, sql: Any) ->
         assert rev is not None and rev.source == "git:abc"
 
 
+def test_an_apply_whose_confirmed_plan_went_stale_applies_nothing(cat: Catalog, sql: Any) -> None:
+    """The CLI plans, asks, then applies under the lock: another apply that committed in
+    between makes the change set differ from the one confirmed."""
+    policy = policy_of(EXAMPLE)
+    shown = plan_changes(cat, policy)
+    assert shown
+    other = apply_policy(cat, policy, source="git:other", publisher=None, applied_by="bob")
+    with pytest.raises(ConflictError, match="changed after the plan you confirmed"):
+        apply_policy(cat, policy, source="git:mine", publisher=None, confirmed=shown)
+    assert revisions(cat, sql) == [(other.revision, 0, policy.digest, "bob")]
+    # What is shown now is what is applied (nothing, here).
+    again = apply_policy(
+        cat, policy, source="git:mine", publisher=None, confirmed=plan_changes(cat, policy)
+    )
+    assert again.changes == [] and again.revision == other.revision
+
+
 def test_catalog_returns_the_planned_placements_whole(cat: Catalog) -> None:
     policy = policy_of(EXAMPLE)
     apply_policy(cat, policy, source="a", publisher=None)
@@ -264,3 +281,16 @@ def test_unreachable_etcd_keeps_revision_and_says_so(cat: Catalog, sql: Any) -> 
 def test_spec_example_file_compiles() -> None:
     policy, problems = compile_files([DATA / "example.yaml"])
     assert problems == [] and policy is not None
+
+
+def test_a_unique_parent_clash_is_reported_as_another_apply(cat: Catalog) -> None:
+    """Two applies on one head: the loser's error says so (not a generic refused write)."""
+    from sqlalchemy.exc import IntegrityError
+
+    from controlplane.catalog.records import CatalogState, RevisionDraft
+
+    def clash(_state: CatalogState) -> RevisionDraft:
+        raise IntegrityError("INSERT INTO policy_revisions", {}, Exception("unique parent"))
+
+    with pytest.raises(CatalogConflictError, match="another `policy apply` committed first"):
+        cat.apply_revision(clash, source="t", applied_by="t")

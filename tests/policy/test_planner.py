@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,7 +128,7 @@ def test_placements_never_violate_residency(
     assert chosen == sorted(rtt[r] for r in others)[:count]
 
 
-def test_source_names_the_git_commit(tmp_path: Path) -> None:
+def test_source_names_the_git_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     f = repo / "p.yaml"
@@ -141,6 +142,8 @@ def test_source_names_the_git_commit(tmp_path: Path) -> None:
     assert describe_source([f]) == f"git:{sha} {f}"
     f.write_text("x: 2\n")
     assert describe_source([f]) == f"git:{sha}+dirty {f}"
+    monkeypatch.chdir(tmp_path)  # a path relative to here, not to the repository
+    assert describe_source([Path("repo/p.yaml")]) == f"git:{sha}+dirty repo/p.yaml"
     outside = tmp_path / "q.yaml"
     outside.write_text("x: 1\n")
     assert describe_source([outside]) == str(outside)
