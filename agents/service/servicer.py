@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Never, Protocol, TypedDict
 
 import grpc
@@ -58,6 +56,7 @@ from agents.store import (
     StoredVersion,
     TooLargeError,
 )
+from agents.store.room import check_room
 from agents.store.store import INLINE_MAX_BYTES
 from agents.to_the_end import open_in_thread, run_to_the_end
 from controlplane.domain.eviction import OwnerSeen, eviction_refused, placement_digest
@@ -84,8 +83,6 @@ log = get_logger("meridian.agent.api")
 # A Put of at most this many bytes is held in memory until its end and then stored in
 # one thread hop (and its bytes pushed from memory, for a critical dataset).
 INLINE_BYTES = INLINE_MAX_BYTES  # what the store keeps inline (`put_small`)
-# Space a Put's stated size must leave free on the store's disk (see _check_room).
-ROOM_RESERVE_BYTES = 256 << 20
 # Keys one Evict call may name: a call of that many commits one transaction per object,
 # a few seconds on a loaded disk, well inside a client's deadline.
 MAX_EVICT_KEYS = 1000
@@ -271,7 +268,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         header = _Header.of(first.header, self.max_object_bytes)
         dataset, key, size = header.dataset, header.key, header.size
         if size is not None and size > INLINE_BYTES:
-            await asyncio.to_thread(_check_room, self.store.root, dataset, key, size)
+            await asyncio.to_thread(
+                check_room, self.store.root, f"PutHeader.size: {dataset}/{key}", size
+            )
         admitted = await self.admission.admit_write(dataset, header.epoch)
         if header.set_id is not None and self.holding_sets is not None:
             await self.holding_sets()
@@ -897,20 +896,6 @@ class _Header:
                 f"agent's cap of {max_object_bytes}; nothing was stored"
             )
         return cls(dataset, key, set_id, epoch, size, digest)
-
-
-def _check_room(root: Path, dataset: str, key: str, size: int) -> None:
-    """Refuse at its header a Put whose stated size the store's disk cannot take (with
-    a reserve for the metadata and the writes under way), rather than after streaming
-    what fits and failing on a full disk, which fails every other write meanwhile."""
-    fs = os.statvfs(root)
-    free = fs.f_bavail * fs.f_frsize
-    if size > free - ROOM_RESERVE_BYTES:
-        raise TooLargeError(
-            f"PutHeader.size: {dataset}/{key} would be {size} bytes, and this agent's disk "
-            f"has {max(0, free)} bytes free ({ROOM_RESERVE_BYTES} kept in reserve); "
-            "nothing was stored"
-        )
 
 
 class _Commit(TypedDict):

@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import zstandard
@@ -30,6 +31,7 @@ from agents.metrics import AgentMetrics
 from agents.rpc.status import from_rpc_error
 from agents.store import ApplyResult, ObjectReader, ObjectStore, StagedWrite, StoredVersion
 from agents.store.errors import DigestMismatchError
+from agents.store.room import check_room
 from agents.store.staging import TMP
 from agents.to_the_end import run_to_the_end
 from agents.transfer.bridge import ChunkPipe, PipeAbandonedError, file_chunks, remove
@@ -290,6 +292,24 @@ async def _pull(
     ):
         await asyncio.to_thread(book.drop, dataset, key, hlc)
         state = None
+    if state is not None:
+        # Resume from what the partial file holds, not only from what its state says:
+        # asking the sender for bytes after a shorter file would leave a gap that only
+        # the digest at the end finds, after the whole rest was sent for nothing.
+        kept = await asyncio.to_thread(_size_of, book.partial_path(dataset, key, hlc))
+        if kept < state.offset:
+            log.warning(
+                "resume_partial_short", dataset=dataset, key=key, state=state.offset, file=kept
+            )
+            state.offset = kept
+    # The whole version is written here (a raw resume: what it still lacks), before
+    # any byte is asked for: refused at once when the disk cannot take it.
+    await asyncio.to_thread(
+        check_room,
+        store.root,
+        f"a copy of {dataset}/{key} at {hlc} from {source.region}",
+        version.size - (state.offset if state is not None and state.method == RAW else 0),
+    )
     tally = TransferTally(
         state.transfer_id if state else "",
         dataset,
@@ -375,6 +395,13 @@ async def _pull(
         raise
     finally:
         tally.count(metrics, outcome)
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 class _RefusedHere(Exception):  # noqa: N818 - not an error of its own: it carries one

@@ -587,7 +587,8 @@ class TransferService:
                     # another source may still send it whole.
                     if not exc.retriable:
                         if not isinstance(exc, NotFoundError | DigestMismatchError):
-                            raise
+                            # Final: no other source changes it; say which one was asked.
+                            raise type(exc)(f"{source.region} ({source.address}): {exc}") from exc
                         lost.append(exc)
                     errors.append(f"{source.region} ({source.address}): {exc}")
                     log.warning(

@@ -4,6 +4,8 @@ transfer; raw (no basis) and delta (with a basis) alike."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from agents_inproc import Agent, AgentFactory
 from xfer_helpers import content, fetch, rewrite, transfers
@@ -53,3 +55,27 @@ async def test_a_cut_sync_resumes_and_sends_at_most_a_tenth_more(
     assert record["resumed_from"] > 0
     assert record["wire_bytes"] == resumed.wire_bytes == second
     assert not list((central.root / "transfers").iterdir())  # the state went with the commit
+
+
+async def test_a_partial_shorter_than_its_state_resumes_from_what_the_file_holds(
+    agents: AgentFactory,
+) -> None:
+    """The state names bytes the file no longer has (a restored disk, a hand edit): the
+    sender is asked for what follows the file, so the rest fills no gap."""
+    west, central, v2 = await _pair(agents, False, "short")
+    relay = await Relay(west.address, cut_after_bytes=SIZE // 2).start()
+    try:
+        with pytest.raises(Exception, match="relay cut the stream"):
+            await fetch(central.address, "ckpt", "m", v2, [("eu-west", relay.address)])
+        [partial] = (central.root / "transfers").glob("*.part")
+        kept = partial.stat().st_size // 2
+        assert kept > 0
+        os.truncate(partial, kept)
+        resumed = await fetch(central.address, "ckpt", "m", v2, [("eu-west", relay.address)])
+    finally:
+        await relay.stop()
+    assert resumed.outcome == agent_pb2.APPLY_OUTCOME_APPLIED
+    assert central.store.read_bytes("ckpt", "m") == west.store.read_bytes("ckpt", "m")
+    record = transfers(central.store)[-1]
+    assert record["outcome"] == "completed"
+    assert record["resumed_from"] == kept

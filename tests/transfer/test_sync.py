@@ -8,7 +8,10 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import grpc
+import pytest
 from agents_inproc import AgentFactory
 from xfer_helpers import content, fetch, rewrite, transfers
 
@@ -296,3 +299,33 @@ async def test_a_basis_kept_inline_serves_both_delta_methods(agents: AgentFactor
     assert east.store.read_bytes("ckpt", "opt.bin") == new
     assert transfers(east.store)[-1]["method"] == "signature"
     assert got.wire_bytes < len(new) / 4
+
+
+async def test_a_pull_the_disk_cannot_take_is_refused_before_a_byte_moves(
+    agents: AgentFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a Put is at its header: the version's size is known before the first byte."""
+    from agents.store import room
+
+    west = await agents("eu-west")
+    central = await agents("eu-central")
+    data = content(1 << 20)
+    version = west.store.put("ckpt", "big", [data])
+    free = room.RESERVE_BYTES + len(data) // 2  # the reserve and half of it
+
+    def tight(path: object) -> SimpleNamespace:
+        return SimpleNamespace(f_bavail=free, f_frsize=1)
+
+    monkeypatch.setattr(room, "statvfs", tight)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await fetch(central.address, "ckpt", "big", version, [("eu-west", west.address)])
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = str(err.value.details())
+    assert details.startswith(f"eu-west ({west.address}): a copy of ckpt/big")
+    assert f"disk has {free} bytes free" in details
+    assert central.store.versions("ckpt", "big") == []
+    assert not os.listdir(central.root / "transfers")  # no partial kept for a resume
+    monkeypatch.undo()  # room again: the same Fetch goes through
+    got = await fetch(central.address, "ckpt", "big", version, [("eu-west", west.address)])
+    assert got.outcome == agent_pb2.APPLY_OUTCOME_APPLIED
+    assert central.store.read_bytes("ckpt", "big") == data

@@ -1,0 +1,28 @@
+"""Whether the store's disk can take a write of a stated size, before any byte of it.
+
+A Put states its size in its header and a pull knows the version's size before it asks
+for a byte: both are refused at once when the disk cannot take it with a reserve left
+for the metadata and the writes under way, rather than failing on a full disk after
+streaming what fits, which fails every other write of the agent meanwhile.
+"""
+
+from __future__ import annotations
+
+from os import statvfs
+from pathlib import Path
+
+from agents.store.errors import TooLargeError
+
+RESERVE_BYTES = 256 << 20
+
+
+def check_room(root: Path, what: str, size: int) -> None:
+    """Raise `TooLargeError` naming `what` when `size` more bytes do not fit under `root`
+    with `RESERVE_BYTES` left free."""
+    fs = statvfs(root)
+    free = fs.f_bavail * fs.f_frsize
+    if size > free - RESERVE_BYTES:
+        raise TooLargeError(
+            f"{what} would be {size} bytes, and this agent's disk has {max(0, free)} bytes "
+            f"free ({RESERVE_BYTES} kept in reserve); nothing was stored"
+        )
