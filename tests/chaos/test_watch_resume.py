@@ -1,10 +1,10 @@
-"""Issue 14's open question: can etcd3aio's watch resume after a reconnect skip events?
+"""Issue 14's open question: can a watch resumed after a reconnect skip events?
 
 A watch through a Toxiproxy proxy of its own (one etcd member behind it) while
 writes go on directly; the link is black-holed, then reset (connections
-closed), then healed. Every change must arrive once, in revision order, with no
-gap: either the watch resumes transparently, or it ends with an error (and the
-caller re-reads); it must never skip.
+closed), then healed. The adapter reopens the stream itself after the last event
+it delivered (etcd3aio's own resume could skip), so every change must arrive
+once, in revision order, with no gap, and the watch must not end.
 """
 
 from __future__ import annotations
@@ -82,10 +82,5 @@ async def test_a_watch_across_cut_and_reset_links_skips_nothing(
                 await direct.delete(prefix, prefix=True)
         finally:
             await toxi.delete_proxy(name)
-    assert seen == sorted(set(seen)), f"events out of order or twice: {seen}"
-    delivered = [r for r in written if r in set(seen)]
-    assert seen == written[: len(seen)], (
-        f"the watch skipped events: wrote {written}, saw {seen} (ended: {ended})"
-    )
-    if not ended:
-        assert delivered == written, f"the watch stalled: wrote {written}, saw {seen}"
+    assert not ended, f"the watch ended instead of resuming: {ended}"
+    assert seen == written, f"the watch skipped, repeated or stalled: wrote {written}, saw {seen}"
