@@ -84,6 +84,16 @@ class FailoverJournal(Protocol):
 
 
 class CatchUpProbe(Protocol):
-    """Which versions of a dataset a region has not completed yet (empty: caught up)."""
+    """Which versions of a dataset a region has not completed yet (empty: caught up).
+
+    Entries are `key@hlc`; an entry in parentheses says instead why the versions could
+    not be compared (`unmeasured`): a wait treats it as not caught up, a journal row as
+    an RPO it could not measure, never as one missing version."""
 
     def incomplete_versions(self, dataset: str, region: str) -> list[str]: ...
+
+
+def unmeasured(entry: str) -> bool:
+    """Whether an `incomplete_versions` entry is a reason, not a version (a version's
+    entry ends with its HLC's region name, which never ends with a parenthesis)."""
+    return entry.startswith("(") and entry.endswith(")")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from controlplane.coordination.catalog_glue.sources import JournalEntry, journal_id
+from controlplane.coordination.catalog_glue.sources import JournalEntry, journal_id, unmeasured
 from controlplane.coordination.orchestration.decide import Move
 from controlplane.coordination.protocols.ownership import Owner
 from controlplane.coordination.timeutil import parse_rfc3339, rfc3339, utcnow
@@ -45,8 +45,13 @@ def moved_entry(
     new owner had not completed (its RPO exposure), None when not measured;
     `exposure_facts` say how it was measured when the agents told it."""
     details: dict[str, object] = {"epoch_before": move.epoch_before, **(exposure_facts or {})}
+    versions = [v for v in incomplete or () if not unmeasured(v)]
     if incomplete is not None:
-        details["incomplete_versions"] = list(incomplete[:INCOMPLETE_KEPT])
+        details["incomplete_versions"] = versions[:INCOMPLETE_KEPT]
+    why = next((v for v in incomplete or () if unmeasured(v)), None)
+    if why is not None:  # the probe could not compare: say so, not "one version missing"
+        details["rpo_versions_unknown"] = True
+        details["rpo_error"] = why.strip("()")
     return JournalEntry(
         id=journal_id(move.dataset, epoch),
         dataset=move.dataset,
@@ -59,7 +64,7 @@ def moved_entry(
         detected_at=detected_at,
         started_at=started_at,
         completed_at=completed_at,
-        rpo_versions=len(incomplete or ()),
+        rpo_versions=len(versions),
         details=details,
     )
 
