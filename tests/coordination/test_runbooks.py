@@ -615,3 +615,30 @@ async def test_a_failover_plans_from_the_policy_in_etcd_while_the_catalog_is_dow
     await coord.delete(keys.POLICY_CURRENT)
     with pytest.raises(CatalogUnavailableError):
         await rb.plan_failover("eu-west", to=None, force=False)
+
+
+class _Blind:
+    """A probe that cannot compare the agents (as when etcd or an agent is away)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def incomplete_versions(self, dataset: str, region: str) -> list[str]:
+        self.asked += 1
+        return [f"(agents of {dataset} cannot be compared: etcd is unreachable)"]
+
+
+async def test_a_switchover_whose_catch_up_cannot_be_checked_asks_ever_more_slowly(
+    coord: EtcdCoordination,
+) -> None:
+    await seed(coord, ["eu-west", "eu-central"], OWNERS)
+    probe = _Blind()
+    rb, journal = runbooks(coord, probe)
+    plan, _ = await rb.plan_switchover("ckpt/a", "eu-central")
+    with pytest.raises(SwitchoverAbortedError, match="could not be checked for 2 s") as info:
+        await rb.run_switchover(plan.moves[0], reason="t", timeout_s=2)
+    assert "etcd is unreachable" in str(info.value)
+    # 0.1 + 0.2 + 0.4 + 0.8 + 0.5: six asks in 2 s, where polling every 50 ms asks 40.
+    assert probe.asked <= 8, probe.asked
+    [entry] = journal.since(None)
+    assert entry.outcome == "aborted"

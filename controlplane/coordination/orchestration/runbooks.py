@@ -20,6 +20,7 @@ from controlplane.coordination.catalog_glue.sources import (
     FailoverJournal,
     JournalEntry,
     PlacementSource,
+    unmeasured,
 )
 from controlplane.coordination.orchestration.decide import (
     Move,
@@ -69,6 +70,8 @@ from controlplane.policy.current import CompiledPolicy
 from controlplane.ports.coordination import Coordination, KeepAlive, Lease
 
 log = get_logger(__name__)
+# The longest wait between two asks of a catch-up probe that could not compare.
+UNMEASURED_POLL_MAX_S = 1.0
 
 
 class SwitchoverAbortedError(OperationTimeoutError):
@@ -270,6 +273,7 @@ class Runbooks:
         )
         deadline = time.monotonic() + timeout_s
         missing: list[str] = []
+        delay_s = poll_s
         try:
             while True:
                 missing = await asyncio.to_thread(
@@ -277,13 +281,26 @@ class Runbooks:
                 )
                 if not missing or time.monotonic() >= deadline or keepalive.lost.is_set():
                     break
-                await asyncio.sleep(poll_s)
+                # A probe that could not compare (etcd or an agent away) fails fast: ask
+                # it again ever more slowly, up to a second apart; while it names versions
+                # the target is catching up on, keep polling at `poll_s`.
+                blind = any(unmeasured(m) for m in missing)
+                delay_s = min(delay_s * 2, UNMEASURED_POLL_MAX_S) if blind else poll_s
+                await asyncio.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
             if keepalive.lost.is_set():
                 raise SwitchoverAbortedError(
                     f"switchover of {move.dataset} to {move.to_region} aborted: this runbook's "
                     "lease on etcd lapsed (etcd unreachable for a whole TTL?), and its handover "
                     f"mark with it; {move.from_region} still owns it at epoch {move.epoch_before}",
                     why="the runbook's lease lapsed while it waited",
+                )
+            if missing and all(unmeasured(m) for m in missing):
+                why = missing[0].strip("()")
+                raise SwitchoverAbortedError(
+                    f"switchover of {move.dataset} to {move.to_region} aborted: its catch-up "
+                    f"could not be checked for {timeout_s:g} s ({why}); "
+                    f"{move.from_region} still owns it at epoch {move.epoch_before}",
+                    why=f"catch-up not checkable for {timeout_s:g} s: {why}",
                 )
             if missing:
                 raise SwitchoverAbortedError(
