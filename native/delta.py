@@ -282,15 +282,15 @@ Engine: TypeAlias = "Callable[[bytearray, bytearray], _delta.Stats]"
 
 
 def _run(call: Engine, progress: Progress | None) -> DeltaStats:
-    """Runs the engine; with a progress callback, on a worker thread while we poll.
+    """Runs the engine on a worker thread while we poll (and report progress, if asked).
 
-    Whatever happens on the calling thread (the callback raising, KeyboardInterrupt),
-    the engine is cancelled and its thread joined before this returns or raises: the
-    descriptors it works on are closed by our callers right after."""
+    Always on a worker: on the calling thread, a Ctrl-C (or a SIGTERM taken as one) would
+    only be seen once the whole output was written. Whatever happens on the calling
+    thread (the callback raising, KeyboardInterrupt), the engine is cancelled and its
+    thread joined before this returns or raises: the descriptors it works on are closed
+    by our callers right after."""
     counter = bytearray(8)
     cancel = bytearray(4)
-    if progress is None:
-        return DeltaStats(**call(counter, cancel))
     box: dict[str, object] = {}
 
     def work() -> None:
@@ -304,7 +304,8 @@ def _run(call: Engine, progress: Progress | None) -> DeltaStats:
     try:
         while worker.is_alive():
             worker.join(_POLL_S)
-            progress(int.from_bytes(counter, "little"))
+            if progress is not None:
+                progress(int.from_bytes(counter, "little"))
     except BaseException:
         cancel[:] = (1).to_bytes(4, "little")
         _join_uninterrupted(worker)
@@ -595,8 +596,11 @@ def patch(
     iterable of bytes chunks). `max_output_size` refuses a delta that would write more
     bytes (the receiver knows the size it expects)."""
     _check_threads(threads)
-    if max_output_size is not None and max_output_size < 0:
-        raise InvalidInputError(f"--max-output-size must be 0 or more, not {max_output_size}.")
+    if max_output_size is not None and not 0 <= max_output_size < 1 << 64:
+        # The engine takes 64 bits: a larger value would wrap to a tiny cap (or none).
+        raise InvalidInputError(
+            f"--max-output-size must be from 0 to {(1 << 64) - 1}, not {max_output_size}."
+        )
     dname = "the delta stream"
     if isinstance(delta_file, str | os.PathLike) or hasattr(delta_file, "read"):
         dname = _name(delta_file, "delta")  # type: ignore[arg-type]

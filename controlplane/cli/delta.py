@@ -21,6 +21,7 @@ import typer
 
 from controlplane.cli.common import OutputOpt, emit
 from controlplane.cli.delta_fast import MAX_THREADS, PROGRESS_MIN_BYTES, report_rows
+from controlplane.cli.interrupts import terminate_as_interrupt
 
 if TYPE_CHECKING:
     import native
@@ -104,7 +105,7 @@ def signature_cmd(
     """Write the signature of OLD to SIG."""
     import native
 
-    with _progress("signature", _size(old)) as progress:
+    with terminate_as_interrupt(), _progress("signature", _size(old)) as progress:
         stats = native.signature(
             old, sig, threads=_threads(threads), block_size=block_size, progress=progress
         )
@@ -144,7 +145,7 @@ def diff_cmd(
 
     if dtype is not None and not basis:
         raise InvalidInputError("--dtype needs --basis: a signature carries no numbers.")
-    with _progress("diff", _size(new)) as progress:
+    with terminate_as_interrupt(), _progress("diff", _size(new)) as progress:
         if basis:
             stats = native.delta_basis(
                 base, new, delta, dtype=dtype, threads=_threads(threads), progress=progress
@@ -179,7 +180,10 @@ def patch_cmd(
     if str(delta) == "-":
         # unbuffered, so the engine reads the descriptor itself (nothing read ahead)
         source = open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)  # noqa: SIM115
-    with _progress("patch", _size(delta) if str(delta) != "-" else 0) as progress:
+    with (
+        terminate_as_interrupt(),
+        _progress("patch", _size(delta) if str(delta) != "-" else 0) as progress,
+    ):
         stats = native.patch(
             old,
             source,

@@ -107,19 +107,23 @@ def run(argv: list[str]) -> int | None:
 
     try:
         import native
+        from controlplane.cli.interrupts import terminate_as_interrupt
 
         source: native.DeltaSource = delta
         if delta == "-":
             # unbuffered, so the engine reads the descriptor itself (nothing read ahead)
             source = open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)  # noqa: SIM115
         max_output = opts.get("max_output_size")
-        stats = native.patch(
-            old,
-            source,
-            out,
-            threads=threads if isinstance(threads, int) else max(1, min(os.cpu_count() or 1, 4)),
-            max_output_size=max_output if isinstance(max_output, int) else None,
-        )
+        with terminate_as_interrupt():
+            stats = native.patch(
+                old,
+                source,
+                out,
+                threads=threads
+                if isinstance(threads, int)
+                else max(1, min(os.cpu_count() or 1, 4)),
+                max_output_size=max_output if isinstance(max_output, int) else None,
+            )
         # common.emit's JSON form
         sys.stdout.write(json.dumps(report_rows(stats), indent=2, default=str) + "\n")
     # the edge of controlplane.cli.main.run, word for word

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import signal
 import time
-from types import FrameType
 from typing import Annotated
 
 import typer
 
 from controlplane.cli.common import OutputOpt, emit, settings_from
+from controlplane.cli.interrupts import terminate_as_interrupt
 
 app = typer.Typer(
     help="Start, inspect and stop the local stack of real engines.", no_args_is_help=True
 )
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 @app.command()
@@ -40,15 +35,12 @@ def up(
     settings = settings_from(ctx, check_endpoints=False)
     t0 = time.monotonic()
     # SIGTERM takes the same path as Ctrl-C, so `up` rolls back what it started.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
+    with terminate_as_interrupt():
         report = Stack(settings).up(
             etcd_members=etcd_members,
             postgres=postgres,
             progress=lambda m: err.print(f"[dim]{m}[/]"),
         )
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     for name, where in endpoints(settings).items():
         if name != "postgres" or postgres:
             typer.echo(f"{name:32} {where}")

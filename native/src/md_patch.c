@@ -182,6 +182,7 @@ typedef struct patcher {
     md_piece_hasher ph;       /* v2 basis check */
     int ph_on;                /* feed copies to ph as they are written */
     basis_cursor bc;          /* v1, one thread */
+    const md_options *opt;    /* its cancel flag, read within frames too */
 } patcher;
 
 static md_status over_cap(const patcher *P, uint64_t len, md_error *err) {
@@ -234,6 +235,9 @@ static md_status copy_range(patcher *P, uint64_t off, uint64_t len, md_error *er
         w->total += take;
         off += take;
         len -= take;
+        /* One frame may copy all of OLD (a delta of few changes): a cancel is seen
+         * between pieces of it, not only between frames. */
+        if (len && md_cancelled(P->opt)) return md_fail(err, MD_E_CANCELLED, "the patch was cancelled.");
     }
     return MD_OK;
 }
@@ -652,6 +656,7 @@ md_status md_patch(int old_fd, int delta_fd, int out_fd, const md_options *opt, 
     patcher P;
     memset(&P, 0, sizeof P);
     P.old_fd = old_fd;
+    P.opt = opt;
     P.basis_len = basis_len;
     P.version = version;
     P.rewindable = rewindable;

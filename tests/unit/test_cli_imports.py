@@ -134,11 +134,13 @@ def test_delta_signature_loads_only_the_delta_group(tmp_path: Path) -> None:
     )
     assert "<status 0>" in modules
     assert modules & (NEVER | COMPILER | EXTRAS) == set()
-    # (delta_fast: the typer-free `delta patch`, whose report rows the group shares)
+    # (delta_fast: the typer-free `delta patch`, whose report rows the group shares;
+    # interrupts: SIGTERM and SIGHUP taken as Ctrl-C, a few lines of the standard library)
     assert command_modules(modules) == {
         "controlplane.cli.common",
         "controlplane.cli.delta",
         "controlplane.cli.delta_fast",
+        "controlplane.cli.interrupts",
     }
 
 
