@@ -1,8 +1,9 @@
 """The critical-class workload: writes through the owner region's agent with its epoch.
 
 One single-threaded client per region: it reads the dataset's owner and epoch from
-etcd *through its region's proxies* (a region cut from etcd cannot learn it still
-owns), and when its region is the owner it puts a small object (unique id stamped
+etcd *through its region's proxies* (a region cut from etcd cannot learn it lost
+ownership, and keeps writing with the epoch it last read: the agents and replicas
+must refuse it), and when its region is the owner it puts a small object (unique id stamped
 in it, digest computed here) to its own agent with that epoch. The agent admits it
 against etcd's owner record, commits, and pushes it synchronously to the replicas:
 the ack means the policy's copies hold it. Every write has a key of its own (its

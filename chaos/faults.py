@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from chaos.nemesis import Fault
 from chaos.workload import FencedWorkload, OwnerSampler
 from chaos.world import ChaosWorld, signal_daemon
+from controlplane.errors import StackError
 from controlplane.logs import get_logger
 
 log = get_logger("meridian.chaos")
@@ -32,7 +33,8 @@ def stop_postgres_fast(world: ChaosWorld, timeout_s: float = 20.0) -> None:
     process = world.stack.postgres.process
     pid = process.pid()
     if pid is None:
-        return
+        # Not a fault that "held": the catalog was never up, so nothing was tested.
+        raise StackError("PostgreSQL is not running: the stop-catalog fault cannot begin")
     os.kill(pid, signal.SIGINT)
     deadline = time.monotonic() + timeout_s
     while process.pid() is not None and time.monotonic() < deadline:

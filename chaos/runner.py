@@ -128,6 +128,14 @@ async def _wipe_etcd(endpoints: list[str]) -> None:
         await coord.delete("/meridian/", prefix=True)
 
 
+def _judged_something(verdict: Verdict, judged: int, why_none: str) -> Verdict:
+    """`verdict`, or a failed one when it held on nothing at all."""
+    if not verdict.held or judged > 0:
+        return verdict
+    problem = f"nothing to judge: {why_none}"
+    return Verdict(verdict.name, False, problem, (problem,))
+
+
 async def _until(what: str, check: object, timeout_s: float) -> bool:
     """Poll the async predicate `check` every 0.2 s, at most `timeout_s`."""
     deadline = time.monotonic() + timeout_s
@@ -320,10 +328,14 @@ async def run_on_world(
         spent["faults_s"] = round(time.monotonic() - t_start, 1)
 
         async def recovered() -> bool:
+            # With agents, the critical workload's own acks: the fence stand-in is a
+            # local file no fault touches, so its writes prove nothing of recovery.
             written = {
                 op.invoke.dataset
                 for op in history.operations()
-                if op.outcome == "ok" and op.invoke.time_ns >= heal_ns
+                if op.outcome == "ok"
+                and op.invoke.time_ns >= heal_ns
+                and (crit is None or op.invoke.process.endswith("/critical"))
             }
             return len(sampler.latest()) == len(CRITICAL) and written >= set(CRITICAL)
 
@@ -459,6 +471,21 @@ async def run_on_world(
         elif name == ownership.DURING:
             ns_windows = [(d[2], d[3]) for d in done if d[0].kind in scenario.progress_during]
             verdicts.append(ownership.progress(ops, ns_windows))
+    # A verdict on nothing holds vacuously: with a workload running, its checks must
+    # have judged some of its acked writes (or the agents' accepts) to mean anything.
+    critical_acked = sum(1 for op in critical_ops if op.outcome == "ok")
+    standard_acked = sum(
+        1 for op in other_ops if op.outcome == "ok" and op.invoke.dataset in STANDARD
+    )
+    agent_accepts = sum(1 for a in accepts if a.accepted and a.writer.endswith("-agent"))
+    floors: dict[str, tuple[int, str]] = {}
+    if crit is not None:
+        floors[critical_checks.LOST] = (critical_acked, "the critical workload acked no write")
+        floors[critical_checks.ONE_OWNER] = (agent_accepts, "no agent accepted a critical write")
+    if data is not None:
+        floors[lost_writes.NAME] = (standard_acked, "the standard workload acked no write")
+        floors[convergence.NAME] = (standard_acked, "the standard workload acked no write")
+    verdicts = [_judged_something(v, *floors[v.name]) if v.name in floors else v for v in verdicts]
     if not all(v.held for v in verdicts):
         w.all_held = False
     spent["checked_s"] = round(time.monotonic() - t_start, 1)

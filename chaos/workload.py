@@ -4,7 +4,8 @@ Until `meridian agent serve` is on main, a client writes the way an owner
 region's agent admits a critical write, against the controllers' fence (the
 shared `--fence-dir`, which every controller keeps in step with etcd): it reads
 the dataset's owner and epoch from etcd *through its region's proxies* (so a
-region cut from etcd cannot learn it still owns), refuses when its region is not
+region cut from etcd cannot learn it lost ownership: it keeps writing with the
+epoch it last read, and the fence must refuse it), refuses when its region is not
 the owner, and writes a unique id through `FencedResource.write` with that
 epoch. The fence's `writes.log` is the accept log the split-brain checker reads
 and, for the ids it accepted, the final state the lost-writes checker reads.
@@ -57,6 +58,10 @@ class RegionClients:
     paused: asyncio.Event = field(default_factory=asyncio.Event)  # set: hold before writing
     resume: asyncio.Event = field(default_factory=asyncio.Event)
     coord: EtcdCoordination | None = None
+    # The owner record each dataset last had when this region could read it: a client
+    # cut from etcd keeps writing with it, as a deposed owner's clients would, so the
+    # fence (and the agents and replicas) are what refuse it, not the harness.
+    known: dict[str, Owner] = field(default_factory=dict)
 
     async def ownership(self) -> Ownership:
         if self.coord is None:
@@ -72,15 +77,22 @@ class RegionClients:
             self.coord = None
 
     async def owner_here(self, dataset: str, timeout_s: float) -> Owner | str:
-        """The dataset's owner record when this region owns it, or why a write must not
-        be sent. A client the nemesis holds (SIGSTOP) waits here, after reading its epoch
-        and before writing: the worst moment."""
+        """The dataset's owner record when this region owns it (or, cut from etcd, last
+        owned it), or why a write must not be sent. A client the nemesis holds (SIGSTOP)
+        waits here, after reading its epoch and before writing: the worst moment."""
         try:
             own = await self.ownership()
             owner = await asyncio.wait_for(own.get(dataset), timeout_s)
         except (MeridianError, TimeoutError, OSError) as exc:
             await self.close()  # a fresh channel next time (a cut may have wedged this one)
-            return f"owner unknown: {exc!r}"[:200]
+            owner = self.known.get(dataset)
+            if owner is None or owner.region != self.region:
+                return f"owner unknown: {exc!r}"[:200]
+        else:
+            if owner is None:
+                self.known.pop(dataset, None)
+            else:
+                self.known[dataset] = owner
         if owner is None or owner.region != self.region:
             return f"not the owner (owner: {owner.region if owner else None})"
         if self.paused.is_set():

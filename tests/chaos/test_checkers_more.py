@@ -4,6 +4,7 @@ hand-made histories: each must fail on a violation and pass otherwise."""
 from __future__ import annotations
 
 from chaos.checkers import clock_skew, critical, lost_writes, residency
+from chaos.checkers.verdict import Verdict
 from chaos.records import AcceptRecord, ApplyRecord, ObjectState, OwnerSample
 
 from .hist import Builder
@@ -126,3 +127,44 @@ def test_a_critical_write_kept_by_a_quorum_and_the_owner_is_not_lost() -> None:
     one_copy = held("v1", "d-v1", ("eu-west",))
     verdict = critical.lost(b.ops(), one_copy, three, {"ds": "eu-west"}, quorum=2)
     assert not verdict.held and "kept by 1 of 3 holders" in (verdict.detail or "")
+
+
+def test_a_verdict_that_judged_nothing_fails() -> None:
+    from chaos.runner import _judged_something
+
+    held = Verdict.of("no-acked-critical-write-lost", [], "0 acked critical writes all kept")
+    failed = _judged_something(held, 0, "the critical workload acked no write")
+    assert not failed.held
+    assert failed.detail == "nothing to judge: the critical workload acked no write"
+    assert _judged_something(held, 3, "unused") is held
+    broken = Verdict.of("no-acked-critical-write-lost", ["w1 lost"])
+    assert _judged_something(broken, 0, "unused") is broken  # its own problems stand
+
+
+async def test_a_client_cut_from_etcd_writes_with_the_epoch_it_last_read() -> None:
+    """So that a deposed owner's clients do reach its agent (and the fence), which must
+    refuse them: the harness must not be what keeps them from writing."""
+    from fakes.coordination import MemoryCoordination
+
+    from chaos.workload import RegionClients
+    from controlplane.coordination.protocols.ownership import Ownership
+
+    coord = MemoryCoordination()
+    own = Ownership(coord)
+    epoch = await own.claim("ckpt/a", "eu-west", expect_epoch=0, reason="t", actor="t")
+    west, central = RegionClients("eu-west", []), RegionClients("eu-central", [])
+    for rc in (west, central):
+        rc.ownership = lambda: _async(own)  # type: ignore[method-assign]
+    first = await west.owner_here("ckpt/a", 1)
+    assert not isinstance(first, str) and first.epoch == epoch
+    assert await central.owner_here("ckpt/a", 1) == "not the owner (owner: eu-west)"
+    coord.set_unavailable(True)
+    cut = await west.owner_here("ckpt/a", 1)
+    assert not isinstance(cut, str) and cut.epoch == epoch  # writes on, with epoch it knew
+    never = await central.owner_here("ckpt/a", 1)
+    assert isinstance(never, str) and never.startswith("owner unknown")
+    await coord.close()
+
+
+async def _async(value: object) -> object:
+    return value
