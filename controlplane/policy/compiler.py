@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from controlplane.domain.placement import Placement
 from controlplane.policy.documents import parse_document
-from controlplane.policy.loader import RawDocument, load_file, load_text
+from controlplane.policy.loader import UNREAD_PREFIXES, RawDocument, load_file, load_text
 from controlplane.policy.models import KINDS, DatasetDoc, ReplicationPolicy, Topology
 from controlplane.policy.partial import LooseDataset, LoosePolicy, LooseTopology
 from controlplane.policy.planner import place
@@ -145,9 +146,7 @@ def check_documents(
         elif kind not in KINDS:
             kinds_unknown = True  # it might have been meant as any kind
 
-    complete = not any(
-        p.message.startswith(("YAML does not parse", "cannot read")) for p in read_problems
-    )
+    complete = not any(p.message.startswith(UNREAD_PREFIXES) for p in read_problems)
     problems.extend(
         check_topology_count(topology_kinds, first_file, complete=complete and not kinds_unknown)
     )
@@ -194,9 +193,14 @@ def check_documents(
 
 def compile_files(paths: Sequence[Path]) -> tuple[PolicySet | None, list[Problem]]:
     """Load and check every file; all problems of all files are reported together."""
+    # A file named twice (`*.yaml prod.yaml`, or once through a symlink) is read once:
+    # its one Topology is not "more than one".
+    files: dict[str, Path] = {}
+    for path in paths:
+        files.setdefault(os.path.realpath(path), path)
     raws: list[RawDocument] = []
     read_problems: list[Problem] = []
-    for path in paths:
+    for path in files.values():
         docs, found = load_file(path)
         raws.extend(docs)
         read_problems.extend(found)

@@ -7,6 +7,10 @@ duplicate key is reported as a problem instead of silently overwriting the first
 Only regular files of at most `MAX_FILE_BYTES` are read: a FIFO, a device or a
 socket (`/dev/urandom`, `<(...)` by mistake) would block or never end, and a huge
 file is not a policy, so each is one problem naming the file, and is not read.
+
+A small file can still be a large or deep tree: nesting is bounded while composing
+(`MAX_DEPTH`), and each document's tree is measured before it is built, up to
+`MAX_NODES` values in all, since aliases expand a few hundred bytes into billions.
 """
 
 from __future__ import annotations
@@ -18,14 +22,23 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.composer import Composer
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from ruamel.yaml.reader import ReaderError
 
 from controlplane.policy.problems import Problem
 
 PathKey = tuple[str | int, ...]
 
 MAX_FILE_BYTES = 16 << 20  # 16 MiB: far above any real policy, far below a memory problem
+# A policy document nests about 5 levels and holds a few hundred values; these bounds are
+# far above that, and far below Python's recursion limit and a memory problem.
+MAX_DEPTH = 100
+MAX_NODES = 1_000_000
+# How the problems start that leave some of a file's documents unread, so that the
+# compiler claims nothing about what they might hold ("no Topology", say).
+UNREAD_PREFIXES = ("YAML does not parse", "cannot read")
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,10 @@ class _Builder:
                     continue
                 self.doc.keys[(*path, key)] = _mark(key_node)
                 out[key] = self.build(value_node, (*path, key))
+                if _empty(value_node):
+                    # A value left empty (`transfer:` and nothing after) has no text of
+                    # its own: the parser marks it at the next token, lines below maybe.
+                    self.doc.values[(*path, key)] = _mark(key_node)
             return out
         if isinstance(node, SequenceNode):
             return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
@@ -196,18 +213,127 @@ def _mode_and_size(st: os.stat_result) -> tuple[int, int]:
     return st.st_mode, st.st_size
 
 
+class _TooDeepError(Exception):
+    """Nesting past MAX_DEPTH, at `mark`: the rest of the file is not read."""
+
+    def __init__(self, mark: Pos) -> None:
+        super().__init__(mark)
+        self.mark = mark
+
+
+class _DepthLimitedComposer(Composer):
+    """ruamel composes nested collections recursively, so 3,000 `[` in a row would
+    exhaust Python's stack (and lose every other file's problems): stop at MAX_DEPTH."""
+
+    def __init__(self, loader: Any = None) -> None:
+        super().__init__(loader)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                start = self.parser.peek_event().start_mark
+                raise _TooDeepError(Pos(start.line + 1, start.column + 1))
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+class _TooLargeError(Exception):
+    """A composed document whose tree, aliases expanded, must not be built; when
+    `rest_unread`, neither must the rest of the file."""
+
+    def __init__(self, node: Node, message: str, *, rest_unread: bool = False) -> None:
+        super().__init__(message)
+        self.node = node
+        self.rest_unread = rest_unread
+
+
+def _tree_size(root: Node, at_most: int) -> int:
+    """The number of values in the tree that `_Builder` would make of `root`; raise
+    _TooLargeError when that is over `at_most`, deeper than MAX_DEPTH, or infinite.
+
+    An alias is the node it names, so a document is a graph: each node is measured once
+    (in time linear in the file), and a node met again while still being measured is an
+    alias inside the node it names, which would be an infinite tree."""
+    measured: dict[int, tuple[int, int]] = {}  # id(node) -> (values, levels) of its tree
+    open_: set[int] = set()
+
+    def measure(node: Node) -> tuple[int, int]:
+        if id(node) in measured:
+            return measured[id(node)]
+        if id(node) in open_:
+            raise _TooLargeError(
+                node,
+                f"cannot read the document: alias *{node.anchor} is used inside the node "
+                "it names, so it never ends",
+            )
+        open_.add(id(node))
+        values, levels = 1, 1
+        for child in _children(node):
+            child_values, child_levels = measure(child)
+            values, levels = values + child_values, max(levels, child_levels + 1)
+            if values > at_most:
+                raise _TooLargeError(
+                    node,
+                    "cannot read the file past here: it holds more than "
+                    f"{MAX_NODES:,} values (aliases expanded)",
+                    rest_unread=True,
+                )
+        if levels > MAX_DEPTH:
+            raise _TooLargeError(
+                node,
+                f"cannot read the document: its aliases nest this node deeper than "
+                f"{MAX_DEPTH} levels",
+            )
+        open_.discard(id(node))
+        measured[id(node)] = (values, levels)
+        return values, levels
+
+    return measure(root)[0]
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    return []
+
+
 def load_text(text: str, name: str) -> tuple[list[RawDocument], list[Problem]]:
     yaml = YAML(typ="rt")
+    yaml.Composer = _DepthLimitedComposer
     docs: list[RawDocument] = []
     problems: list[Problem] = []
+    values_left = MAX_NODES  # for the whole file: each of its documents can hold a bomb
     try:
         for node in yaml.compose_all(text):
             if node is None or _empty(node):
+                continue
+            try:
+                values_left -= _tree_size(node, values_left)
+            except _TooLargeError as exc:
+                # "cannot read": the compiler then claims nothing about this document.
+                where = _mark(exc.node)
+                problems.append(Problem(name, where.line, where.column, str(exc)))
+                if exc.rest_unread:
+                    break
                 continue
             builder = _Builder(name)
             builder.doc.data = builder.build(node, ())
             docs.append(builder.doc)
             problems.extend(builder.problems)
+    except _TooDeepError as exc:
+        problems.append(
+            Problem(
+                name,
+                exc.mark.line,
+                exc.mark.column,
+                f"cannot read the file past here: it nests deeper than {MAX_DEPTH} levels",
+            )
+        )
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         # Where the parser gave up can be past the end of the text (an unclosed bracket
@@ -217,6 +343,18 @@ def load_text(text: str, name: str) -> tuple[list[RawDocument], list[Problem]]:
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
         what = " ".join(p for p in (exc.context, exc.problem) if p)
         problems.append(Problem(name, line, col, f"YAML does not parse: {what}"))
+    except ReaderError as exc:
+        problems.append(_reader_problem(exc, text, name))
     except YAMLError as exc:
-        problems.append(Problem(name, 1, 1, f"YAML does not parse: {exc}"))
+        problems.append(Problem(name, 1, 1, f"YAML does not parse: {' '.join(str(exc).split())}"))
     return docs, problems
+
+
+def _reader_problem(exc: ReaderError, text: str, name: str) -> Problem:
+    """A character YAML does not allow (a NUL, say), at its place, in one sentence."""
+    position = exc.position if isinstance(exc.position, int) else 0
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    code = exc.character if isinstance(exc.character, int) else None
+    what = f"the character U+{code:04X}" if code is not None else "a character"
+    return Problem(name, line, column, f"YAML does not parse: {what} is not allowed in YAML")

@@ -32,19 +32,19 @@ from controlplane.policy.units import (
     check_region_name,
     format_bandwidth,
     format_duration,
-    parse_bandwidth_bps,
-    parse_duration_s,
+    parse_policy_bandwidth_bps,
+    parse_policy_duration_s,
 )
 
 API_VERSION = "meridian/v1"
 
 
 def _duration(value: object) -> object:
-    return parse_duration_s(value) if isinstance(value, str) else value
+    return parse_policy_duration_s(value) if isinstance(value, str) else value
 
 
 def _bandwidth(value: object) -> object:
-    return parse_bandwidth_bps(value) if isinstance(value, str) else value
+    return parse_policy_bandwidth_bps(value) if isinstance(value, str) else value
 
 
 def _must_be_str(value: object) -> object:

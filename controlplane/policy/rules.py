@@ -1,7 +1,10 @@
 """The rules of spec/policy.md that span fields or documents (3 to 10 and 12).
 
 Each check returns problems placed on the node a user must change. Rules 1, 2 and
-11 are enforced while loading and parsing (`loader.py`, `documents.py`).
+11 are enforced while loading and parsing (`loader.py`, `documents.py`). A few checks
+go beyond policy.md, each to stop a policy that plan, apply or the placer would fail
+on or decide silently: a list entry given twice, a second link for the same pair of
+regions, and equal priorities that leave a declared dataset's policy to a tie-break.
 """
 
 from __future__ import annotations
@@ -108,9 +111,23 @@ def check_topology(raw: RawDocument, model: LooseTopology) -> list[Problem]:
             )
         seen.add(name)
     regions = topology_regions(raw, model)
+    # The compiler keeps one link per pair of regions, whichever way round it is given.
+    pairs: dict[frozenset[str], int] = {}
     for i, link in enumerate(spec.links or []):
         if link is None or link.between is None:
             continue
+        if len(link.between) == 2 and None not in link.between:
+            pair = frozenset(r for r in link.between if r is not None)
+            first = pairs.setdefault(pair, i)
+            if first != i and len(pair) == 2:
+                a, b = link.between
+                problems.append(
+                    raw.problem(
+                        ("spec", "links", i, "between"),
+                        f"duplicate link between {a!r} and {b!r} (first given on line "
+                        f"{raw.pos(('spec', 'links', first, 'between')).line})",
+                    )
+                )
         for j, name in enumerate(link.between):
             if name is None or regions is None or not regions.exhaustive:
                 continue
@@ -169,20 +186,38 @@ def check_policy(
     # Rule 7 (shape): exactly one of count and regions.
     reps = spec.replicas
     if reps is not None:
-        if reps.count is not None and reps.regions is not None:
+        has_count = _stated(raw, blanked, ("spec", "replicas", "count"))
+        has_regions = _stated(raw, blanked, ("spec", "replicas", "regions"))
+        if has_count and has_regions:
             problems.append(
                 raw.problem(
                     ("spec", "replicas"), "give replicas.count or replicas.regions, not both"
                 )
             )
-        has_count = given(blanked, ("spec", "replicas", "count"))
-        has_regions = given(blanked, ("spec", "replicas", "regions"))
         if not has_count and not has_regions:
             problems.append(
                 raw.problem(("spec", "replicas"), "give one of replicas.count or replicas.regions")
             )
+        elif has_regions and critical and isinstance(reps.regions, list) and not reps.regions:
+            # Not in policy.md: a critical dataset with no replica has no copy to fail
+            # over to nor a quorum to ack with (a standard one may keep a single copy).
+            problems.append(
+                raw.problem(
+                    ("spec", "replicas", "regions"),
+                    f"{called} is critical, so replicas.regions needs at least one region",
+                )
+            )
     replica_regions = (reps.regions if reps is not None else None) or []
     order = (spec.failover.order if spec.failover is not None else None) or []
+
+    # Not in policy.md, but a placement refuses a list that names something twice, so
+    # plan and apply would fail on it later, without a position.
+    for at, noun, listed in (
+        (("spec", "replicas", "regions"), "replica region", replica_regions),
+        (("spec", "failover", "order"), "failover candidate", order),
+        (("spec", "residency"), "jurisdiction", spec.residency or []),
+    ):
+        problems.extend(_repeated(raw, at, noun, listed, called))
 
     # Rule 9: home in its own replicas or failover order.
     for field, listed in (("replicas", replica_regions), ("failover", order)):
@@ -250,6 +285,43 @@ def check_policy(
                     f"only {len(allowed)} region(s) besides home in {called}",
                 )
             )
+    return problems
+
+
+def _stated(raw: RawDocument, blanked: Any, path: tuple[str | int, ...]) -> bool:
+    """Whether a field is given, valid or not. An explicit null (`count: ~`, or `count:`
+    with nothing after) means "no count", as an absent field does; a misspelt field
+    (blanked in as None, not in the raw document) counts as given, value unknown."""
+    parent = _at(raw.data, path[:-1])
+    if isinstance(parent, dict) and path[-1] in parent and parent[path[-1]] is None:
+        return False
+    return given(blanked, path)
+
+
+def _repeated(
+    raw: RawDocument,
+    path: tuple[str | int, ...],
+    noun: str,
+    listed: list[str | None],
+    called: str,
+) -> list[Problem]:
+    """A problem at each entry of `listed` that repeats an earlier one."""
+    problems: list[Problem] = []
+    first: dict[str, int] = {}
+    dotted = ".".join(str(p) for p in path[1:])
+    for i, item in enumerate(listed):
+        if item is None:
+            continue
+        if item in first:
+            line = raw.pos((*path, first[item])).line
+            problems.append(
+                raw.problem(
+                    (*path, i),
+                    f"{noun} {item!r} is listed twice in {dotted} of {called} "
+                    f"(first on line {line})",
+                )
+            )
+        first.setdefault(item, i)
     return problems
 
 

@@ -150,3 +150,103 @@ def test_plan_and_apply_refuse_a_fifo_and_change_nothing(
     # The catalog holds no revision: plan of the example still has everything to add.
     assert run(["policy", "plan", "--catalog", catalog_url, "-o", "json", str(EXAMPLE)]) == 2
     assert all(c["action"] == "add" for c in json.loads(capsys.readouterr().out))
+
+
+# A few hundred bytes of YAML can still be too much: nested aliases expand to billions
+# of values, 3,000 brackets exhaust Python's stack. Each is one problem with a position,
+# and the other files are still checked (in a child with 1 GiB, as above).
+
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n"
+    for prev, name in zip("abcdefghij", "bcdefghijk", strict=True)
+)  # 9 ** 11 values once expanded
+
+
+def typo_file(tmp_path: Path) -> Path:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("priority: 100", "prioirty: 100"))
+    return bad
+
+
+def test_an_alias_bomb_is_one_problem_and_hides_no_other_file(tmp_path: Path) -> None:
+    assert len(ALIAS_BOMB) < 500
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(ALIAS_BOMB)
+    bad = typo_file(tmp_path)
+    done = validate_in_child("--output", "json", str(bomb), str(bad))
+    assert done.returncode == 1, done.stderr
+    problems = json.loads(done.stdout)
+    check_output("policy_validate", problems)
+    typo_line = bad.read_text().count("\n", 0, bad.read_text().index("prioirty")) + 1
+    assert [(p["file"], p["line"], p["column"], p["message"].split(";")[0]) for p in problems] == [
+        (str(bad), typo_line, 3, "unknown field 'prioirty' in spec"),
+        (
+            str(bomb),
+            7,  # `g`: the first node found to hold more than 1,000,000 values (5.4 million)
+            4,
+            "cannot read the file past here: it holds more than 1,000,000 values "
+            "(aliases expanded)",
+        ),
+    ]
+
+
+def test_the_value_limit_is_for_the_whole_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anchors are per document, so a file of many documents, each under the limit,
+    could hold many bombs: the limit counts the values of all of them."""
+    monkeypatch.setattr(loader, "MAX_NODES", 1000)
+    each = "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: [" + ", ".join(["*a"] * 20) + "]\n"
+    docs, problems = loader.load_text("---\n".join([each] * 12), "many.yaml")
+    assert len(docs) == 4  # 236 values each
+    assert [(p.line, p.column, p.message) for p in problems] == [
+        (
+            4 * 3 + 2,  # `b:` of the 5th document, where the file passes the limit
+            4,
+            "cannot read the file past here: it holds more than 1,000 values (aliases expanded)",
+        )
+    ]
+
+
+def test_an_alias_inside_the_node_it_names_is_one_problem() -> None:
+    docs, problems = loader.load_text("a: 1\n---\nb: &x [1, *x]\n---\nc: 2\n", "r.yaml")
+    assert [d.data for d in docs] == [{"a": 1}, {"c": 2}]
+    assert [str(p) for p in problems] == [
+        "r.yaml:3:4: error: cannot read the document: alias *x is used inside the node it "
+        "names, so it never ends"
+    ]
+
+
+def test_aliases_cannot_nest_past_the_depth_limit() -> None:
+    # Each alias adds 90 levels, each document itself stays under the limit.
+    text = "a1: &a1 " + "[" * 90 + "]" * 90 + "\n"
+    for i in range(1, 4):
+        text += f"a{i + 1}: &a{i + 1} " + "[" * 90 + f"*a{i}" + "]" * 90 + "\n"
+    _, problems = loader.load_text(text, "d.yaml")
+    assert [p.message for p in problems] == [
+        "cannot read the document: its aliases nest this node deeper than 100 levels"
+    ]
+
+
+def test_deep_nesting_is_one_problem_and_hides_no_other_file(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("links: " + "[" * 3000 + "]" * 3000 + "\n")
+    bad = typo_file(tmp_path)
+    done = validate_in_child("--output", "json", str(deep), str(bad))
+    assert done.returncode == 1, done.stderr
+    problems = json.loads(done.stdout)
+    check_output("policy_validate", problems)
+    assert [(p["file"], p["message"].split(";")[0]) for p in problems] == [
+        (str(bad), "unknown field 'prioirty' in spec"),
+        (str(deep), "cannot read the file past here: it nests deeper than 100 levels"),
+    ]
+    # At the bracket that opens level 101 (the top mapping is level 1).
+    assert (problems[1]["line"], problems[1]["column"]) == (1, len("links: ") + 100)
+
+
+def test_a_nul_character_is_one_sentence_at_its_place(tmp_path: Path) -> None:
+    path = tmp_path / "nul.yaml"
+    path.write_bytes(b"kind: Topology\nmetadata: {name: a\x00b}\n")
+    docs, problems = load_file(path)
+    assert docs == []
+    assert [str(p) for p in problems] == [
+        f"{path}:2:19: error: YAML does not parse: the character U+0000 is not allowed in YAML"
+    ]

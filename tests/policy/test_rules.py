@@ -3,6 +3,7 @@ checking the reported line (and column where it is unambiguous)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -460,8 +461,6 @@ def test_rule11_units_spacing_and_zero_bandwidth(
 
 def test_schema_patterns_agree_with_the_validator() -> None:
     """The JSON Schema's unit patterns accept exactly what `validate` accepts."""
-    import re
-
     from controlplane.policy.models import Bandwidth, Duration
 
     schema = {
@@ -469,8 +468,18 @@ def test_schema_patterns_agree_with_the_validator() -> None:
         for name, kind in (("d", Duration), ("b", Bandwidth))
     }
     samples = {
-        "d": ["0s", "12ms", "1.5h", "12 ms", "12", "ms", "-1s", " 1s"],
-        "b": ["500MiB/s", "0.5Gbps", "0B/s", "0.0KB/s", "500 MiB/s", "10gbps", "1e3B/s"],
+        "d": ["0s", "12ms", "1.5h", "12 ms", "12", "ms", "-1s", " 1s", "1s\n", "٠s", "1٠ms"],
+        "b": [
+            "500MiB/s",
+            "0.5Gbps",
+            "0B/s",
+            "0.0KB/s",
+            "500 MiB/s",
+            "10gbps",
+            "1e3B/s",
+            "10Gbps\n",
+            "５00MiB/s",
+        ],
     }
     for name, values in samples.items():
         adapter = TypeAdapter(Duration if name == "d" else Bandwidth)
@@ -480,7 +489,13 @@ def test_schema_patterns_agree_with_the_validator() -> None:
                 accepted = True
             except ValidationError:
                 accepted = False
-            assert accepted == bool(schema[name].search(value)), (name, value)
+            assert accepted == ecma_search(schema[name], value), (name, value)
+
+
+def ecma_search(pattern: re.Pattern[str], value: str) -> bool:
+    """A JSON Schema `pattern` as editors run it (ECMA-262, no flags): `$` is the end of
+    the text, never before a final newline as in Python, and `\\d` is ASCII only."""
+    return re.search(pattern.pattern.replace("$", r"\Z"), value, re.ASCII) is not None
 
 
 # Rule 12: declared dataset selected by no policy; duplicate declared datasets.
@@ -670,3 +685,166 @@ def test_rule1_an_unclosed_bracket_at_the_end_points_at_the_bracket() -> None:
     [(line, column, message)] = problems_of(text)
     assert (line, column) == (line_of(text, "[unclosed"), 11)
     assert message.startswith("YAML does not parse")
+
+
+# Review of the validator, round 2: what `validate` let through and plan, apply or the
+# placer then failed on, or decided silently.
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "column", "message"),
+    [
+        (
+            "regions: [eu-central]",
+            "regions: [eu-central, eu-central]",
+            27,
+            "replica region 'eu-central' is listed twice in replicas.regions",
+        ),
+        (
+            "order: [eu-central]",
+            "order: [eu-central, eu-central]",
+            25,
+            "failover candidate 'eu-central' is listed twice in failover.order",
+        ),
+        (
+            "residency: [EU]",
+            "residency: [EU, EU]",
+            19,
+            "jurisdiction 'EU' is listed twice in residency",
+        ),
+    ],
+)
+def test_a_repeated_list_entry_is_refused_at_the_repeat(
+    old: str, new: str, column: int, message: str
+) -> None:
+    text = join(TOPOLOGY, POLICY.replace(old, new), DATASET)
+    line = line_of(text, new)
+    exact(text, [(new, column, f"{message} of policy 'checkpoints' (first on line {line})")])
+
+
+@pytest.mark.parametrize(
+    ("replicas", "message"),
+    [
+        ("count: null", "give one of replicas.count or replicas.regions"),
+        ("count:", "give one of replicas.count or replicas.regions"),
+        ("regions: ~", "give one of replicas.count or replicas.regions"),
+        ("regions: []", "policy 'checkpoints' is critical, so replicas.regions needs at least"),
+    ],
+)
+def test_a_policy_needs_a_replica(replicas: str, message: str) -> None:
+    text = join(TOPOLOGY, POLICY.replace("regions: [eu-central]", replicas))
+    exact(text, [(f"    {replicas}", 5 if "give" in message else 14, message)])
+
+
+def test_a_standard_policy_may_keep_a_single_copy() -> None:
+    """policy.md sets no minimum: `regions: []` is one copy, in the home region."""
+    single = POLICY.replace("regions: [eu-central]", "regions: []")
+    single = single.replace("class: critical", "class: standard")
+    assert "class: standard" in single
+    text = join(TOPOLOGY, single)
+    assert [m for _, _, m in problems_of(text) if "replicas" in m] == []
+
+
+def test_an_explicit_null_count_beside_regions_means_no_count() -> None:
+    plain = join(TOPOLOGY, POLICY)
+    with_null = plain.replace("regions: [eu-central]\n", "regions: [eu-central]\n    count: ~\n")
+    assert with_null != plain
+    assert problems_of(with_null) == []
+    one, _ = compile_text(plain)
+    other, _ = compile_text(with_null)
+    assert one is not None and other is not None and one.digest == other.digest
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fragment"),
+    [
+        ("jurisdiction: US", 'jurisdiction: "US\\n"', "malformed jurisdiction 'US\\n'"),
+        ("name: us-east", 'name: "us-east\\n"', "malformed region name 'us-east\\n'"),
+        ("rtt: 12ms", 'rtt: "12ms\\n"', "malformed duration '12ms\\n'"),
+        ("rtt: 12ms", "rtt: ١٢ms", "malformed duration '١٢ms'"),
+        ("bandwidth: 10Gbps", "bandwidth: ５00MiB/s", "malformed bandwidth '５00MiB/s'"),
+        ("bandwidth: 10Gbps", 'bandwidth: "10Gbps\\n"', "malformed bandwidth '10Gbps\\n'"),
+    ],
+)
+def test_units_are_ascii_and_end_at_the_end(old: str, new: str, fragment: str) -> None:
+    text = join(TOPOLOGY.replace(old, new), POLICY)
+    [(line, _, message)] = problems_of(text)
+    assert line == line_of(text, new) and fragment in message
+
+
+def test_a_standard_rpo_with_a_newline_or_other_digits_is_malformed() -> None:
+    for rpo in ('"30s\\n"', "٠s"):
+        text = join(TOPOLOGY, STANDARD.replace("rpo: 30s", f"rpo: {rpo}"))
+        assert_problem(text, f"rpo: {rpo}", "malformed duration")
+
+
+def test_a_second_link_for_the_same_pair_is_refused() -> None:
+    topology = TOPOLOGY + "    - between: [eu-central, eu-west]\n      rtt: 100ms\n"
+    text = join(topology, POLICY)
+    exact(
+        text,
+        [
+            (
+                "[eu-central, eu-west]",
+                16,
+                "duplicate link between 'eu-central' and 'eu-west' (first given on line "
+                f"{line_of(text, '[eu-west, eu-central]')})",
+            )
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fragment"),
+    [
+        (
+            "rpo: 30s",
+            "rpo: 0.0000000001s",
+            "duration '0.0000000001s' is too small to store: it would be stored as '0ms'",
+        ),
+        (
+            "rpo: 30s",
+            "rpo: 1.0000001s",
+            "duration '1.0000001s' is more precise than a policy keeps: it would be stored as '1s'",
+        ),
+        ("rpo: 30s", "rpo: " + "9" * 400 + "s", "(401 characters) is too large"),
+        (
+            "rpo: 30s",
+            "rpo: 30s\n  transfer:\n    bandwidth: 0.0000001B/s",
+            "bandwidth '0.0000001B/s' is too small to store: it would be stored as '0B/s'",
+        ),
+        ("rpo: 30s", "rpo: 30s\n  transfer:\n    bandwidth: " + "9" * 400 + "GB/s", "too large"),
+    ],
+)
+def test_a_value_its_stored_form_would_change_is_refused(old: str, new: str, fragment: str) -> None:
+    text = join(TOPOLOGY, STANDARD.replace(old, new))
+    [(line, _, message)] = problems_of(text)
+    assert line == line_of(text, new.splitlines()[-1]) and fragment in message, message
+
+
+def test_values_with_a_float_last_digit_error_are_stored_and_read_back() -> None:
+    # 1.1h is 3960.0000000000005 seconds, stored as 3960s: the same value, accepted.
+    text = join(
+        TOPOLOGY.replace("rtt: 12ms", "rtt: 1.1h"),
+        STANDARD.replace("rpo: 30s", "rpo: 0.3ms\n  transfer:\n    bandwidth: 1.1Mbps"),
+    )
+    policy, problems = compile_text(text)
+    assert problems == [] and policy is not None
+    again = type(policy).from_document(policy.document())
+    assert again.placements({"corpus/x": {}}) == policy.placements({"corpus/x": {}})
+
+
+@pytest.mark.parametrize("after", ["  deletes: retain\n", ""])
+def test_an_empty_value_is_reported_at_its_key(after: str) -> None:
+    text = join(TOPOLOGY, STANDARD + "  transfer:\n" + after)
+    exact(text, [("  transfer:", 3, "spec.transfer: Input should be a valid dictionary")])
+
+
+def test_a_file_named_twice_is_read_once(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(join(TOPOLOGY, POLICY))
+    link = tmp_path / "link.yaml"
+    link.symlink_to(path)
+    for paths in ([path, path], [path, link], [path, tmp_path / "." / "policy.yaml"]):
+        policy, problems = compile_files(paths)
+        assert problems == [] and policy is not None, (paths, problems)
