@@ -18,6 +18,7 @@ from agents.store.errors import (
     DeletedError,
     DigestMismatchError,
     MissingContentError,
+    NoRoomError,
     ShortStreamError,
     StorageError,
     StoreLockedError,
@@ -69,6 +70,7 @@ _BY_NAME: dict[str, type[MeridianError]] = {
         TooLargeError,
         ShortStreamError,
         MissingContentError,
+        NoRoomError,
         StoreLockedError,
         StorageError,
         StaleEpochError,
@@ -134,7 +136,7 @@ def from_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError, peer: str = "") ->
             name = value if isinstance(value, str) else bytes(value or b"").decode()
     cls = _BY_NAME.get(name)
     if cls is not None:
-        return _rebuilt(cls, details or f"the agent at {peer or 'the peer'} refused the call")
+        return rebuilt(cls, details or f"the agent at {peer or 'the peer'} refused the call")
     where = f"the agent at {peer}" if peer else "the agent"
     fallback = _BY_CODE.get(code)
     if fallback is None or code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
@@ -142,7 +144,7 @@ def from_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError, peer: str = "") ->
     return fallback(details or f"{where} answered {code.name}")
 
 
-def _rebuilt(cls: type[MeridianError], message: str) -> MeridianError:
+def rebuilt(cls: type[MeridianError], message: str) -> MeridianError:
     """An instance of `cls` with `message`, also for a class whose constructor wants more
     than the message (its extra fields are the server's business: a client acts on the
     class, `retriable` and the sentence)."""
@@ -159,7 +161,7 @@ def error_from_parts(class_name: str, code_name: str, message: str) -> MeridianE
     gRPC code name, as `from_rpc_error` reads them from a failed call)."""
     cls = _BY_NAME.get(class_name)
     if cls is not None:
-        return _rebuilt(cls, message)
+        return rebuilt(cls, message)
     code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.UNKNOWN)
     fallback = _BY_CODE.get(code)
     if fallback is None or code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):

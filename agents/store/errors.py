@@ -51,6 +51,13 @@ class StorageError(MeridianError):
     grpc_code = "INTERNAL"
 
 
+class NoRoomError(UnavailableError):
+    """This agent's disk cannot take a copy now (with its reserve): retriable, as space
+    may be freed; nothing was stored."""
+
+    grpc_code = "UNAVAILABLE"
+
+
 class StoreLockedError(UnavailableError):
     """Another process has the store's root open."""
 

@@ -11,18 +11,21 @@ from __future__ import annotations
 from os import statvfs
 from pathlib import Path
 
-from agents.store.errors import TooLargeError
+from agents.store.errors import NoRoomError, TooLargeError
 
 RESERVE_BYTES = 256 << 20
 
 
-def check_room(root: Path, what: str, size: int) -> None:
-    """Raise `TooLargeError` naming `what` when `size` more bytes do not fit under `root`
-    with `RESERVE_BYTES` left free."""
+def check_room(
+    root: Path, what: str, size: int, error: type[TooLargeError] | type[NoRoomError] = TooLargeError
+) -> None:
+    """Raise `error` naming `what` when `size` more bytes do not fit under `root` with
+    `RESERVE_BYTES` left free: `TooLargeError` for a client's Put (final for that
+    request), `NoRoomError` for a copy (retriable: the replicator tries it again)."""
     fs = statvfs(root)
     free = fs.f_bavail * fs.f_frsize
     if size > free - RESERVE_BYTES:
-        raise TooLargeError(
+        raise error(
             f"{what} would be {size} bytes, and this agent's disk has {max(0, free)} bytes "
             f"free ({RESERVE_BYTES} kept in reserve); nothing was stored"
         )

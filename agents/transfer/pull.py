@@ -30,7 +30,7 @@ from agents.errors import ResidencyError
 from agents.metrics import AgentMetrics
 from agents.rpc.status import from_rpc_error
 from agents.store import ApplyResult, ObjectReader, ObjectStore, StagedWrite, StoredVersion
-from agents.store.errors import DigestMismatchError
+from agents.store.errors import DigestMismatchError, NoRoomError
 from agents.store.room import check_room
 from agents.store.staging import TMP
 from agents.to_the_end import run_to_the_end
@@ -302,14 +302,6 @@ async def _pull(
                 "resume_partial_short", dataset=dataset, key=key, state=state.offset, file=kept
             )
             state.offset = kept
-    # The whole version is written here (a raw resume: what it still lacks), before
-    # any byte is asked for: refused at once when the disk cannot take it.
-    await asyncio.to_thread(
-        check_room,
-        store.root,
-        f"a copy of {dataset}/{key} at {hlc} from {source.region}",
-        version.size - (state.offset if state is not None and state.method == RAW else 0),
-    )
     tally = TransferTally(
         state.transfer_id if state else "",
         dataset,
@@ -338,6 +330,15 @@ async def _pull(
         )
     outcome: Outcome = "failed"
     try:
+        # The whole version is written here (a raw resume: what it still lacks), before
+        # any byte is asked for: refused at once (retriable) when the disk cannot take it.
+        await asyncio.to_thread(
+            check_room,
+            store.root,
+            f"a copy of {dataset}/{key} at {hlc} from {source.region}",
+            version.size - (state.offset if state is not None and state.method == RAW else 0),
+            NoRoomError,
+        )
         async with grpc.aio.insecure_channel(source.address, options=CHANNEL_OPTIONS) as channel:
             call = agent_pb2_grpc.AgentStub(channel).Sync(timeout=deadline_s)
             try:

@@ -33,9 +33,9 @@ from agents.replication.answers import OUTCOMES as _OUTCOMES
 from agents.replication.answers import journal
 from agents.replication.answers import refusal as _refusal
 from agents.replication.delta_push import PUSH_DELTA, holds_basis, receive_delta
-from agents.rpc.status import abort, code_of
+from agents.rpc.status import abort, code_of, rebuilt
 from agents.store import ApplyResult, ObjectStore
-from agents.store.errors import DigestMismatchError
+from agents.store.errors import DigestMismatchError, NoRoomError
 from agents.store.staging import TMP
 from agents.to_the_end import open_in_thread, run_to_the_end
 from agents.transfer.bridge import file_chunks, remove
@@ -577,8 +577,8 @@ class TransferService:
                         checkpoint_bytes=self.checkpoint_bytes,
                         admit=admit,
                     )
-                except (ResidencyError, RefusedError):
-                    raise
+                except (ResidencyError, RefusedError, NoRoomError):
+                    raise  # this region's own answer (or disk): no other source changes it
                 except MeridianError as exc:
                     if refused_here:
                         raise  # this region's own answer at the commit: no source changes it
@@ -588,7 +588,9 @@ class TransferService:
                     if not exc.retriable:
                         if not isinstance(exc, NotFoundError | DigestMismatchError):
                             # Final: no other source changes it; say which one was asked.
-                            raise type(exc)(f"{source.region} ({source.address}): {exc}") from exc
+                            raise rebuilt(
+                                type(exc), f"{source.region} ({source.address}): {exc}"
+                            ) from exc
                         lost.append(exc)
                     errors.append(f"{source.region} ({source.address}): {exc}")
                     log.warning(

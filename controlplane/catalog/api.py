@@ -469,6 +469,8 @@ class Catalog:
         try:
             return self._apply_revision(decide, source=source, applied_by=applied_by)
         except IntegrityError as exc:
+            if "parent" not in str(exc.orig):  # only the one-revision-per-head rule says so
+                raise translate_error(exc, self.url) from exc
             raise CatalogConflictError(
                 "another `policy apply` committed first; run `meridian policy plan` and apply again"
             ) from exc

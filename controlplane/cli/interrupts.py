@@ -24,8 +24,14 @@ def _raise(signum: int, _frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise `Terminated` (main thread only)."""
-    previous = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+    """Within the block, SIGTERM and SIGHUP raise `Terminated` (main thread only). A
+    signal the process inherited as ignored stays ignored: under `nohup`, a logout must
+    not stop the command."""
+    previous = {
+        s: signal.signal(s, _raise)
+        for s in (signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(s) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:

@@ -101,8 +101,9 @@ def apply_policy(
         changes, placements = compute_plan(state, policy)
         if confirmed is not None and list(confirmed) != changes:
             raise ConflictError(
-                "the catalog changed after the plan you confirmed (another `policy apply` "
-                "committed); nothing was applied: run the command again to see the new plan"
+                "the catalog changed after the plan you confirmed (another `policy apply`, "
+                "or a dataset registered by its first write); nothing was applied: run the "
+                "command again to see the new plan"
             )
         planned[:] = changes
         placed.clear()

@@ -44,6 +44,10 @@ class CoordinationPolicyPublisher:
         value = policy.to_json()
         for _ in range(PUBLISH_ATTEMPTS):
             held = await self._coord.get(POLICY_KEY)
+            if held is not None and held.value == value:
+                # Already there: a rewrite would only bump the key's revision, voiding
+                # every automatic failover decided on it meanwhile (automatic_guards).
+                return
             if held is not None:
                 try:
                     current = CompiledPolicy.from_json(held.value)

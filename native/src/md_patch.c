@@ -253,6 +253,7 @@ static md_status hash_old(patcher *P, uint8_t *buf, uint64_t off, uint64_t len, 
         md_ph_feed(&P->ph, buf, take);
         off += take;
         len -= take;
+        if (len && md_cancelled(P->opt)) return md_fail(err, MD_E_CANCELLED, "the patch was cancelled.");
     }
     return MD_OK;
 }

@@ -202,6 +202,23 @@ async def test_the_view_follows_each_publish_and_fails_closed_without_one(
 
 
 @pytest.mark.integration
+async def test_publishing_the_value_etcd_holds_writes_nothing(coord: EtcdCoordination) -> None:
+    """A repeated apply with no change must not bump the key's revision: that would void
+    every automatic failover decided on it meanwhile (failover.automatic_guards)."""
+    publisher = CoordinationPolicyPublisher(coord)
+    head = compiled(4)  # a repeated apply publishes the catalog's head as it was
+    await publisher.publish(head)
+    first = await coord.get(keys.POLICY_CURRENT)
+    await publisher.publish(head)
+    again = await coord.get(keys.POLICY_CURRENT)
+    assert first is not None and again is not None
+    assert again.mod_revision == first.mod_revision
+    await publisher.publish(compiled(5))  # a change is still written
+    changed = await coord.get(keys.POLICY_CURRENT)
+    assert changed is not None and changed.mod_revision > first.mod_revision
+
+
+@pytest.mark.integration
 async def test_an_older_revision_published_late_replaces_nothing(
     coord: EtcdCoordination, view: PolicyView
 ) -> None:

@@ -23,7 +23,7 @@ Beyond the port: `set_unavailable(True)` makes every call fail with the
 retriable `UnavailableError` until it is set back, while open watches go quiet and
 then catch up, as the adapter's do across an etcd outage; `break_watches(error)`
 ends every open watch with `error`; `extend_leases` renews every lease as etcd's next
-leader does after one; `refused` counts the calls and watches it failed, so a
+leader does after one; `refused` counts the calls it failed, so a
 test can await the code under test meeting the outage; `compact(revision)` forgets
 history like etcd's compaction.
 """
@@ -156,7 +156,7 @@ class MemoryCoordination:
         self._changed = asyncio.Event()
         self._unavailable = False
         self._broken = _Break(None)
-        self.refused = 0  # calls and watches failed by `set_unavailable`
+        self.refused = 0  # calls failed by `set_unavailable`
         self._closed = False
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self.keepalives: set[MemoryKeepAlive] = set()
@@ -167,8 +167,7 @@ class MemoryCoordination:
         watches go quiet meanwhile and then deliver what they missed, as the adapter's
         watch does across a broken stream."""
         self._unavailable = down
-        if down:
-            self._notify()
+        self._notify()  # down: watches go quiet; up: they deliver what they held back
 
     def break_watches(self, error: Exception) -> None:
         """End every open watch with `error`, as the adapter ends one on a status it does

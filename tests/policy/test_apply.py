@@ -295,3 +295,17 @@ def test_a_unique_parent_clash_is_reported_as_another_apply(cat: Catalog) -> Non
 
     with pytest.raises(CatalogConflictError, match="another `policy apply` committed first"):
         cat.apply_revision(clash, source="t", applied_by="t")
+
+
+def test_another_integrity_error_is_not_taken_for_a_racing_apply(cat: Catalog) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    from controlplane.catalog.records import CatalogState, RevisionDraft
+
+    def broken(_state: CatalogState) -> RevisionDraft:
+        raise IntegrityError("INSERT INTO placements", {}, Exception("NOT NULL: home"))
+
+    with pytest.raises(Exception) as info:
+        cat.apply_revision(broken, source="t", applied_by="t")
+    assert "another `policy apply`" not in str(info.value)
+    assert "NOT NULL: home" in str(info.value)

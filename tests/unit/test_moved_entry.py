@@ -32,10 +32,12 @@ def test_versions_the_new_owner_lacks_are_its_rpo_exposure() -> None:
 
 
 def test_a_probe_that_could_not_compare_marks_the_rpo_unknown() -> None:
-    row = _row(["(agents of ckpt/a cannot be compared: etcd is unreachable)"])
+    row = _row(["(agents of ckpt/a cannot be compared: etcd is unreachable (errno 111))"])
     assert row.rpo_versions == 0
     assert row.details["rpo_versions_unknown"] is True
-    assert row.details["rpo_error"] == "agents of ckpt/a cannot be compared: etcd is unreachable"
+    assert row.details["rpo_error"] == (
+        "agents of ckpt/a cannot be compared: etcd is unreachable (errno 111)"
+    )
     assert row.details["incomplete_versions"] == []
 
 

@@ -187,6 +187,6 @@ async def apply_move(
         epoch=epoch,
         kind=kind,
         reason=reason,
-        rpo_versions=len(missing),
+        rpo_versions=entry.rpo_versions,
     )
     return MoveResult(move, epoch, entry)

@@ -51,7 +51,7 @@ def moved_entry(
     why = next((v for v in incomplete or () if unmeasured(v)), None)
     if why is not None:  # the probe could not compare: say so, not "one version missing"
         details["rpo_versions_unknown"] = True
-        details["rpo_error"] = why.strip("()")
+        details["rpo_error"] = why[1:-1]
     return JournalEntry(
         id=journal_id(move.dataset, epoch),
         dataset=move.dataset,

@@ -295,7 +295,7 @@ class Runbooks:
                     why="the runbook's lease lapsed while it waited",
                 )
             if missing and all(unmeasured(m) for m in missing):
-                why = missing[0].strip("()")
+                why = missing[0][1:-1]
                 raise SwitchoverAbortedError(
                     f"switchover of {move.dataset} to {move.to_region} aborted: its catch-up "
                     f"could not be checked for {timeout_s:g} s ({why}); "
