@@ -485,6 +485,16 @@ async def run_on_world(
     if data is not None:
         floors[lost_writes.NAME] = (standard_acked, "the standard workload acked no write")
         floors[convergence.NAME] = (standard_acked, "the standard workload acked no write")
+        # A clean inventory proves residency only if copies were asked for where the
+        # policy forbids them: us-east's clients write there, and must be refused.
+        refused = sum(
+            1
+            for op in other_ops
+            if JURISDICTIONS.get(op.invoke.region) != "EU"
+            and op.outcome == "fail"
+            and str(op.seen("error") or "").startswith("ResidencyError")
+        )
+        floors[residency.NAME] = (refused, "no write outside the EU was refused by residency")
     verdicts = [_judged_something(v, *floors[v.name]) if v.name in floors else v for v in verdicts]
     if not all(v.held for v in verdicts):
         w.all_held = False
